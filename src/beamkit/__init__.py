@@ -1,0 +1,53 @@
+"""beamkit: beam-search decoding for any sequence model.
+
+One engine (:class:`BeamSearch`) runs every search; ``beam_search`` / ``greedy_decode`` decode one request and
+``search_batch`` many at once, all with a step function ``step_fn(state, y_prev) -> (logits [rows, V], state)``.
+"""
+
+from beamkit.decode import beam_search, greedy_decode
+from beamkit.engine import BeamSearch, Deterministic, SearchOptions, SearchResult, Selector, search_batch
+from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
+from beamkit.processors import (
+    BadWords,
+    ForcedPrefix,
+    LogitsProcessor,
+    MinLength,
+    NoRepeatNGram,
+    PrefixAllowedTokens,
+    RepetitionPenalty,
+    StepContext,
+    Temperature,
+)
+from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty
+from beamkit.state import Shared, concat_state, select_state
+
+__all__ = [
+    "BadWords",
+    "BatchDecodeError",
+    "BeamSearch",
+    "CoveragePenalty",
+    "Deterministic",
+    "FinalScorer",
+    "ForcedPrefix",
+    "Hypothesis",
+    "LengthPenalty",
+    "LogitsProcessor",
+    "MinLength",
+    "NoRepeatNGram",
+    "PrefixAllowedTokens",
+    "RepetitionPenalty",
+    "SearchOptions",
+    "SearchResult",
+    "SearchStats",
+    "Selector",
+    "Shared",
+    "StepContext",
+    "Temperature",
+    "beam_search",
+    "concat_state",
+    "greedy_decode",
+    "search_batch",
+    "select_state",
+]
+
+__version__ = "0.1.0"

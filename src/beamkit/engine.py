@@ -1,0 +1,392 @@
+"""The search engine: one step loop for every search beamkit runs.
+
+One step, for all live rows of all requests at once::
+
+    logits, state = step_fn(state, y_prev)          # shape: (rows, V), one model call
+    scores = processors(log_softmax(logits))         # only when processors are set
+    cand = running[:, None] + top_m(scores)          # shape: (rows, m), per-row preselection on the device
+    rank cand within each request                    # host, O(rows * m): key desc, row asc, token asc
+    policy: eos / max_len -> finished, best others -> survivors, per-request stop
+    state = select_state(state, parents)             # skipped when parents are the identity
+
+Rows are compact: a request starts with one row, a finished request leaves the batch. Any request's candidates
+are ranked by the same keys whatever else is in the batch, so decoding N requests together gives exactly the
+results of decoding each alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from beamkit import ops
+from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
+from beamkit.processors import LogitsProcessor, MinLength, StepContext
+from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
+from beamkit.state import is_identity, select_state
+
+StepFn = Callable[[Any, Any], Any]
+EarlyStopping = bool | Literal["never"]
+
+
+class Selector(Protocol):
+    """Picks each row's candidate continuations (the sampler of AllenNLP's design).
+
+    ``scores`` ``[rows, V]`` (backend) plus ``offset`` ``[rows]`` are the step's log-probabilities
+    (``scores + offset``); ``parent_key`` ``[rows]`` is each row's ranking key so far. Returns host arrays
+    ``(logp, token, key)``, each ``[rows, m']``: the log-probability to accumulate, the token, and the key the
+    engine ranks candidates by (descending). ``-inf`` keys are never chosen.
+    """
+
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+class Deterministic:
+    """The default selector: the m best tokens per row, key = running log-probability."""
+
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        vals, idx = ops.top_candidates(scores, m)  # shape: (rows, m)
+        logp = vals + offset[:, None]
+        return logp, idx, parent_key[:, None] + logp
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Everything that configures a search (frozen, like whisper's ``DecodingOptions``).
+
+    policy:
+        ``"narrow"`` (seed 000): a finished hypothesis keeps its slot, the beam narrows; live hypotheses at
+        ``max_len`` are returned unfinished. ``"pool"`` (fairseq / Hugging Face): ``beam_size`` running beams
+        are kept from the top ``2 * beam_size`` candidates; eos candidates ranked within the top
+        ``beam_size`` go to a finished pool of ``round(beam_size * patience)``; at ``max_len`` the top
+        candidates are added to the pool unfinished.
+    early_stopping (pool):
+        ``True``: stop a request once its pool is full. ``False``: Hugging Face's heuristic (stop when the best
+        running beam, scored at the current length, cannot beat the pool's worst). ``"never"``: the exact
+        bound, the best running beam scored at ``max_len`` when ``alpha > 0``.
+    exact_exit (pool, ``alpha == 0`` only):
+        also stop once the ``num_return``-th best finished score is at least the best running log-probability:
+        with raw log-probabilities nothing later can overtake it (CTranslate2's early exit).
+    """
+
+    beam_size: int
+    max_len: int
+    length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
+    policy: Literal["narrow", "pool"] = "narrow"
+    early_stopping: EarlyStopping = False
+    patience: float = 1.0
+    exact_exit: bool = False
+    num_return: int | None = None
+    min_len: int = 0
+    processors: tuple[LogitsProcessor, ...] = ()
+    coverage_penalty: CoveragePenalty | None = None
+    final_scorer: FinalScorer | None = None
+    selector: Selector = field(default_factory=Deterministic)
+
+    def __post_init__(self) -> None:
+        for name in ("beam_size", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.policy not in ("narrow", "pool"):
+            raise ValueError(f"policy must be 'narrow' or 'pool', got {self.policy!r}")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        if not self.patience > 0:
+            raise ValueError(f"patience must be > 0, got {self.patience}")
+        if self.num_return is not None and not 1 <= self.num_return <= self.beam_size:
+            raise ValueError(f"num_return must be between 1 and beam_size={self.beam_size}, got {self.num_return}")
+        if self.min_len < 0:
+            raise ValueError(f"min_len must be >= 0, got {self.min_len}")
+        if self.exact_exit and (self.policy != "pool" or self.length_penalty.alpha != 0):
+            raise ValueError("exact_exit needs policy='pool' and length penalty alpha == 0")
+
+    @property
+    def pool_size(self) -> int:
+        """How many finished hypotheses make a request's pool full (Kasai et al.'s patience)."""
+        return max(1, round(self.beam_size * self.patience))
+
+
+@dataclass
+class SearchResult:
+    """Hypotheses per request (best first), counters, and per-request errors (empty when all went well)."""
+
+    hypotheses: list[list[Hypothesis]]
+    stats: SearchStats
+    errors: dict[int, str]
+
+
+class _Requests:
+    """Per-request bookkeeping: finished pools, counts and flags, indexed by request."""
+
+    def __init__(self, n: int):
+        self.pools: list[list[Hypothesis]] = [[] for _ in range(n)]
+        self.errors: dict[int, str] = {}
+
+    def add(self, r: int, hyps: list[Hypothesis], cap: int | None) -> None:
+        """Merge new finished hypotheses into request r's pool, best score first, capped (stable for ties)."""
+        pool = self.pools[r] + hyps
+        pool.sort(key=lambda h: -h.score)
+        self.pools[r] = pool if cap is None else pool[:cap]
+
+
+def _first_array(state: Any) -> Any:
+    """The first array leaf of a state, or None."""
+    if ops.is_array(state):
+        return state
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (tuple, list)):
+        for s in state:
+            found = _first_array(s)
+            if found is not None:
+                return found
+    return None
+
+
+class BeamSearch:
+    """A configured search: ``BeamSearch(options).search(step_fn, init_state, bos, eos)``."""
+
+    def __init__(self, options: SearchOptions):
+        self.options = options
+        procs = list(options.processors)
+        if options.min_len > 0:
+            procs.insert(0, MinLength(options.min_len))
+        self.processors = tuple(procs)
+
+    def search(
+        self, step_fn: StepFn, init_state: Any, bos: int | Sequence[int], eos: int, batch_size: int | None = None
+    ) -> SearchResult:
+        """Decode every request of ``init_state`` (one row each); see the module docstring for one step."""
+        opt = self.options
+        lead = _first_array(init_state)
+        n_req = _batch_size(lead, bos, batch_size)
+        bos_arr = np.full(n_req, bos, dtype=np.int64) if np.ndim(bos) == 0 else np.asarray(bos, dtype=np.int64)
+        if bos_arr.shape != (n_req,):
+            raise ValueError(f"bos must be an int or one id per request ({n_req}), got shape {bos_arr.shape}")
+        k = opt.beam_size
+        lp = opt.length_penalty
+        m = 2 * k if opt.policy == "pool" else k
+        book = _Requests(n_req)
+        stats = SearchStats()
+
+        req = np.arange(n_req, dtype=np.int64)  # shape: (rows,) request of each live row
+        run_lp = np.zeros(n_req)  # shape: (rows,) running log-probability (float64)
+        run_key = np.zeros(n_req)  # shape: (rows,) selector key (== run_lp for the deterministic selector)
+        hist = np.zeros((n_req, 0), dtype=np.int64)  # shape: (rows, t) generated tokens
+        hist_lp = np.zeros((n_req, 0))  # shape: (rows, t) step scores
+        hist_beam = np.zeros((n_req, 0), dtype=np.int64)  # shape: (rows, t) beam slot of the parent
+        cov: np.ndarray | None = None  # shape: (rows, S) accumulated attention
+        state = init_state
+        y_prev = ops.like(bos_arr, lead) if lead is not None else bos_arr
+
+        for t in range(opt.max_len):
+            rows = req.shape[0]
+            if rows == 0:
+                break
+            out = step_fn(state, y_prev)
+            if not isinstance(out, tuple) or len(out) not in (2, 3):
+                raise TypeError("step_fn must return (logits, new_state) or (logits, new_state, extras)")
+            logits, state = out[0], out[1]
+            extras = out[2] if len(out) == 3 else {}
+            stats.model_calls += 1
+            stats.rows_per_call.append(rows)
+            ops.check_logits(logits, rows)
+
+            lse = ops.logsumexp(logits)  # shape: (rows,)
+            bad = np.isnan(lse) | (lse == np.inf)
+            for r in np.unique(req[bad]):
+                what = "NaN" if np.isnan(lse[bad & (req == r)]).any() else "+inf"
+                book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
+            ctx = StepContext(step=t, tokens=hist, request=req, eos=eos)
+            if self.processors:
+                scores = ops.log_softmax(logits)
+                for proc in self.processors:
+                    scores = proc(scores, ctx)
+                offset = np.zeros(rows)
+            else:
+                scores, offset = logits, -lse
+            if bad.any():
+                offset = np.where(bad, -np.inf, offset)  # a failed request's rows yield nothing
+            logp, tok, key = opt.selector.candidates(scores, offset, run_key, m, ctx)
+            attn = None
+            if opt.coverage_penalty is not None:
+                if "attention" not in extras:
+                    raise ValueError("coverage_penalty needs step_fn to return extras={'attention': [rows, S]}")
+                attn = ops.to_numpy(extras["attention"]).astype(np.float64)
+                cov = attn if cov is None else cov + attn
+
+            # Rank every candidate within its request: key desc, then row (beam) asc, then token asc.
+            width = tok.shape[1]
+            c_row = np.repeat(np.arange(rows), width)
+            c_tok, c_lp, c_key = tok.reshape(-1), logp.reshape(-1), key.reshape(-1)
+            c_req = req[c_row]
+            c_lp = run_lp[c_row] + c_lp
+            finite = np.isfinite(c_key) & np.isfinite(c_lp)
+            order = np.lexsort((c_tok, c_row, -np.where(finite, c_key, -np.inf), c_req))
+            order = order[finite[order]]
+            c_row, c_tok, c_lp, c_key, c_req = c_row[order], c_tok[order], c_lp[order], c_key[order], c_req[order]
+            starts = np.searchsorted(c_req, c_req, side="left")
+            rank = np.arange(c_req.shape[0]) - starts  # rank within the request
+
+            live = np.unique(req[~bad])
+            no_cand = np.setdiff1d(live, c_req)
+            for r in no_cand:
+                book.errors[int(r)] = f"no finite candidate at step {t} (every continuation is masked or -inf)"
+
+            slot = np.arange(rows) - np.searchsorted(req, req, side="left")  # beam slot of each row
+            last = t + 1 == opt.max_len
+            is_eos = c_tok == eos
+
+            def finish(sel: np.ndarray, finished: np.ndarray) -> dict[int, list[Hypothesis]]:
+                """Build hypotheses for the candidates ``sel`` (indices into the ranked candidate arrays)."""
+                out_h: dict[int, list[Hypothesis]] = {}
+                if sel.size == 0:
+                    return out_h
+                length = t + 1
+                scores_f = lp(c_lp[sel], length)
+                if opt.coverage_penalty is not None and cov is not None:
+                    scores_f = scores_f + opt.coverage_penalty(cov[c_row[sel]])
+                for j, i in enumerate(sel):
+                    row = c_row[i]
+                    h = Hypothesis(
+                        tokens=hist[row].tolist() + [int(c_tok[i])],
+                        logprob=float(c_lp[i]),
+                        score=float(scores_f[j]),
+                        finished=bool(finished[j]),
+                        token_logprobs=hist_lp[row].tolist() + [float(c_lp[i] - run_lp[row])],
+                        beam_indices=hist_beam[row].tolist() + [int(slot[row])],
+                    )
+                    out_h.setdefault(int(c_req[i]), []).append(h)
+                return out_h
+
+            if opt.policy == "narrow":
+                quota = k - np.array([len(p) for p in book.pools], dtype=np.int64)
+                take = rank < quota[c_req]
+                done_now = take & is_eos
+                surv = np.flatnonzero(take & ~is_eos)
+                for r, hyps in finish(np.flatnonzero(done_now), np.ones(int(done_now.sum()), bool)).items():
+                    book.add(r, hyps, None)
+                if last:
+                    for r, hyps in finish(surv, np.zeros(surv.size, bool)).items():
+                        book.add(r, hyps, None)
+                    surv = surv[:0]
+            else:
+                hits = is_eos | last
+                full_before = np.array([len(p) >= opt.pool_size for p in book.pools], dtype=bool)
+                admit = hits & (rank < k)
+                if opt.early_stopping is True:
+                    admit &= ~full_before[c_req]
+                adm = np.flatnonzero(admit)
+                for r, hyps in finish(adm, is_eos[adm]).items():
+                    book.add(r, hyps, opt.pool_size)
+                cont = np.flatnonzero(~hits)
+                crank = np.arange(cont.size) - np.searchsorted(c_req[cont], c_req[cont], side="left")
+                surv = cont[crank < k]
+
+            # Per-request stop decisions (pool policy); narrow stops when a request has no survivors.
+            if opt.policy == "pool" and surv.size:
+                stop = self._pool_done(book, c_req[surv], c_lp[surv], t + 1)
+                surv = surv[~stop]
+            if book.errors:
+                failed = np.array(sorted(book.errors), dtype=np.int64)
+                surv = surv[~np.isin(c_req[surv], failed)]
+            if surv.size == 0 or last:
+                break
+
+            parents = c_row[surv]
+            new_tok = c_tok[surv]
+            hist = np.concatenate([hist[parents], new_tok[:, None]], axis=1)
+            hist_lp = np.concatenate([hist_lp[parents], (c_lp[surv] - run_lp[parents])[:, None]], axis=1)
+            hist_beam = np.concatenate([hist_beam[parents], slot[parents][:, None]], axis=1)
+            req, run_lp, run_key = c_req[surv], c_lp[surv], c_key[surv]
+            if cov is not None:
+                cov = cov[parents]
+            if not is_identity(parents, rows):
+                state = select_state(state, parents)
+            y_prev = ops.like(new_tok, logits)
+
+        results = [self._rank(book.pools[r]) if r not in book.errors else [] for r in range(n_req)]
+        return SearchResult(results, stats, dict(book.errors))
+
+    def _pool_done(self, book: _Requests, s_req: np.ndarray, s_lp: np.ndarray, cur: int) -> np.ndarray:
+        """For each survivor, whether its request stops now (early_stopping rules, patience, exact exit)."""
+        opt = self.options
+        reqs, first = np.unique(s_req, return_index=True)
+        best = s_lp[first]  # survivors are ranked, so the first of each request is its best
+        stop_r = np.zeros(reqs.shape[0], dtype=bool)
+        for j, r in enumerate(reqs):
+            pool = book.pools[int(r)]
+            full = len(pool) >= opt.pool_size
+            if full and opt.early_stopping is True:
+                stop_r[j] = True
+            elif full:
+                horizon = opt.max_len if (opt.early_stopping == "never" and opt.length_penalty.alpha > 0) else cur
+                bound = float(opt.length_penalty(best[j], horizon))
+                stop_r[j] = bound <= pool[-1].score
+            if opt.exact_exit and not stop_r[j]:
+                n = opt.num_return or opt.beam_size
+                stop_r[j] = len(pool) >= n and pool[n - 1].score >= best[j]
+        return np.isin(s_req, reqs[stop_r])
+
+    def _rank(self, pool: list[Hypothesis]) -> list[Hypothesis]:
+        """Final ranking of one request's hypotheses (optional final scorer), cut to ``num_return``."""
+        opt = self.options
+        hyps = sorted(pool, key=lambda h: -h.score)
+        if opt.final_scorer is not None and hyps:
+            new = list(opt.final_scorer(hyps))
+            if len(new) != len(hyps):
+                raise ValueError("final_scorer must return one score per hypothesis")
+            for h, s in zip(hyps, new, strict=True):
+                h.score = float(s)
+            hyps.sort(key=lambda h: -h.score)
+        return hyps[: opt.num_return] if opt.num_return else hyps
+
+
+def _batch_size(lead: Any, bos: Any, batch_size: int | None) -> int:
+    """Number of requests: explicit, else rows of the first array leaf, else len(bos), else 1."""
+    if batch_size is not None:
+        return int(batch_size)
+    if lead is not None:
+        return int(lead.shape[0])
+    if np.ndim(bos) == 1:
+        return len(bos)
+    return 1
+
+
+def make_options(beam_size: int, max_len: int, **options: Any) -> SearchOptions:
+    """Build :class:`SearchOptions`, accepting a plain float for ``length_penalty`` and lists for processors."""
+    if "length_penalty" in options:
+        options["length_penalty"] = as_length_penalty(options["length_penalty"])
+    if "processors" in options:
+        options["processors"] = tuple(options["processors"])
+    return SearchOptions(beam_size=beam_size, max_len=max_len, **options)
+
+
+def search_batch(
+    step_fn: StepFn,
+    init_state: Any,
+    bos: int | Sequence[int],
+    eos: int,
+    beam_size: int,
+    max_len: int,
+    **options: Any,
+) -> list[list[Hypothesis]]:
+    """Decode a batch of requests together: one ``step_fn`` call per step for all live rows.
+
+    ``init_state`` has one row per request (axis 0 of every array leaf); ``bos`` is an int or one id per
+    request. Options are the fields of :class:`SearchOptions` (``length_penalty`` may be a float). Returns each
+    request's hypotheses, best first. If some requests fail (NaN logits, nothing finite to choose), the others
+    still finish and a :class:`BatchDecodeError` carrying their results is raised.
+    """
+    result = BeamSearch(make_options(beam_size, max_len, **options)).search(step_fn, init_state, bos, eos)
+    if result.errors:
+        raise BatchDecodeError(result.errors, result.hypotheses)
+    return result.hypotheses

@@ -1,0 +1,52 @@
+"""What a search returns: hypotheses, per-request results and counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Hypothesis:
+    """One output sequence.
+
+    ``tokens`` are the generated tokens after bos (eos included when ``finished``); ``logprob`` is the sum of
+    the step scores along the path (log-probabilities, after any logit processor); ``score`` is what results
+    are ranked by (``logprob / lp(len(tokens))`` plus any coverage term, or a final scorer's value).
+    ``token_logprobs[i]`` is the step score of ``tokens[i]``; ``beam_indices[i]`` is the beam slot (rank within
+    its request at step ``i - 1``) of the hypothesis that ``tokens[i]`` extended, ``0`` at the first step: a
+    caller can rebuild the search path from them.
+    """
+
+    tokens: list[int]
+    logprob: float
+    score: float
+    finished: bool
+    token_logprobs: list[float] = field(default_factory=list)
+    beam_indices: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SearchStats:
+    """Counters of one search: model calls and the rows sent in each call."""
+
+    model_calls: int = 0
+    rows_per_call: list[int] = field(default_factory=list)
+
+    @property
+    def rows_total(self) -> int:
+        """Total rows the model evaluated."""
+        return sum(self.rows_per_call)
+
+
+class BatchDecodeError(ValueError):
+    """Some requests of a batch failed; the others' results are kept.
+
+    ``errors`` maps a request index to the message of what went wrong with it; ``results`` holds every
+    request's hypotheses (an empty list for a failed request).
+    """
+
+    def __init__(self, errors: dict[int, str], results: list[list[Hypothesis]]):
+        self.errors = errors
+        self.results = results
+        detail = "; ".join(f"request {r}: {msg}" for r, msg in sorted(errors.items()))
+        super().__init__(detail)

@@ -1,0 +1,157 @@
+"""The few array operations the search needs, for numpy and torch.
+
+The engine never calls numpy or torch directly on model outputs: it goes through these functions, so a backend
+is one place. Work on ``[rows, V]`` arrays stays in the logits' own library and device; only ``[rows, m]``
+candidate tables (m = a few times the beam size) and ``[rows]`` vectors come back to the host as numpy.
+torch is imported lazily: numpy users never load it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def is_torch(x: Any) -> bool:
+    """Return True when ``x`` is a torch tensor (checked without importing torch)."""
+    return type(x).__module__.startswith("torch") and hasattr(x, "device")
+
+
+def is_array(x: Any) -> bool:
+    """Return True for numpy arrays and torch tensors with at least one dimension (the gatherable leaves)."""
+    if isinstance(x, np.ndarray):
+        return x.ndim >= 1
+    return is_torch(x) and x.dim() >= 1
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """Copy a small array (a ``[rows]`` or ``[rows, m]`` table) to a host numpy array."""
+    if is_torch(x):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def like(values: np.ndarray, ref: Any) -> Any:
+    """Return host ``values`` in the library and on the device of ``ref`` (numpy stays numpy)."""
+    if is_torch(ref):
+        import torch
+
+        return torch.as_tensor(values, device=ref.device)
+    return values
+
+
+def check_logits(logits: Any, rows: int) -> None:
+    """Raise ValueError unless ``logits`` is a float ``[rows, V]`` array with V >= 1."""
+    if not (isinstance(logits, np.ndarray) or is_torch(logits)):
+        raise TypeError(f"step_fn must return logits as a numpy array or torch tensor, got {type(logits).__name__}")
+    shape = tuple(logits.shape)
+    if len(shape) != 2 or shape[0] != rows or shape[1] < 1:
+        raise ValueError(f"step_fn returned logits of shape {shape}; expected [{rows}, V] for the {rows} rows sent")
+    kind = str(logits.dtype)
+    if "float" not in kind:
+        raise TypeError(f"logits must be floating point, got dtype {kind}")
+
+
+def logsumexp(x: Any) -> np.ndarray:
+    """Row-wise log-sum-exp of ``[rows, V]`` logits, returned on the host as float64 ``[rows]``.
+
+    NaN anywhere in a row gives NaN, +inf gives +inf and an all ``-inf`` row gives ``-inf``: the engine uses
+    that to validate rows without another pass over the logits.
+    """
+    if is_torch(x):
+        return to_numpy(x.logsumexp(dim=1)).astype(np.float64)
+    # shape: (rows, V) -> (rows,)
+    m = x.max(axis=1)
+    finite = np.isfinite(m)
+    shift = np.where(finite, m, 0.0).astype(x.dtype, copy=False)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = np.exp(x - shift[:, None]).sum(axis=1, dtype=np.float64)
+        out = np.log(s) + shift.astype(np.float64)
+    # A +inf or NaN maximum must survive (exp(inf - 0) = inf, fine; NaN propagates through max).
+    return np.where(np.isnan(m) | (m == np.inf), m.astype(np.float64), out)
+
+
+def log_softmax(x: Any) -> Any:
+    """Row-wise log-softmax of ``[rows, V]`` logits, in the logits' library, device and dtype."""
+    if is_torch(x):
+        return x.log_softmax(dim=1)
+    lse = logsumexp(x)
+    with np.errstate(invalid="ignore"):
+        return (x - lse[:, None].astype(x.dtype, copy=False)).astype(x.dtype, copy=False)
+
+
+def fill(x: Any, rows: np.ndarray, cols: np.ndarray, value: float) -> Any:
+    """Set ``x[rows[i], cols[i]] = value`` in place (a mask scatter) and return ``x``."""
+    if len(rows) == 0:
+        return x
+    if is_torch(x):
+        import torch
+
+        r = torch.as_tensor(rows, device=x.device)
+        c = torch.as_tensor(cols, device=x.device)
+        x[r, c] = value
+        return x
+    x[rows, cols] = value
+    return x
+
+
+def gather_rows(x: Any, idx: np.ndarray) -> Any:
+    """Return ``x[idx]`` along axis 0 (rows may repeat), in ``x``'s library and device."""
+    if is_torch(x):
+        import torch
+
+        return x.index_select(0, torch.as_tensor(idx, device=x.device))
+    return x[idx]
+
+
+def concat_rows(parts: list[Any]) -> Any:
+    """Concatenate arrays along axis 0 in their own library."""
+    if is_torch(parts[0]):
+        import torch
+
+        return torch.cat(parts, dim=0)
+    return np.concatenate(parts, axis=0)
+
+
+def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``m`` largest entries of each row of ``x`` ``[rows, V]``, ties to the lowest column.
+
+    Returns host arrays ``(values float64 [rows, m'], columns int64 [rows, m'])`` with ``m' = min(m, V)``, each
+    row ordered by value descending, then column ascending. The selected *set* obeys the tie rule exactly: when
+    the m-th and (m+1)-th values of a row are equal, that row is redone so the lowest columns win.
+    """
+    rows, v = int(x.shape[0]), int(x.shape[1])
+    m = min(m, v)
+    if is_torch(x):
+        k = min(m + 1, v)
+        vals_t, idx_t = x.topk(k, dim=1, largest=True, sorted=True)  # shape: (rows, k)
+        vals = to_numpy(vals_t).astype(np.float64)
+        idx = to_numpy(idx_t).astype(np.int64)
+        tied = np.flatnonzero(vals[:, m - 1] == vals[:, m]) if k > m else np.empty(0, dtype=np.int64)
+        vals, idx = vals[:, :m].copy(), idx[:, :m].copy()
+        for r in tied:
+            idx[r] = _exact_top_row(to_numpy(x[int(r)]).astype(np.float64), m)
+            vals[r] = to_numpy(x[int(r)])[idx[r]]
+    else:
+        if m < v:
+            part = np.argpartition(-x, m, axis=1)  # shape: (rows, V); first m are the m largest
+            idx = part[:, :m].astype(np.int64)
+            vals = np.take_along_axis(x, idx, axis=1).astype(np.float64)
+            nxt = x[np.arange(rows), part[:, m]].astype(np.float64)
+            tied = np.flatnonzero(vals.min(axis=1) == nxt)
+            for r in tied:
+                idx[r] = _exact_top_row(x[r].astype(np.float64), m)
+                vals[r] = x[r, idx[r]]
+        else:
+            idx = np.tile(np.arange(v, dtype=np.int64), (rows, 1))
+            vals = x.astype(np.float64, copy=True)
+    # Order each row: value descending, column ascending (NaN-free: the engine rejects NaN rows first).
+    order = np.lexsort((idx, -vals), axis=1) if rows else np.empty((0, m), dtype=np.int64)
+    return np.take_along_axis(vals, order, axis=1), np.take_along_axis(idx, order, axis=1)
+
+
+def _exact_top_row(row: np.ndarray, m: int) -> np.ndarray:
+    """The m largest columns of one row under the lowest-column tie rule (slow path for boundary ties)."""
+    order = np.lexsort((np.arange(row.shape[0]), -row))
+    return order[:m].astype(np.int64)

@@ -1,0 +1,222 @@
+"""Logit processors: small classes that edit the ``[rows, V]`` log-probabilities of one step.
+
+A processor is any callable ``processor(scores, ctx) -> scores``: ``scores`` are the step's log-probabilities
+(numpy or torch, edited in place or replaced), ``ctx`` a :class:`StepContext`. Per-row state is derived from the
+token history in ``ctx``, which the engine gathers by parent like the model state, so no processor keeps a
+Python object per beam. Masked entries are ``-inf`` and are never chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from beamkit import ops
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a processor may look at: the step, each row's generated tokens and request."""
+
+    step: int  # tokens generated so far (the new token gets index ``step``)
+    tokens: np.ndarray  # shape: (rows, step) int64, generated tokens of each live row
+    request: np.ndarray  # shape: (rows,) int64, the request (input index) of each row
+    eos: int
+
+    def sequences(self, prompts: Sequence[Sequence[int]] | None) -> np.ndarray:
+        """Each row's prompt + generated tokens, left-padded with ``-1`` to one width ``[rows, P + step]``."""
+        if not prompts:
+            return self.tokens
+        width = max(len(p) for p in prompts)
+        pad = np.full((len(prompts), width), -1, dtype=np.int64)
+        for i, p in enumerate(prompts):
+            if len(p):
+                pad[i, width - len(p) :] = np.asarray(p, dtype=np.int64)
+        return np.concatenate([pad[self.request], self.tokens], axis=1)
+
+
+class LogitsProcessor(Protocol):
+    """Edits one step's ``[rows, V]`` log-probabilities."""
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any: ...
+
+
+@dataclass(frozen=True)
+class MinLength:
+    """Mask eos until ``min_len`` tokens have been generated (eos itself not counted)."""
+
+    min_len: int
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        if ctx.step >= self.min_len:
+            return scores
+        rows = np.arange(scores.shape[0])
+        return ops.fill(scores, rows, np.full_like(rows, ctx.eos), NEG_INF)
+
+
+def _ngram_bans(seq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, token) pairs that would repeat an n-gram already in ``seq`` ``[rows, L]`` (-1 is padding)."""
+    rows, length = seq.shape
+    if n < 1 or length < n - 1 or length < n:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    if n == 1:
+        r, c = np.nonzero(seq >= 0)
+        return r.astype(np.int64), seq[r, c]
+    # shape: (rows, L - n + 1, n) every n-gram of every row
+    grams = np.lib.stride_tricks.sliding_window_view(seq, n, axis=1)
+    prefix = seq[:, length - (n - 1) :]  # shape: (rows, n - 1), the last n-1 tokens
+    match = (grams[:, :, : n - 1] == prefix[:, None, :]).all(axis=2) & (prefix >= 0).all(axis=1)[:, None]
+    r, j = np.nonzero(match)
+    return r.astype(np.int64), grams[r, j, n - 1].astype(np.int64)
+
+
+@dataclass(frozen=True)
+class NoRepeatNGram:
+    """Never generate an n-gram that already occurs in the row's sequence (Hugging Face ``no_repeat_ngram_size``).
+
+    ``prompts`` (one token list per request) are counted as part of the sequence, as Hugging Face does for
+    decoder-only models. Vectorised over rows: one sliding-window comparison per step.
+    """
+
+    n: int
+    prompts: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"NoRepeatNGram needs n >= 1, got {self.n}")
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        rows, cols = _ngram_bans(ctx.sequences(self.prompts), self.n)
+        return ops.fill(scores, rows, cols, NEG_INF)
+
+
+@dataclass(frozen=True)
+class BadWords:
+    """Never complete one of the token sequences ``bad`` (a one-token sequence is banned everywhere)."""
+
+    bad: tuple[tuple[int, ...], ...]
+    prompts: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if any(len(b) == 0 for b in self.bad):
+            raise ValueError("BadWords: a banned sequence is empty")
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        seq = ctx.sequences(self.prompts)
+        nrows, length = seq.shape
+        all_rows, all_cols = [], []
+        for word in self.bad:
+            head = np.asarray(word[:-1], dtype=np.int64)
+            if len(head) > length:
+                continue
+            hit = (seq[:, length - len(head) :] == head).all(axis=1) if len(head) else np.ones(nrows, bool)
+            r = np.flatnonzero(hit)
+            all_rows.append(r)
+            all_cols.append(np.full_like(r, word[-1]))
+        if not all_rows:
+            return scores
+        return ops.fill(scores, np.concatenate(all_rows), np.concatenate(all_cols), NEG_INF)
+
+
+def keep_only(scores: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
+    """Set every entry of ``rows`` to ``-inf`` except column ``cols[i]`` of row ``rows[i]``."""
+    if len(rows) == 0:
+        return scores
+    if ops.is_torch(scores):
+        import torch
+
+        r = torch.as_tensor(rows, device=scores.device)
+        c = torch.as_tensor(cols, device=scores.device)
+        kept = scores[r, c].clone()
+        scores[r] = NEG_INF
+        scores[r, c] = kept
+        return scores
+    kept = scores[rows, cols].copy()
+    scores[rows] = NEG_INF
+    scores[rows, cols] = kept
+    return scores
+
+
+@dataclass(frozen=True)
+class ForcedPrefix:
+    """Force request ``r`` to start with ``prefixes[r]``: at step t < len, only that token is allowed."""
+
+    prefixes: tuple[tuple[int, ...], ...]
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        lengths = np.array([len(p) for p in self.prefixes], dtype=np.int64)
+        rows = np.flatnonzero(lengths[ctx.request] > ctx.step)
+        cols = np.array([self.prefixes[ctx.request[r]][ctx.step] for r in rows], dtype=np.int64)
+        return keep_only(scores, rows, cols)
+
+
+@dataclass(frozen=True)
+class PrefixAllowedTokens:
+    """Hugging Face's ``prefix_allowed_tokens_fn``: ``fn(request, tokens) -> allowed ids`` for each row."""
+
+    fn: Callable[[int, list[int]], Sequence[int]]
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        nrows, vocab = scores.shape
+        mask = np.ones((nrows, vocab), dtype=bool)  # shape: (rows, V), True = banned
+        for r in range(nrows):
+            allowed = np.asarray(list(self.fn(int(ctx.request[r]), ctx.tokens[r].tolist())), dtype=np.int64)
+            if allowed.size and (allowed.min() < 0 or allowed.max() >= vocab):
+                raise ValueError(f"prefix_allowed_tokens_fn returned ids outside [0, {vocab})")
+            mask[r, allowed] = False
+        r, c = np.nonzero(mask)
+        return ops.fill(scores, r, c, NEG_INF)
+
+
+@dataclass(frozen=True)
+class RepetitionPenalty:
+    """CTRL's repetition penalty on log-probabilities, as Hugging Face applies it in beam search.
+
+    A token already in the row's sequence has its score multiplied by ``penalty`` when negative, divided
+    when positive. ``penalty > 1`` discourages repeats.
+    """
+
+    penalty: float
+    prompts: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.penalty > 0:
+            raise ValueError(f"repetition penalty must be > 0, got {self.penalty}")
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        seq = ctx.sequences(self.prompts)
+        r, c = np.nonzero(seq >= 0)
+        if r.size == 0:
+            return scores
+        pairs = np.unique(np.stack([r, seq[r, c]], axis=1), axis=0)
+        rows, cols = pairs[:, 0], pairs[:, 1]
+        if ops.is_torch(scores):
+            import torch
+
+            rt = torch.as_tensor(rows, device=scores.device)
+            ct = torch.as_tensor(cols, device=scores.device)
+            v = scores[rt, ct]
+            scores[rt, ct] = torch.where(v < 0, v * self.penalty, v / self.penalty)
+            return scores
+        v = scores[rows, cols]
+        scores[rows, cols] = np.where(v < 0, v * self.penalty, v / self.penalty)
+        return scores
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """Divide the step scores by ``temperature`` (Hugging Face applies it to log-probabilities in beam search)."""
+
+    temperature: float
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        return scores / self.temperature

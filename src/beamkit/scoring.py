@@ -1,0 +1,92 @@
+"""Scores of finished hypotheses: length penalties, the GNMT coverage penalty, final scorers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from beamkit.hypothesis import Hypothesis
+
+
+@dataclass(frozen=True)
+class LengthPenalty:
+    """``score = logprob / lp(n)`` with ``lp(n) = ((shift + n) / (shift + 1)) ** alpha``; n counts eos.
+
+    ``shift = 0`` is the power penalty ``n ** alpha`` (Hugging Face, seed 000); ``shift = 5`` is GNMT's
+    ``((5 + n) / 6) ** alpha``; another shift ``m`` is the ``((m + 1) / (m + n)) ** alpha`` factor of seed 003
+    (written as a divisor). ``alpha = 0`` ranks by raw log-probability.
+    """
+
+    alpha: float = 1.0
+    shift: float = 0.0
+
+    @classmethod
+    def power(cls, alpha: float) -> LengthPenalty:
+        """``logP / n ** alpha``."""
+        return cls(alpha, 0.0)
+
+    @classmethod
+    def gnmt(cls, alpha: float) -> LengthPenalty:
+        """GNMT: ``logP / ((5 + n) / 6) ** alpha``."""
+        return cls(alpha, 5.0)
+
+    @classmethod
+    def shifted(cls, alpha: float, min_length: float) -> LengthPenalty:
+        """Seed 003: ``logP * ((min_length + 1) / (min_length + n)) ** alpha``."""
+        return cls(alpha, float(min_length))
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.alpha):
+            raise ValueError(f"length penalty alpha must be finite, got {self.alpha}")
+        if self.shift < 0:
+            raise ValueError(f"length penalty shift must be >= 0, got {self.shift}")
+
+    def divisor(self, length: np.ndarray | int) -> np.ndarray:
+        """``lp(n)`` for lengths ``n >= 1``, float64."""
+        n = np.asarray(length, dtype=np.float64)
+        return ((self.shift + n) / (self.shift + 1.0)) ** self.alpha
+
+    def __call__(self, logprob: np.ndarray | float, length: np.ndarray | int) -> np.ndarray:
+        """The length-normalised score of ``logprob`` at ``length``."""
+        return np.asarray(logprob, dtype=np.float64) / self.divisor(length)
+
+
+def as_length_penalty(value: float | LengthPenalty) -> LengthPenalty:
+    """Accept a plain alpha (the power penalty) or a :class:`LengthPenalty`."""
+    if isinstance(value, LengthPenalty):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"length_penalty must be a number or a LengthPenalty, got {type(value).__name__}")
+    return LengthPenalty.power(float(value))
+
+
+@dataclass(frozen=True)
+class CoveragePenalty:
+    """GNMT coverage penalty ``beta * sum_i log(min(sum_j p_ij, 1))`` over source positions ``i``.
+
+    ``p_ij`` is the attention of target step ``j`` on source position ``i``, returned by the step function as
+    ``extras["attention"]`` ``[rows, S]``. Positions never attended at all (exactly zero: padding) are left out
+    of the sum, since their log would be ``-inf`` for every hypothesis alike.
+    """
+
+    beta: float = 0.2
+
+    def __call__(self, coverage: np.ndarray) -> np.ndarray:
+        """Penalty for accumulated attention ``coverage`` ``[n, S]`` -> ``[n]`` (always <= 0)."""
+        c = np.minimum(np.asarray(coverage, dtype=np.float64), 1.0)
+        with np.errstate(divide="ignore"):
+            logs = np.where(c > 0, np.log(np.where(c > 0, c, 1.0)), 0.0)
+        return self.beta * logs.sum(axis=-1)
+
+
+class FinalScorer(Protocol):
+    """Re-scores the final hypotheses of one request (AllenNLP's ``FinalSequenceScorer``).
+
+    Called once per request after the search with its hypotheses; returns one score each. Results are then
+    re-ranked by these scores (stable for ties).
+    """
+
+    def __call__(self, hypotheses: Sequence[Hypothesis]) -> Sequence[float]: ...

@@ -1,0 +1,98 @@
+"""Model state handling: gather rows by parent, concatenate states of new requests.
+
+A state is any nesting of tuples, NamedTuples, lists and dicts. Its array leaves (numpy arrays and torch tensors
+with at least one dimension) hold one row per live hypothesis on axis 0. Everything else is passed through,
+including values wrapped in :class:`Shared` (data per request rather than per row, such as an encoder's memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from beamkit import ops
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A state leaf that is not per row: ``select_state`` passes it through untouched.
+
+    Use it for per-request data that every beam of a request reads (encoder memory, cross-attention keys and
+    values), indexed inside the step function by a per-row request id kept as an ordinary array leaf.
+    """
+
+    value: Any
+
+
+def _map_leaves(state: Any, fn: Callable[[Any], Any]) -> Any:
+    """Rebuild ``state`` with ``fn`` applied to every array leaf, keeping container types."""
+    if isinstance(state, Shared):
+        return state
+    if ops.is_array(state):
+        return fn(state)
+    if isinstance(state, tuple):
+        items = [_map_leaves(s, fn) for s in state]
+        if hasattr(state, "_fields"):  # NamedTuple: keep the type so state.h still works
+            return type(state)(*items)
+        return tuple(items)
+    if isinstance(state, list):
+        return [_map_leaves(s, fn) for s in state]
+    if isinstance(state, dict):
+        return type(state)((k, _map_leaves(v, fn)) for k, v in state.items())
+    if isinstance(state, (set, frozenset)):
+        raise TypeError("select_state: a set has no order, so its rows cannot be gathered; use a tuple or list")
+    if hasattr(state, "beamkit_select"):
+        return fn(state)
+    return state
+
+
+def select_state(state: Any, idx: Any) -> Any:
+    """Gather every array leaf of ``state`` by ``idx`` along axis 0 (rows may repeat).
+
+    ``idx`` is a 1-D integer array of parent rows. Objects with a ``beamkit_select(idx)`` method (for example a
+    wrapped key/value cache) are asked to gather themselves. Non-array leaves and :class:`Shared` values are
+    passed through; a set raises TypeError.
+    """
+    index = ops.to_numpy(idx).astype(np.int64, copy=False).reshape(-1)
+
+    def gather(leaf: Any) -> Any:
+        if ops.is_array(leaf):
+            return ops.gather_rows(leaf, index)
+        return leaf.beamkit_select(index)
+
+    return _map_leaves(state, gather)
+
+
+def is_identity(idx: np.ndarray, rows: int) -> bool:
+    """True when ``idx`` is ``0..rows-1`` in order, so gathering would copy rows onto themselves."""
+    return idx.shape[0] == rows and bool(np.array_equal(idx, np.arange(rows)))
+
+
+def concat_state(states: list[Any]) -> Any:
+    """Concatenate states of the same structure along axis 0 (new requests joining a running batch).
+
+    Array leaves are concatenated in their own library; :class:`Shared` values are concatenated too (their rows
+    are requests), so a per-row request id of the joining state must be offset by the caller. Other leaves
+    must be equal and are taken from the first state.
+    """
+    if not states:
+        raise ValueError("concat_state needs at least one state")
+    first = states[0]
+    if isinstance(first, Shared):
+        return Shared(concat_state([s.value for s in states]))
+    if ops.is_array(first):
+        return ops.concat_rows(list(states))
+    if isinstance(first, tuple):
+        items = [concat_state([s[i] for s in states]) for i in range(len(first))]
+        return type(first)(*items) if hasattr(first, "_fields") else tuple(items)
+    if isinstance(first, list):
+        return [concat_state([s[i] for s in states]) for i in range(len(first))]
+    if isinstance(first, dict):
+        return type(first)((k, concat_state([s[k] for s in states])) for k in first)
+    custom = getattr(first, "beamkit_concat", None)
+    if custom is not None:
+        return custom(states[1:])
+    return first
