@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 # Modules that contribute subcommands; each exposes ``register(subparsers) -> None``.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("beamkit.demo",)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -124,17 +124,85 @@ class SearchResult:
 
 
 class _Requests:
-    """Per-request bookkeeping: finished pools, counts and flags, indexed by request."""
+    """Per-request bookkeeping: finished pools and errors, indexed by request."""
 
     def __init__(self, n: int):
         self.pools: list[list[Hypothesis]] = [[] for _ in range(n)]
         self.errors: dict[int, str] = {}
 
-    def add(self, r: int, hyps: list[Hypothesis], cap: int | None) -> None:
-        """Merge new finished hypotheses into request r's pool, best score first, capped (stable for ties)."""
-        pool = self.pools[r] + hyps
-        pool.sort(key=lambda h: -h.score)
-        self.pools[r] = pool if cap is None else pool[:cap]
+    def add(self, found: dict[int, list[Hypothesis]], cap: int | None) -> None:
+        """Merge new finished hypotheses into their requests' pools, best score first, capped (stable ties)."""
+        for r, hyps in found.items():
+            pool = self.pools[r] + hyps
+            pool.sort(key=lambda h: -h.score)
+            self.pools[r] = pool if cap is None else pool[:cap]
+
+
+@dataclass
+class _Rows:
+    """The live rows, one per running hypothesis, grouped by request in rank order (host arrays)."""
+
+    req: np.ndarray  # shape: (rows,) request of each row
+    lp: np.ndarray  # shape: (rows,) running log-probability, float64
+    key: np.ndarray  # shape: (rows,) selector key (== lp for the deterministic selector)
+    tokens: np.ndarray  # shape: (rows, t) generated tokens
+    token_lp: np.ndarray  # shape: (rows, t) step scores
+    beam: np.ndarray  # shape: (rows, t) beam slot of the parent at each step
+    cov: np.ndarray | None = None  # shape: (rows, S) accumulated attention
+
+    @classmethod
+    def start(cls, n: int) -> _Rows:
+        """One empty row per request."""
+        z = np.zeros((n, 0))
+        return cls(np.arange(n), np.zeros(n), np.zeros(n), z.astype(np.int64), z, z.astype(np.int64))
+
+    def slots(self) -> np.ndarray:
+        """Each row's beam slot: its rank within its request."""
+        return np.arange(self.req.shape[0]) - np.searchsorted(self.req, self.req, side="left")
+
+    def extend(self, cand: _Candidates, sel: np.ndarray) -> _Rows:
+        """The rows of the selected candidates: parents' histories gathered, new token appended."""
+        parents = cand.row[sel]
+        return _Rows(
+            req=cand.req[sel],
+            lp=cand.lp[sel],
+            key=cand.key[sel],
+            tokens=np.concatenate([self.tokens[parents], cand.tok[sel, None]], axis=1),
+            token_lp=np.concatenate([self.token_lp[parents], (cand.lp[sel] - self.lp[parents])[:, None]], axis=1),
+            beam=np.concatenate([self.beam[parents], self.slots()[parents, None]], axis=1),
+            cov=None if self.cov is None else self.cov[parents],
+        )
+
+
+@dataclass
+class _Candidates:
+    """One step's finite candidates of every request, ranked: request, then key desc, row asc, token asc."""
+
+    row: np.ndarray  # shape: (n,) parent row
+    tok: np.ndarray  # shape: (n,) token
+    lp: np.ndarray  # shape: (n,) log-probability of the extended prefix
+    key: np.ndarray  # shape: (n,) ranking key
+    req: np.ndarray  # shape: (n,) request
+    rank: np.ndarray  # shape: (n,) rank within the request
+
+    @classmethod
+    def rank_all(cls, rows: _Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray) -> _Candidates:
+        """Flatten the per-row tables ``[rows, m]``, drop non-finite candidates, rank within each request."""
+        c_row = np.repeat(np.arange(tok.shape[0]), tok.shape[1])
+        c_tok, c_key = tok.reshape(-1), key.reshape(-1)
+        c_lp = rows.lp[c_row] + logp.reshape(-1)
+        c_req = rows.req[c_row]
+        finite = np.isfinite(c_key) & np.isfinite(c_lp)
+        order = np.lexsort((c_tok, c_row, -np.where(finite, c_key, -np.inf), c_req))
+        order = order[finite[order]]
+        c_req = c_req[order]
+        rank = np.arange(order.shape[0]) - np.searchsorted(c_req, c_req, side="left")
+        return cls(c_row[order], c_tok[order], c_lp[order], c_key[order], c_req, rank)
+
+    def rank_among(self, sel: np.ndarray) -> np.ndarray:
+        """Rank of each selected candidate among the selected ones of its request."""
+        r = self.req[sel]
+        return np.arange(sel.shape[0]) - np.searchsorted(r, r, side="left")
 
 
 def _first_array(state: Any) -> Any:
@@ -162,7 +230,12 @@ class BeamSearch:
         self.processors = tuple(procs)
 
     def search(
-        self, step_fn: StepFn, init_state: Any, bos: int | Sequence[int], eos: int, batch_size: int | None = None
+        self,
+        step_fn: StepFn,
+        init_state: Any,
+        bos: int | Sequence[int],
+        eos: int,
+        batch_size: int | None = None,
     ) -> SearchResult:
         """Decode every request of ``init_state`` (one row each); see the module docstring for one step."""
         opt = self.options
@@ -171,150 +244,122 @@ class BeamSearch:
         bos_arr = np.full(n_req, bos, dtype=np.int64) if np.ndim(bos) == 0 else np.asarray(bos, dtype=np.int64)
         if bos_arr.shape != (n_req,):
             raise ValueError(f"bos must be an int or one id per request ({n_req}), got shape {bos_arr.shape}")
-        k = opt.beam_size
-        lp = opt.length_penalty
-        m = 2 * k if opt.policy == "pool" else k
+        m = 2 * opt.beam_size if opt.policy == "pool" else opt.beam_size
         book = _Requests(n_req)
         stats = SearchStats()
-
-        req = np.arange(n_req, dtype=np.int64)  # shape: (rows,) request of each live row
-        run_lp = np.zeros(n_req)  # shape: (rows,) running log-probability (float64)
-        run_key = np.zeros(n_req)  # shape: (rows,) selector key (== run_lp for the deterministic selector)
-        hist = np.zeros((n_req, 0), dtype=np.int64)  # shape: (rows, t) generated tokens
-        hist_lp = np.zeros((n_req, 0))  # shape: (rows, t) step scores
-        hist_beam = np.zeros((n_req, 0), dtype=np.int64)  # shape: (rows, t) beam slot of the parent
-        cov: np.ndarray | None = None  # shape: (rows, S) accumulated attention
+        rows = _Rows.start(n_req)
         state = init_state
         y_prev = ops.like(bos_arr, lead) if lead is not None else bos_arr
 
         for t in range(opt.max_len):
-            rows = req.shape[0]
-            if rows == 0:
-                break
+            n_rows = rows.req.shape[0]
             out = step_fn(state, y_prev)
             if not isinstance(out, tuple) or len(out) not in (2, 3):
                 raise TypeError("step_fn must return (logits, new_state) or (logits, new_state, extras)")
             logits, state = out[0], out[1]
             extras = out[2] if len(out) == 3 else {}
             stats.model_calls += 1
-            stats.rows_per_call.append(rows)
-            ops.check_logits(logits, rows)
+            stats.rows_per_call.append(n_rows)
+            ops.check_logits(logits, n_rows)
 
             lse = ops.logsumexp(logits)  # shape: (rows,)
             bad = np.isnan(lse) | (lse == np.inf)
-            for r in np.unique(req[bad]):
-                what = "NaN" if np.isnan(lse[bad & (req == r)]).any() else "+inf"
+            for r in np.unique(rows.req[bad]):
+                what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
                 book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
-            ctx = StepContext(step=t, tokens=hist, request=req, eos=eos)
+            ctx = StepContext(step=t, tokens=rows.tokens, request=rows.req, eos=eos)
             if self.processors:
-                scores = ops.log_softmax(logits)
+                scores = ops.log_softmax(logits)  # shape: (rows, V)
                 for proc in self.processors:
                     scores = proc(scores, ctx)
-                offset = np.zeros(rows)
+                offset = np.zeros(n_rows)
             else:
-                scores, offset = logits, -lse
-            if bad.any():
-                offset = np.where(bad, -np.inf, offset)  # a failed request's rows yield nothing
-            logp, tok, key = opt.selector.candidates(scores, offset, run_key, m, ctx)
-            attn = None
+                scores, offset = logits, np.where(np.isfinite(lse), -lse, -np.inf)  # all -inf row: nothing
+            offset = np.where(bad, -np.inf, offset)  # a failed request's rows yield nothing
+            logp, tok, key = opt.selector.candidates(scores, offset, rows.key, m, ctx)  # shape: (rows, m)
             if opt.coverage_penalty is not None:
                 if "attention" not in extras:
                     raise ValueError("coverage_penalty needs step_fn to return extras={'attention': [rows, S]}")
-                attn = ops.to_numpy(extras["attention"]).astype(np.float64)
-                cov = attn if cov is None else cov + attn
+                attn = ops.to_numpy(extras["attention"]).astype(np.float64)  # shape: (rows, S)
+                rows.cov = attn if rows.cov is None else rows.cov + attn
 
-            # Rank every candidate within its request: key desc, then row (beam) asc, then token asc.
-            width = tok.shape[1]
-            c_row = np.repeat(np.arange(rows), width)
-            c_tok, c_lp, c_key = tok.reshape(-1), logp.reshape(-1), key.reshape(-1)
-            c_req = req[c_row]
-            c_lp = run_lp[c_row] + c_lp
-            finite = np.isfinite(c_key) & np.isfinite(c_lp)
-            order = np.lexsort((c_tok, c_row, -np.where(finite, c_key, -np.inf), c_req))
-            order = order[finite[order]]
-            c_row, c_tok, c_lp, c_key, c_req = c_row[order], c_tok[order], c_lp[order], c_key[order], c_req[order]
-            starts = np.searchsorted(c_req, c_req, side="left")
-            rank = np.arange(c_req.shape[0]) - starts  # rank within the request
-
-            live = np.unique(req[~bad])
-            no_cand = np.setdiff1d(live, c_req)
-            for r in no_cand:
+            cand = _Candidates.rank_all(rows, logp, tok, key)
+            for r in np.setdiff1d(np.unique(rows.req[~bad]), cand.req):
                 book.errors[int(r)] = f"no finite candidate at step {t} (every continuation is masked or -inf)"
-
-            slot = np.arange(rows) - np.searchsorted(req, req, side="left")  # beam slot of each row
             last = t + 1 == opt.max_len
-            is_eos = c_tok == eos
-
-            def finish(sel: np.ndarray, finished: np.ndarray) -> dict[int, list[Hypothesis]]:
-                """Build hypotheses for the candidates ``sel`` (indices into the ranked candidate arrays)."""
-                out_h: dict[int, list[Hypothesis]] = {}
-                if sel.size == 0:
-                    return out_h
-                length = t + 1
-                scores_f = lp(c_lp[sel], length)
-                if opt.coverage_penalty is not None and cov is not None:
-                    scores_f = scores_f + opt.coverage_penalty(cov[c_row[sel]])
-                for j, i in enumerate(sel):
-                    row = c_row[i]
-                    h = Hypothesis(
-                        tokens=hist[row].tolist() + [int(c_tok[i])],
-                        logprob=float(c_lp[i]),
-                        score=float(scores_f[j]),
-                        finished=bool(finished[j]),
-                        token_logprobs=hist_lp[row].tolist() + [float(c_lp[i] - run_lp[row])],
-                        beam_indices=hist_beam[row].tolist() + [int(slot[row])],
-                    )
-                    out_h.setdefault(int(c_req[i]), []).append(h)
-                return out_h
-
             if opt.policy == "narrow":
-                quota = k - np.array([len(p) for p in book.pools], dtype=np.int64)
-                take = rank < quota[c_req]
-                done_now = take & is_eos
-                surv = np.flatnonzero(take & ~is_eos)
-                for r, hyps in finish(np.flatnonzero(done_now), np.ones(int(done_now.sum()), bool)).items():
-                    book.add(r, hyps, None)
-                if last:
-                    for r, hyps in finish(surv, np.zeros(surv.size, bool)).items():
-                        book.add(r, hyps, None)
-                    surv = surv[:0]
+                surv = self._narrow_step(book, rows, cand, eos, t, last)
             else:
-                hits = is_eos | last
-                full_before = np.array([len(p) >= opt.pool_size for p in book.pools], dtype=bool)
-                admit = hits & (rank < k)
-                if opt.early_stopping is True:
-                    admit &= ~full_before[c_req]
-                adm = np.flatnonzero(admit)
-                for r, hyps in finish(adm, is_eos[adm]).items():
-                    book.add(r, hyps, opt.pool_size)
-                cont = np.flatnonzero(~hits)
-                crank = np.arange(cont.size) - np.searchsorted(c_req[cont], c_req[cont], side="left")
-                surv = cont[crank < k]
-
-            # Per-request stop decisions (pool policy); narrow stops when a request has no survivors.
-            if opt.policy == "pool" and surv.size:
-                stop = self._pool_done(book, c_req[surv], c_lp[surv], t + 1)
-                surv = surv[~stop]
+                surv = self._pool_step(book, rows, cand, eos, t, last)
             if book.errors:
-                failed = np.array(sorted(book.errors), dtype=np.int64)
-                surv = surv[~np.isin(c_req[surv], failed)]
+                surv = surv[~np.isin(cand.req[surv], np.array(sorted(book.errors)))]
             if surv.size == 0 or last:
                 break
-
-            parents = c_row[surv]
-            new_tok = c_tok[surv]
-            hist = np.concatenate([hist[parents], new_tok[:, None]], axis=1)
-            hist_lp = np.concatenate([hist_lp[parents], (c_lp[surv] - run_lp[parents])[:, None]], axis=1)
-            hist_beam = np.concatenate([hist_beam[parents], slot[parents][:, None]], axis=1)
-            req, run_lp, run_key = c_req[surv], c_lp[surv], c_key[surv]
-            if cov is not None:
-                cov = cov[parents]
-            if not is_identity(parents, rows):
+            parents = cand.row[surv]
+            rows = rows.extend(cand, surv)
+            if not is_identity(parents, n_rows):
                 state = select_state(state, parents)
-            y_prev = ops.like(new_tok, logits)
+            y_prev = ops.like(cand.tok[surv], logits)
 
         results = [self._rank(book.pools[r]) if r not in book.errors else [] for r in range(n_req)]
         return SearchResult(results, stats, dict(book.errors))
+
+    def _hypotheses(
+        self, rows: _Rows, cand: _Candidates, sel: np.ndarray, finished: np.ndarray, length: int
+    ) -> dict[int, list[Hypothesis]]:
+        """Hypotheses for the candidates ``sel``, scored at ``length``, grouped by request."""
+        opt = self.options
+        found: dict[int, list[Hypothesis]] = {}
+        if sel.size == 0:
+            return found
+        scores = opt.length_penalty(cand.lp[sel], length)
+        if opt.coverage_penalty is not None and rows.cov is not None:
+            scores = scores + opt.coverage_penalty(rows.cov[cand.row[sel]])
+        slots = rows.slots()
+        for j, i in enumerate(sel):
+            row = cand.row[i]
+            h = Hypothesis(
+                tokens=rows.tokens[row].tolist() + [int(cand.tok[i])],
+                logprob=float(cand.lp[i]),
+                score=float(scores[j]),
+                finished=bool(finished[j]),
+                token_logprobs=rows.token_lp[row].tolist() + [float(cand.lp[i] - rows.lp[row])],
+                beam_indices=rows.beam[row].tolist() + [int(slots[row])],
+            )
+            found.setdefault(int(cand.req[i]), []).append(h)
+        return found
+
+    def _narrow_step(self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int, t: int, last: bool) -> np.ndarray:
+        """Seed 000: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
+        quota = self.options.beam_size - np.array([len(p) for p in book.pools], dtype=np.int64)
+        take = cand.rank < quota[cand.req]
+        is_eos = cand.tok == eos
+        done = np.flatnonzero(take & is_eos)
+        surv = np.flatnonzero(take & ~is_eos)
+        book.add(self._hypotheses(rows, cand, done, np.ones(done.size, bool), t + 1), None)
+        if last:  # live hypotheses at max_len are returned unfinished
+            book.add(self._hypotheses(rows, cand, surv, np.zeros(surv.size, bool), t + 1), None)
+            return surv[:0]
+        return surv
+
+    def _pool_step(self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int, t: int, last: bool) -> np.ndarray:
+        """Hugging Face / fairseq: eos (or anything at max_len) ranked in the top k joins the pool; the best k
+        other candidates run on; then each request's stopping rule."""
+        opt = self.options
+        k = opt.beam_size
+        is_eos = cand.tok == eos
+        hits = is_eos | last
+        admit = hits & (cand.rank < k)
+        if opt.early_stopping is True:
+            full = np.array([len(p) >= opt.pool_size for p in book.pools], dtype=bool)
+            admit &= ~full[cand.req]
+        adm = np.flatnonzero(admit)
+        book.add(self._hypotheses(rows, cand, adm, is_eos[adm], t + 1), opt.pool_size)
+        cont = np.flatnonzero(~hits)
+        surv = cont[cand.rank_among(cont) < k]
+        if surv.size:
+            surv = surv[~self._pool_done(book, cand.req[surv], cand.lp[surv], t + 1)]
+        return surv
 
     def _pool_done(self, book: _Requests, s_req: np.ndarray, s_lp: np.ndarray, cur: int) -> np.ndarray:
         """For each survivor, whether its request stops now (early_stopping rules, patience, exact exit)."""

@@ -70,7 +70,8 @@ def _ngram_bans(seq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     # shape: (rows, L - n + 1, n) every n-gram of every row
     grams = np.lib.stride_tricks.sliding_window_view(seq, n, axis=1)
     prefix = seq[:, length - (n - 1) :]  # shape: (rows, n - 1), the last n-1 tokens
-    match = (grams[:, :, : n - 1] == prefix[:, None, :]).all(axis=2) & (prefix >= 0).all(axis=1)[:, None]
+    real = np.all(prefix >= 0, axis=1)  # shape: (rows,) the prefix holds no padding
+    match = np.all(grams[:, :, : n - 1] == prefix[:, None, :], axis=2) & real[:, None]
     r, j = np.nonzero(match)
     return r.astype(np.int64), grams[r, j, n - 1].astype(np.int64)
 
@@ -169,8 +170,8 @@ class PrefixAllowedTokens:
             if allowed.size and (allowed.min() < 0 or allowed.max() >= vocab):
                 raise ValueError(f"prefix_allowed_tokens_fn returned ids outside [0, {vocab})")
             mask[r, allowed] = False
-        r, c = np.nonzero(mask)
-        return ops.fill(scores, r, c, NEG_INF)
+        banned_rows, banned_cols = np.nonzero(mask)
+        return ops.fill(scores, banned_rows, banned_cols, NEG_INF)
 
 
 @dataclass(frozen=True)

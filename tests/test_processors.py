@@ -1,0 +1,140 @@
+"""Logit processors, each checked by an exhaustive beam against brute force over the sequences it allows."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from beamkit import (
+    BadWords,
+    ForcedPrefix,
+    NoRepeatNGram,
+    PrefixAllowedTokens,
+    RepetitionPenalty,
+    Temperature,
+    search_batch,
+)
+from tests.toy import BOS, MultiToy, ToyModel, log_softmax_ref
+
+EOS = 0
+
+
+def brute(model: ToyModel, max_len: int, step_score, allowed, alpha: float = 0.0):
+    """Every output whose every token is allowed, scored with ``step_score(prefix, token)``; ranked."""
+    out = []
+    for n in range(1, max_len + 1):
+        for seq in itertools.product(range(model.v), repeat=n):
+            if EOS in seq[:-1] or (n < max_len and seq[-1] != EOS):
+                continue
+            if not all(allowed(seq[:i], seq[i]) for i in range(n)):
+                continue
+            lp = sum(step_score(seq[:i], seq[i]) for i in range(n))
+            out.append((lp / n**alpha, list(seq)))
+    out.sort(key=lambda x: -x[0])
+    return out
+
+
+def exhaustive(model: ToyModel, max_len: int, **kw):
+    return search_batch(model.step, model.init(), BOS, EOS, model.v**max_len, max_len, **kw)[0]
+
+
+def check(model, max_len, kw, allowed, step_score=None):
+    step_score = step_score or (lambda p, t: model.logp(tuple(p), t))
+    want = brute(model, max_len, step_score, allowed)
+    got = exhaustive(model, max_len, length_penalty=0.0, **kw)
+    assert [h.tokens for h in got] == [s for _, s in want]
+    np.testing.assert_allclose([h.score for h in got], [sc for sc, _ in want], atol=1e-9)
+
+
+def has_repeat(seq, n):
+    grams = [tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram(n):
+    m = ToyModel(3, seed=1, scale=1.0)
+    check(m, 4, {"processors": [NoRepeatNGram(n)]}, lambda p, t: not has_repeat(list(p) + [t], n))
+
+
+def test_no_repeat_ngram_counts_the_prompt():
+    m = ToyModel(3, seed=2, scale=1.0)
+    prompt = (1, 2)
+    check(
+        m,
+        3,
+        {"processors": [NoRepeatNGram(2, prompts=(prompt,))]},
+        lambda p, t: not has_repeat(list(prompt) + list(p) + [t], 2),
+    )
+
+
+def test_bad_words():
+    m = ToyModel(3, seed=3, scale=1.0)
+    bad = ((2,), (1, 1))
+
+    def ok(p, t):
+        s = list(p) + [t]
+        return t != 2 and s[-2:] != [1, 1]
+
+    check(m, 4, {"processors": [BadWords(bad)]}, ok)
+    with pytest.raises(ValueError):
+        BadWords(((),))
+
+
+def test_forced_prefix_and_min_len():
+    m = ToyModel(3, seed=4, scale=1.0)
+    check(m, 4, {"processors": [ForcedPrefix(((2, 1),))]}, lambda p, t: len(p) >= 2 or t == (2, 1)[len(p)])
+    check(m, 4, {"min_len": 2}, lambda p, t: not (t == EOS and len(p) < 2))
+
+
+def test_prefix_allowed_tokens():
+    m = ToyModel(4, seed=5, scale=1.0)
+    fn = lambda req, toks: [0, 1] if len(toks) % 2 else [0, 2, 3]  # noqa: E731
+    check(m, 3, {"processors": [PrefixAllowedTokens(fn)]}, lambda p, t: t in fn(0, list(p)))
+    with pytest.raises(ValueError, match="outside"):
+        exhaustive(m, 2, processors=[PrefixAllowedTokens(lambda r, t: [9])])
+
+
+def test_repetition_penalty_and_temperature():
+    m = ToyModel(3, seed=6, scale=1.0)
+
+    def rep(p, t, pen=1.5):
+        s = m.logp(tuple(p), t)
+        return s * pen if t in p and s < 0 else (s / pen if t in p else s)
+
+    check(m, 3, {"processors": [RepetitionPenalty(1.5)]}, lambda p, t: True, rep)
+    check(m, 3, {"processors": [Temperature(0.5)]}, lambda p, t: True, lambda p, t: m.logp(tuple(p), t) / 0.5)
+    with pytest.raises(ValueError):
+        Temperature(0.0)
+    with pytest.raises(ValueError):
+        RepetitionPenalty(-1.0)
+
+
+def test_processors_see_each_request():
+    # per-request forced prefixes in one batch
+    multi = MultiToy(4, [1, 2])
+    res = search_batch(multi.step, multi.init(), BOS, EOS, 2, 3, processors=[ForcedPrefix(((3,), (2, 2)))])
+    assert all(h.tokens[:1] == [3] for h in res[0])
+    assert all(h.tokens[:2] == [2, 2] for h in res[1])
+
+
+def test_masks_are_never_chosen_in_the_pool_policy():
+    m = ToyModel(5, seed=7, scale=0.3)
+    res = search_batch(
+        m.step,
+        m.init(),
+        BOS,
+        EOS,
+        3,
+        5,
+        policy="pool",
+        processors=[BadWords(((1,), (2,)))],
+        early_stopping="never",
+    )[0]
+    assert res and all(not {1, 2} & set(h.tokens) for h in res)
+    for h in res:
+        assert h.logprob == pytest.approx(
+            sum(log_softmax_ref(m.logits(tuple(h.tokens[:i])))[t] for i, t in enumerate(h.tokens))
+        )
