@@ -157,3 +157,22 @@ def test_rows_are_compact_and_batch_of_one_is_the_single_search():
         single = multi.single(r)
         one = beam_search(single.step, single.init(), BOS, EOS, 4, 5)
         assert [h.tokens for h in one] == [h.tokens for h in res[r]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    rows=st.integers(1, 5),
+    v=st.integers(2, 300),
+    m=st.integers(1, 12),
+    ties=st.booleans(),
+    strided=st.booleans(),
+)
+def test_top_candidates_equals_a_full_sort(seed, rows, v, m, ties, strided):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2, 3, size=(rows, 2 * v)) if ties else rng.standard_normal((rows, 2 * v))
+    x = x.astype(np.float32)[:, ::2] if strided else x.astype(np.float64)[:, :v]
+    vals, idx = ops.top_candidates(x, m)
+    want = np.array([np.lexsort((np.arange(v), -r))[: min(m, v)] for r in x])
+    np.testing.assert_array_equal(idx, want)
+    np.testing.assert_array_equal(vals, np.take_along_axis(x, want, axis=1))

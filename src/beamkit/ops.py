@@ -61,14 +61,19 @@ def logsumexp(x: Any) -> np.ndarray:
     """
     if is_torch(x):
         return to_numpy(x.logsumexp(dim=1)).astype(np.float64)
-    # shape: (rows, V) -> (rows,)
+    # shape: (rows, V) -> (rows,); in chunks of rows so the exp buffer stays small and warm
     m = x.max(axis=1)
     finite = np.isfinite(m)
     shift = np.where(finite, m, 0.0).astype(x.dtype, copy=False)
+    out = np.empty(x.shape[0], dtype=np.float64)
+    step = max(1, (1 << 20) // max(1, x.shape[1]))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        s = np.exp(x - shift[:, None]).sum(axis=1, dtype=np.float64)
-        out = np.log(s) + shift.astype(np.float64)
-    # A +inf or NaN maximum must survive (exp(inf - 0) = inf, fine; NaN propagates through max).
+        for i in range(0, x.shape[0], step):
+            buf = x[i : i + step] - shift[i : i + step, None]
+            np.exp(buf, out=buf)
+            out[i : i + step] = np.log(buf.sum(axis=1, dtype=np.float64))
+        out += shift.astype(np.float64)
+    # A +inf or NaN maximum must survive (NaN propagates through max).
     return np.where(np.isnan(m) | (m == np.inf), m.astype(np.float64), out)
 
 
@@ -118,8 +123,9 @@ def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``m`` largest entries of each row of ``x`` ``[rows, V]``, ties to the lowest column.
 
     Returns host arrays ``(values float64 [rows, m'], columns int64 [rows, m'])`` with ``m' = min(m, V)``, each
-    row ordered by value descending, then column ascending. The selected *set* obeys the tie rule exactly: when
-    the m-th and (m+1)-th values of a row are equal, that row is redone so the lowest columns win.
+    row ordered by value descending, then column ascending. The selected *set* obeys the tie rule exactly (torch:
+    a row whose m-th and (m+1)-th values are equal is redone so the lowest columns win; numpy: the few entries
+    above a block-maximum threshold are sorted exactly).
     """
     rows, v = int(x.shape[0]), int(x.shape[1])
     m = min(m, v)
@@ -133,22 +139,55 @@ def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
         for r in tied:
             idx[r] = _exact_top_row(to_numpy(x[int(r)]).astype(np.float64), m)
             vals[r] = to_numpy(x[int(r)])[idx[r]]
+    elif m < v and v >= 8 * m:
+        vals, idx = _top_by_block_threshold(x, m)
     else:
-        if m < v:
-            part = np.argpartition(-x, m, axis=1)  # shape: (rows, V); first m are the m largest
-            idx = part[:, :m].astype(np.int64)
-            vals = np.take_along_axis(x, idx, axis=1).astype(np.float64)
-            nxt = x[np.arange(rows), part[:, m]].astype(np.float64)
-            tied = np.flatnonzero(vals.min(axis=1) == nxt)
-            for r in tied:
-                idx[r] = _exact_top_row(x[r].astype(np.float64), m)
-                vals[r] = x[r, idx[r]]
-        else:
-            idx = np.tile(np.arange(v, dtype=np.int64), (rows, 1))
-            vals = x.astype(np.float64, copy=True)
+        idx = np.lexsort((np.broadcast_to(np.arange(v), x.shape), -x), axis=1)[:, :m].astype(np.int64)
+        vals = np.take_along_axis(x, idx, axis=1).astype(np.float64)
     # Order each row: value descending, column ascending (NaN-free: the engine rejects NaN rows first).
     order = np.lexsort((idx, -vals), axis=1) if rows else np.empty((0, m), dtype=np.int64)
     return np.take_along_axis(vals, order, axis=1), np.take_along_axis(idx, order, axis=1)
+
+
+def _top_by_block_threshold(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """numpy top-m per row without a full partition: a threshold from group maxima, then an exact sort.
+
+    Columns are split into ``nb`` strided groups (group g holds columns ``g, g + nb, g + 2 nb, ...``). The m-th
+    largest group maximum ``tau`` is reached by at least m entries, so every entry of the exact top m (ties to
+    the lowest column included) lies in a group whose maximum is ``>= tau``, or in the tail columns; only those
+    few entries are gathered and sorted.
+    """
+    rows, v = x.shape
+    top = max(1, min(32, v // (4 * m)))
+    bs = next((b for b in range(top, max(1, top // 2) - 1, -1) if v % b == 0), top)  # columns per group
+    nb = v // bs  # number of groups, >= 2 m
+    if x.flags.c_contiguous and nb * bs == v:
+        view = x.reshape(rows, bs, nb)  # shape: (rows, bs, nb); group g = column g + nb * j
+    else:  # the first nb * bs columns, as a view without a copy
+        view = np.lib.stride_tricks.as_strided(x, (rows, bs, nb), (x.strides[0], nb * x.strides[1], x.strides[1]))
+    group_max = view.max(axis=1)  # shape: (rows, nb)
+    tau = np.partition(group_max, nb - m, axis=1)[:, nb - m]  # shape: (rows,)
+    gr, gg = np.nonzero(group_max >= tau[:, None])
+    r = np.repeat(gr, bs)
+    c = (gg[:, None] + nb * np.arange(bs)).reshape(-1)
+    if nb * bs < v:  # tail columns outside the groups
+        tail = np.arange(nb * bs, v)
+        r = np.concatenate([r, np.repeat(np.arange(rows), tail.size)])
+        c = np.concatenate([c, np.tile(tail, rows)])
+    vals = x[r, c].astype(np.float64)
+    order = np.lexsort((c, -vals, r))
+    r, c, vals = r[order], c[order], vals[order]
+    rank = np.arange(r.shape[0]) - np.searchsorted(r, r, side="left")
+    keep = rank < m
+    out_idx = np.zeros((rows, m), dtype=np.int64)
+    out_val = np.full((rows, m), np.nan)
+    out_idx[r[keep], rank[keep]] = c[keep]
+    out_val[r[keep], rank[keep]] = vals[keep]
+    short = np.flatnonzero(np.bincount(r[keep], minlength=rows) < m)  # NaN rows: comparisons fail
+    for row in short:
+        out_idx[row] = _exact_top_row(x[row].astype(np.float64), m)
+        out_val[row] = x[row, out_idx[row]]
+    return out_val, out_idx
 
 
 def _exact_top_row(row: np.ndarray, m: int) -> np.ndarray:
