@@ -1,0 +1,182 @@
+"""Mutation testing of the search core: mutmut's score, then every seed-000 pitfall as a hand-written mutant.
+
+    python bench/mutation.py            # mutmut run + pitfalls (the `make mutation` target)
+    python bench/mutation.py --pitfalls # only the pitfall mutants (about a minute)
+
+Prints ``mutation-score: 0.87 (killed/total)`` and one line per pitfall; exits non-zero if the score is below
+0.85 or a pitfall mutant survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE, DECODE, STATE = "src/beamkit/engine.py", "src/beamkit/decode.py", "src/beamkit/state.py"
+
+# (name, file, original text, mutated text, the test that must kill it)
+PITFALLS = [
+    (
+        "1 best K tokens of each hypothesis",
+        ENGINE,
+        "take = cand.rank < quota[cand.req]",
+        "take = cand.rank >= 0",
+        "test_beam_never_holds_more_than_beam_size",
+    ),
+    (
+        "2 raw logits instead of log-probs",
+        ENGINE,
+        "scores, offset = logits, np.where(np.isfinite(lse), -lse, -np.inf)",
+        "scores, offset = logits, 0 * lse",
+        "test_logits_need_not_be_normalized",
+    ),
+    (
+        "3 eos hypothesis keeps going",
+        ENGINE,
+        "is_eos = cand.tok == eos\n        done",
+        "is_eos = cand.tok == -7\n        done",
+        "test_eos_finishes_and_shrinks_the_beam",
+    ),
+    (
+        "4 live hypotheses dropped at max_len",
+        ENGINE,
+        "book.add(self._hypotheses(rows, cand, surv, np.zeros(surv.size, bool), t + 1), None)",
+        "pass",
+        "test_max_len_returns_unfinished",
+    ),
+    (
+        "5 -inf candidates kept",
+        ENGINE,
+        "finite = np.isfinite(c_key) & np.isfinite(c_lp)",
+        "finite = ~np.isnan(c_key)",
+        "test_masked_tokens_are_never_chosen",
+    ),
+    (
+        "6 state not gathered by parent",
+        ENGINE,
+        "state = select_state(state, parents)",
+        "state = state",
+        "test_state_follows_parents_in_a_real_search",
+    ),
+    (
+        "eos left out of the length",
+        ENGINE,
+        "scores = opt.length_penalty(cand.lp[sel], length)",
+        "scores = opt.length_penalty(cand.lp[sel], length - finished.astype(int))",
+        "test_hand_example_length_penalty",
+    ),
+    (
+        "ranked by logprob, not score",
+        ENGINE,
+        "key=lambda h: -h.score",
+        "key=lambda h: -h.logprob",
+        "test_length_penalty_changes_the_winner",
+    ),
+    (
+        "ties to the highest index",
+        ENGINE,
+        "order = np.lexsort((c_tok, c_row,",
+        "order = np.lexsort((-c_tok, -c_row,",
+        "test_ties_go_to_the_lowest_id",
+    ),
+    (
+        "survivors finalized one step early",
+        ENGINE,
+        "last = t + 1 == opt.max_len",
+        "last = t + 2 == opt.max_len",
+        "test_max_len_returns_unfinished",
+    ),
+    (
+        "NamedTuple rebuilt as a tuple",
+        STATE,
+        "return type(state)(*items)",
+        "return tuple(items)",
+        "test_select_state_keeps_the_structure",
+    ),
+    (
+        "lists not searched",
+        STATE,
+        "return [_map_leaves(s, fn) for s in state]",
+        "return state",
+        "test_select_state_keeps_the_structure",
+    ),
+    (
+        "greedy scored with length penalty 1",
+        DECODE,
+        "length_penalty=0.0, **options)[0]",
+        "length_penalty=1.0, **options)[0]",
+        "test_hand_example_greedy_commits_to_a",
+    ),
+    (
+        "model called after every hypothesis finished",
+        ENGINE,
+        "if surv.size == 0 or last:",
+        "if last:",
+        "test_search_stops_when_the_last_hypothesis_finishes",
+    ),
+]
+
+
+def run_pitfalls() -> bool:
+    """Apply each pitfall to a copy of the source and check that its test fails."""
+    ok = True
+    for name, path, old, new, test in PITFALLS:
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(ROOT / "src", Path(tmp) / "src")
+            target = Path(tmp) / path
+            text = target.read_text()
+            if old not in text:
+                print(f"pitfall[{name}]: ERROR mutant text not found in {path}")
+                ok = False
+                continue
+            target.write_text(text.replace(old, new))
+            env = dict(os.environ, PYTHONPATH=str(Path(tmp) / "src"))
+            cmd = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-x",
+                "-p",
+                "no:cacheprovider",
+                f"tests/test_contract.py::{test}",
+            ]
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+            killed = proc.returncode == 1
+            ok &= killed
+            print(f"pitfall[{name}]: {'killed' if killed else 'SURVIVED'} by {test}")
+    return ok
+
+
+def run_mutmut() -> float:
+    """Run mutmut over the search core and return killed / total."""
+    shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+    mutmut = str(Path(sys.executable).parent / "mutmut")
+    subprocess.run([mutmut, "run", "--max-children", str(os.cpu_count() or 2)], cwd=ROOT, capture_output=True)
+    out = subprocess.run([mutmut, "results", "--all", "true"], cwd=ROOT, capture_output=True, text=True).stdout
+    statuses = re.findall(r":\s*(killed|survived|timeout|no tests|suspicious|skipped|segfault)\s*$", out, re.M)
+    total = len(statuses)
+    killed = sum(s in ("killed", "timeout", "segfault") for s in statuses)
+    score = killed / total if total else 0.0
+    print(f"mutation-score: {score:.3f} ({killed}/{total}; timeouts count as killed)")
+    return score
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pitfalls", action="store_true", help="only the pitfall mutants")
+    args = ap.parse_args()
+    score = 1.0 if args.pitfalls else run_mutmut()
+    ok = run_pitfalls()
+    return 0 if ok and score >= 0.85 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
