@@ -83,6 +83,37 @@ def test_pool_matches_the_hugging_face_reference(early_stopping, alpha, seed):
     assert res.stats.model_calls == calls
 
 
+@pytest.mark.parametrize("early_stopping", [True, False, "never"])
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0])
+def test_pool_stopping_rules_with_likely_eos(early_stopping, alpha):
+    """Models where eos is likely, so pools fill early and each stopping rule decides the step count."""
+    early = 0
+    for seed in range(12):
+        m = ToyModel(6, seed=seed, scale=1.5, eos_bias=1.0)
+        k, max_len = 3, 10
+        want, calls = hf_reference(m, k, max_len, alpha, early_stopping)
+        res = BeamSearch(
+            SearchOptions(k, max_len, LengthPenalty(alpha), policy="pool", early_stopping=early_stopping)
+        ).search(m.step, m.init(), BOS, EOS)
+        assert [tuple(h.tokens) for h in res.hypotheses[0]] == [w[1] for w in want]
+        np.testing.assert_allclose([h.score for h in res.hypotheses[0]], [w[0] for w in want], atol=1e-9)
+        assert res.stats.model_calls == calls
+        early += calls < max_len
+    if not (early_stopping == "never" and alpha > 0):  # the exact bound at max_len rarely stops early
+        assert early >= 3  # the rules were exercised, not just max_len
+
+
+def test_stopping_modes_differ():
+    calls = {}
+    for mode in (True, False, "never"):
+        total = 0
+        for seed in range(12):
+            m = ToyModel(6, seed=seed, scale=1.5, eos_bias=1.0)
+            total += hf_reference(m, 3, 10, 1.0, mode)[1]
+        calls[mode] = total
+    assert calls[True] < calls[False] < calls["never"]
+
+
 @pytest.mark.parametrize("patience", [0.34, 0.5, 1.0, 1.5, 2.0])
 def test_patience_changes_the_stopping_step(patience):
     m = ToyModel(6, seed=3, scale=0.7)

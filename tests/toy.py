@@ -33,15 +33,18 @@ def log_softmax_ref(x: np.ndarray) -> list[float]:
 class ToyModel:
     """A prefix-dependent model; ``table`` overrides the logits of given prefixes."""
 
-    def __init__(self, v: int, seed: int = 0, table: dict | None = None, scale: float = 3.0):
+    def __init__(self, v: int, seed: int = 0, table: dict | None = None, scale: float = 3.0, eos_bias: float = 0.0):
         self.v, self.seed, self.table, self.scale = v, seed, table or {}, scale
+        self.eos_bias = eos_bias  # added to token 0's logit (eos in the tests) outside the table
         self.calls: list[int] = []
         self.seen: list[tuple[int, ...]] = []
 
     def logits(self, prefix: tuple[int, ...]) -> np.ndarray:
         if prefix in self.table:
             return np.asarray(self.table[prefix], dtype=np.float64)
-        return prefix_logits(self.seed, prefix, self.v, self.scale)
+        out = prefix_logits(self.seed, prefix, self.v, self.scale)
+        out[0] += self.eos_bias
+        return out
 
     def init(self, n: int = 1) -> np.ndarray:
         state = np.empty(n, dtype=object)
