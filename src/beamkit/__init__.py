@@ -18,10 +18,33 @@ from beamkit.processors import (
     StepContext,
     Temperature,
 )
+from beamkit.samplers import BeamSample, GumbelTopK, Multinomial, TopK, TopP, stochastic_beam_search
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty
 from beamkit.state import Shared, concat_state, select_state
+from beamkit.variants import (
+    Constrained,
+    Diverse,
+    constrained_beam_search,
+    diverse_beam_search,
+    exact_search,
+    exact_search_stats,
+    search_errors,
+)
 
 __all__ = [
+    "BeamSample",
+    "Constrained",
+    "Diverse",
+    "GumbelTopK",
+    "Multinomial",
+    "TopK",
+    "TopP",
+    "constrained_beam_search",
+    "diverse_beam_search",
+    "exact_search",
+    "exact_search_stats",
+    "search_errors",
+    "stochastic_beam_search",
     "BadWords",
     "BatchDecodeError",
     "BeamSearch",

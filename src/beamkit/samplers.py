@@ -1,0 +1,469 @@
+"""Selectors that sample: top-k, top-p, multinomial, Hugging Face beam sampling, Gumbel-top-k (stochastic beams).
+
+Each class implements the engine's :class:`beamkit.engine.Selector` protocol and is passed as
+``SearchOptions(selector=...)`` (or ``search_batch(..., selector=...)``). Randomness comes from ``seed`` (an int:
+a fresh numpy generator per search, so the same seed gives the same result every time) or ``generator`` (a
+``numpy.random.Generator`` or a ``torch.Generator``, advanced as it is used). Noise is drawn once per step for all
+rows of all requests, so a batch is decoded in the same number of model calls as one request.
+
+What each one does per step (``m`` is the number of candidates the engine asks per row):
+
+* :class:`TopK`, :class:`TopP`, :class:`Multinomial` (AllenNLP's samplers): each row draws ``m`` tokens without
+  replacement from its (top-k / nucleus / full) renormalised distribution; the engine then keeps the beams with
+  the best running log-probabilities among the drawn candidates.
+* :class:`BeamSample` (Hugging Face ``do_sample=True, num_beams=k``): each request draws ``m`` candidates (``2k``
+  under ``policy="pool"``) without replacement from the joint distribution over all its beams and tokens,
+  proportional to ``exp(running log-prob)``; the drawn candidates are then ranked by running log-probability.
+* :class:`GumbelTopK` (Kool, van Hoof, Welling 2019): stochastic beam search. Each child gets a Gumbel
+  perturbation of its running log-probability, truncated so that the children's maximum equals the parent's
+  perturbed value; the engine keeps the top-k perturbed values. :func:`stochastic_beam_search` runs it so that the
+  k results are exact samples without replacement from the model's sequence distribution.
+
+The accumulated log-probabilities (``Hypothesis.logprob``) are the model's (processed) log-probabilities, never
+the sampling weights. Gumbel-top-k draws ``m`` items without replacement from ``softmax(w)`` by taking the ``m``
+largest ``w + Gumbel`` values, which is how every sampler here draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from beamkit import ops
+from beamkit.hypothesis import Hypothesis
+from beamkit.processors import StepContext, keep_only
+from beamkit.scoring import LengthPenalty, as_length_penalty
+
+NEG_INF = float("-inf")
+
+
+class Noise:
+    """A source of Gumbel noise: ``seed`` (int, restarted at every search) or a numpy / torch generator."""
+
+    def __init__(self, seed: int | None = None, generator: Any = None):
+        if seed is not None and generator is not None:
+            raise ValueError("give either seed or generator, not both")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if generator is not None and not (
+            isinstance(generator, np.random.Generator) or type(generator).__module__.startswith("torch")
+        ):
+            raise TypeError(f"generator must be a numpy or torch Generator, got {type(generator).__name__}")
+        self.seed = seed
+        self.generator = generator
+        self._rng: Any = generator if generator is not None else np.random.default_rng(seed)
+
+    def restart(self) -> None:
+        """Start the seeded stream again (called at step 0 of every search); a passed generator just goes on."""
+        if self.generator is None:
+            self._rng = np.random.default_rng(self.seed)
+
+    def gumbel(self, shape: tuple[int, ...], ref: Any) -> Any:
+        """Standard Gumbel noise of ``shape`` as float64, in the library and on the device of ``ref``."""
+        if isinstance(self._rng, np.random.Generator):
+            return ops.like(self._rng.gumbel(size=shape), ref)
+        import torch
+
+        gen = self._rng
+        u = torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device)
+        tiny = torch.finfo(torch.float64).tiny
+        g = -torch.log(-torch.log(u.clamp(min=tiny)))
+        return g.to(ref.device) if ops.is_torch(ref) else g.cpu().numpy()
+
+
+def as_float64(scores: Any, offset: np.ndarray) -> Any:
+    """``scores + offset[:, None]`` in float64, in the scores' library and device (the step's log-probs)."""
+    if ops.is_torch(scores):
+        import torch
+
+        return scores.double() + torch.as_tensor(offset, device=scores.device)[:, None]
+    return np.asarray(scores, dtype=np.float64) + offset[:, None]
+
+
+def gather_cols(x: Any, idx: np.ndarray) -> np.ndarray:
+    """``x[r, idx[r, j]]`` for a ``[rows, V]`` backend array and host ``idx`` ``[rows, m]``, returned on the host."""
+    if ops.is_torch(x):
+        import torch
+
+        return ops.to_numpy(x.gather(1, torch.as_tensor(idx, device=x.device))).astype(np.float64)
+    return np.take_along_axis(x, idx, axis=1).astype(np.float64)
+
+
+def _sorted_desc(x: Any) -> Any:
+    """Each row of ``x`` sorted in descending order (backend)."""
+    if ops.is_torch(x):
+        return x.sort(dim=1, descending=True).values
+    return -np.sort(-x, axis=1)
+
+
+def _cumsum_exp(x: Any) -> np.ndarray:
+    """Row-wise cumulative sum of ``exp(x)``, on the host."""
+    if ops.is_torch(x):
+        return ops.to_numpy(x.exp().cumsum(dim=1))
+    return np.cumsum(np.exp(x), axis=1)
+
+
+def _mask_below(x: Any, threshold: np.ndarray) -> Any:
+    """``x`` with every entry below its row's ``threshold`` set to ``-inf`` (a new array)."""
+    if ops.is_torch(x):
+        import torch
+
+        thr = torch.as_tensor(threshold, device=x.device, dtype=x.dtype)[:, None]
+        return torch.where(x >= thr, x, torch.full_like(x, NEG_INF))
+    return np.where(x >= threshold[:, None], x, NEG_INF)
+
+
+def _dead_rows(offset: np.ndarray, *tables: np.ndarray) -> None:
+    """Set ``-inf`` in every table for rows the engine marked failed (offset ``-inf``), in place."""
+    dead = ~np.isfinite(offset)
+    if dead.any():
+        for t in tables:
+            t[dead] = NEG_INF
+
+
+@dataclass
+class _RowSampler:
+    """Shared body of the per-row samplers: draw ``m`` tokens without replacement from a restricted row."""
+
+    seed: int | None = None
+    generator: Any = None
+    noise: Noise = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.noise = Noise(self.seed, self.generator)
+
+    def _draw(
+        self, weights: Any, logp: Any, m: int, parent_key: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Gumbel-top-m of the (masked) log-weights ``[rows, V]``; accumulate ``logp``, key = running logp."""
+        rows, vocab = int(weights.shape[0]), int(weights.shape[1])
+        perturbed = weights + self.noise.gumbel((rows, vocab), weights)  # shape: (rows, V)
+        pert, tok = ops.top_candidates(perturbed, m)  # shape: (rows, m)
+        lp = gather_cols(logp, tok)
+        lp[~np.isfinite(pert)] = NEG_INF  # masked tokens are never drawn
+        return lp, tok, parent_key[:, None] + lp
+
+    def _start(self, ctx: StepContext) -> None:
+        if ctx.step == 0:
+            self.noise.restart()
+
+
+@dataclass
+class Multinomial(_RowSampler):
+    """Each row draws ``m`` tokens without replacement from its full distribution (AllenNLP's sampler).
+
+    The engine then keeps the candidates with the best running log-probabilities. With ``beam_size=1`` this is
+    ancestral sampling.
+    """
+
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draw ``m`` tokens per row; see the class docstring."""
+        self._start(ctx)
+        logp = as_float64(scores, offset)
+        lp, tok, key = self._draw(logp, logp, m, parent_key)
+        _dead_rows(offset, lp, key)
+        return lp, tok, key
+
+
+@dataclass
+class TopK(_RowSampler):
+    """Each row draws ``min(m, k)`` tokens without replacement from its ``k`` most likely tokens, renormalised."""
+
+    k: int = 50
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
+            raise ValueError(f"TopK needs an integer k >= 1, got {self.k!r}")
+        super().__post_init__()
+
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draw from the top ``k`` of each row (ties at the k-th value go to the lower token id)."""
+        self._start(ctx)
+        logp = as_float64(scores, offset)
+        vals, idx = ops.top_candidates(logp, self.k)  # shape: (rows, k)
+        g = self.noise.gumbel(vals.shape, np.empty(0))
+        pert = np.where(np.isfinite(vals), vals + g, NEG_INF)
+        take = np.argsort(-pert, axis=1, kind="stable")[:, : min(m, vals.shape[1])]  # shape: (rows, m')
+        lp = np.take_along_axis(vals, take, axis=1)
+        tok = np.take_along_axis(idx, take, axis=1)
+        key = parent_key[:, None] + lp
+        _dead_rows(offset, lp, key)
+        return lp, tok, key
+
+
+@dataclass
+class TopP(_RowSampler):
+    """Nucleus sampling: each row draws ``m`` tokens without replacement from its nucleus, renormalised.
+
+    The nucleus is the smallest set of most likely tokens whose probability reaches ``p`` (a token is kept when
+    the mass of the tokens above it is below ``p``; the best token is always kept). Tokens tied with the last
+    kept one are kept too. Probabilities are those of the row's renormalised scores.
+    """
+
+    p: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.p <= 1.0:
+            raise ValueError(f"TopP needs 0 < p <= 1, got {self.p!r}")
+        super().__post_init__()
+
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draw from each row's nucleus; see the class docstring."""
+        self._start(ctx)
+        logp = as_float64(scores, offset)
+        norm = ops.log_softmax(logp)  # shape: (rows, V), renormalised in case processors removed mass
+        srt = _sorted_desc(norm)  # shape: (rows, V)
+        cum = _cumsum_exp(srt)  # shape: (rows, V) host
+        before = np.concatenate([np.zeros((cum.shape[0], 1)), cum[:, :-1]], axis=1)
+        n_keep = np.maximum((before < self.p).sum(axis=1), 1)
+        thr = ops.to_numpy(srt)[np.arange(cum.shape[0]), n_keep - 1] if cum.shape[0] else np.zeros(0)
+        lp, tok, key = self._draw(_mask_below(norm, np.asarray(thr, dtype=np.float64)), logp, m, parent_key)
+        _dead_rows(offset, lp, key)
+        return lp, tok, key
+
+
+@dataclass
+class BeamSample(_RowSampler):
+    """Hugging Face beam sampling: each request draws ``m`` candidates jointly over its beams, without replacement.
+
+    Candidate ``(beam, token)`` is drawn with probability proportional to ``exp(running log-prob)``; the drawn
+    candidates are ranked by running log-probability. Use ``policy="pool"`` for Hugging Face's ``2k`` draws.
+    """
+
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-row Gumbel-top-m, then the request-wide top ``m`` of the perturbed values are kept."""
+        self._start(ctx)
+        logp = as_float64(scores, offset)
+        rows, vocab = int(logp.shape[0]), int(logp.shape[1])
+        perturbed = logp + self.noise.gumbel((rows, vocab), logp)  # shape: (rows, V)
+        pert, tok = ops.top_candidates(perturbed, m)  # shape: (rows, m)
+        lp = gather_cols(logp, tok)
+        pert = pert + parent_key[:, None]  # running log-prob + Gumbel (the parent term is a per-row constant)
+        pert[~np.isfinite(lp)] = NEG_INF
+        keep = _top_per_request(pert, ctx.request, m)
+        lp[~keep] = NEG_INF
+        key = parent_key[:, None] + lp
+        _dead_rows(offset, lp, key)
+        return lp, tok, key
+
+
+def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndarray:
+    """Mask of the ``m`` largest finite entries of ``values`` ``[rows, w]`` within each request's rows."""
+    rows, width = values.shape
+    flat = values.reshape(-1)
+    c_req = np.repeat(request, width)
+    order = np.lexsort((np.arange(flat.size), -flat, c_req))
+    starts = np.searchsorted(c_req[order], c_req[order], side="left")
+    rank = np.arange(flat.size) - starts
+    keep = np.zeros(flat.size, dtype=bool)
+    keep[order[(rank < m) & np.isfinite(flat[order])]] = True
+    return keep.reshape(rows, width)
+
+
+class PrefixTable:
+    """Per-row values a selector needs besides the engine's key, found again next step by the row's tokens.
+
+    The engine passes back only each survivor's key; a selector that also needs, say, the running
+    log-probability stores it here for every candidate it emits, keyed by (request, tokens), and looks the
+    survivors up at the next step. One search at a time per table.
+    """
+
+    def __init__(self, width: int):
+        self.width = width
+        self._table: dict[tuple[int, bytes], np.ndarray] = {}
+
+    def lookup(self, ctx: StepContext) -> np.ndarray:
+        """Stored values of each live row ``[rows, width]``; zeros at step 0."""
+        rows = ctx.request.shape[0]
+        if ctx.step == 0:
+            self._table = {}
+            return np.zeros((rows, self.width))
+        out = np.empty((rows, self.width))
+        tokens = np.ascontiguousarray(ctx.tokens, dtype=np.int64)
+        for i in range(rows):
+            try:
+                out[i] = self._table[(int(ctx.request[i]), tokens[i].tobytes())]
+            except KeyError:
+                raise RuntimeError(
+                    "selector lost track of a row: was the same selector used by two searches at once?"
+                ) from None
+        return out
+
+    def store(self, ctx: StepContext, tok: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
+        """Remember ``values[r, j]`` (``[rows, m, width]``) for the candidate (row r, token ``tok[r, j]``)."""
+        table: dict[tuple[int, bytes], np.ndarray] = {}
+        tokens = np.ascontiguousarray(ctx.tokens, dtype=np.int64)
+        rs, js = np.nonzero(valid)
+        for r, j in zip(rs.tolist(), js.tolist(), strict=True):
+            seq = np.append(tokens[r], np.int64(tok[r, j]))
+            table[(int(ctx.request[r]), seq.tobytes())] = values[r, j]
+        self._table = table
+
+    def get(self, request: int, tokens: Sequence[int]) -> np.ndarray | None:
+        """The values stored for one candidate of the last step, or None."""
+        return self._table.get((int(request), np.asarray(tokens, dtype=np.int64).tobytes()))
+
+
+def truncated_gumbel(phi: np.ndarray, g: np.ndarray, z: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Kool et al.'s truncation: Gumbels ``g`` (locations ``phi``, maximum ``z``) shifted to have maximum ``t``.
+
+    ``-log(exp(-t) - exp(-z) + exp(-g))``, computed stably as in the paper's appendix B.3.
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v = t - g + np.log1p(-np.exp(g - z))  # log1mexp(g - z); -inf..0
+        out = t - np.maximum(v, 0.0) - np.log1p(np.exp(-np.abs(v)))
+    out = np.where(g == z, t, out)  # the argmax child keeps the parent's value exactly
+    return np.where(np.isfinite(phi), out, NEG_INF)
+
+
+@dataclass
+class GumbelTopK(_RowSampler):
+    """Stochastic beam search (Kool, van Hoof, Welling 2019): keys are truncated Gumbel perturbations.
+
+    A row with running log-probability ``phi_S`` and perturbed value ``G_S`` (its key) gives each child
+    ``phi_i = phi_S + log p(i)`` a Gumbel ``G_i ~ Gumbel(phi_i)``; with ``Z = max_i G_i`` over the whole
+    vocabulary, the child's key is ``-log(exp(-G_S) - exp(-Z) + exp(-G_i))``. The root has ``G = 0``. The
+    sampling distribution is the row's renormalised scores; ``phi_S`` of each row is kept in a
+    :class:`PrefixTable`. The engine keeps the top-k keys of each request.
+
+    Used directly as a selector, a finished hypothesis keeps its slot (the engine's narrow policy), which is not
+    exactly Kool's algorithm when hypotheses finish at different lengths; :func:`stochastic_beam_search` is.
+    """
+
+    table: PrefixTable = field(default_factory=lambda: PrefixTable(2), repr=False)
+
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Top ``m`` children of each row by perturbed value, keyed by the truncated Gumbel."""
+        self._start(ctx)
+        phi_s = self.table.lookup(ctx)[:, 0]  # shape: (rows,)
+        logp = as_float64(scores, offset)
+        norm = ops.log_softmax(logp)  # shape: (rows, V) the sampling distribution
+        rows, vocab = int(logp.shape[0]), int(logp.shape[1])
+        perturbed = norm + self.noise.gumbel((rows, vocab), norm)  # shape: (rows, V), G_i - phi_S
+        pert, tok = ops.top_candidates(perturbed, m)  # shape: (rows, m), descending: column 0 is Z - phi_S
+        n_lp = gather_cols(norm, tok)
+        lp = gather_cols(logp, tok)
+        phi = phi_s[:, None] + n_lp
+        g = phi_s[:, None] + pert
+        z = g[:, :1]
+        key = truncated_gumbel(phi, g, z, parent_key[:, None])
+        lp[~np.isfinite(key)] = NEG_INF
+        _dead_rows(offset, lp, key)
+        self.table.store(ctx, tok, np.stack([phi, key], axis=2), np.isfinite(key))
+        return lp, tok, key
+
+
+def _batch_rows(state: Any, bos: int | Sequence[int]) -> int:
+    """Requests in a batch: rows of the state's first array leaf, else len(bos), else 1."""
+    lead = _first_leaf(state)
+    if lead is not None:
+        return int(lead.shape[0])
+    return len(bos) if np.ndim(bos) == 1 else 1  # type: ignore[arg-type]
+
+
+def _first_leaf(state: Any) -> Any:
+    if ops.is_array(state):
+        return state
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (tuple, list)):
+        for s in state:
+            found = _first_leaf(s)
+            if found is not None:
+                return found
+    return None
+
+
+@dataclass
+class Sample:
+    """One sequence of a stochastic beam search: the hypothesis and its perturbed log-probability (key)."""
+
+    hypothesis: Hypothesis
+    key: float
+    phi: float
+
+
+def stochastic_beam_search(
+    step_fn: Any,
+    init_state: Any,
+    bos: int | Sequence[int],
+    eos: int,
+    beam_size: int,
+    max_len: int,
+    seed: int | None = None,
+    generator: Any = None,
+    length_penalty: float | LengthPenalty = 1.0,
+) -> list[list[Sample]]:
+    """Kool et al.'s stochastic beam search: ``beam_size`` sequences sampled without replacement, per request.
+
+    Runs the engine with :class:`GumbelTopK` and a finished sequence kept in the beam (it only repeats eos with
+    probability 1 and so keeps its key), so each request's result is exactly the top ``beam_size`` perturbed
+    sequences among all outputs (finished ones, and unfinished ones of ``max_len`` tokens). Returns, per
+    request, the samples ordered by key (largest first); ``hypothesis.score`` is the length-normalised
+    log-probability. The search runs ``max_len`` steps (finished rows stay as rows until then).
+    """
+    from beamkit.engine import BeamSearch, SearchOptions
+
+    n = _batch_rows(init_state, bos)
+    selector = GumbelTopK(seed=seed, generator=generator)
+    calls = [0]
+    last: list[Any] = [None]  # one row of the latest logits, for steps where every row is finished
+
+    def held(state: Any, y_prev: Any) -> Any:
+        inner, done = state
+        if calls[0] > 0:
+            done = done | (ops.to_numpy(y_prev) == eos)
+        calls[0] += 1
+        if done.all() and last[0] is not None:
+            # every row is finished: no model call, each row repeats eos with probability 1
+            every, eos_col = np.arange(done.shape[0]), np.full(done.shape[0], eos)
+            logits = ops.fill(ops.gather_rows(last[0], np.zeros_like(every)), every, eos_col, 0.0)
+            return keep_only(logits, every, eos_col), (inner, done)
+        out = step_fn(inner, y_prev)
+        logits, new_inner = out[0], out[1]
+        rows = np.flatnonzero(done)
+        if rows.size:
+            logits = logits.clone() if ops.is_torch(logits) else np.array(logits, copy=True)
+            logits = ops.fill(logits, rows, np.full_like(rows, eos), 0.0)
+            logits = keep_only(logits, rows, np.full_like(rows, eos))
+        last[0] = logits[:1]
+        return logits, (new_inner, done)
+
+    lp = as_length_penalty(length_penalty)
+    opts = SearchOptions(beam_size=beam_size, max_len=max_len, length_penalty=lp, selector=selector)
+    result = BeamSearch(opts).search(held, (init_state, np.zeros(n, dtype=bool)), bos, -1, batch_size=n)
+    if result.errors:
+        raise ValueError("; ".join(f"request {r}: {msg}" for r, msg in sorted(result.errors.items())))
+    out: list[list[Sample]] = []
+    for r, hyps in enumerate(result.hypotheses):
+        samples = []
+        for h in hyps:
+            stored = selector.table.get(r, h.tokens)
+            if stored is None:  # pragma: no cover - the last step stored every candidate
+                raise RuntimeError("stochastic_beam_search lost a sample's key")
+            cut = h.tokens.index(eos) + 1 if eos in h.tokens else len(h.tokens)
+            hyp = Hypothesis(
+                tokens=h.tokens[:cut],
+                logprob=h.logprob,
+                score=float(lp(h.logprob, cut)),
+                finished=eos in h.tokens,
+                token_logprobs=h.token_logprobs[:cut],
+                beam_indices=h.beam_indices[:cut],
+            )
+            samples.append(Sample(hyp, float(stored[1]), float(stored[0])))
+        samples.sort(key=lambda s: -s.key)
+        out.append(samples)
+    return out

@@ -1,0 +1,18 @@
+"""Search variants built on the engine: diverse, lexically constrained and exact search."""
+
+from beamkit.variants.constrained import Constrained, constrained_beam_search, meets_constraints
+from beamkit.variants.diverse import Diverse, diverse_beam_search
+from beamkit.variants.exact import ExactResult, SearchErrors, exact_search, exact_search_stats, search_errors
+
+__all__ = [
+    "Constrained",
+    "Diverse",
+    "ExactResult",
+    "SearchErrors",
+    "constrained_beam_search",
+    "diverse_beam_search",
+    "exact_search",
+    "exact_search_stats",
+    "meets_constraints",
+    "search_errors",
+]

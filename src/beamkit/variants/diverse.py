@@ -1,0 +1,195 @@
+"""Diverse beam search (Vijayakumar et al. 2016) on the batched engine.
+
+Each request is split into ``G`` groups of ``beam_size / G`` beams. The engine sees every (request, group) as a
+request of its own (the request's initial state row repeated ``G`` times), so all groups of all requests are
+rows of one model call. Within a step the :class:`Diverse` selector handles a request's groups in turn: group
+``g`` has ``strength * count(token)`` subtracted from its log-probabilities, where ``count`` is how many of the new
+running beams of groups ``0..g-1`` of the same request end in that token at this step (Hamming diversity). As in
+Hugging Face 4.x ``_group_beam_search`` the penalty is applied after the logit processors and is part of the
+accumulated score. At the end the groups of a request are merged and ranked by score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from beamkit import ops
+from beamkit.engine import BeamSearch, StepFn, make_options
+from beamkit.hypothesis import BatchDecodeError, Hypothesis
+from beamkit.processors import StepContext
+from beamkit.samplers import as_float64
+from beamkit.state import select_state
+
+
+def subtract_at(x: Any, rows: np.ndarray, cols: np.ndarray, value: float) -> Any:
+    """``x[rows[i], cols[i]] -= value`` for every i, repeated pairs accumulating, in place; returns ``x``."""
+    if len(rows) == 0:
+        return x
+    if ops.is_torch(x):
+        import torch
+
+        r = torch.as_tensor(rows, device=x.device)
+        c = torch.as_tensor(cols, device=x.device)
+        x.index_put_(
+            (r, c), torch.full((len(rows),), -value, dtype=x.dtype, device=x.device), accumulate=True
+        )
+        return x
+    np.subtract.at(x, (rows, cols), value)
+    return x
+
+
+@dataclass
+class Diverse:
+    """Selector for diverse beam search; engine request ``q`` is group ``q % groups`` of request ``q // groups``.
+
+    ``group_beams`` and ``policy`` must be the engine's ``beam_size`` and ``policy``: the selector replays the
+    engine's choice of survivors for each group to know which tokens later groups are penalised for.
+    """
+
+    groups: int
+    strength: float
+    group_beams: int
+    policy: str = "narrow"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.groups, bool) or not isinstance(self.groups, (int, np.integer)) or self.groups < 1:
+            raise ValueError(f"groups must be an integer >= 1, got {self.groups!r}")
+        if not np.isfinite(self.strength):
+            raise ValueError(f"diversity strength must be finite, got {self.strength!r}")
+        if self.policy not in ("narrow", "pool"):
+            raise ValueError(f"policy must be 'narrow' or 'pool', got {self.policy!r}")
+
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Top ``m`` per row of each group's penalised log-probs, groups of a request in turn."""
+        logp = as_float64(scores, offset)  # shape: (rows, V)
+        rows, vocab = int(logp.shape[0]), int(logp.shape[1])
+        width = min(m, vocab)
+        out_lp = np.full((rows, width), -np.inf)  # shape: (rows, m')
+        out_tok = np.zeros((rows, width), dtype=np.int64)
+        orig, grp = ctx.request // self.groups, ctx.request % self.groups
+        chosen: dict[int, list[int]] = {}  # request -> tokens of its earlier groups' new running beams
+        for g in range(self.groups):
+            sel = np.flatnonzero(grp == g)
+            if sel.size == 0:
+                continue
+            sub = ops.gather_rows(logp, sel)  # shape: (rows_g, V) a copy
+            if g > 0 and self.strength != 0:
+                pr, pc = [], []
+                for i, r in enumerate(orig[sel].tolist()):
+                    toks = chosen.get(r, [])
+                    pr.extend([i] * len(toks))
+                    pc.extend(toks)
+                sub = subtract_at(
+                    sub, np.asarray(pr, dtype=np.int64), np.asarray(pc, dtype=np.int64), self.strength
+                )
+            vals, tok = ops.top_candidates(sub, width)  # shape: (rows_g, m')
+            out_lp[sel], out_tok[sel] = vals, tok
+            for r, toks in self._survivors(sel, vals, tok, parent_key, ctx).items():
+                chosen.setdefault(r, []).extend(toks)
+        return out_lp, out_tok, parent_key[:, None] + out_lp
+
+    def _survivors(
+        self, sel: np.ndarray, vals: np.ndarray, tok: np.ndarray, parent_key: np.ndarray, ctx: StepContext
+    ) -> dict[int, list[int]]:
+        """Tokens of the running beams the engine will keep for the rows ``sel`` (one group), per request."""
+        width = tok.shape[1]
+        c_row = np.repeat(sel, width)
+        c_tok = tok.reshape(-1)
+        c_key = (parent_key[sel][:, None] + vals).reshape(-1)
+        c_req = ctx.request[c_row]
+        ok = np.isfinite(c_key)
+        order = np.lexsort((c_tok, c_row, -np.where(ok, c_key, -np.inf), c_req))
+        order = order[ok[order]]
+        c_req, c_tok = c_req[order], c_tok[order]
+        starts = np.searchsorted(c_req, c_req, side="left")
+        rank = np.arange(c_req.size) - starts
+        out: dict[int, list[int]] = {}
+        if self.policy == "narrow":
+            # quota = beams minus finished, which is the request's live rows (all beams at step 0)
+            if ctx.step == 0:
+                quota = np.full(c_req.size, self.group_beams)
+            else:
+                reqs, counts = np.unique(ctx.request[sel], return_counts=True)
+                quota = counts[np.searchsorted(reqs, c_req)]
+            keep = (rank < quota) & (c_tok != ctx.eos)
+        else:
+            # pool: the first group_beams non-eos candidates of each request survive
+            cont = c_tok != ctx.eos
+            cum = np.cumsum(cont)
+            before = cum[starts] - cont[starts]
+            keep = cont & (cum - before - 1 < self.group_beams)
+        for q, t in zip(c_req[keep].tolist(), c_tok[keep].tolist(), strict=True):
+            out.setdefault(q // self.groups, []).append(t)
+        return out
+
+
+def diverse_beam_search(
+    step_fn: StepFn,
+    init_state: Any,
+    bos: int | Sequence[int],
+    eos: int,
+    beam_size: int,
+    max_len: int,
+    groups: int,
+    diversity: float = 0.5,
+    num_return: int | None = None,
+    **options: Any,
+) -> list[list[Hypothesis]]:
+    """Diverse beam search for a batch of requests (one ``init_state`` row each); hypotheses per request.
+
+    ``beam_size`` beams are split into ``groups`` groups of ``beam_size // groups``; ``diversity`` is the Hamming
+    penalty strength (lambda; 0.2-0.8 worked in the paper). Other options are those of
+    :class:`beamkit.SearchOptions` (policy, length_penalty, processors, ...) and apply within each group. Returns
+    every group's hypotheses merged, best score first, cut to ``num_return``.
+    """
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"groups must be an integer >= 1, got {groups!r}")
+    if beam_size % groups:
+        raise ValueError(f"beam_size ({beam_size}) must be a multiple of groups ({groups})")
+    if num_return is not None and not 1 <= num_return <= beam_size:
+        raise ValueError(f"num_return must be between 1 and beam_size={beam_size}, got {num_return}")
+    if "selector" in options:
+        raise ValueError("diverse_beam_search sets its own selector")
+    per = beam_size // groups
+    policy = options.get("policy", "narrow")
+    lead = _first_leaf(init_state)
+    n = int(lead.shape[0]) if lead is not None else (len(bos) if np.ndim(bos) == 1 else 1)  # type: ignore[arg-type]
+    rep = np.repeat(np.arange(n, dtype=np.int64), groups)
+    state = select_state(init_state, rep)
+    bos_rep: int | np.ndarray = bos if np.ndim(bos) == 0 else np.asarray(bos, dtype=np.int64)[rep]  # type: ignore[assignment]
+    opts = make_options(per, max_len, selector=Diverse(groups, diversity, per, policy), **options)
+    result = BeamSearch(opts).search(step_fn, state, bos_rep, eos, batch_size=n * groups)  # type: ignore[arg-type]
+    merged: list[list[Hypothesis]] = []
+    errors: dict[int, str] = {}
+    for r in range(n):
+        hyps: list[Hypothesis] = []
+        for g in range(groups):
+            q = r * groups + g
+            if q in result.errors:
+                errors[r] = f"group {g}: {result.errors[q]}"
+            hyps.extend(result.hypotheses[q])
+        hyps.sort(key=lambda h: -h.score)
+        merged.append([] if r in errors else hyps[:num_return] if num_return else hyps)
+    if errors:
+        raise BatchDecodeError(errors, merged)
+    return merged
+
+
+def _first_leaf(state: Any) -> Any:
+    """The first array leaf of a state (numpy array or torch tensor), or None."""
+    if ops.is_array(state):
+        return state
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (tuple, list)):
+        for s in state:
+            found = _first_leaf(s)
+            if found is not None:
+                return found
+    return None
