@@ -108,9 +108,7 @@ def test_small_beam_keeps_constrained_hypotheses(seed: int) -> None:
     step, logits_of = table_model(vocab, seed, max_len, rare=(2, 3, 4))
     plain = search_batch(step, init_for(n_req), BOS, eos, 4, max_len, length_penalty=alpha)
     assert not any(satisfied(h.tokens, constraints) for hyps in plain for h in hyps)
-    res = constrained_beam_search(
-        step, init_for(n_req), BOS, eos, 4, max_len, constraints, length_penalty=alpha
-    )
+    res = constrained_beam_search(step, init_for(n_req), BOS, eos, 4, max_len, constraints, length_penalty=alpha)
     for r in range(n_req):
         assert res[r] and all(satisfied(h.tokens, constraints) for h in res[r])
         score, _ = brute_best(logits_of, r, vocab, eos, max_len, alpha, constraints)

@@ -26,9 +26,7 @@ def toy(vocab: int, seed: int, sharp: float = 2.0, max_len: int = 8):
     # state: (rows, 1 + t): request id then generated tokens; the bos is not stored
     def step_fn(state, y_prev):
         y = np.asarray(y_prev, dtype=np.int64)
-        new = (
-            state if np.all(y == BOS) and state.shape[1] == 1 else np.concatenate([state, y[:, None]], axis=1)
-        )
+        new = state if np.all(y == BOS) and state.shape[1] == 1 else np.concatenate([state, y[:, None]], axis=1)
         return logits_of(new), new
 
     return step_fn, logits_of
@@ -141,9 +139,7 @@ def test_brute_force_sums_to_one() -> None:
     _, logits_of = toy(vocab, 5)
     outs = brute_force(logits_of, 0, vocab, eos, max_len, 0.0)
     assert sum(np.exp(s) for s, _ in outs) == pytest.approx(1.0)
-    assert len(outs) == len(list(itertools.product(range(2), repeat=max_len))) + sum(
-        2**t for t in range(max_len)
-    )
+    assert len(outs) == len(list(itertools.product(range(2), repeat=max_len))) + sum(2**t for t in range(max_len))
 
 
 def test_torch_logits_same_as_numpy() -> None:

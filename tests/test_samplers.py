@@ -130,8 +130,7 @@ def test_beam_sample_pairs_without_replacement() -> None:
     res = search_batch(fixed_step(p), init, BOS, 3, 2, 1, selector=BeamSample(seed=6))
     counts = Counter(tuple(sorted(h.tokens[0] for h in hyps)) for hyps in res)
     expect = {
-        (i, j): p[i] * p[j] / (1 - p[i]) + p[j] * p[i] / (1 - p[j])
-        for i, j in itertools.combinations(range(4), 2)
+        (i, j): p[i] * p[j] / (1 - p[i]) + p[j] * p[i] / (1 - p[j]) for i, j in itertools.combinations(range(4), 2)
     }
     assert chi2(counts, expect, N) < chi2_critical(len(expect) - 1)
 

@@ -100,9 +100,7 @@ def _advance(tokens: np.ndarray, met: np.ndarray, cons: ConstraintSet) -> list[s
     return adv
 
 
-def _banks(
-    tokens: np.ndarray, met: np.ndarray, cand: np.ndarray, cons: ConstraintSet
-) -> tuple[np.ndarray, np.ndarray]:
+def _banks(tokens: np.ndarray, met: np.ndarray, cand: np.ndarray, cons: ConstraintSet) -> tuple[np.ndarray, np.ndarray]:
     """Bank ``[n, w]`` of each candidate ``cand`` ``[n, w]`` and whether it meets every constraint."""
     n, w = cand.shape
     bank = np.zeros((n, w), dtype=np.int64)
@@ -148,9 +146,7 @@ class Constrained:
         if self.per_request is None:
             return self._parsed[0]
         if request >= len(self._parsed):
-            raise ValueError(
-                f"per_request has {len(self._parsed)} constraint lists; request {request} has none"
-            )
+            raise ValueError(f"per_request has {len(self._parsed)} constraint lists; request {request} has none")
         return self._parsed[request]
 
     def candidates(
@@ -204,9 +200,7 @@ class Constrained:
         return lp, tok, key
 
     @staticmethod
-    def _order(
-        cum: np.ndarray, tok: np.ndarray, bank: np.ndarray, request: np.ndarray, top: int
-    ) -> np.ndarray:
+    def _order(cum: np.ndarray, tok: np.ndarray, bank: np.ndarray, request: np.ndarray, top: int) -> np.ndarray:
         """Keys ``-rank_in_bank * (top + 1) + bank``: round-robin over banks, fullest first, best first in each."""
         rows, w = tok.shape
         c_row = np.repeat(np.arange(rows), w)
@@ -244,9 +238,7 @@ def constrained_beam_search(
     if "selector" in options:
         raise ValueError("constrained_beam_search sets its own selector")
     sel = Constrained(per_request=constraints) if per_request else Constrained(constraints)
-    result = BeamSearch(make_options(beam_size, max_len, selector=sel, **options)).search(
-        step_fn, init_state, bos, eos
-    )
+    result = BeamSearch(make_options(beam_size, max_len, selector=sel, **options)).search(step_fn, init_state, bos, eos)
     out = []
     for r, hyps in enumerate(result.hypotheses):
         cons = sel.of(r)

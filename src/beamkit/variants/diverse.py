@@ -34,9 +34,7 @@ def subtract_at(x: Any, rows: np.ndarray, cols: np.ndarray, value: float) -> Any
 
         r = torch.as_tensor(rows, device=x.device)
         c = torch.as_tensor(cols, device=x.device)
-        x.index_put_(
-            (r, c), torch.full((len(rows),), -value, dtype=x.dtype, device=x.device), accumulate=True
-        )
+        x.index_put_((r, c), torch.full((len(rows),), -value, dtype=x.dtype, device=x.device), accumulate=True)
         return x
     np.subtract.at(x, (rows, cols), value)
     return x
@@ -85,9 +83,7 @@ class Diverse:
                     toks = chosen.get(r, [])
                     pr.extend([i] * len(toks))
                     pc.extend(toks)
-                sub = subtract_at(
-                    sub, np.asarray(pr, dtype=np.int64), np.asarray(pc, dtype=np.int64), self.strength
-                )
+                sub = subtract_at(sub, np.asarray(pr, dtype=np.int64), np.asarray(pc, dtype=np.int64), self.strength)
             vals, tok = ops.top_candidates(sub, width)  # shape: (rows_g, m')
             out_lp[sel], out_tok[sel] = vals, tok
             for r, toks in self._survivors(sel, vals, tok, parent_key, ctx).items():

@@ -117,9 +117,7 @@ def exact_search_stats(
         calls += 1
         rows_done += len(nodes)
         if rows_done > max_rows:
-            raise RuntimeError(
-                f"exact_search evaluated more than max_rows={max_rows} prefixes; problem too large"
-            )
+            raise RuntimeError(f"exact_search evaluated more than max_rows={max_rows} prefixes; problem too large")
         lse = ops.logsumexp(logits)  # shape: (b,)
         if np.isnan(lse).any() or (lse == np.inf).any():
             raise ValueError("step_fn returned NaN or +inf logits")
@@ -240,9 +238,7 @@ def search_errors(
     ``init_state`` has one row per request; ``options`` go to the beam search. A beam result within ``tol`` of
     the optimum is not an error.
     """
-    beams = search_batch(
-        step_fn, init_state, bos, eos, beam_size, max_len, length_penalty=length_penalty, **options
-    )
+    beams = search_batch(step_fn, init_state, bos, eos, beam_size, max_len, length_penalty=length_penalty, **options)
     n_req = len(beams)
     bos_arr = np.full(n_req, bos, dtype=np.int64) if np.ndim(bos) == 0 else np.asarray(bos, dtype=np.int64)
     errors, b_scores, e_scores, e_hyps = 0, [], [], []
