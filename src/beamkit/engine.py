@@ -26,7 +26,7 @@ from beamkit import ops
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
 from beamkit.processors import LogitsProcessor, MinLength, StepContext
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
-from beamkit.state import is_identity, select_state
+from beamkit.state import first_array, is_identity, select_state
 
 StepFn = Callable[[Any, Any], Any]
 EarlyStopping = bool | Literal["never"]
@@ -205,20 +205,6 @@ class _Candidates:
         return np.arange(sel.shape[0]) - np.searchsorted(r, r, side="left")
 
 
-def _first_array(state: Any) -> Any:
-    """The first array leaf of a state, or None."""
-    if ops.is_array(state):
-        return state
-    if isinstance(state, dict):
-        state = list(state.values())
-    if isinstance(state, (tuple, list)):
-        for s in state:
-            found = _first_array(s)
-            if found is not None:
-                return found
-    return None
-
-
 class BeamSearch:
     """A configured search: ``BeamSearch(options).search(step_fn, init_state, bos, eos)``."""
 
@@ -239,8 +225,8 @@ class BeamSearch:
     ) -> SearchResult:
         """Decode every request of ``init_state`` (one row each); see the module docstring for one step."""
         opt = self.options
-        lead = _first_array(init_state)
-        n_req = _batch_size(lead, bos, batch_size)
+        lead = first_array(init_state)
+        n_req = count_requests(init_state, bos) if batch_size is None else int(batch_size)
         bos_arr = np.full(n_req, bos, dtype=np.int64) if np.ndim(bos) == 0 else np.asarray(bos, dtype=np.int64)
         if bos_arr.shape != (n_req,):
             raise ValueError(f"bos must be an int or one id per request ({n_req}), got shape {bos_arr.shape}")
@@ -267,7 +253,7 @@ class BeamSearch:
             for r in np.unique(rows.req[bad]):
                 what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
                 book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
-            ctx = StepContext(step=t, tokens=rows.tokens, request=rows.req, eos=eos)
+            ctx = StepContext(step=t, tokens=rows.tokens, request=rows.req, eos=eos, logprob=rows.lp)
             if self.processors:
                 scores = ops.log_softmax(logits)  # shape: (rows, V)
                 for proc in self.processors:
@@ -395,15 +381,12 @@ class BeamSearch:
         return hyps[: opt.num_return] if opt.num_return else hyps
 
 
-def _batch_size(lead: Any, bos: Any, batch_size: int | None) -> int:
-    """Number of requests: explicit, else rows of the first array leaf, else len(bos), else 1."""
-    if batch_size is not None:
-        return int(batch_size)
+def count_requests(init_state: Any, bos: int | Sequence[int]) -> int:
+    """Requests in a batch: rows of the state's first array leaf, else ``len(bos)``, else 1."""
+    lead = first_array(init_state)
     if lead is not None:
         return int(lead.shape[0])
-    if np.ndim(bos) == 1:
-        return len(bos)
-    return 1
+    return int(np.shape(bos)[0]) if np.ndim(bos) == 1 else 1
 
 
 def make_options(beam_size: int, max_len: int, **options: Any) -> SearchOptions:

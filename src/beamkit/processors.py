@@ -21,12 +21,13 @@ NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
 class StepContext:
-    """What a processor may look at: the step, each row's generated tokens and request."""
+    """What a processor or selector may look at: the step, each row's tokens, request and log-probability."""
 
     step: int  # tokens generated so far (the new token gets index ``step``)
     tokens: np.ndarray  # shape: (rows, step) int64, generated tokens of each live row
     request: np.ndarray  # shape: (rows,) int64, the request (input index) of each row
     eos: int
+    logprob: np.ndarray | None = None  # shape: (rows,) float64, running log-probability of each row
 
     def sequences(self, prompts: Sequence[Sequence[int]] | None) -> np.ndarray:
         """Each row's prompt + generated tokens, left-padded with ``-1`` to one width ``[rows, P + step]``."""

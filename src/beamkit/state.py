@@ -66,6 +66,20 @@ def select_state(state: Any, idx: Any) -> Any:
     return _map_leaves(state, gather)
 
 
+def first_array(state: Any) -> Any:
+    """The first array leaf of a state (depth first, dicts in insertion order), or None."""
+    if ops.is_array(state):
+        return state
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (tuple, list)):
+        for s in state:
+            found = first_array(s)
+            if found is not None:
+                return found
+    return None
+
+
 def is_identity(idx: np.ndarray, rows: int) -> bool:
     """True when ``idx`` is ``0..rows-1`` in order, so gathering would copy rows onto themselves."""
     return idx.shape[0] == rows and bool(np.array_equal(idx, np.arange(rows)))
