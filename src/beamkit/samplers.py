@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
+from beamkit.engine import BeamSearch, SearchOptions, count_requests
 from beamkit.hypothesis import Hypothesis
 from beamkit.processors import StepContext, keep_only
 from beamkit.scoring import LengthPenalty, as_length_penalty
@@ -146,9 +147,21 @@ class _RowSampler:
         lp[~np.isfinite(pert)] = NEG_INF  # masked tokens are never drawn
         return lp, tok, parent_key[:, None] + lp
 
-    def _start(self, ctx: StepContext) -> None:
+    def candidates(
+        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The engine's selector call: restart the seeded noise at step 0, draw, give failed rows nothing."""
         if ctx.step == 0:
             self.noise.restart()
+        lp, tok, key = self._choose(as_float64(scores, offset), parent_key, m, ctx)
+        _dead_rows(offset, lp, key)
+        return lp, tok, key
+
+    def _choose(
+        self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(logp, token, key)`` ``[rows, m']`` from the step's float64 log-probabilities ``logp`` ``[rows, V]``."""
+        raise NotImplementedError
 
 
 @dataclass
@@ -159,15 +172,11 @@ class Multinomial(_RowSampler):
     ancestral sampling.
     """
 
-    def candidates(
-        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    def _choose(
+        self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Draw ``m`` tokens per row; see the class docstring."""
-        self._start(ctx)
-        logp = as_float64(scores, offset)
-        lp, tok, key = self._draw(logp, logp, m, parent_key)
-        _dead_rows(offset, lp, key)
-        return lp, tok, key
+        return self._draw(logp, logp, m, parent_key)
 
 
 @dataclass
@@ -181,21 +190,17 @@ class TopK(_RowSampler):
             raise ValueError(f"TopK needs an integer k >= 1, got {self.k!r}")
         super().__post_init__()
 
-    def candidates(
-        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    def _choose(
+        self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Draw from the top ``k`` of each row (ties at the k-th value go to the lower token id)."""
-        self._start(ctx)
-        logp = as_float64(scores, offset)
         vals, idx = ops.top_candidates(logp, self.k)  # shape: (rows, k)
         g = self.noise.gumbel(vals.shape, np.empty(0))
         pert = np.where(np.isfinite(vals), vals + g, NEG_INF)
         take = np.argsort(-pert, axis=1, kind="stable")[:, : min(m, vals.shape[1])]  # shape: (rows, m')
         lp = np.take_along_axis(vals, take, axis=1)
         tok = np.take_along_axis(idx, take, axis=1)
-        key = parent_key[:, None] + lp
-        _dead_rows(offset, lp, key)
-        return lp, tok, key
+        return lp, tok, parent_key[:, None] + lp
 
 
 @dataclass
@@ -214,21 +219,17 @@ class TopP(_RowSampler):
             raise ValueError(f"TopP needs 0 < p <= 1, got {self.p!r}")
         super().__post_init__()
 
-    def candidates(
-        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    def _choose(
+        self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Draw from each row's nucleus; see the class docstring."""
-        self._start(ctx)
-        logp = as_float64(scores, offset)
         norm = ops.log_softmax(logp)  # shape: (rows, V), renormalised in case processors removed mass
         srt = _sorted_desc(norm)  # shape: (rows, V)
         cum = _cumsum_exp(srt)  # shape: (rows, V) host
         before = np.concatenate([np.zeros((cum.shape[0], 1)), cum[:, :-1]], axis=1)
         n_keep = np.maximum((before < self.p).sum(axis=1), 1)
         thr = ops.to_numpy(srt)[np.arange(cum.shape[0]), n_keep - 1] if cum.shape[0] else np.zeros(0)
-        lp, tok, key = self._draw(_mask_below(norm, np.asarray(thr, dtype=np.float64)), logp, m, parent_key)
-        _dead_rows(offset, lp, key)
-        return lp, tok, key
+        return self._draw(_mask_below(norm, np.asarray(thr, dtype=np.float64)), logp, m, parent_key)
 
 
 @dataclass
@@ -239,12 +240,10 @@ class BeamSample(_RowSampler):
     candidates are ranked by running log-probability. Use ``policy="pool"`` for Hugging Face's ``2k`` draws.
     """
 
-    def candidates(
-        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    def _choose(
+        self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-row Gumbel-top-m, then the request-wide top ``m`` of the perturbed values are kept."""
-        self._start(ctx)
-        logp = as_float64(scores, offset)
         rows, vocab = int(logp.shape[0]), int(logp.shape[1])
         perturbed = logp + self.noise.gumbel((rows, vocab), logp)  # shape: (rows, V)
         pert, tok = ops.top_candidates(perturbed, m)  # shape: (rows, m)
@@ -253,9 +252,7 @@ class BeamSample(_RowSampler):
         pert[~np.isfinite(lp)] = NEG_INF
         keep = _top_per_request(pert, ctx.request, m)
         lp[~keep] = NEG_INF
-        key = parent_key[:, None] + lp
-        _dead_rows(offset, lp, key)
-        return lp, tok, key
+        return lp, tok, parent_key[:, None] + lp
 
 
 def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndarray:
@@ -272,11 +269,14 @@ def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndar
 
 
 class PrefixTable:
-    """Per-row values a selector needs besides the engine's key, found again next step by the row's tokens.
+    """Per-row values a selector needs that the engine does not carry, found again next step by the row's tokens.
 
-    The engine passes back only each survivor's key; a selector that also needs, say, the running
-    log-probability stores it here for every candidate it emits, keyed by (request, tokens), and looks the
-    survivors up at the next step. One search at a time per table.
+    The engine passes back each survivor's key (``parent_key``) and running log-probability (``ctx.logprob``);
+    a selector needing anything else per row stores it here for every candidate it emits, keyed by
+    (request, tokens), and looks the survivors up at the next step. :class:`GumbelTopK` keeps its ``phi`` (the
+    log-probability under the renormalised sampling distribution, which differs from ``ctx.logprob`` when
+    processors remove mass) and its keys, which :func:`stochastic_beam_search` reads after the last step. One
+    search at a time per table.
     """
 
     def __init__(self, width: int):
@@ -334,8 +334,9 @@ class GumbelTopK(_RowSampler):
     A row with running log-probability ``phi_S`` and perturbed value ``G_S`` (its key) gives each child
     ``phi_i = phi_S + log p(i)`` a Gumbel ``G_i ~ Gumbel(phi_i)``; with ``Z = max_i G_i`` over the whole
     vocabulary, the child's key is ``-log(exp(-G_S) - exp(-Z) + exp(-G_i))``. The root has ``G = 0``. The
-    sampling distribution is the row's renormalised scores; ``phi_S`` of each row is kept in a
-    :class:`PrefixTable`. The engine keeps the top-k keys of each request.
+    sampling distribution is the row's renormalised scores, so ``phi_S`` is not the engine's running
+    log-probability (``ctx.logprob``) and is kept in a :class:`PrefixTable`. The engine keeps the top-k keys of
+    each request.
 
     Used directly as a selector, a finished hypothesis keeps its slot (the engine's narrow policy), which is not
     exactly Kool's algorithm when hypotheses finish at different lengths; :func:`stochastic_beam_search` is.
@@ -343,13 +344,11 @@ class GumbelTopK(_RowSampler):
 
     table: PrefixTable = field(default_factory=lambda: PrefixTable(2), repr=False)
 
-    def candidates(
-        self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
+    def _choose(
+        self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Top ``m`` children of each row by perturbed value, keyed by the truncated Gumbel."""
-        self._start(ctx)
         phi_s = self.table.lookup(ctx)[:, 0]  # shape: (rows,)
-        logp = as_float64(scores, offset)
         norm = ops.log_softmax(logp)  # shape: (rows, V) the sampling distribution
         rows, vocab = int(logp.shape[0]), int(logp.shape[1])
         perturbed = norm + self.noise.gumbel((rows, vocab), norm)  # shape: (rows, V), G_i - phi_S
@@ -361,30 +360,8 @@ class GumbelTopK(_RowSampler):
         z = g[:, :1]
         key = truncated_gumbel(phi, g, z, parent_key[:, None])
         lp[~np.isfinite(key)] = NEG_INF
-        _dead_rows(offset, lp, key)
-        self.table.store(ctx, tok, np.stack([phi, key], axis=2), np.isfinite(key))
+        self.table.store(ctx, tok, np.stack([phi, key], axis=2), np.isfinite(key))  # a failed row's are never read
         return lp, tok, key
-
-
-def _batch_rows(state: Any, bos: int | Sequence[int]) -> int:
-    """Requests in a batch: rows of the state's first array leaf, else len(bos), else 1."""
-    lead = _first_leaf(state)
-    if lead is not None:
-        return int(lead.shape[0])
-    return len(bos) if np.ndim(bos) == 1 else 1  # type: ignore[arg-type]
-
-
-def _first_leaf(state: Any) -> Any:
-    if ops.is_array(state):
-        return state
-    if isinstance(state, dict):
-        state = list(state.values())
-    if isinstance(state, (tuple, list)):
-        for s in state:
-            found = _first_leaf(s)
-            if found is not None:
-                return found
-    return None
 
 
 @dataclass
@@ -415,9 +392,7 @@ def stochastic_beam_search(
     request, the samples ordered by key (largest first); ``hypothesis.score`` is the length-normalised
     log-probability. The search runs ``max_len`` steps (finished rows stay as rows until then).
     """
-    from beamkit.engine import BeamSearch, SearchOptions
-
-    n = _batch_rows(init_state, bos)
+    n = count_requests(init_state, bos)
     selector = GumbelTopK(seed=seed, generator=generator)
     calls = [0]
     last: list[Any] = [None]  # one row of the latest logits, for steps where every row is finished

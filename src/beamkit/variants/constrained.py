@@ -8,8 +8,8 @@ constraint tokens it has met (Post & Vilar 2018, vectorised by Hu et al. 2019). 
 the banks, fullest bank first: the best candidate of every bank, then the second best of every bank, and so on;
 a bank with too few candidates leaves its slots to the others. That order is the engine key, so constrained
 hypotheses are not crowded out by likelier unconstrained ones. eos is allowed only once every constraint is
-met. Each row's progress is derived from its tokens (``ctx.tokens``); the running log-probability used for the
-order within a bank is kept in a :class:`beamkit.samplers.PrefixTable`.
+met. Each row's progress is derived from its tokens (``ctx.tokens``); the order within a bank is by running
+log-probability (``ctx.logprob``).
 
 Bank of a candidate: the sum over constraints of ``max alternative length`` when met, else the longest prefix
 of an alternative that the candidate's tokens end with.
@@ -27,7 +27,7 @@ from beamkit import ops
 from beamkit.engine import BeamSearch, StepFn, make_options
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
-from beamkit.samplers import PrefixTable, as_float64, gather_cols
+from beamkit.samplers import as_float64, gather_cols
 
 Alternatives = tuple[tuple[int, ...], ...]
 ConstraintSet = tuple[Alternatives, ...]
@@ -130,7 +130,6 @@ class Constrained:
 
     constraints: Sequence[Any] = ()
     per_request: Sequence[Sequence[Any]] | None = None
-    table: PrefixTable = field(default_factory=lambda: PrefixTable(1), repr=False)
     _parsed: list[ConstraintSet] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -153,7 +152,9 @@ class Constrained:
         self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Top ``m`` tokens plus constraint tokens per row; keys give the round-robin bank order."""
-        run = self.table.lookup(ctx)[:, 0]  # shape: (rows,) running log-probability of each row
+        if ctx.logprob is None:
+            raise ValueError("Constrained needs ctx.logprob, the running log-probability the engine passes")
+        run = np.asarray(ctx.logprob, dtype=np.float64)  # shape: (rows,) running log-probability of each row
         logp = as_float64(scores, offset)  # shape: (rows, V)
         rows, vocab = int(logp.shape[0]), int(logp.shape[1])
         vals, tok = ops.top_candidates(logp, m)  # shape: (rows, m')
@@ -196,7 +197,6 @@ class Constrained:
             top = max(top, sum(max(len(a) for a in alts) for alts in cons))
         key = self._order(cum, tok, bank, ctx.request, top)
         lp[~np.isfinite(key)] = -np.inf
-        self.table.store(ctx, tok, cum[:, :, None], np.isfinite(key))
         return lp, tok, key
 
     @staticmethod

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import BeamSearch, StepFn, make_options
+from beamkit.engine import BeamSearch, StepFn, count_requests, make_options
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
 from beamkit.samplers import as_float64
@@ -154,8 +154,7 @@ def diverse_beam_search(
         raise ValueError("diverse_beam_search sets its own selector")
     per = beam_size // groups
     policy = options.get("policy", "narrow")
-    lead = _first_leaf(init_state)
-    n = int(lead.shape[0]) if lead is not None else (len(bos) if np.ndim(bos) == 1 else 1)  # type: ignore[arg-type]
+    n = count_requests(init_state, bos)
     rep = np.repeat(np.arange(n, dtype=np.int64), groups)
     state = select_state(init_state, rep)
     bos_rep: int | np.ndarray = bos if np.ndim(bos) == 0 else np.asarray(bos, dtype=np.int64)[rep]  # type: ignore[assignment]
@@ -175,17 +174,3 @@ def diverse_beam_search(
     if errors:
         raise BatchDecodeError(errors, merged)
     return merged
-
-
-def _first_leaf(state: Any) -> Any:
-    """The first array leaf of a state (numpy array or torch tensor), or None."""
-    if ops.is_array(state):
-        return state
-    if isinstance(state, dict):
-        state = list(state.values())
-    if isinstance(state, (tuple, list)):
-        for s in state:
-            found = _first_leaf(s)
-            if found is not None:
-                return found
-    return None

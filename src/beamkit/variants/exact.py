@@ -21,7 +21,7 @@ from beamkit import ops
 from beamkit.engine import StepFn, search_batch
 from beamkit.hypothesis import Hypothesis
 from beamkit.scoring import LengthPenalty, as_length_penalty
-from beamkit.state import concat_state, select_state
+from beamkit.state import concat_state, first_array, select_state
 
 
 @dataclass
@@ -73,7 +73,7 @@ def exact_search_stats(
     if expand_batch < 1:
         raise ValueError(f"expand_batch must be >= 1, got {expand_batch}")
     lp = as_length_penalty(length_penalty)
-    lead = _first_leaf(init_state)
+    lead = first_array(init_state)
     if lead is not None and int(lead.shape[0]) != 1:
         raise ValueError(f"exact_search decodes one request: init_state must have 1 row, got {lead.shape[0]}")
 
@@ -176,19 +176,6 @@ def _forget(states: dict[int, Any], heaps: dict[int, list[_Node]]) -> None:
     needed = {nd.batch for heap in heaps.values() for nd in heap}
     for b in [b for b in states if b not in needed]:
         del states[b]
-
-
-def _first_leaf(state: Any) -> Any:
-    if ops.is_array(state):
-        return state
-    if isinstance(state, dict):
-        state = list(state.values())
-    if isinstance(state, (tuple, list)):
-        for s in state:
-            found = _first_leaf(s)
-            if found is not None:
-                return found
-    return None
 
 
 def exact_search(
