@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest mutation bench clean
+PEER := .venv-peer
+PEER_STAMP := $(PEER)/.installed
+
+.PHONY: demo test lint typecheck pytest peer mutation bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,13 +28,26 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest tests
 
-test: lint typecheck pytest
+# Peer libraries that cannot share the main environment (pyctcdecode pins numpy<2).
+$(PEER_STAMP): pyproject.toml
+	$(PY) -m venv $(PEER)
+	$(PEER)/bin/pip install -q --upgrade pip
+	$(PEER)/bin/pip install -q "numpy<2" pyctcdecode==0.5.0 kenlm==0.3.0 wordsegment==1.3.1 pytest
+	$(PEER)/bin/pip install -q -e . --no-deps
+	touch $(PEER_STAMP)
+
+peer: $(PEER_STAMP)
+	$(PEER)/bin/python -m pytest tests/peer
+
+test: lint typecheck pytest peer
 
 mutation: $(STAMP)
 	$(BIN)/python bench/mutation.py
 
-bench: $(STAMP)
+bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python bench/search_overhead.py
+	$(BIN)/python bench/hf_vs_beamkit.py
+	$(PEER)/bin/python bench/ctc_vs_pyctcdecode.py
 
 clean:
-	rm -rf $(VENV) mutants .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEER) mutants .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,41 @@
+"""CTC decoding: greedy, prefix beam search with word n-gram fusion, and a pyctcdecode-shaped API.
+
+Needs only numpy; ``kenlm`` is used when installed (optional), otherwise ARPA files are read in Python.
+"""
+
+from .decoder import CTCDecoder, build_ctcdecoder, normalize_logits
+from .kneser_ney import build_arpa, write_arpa
+from .lm import (
+    ArpaLM,
+    HotwordScorer,
+    KenLMModel,
+    LanguageModelFusion,
+    UnigramPrefixIndex,
+    kenlm_available,
+    load_language_model,
+    load_unigrams_from_arpa,
+)
+from .prefix_search import CTCHypothesis, greedy_decode, labels_to_text, log_softmax, prefix_beam_search
+from .vocab import Vocabulary
+
+__all__ = [
+    "ArpaLM",
+    "CTCDecoder",
+    "CTCHypothesis",
+    "HotwordScorer",
+    "KenLMModel",
+    "LanguageModelFusion",
+    "UnigramPrefixIndex",
+    "Vocabulary",
+    "build_arpa",
+    "build_ctcdecoder",
+    "greedy_decode",
+    "kenlm_available",
+    "labels_to_text",
+    "load_language_model",
+    "load_unigrams_from_arpa",
+    "log_softmax",
+    "normalize_logits",
+    "prefix_beam_search",
+    "write_arpa",
+]

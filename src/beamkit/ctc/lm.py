@@ -1,0 +1,405 @@
+"""Word-level n-gram language models for CTC shallow fusion.
+
+* :class:`ArpaLM`: a pure-Python ARPA reader with KenLM's back-off semantics
+  (``log10 p(w | h) = log10 p(w | h')  + bow(h)`` when ``h w`` is absent; a missing context has ``bow = 0``).
+* :class:`KenLMModel`: the same interface over the optional ``kenlm`` module (ARPA or binary files).
+* :class:`UnigramPrefixIndex`: "is this partial word the start of a known word?" over a sorted word list.
+* :class:`LanguageModelFusion`: the scoring rules of pyctcdecode's ``LanguageModel`` (alpha, beta,
+  unknown-word offset, partial-word penalty, end-of-sentence).
+* :class:`HotwordScorer`: a bonus for listed words and for partial words that start one.
+
+All LM back-ends return base-10 log-probabilities, as ARPA files and KenLM do.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+from collections.abc import Collection, Iterable
+from typing import Any, Protocol
+
+LOG10_TO_LN = math.log(10.0)
+AVG_TOKEN_LEN = 6
+SPECIAL_WORDS = frozenset({"<s>", "</s>", "<unk>"})
+
+
+class NGramModel(Protocol):
+    """What the fusion needs from an n-gram model (base-10 log-probabilities)."""
+
+    order: int
+
+    def begin_state(self) -> Any:
+        """State after ``<s>``."""
+
+    def null_state(self) -> Any:
+        """Empty context."""
+
+    def score(self, state: Any, word: str) -> tuple[float, Any]:
+        """Return ``(log10 p(word | state), new_state)``."""
+
+    def eos_score(self, state: Any) -> float:
+        """Return ``log10 p(</s> | state)``."""
+
+    def __contains__(self, word: object) -> bool:
+        """Whether ``word`` is in the model's vocabulary (not ``<unk>``)."""
+
+
+class ArpaLM:
+    """An ARPA back-off n-gram model held in dictionaries; scoring follows KenLM.
+
+    States are tuples of word ids (at most ``order - 1``, most recent last). Unknown words score as
+    ``<unk>`` (log10 -100 when the file has no ``<unk>``).
+    """
+
+    def __init__(self, ngrams: list[dict[tuple[str, ...], tuple[float, float]]]) -> None:
+        """Build from ``ngrams[k]`` = {(w1..wk+1): (log10 p, log10 backoff)} for k = 0 .. order-1."""
+        if not ngrams or not ngrams[0]:
+            raise ValueError("ARPA model has no unigrams")
+        self.order: int = len(ngrams)
+        self.vocab: dict[str, int] = {"<unk>": 0}
+        for (w,) in ngrams[0]:
+            if w not in self.vocab:
+                self.vocab[w] = len(self.vocab)
+        self._table: dict[tuple[int, ...], tuple[float, float]] = {}
+        for level in ngrams:
+            for words, value in level.items():
+                ids = tuple(self.vocab.get(w, 0) for w in words)
+                self._table[ids] = value
+        if (0,) not in self._table:
+            self._table[(0,)] = (-100.0, 0.0)
+        self._bos = self.vocab.get("<s>", 0)
+        self._eos = self.vocab.get("</s>", 0)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ArpaLM:
+        """Read an ARPA file (plain text; ``.gz`` is decompressed)."""
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"ARPA file not found: {path}")
+        if path.endswith(".gz"):
+            import gzip
+
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                return cls.from_lines(fh)
+        with open(path, encoding="utf-8") as fh:
+            return cls.from_lines(fh)
+
+    @classmethod
+    def from_lines(cls, lines: Iterable[str]) -> ArpaLM:
+        """Parse ARPA text given as an iterable of lines."""
+        declared: dict[int, int] = {}
+        levels: list[dict[tuple[str, ...], tuple[float, float]]] = []
+        section = "preamble"
+        current = 0
+        for raw in lines:
+            line = raw.strip()
+            if not line:
+                continue
+            if line == "\\data\\":
+                section = "data"
+                continue
+            if line == "\\end\\":
+                section = "end"
+                break
+            if line.startswith("\\") and line.endswith("-grams:"):
+                try:
+                    current = int(line[1:-7])
+                except ValueError as exc:
+                    raise ValueError(f"bad ARPA section header: {line!r}") from exc
+                while len(levels) < current:
+                    levels.append({})
+                section = "grams"
+                continue
+            if section == "data":
+                if line.startswith("ngram "):
+                    key, _, value = line[6:].partition("=")
+                    declared[int(key)] = int(value)
+                continue
+            if section != "grams":
+                continue
+            parts = line.split()
+            if len(parts) < current + 1:
+                raise ValueError(f"bad {current}-gram line: {line!r}")
+            logp = float(parts[0])
+            words = tuple(parts[1 : 1 + current])
+            bow = float(parts[1 + current]) if len(parts) > current + 1 else 0.0
+            levels[current - 1][words] = (logp, bow)
+        if section == "preamble" and not levels:
+            raise ValueError("not an ARPA file: no \\data\\ section")
+        for n, count in declared.items():
+            if n > len(levels) or len(levels[n - 1]) != count:
+                got = len(levels[n - 1]) if n <= len(levels) else 0
+                raise ValueError(f"ARPA header declares {count} {n}-grams but the file has {got}")
+        return cls(levels)
+
+    def begin_state(self) -> tuple[int, ...]:
+        """State after ``<s>``."""
+        return (self._bos,) if self.order > 1 else ()
+
+    def null_state(self) -> tuple[int, ...]:
+        """Empty context."""
+        return ()
+
+    def _score_id(self, state: tuple[int, ...], wid: int) -> tuple[float, tuple[int, ...]]:
+        table = self._table
+        backoff = 0.0
+        logp = 0.0
+        for start in range(len(state) + 1):
+            ctx = state[start:]
+            entry = table.get(ctx + (wid,))
+            if entry is not None:
+                logp = entry[0]
+                break
+            ctx_entry = table.get(ctx)
+            if ctx_entry is not None:
+                backoff += ctx_entry[1]
+        keep = self.order - 1
+        new_state = (state + (wid,))[-keep:] if keep > 0 else ()
+        return logp + backoff, new_state
+
+    def score(self, state: tuple[int, ...], word: str) -> tuple[float, tuple[int, ...]]:
+        """Return ``(log10 p(word | state), new_state)`` with KenLM back-off semantics."""
+        return self._score_id(state, self.vocab.get(word, 0))
+
+    def eos_score(self, state: tuple[int, ...]) -> float:
+        """Return ``log10 p(</s> | state)``."""
+        return self._score_id(state, self._eos)[0]
+
+    def sentence_score(self, sentence: str, bos: bool = True, eos: bool = True) -> float:
+        """log10 probability of a whitespace-separated sentence (as ``kenlm.Model.score``)."""
+        state = self.begin_state() if bos else self.null_state()
+        total = 0.0
+        for word in sentence.split():
+            s, state = self.score(state, word)
+            total += s
+        if eos:
+            total += self.eos_score(state)
+        return total
+
+    def __contains__(self, word: object) -> bool:
+        """Whether ``word`` is a known (non-``<unk>``) word."""
+        return isinstance(word, str) and self.vocab.get(word, 0) != 0
+
+    def words(self) -> list[str]:
+        """The vocabulary (including ``<s>``/``</s>`` when present, excluding ``<unk>``)."""
+        return [w for w in self.vocab if w != "<unk>"]
+
+
+class KenLMModel:
+    """The :class:`ArpaLM` interface over ``kenlm.Model`` (needs the optional ``kenlm`` module)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Load an ARPA or KenLM binary file with the ``kenlm`` module."""
+        try:
+            import kenlm
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("the kenlm module is not installed (pip install kenlm)") from exc
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"language model file not found: {path}")
+        self._kenlm = kenlm
+        self.model = kenlm.Model(path)
+        self.order: int = int(self.model.order)
+
+    def begin_state(self) -> Any:
+        """State after ``<s>``."""
+        state = self._kenlm.State()
+        self.model.BeginSentenceWrite(state)
+        return state
+
+    def null_state(self) -> Any:
+        """Empty context."""
+        state = self._kenlm.State()
+        self.model.NullContextWrite(state)
+        return state
+
+    def score(self, state: Any, word: str) -> tuple[float, Any]:
+        """Return ``(log10 p(word | state), new_state)``."""
+        out = self._kenlm.State()
+        return float(self.model.BaseScore(state, word, out)), out
+
+    def eos_score(self, state: Any) -> float:
+        """Return ``log10 p(</s> | state)``."""
+        out = self._kenlm.State()
+        return float(self.model.BaseScore(state, "</s>", out))
+
+    def sentence_score(self, sentence: str, bos: bool = True, eos: bool = True) -> float:
+        """log10 probability of a sentence (``kenlm.Model.score``)."""
+        return float(self.model.score(sentence, bos=bos, eos=eos))
+
+    def __contains__(self, word: object) -> bool:
+        """Whether ``word`` is in the KenLM vocabulary."""
+        return isinstance(word, str) and word in self.model
+
+
+def kenlm_available() -> bool:
+    """Whether the optional ``kenlm`` module can be imported."""
+    try:
+        import kenlm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def load_language_model(path: str | os.PathLike[str], backend: str = "auto") -> ArpaLM | KenLMModel:
+    """Load an n-gram model: ``backend`` is ``"arpa"`` (pure Python), ``"kenlm"``, or ``"auto"``.
+
+    ``auto`` uses ``kenlm`` when it is installed (required for binary files), else the ARPA reader.
+    """
+    path = os.fspath(path)
+    if backend not in ("auto", "arpa", "kenlm"):
+        raise ValueError(f"unknown LM backend {backend!r}; use 'auto', 'arpa' or 'kenlm'")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"language model file not found: {path}")
+    if backend == "kenlm" or (backend == "auto" and kenlm_available()):
+        return KenLMModel(path)
+    return ArpaLM.from_file(path)
+
+
+def load_unigrams_from_arpa(path: str | os.PathLike[str]) -> list[str]:
+    """The words of an ARPA file's 1-gram section, without ``<s>``, ``</s>``, ``<unk>``."""
+    words: list[str] = []
+    in_unigrams = False
+    with open(os.fspath(path), encoding="utf-8") as fh:
+        for raw in fh:
+            line = raw.strip()
+            if line == "\\1-grams:":
+                in_unigrams = True
+                continue
+            if in_unigrams:
+                if line.startswith("\\"):
+                    break
+                parts = line.split()
+                if len(parts) >= 2 and parts[1] not in SPECIAL_WORDS:
+                    words.append(parts[1])
+    if not words:
+        raise ValueError(f"no unigrams found in ARPA file {path}")
+    return words
+
+
+class UnigramPrefixIndex:
+    """Answers "is ``s`` a prefix of some known word?" by bisection over the sorted word list."""
+
+    def __init__(self, words: Iterable[str]) -> None:
+        """Index ``words``."""
+        self._words = sorted(set(words))
+
+    def __len__(self) -> int:
+        return len(self._words)
+
+    def has_prefix(self, prefix: str) -> bool:
+        """True when some indexed word starts with ``prefix`` (the word itself included)."""
+        i = bisect.bisect_left(self._words, prefix)
+        return i < len(self._words) and self._words[i].startswith(prefix)
+
+
+class LanguageModelFusion:
+    """Shallow fusion of a word n-gram model, with pyctcdecode's scoring rules.
+
+    * completed word ``w``: ``alpha * ln(10) * (log10 p(w | h) + unk) + beta`` where ``unk`` is
+      ``unk_score_offset`` for a word outside the unigram list or the model;
+    * partial word ``s`` (not yet ended by a delimiter): ``unk_score_offset`` (scaled by ``len(s) / 6``
+      beyond 6 characters) when no known word starts with ``s``, else 0;
+    * end of utterance: the last word's score also gets ``log10 p(</s> | h)`` (when ``score_boundary``).
+    """
+
+    def __init__(
+        self,
+        model: ArpaLM | KenLMModel | NGramModel,
+        unigrams: Collection[str] | None = None,
+        alpha: float = 0.5,
+        beta: float = 1.5,
+        unk_score_offset: float = -10.0,
+        score_boundary: bool = True,
+    ) -> None:
+        """Wrap ``model``; ``unigrams`` (filtered to words the model knows) drive the partial-word check."""
+        for name, value in (("alpha", alpha), ("beta", beta), ("unk_score_offset", unk_score_offset)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise TypeError(f"{name} must be a finite number, got {value!r}")
+        self.model = model
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.unk_score_offset = float(unk_score_offset)
+        self.score_boundary = bool(score_boundary)
+        if unigrams is None:
+            self.unigrams: frozenset[str] = frozenset()
+            self.prefix_index: UnigramPrefixIndex | None = None
+        else:
+            if isinstance(unigrams, str):
+                raise TypeError("unigrams must be a collection of words, not one string")
+            self.unigrams = frozenset(w for w in unigrams if w in model)
+            self.prefix_index = UnigramPrefixIndex(self.unigrams)
+
+    @property
+    def order(self) -> int:
+        """Order of the n-gram model."""
+        return int(self.model.order)
+
+    def start_state(self) -> Any:
+        """The LM state at the start of an utterance."""
+        return self.model.begin_state() if self.score_boundary else self.model.null_state()
+
+    def score_word(self, state: Any, word: str, is_last: bool = False) -> tuple[float, Any]:
+        """Fused (natural-log, weighted) score of completing ``word`` after ``state``; returns the new state."""
+        logp, new_state = self.model.score(state, word)
+        if (self.unigrams and word not in self.unigrams) or word not in self.model:
+            logp += self.unk_score_offset
+        if is_last and self.score_boundary:
+            logp += self.model.eos_score(new_state)
+        return self.alpha * logp * LOG10_TO_LN + self.beta, new_state
+
+    def score_eos(self, state: Any) -> float:
+        """Fused score of ending the utterance after ``state`` (no word pending)."""
+        if not self.score_boundary:
+            return 0.0
+        return self.alpha * self.model.eos_score(state) * LOG10_TO_LN
+
+    def score_partial(self, partial: str) -> float:
+        """Penalty for a partial word that starts no known word (0 when it does)."""
+        if not partial:
+            return 0.0
+        oov = self.prefix_index is None or not self.prefix_index.has_prefix(partial)
+        score = self.unk_score_offset if oov else 0.0
+        if len(partial) > AVG_TOKEN_LEN:
+            score = score * len(partial) / AVG_TOKEN_LEN
+        return score
+
+
+class HotwordScorer:
+    """Bonus ``weight`` per hotword in a text, and ``weight * len(s) / len(shortest hotword starting with s)``
+    for a partial word ``s`` (pyctcdecode's rule). Multi-word hotwords count word by word."""
+
+    def __init__(self, hotwords: Iterable[str] | None = None, weight: float = 10.0) -> None:
+        """Collect the hotword unigrams."""
+        if isinstance(hotwords, str):
+            raise TypeError("hotwords must be a list of strings, not one string")
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise TypeError(f"hotword_weight must be a finite number, got {weight!r}")
+        words: list[str] = []
+        for phrase in hotwords or []:
+            words.extend(phrase.split())
+        self.words = frozenset(words)
+        self.weight = float(weight)
+        self._sorted = sorted(self.words)
+
+    def __bool__(self) -> bool:
+        return bool(self.words)
+
+    def is_prefix(self, partial: str) -> bool:
+        """Whether ``partial`` starts some hotword."""
+        i = bisect.bisect_left(self._sorted, partial)
+        return i < len(self._sorted) and self._sorted[i].startswith(partial)
+
+    def score(self, text: str) -> float:
+        """``weight`` times the number of hotwords among the words of ``text``."""
+        if not self.words:
+            return 0.0
+        return self.weight * sum(1 for w in text.split() if w in self.words)
+
+    def score_partial(self, partial: str) -> float:
+        """Bonus for a partial word that starts a hotword."""
+        if not partial or not self.is_prefix(partial):
+            return 0.0
+        shortest = min(len(w) for w in self.words if w.startswith(partial))
+        return self.weight * len(partial) / shortest

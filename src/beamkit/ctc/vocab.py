@@ -1,0 +1,108 @@
+"""CTC output vocabularies: characters with a word delimiter, or BPE/sentencepiece pieces.
+
+A :class:`Vocabulary` maps the ``V`` columns of a CTC posterior matrix to strings and tells the prefix
+search which column is the blank, which one (if any) is the word delimiter, and which pieces start a word.
+
+* Character vocabularies: one label per column, the blank is ``""`` (or ``<pad>``/``_`` when no ``""`` is
+  present, as in pyctcdecode), the word delimiter is ``" "`` (``"|"`` is mapped to ``" "`` when no space
+  exists, the wav2vec2 convention).
+* BPE vocabularies (detected when any label starts with ``▁`` or ``##``): a piece starting with ``▁`` starts
+  a new word; ``##x`` pieces are converted to the ``▁`` convention (``##x`` continues, ``x`` starts a word).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+BPE_TOKEN = "▁"
+_BLANK_PATTERN = re.compile(r"^[<\[]pad[>\]]$", flags=re.IGNORECASE)
+_SPECIAL_PATTERN = re.compile(r"^[<\[].+[>\]]$")
+
+
+class Vocabulary:
+    """Labels of the CTC output columns, with blank, delimiter and word-start information.
+
+    Build one with :meth:`from_labels`; the constructor takes already-normalised labels.
+    """
+
+    def __init__(self, labels: Sequence[str], blank: int, is_bpe: bool) -> None:
+        """Store normalised ``labels`` (blank included at index ``blank``); ``is_bpe`` picks the word rule."""
+        labels = list(labels)
+        if not labels:
+            raise ValueError("vocabulary is empty")
+        if not 0 <= blank < len(labels):
+            raise ValueError(f"blank index {blank} out of range for {len(labels)} labels")
+        if len(set(labels)) != len(labels):
+            raise ValueError("vocabulary contains duplicate labels")
+        if is_bpe and any(" " in lab for lab in labels):
+            raise ValueError("BPE vocabulary must not contain a space label")
+        self.labels: list[str] = labels
+        self.blank: int = blank
+        self.is_bpe: bool = is_bpe
+        self.size: int = len(labels)
+        self.space: int = -1 if is_bpe or " " not in labels else labels.index(" ")
+        # shape: (V,) per-column flags used by the vectorised search
+        self.is_blank = np.zeros(self.size, dtype=bool)
+        self.is_blank[blank] = True
+        self.starts_word = np.zeros(self.size, dtype=bool)
+        if is_bpe:
+            for i, lab in enumerate(labels):
+                if i != blank and lab.startswith(BPE_TOKEN):
+                    self.starts_word[i] = True
+        elif self.space >= 0:
+            self.starts_word[self.space] = True
+
+    @classmethod
+    def from_labels(cls, labels: Sequence[str], blank: int | None = None) -> Vocabulary:
+        """Normalise ``labels`` the way pyctcdecode does and return a vocabulary.
+
+        ``blank`` is the index of the CTC blank; when None it is found (``""``, ``<pad>``/``[pad]``, or ``_``
+        for character vocabularies) or, failing that, appended as a new last column (which the posterior
+        matrix must then have). BPE style is detected from ``▁``/``##`` pieces.
+        """
+        if isinstance(labels, str):
+            raise TypeError("labels must be a sequence of strings, not one string")
+        labs = [str(x) for x in labels]
+        if not all(isinstance(x, str) for x in labels):
+            raise TypeError("labels must all be strings")
+        is_bpe = any(s.startswith("##") for s in labs) or any(s.startswith(BPE_TOKEN) for s in labs)
+        if blank is not None:
+            if not 0 <= blank < len(labs):
+                raise ValueError(f"blank index {blank} out of range for {len(labs)} labels")
+            labs[blank] = ""
+        if is_bpe:
+            if any(s.startswith("##") for s in labs):
+                labs = [_convert_wordpiece(s) for s in labs]
+        else:
+            if "|" in labs and " " not in labs:
+                labs[labs.index("|")] = " "
+        if blank is None:
+            for i, lab in enumerate(labs):
+                if _BLANK_PATTERN.match(lab):
+                    labs[i] = ""
+            if not is_bpe and "_" in labs and "" not in labs:
+                labs[labs.index("_")] = ""
+            if "" not in labs:
+                labs.append("")
+            blank = labs.index("")
+        return cls(labs, blank, is_bpe)
+
+    def __len__(self) -> int:
+        """Number of columns (blank included)."""
+        return self.size
+
+    def __repr__(self) -> str:
+        kind = "bpe" if self.is_bpe else "char"
+        return f"Vocabulary({kind}, size={self.size}, blank={self.blank})"
+
+
+def _convert_wordpiece(token: str) -> str:
+    """Convert a ``##``-style WordPiece label to the ``▁`` convention."""
+    if token.startswith("##"):
+        return token[2:]
+    if token == "" or _SPECIAL_PATTERN.match(token) or token.startswith(BPE_TOKEN):
+        return token
+    return BPE_TOKEN + token

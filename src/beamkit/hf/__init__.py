@@ -1,0 +1,231 @@
+"""Hugging Face bridge: decode any ``transformers`` model with beamkit's engine.
+
+``beamkit.hf.generate(model, input_ids, attention_mask, num_beams=5, max_new_tokens=40)`` is a drop-in for
+``model.generate(...)`` beam search: same argument names, defaults taken from ``model.generation_config`` when an
+argument is left ``None``, and ``.sequences`` / ``.sequences_scores`` laid out like Hugging Face's. The search runs
+on beamkit's engine with the ``"pool"`` policy (Hugging Face 5.x ``_beam_search`` semantics): the prompt is run
+once per request, cache rows are gathered only when the parents change, finished requests leave the batch.
+
+Needs ``torch`` and ``transformers`` (imported only when this module is).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from beamkit.engine import BeamSearch, make_options
+from beamkit.hf.output import BeamOutput, build_sequences
+from beamkit.hf.processors import ForcedTokens
+from beamkit.hf.step import CacheRows, DecoderOnlyStep, EncoderDecoderStep
+from beamkit.hypothesis import BatchDecodeError, SearchStats
+from beamkit.processors import NoRepeatNGram
+from beamkit.scoring import LengthPenalty
+
+__all__ = ["BeamOutput", "CacheRows", "DecoderOnlyStep", "EncoderDecoderStep", "ForcedTokens", "generate"]
+
+# generation_config fields that change Hugging Face's beam search but are not mapped here, with their neutral value.
+_UNMAPPED = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+    "encoder_no_repeat_ngram_size": 0,
+    "renormalize_logits": False,
+    "do_sample": False,
+    "constraints": None,
+}
+
+
+def _eos_list(value: Any) -> list[int] | None:
+    """An eos id, list of ids or tensor as a list of distinct ints (order kept), or None."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    ids = [int(value)] if isinstance(value, int) else [int(v) for v in value]
+    return list(dict.fromkeys(ids)) or None
+
+
+def _pick(value: Any, config: Any, name: str, default: Any) -> Any:
+    """The explicit argument, else the generation config's value, else ``default``."""
+    if value is not None:
+        return value
+    got = getattr(config, name, None)
+    return default if got is None else got
+
+
+def generate(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    num_beams: int | None = None,
+    max_new_tokens: int | None = None,
+    early_stopping: bool | str | None = None,
+    length_penalty: float | None = None,
+    num_return_sequences: int | None = None,
+    min_new_tokens: int | None = None,
+    no_repeat_ngram_size: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    decoder_start_token_id: int | None = None,
+    **beamkit_options: Any,
+) -> BeamOutput:
+    """Beam search on a Hugging Face model with beamkit's engine, returning what ``model.generate`` returns.
+
+    Arguments follow ``transformers``' ``generate``: ``None`` means "take it from ``model.generation_config``"
+    (``num_beams`` 1, ``early_stopping`` False, ``length_penalty`` 1.0 when unset there). ``input_ids``
+    ``[batch, P]`` are left-padded prompts (decoder-only) or encoder inputs (encoder-decoder); ``attention_mask``
+    is inferred from ``pad_token_id`` like Hugging Face does when omitted. ``num_beams=1`` is greedy decoding.
+    ``**beamkit_options`` go to :class:`beamkit.SearchOptions` (``patience``, ``exact_exit``, extra
+    ``processors`` applied after the mapped ones, ``selector``, ``final_scorer``, ...). Two Hugging Face
+    features that 5.x no longer ships run on beamkit's variants: ``num_beam_groups`` + ``diversity_penalty``
+    (diverse beam search, :func:`beamkit.variants.diverse_beam_search`) and ``force_words_ids`` (lexically
+    constrained beam search, :func:`beamkit.variants.constrained_beam_search`; only hypotheses containing every
+    forced word are returned).
+
+    Returns a :class:`BeamOutput` with ``sequences``, ``sequences_scores`` and beamkit's ``hypotheses``.
+    Raises ValueError for inputs or generation settings the bridge cannot reproduce exactly (several distinct
+    eos ids, sampling, unmapped logit processors).
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise TypeError("input_ids must be a 2-D torch tensor [batch, sequence]")
+    if input_ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise TypeError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have at least one row and one column, got shape {tuple(input_ids.shape)}")
+    gc = getattr(model, "generation_config", None)
+    cfg = model.config
+    is_enc_dec = bool(getattr(cfg, "is_encoder_decoder", False))
+    for name, neutral in _UNMAPPED.items():
+        if name in beamkit_options:  # an explicit Hugging Face-style override, e.g. do_sample=False
+            value = beamkit_options.pop(name)
+            if value not in (neutral, None):
+                raise ValueError(f"{name}={value!r} is not supported by beamkit.hf (only {neutral!r})")
+            continue
+        if gc is not None and getattr(gc, name, neutral) not in (neutral, None):
+            raise ValueError(
+                f"generation_config.{name}={getattr(gc, name)!r} is not mapped by beamkit.hf; set it to "
+                f"{neutral!r} or pass an equivalent beamkit processor"
+            )
+
+    num_beams = int(_pick(num_beams, gc, "num_beams", 1))
+    early_stopping = _pick(early_stopping, gc, "early_stopping", False)
+    alpha = float(_pick(length_penalty, gc, "length_penalty", 1.0))
+    num_return = int(_pick(num_return_sequences, gc, "num_return_sequences", 1))
+    min_new = int(_pick(min_new_tokens, gc, "min_new_tokens", 0))
+    ngram = int(_pick(no_repeat_ngram_size, gc, "no_repeat_ngram_size", 0))
+    eos = _eos_list(_pick(eos_token_id, gc, "eos_token_id", None))
+    pad = _pick(pad_token_id, gc, "pad_token_id", None)
+    if pad is None and eos is not None:
+        pad = eos[0]  # what Hugging Face does (with a warning)
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    if not 1 <= num_return <= num_beams:
+        raise ValueError(f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    if eos is not None and len(eos) > 1:
+        raise ValueError(f"beamkit.hf supports one eos id; got {eos} (pass eos_token_id=<one id>)")
+
+    batch, width = input_ids.shape
+    if attention_mask is None:
+        if pad is not None and bool((input_ids == pad).any()) and (eos is None or pad not in eos):
+            attention_mask = (input_ids != pad).long()
+        else:
+            attention_mask = torch.ones_like(input_ids, dtype=torch.long)
+    if tuple(attention_mask.shape) != (batch, width):
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {(batch, width)}")
+
+    if is_enc_dec:
+        start = _pick(decoder_start_token_id, gc, "decoder_start_token_id", None)
+        if start is None:
+            start = getattr(cfg, "decoder_start_token_id", None)
+        if start is None:
+            raise ValueError("encoder-decoder model without decoder_start_token_id; pass decoder_start_token_id=")
+        prefix = torch.full((batch, 1), int(start), dtype=torch.long, device=input_ids.device)
+        step: DecoderOnlyStep | EncoderDecoderStep = EncoderDecoderStep(model)
+    else:
+        start = 0  # ignored: the first call runs the prompt
+        prefix = input_ids
+        step = DecoderOnlyStep(model)
+    prompt_len = prefix.shape[1]
+    if max_new_tokens is None:
+        max_new_tokens = getattr(gc, "max_new_tokens", None)
+        if max_new_tokens is None:
+            max_new_tokens = int(getattr(gc, "max_length", 20) or 20) - prompt_len
+    max_new_tokens = int(max_new_tokens)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+    procs: list[Any] = []
+    if ngram > 0:
+        procs.append(NoRepeatNGram(ngram, tuple(tuple(int(t) for t in row) for row in prefix.tolist())))
+    min_length = int(getattr(gc, "min_length", 0) or 0)
+    min_len = max(min_new, min_length - prompt_len) if eos is not None else 0
+    forced_bos = getattr(gc, "forced_bos_token_id", None)
+    if forced_bos is not None and prompt_len == 1:
+        procs.append(ForcedTokens(0, (int(forced_bos),)))
+    forced_eos = _eos_list(getattr(gc, "forced_eos_token_id", None))
+    if forced_eos is not None:
+        procs.append(ForcedTokens(max_new_tokens - 1, tuple(forced_eos)))
+    procs.extend(beamkit_options.pop("processors", ()))
+
+    groups = int(beamkit_options.pop("num_beam_groups", 1) or 1)
+    diversity = float(beamkit_options.pop("diversity_penalty", 0.0) or 0.0)
+    force_words = beamkit_options.pop("force_words_ids", None)
+    common: dict[str, Any] = {
+        "length_penalty": LengthPenalty.power(alpha),
+        "policy": beamkit_options.pop("policy", "pool"),
+        "early_stopping": True if num_beams == 1 else early_stopping,
+        "min_len": min_len,
+        "processors": procs,
+        **beamkit_options,
+    }
+    state = step.init_state(input_ids, attention_mask.to(input_ids.device))
+    eos_id = eos[0] if eos is not None else -1
+    stats = SearchStats()
+    if groups > 1 and force_words:
+        raise ValueError("num_beam_groups and force_words_ids cannot be combined")
+    if groups > 1:
+        from beamkit.variants import diverse_beam_search
+
+        if num_beams % groups:
+            raise ValueError(f"num_beams ({num_beams}) must be a multiple of num_beam_groups ({groups})")
+        hyps = diverse_beam_search(
+            step,
+            state,
+            int(start),
+            eos_id,
+            num_beams,
+            max_new_tokens,
+            groups,
+            diversity,
+            num_return=num_return,
+            **common,
+        )
+    elif force_words:
+        from beamkit.variants import constrained_beam_search
+
+        found = constrained_beam_search(
+            step, state, int(start), eos_id, num_beams, max_new_tokens, constraints=force_words, **common
+        )
+        hyps = [h[:num_return] for h in found]
+    else:
+        options = make_options(num_beams, max_new_tokens, num_return=num_return, **common)
+        with torch.inference_mode():
+            result = BeamSearch(options).search(step, state, int(start), eos_id, batch)
+        if result.errors:
+            raise BatchDecodeError(result.errors, result.hypotheses)
+        hyps, stats = result.hypotheses, result.stats
+    if num_beams == 1:
+        fill = int(pad) if pad is not None else -1
+    else:  # Hugging Face's beam search fills with `pad or eos[0]` (a pad id of 0 counts as unset there)
+        fill = int(pad) if pad else (eos[0] if eos is not None else -1)
+    sequences, scores = build_sequences(prefix, hyps, num_return, fill)
+    return BeamOutput(sequences, scores, hyps, stats, step.forward_seconds)

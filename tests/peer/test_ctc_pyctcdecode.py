@@ -1,0 +1,99 @@
+"""Agreement with pyctcdecode (the peer), run in the separate ``.venv-peer`` (pyctcdecode pins numpy<2).
+
+Create it with::
+
+    python -m venv .venv-peer
+    .venv-peer/bin/pip install "numpy<2" pyctcdecode==0.5.0 kenlm pytest
+    .venv-peer/bin/pip install -e . --no-deps
+    .venv-peer/bin/python -m pytest tests/peer -q
+
+Skips cleanly where pyctcdecode (or, for the LM cases, kenlm) is not installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import pytest
+
+pyctcdecode = pytest.importorskip("pyctcdecode")
+
+from beamkit.ctc import build_arpa, build_ctcdecoder  # noqa: E402
+
+logging.getLogger("pyctcdecode").setLevel(logging.ERROR)
+
+LABELS = ["", " ", *"abcdefghijklmnopqrstuvwxyz", "'", "-"]
+WORDS = "the cat sat on a mat dog ate rat and log with her hat in black back bat at tab".split()
+
+
+def peaky_utterance(rng: np.random.Generator, text: str, frames: int = 90) -> np.ndarray:
+    """Log-probabilities peaked on an alignment of ``text`` with confusions and uncertain frames."""
+    V = len(LABELS)
+    path: list[int] = []
+    prev = -1
+    for ch in text:
+        i = LABELS.index(ch)
+        if i == prev or rng.random() < 0.5:
+            path.append(0)
+        path += [i] * int(rng.integers(1, 3))
+        prev = i
+    path = (path + [0] * frames)[:frames]
+    probs = rng.dirichlet(np.full(V, 0.3), size=frames) * 0.01
+    for t, lab in enumerate(path):
+        peak = rng.uniform(0.6, 0.99)
+        if lab != 0 and rng.random() < 0.2:
+            other = int(rng.integers(2, 28))
+            share = rng.uniform(0.2, 0.6)
+            probs[t, other] += peak * share
+            peak *= 1 - share
+        elif rng.random() < 0.15:
+            probs[t, int(rng.integers(0, V))] += rng.uniform(0.01, 0.3)
+        probs[t, lab] += peak
+    return np.log(probs / probs.sum(axis=1, keepdims=True))
+
+
+def utterances(seed: int, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [peaky_utterance(rng, " ".join(rng.choice(WORDS, size=int(rng.integers(2, 6))))) for _ in range(n)]
+
+
+def assert_same_beams(pc_beams, bk_beams, top: int = 5) -> None:
+    assert [b[0] for b in bk_beams[:top]] == [b[0] for b in pc_beams[:top]]
+    for p, b in zip(pc_beams[:top], bk_beams[:top], strict=False):
+        assert b[3] == pytest.approx(p[3], abs=1e-6)  # logit score
+        assert b[4] == pytest.approx(p[4], abs=1e-6)  # combined score
+
+
+def test_agreement_without_lm() -> None:
+    pc = pyctcdecode.build_ctcdecoder(LABELS)
+    bk = build_ctcdecoder(LABELS)
+    mats = utterances(0, 25)
+    assert bk.decode_batch(None, mats) == [pc.decode(m) for m in mats]
+    for m in mats[:10]:
+        assert_same_beams(pc.decode_beams(m), bk.decode_beams(m))
+    # logits (not log-probabilities) go through the same normalisation
+    logits = mats[0] * 0.7 + 3.0
+    assert bk.decode(logits) == pc.decode(logits)
+    assert bk.decode(mats[1], hotwords=["cat", "hat"]) == pc.decode(mats[1], hotwords=["cat", "hat"])
+
+
+@pytest.mark.parametrize("backend", ["arpa", "kenlm"])
+def test_agreement_with_lm(tmp_path, backend: str) -> None:
+    pytest.importorskip("kenlm")  # pyctcdecode needs kenlm for an LM
+    rng = np.random.default_rng(1)
+    corpus = [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 7)))) for _ in range(300)]
+    arpa = tmp_path / "lm.arpa"
+    arpa.write_text(build_arpa(corpus, order=3))
+    unigrams = sorted(set(WORDS))
+    pc = pyctcdecode.build_ctcdecoder(LABELS, kenlm_model_path=str(arpa), unigrams=unigrams)
+    bk = build_ctcdecoder(LABELS, kenlm_model_path=str(arpa), unigrams=unigrams, lm_backend=backend)
+    mats = utterances(2, 25)
+    assert bk.decode_batch(None, mats) == [pc.decode(m) for m in mats]
+    for m in mats[:10]:
+        assert_same_beams(pc.decode_beams(m), bk.decode_beams(m))
+    pc.reset_params(alpha=0.9, beta=0.5)
+    bk.reset_params(alpha=0.9, beta=0.5)
+    assert [bk.decode(m, hotwords=["black"]) for m in mats[:8]] == [pc.decode(m, hotwords=["black"]) for m in mats[:8]]
+    assert math.isfinite(bk.decode_beams(mats[0])[0][4])

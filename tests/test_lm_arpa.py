@@ -1,0 +1,209 @@
+"""ARPA reader (KenLM back-off semantics), Kneser-Ney builder, and the kenlm cross-check."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from beamkit.ctc import ArpaLM, LanguageModelFusion, UnigramPrefixIndex, build_arpa, load_language_model
+from beamkit.ctc.kneser_ney import write_arpa
+from beamkit.ctc.lm import HotwordScorer, KenLMModel, kenlm_available, load_unigrams_from_arpa
+
+HAND_ARPA = """\\data\\
+ngram 1=5
+ngram 2=2
+
+\\1-grams:
+-1.0\t<s>\t-0.5
+-2.0\t<unk>
+-0.7\ta\t-0.3
+-0.9\tb\t-0.2
+-1.5\t</s>
+
+\\2-grams:
+-0.2\t<s> a
+-0.4\ta b
+
+\\end\\
+"""
+
+CORPUS = [
+    "the cat sat on the mat",
+    "the dog sat on the log",
+    "a cat and a dog",
+    "the cat ate the rat",
+    "a rat sat",
+    "the mat and the log",
+    "dog ate cat",
+    "the the cat",
+] * 3 + ["on a mat", "a dog sat on a cat", "rat and cat and dog"]
+
+
+def test_hand_worked_backoff_scores() -> None:
+    lm = ArpaLM.from_lines(HAND_ARPA.splitlines())
+    assert lm.order == 2
+    bos = lm.begin_state()
+    assert lm.score(bos, "a")[0] == pytest.approx(-0.2)
+    assert lm.score(bos, "b")[0] == pytest.approx(-0.5 - 0.9)  # back off through bow(<s>)
+    s, state = lm.score(bos, "a")
+    assert lm.score(state, "b")[0] == pytest.approx(-0.4)
+    assert lm.eos_score(lm.score(state, "b")[1]) == pytest.approx(-0.2 - 1.5)
+    assert lm.sentence_score("a b") == pytest.approx(-0.2 - 0.4 - 1.7)
+    assert lm.sentence_score("b a") == pytest.approx(-1.4 - 0.9 - 1.8)
+    assert lm.sentence_score("zz") == pytest.approx(-2.5 - 1.5)  # unknown word scores as <unk>
+    assert "a" in lm and "zz" not in lm
+    assert lm.sentence_score("a", bos=False, eos=False) == pytest.approx(-0.7)
+
+
+def test_reader_rejects_bad_files(tmp_path) -> None:
+    with pytest.raises(ValueError, match="declares"):
+        ArpaLM.from_lines(HAND_ARPA.replace("ngram 2=2", "ngram 2=3").splitlines())
+    with pytest.raises(ValueError, match="ARPA"):
+        ArpaLM.from_lines(["hello world"])
+    with pytest.raises(FileNotFoundError):
+        ArpaLM.from_file(tmp_path / "missing.arpa")
+    with pytest.raises(ValueError, match="backend"):
+        load_language_model(__file__, backend="srilm")
+
+
+def _vocab_and_contexts(lm: ArpaLM) -> tuple[list[str], list[tuple[int, ...]]]:
+    words = [w for w in lm.vocab if w != "<s>"]
+    contexts = [()] + [k for k in lm._table if len(k) < lm.order]
+    return words, contexts
+
+
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
+def test_kneser_ney_distributions_sum_to_one(order: int) -> None:
+    lm = ArpaLM.from_lines(build_arpa(CORPUS, order=order).splitlines())
+    words, contexts = _vocab_and_contexts(lm)
+    for ctx in contexts:
+        if ctx and lm.vocab.get("</s>") in ctx[-1:]:
+            continue
+        total = sum(10 ** lm._score_id(ctx, lm.vocab[w])[0] for w in words)
+        assert total == pytest.approx(1.0, abs=2e-6), ctx
+
+
+def zipf_corpus(n: int = 400, seed: int = 0) -> list[str]:
+    """Sentences of Zipf-distributed words (natural counts-of-counts)."""
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(500)]
+    p = 1.0 / np.arange(1, 501)
+    p /= p.sum()
+    return [" ".join(rng.choice(words, size=int(rng.integers(2, 8)), p=p)) for _ in range(n)]
+
+
+def test_kneser_ney_bigram_matches_direct_formula() -> None:
+    # an independent bigram interpolated modified-KN computed straight from counts
+    sentences = zipf_corpus()
+    corpus = [s.split() for s in sentences]
+    big = Counter()
+    for words in corpus:
+        seq = ["<s>", *words, "</s>"]
+        big.update(zip(seq, seq[1:], strict=False))
+    cont = Counter(b for (_, b) in big)  # continuation counts of unigrams
+    vocab = sorted({w for s in corpus for w in s} | {"</s>", "<unk>"})
+
+    def discounts(counts: list[int]) -> tuple[float, float, float]:
+        t = Counter(c for c in counts if c <= 4)
+        y = t[1] / (t[1] + 2 * t[2])
+        ds = (1 - 2 * y * t[2] / t[1], 2 - 3 * y * t[3] / t[2], 3 - 4 * y * t[4] / t[3])
+        assert all(0 < dk <= k + 1 for k, dk in enumerate(ds))  # a corpus where the formula applies
+        return ds
+
+    d_uni = discounts([cont[w] for w in vocab if cont[w] > 0])
+    d_big = discounts(list(big.values()))
+
+    def d(ds: tuple[float, float, float], c: int) -> float:
+        return 0.0 if c == 0 else ds[min(c, 3) - 1]
+
+    tot_uni = sum(cont[w] for w in vocab)
+    n_uni = [sum(1 for w in vocab if min(cont[w], 3) == k) for k in (1, 2, 3)]
+    gamma_uni = sum(dk * nk for dk, nk in zip(d_uni, n_uni, strict=False)) / tot_uni
+
+    def p_uni(w: str) -> float:
+        return max(cont[w] - d(d_uni, cont[w]), 0) / tot_uni + gamma_uni / len(vocab)
+
+    def p_big(h: str, w: str) -> float:
+        row = {b: c for (a, b), c in big.items() if a == h}
+        tot = sum(row.values())
+        n = [sum(1 for c in row.values() if min(c, 3) == k) for k in (1, 2, 3)]
+        gamma = sum(dk * nk for dk, nk in zip(d_big, n, strict=False)) / tot
+        c = row.get(w, 0)
+        return max(c - d(d_big, c), 0) / tot + gamma * p_uni(w)
+
+    lm = ArpaLM.from_lines(build_arpa(sentences, order=2).splitlines())
+    for h in ("<s>", "w0", "w3", "w17"):
+        state = (lm.vocab[h],)
+        for w in ("w0", "w1", "</s>", "w5", "w40", "<unk>"):
+            assert 10 ** lm.score(state, w)[0] == pytest.approx(p_big(h, w), rel=1e-5), (h, w)
+
+
+def test_builder_validates_input(tmp_path) -> None:
+    with pytest.raises(ValueError, match="order"):
+        build_arpa(CORPUS, order=0)
+    with pytest.raises(ValueError, match="no words"):
+        build_arpa(["", "  "], order=2)
+    with pytest.raises(TypeError):
+        build_arpa("the cat", order=2)
+    with pytest.raises(FileNotFoundError):
+        write_arpa(tmp_path / "nope.txt", tmp_path / "out.arpa")
+
+
+def test_written_arpa_round_trips_through_both_readers(tmp_path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    arpa = tmp_path / "lm.arpa"
+    n = write_arpa(corpus, arpa, order=3)
+    assert n > 0
+    ours = ArpaLM.from_file(arpa)
+    assert "cat" in load_unigrams_from_arpa(arpa)
+    sentences = ["the cat sat", "a dog ate the rat", "zebra cat", "the the the", "", "cat on mat and log"]
+    if not kenlm_available():
+        pytest.skip("kenlm not installed: the pure-Python reader was checked by the other tests")
+    theirs = KenLMModel(arpa)
+    assert isinstance(load_language_model(arpa), KenLMModel)
+    for s in sentences:
+        assert ours.sentence_score(s) == pytest.approx(theirs.sentence_score(s), abs=1e-4), s
+        assert ours.sentence_score(s, bos=False, eos=False) == pytest.approx(
+            theirs.sentence_score(s, bos=False, eos=False), abs=1e-4
+        )
+    # the adapters agree word by word, including states after unknown words
+    a_state, k_state = ours.begin_state(), theirs.begin_state()
+    for w in "the zebra cat sat on the mat".split():
+        a, a_state = ours.score(a_state, w)
+        k, k_state = theirs.score(k_state, w)
+        assert a == pytest.approx(k, abs=1e-4), w
+
+
+def test_fusion_rules() -> None:
+    lm = ArpaLM.from_lines(HAND_ARPA.splitlines())
+    fusion = LanguageModelFusion(lm, unigrams=["a", "b", "zz"], alpha=0.5, beta=2.0, unk_score_offset=-3.0)
+    assert fusion.unigrams == {"a", "b"}  # words unknown to the model are dropped
+    s, state = fusion.score_word(fusion.start_state(), "a")
+    assert s == pytest.approx(0.5 * -0.2 * math.log(10) + 2.0)
+    s, _ = fusion.score_word(state, "zz", is_last=True)
+    assert s == pytest.approx(0.5 * (-0.3 - 2.0 - 3.0 - 1.5) * math.log(10) + 2.0)
+    assert fusion.score_partial("a") == 0.0
+    assert fusion.score_partial("q") == -3.0
+    assert fusion.score_partial("qqqqqqqqq") == pytest.approx(-3.0 * 9 / 6)
+    assert fusion.score_eos(state) == pytest.approx(0.5 * (-0.3 - 1.5) * math.log(10))
+    with pytest.raises(TypeError, match="alpha"):
+        LanguageModelFusion(lm, alpha=float("nan"))
+    no_unigrams = LanguageModelFusion(lm)
+    assert no_unigrams.score_partial("a") == -10.0  # pyctcdecode: every partial word is unknown
+
+
+def test_prefix_index_and_hotwords() -> None:
+    idx = UnigramPrefixIndex(["cat", "car", "dog"])
+    assert idx.has_prefix("ca") and idx.has_prefix("cat") and not idx.has_prefix("cow")
+    assert idx.has_prefix("")
+    hot = HotwordScorer(["new york", "newt"], weight=4.0)
+    assert hot.score("i love new york and newts") == pytest.approx(8.0)
+    assert hot.score_partial("ne") == pytest.approx(4.0 * 2 / 3)  # shortest hotword with "ne": "new"
+    assert hot.score_partial("yo") == pytest.approx(4.0 * 2 / 4)
+    assert hot.score_partial("x") == 0.0
+    with pytest.raises(TypeError):
+        HotwordScorer("new york")
