@@ -124,18 +124,26 @@ class SearchResult:
 
 
 class _Requests:
-    """Per-request bookkeeping: finished pools and errors, indexed by request."""
+    """Per-request bookkeeping, indexed by request: finished pools, their sizes and scores, errors."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, nth: int):
         self.pools: list[list[Hypothesis]] = [[] for _ in range(n)]
         self.errors: dict[int, str] = {}
+        self.count = np.zeros(n, dtype=np.int64)  # shape: (R,) hypotheses in each pool
+        self.worst = np.full(n, -np.inf)  # shape: (R,) lowest score in each pool
+        self.nth = np.full(n, -np.inf)  # shape: (R,) the nth best score (-inf while fewer)
+        self._n = nth
 
     def add(self, found: dict[int, list[Hypothesis]], cap: int | None) -> None:
         """Merge new finished hypotheses into their requests' pools, best score first, capped (stable ties)."""
         for r, hyps in found.items():
             pool = self.pools[r] + hyps
             pool.sort(key=lambda h: -h.score)
-            self.pools[r] = pool if cap is None else pool[:cap]
+            pool = pool if cap is None else pool[:cap]
+            self.pools[r] = pool
+            self.count[r] = len(pool)
+            self.worst[r] = pool[-1].score
+            self.nth[r] = pool[self._n - 1].score if len(pool) >= self._n else -np.inf
 
 
 @dataclass
@@ -231,7 +239,7 @@ class BeamSearch:
         if bos_arr.shape != (n_req,):
             raise ValueError(f"bos must be an int or one id per request ({n_req}), got shape {bos_arr.shape}")
         m = 2 * opt.beam_size if opt.policy == "pool" else opt.beam_size
-        book = _Requests(n_req)
+        book = _Requests(n_req, opt.num_return or opt.beam_size)
         stats = SearchStats()
         rows = _Rows.start(n_req)
         state = init_state
@@ -250,9 +258,10 @@ class BeamSearch:
 
             lse = ops.logsumexp(logits)  # shape: (rows,)
             bad = np.isnan(lse) | (lse == np.inf)
-            for r in np.unique(rows.req[bad]):
-                what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
-                book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
+            if bad.any():
+                for r in np.unique(rows.req[bad]):
+                    what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
+                    book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
             ctx = StepContext(step=t, tokens=rows.tokens, request=rows.req, eos=eos, logprob=rows.lp)
             if self.processors:
                 scores = ops.log_softmax(logits)  # shape: (rows, V)
@@ -261,7 +270,8 @@ class BeamSearch:
                 offset = np.zeros(n_rows)
             else:
                 scores, offset = logits, np.where(np.isfinite(lse), -lse, -np.inf)  # all -inf row: nothing
-            offset = np.where(bad, -np.inf, offset)  # a failed request's rows yield nothing
+            if bad.any():
+                offset = np.where(bad, -np.inf, offset)  # a failed request's rows yield nothing
             logp, tok, key = opt.selector.candidates(scores, offset, rows.key, m, ctx)  # shape: (rows, m)
             if opt.coverage_penalty is not None:
                 if "attention" not in extras:
@@ -270,8 +280,13 @@ class BeamSearch:
                 rows.cov = attn if rows.cov is None else rows.cov + attn
 
             cand = _Candidates.rank_all(rows, logp, tok, key)
-            for r in np.setdiff1d(np.unique(rows.req[~bad]), cand.req):
-                book.errors[int(r)] = f"no finite candidate at step {t} (every continuation is masked or -inf)"
+            has_cand = np.zeros(n_req, dtype=bool)
+            has_cand[cand.req] = True
+            has_cand[rows.req[bad]] = True  # already failed
+            for r in np.flatnonzero(~has_cand[rows.req]):
+                book.errors[int(rows.req[r])] = (
+                    f"no finite candidate at step {t} (every continuation is masked or -inf)"
+                )
             last = t + 1 == opt.max_len
             if opt.policy == "narrow":
                 surv = self._narrow_step(book, rows, cand, eos, t, last)
@@ -317,7 +332,7 @@ class BeamSearch:
 
     def _narrow_step(self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int, t: int, last: bool) -> np.ndarray:
         """Seed 000: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
-        quota = self.options.beam_size - np.array([len(p) for p in book.pools], dtype=np.int64)
+        quota = self.options.beam_size - book.count
         take = cand.rank < quota[cand.req]
         is_eos = cand.tok == eos
         done = np.flatnonzero(take & is_eos)
@@ -337,8 +352,7 @@ class BeamSearch:
         hits = is_eos | last
         admit = hits & (cand.rank < k)
         if opt.early_stopping is True:
-            full = np.array([len(p) >= opt.pool_size for p in book.pools], dtype=bool)
-            admit &= ~full[cand.req]
+            admit &= book.count[cand.req] < opt.pool_size
         adm = np.flatnonzero(admit)
         book.add(self._hypotheses(rows, cand, adm, is_eos[adm], t + 1), opt.pool_size)
         cont = np.flatnonzero(~hits)
@@ -350,22 +364,17 @@ class BeamSearch:
     def _pool_done(self, book: _Requests, s_req: np.ndarray, s_lp: np.ndarray, cur: int) -> np.ndarray:
         """For each survivor, whether its request stops now (early_stopping rules, patience, exact exit)."""
         opt = self.options
-        reqs, first = np.unique(s_req, return_index=True)
-        best = s_lp[first]  # survivors are ranked, so the first of each request is its best
-        stop_r = np.zeros(reqs.shape[0], dtype=bool)
-        for j, r in enumerate(reqs):
-            pool = book.pools[int(r)]
-            full = len(pool) >= opt.pool_size
-            if full and opt.early_stopping is True:
-                stop_r[j] = True
-            elif full:
-                horizon = opt.max_len if (opt.early_stopping == "never" and opt.length_penalty.alpha > 0) else cur
-                bound = float(opt.length_penalty(best[j], horizon))
-                stop_r[j] = bound <= pool[-1].score
-            if opt.exact_exit and not stop_r[j]:
-                n = opt.num_return or opt.beam_size
-                stop_r[j] = len(pool) >= n and pool[n - 1].score >= best[j]
-        return np.isin(s_req, reqs[stop_r])
+        first = np.flatnonzero(np.r_[True, s_req[1:] != s_req[:-1]])  # survivors are grouped by request
+        reqs, best = s_req[first], s_lp[first]  # ranked, so the first of each request is its best
+        full = book.count[reqs] >= opt.pool_size
+        if opt.early_stopping is True:
+            stop = full
+        else:
+            horizon = opt.max_len if (opt.early_stopping == "never" and opt.length_penalty.alpha > 0) else cur
+            stop = full & (opt.length_penalty(best, horizon) <= book.worst[reqs])
+        if opt.exact_exit:
+            stop = stop | (book.nth[reqs] >= best)
+        return np.repeat(stop, np.diff(np.r_[first, s_req.shape[0]]))
 
     def _rank(self, pool: list[Hypothesis]) -> list[Hypothesis]:
         """Final ranking of one request's hypotheses (optional final scorer), cut to ``num_return``."""
