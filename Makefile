@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/beamkit demo
+	$(BIN)/beamkit translate --beam 5 "3rd of March 1999"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

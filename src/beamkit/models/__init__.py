@@ -1,0 +1,109 @@
+"""Real models for the engine: a Seq2Seq with Luong attention and a small Transformer (torch), and a numpy
+loader for the pretrained g2p-en GRU. The trained dates checkpoints ship inside the package (``shipped/``).
+
+Everything here decodes through :func:`beamkit.search_batch`: one call per batch of sentences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+DEFAULT_MODEL = "dates-seq2seq"
+
+
+def shipped_models() -> dict[str, Path]:
+    """Return the checkpoints shipped inside the package, by name (``dates-seq2seq``, ``dates-transformer``)."""
+    if not SHIPPED_DIR.is_dir():
+        return {}
+    return {p.name: p for p in sorted(SHIPPED_DIR.iterdir()) if (p / "config.json").is_file()}
+
+
+def resolve_model(name_or_path: str | Path | None) -> Path:
+    """Return the checkpoint folder for a shipped model's name or a path (None: the default shipped model)."""
+    key = DEFAULT_MODEL if name_or_path is None else str(name_or_path)
+    shipped = shipped_models()
+    if key in shipped:
+        return shipped[key]
+    path = Path(key)
+    if not path.exists():
+        names = ", ".join(shipped) or "none"
+        raise FileNotFoundError(f"checkpoint not found: {key!r} is neither a path nor a shipped model ({names})")
+    return path
+
+
+def load_model(name_or_path: str | Path | None = None) -> Any:
+    """Load a shipped model by name or any saved checkpoint folder by path; requires torch and safetensors."""
+    try:
+        import safetensors  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"the dates models need torch and safetensors: pip install 'beamkit[models]' ({exc})"
+        ) from exc
+    from beamkit.models.checkpoint import load
+
+    return load(resolve_model(name_or_path))
+
+
+@dataclass
+class Translation:
+    """One output of :func:`translate`: the decoded text and its hypothesis' numbers."""
+
+    text: str
+    logprob: float
+    score: float
+    finished: bool
+    tokens: list[int]
+
+
+def translate(
+    model: Any,
+    texts: Sequence[str],
+    beam_size: int = 5,
+    num_return: int | None = None,
+    length_penalty: float = 1.0,
+    max_len: int | None = None,
+    batch_size: int = 256,
+) -> list[list[Translation]]:
+    """Decode ``texts`` with ``model`` (Seq2Seq or Transformer) by beam search; return each one's n-best.
+
+    Sources are encoded in batches of ``batch_size`` and each batch is one :func:`beamkit.search_batch`
+    call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError.
+    """
+    import torch
+
+    from beamkit import search_batch
+    from beamkit.models.common import encode_sources, pad_batch
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ids = encode_sources(model.src_vocab, texts)
+    limit = int(max_len if max_len is not None else getattr(model, "meta", {}).get("max_len", 12))
+    tv = model.tgt_vocab
+    results: list[list[Translation]] = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), batch_size):
+            src, lengths = pad_batch(ids[start : start + batch_size], model.src_vocab.pad)
+            state = model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+            hyps = search_batch(
+                model.step,
+                state,
+                tv.bos,
+                tv.eos,
+                beam_size,
+                limit,
+                length_penalty=length_penalty,
+                num_return=num_return,
+            )
+            for request in hyps:
+                results.append(
+                    [
+                        Translation(tv.decode(h.tokens), float(h.logprob), float(h.score), h.finished, list(h.tokens))
+                        for h in request
+                    ]
+                )
+    return results

@@ -1,0 +1,101 @@
+"""Save and load model checkpoints: a folder with ``model.safetensors``, ``config.json`` and ``vocab.json``.
+
+``config.json`` names the architecture and its hyper-parameters (plus free-form metadata such as the task and
+training figures); ``vocab.json`` holds the source and target symbol lists. Loading checks all three and fails
+with a clear error naming the file when one is missing or corrupt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FORMAT = "beamkit-checkpoint"
+VERSION = 1
+WEIGHTS, CONFIG, VOCAB = "model.safetensors", "config.json", "vocab.json"
+
+
+def build_model(arch: str, src_symbols: list[str], tgt_symbols: list[str], hparams: dict[str, Any]) -> Any:
+    """Construct an untrained model of architecture ``arch`` ("seq2seq" or "transformer")."""
+    from beamkit.models.seq2seq import Seq2Seq
+    from beamkit.models.transformer import Transformer
+    from beamkit.models.vocab import Vocab
+
+    classes = {"seq2seq": Seq2Seq, "transformer": Transformer}
+    if arch not in classes:
+        raise ValueError(f"unknown architecture {arch!r}; expected one of {sorted(classes)}")
+    try:
+        return classes[arch](Vocab(tuple(src_symbols)), Vocab(tuple(tgt_symbols)), **hparams)
+    except TypeError as exc:
+        raise ValueError(f"bad hyper-parameters for {arch}: {exc}") from exc
+
+
+def save(model: Any, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    """Save ``model`` (a Seq2Seq or Transformer) into folder ``path``; return the folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS))
+    (folder / WEIGHTS).chmod(0o644)  # safetensors writes 0600; checkpoints are meant to be shared
+    config = {"format": FORMAT, "version": VERSION, "arch": model.arch, "hparams": model.config}
+    config["meta"] = meta or {}
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    vocab = {"source": model.src_vocab.to_list(), "target": model.tgt_vocab.to_list()}
+    (folder / VOCAB).write_text(json.dumps(vocab) + "\n")
+    return folder
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """Read and validate ``config.json`` of the checkpoint folder ``path``."""
+    folder = Path(path)
+    if not folder.exists():
+        raise FileNotFoundError(f"checkpoint not found: {folder}")
+    if not folder.is_dir():
+        raise ValueError(f"a checkpoint is a folder holding {WEIGHTS}, {CONFIG} and {VOCAB}; got the file {folder}")
+    config = _read_json(folder / CONFIG)
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} is not a {FORMAT} config")
+    if config.get("version") != VERSION:
+        raise ValueError(f"checkpoint {folder} has version {config.get('version')!r}; this beamkit reads {VERSION}")
+    if not isinstance(config.get("arch"), str) or not isinstance(config.get("hparams"), dict):
+        raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} lacks 'arch' or 'hparams'")
+    return config
+
+
+def _read_json(file: Path) -> Any:
+    if not file.is_file():
+        raise FileNotFoundError(f"checkpoint file missing: {file}")
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"corrupt checkpoint file {file}: {exc}") from exc
+
+
+def load(path: str | Path) -> Any:
+    """Load the checkpoint folder ``path``; return the model in eval mode, with ``model.meta`` set."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    config = read_config(folder)
+    vocab = _read_json(folder / VOCAB)
+    if not isinstance(vocab, dict) or not all(isinstance(vocab.get(k), list) for k in ("source", "target")):
+        raise ValueError(f"corrupt checkpoint file {folder / VOCAB}: expected 'source' and 'target' lists")
+    model = build_model(config["arch"], vocab["source"], vocab["target"], config["hparams"])
+    weights = folder / WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"checkpoint file missing: {weights}")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(f"corrupt checkpoint file {weights}: {exc}") from exc
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ValueError(f"checkpoint {folder}: weights do not match its config: {exc}") from exc
+    model.eval()
+    model.meta = config.get("meta", {})
+    return model

@@ -1,0 +1,199 @@
+"""A small Transformer encoder-decoder with an incremental KV cache, as a beamkit step function.
+
+Pre-LayerNorm blocks, learned positions. The step function feeds only the newest token: each decoder layer's
+self-attention keys/values live in the state (``(rows, heads, t, d_head)``, gathered by beam with the rest),
+while the cross-attention keys/values are computed once per *request* by :meth:`Transformer.init_state` and
+travel in a ``beamkit.Shared``, indexed by the state's ``req`` leaf, so beams never copy them.
+
+Requires torch (the ``torch`` extra).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from beamkit.models.common import make_shared, shared_value
+from beamkit.models.vocab import Vocab
+
+
+class TransformerState(NamedTuple):
+    """Decoder state of :class:`Transformer`; tensor leaves have one row per live hypothesis."""
+
+    self_k: tuple[Tensor, ...]  # per layer, shape: (rows, heads, t, d_head)
+    self_v: tuple[Tensor, ...]  # per layer, shape: (rows, heads, t, d_head)
+    req: Tensor  # request of each row, int64, shape: (rows,)
+    cross: Any  # Shared((k per layer (B, heads, S, d_head), v per layer, src mask (B, S) bool))
+
+
+class _Attention(nn.Module):
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.d_head = heads, d_model // heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.o = nn.Linear(d_model, d_model)
+
+    def split(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, heads, T, d_head)."""
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.d_head).transpose(1, 2)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Scaled dot-product attention; ``mask`` broadcasts to (B, heads, Tq, Tk), True = may attend."""
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # shape: (B, heads, Tq, Tk)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v  # shape: (B, heads, Tq, d_head)
+        b, _, t, _ = out.shape
+        return self.o(out.transpose(1, 2).reshape(b, t, self.heads * self.d_head))
+
+
+class _EncoderLayer(nn.Module):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = _Attention(d_model, heads)
+        self.ff = nn.Sequential(nn.Linear(d_model, ff), nn.ReLU(), nn.Linear(ff, d_model))
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        h = self.ln1(x)
+        a = self.attn
+        x = x + self.drop(a.attend(a.split(a.q(h)), a.split(a.k(h)), a.split(a.v(h)), mask[:, None, None, :]))
+        return x + self.drop(self.ff(self.ln2(x)))
+
+
+class _DecoderLayer(nn.Module):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.ln1, self.ln2, self.ln3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.self_attn = _Attention(d_model, heads)
+        self.cross_attn = _Attention(d_model, heads)
+        self.ff = nn.Sequential(nn.Linear(d_model, ff), nn.ReLU(), nn.Linear(ff, d_model))
+
+    def cross_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values of the encoder ``memory`` (B, S, D), each (B, heads, S, d_head)."""
+        a = self.cross_attn
+        return a.split(a.k(memory)), a.split(a.v(memory))
+
+    def forward(
+        self, x: Tensor, k_self: Tensor, v_self: Tensor, self_mask: Tensor | None, ck: Tensor, cv: Tensor, m: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Run the layer on new positions ``x`` (B, Tn, D) after a cache of earlier keys/values.
+
+        Returns the output and the extended self-attention keys/values.
+        """
+        a = self.self_attn
+        h = self.ln1(x)
+        k = torch.cat([k_self, a.split(a.k(h))], dim=2)  # shape: (B, heads, t + Tn, d_head)
+        v = torch.cat([v_self, a.split(a.v(h))], dim=2)
+        x = x + self.drop(a.attend(a.split(a.q(h)), k, v, self_mask))
+        c = self.cross_attn
+        x = x + self.drop(c.attend(c.split(c.q(self.ln2(x))), ck, cv, m[:, None, None, :]))
+        return x + self.drop(self.ff(self.ln3(x))), k, v
+
+
+class Transformer(nn.Module):
+    """A small pre-LN Transformer encoder-decoder over character vocabularies."""
+
+    arch = "transformer"
+
+    def __init__(
+        self,
+        src_vocab: Vocab,
+        tgt_vocab: Vocab,
+        d_model: int = 64,
+        heads: int = 4,
+        ff: int = 128,
+        enc_layers: int = 2,
+        dec_layers: int = 2,
+        max_len: int = 64,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
+        self.config = {
+            "d_model": d_model,
+            "heads": heads,
+            "ff": ff,
+            "enc_layers": enc_layers,
+            "dec_layers": dec_layers,
+            "max_len": max_len,
+            "dropout": dropout,
+        }
+        self.d_model, self.heads, self.max_len = d_model, heads, max_len
+        self.src_emb = nn.Embedding(len(src_vocab), d_model, padding_idx=src_vocab.pad)
+        self.tgt_emb = nn.Embedding(len(tgt_vocab), d_model)
+        self.src_pos = nn.Embedding(max_len, d_model)
+        self.tgt_pos = nn.Embedding(max_len, d_model)
+        self.enc = nn.ModuleList([_EncoderLayer(d_model, heads, ff, dropout) for _ in range(enc_layers)])
+        self.enc_ln = nn.LayerNorm(d_model)
+        self.dec = nn.ModuleList([_DecoderLayer(d_model, heads, ff, dropout) for _ in range(dec_layers)])
+        self.dec_ln = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, len(tgt_vocab))
+
+    def encode(self, src: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Encode padded ``src`` (B, S); return memory (B, S, D) and the source mask (B, S)."""
+        if src.shape[1] > self.max_len:
+            raise ValueError(f"source of {src.shape[1]} tokens exceeds the model's max_len {self.max_len}")
+        mask = src != self.src_vocab.pad  # shape: (B, S)
+        pos = torch.arange(src.shape[1], device=src.device)
+        x = self.src_emb(src) + self.src_pos(pos)
+        for layer in self.enc:
+            x = layer(x, mask)
+        return self.enc_ln(x), mask
+
+    def _empty_cache(self, rows: int, like: Tensor) -> tuple[Tensor, ...]:
+        d_head = self.d_model // self.heads
+        return tuple(like.new_zeros(rows, self.heads, 0, d_head) for _ in self.dec)
+
+    def forward(self, src: Tensor, lengths: Tensor | None, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) for decoder inputs ``tgt_in`` (B, T), all positions at once."""
+        memory, mask = self.encode(src, lengths)
+        t = tgt_in.shape[1]
+        if t > self.max_len:
+            raise ValueError(f"target of {t} tokens exceeds the model's max_len {self.max_len}")
+        pos = torch.arange(t, device=src.device)
+        x = self.tgt_emb(tgt_in) + self.tgt_pos(pos)
+        causal = torch.ones(t, t, dtype=torch.bool, device=src.device).tril()
+        empty = self._empty_cache(src.shape[0], memory)
+        for i, layer in enumerate(self.dec):
+            assert isinstance(layer, _DecoderLayer)
+            ck, cv = layer.cross_kv(memory)
+            x, _, _ = layer(x, empty[i], empty[i], causal, ck, cv, mask)
+        return self.out(self.dec_ln(x))
+
+    # ---------------------------------------------------------------------------- beamkit step function
+    def init_state(self, src: Tensor, lengths: Tensor | None = None) -> TransformerState:
+        """Encode the requests and return the step state: one row each, cross K/V computed once per request."""
+        memory, mask = self.encode(src, lengths)
+        kv = [layer.cross_kv(memory) for layer in self.dec if isinstance(layer, _DecoderLayer)]
+        cross = (tuple(k for k, _ in kv), tuple(v for _, v in kv), mask)
+        empty = self._empty_cache(src.shape[0], memory)
+        req = torch.arange(src.shape[0], device=src.device)
+        return TransformerState(empty, empty, req, make_shared(cross))
+
+    def step(self, state: TransformerState, y_prev: Any) -> tuple[Tensor, TransformerState]:
+        """beamkit step function: feed only the newest token ``y_prev`` (rows,), return logits (rows, V)."""
+        ck, cv, mask = shared_value(state.cross)
+        r = state.req
+        y = torch.as_tensor(y_prev, dtype=torch.long, device=r.device)
+        t = state.self_k[0].shape[2]  # tokens already in the cache = this token's position
+        if t >= self.max_len:
+            raise ValueError(f"decoding past the model's max_len {self.max_len}")
+        x = self.tgt_emb(y)[:, None, :] + self.tgt_pos.weight[t]  # shape: (rows, 1, D)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.dec):
+            x, k, v = layer(x, state.self_k[i], state.self_v[i], None, ck[i][r], cv[i][r], mask[r])
+            new_k.append(k)
+            new_v.append(v)
+        logits = self.out(self.dec_ln(x[:, 0]))  # shape: (rows, V)
+        return logits, TransformerState(tuple(new_k), tuple(new_v), r, state.cross)

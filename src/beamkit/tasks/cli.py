@@ -1,0 +1,199 @@
+"""The ``translate``, ``models``, ``train`` and ``eval`` subcommands of the ``beamkit`` command line.
+
+``register(subparsers)`` adds them to the top-level parser (see :mod:`beamkit.cli`); each sets ``func``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _fail_import(command: str, exc: ImportError) -> int:
+    print(f"beamkit {command}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    """Decode each TEXT with a dates model and print its n-best with log-probabilities and scores."""
+    from beamkit.models import load_model, translate
+
+    if args.beam < 1:
+        raise ValueError(f"--beam must be >= 1, got {args.beam}")
+    n_best = args.beam if args.n_best is None else args.n_best
+    if not 1 <= n_best <= args.beam:
+        raise ValueError(f"--n-best must be between 1 and --beam ({args.beam}), got {n_best}")
+    try:
+        model = load_model(args.model)
+    except ImportError as exc:
+        return _fail_import("translate", exc)
+    outs = translate(
+        model, args.text, beam_size=args.beam, num_return=n_best, length_penalty=args.length_penalty,
+        max_len=args.max_len,
+    )  # fmt: skip
+    if args.json:
+        payload = [
+            {
+                "source": src,
+                "hypotheses": [
+                    {"text": h.text, "logprob": h.logprob, "score": h.score, "finished": h.finished} for h in out
+                ],
+            }
+            for src, out in zip(args.text, outs, strict=True)
+        ]
+        print(json.dumps(payload))
+        return 0
+    for src, out in zip(args.text, outs, strict=True):
+        print(src)
+        for rank, h in enumerate(out[:n_best], 1):
+            flag = "" if h.finished else "  (unfinished)"
+            print(f"  {rank}. {h.text}  logprob {h.logprob:.4f}  score {h.score:.4f}{flag}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """List the checkpoints shipped inside the package."""
+    from beamkit.models import DEFAULT_MODEL, shipped_models
+    from beamkit.models.checkpoint import read_config
+
+    shipped = shipped_models()
+    if not shipped:
+        print("no shipped checkpoints found")
+        return 1
+    for name, path in shipped.items():
+        config = read_config(path)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        meta = config.get("meta", {})
+        figures = meta.get("test", {})
+        note = ""
+        if figures:
+            note = "  test exact match: " + ", ".join(f"beam {k} {v:.4f}" for k, v in figures.items())
+        default = " (default)" if name == DEFAULT_MODEL else ""
+        print(f"{name}{default}  arch={config['arch']}  task={meta.get('task', '?')}  {size / 1024:.0f} KiB{note}")
+        print(f"    {path}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a dates model and save the checkpoint folder."""
+    from beamkit.tasks.train import TrainConfig, train
+
+    config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
+    out = args.out or f"checkpoints/dates-{args.arch}"
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        model = train(config, out=out, progress=not args.quiet)
+    except ImportError as exc:
+        return _fail_import("train", exc)
+    info = model.meta["train"]
+    print(f"saved {out}  ({info['seconds']} s, final loss {info['final_loss']})")
+    return 0
+
+
+def _eval_dates(args: argparse.Namespace) -> int:
+    from beamkit.models import DEFAULT_MODEL, load_model
+    from beamkit.tasks.evaluate import evaluate_dates, parse_beams
+
+    beams = parse_beams(args.beams)
+    try:
+        model = load_model(args.model)
+    except ImportError as exc:
+        return _fail_import("eval", exc)
+    if args.length_penalty is not None:
+        alphas = [args.length_penalty]
+    else:
+        alphas = [1.0] if args.json else [0.0, 1.0]
+    results = {
+        a: evaluate_dates(model, beams, length_penalty=a, limit=args.limit, search_errors=args.search_errors)
+        for a in alphas
+    }
+    return _report(args, results, alphas, "exact_match", f"dates, {args.model or DEFAULT_MODEL}")
+
+
+def _eval_g2p(args: argparse.Namespace) -> int:
+    from beamkit.tasks.evaluate import parse_beams
+    from beamkit.tasks.g2p import evaluate
+
+    beams = parse_beams(args.beams)
+    alphas = [args.length_penalty if args.length_penalty is not None else 1.0]
+    try:
+        results = {a: evaluate(beams, args.words, length_penalty=a, seed=args.seed) for a in alphas}
+    except ImportError as exc:
+        return _fail_import("eval", exc)
+    return _report(args, results, alphas, "word_accuracy", "g2p-en on cmudict")
+
+
+def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[float], metric: str, title: str) -> int:
+    from beamkit.tasks.evaluate import format_table, plot
+
+    if args.plot:
+        try:
+            plot(results, args.plot, metric=metric, title=title)
+        except ImportError as exc:
+            return _fail_import("eval", exc)
+    main = results[1.0] if 1.0 in results else results[alphas[0]]
+    if args.json:
+        print(json.dumps(main))
+        return 0
+    print(f"{title}: {main['n']} examples")
+    print(format_table(results, metric))
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``translate``, ``models``, ``train`` and ``eval`` to the ``beamkit`` command line."""
+    p = subparsers.add_parser("translate", help="decode dates with a shipped or saved model; print the n-best")
+    p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'")
+    p.add_argument("--model", default=None, help="shipped model name (see `beamkit models`) or checkpoint path")
+    p.add_argument("--beam", type=int, default=5, help="beam width (1 = greedy); default 5")
+    p.add_argument("--n-best", type=int, default=None, help="hypotheses to print per input (default: --beam)")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha (default 1)")
+    p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
+    p.add_argument("--json", action="store_true", help="print the n-best as JSON")
+    p.set_defaults(func=cmd_translate)
+
+    p = subparsers.add_parser("models", help="list the checkpoints shipped with beamkit")
+    p.set_defaults(func=cmd_models)
+
+    p = subparsers.add_parser("train", help="train a model for a task and save a checkpoint")
+    p.add_argument("task", choices=["dates"], help="the task to train on")
+    p.add_argument("--arch", choices=["seq2seq", "transformer"], default="seq2seq")
+    p.add_argument("--out", default=None, help="checkpoint folder (default checkpoints/dates-ARCH)")
+    p.add_argument("--epochs", type=int, default=None, help="passes over the training split")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    p.add_argument("--train-size", type=int, default=None, help="use only the first N training pairs")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    ev = subparsers.add_parser("eval", help="measure accuracy against beam width").add_subparsers(
+        dest="eval_task", metavar="TASK"
+    )
+    for task, func in (("dates", _eval_dates), ("g2p", _eval_g2p)):
+        default_beams = "1,2,5,10" if task == "dates" else "1,5"
+        p = ev.add_parser(task, help=f"evaluate on {task}")
+        p.add_argument("--beams", default=default_beams, help=f"comma-separated widths (default {default_beams})")
+        p.add_argument("--length-penalty", type=float, default=None, help="one alpha instead of the default")
+        p.add_argument("--json", action="store_true", help="print one JSON object (length penalty 1 by default)")
+        p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width")
+        if task == "dates":
+            p.add_argument("--model", default=None, help="shipped model name or checkpoint path")
+            p.add_argument("--limit", type=int, default=None, help="evaluate the first N test examples only")
+            p.add_argument(
+                "--search-errors",
+                action="store_true",
+                help="also count outputs scoring below beamkit.exact_search's optimum (slower)",
+            )
+        else:
+            p.add_argument("--words", type=int, default=500, help="how many cmudict words (default 500)")
+            p.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234)")
+        p.set_defaults(func=func)

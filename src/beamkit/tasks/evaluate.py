@@ -1,0 +1,137 @@
+"""Evaluating search on the dates task: exact match and mean log-probability per beam width, and a plot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from beamkit.tasks import dates
+
+
+def parse_beams(text: str) -> list[int]:
+    """Parse ``"1,2,5,10"`` into sorted unique beam widths; each must be an integer >= 1."""
+    try:
+        beams = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError as exc:
+        raise ValueError(f"--beams must be comma-separated integers, got {text!r}") from exc
+    if not beams or beams[0] < 1:
+        raise ValueError(f"--beams must list integers >= 1, got {text!r}")
+    return beams
+
+
+SEARCH_ERROR_TOL = 1e-5  # beam and exact search batch rows differently: float32 noise, not a search error
+
+
+def exact_scores(model: Any, sources: Sequence[str], length_penalty: float, batch_size: int = 256) -> list[float]:
+    """Score of the true best output of each source, by :func:`beamkit.exact_search` (branch and bound)."""
+    import torch
+
+    from beamkit import exact_search, select_state
+    from beamkit.models.common import encode_sources, pad_batch
+
+    ids = encode_sources(model.src_vocab, sources)
+    max_len = int(getattr(model, "meta", {}).get("max_len", 12))
+    tv = model.tgt_vocab
+    out: list[float] = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), batch_size):
+            src, lengths = pad_batch(ids[start : start + batch_size], model.src_vocab.pad)
+            state = model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+            for r in range(src.shape[0]):
+                one = select_state(state, np.array([r], dtype=np.int64))  # one request: its req row only
+                best = exact_search(model.step, one, tv.bos, tv.eos, max_len, length_penalty)
+                out.append(float(best[0].score) if best else float("-inf"))
+    return out
+
+
+def evaluate_dates(
+    model: Any,
+    beams: Sequence[int],
+    length_penalty: float = 1.0,
+    limit: int | None = None,
+    split_name: str = "test",
+    search_errors: bool = False,
+) -> dict[str, Any]:
+    """Exact match and mean best-hypothesis log-prob for each beam width on a dates split.
+
+    Returns ``{"beams": {"1": {"exact_match": ..., "mean_logprob": ...}, ...}, "n": N, ...}``. With
+    ``search_errors``, each beam entry also counts the inputs whose best output scores below the exact
+    optimum found by :func:`beamkit.exact_search` (a search error, Stahlberg & Byrne 2019).
+    """
+    from beamkit.models import translate
+
+    pairs = dates.split(split_name, limit=limit)
+    sources = [s for s, _ in pairs]
+    result: dict[str, Any] = {"beams": {}, "n": len(pairs), "split": split_name, "length_penalty": length_penalty}
+    optimum = exact_scores(model, sources, length_penalty) if search_errors else None
+    for k in beams:
+        outs = translate(model, sources, beam_size=k, length_penalty=length_penalty)
+        correct = [o[0].text == t for o, (_, t) in zip(outs, pairs, strict=True)]
+        entry: dict[str, Any] = {
+            "exact_match": float(np.mean(correct)),
+            "mean_logprob": float(np.mean([o[0].logprob for o in outs])),
+        }
+        if optimum is not None:
+            entry["search_errors"] = sum(
+                o[0].score < best - SEARCH_ERROR_TOL for o, best in zip(outs, optimum, strict=True)
+            )
+        result["beams"][str(k)] = entry
+    return result
+
+
+def format_table(results: dict[float, dict[str, Any]], metric: str = "exact_match") -> str:
+    """A markdown table: one row per beam width, ``metric`` and mean log-prob for each length penalty."""
+    alphas = sorted(results)
+    beams = sorted({int(k) for r in results.values() for k in r["beams"]})
+    errs = all("search_errors" in e for r in results.values() for e in r["beams"].values())
+    names = [metric, "mean logprob"] + (["search errors"] if errs else [])
+    head = "| beam | " + " | ".join(f"{n} (lp={a:g})" for a in alphas for n in names) + " |"
+    rule = "|---:|" + "---:|" * len(names) * len(alphas)
+    rows = [head, rule]
+    for k in beams:
+        cells = []
+        for a in alphas:
+            entry = results[a]["beams"].get(str(k))
+            if entry is None:
+                cells += [""] * len(names)
+                continue
+            cells += [f"{entry[metric]:.4f}", f"{entry['mean_logprob']:.4f}"]
+            if errs:
+                cells.append(str(entry["search_errors"]))
+        rows.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def plot(results: dict[float, dict[str, Any]], path: str | Path, metric: str = "exact_match", title: str = "") -> Path:
+    """Write a PNG of ``metric`` against beam width, one line per length penalty; needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("--plot needs matplotlib: pip install matplotlib") from exc
+    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("d", "-.")]
+    beams: list[int] = []
+    for i, a in enumerate(sorted(results)):
+        beams = sorted(int(k) for k in results[a]["beams"])
+        marker, line = styles[i % len(styles)]
+        values = [results[a]["beams"][str(k)][metric] for k in beams]
+        ax.plot(beams, values, marker=marker, linestyle=line, label=f"length penalty {a:g}")
+    ax.set_xscale("log")
+    ax.set_xticks(beams)
+    ax.set_xticklabels([str(k) for k in beams])
+    ax.set_xlabel("beam width")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
