@@ -70,9 +70,9 @@ def logsumexp(x: Any) -> np.ndarray:
     """Row-wise log-sum-exp of ``[rows, V]`` logits, returned on the host as float64 ``[rows]``.
 
     NaN anywhere in a row gives NaN, +inf gives +inf and an all ``-inf`` row gives ``-inf``: the engine uses
-    that to validate rows without another pass over the logits.
+    that to validate rows without another pass over the logits. (torch's vectorised exp is faster than numpy's,
+    so CPU tensors stay in torch here.)
     """
-    x = cpu_view(x)
     if is_torch(x):
         return to_numpy(x.logsumexp(dim=1)).astype(np.float64)
     # shape: (rows, V) -> (rows,); in chunks of rows so the exp buffer stays small and warm
