@@ -176,3 +176,19 @@ def test_top_candidates_equals_a_full_sort(seed, rows, v, m, ties, strided):
     want = np.array([np.lexsort((np.arange(v), -r))[: min(m, v)] for r in x])
     np.testing.assert_array_equal(idx, want)
     np.testing.assert_array_equal(vals, np.take_along_axis(x, want, axis=1))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_candidates_on_large_tables(backend, ties):
+    # big enough for the group-maximum threshold path (rows * V >= 2**20)
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, size=(40, 30000)) if ties else rng.standard_normal((40, 30000)) * 3
+    x = x.astype(np.float32)
+    x[5] = np.nan  # a NaN row falls back to the exact row sort, the others are unaffected
+    x[6] = -np.inf
+    xx = torch.from_numpy(x) if backend == "torch" else x
+    vals, idx = ops.top_candidates(xx, 10)
+    ok = [r for r in range(40) if r != 5]
+    want = np.array([np.lexsort((np.arange(30000), -x[r]))[:10] for r in ok])
+    np.testing.assert_array_equal(idx[ok], want)

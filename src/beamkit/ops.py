@@ -137,31 +137,51 @@ def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``m`` largest entries of each row of ``x`` ``[rows, V]``, ties to the lowest column.
 
     Returns host arrays ``(values float64 [rows, m'], columns int64 [rows, m'])`` with ``m' = min(m, V)``, each
-    row ordered by value descending, then column ascending. The selected *set* obeys the tie rule exactly (torch:
-    a row whose m-th and (m+1)-th values are equal is redone so the lowest columns win; numpy: the few entries
-    above a block-maximum threshold are sorted exactly).
+    row ordered by value descending, then column ascending. The selected *set* obeys the tie rule exactly: a
+    partial selection (torch ``topk``, numpy ``argpartition``) is checked at its boundary and a row whose m-th
+    and (m+1)-th values are equal is redone; large numpy tables sort the few entries above a group-maximum
+    threshold instead.
     """
-    x = cpu_view(x)
     rows, v = int(x.shape[0]), int(x.shape[1])
     m = min(m, v)
-    if is_torch(x):
-        k = min(m + 1, v)
-        vals_t, idx_t = x.topk(k, dim=1, largest=True, sorted=True)  # shape: (rows, k)
-        vals = to_numpy(vals_t).astype(np.float64)
-        idx = to_numpy(idx_t).astype(np.int64)
-        tied = np.flatnonzero(vals[:, m - 1] == vals[:, m]) if k > m else np.empty(0, dtype=np.int64)
-        vals, idx = vals[:, :m].copy(), idx[:, :m].copy()
-        for r in tied:
-            idx[r] = _exact_top_row(to_numpy(x[int(r)]).astype(np.float64), m)
-            vals[r] = to_numpy(x[int(r)])[idx[r]]
-    elif m < v and v >= 8 * m:
+    large = rows * v >= _LARGE and m < v and v >= 8 * m
+    if large:
+        x = cpu_view(x)  # numpy's threshold selection beats torch's topk on big CPU tables
+    if large and not is_torch(x):
         vals, idx = _top_by_block_threshold(x, m)
+    elif m == v:
+        idx = np.lexsort((np.broadcast_to(np.arange(v), (rows, v)), -to_numpy(x)), axis=1).astype(np.int64)
+        vals = np.take_along_axis(to_numpy(x), idx, axis=1).astype(np.float64)
     else:
-        idx = np.lexsort((np.broadcast_to(np.arange(v), x.shape), -x), axis=1)[:, :m].astype(np.int64)
-        vals = np.take_along_axis(x, idx, axis=1).astype(np.float64)
+        vals, idx = _partial_top(x, m)
     # Order each row: value descending, column ascending (NaN-free: the engine rejects NaN rows first).
     order = np.lexsort((idx, -vals), axis=1) if rows else np.empty((0, m), dtype=np.int64)
     return np.take_along_axis(vals, order, axis=1), np.take_along_axis(idx, order, axis=1)
+
+
+_LARGE = 1 << 20  # rows * V from which the threshold selection is used
+
+
+def _partial_top(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``m < V`` per row by a partial selection plus the (m+1)-th value to detect boundary ties."""
+    if is_torch(x):
+        vals_t, idx_t = x.topk(m + 1, dim=1, largest=True, sorted=True)  # shape: (rows, m + 1)
+        vals, idx = to_numpy(vals_t).astype(np.float64), to_numpy(idx_t).astype(np.int64)
+        nxt = vals[:, m]
+    else:
+        v = x.shape[1]
+        part = np.argpartition(x, v - m - 1, axis=1)  # shape: (rows, V); the last m are the m largest
+        idx = part[:, v - m :].astype(np.int64)
+        vals = np.take_along_axis(x, idx, axis=1).astype(np.float64)
+        nxt = x[np.arange(x.shape[0]), part[:, v - m - 1]].astype(np.float64)
+        vals, idx = np.concatenate([vals, nxt[:, None]], axis=1), np.concatenate([idx, idx[:, :1]], axis=1)
+    tied = np.flatnonzero(vals[:, :m].min(axis=1) == nxt)
+    vals, idx = vals[:, :m].copy(), idx[:, :m].copy()
+    for r in tied:
+        row = to_numpy(x[int(r)]).astype(np.float64)
+        idx[r] = _exact_top_row(row, m)
+        vals[r] = row[idx[r]]
+    return vals, idx
 
 
 def _top_by_block_threshold(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
