@@ -192,3 +192,20 @@ def test_top_candidates_on_large_tables(backend, ties):
     ok = [r for r in range(40) if r != 5]
     want = np.array([np.lexsort((np.arange(30000), -x[r]))[:10] for r in ok])
     np.testing.assert_array_equal(idx[ok], want)
+
+
+def test_bfloat16_logits_are_searched():
+    m = ToyModel(5, seed=3)
+
+    def step(state, y):
+        logits, new = m.step(state, np.asarray(y.cpu() if hasattr(y, "cpu") else y))
+        return torch.tensor(logits, dtype=torch.bfloat16), new
+
+    got = search_batch(step, m.init(), BOS, EOS, 2, 3)[0]
+    assert got and all(np.isfinite(h.logprob) for h in got)
+
+
+def test_concat_state_keeps_one_shared_object():
+    mem = Shared(np.ones((1, 4)))
+    out = concat_state([{"m": mem, "x": np.zeros((1, 2))}, {"m": mem, "x": np.ones((2, 2))}])
+    assert out["m"] is mem and out["x"].shape == (3, 2)

@@ -284,3 +284,19 @@ def test_validation_logits_shape_and_values():
         beam_search(lambda s, y: (np.full((len(s), 3), np.nan), s), m.init(), BOS, EOS, 2, 3)
     with pytest.raises(TypeError):
         beam_search(lambda s, y: ([[0.0, 1.0]], s), m.init(), BOS, EOS, 2, 3)
+
+
+def test_validation_options_and_ids():
+    m = ToyModel(3)
+    with pytest.raises(ValueError, match="eos"):
+        beam_search(m.step, m.init(), BOS, 7, 2, 3)
+    with pytest.raises(ValueError, match="eos"):
+        beam_search(m.step, m.init(), BOS, -1, 2, 3)
+    with pytest.raises(ValueError, match="early_stopping"):
+        beam_search(m.step, m.init(), BOS, EOS, 2, 3, policy="pool", early_stopping=1)
+    with pytest.raises(ValueError, match="min_len"):
+        beam_search(m.step, m.init(), BOS, EOS, 2, 3, min_len=1.5)
+    with pytest.raises(ValueError, match="patience"):
+        beam_search(m.step, m.init(), BOS, EOS, 2, 3, patience="2")
+    with pytest.raises(TypeError, match="bos"):
+        beam_search(m.step, m.init(), 1.7, EOS, 2, 3)

@@ -52,6 +52,7 @@ class Deterministic:
     def candidates(
         self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The m best tokens of each row by log-probability; the key is the running log-probability."""
         vals, idx = ops.top_candidates(scores, m)  # shape: (rows, m)
         logp = vals + offset[:, None]
         return logp, idx, parent_key[:, None] + logp
@@ -97,13 +98,13 @@ class SearchOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.policy not in ("narrow", "pool"):
             raise ValueError(f"policy must be 'narrow' or 'pool', got {self.policy!r}")
-        if self.early_stopping not in (True, False, "never"):
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
-        if not self.patience > 0:
+        if isinstance(self.patience, bool) or not isinstance(self.patience, (int, float)) or not self.patience > 0:
             raise ValueError(f"patience must be > 0, got {self.patience}")
         if self.num_return is not None and not 1 <= self.num_return <= self.beam_size:
             raise ValueError(f"num_return must be between 1 and beam_size={self.beam_size}, got {self.num_return}")
-        if self.min_len < 0:
+        if isinstance(self.min_len, bool) or not isinstance(self.min_len, (int, np.integer)) or self.min_len < 0:
             raise ValueError(f"min_len must be >= 0, got {self.min_len}")
         if self.exact_exit and (self.policy != "pool" or self.length_penalty.alpha != 0):
             raise ValueError("exact_exit needs policy='pool' and length penalty alpha == 0")
@@ -228,16 +229,17 @@ class BeamSearch:
         step_fn: StepFn,
         init_state: Any,
         bos: int | Sequence[int],
-        eos: int,
+        eos: int | None,
         batch_size: int | None = None,
     ) -> SearchResult:
-        """Decode every request of ``init_state`` (one row each); see the module docstring for one step."""
+        """Decode every request of ``init_state`` (one row each); see the module docstring for one step.
+
+        ``eos=None`` means no stop token: every hypothesis runs to ``max_len``.
+        """
         opt = self.options
         lead = first_array(init_state)
         n_req = count_requests(init_state, bos) if batch_size is None else int(batch_size)
-        bos_arr = np.full(n_req, bos, dtype=np.int64) if np.ndim(bos) == 0 else np.asarray(bos, dtype=np.int64)
-        if bos_arr.shape != (n_req,):
-            raise ValueError(f"bos must be an int or one id per request ({n_req}), got shape {bos_arr.shape}")
+        bos_arr = bos_array(bos, n_req)
         m = 2 * opt.beam_size if opt.policy == "pool" else opt.beam_size
         book = _Requests(n_req, opt.num_return or opt.beam_size)
         stats = SearchStats()
@@ -255,6 +257,8 @@ class BeamSearch:
             stats.model_calls += 1
             stats.rows_per_call.append(n_rows)
             ops.check_logits(logits, n_rows)
+            if t == 0 and eos is not None and not 0 <= eos < logits.shape[1]:
+                raise ValueError(f"eos={eos} is not a token id of the model's vocabulary of {logits.shape[1]}")
 
             lse = ops.logsumexp(logits)  # shape: (rows,)
             bad = np.isnan(lse) | (lse == np.inf)
@@ -330,11 +334,13 @@ class BeamSearch:
             found.setdefault(int(cand.req[i]), []).append(h)
         return found
 
-    def _narrow_step(self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int, t: int, last: bool) -> np.ndarray:
+    def _narrow_step(
+        self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int | None, t: int, last: bool
+    ) -> np.ndarray:
         """Seed 000: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
         quota = self.options.beam_size - book.count
         take = cand.rank < quota[cand.req]
-        is_eos = cand.tok == eos
+        is_eos = cand.tok == (-1 if eos is None else eos)
         done = np.flatnonzero(take & is_eos)
         surv = np.flatnonzero(take & ~is_eos)
         book.add(self._hypotheses(rows, cand, done, np.ones(done.size, bool), t + 1), None)
@@ -343,12 +349,14 @@ class BeamSearch:
             return surv[:0]
         return surv
 
-    def _pool_step(self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int, t: int, last: bool) -> np.ndarray:
+    def _pool_step(
+        self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int | None, t: int, last: bool
+    ) -> np.ndarray:
         """Hugging Face / fairseq: eos (or anything at max_len) ranked in the top k joins the pool; the best k
         other candidates run on; then each request's stopping rule."""
         opt = self.options
         k = opt.beam_size
-        is_eos = cand.tok == eos
+        is_eos = cand.tok == (-1 if eos is None else eos)
         hits = is_eos | last
         admit = hits & (cand.rank < k)
         if opt.early_stopping is True:
@@ -390,6 +398,17 @@ class BeamSearch:
         return hyps[: opt.num_return] if opt.num_return else hyps
 
 
+def bos_array(bos: int | Sequence[int], n_req: int) -> np.ndarray:
+    """``bos`` as int64 ``[n_req]``: one int for every request, or one id per request."""
+    raw = np.asarray(bos)
+    if raw.dtype.kind not in "iu":
+        raise TypeError(f"bos must be an int or a sequence of ints, got dtype {raw.dtype}")
+    out = np.full(n_req, raw, dtype=np.int64) if raw.ndim == 0 else raw.astype(np.int64)
+    if out.shape != (n_req,):
+        raise ValueError(f"bos must be an int or one id per request ({n_req}), got shape {raw.shape}")
+    return out
+
+
 def count_requests(init_state: Any, bos: int | Sequence[int]) -> int:
     """Requests in a batch: rows of the state's first array leaf, else ``len(bos)``, else 1."""
     lead = first_array(init_state)
@@ -411,7 +430,7 @@ def search_batch(
     step_fn: StepFn,
     init_state: Any,
     bos: int | Sequence[int],
-    eos: int,
+    eos: int | None,
     beam_size: int,
     max_len: int,
     **options: Any,

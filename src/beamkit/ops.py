@@ -28,7 +28,10 @@ def is_array(x: Any) -> bool:
 def to_numpy(x: Any) -> np.ndarray:
     """Copy a small array (a ``[rows]`` or ``[rows, m]`` table) to a host numpy array."""
     if is_torch(x):
-        return x.detach().cpu().numpy()
+        x = x.detach()
+        if str(x.dtype) in ("torch.bfloat16", "torch.float16"):  # numpy has no bfloat16
+            x = x.double()
+        return x.cpu().numpy()
     return np.asarray(x)
 
 

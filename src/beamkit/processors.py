@@ -26,7 +26,7 @@ class StepContext:
     step: int  # tokens generated so far (the new token gets index ``step``)
     tokens: np.ndarray  # shape: (rows, step) int64, generated tokens of each live row
     request: np.ndarray  # shape: (rows,) int64, the request (input index) of each row
-    eos: int
+    eos: int | None  # None: no stop token (the search runs to max_len)
     logprob: np.ndarray | None = None  # shape: (rows,) float64, running log-probability of each row
 
     def sequences(self, prompts: Sequence[Sequence[int]] | None) -> np.ndarray:
@@ -54,7 +54,7 @@ class MinLength:
     min_len: int
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
-        if ctx.step >= self.min_len:
+        if ctx.step >= self.min_len or ctx.eos is None:
             return scores
         rows = np.arange(scores.shape[0])
         return ops.fill(scores, rows, np.full_like(rows, ctx.eos), NEG_INF)
@@ -63,7 +63,7 @@ class MinLength:
 def _ngram_bans(seq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(row, token) pairs that would repeat an n-gram already in ``seq`` ``[rows, L]`` (-1 is padding)."""
     rows, length = seq.shape
-    if n < 1 or length < n - 1 or length < n:
+    if n < 1 or length < n:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     if n == 1:
         r, c = np.nonzero(seq >= 0)
@@ -107,6 +107,8 @@ class BadWords:
     def __post_init__(self) -> None:
         if any(len(b) == 0 for b in self.bad):
             raise ValueError("BadWords: a banned sequence is empty")
+        if any(t < 0 for b in self.bad for t in b):
+            raise ValueError("BadWords: token ids must be >= 0")
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         seq = ctx.sequences(self.prompts)
@@ -149,6 +151,10 @@ class ForcedPrefix:
     """Force request ``r`` to start with ``prefixes[r]``: at step t < len, only that token is allowed."""
 
     prefixes: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if any(t < 0 for p in self.prefixes for t in p):
+            raise ValueError("ForcedPrefix: token ids must be >= 0")
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         lengths = np.array([len(p) for p in self.prefixes], dtype=np.int64)

@@ -419,7 +419,7 @@ def stochastic_beam_search(
 
     lp = as_length_penalty(length_penalty)
     opts = SearchOptions(beam_size=beam_size, max_len=max_len, length_penalty=lp, selector=selector)
-    result = BeamSearch(opts).search(held, (init_state, np.zeros(n, dtype=bool)), bos, -1, batch_size=n)
+    result = BeamSearch(opts).search(held, (init_state, np.zeros(n, dtype=bool)), bos, None, batch_size=n)
     if result.errors:
         raise ValueError("; ".join(f"request {r}: {msg}" for r, msg in sorted(result.errors.items())))
     out: list[list[Sample]] = []

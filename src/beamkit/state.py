@@ -88,14 +88,17 @@ def is_identity(idx: np.ndarray, rows: int) -> bool:
 def concat_state(states: list[Any]) -> Any:
     """Concatenate states of the same structure along axis 0 (new requests joining a running batch).
 
-    Array leaves are concatenated in their own library; :class:`Shared` values are concatenated too (their rows
-    are requests), so a per-row request id of the joining state must be offset by the caller. Other leaves
-    must be equal and are taken from the first state.
+    Array leaves are concatenated in their own library; :class:`Shared` values of different states are
+    concatenated too (their rows are requests, so a per-row request id of the joining state must be offset by
+    the caller), while one Shared object found in every state (rows of the same requests) is kept as it is.
+    Other leaves must be equal and are taken from the first state.
     """
     if not states:
         raise ValueError("concat_state needs at least one state")
     first = states[0]
     if isinstance(first, Shared):
+        if all(s is first for s in states):
+            return first
         return Shared(concat_state([s.value for s in states]))
     if ops.is_array(first):
         return ops.concat_rows(list(states))

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from beamkit import ops
 from beamkit.processors import StepContext
 
 
@@ -29,7 +30,7 @@ class ForcedTokens:
         if ctx.step != self.step:
             return scores
         cols = np.asarray(self.tokens, dtype=np.int64)
-        if scores.__class__.__module__.startswith("torch"):
+        if ops.is_torch(scores):
             import torch
 
             scores[:] = float("-inf")

@@ -1,25 +1,12 @@
-"""Helpers shared by the model modules: batching source strings and the per-request ``Shared`` wrapper."""
+"""Helpers shared by the model modules: batching source strings."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from beamkit.models.vocab import Vocab
-
-
-def make_shared(value: Any) -> Any:
-    """Wrap per-request data (encoder memory, cross-attention K/V) so ``select_state`` passes it through."""
-    from beamkit import Shared
-
-    return Shared(value)
-
-
-def shared_value(wrapped: Any) -> Any:
-    """Return the value inside a ``beamkit.Shared`` made by :func:`make_shared`."""
-    return wrapped.value
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:

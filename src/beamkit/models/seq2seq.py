@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from beamkit.models.common import make_shared, shared_value
 from beamkit.models.vocab import Vocab
+from beamkit.state import Shared
 
 
 class DecoderState(NamedTuple):
@@ -111,11 +111,11 @@ class Seq2Seq(nn.Module):
     def init_state(self, src: Tensor, lengths: Tensor) -> DecoderState:
         """Return the decoder state for a batch of requests: one row per request, memory in ``Shared``."""
         enc_out, keys, mask, st = self.encode(src, lengths)
-        return st._replace(memory=make_shared((enc_out, keys, mask)))
+        return st._replace(memory=Shared((enc_out, keys, mask)))
 
     def step(self, state: DecoderState, y_prev: Any) -> tuple[Tensor, DecoderState]:
         """beamkit step function: logits (rows, V) for the rows of ``state`` after tokens ``y_prev`` (rows,)."""
-        enc_out, keys, mask = shared_value(state.memory)
+        enc_out, keys, mask = state.memory.value
         y = torch.as_tensor(y_prev, dtype=torch.long, device=state.feed.device)
         r = state.req
         logits, h, c, feed = self._core(state.h, state.c, state.feed, y, enc_out[r], keys[r], mask[r])

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from beamkit.models.common import make_shared, shared_value
 from beamkit.models.vocab import Vocab
+from beamkit.state import Shared
 
 
 class TransformerState(NamedTuple):
@@ -179,11 +179,11 @@ class Transformer(nn.Module):
         cross = (tuple(k for k, _ in kv), tuple(v for _, v in kv), mask)
         empty = self._empty_cache(src.shape[0], memory)
         req = torch.arange(src.shape[0], device=src.device)
-        return TransformerState(empty, empty, req, make_shared(cross))
+        return TransformerState(empty, empty, req, Shared(cross))
 
     def step(self, state: TransformerState, y_prev: Any) -> tuple[Tensor, TransformerState]:
         """beamkit step function: feed only the newest token ``y_prev`` (rows,), return logits (rows, V)."""
-        ck, cv, mask = shared_value(state.cross)
+        ck, cv, mask = state.cross.value
         r = state.req
         y = torch.as_tensor(y_prev, dtype=torch.long, device=r.device)
         t = state.self_k[0].shape[2]  # tokens already in the cache = this token's position

@@ -238,11 +238,13 @@ def constrained_beam_search(
     if "selector" in options:
         raise ValueError("constrained_beam_search sets its own selector")
     sel = Constrained(per_request=constraints) if per_request else Constrained(constraints)
+    num_return = options.pop("num_return", None)  # cut after the constraint filter, not before
     result = BeamSearch(make_options(beam_size, max_len, selector=sel, **options)).search(step_fn, init_state, bos, eos)
     out = []
     for r, hyps in enumerate(result.hypotheses):
         cons = sel.of(r)
-        out.append([h for h in hyps if met_matrix(np.asarray([h.tokens], dtype=np.int64), cons).all()])
+        kept = [h for h in hyps if met_matrix(np.asarray([h.tokens], dtype=np.int64), cons).all()]
+        out.append(kept[:num_return] if num_return else kept)
     if result.errors:
         raise BatchDecodeError(result.errors, out)
     return out

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import StepFn, search_batch
+from beamkit.engine import StepFn, bos_array, search_batch
 from beamkit.hypothesis import Hypothesis
 from beamkit.scoring import LengthPenalty, as_length_penalty
 from beamkit.state import concat_state, first_array, select_state
@@ -209,6 +209,10 @@ class SearchErrors:
     exact_hypotheses: list[Hypothesis]
 
 
+# Options that change which hypotheses the beam keeps, not how an output is scored.
+_SEARCH_ONLY_OPTIONS = {"policy", "early_stopping", "patience", "exact_exit", "num_return"}
+
+
 def search_errors(
     step_fn: StepFn,
     init_state: Any,
@@ -225,9 +229,12 @@ def search_errors(
     ``init_state`` has one row per request; ``options`` go to the beam search. A beam result within ``tol`` of
     the optimum is not an error.
     """
+    scoring = sorted(set(options) - _SEARCH_ONLY_OPTIONS)
+    if scoring:
+        raise ValueError(f"search_errors: {scoring} change scores, and exact_search does not apply them")
     beams = search_batch(step_fn, init_state, bos, eos, beam_size, max_len, length_penalty=length_penalty, **options)
     n_req = len(beams)
-    bos_arr = np.full(n_req, bos, dtype=np.int64) if np.ndim(bos) == 0 else np.asarray(bos, dtype=np.int64)
+    bos_arr = bos_array(bos, n_req)
     errors, b_scores, e_scores, e_hyps = 0, [], [], []
     rows = full = 0
     for r in range(n_req):
