@@ -157,8 +157,11 @@ def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
         vals = np.take_along_axis(to_numpy(x), idx, axis=1).astype(np.float64)
     else:
         vals, idx = _partial_top(x, m)
-    # Order each row: value descending, column ascending (NaN-free: the engine rejects NaN rows first).
-    order = np.lexsort((idx, -vals), axis=1) if rows else np.empty((0, m), dtype=np.int64)
+    # Order each row: value descending, column ascending (NaN-free: the engine rejects NaN rows first). A
+    # partial selection comes sorted by value; only rows with equal neighbours may need their columns reordered.
+    if rows == 0 or (m > 1 and not (vals[:, 1:] >= vals[:, :-1]).any()):
+        return vals, idx
+    order = np.lexsort((idx, -vals), axis=1)
     return np.take_along_axis(vals, order, axis=1), np.take_along_axis(idx, order, axis=1)
 
 
@@ -169,7 +172,7 @@ def _partial_top(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Top ``m < V`` per row by a partial selection plus the (m+1)-th value to detect boundary ties."""
     if is_torch(x):
         vals_t, idx_t = x.topk(m + 1, dim=1, largest=True, sorted=True)  # shape: (rows, m + 1)
-        vals, idx = to_numpy(vals_t).astype(np.float64), to_numpy(idx_t).astype(np.int64)
+        vals, idx = to_numpy(vals_t).astype(np.float64), to_numpy(idx_t)
         nxt = vals[:, m]
     else:
         v = x.shape[1]
