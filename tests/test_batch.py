@@ -165,7 +165,7 @@ def test_exact_exit_returns_the_same_best_with_fewer_calls():
 
 option_sets = st.fixed_dictionaries(
     {
-        "policy": st.sampled_from(["narrow", "pool"]),
+        "policy": st.sampled_from(["narrow", "pool", "compete"]),
         "early_stopping": st.sampled_from([True, False, "never"]),
         "alpha": st.sampled_from([0.0, 0.5, 1.0, 2.0]),
         "shift": st.sampled_from([0.0, 5.0]),
@@ -326,3 +326,43 @@ def test_final_scorer_reranks():
     res = search_batch(m.step, m.init(), BOS, EOS, 4, 5, final_scorer=prefer_long)[0]
     lengths = [len(h.tokens) for h in res]
     assert lengths == sorted(lengths, reverse=True)
+
+
+def compete_reference(model: ToyModel, k: int, max_len: int):
+    """Finished and new hypotheses compete for k slots by log-probability each step (plain loops)."""
+    beam = [((), 0.0, False)]  # (tokens, logprob, finished)
+    for _ in range(max_len):
+        cands = [(lp, -i, toks, True) for i, (toks, lp, fin) in enumerate(beam) if fin]
+        live = [(toks, lp) for toks, lp, fin in beam if not fin]
+        if not live:
+            break
+        for b, (toks, lp) in enumerate(live):
+            logp = log_softmax_ref(model.logits(toks))
+            cands += [(lp + logp[v], b * model.v + v + 1, toks + (v,), v == EOS) for v in range(model.v)]
+        # finished entries (second key <= 0) win ties against new candidates, then lower beam/token
+        cands.sort(key=lambda c: (-c[0], c[1] > 0, abs(c[1])))
+        beam = [(toks, lp, fin) for lp, _, toks, fin in cands[:k]]
+    return beam
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compete_policy_matches_a_reference(seed):
+    m = ToyModel(5, seed=seed, scale=1.5, eos_bias=0.5)
+    want = compete_reference(m, 3, 6)
+    res = search_batch(m.step, m.init(), BOS, EOS, 3, 6, policy="compete", length_penalty=0.0)[0]
+    assert sorted(tuple(h.tokens) for h in res) == sorted(w[0] for w in want)
+    for h in res:
+        assert h.finished == (h.tokens[-1] == EOS)
+        assert h.key == pytest.approx(m.path_logprob(h.tokens), abs=1e-9)
+
+
+def test_compete_displaces_a_finished_hypothesis():
+    # step 1 keeps a (0.65) and eos (0.30); step 2 has two children of a above 0.30: eos is displaced,
+    # whereas the narrow policy keeps its slot
+    table = {(): np.log([0.30, 0.65, 0.05]), (1,): np.log([1e-4, 0.5, 0.5 - 1e-4])}
+    m = ToyModel(3, table=table, scale=0.1)
+    compete = search_batch(m.step, m.init(), BOS, EOS, 2, 2, policy="compete", length_penalty=0.0)[0]
+    narrow = search_batch(m.step, m.init(), BOS, EOS, 2, 2, policy="narrow", length_penalty=0.0)[0]
+    assert [h.tokens for h in compete] == [[1, 1], [1, 2]]
+    assert [h.tokens for h in narrow] == [[1, 1], [0]]
+    assert [tuple(h.tokens) for h in compete] == [w[0] for w in compete_reference(m, 2, 2)]

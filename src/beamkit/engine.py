@@ -67,7 +67,9 @@ class SearchOptions:
         ``max_len`` are returned unfinished. ``"pool"`` (fairseq / Hugging Face): ``beam_size`` running beams
         are kept from the top ``2 * beam_size`` candidates; eos candidates ranked within the top
         ``beam_size`` go to a finished pool of ``round(beam_size * patience)``; at ``max_len`` the top
-        candidates are added to the pool unfinished.
+        candidates are added to the pool unfinished. ``"compete"`` (Kool et al.'s stochastic beam search): the
+        finished hypotheses and the new candidates of a request compete by key for its ``beam_size`` slots
+        every step, so a finished hypothesis can be displaced (it never rides along as a row).
     early_stopping (pool):
         ``True``: stop a request once its pool is full. ``False``: Hugging Face's heuristic (stop when the best
         running beam, scored at the current length, cannot beat the pool's worst). ``"never"``: the exact
@@ -80,7 +82,7 @@ class SearchOptions:
     beam_size: int
     max_len: int
     length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
-    policy: Literal["narrow", "pool"] = "narrow"
+    policy: Literal["narrow", "pool", "compete"] = "narrow"
     early_stopping: EarlyStopping = False
     patience: float = 1.0
     exact_exit: bool = False
@@ -96,8 +98,8 @@ class SearchOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.policy not in ("narrow", "pool"):
-            raise ValueError(f"policy must be 'narrow' or 'pool', got {self.policy!r}")
+        if self.policy not in ("narrow", "pool", "compete"):
+            raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {self.policy!r}")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if isinstance(self.patience, bool) or not isinstance(self.patience, (int, float)) or not self.patience > 0:
@@ -140,11 +142,14 @@ class _Requests:
         for r, hyps in found.items():
             pool = self.pools[r] + hyps
             pool.sort(key=lambda h: -h.score)
-            pool = pool if cap is None else pool[:cap]
-            self.pools[r] = pool
-            self.count[r] = len(pool)
-            self.worst[r] = pool[-1].score
-            self.nth[r] = pool[self._n - 1].score if len(pool) >= self._n else -np.inf
+            self.set(r, pool if cap is None else pool[:cap])
+
+    def set(self, r: int, pool: list[Hypothesis]) -> None:
+        """Replace request r's pool (kept in the order given) and its counters."""
+        self.pools[r] = pool
+        self.count[r] = len(pool)
+        self.worst[r] = min((h.score for h in pool), default=-np.inf)
+        self.nth[r] = pool[self._n - 1].score if len(pool) >= self._n else -np.inf
 
 
 @dataclass
@@ -294,8 +299,10 @@ class BeamSearch:
             last = t + 1 == opt.max_len
             if opt.policy == "narrow":
                 surv = self._narrow_step(book, rows, cand, eos, t, last)
-            else:
+            elif opt.policy == "pool":
                 surv = self._pool_step(book, rows, cand, eos, t, last)
+            else:
+                surv = self._compete_step(book, rows, cand, eos, t, last)
             if book.errors:
                 surv = surv[~np.isin(cand.req[surv], np.array(sorted(book.errors)))]
             if surv.size == 0 or last:
@@ -330,6 +337,7 @@ class BeamSearch:
                 finished=bool(finished[j]),
                 token_logprobs=rows.token_lp[row].tolist() + [float(cand.lp[i] - rows.lp[row])],
                 beam_indices=rows.beam[row].tolist() + [int(slots[row])],
+                key=float(cand.key[i]),
             )
             found.setdefault(int(cand.req[i]), []).append(h)
         return found
@@ -367,6 +375,35 @@ class BeamSearch:
         surv = cont[cand.rank_among(cont) < k]
         if surv.size:
             surv = surv[~self._pool_done(book, cand.req[surv], cand.lp[surv], t + 1)]
+        return surv
+
+    def _compete_step(
+        self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int | None, t: int, last: bool
+    ) -> np.ndarray:
+        """Kool et al.: a request's finished hypotheses and new candidates compete by key for its k slots."""
+        k = self.options.beam_size
+        keep = np.zeros(cand.req.shape[0], dtype=bool)
+        starts = np.flatnonzero(np.r_[True, cand.req[1:] != cand.req[:-1]]) if cand.req.size else cand.req
+        for lo, hi in zip(starts, np.r_[starts[1:], cand.req.shape[0]], strict=True):
+            r = int(cand.req[lo])
+            pk = np.array([h.key for h in book.pools[r]], dtype=np.float64)  # descending
+            ck = cand.key[lo:hi]  # descending
+            # overall rank = own rank + entries of the other side ranked above (finished ones win ties)
+            keep[lo:hi] = np.arange(hi - lo) + np.searchsorted(-pk, -ck, side="right") < k
+            stay = np.arange(pk.size) + np.searchsorted(-ck, -pk, side="left") < k
+            book.set(r, [h for h, s in zip(book.pools[r], stay, strict=True) if s])
+        is_eos = cand.tok == (-1 if eos is None else eos)
+        done = np.flatnonzero(keep & is_eos)
+        surv = np.flatnonzero(keep & ~is_eos)
+        by_key = self._hypotheses(rows, cand, done, np.ones(done.size, bool), t + 1)
+        if last:  # live hypotheses at max_len join the result unfinished
+            for r, hyps in self._hypotheses(rows, cand, surv, np.zeros(surv.size, bool), t + 1).items():
+                by_key.setdefault(r, []).extend(hyps)
+            surv = surv[:0]
+        for r, hyps in by_key.items():
+            pool = book.pools[r] + hyps
+            pool.sort(key=lambda h: -h.key)
+            book.set(r, pool)
         return surv
 
     def _pool_done(self, book: _Requests, s_req: np.ndarray, s_lp: np.ndarray, cur: int) -> np.ndarray:

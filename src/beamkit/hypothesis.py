@@ -14,7 +14,8 @@ class Hypothesis:
     are ranked by (``logprob / lp(len(tokens))`` plus any coverage term, or a final scorer's value).
     ``token_logprobs[i]`` is the step score of ``tokens[i]``; ``beam_indices[i]`` is the beam slot (rank within
     its request at step ``i - 1``) of the hypothesis that ``tokens[i]`` extended, ``0`` at the first step: a
-    caller can rebuild the search path from them.
+    caller can rebuild the search path from them. ``key`` is what the selector ranked it by (the running
+    log-probability for the deterministic selector, a perturbed one for stochastic beam search).
     """
 
     tokens: list[int]
@@ -23,6 +24,7 @@ class Hypothesis:
     finished: bool
     token_logprobs: list[float] = field(default_factory=list)
     beam_indices: list[int] = field(default_factory=list)
+    key: float = float("nan")
 
 
 @dataclass

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import BeamSearch, SearchOptions, count_requests
+from beamkit.engine import BeamSearch, SearchOptions
 from beamkit.hypothesis import Hypothesis
-from beamkit.processors import StepContext, keep_only
+from beamkit.processors import StepContext
 from beamkit.scoring import LengthPenalty, as_length_penalty
 
 NEG_INF = float("-inf")
@@ -338,8 +338,9 @@ class GumbelTopK(_RowSampler):
     log-probability (``ctx.logprob``) and is kept in a :class:`PrefixTable`. The engine keeps the top-k keys of
     each request.
 
-    Used directly as a selector, a finished hypothesis keeps its slot (the engine's narrow policy), which is not
-    exactly Kool's algorithm when hypotheses finish at different lengths; :func:`stochastic_beam_search` is.
+    Kool's algorithm is this selector under the engine's ``"compete"`` policy (finished sequences keep competing
+    by key), which is what :func:`stochastic_beam_search` runs; under ``"narrow"`` a finished hypothesis would
+    keep its slot instead.
     """
 
     table: PrefixTable = field(default_factory=lambda: PrefixTable(2), repr=False)
@@ -386,59 +387,16 @@ def stochastic_beam_search(
 ) -> list[list[Sample]]:
     """Kool et al.'s stochastic beam search: ``beam_size`` sequences sampled without replacement, per request.
 
-    Runs the engine with :class:`GumbelTopK` and a finished sequence kept in the beam (it only repeats eos with
-    probability 1 and so keeps its key), so each request's result is exactly the top ``beam_size`` perturbed
-    sequences among all outputs (finished ones, and unfinished ones of ``max_len`` tokens). Returns, per
-    request, the samples ordered by key (largest first); ``hypothesis.score`` is the length-normalised
-    log-probability. The search runs ``max_len`` steps (finished rows stay as rows until then).
+    Runs the engine with :class:`GumbelTopK` under the ``"compete"`` policy: each step a request's finished
+    sequences and its new candidates compete by perturbed log-probability (key) for the ``beam_size`` slots,
+    so each request's result is exactly the top ``beam_size`` perturbed sequences among all outputs (finished
+    ones, and unfinished ones of ``max_len`` tokens). Returns, per request, the samples ordered by key (largest
+    first); ``hypothesis.score`` is the length-normalised log-probability, ``phi`` the log-probability.
     """
-    n = count_requests(init_state, bos)
-    selector = GumbelTopK(seed=seed, generator=generator)
-    calls = [0]
-    last: list[Any] = [None]  # one row of the latest logits, for steps where every row is finished
-
-    def held(state: Any, y_prev: Any) -> Any:
-        inner, done = state
-        if calls[0] > 0:
-            done = done | (ops.to_numpy(y_prev) == eos)
-        calls[0] += 1
-        if done.all() and last[0] is not None:
-            # every row is finished: no model call, each row repeats eos with probability 1
-            every, eos_col = np.arange(done.shape[0]), np.full(done.shape[0], eos)
-            logits = ops.fill(ops.gather_rows(last[0], np.zeros_like(every)), every, eos_col, 0.0)
-            return keep_only(logits, every, eos_col), (inner, done)
-        out = step_fn(inner, y_prev)
-        logits, new_inner = out[0], out[1]
-        rows = np.flatnonzero(done)
-        if rows.size:
-            logits = logits.clone() if ops.is_torch(logits) else np.array(logits, copy=True)
-            logits = ops.fill(logits, rows, np.full_like(rows, eos), 0.0)
-            logits = keep_only(logits, rows, np.full_like(rows, eos))
-        last[0] = logits[:1]
-        return logits, (new_inner, done)
-
     lp = as_length_penalty(length_penalty)
-    opts = SearchOptions(beam_size=beam_size, max_len=max_len, length_penalty=lp, selector=selector)
-    result = BeamSearch(opts).search(held, (init_state, np.zeros(n, dtype=bool)), bos, None, batch_size=n)
+    selector = GumbelTopK(seed=seed, generator=generator)
+    opts = SearchOptions(beam_size=beam_size, max_len=max_len, length_penalty=lp, selector=selector, policy="compete")
+    result = BeamSearch(opts).search(step_fn, init_state, bos, eos)
     if result.errors:
         raise ValueError("; ".join(f"request {r}: {msg}" for r, msg in sorted(result.errors.items())))
-    out: list[list[Sample]] = []
-    for r, hyps in enumerate(result.hypotheses):
-        samples = []
-        for h in hyps:
-            stored = selector.table.get(r, h.tokens)
-            if stored is None:  # pragma: no cover - the last step stored every candidate
-                raise RuntimeError("stochastic_beam_search lost a sample's key")
-            cut = h.tokens.index(eos) + 1 if eos in h.tokens else len(h.tokens)
-            hyp = Hypothesis(
-                tokens=h.tokens[:cut],
-                logprob=h.logprob,
-                score=float(lp(h.logprob, cut)),
-                finished=eos in h.tokens,
-                token_logprobs=h.token_logprobs[:cut],
-                beam_indices=h.beam_indices[:cut],
-            )
-            samples.append(Sample(hyp, float(stored[1]), float(stored[0])))
-        samples.sort(key=lambda s: -s.key)
-        out.append(samples)
-    return out
+    return [[Sample(h, h.key, h.logprob) for h in sorted(hyps, key=lambda h: -h.key)] for hyps in result.hypotheses]
