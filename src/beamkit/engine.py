@@ -228,6 +228,10 @@ class BeamSearch:
         if options.min_len > 0:
             procs.insert(0, MinLength(options.min_len))
         self.processors = tuple(procs)
+        # finish / survive / stop for one step, by policy; returns the survivors (indices into the candidates)
+        self._policy_step = {"narrow": self._narrow_step, "pool": self._pool_step, "compete": self._compete_step}[
+            options.policy
+        ]
 
     def search(
         self,
@@ -297,12 +301,7 @@ class BeamSearch:
                     f"no finite candidate at step {t} (every continuation is masked or -inf)"
                 )
             last = t + 1 == opt.max_len
-            if opt.policy == "narrow":
-                surv = self._narrow_step(book, rows, cand, eos, t, last)
-            elif opt.policy == "pool":
-                surv = self._pool_step(book, rows, cand, eos, t, last)
-            else:
-                surv = self._compete_step(book, rows, cand, eos, t, last)
+            surv = self._policy_step(book, rows, cand, eos, t, last)
             if book.errors:
                 surv = surv[~np.isin(cand.req[surv], np.array(sorted(book.errors)))]
             if surv.size == 0 or last:
