@@ -275,7 +275,9 @@ class BeamSearch:
                 for r in np.unique(rows.req[bad]):
                     what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
                     book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
-            ctx = StepContext(step=t, tokens=rows.tokens, request=rows.req, eos=eos, logprob=rows.lp)
+            ctx = StepContext(
+                step=t, tokens=rows.tokens, request=rows.req, eos=eos, logprob=rows.lp, finished=book.count[rows.req]
+            )
             if self.processors:
                 scores = ops.log_softmax(logits)  # shape: (rows, V)
                 for proc in self.processors:

@@ -28,6 +28,7 @@ class StepContext:
     request: np.ndarray  # shape: (rows,) int64, the request (input index) of each row
     eos: int | None  # None: no stop token (the search runs to max_len)
     logprob: np.ndarray | None = None  # shape: (rows,) float64, running log-probability of each row
+    finished: np.ndarray | None = None  # shape: (rows,) int64, finished hypotheses of each row's request
 
     def sequences(self, prompts: Sequence[Sequence[int]] | None) -> np.ndarray:
         """Each row's prompt + generated tokens, left-padded with ``-1`` to one width ``[rows, P + step]``."""

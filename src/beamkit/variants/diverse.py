@@ -102,18 +102,14 @@ class Diverse:
         ok = np.isfinite(c_key)
         order = np.lexsort((c_tok, c_row, -np.where(ok, c_key, -np.inf), c_req))
         order = order[ok[order]]
-        c_req, c_tok = c_req[order], c_tok[order]
+        c_req, c_tok, c_row = c_req[order], c_tok[order], c_row[order]
         starts = np.searchsorted(c_req, c_req, side="left")
         rank = np.arange(c_req.size) - starts
         out: dict[int, list[int]] = {}
         if self.policy == "narrow":
-            # quota = beams minus finished, which is the request's live rows (all beams at step 0)
-            if ctx.step == 0:
-                quota = np.full(c_req.size, self.group_beams)
-            else:
-                reqs, counts = np.unique(ctx.request[sel], return_counts=True)
-                quota = counts[np.searchsorted(reqs, c_req)]
-            keep = (rank < quota) & (c_tok != ctx.eos)
+            # the engine's quota: beams minus the group's finished hypotheses
+            finished = ctx.finished[c_row] if ctx.finished is not None else 0
+            keep = (rank < self.group_beams - finished) & (c_tok != ctx.eos)
         else:
             # pool: the first group_beams non-eos candidates of each request survive
             cont = c_tok != ctx.eos
