@@ -19,7 +19,7 @@ from beamkit.engine import BeamSearch, make_options
 from beamkit.hf.output import BeamOutput, build_sequences
 from beamkit.hf.processors import ForcedTokens
 from beamkit.hf.step import CacheRows, DecoderOnlyStep, EncoderDecoderStep
-from beamkit.hypothesis import BatchDecodeError, SearchStats
+from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
 from beamkit.processors import NoRepeatNGram
 from beamkit.scoring import LengthPenalty
 
@@ -187,45 +187,66 @@ def generate(
         "processors": procs,
         **beamkit_options,
     }
-    state = step.init_state(input_ids, attention_mask.to(input_ids.device))
-    eos_id = eos[0] if eos is not None else -1
-    stats = SearchStats()
     if groups > 1 and force_words:
         raise ValueError("num_beam_groups and force_words_ids cannot be combined")
-    if groups > 1:
-        from beamkit.variants import diverse_beam_search
-
-        if num_beams % groups:
-            raise ValueError(f"num_beams ({num_beams}) must be a multiple of num_beam_groups ({groups})")
-        hyps = diverse_beam_search(
+    if groups > 1 and num_beams % groups:
+        raise ValueError(f"num_beams ({num_beams}) must be a multiple of num_beam_groups ({groups})")
+    state = step.init_state(input_ids, attention_mask.to(input_ids.device))
+    eos_id = eos[0] if eos is not None else -1
+    with torch.inference_mode():  # once here, not per step
+        hyps, stats = _search(
             step,
             state,
             int(start),
             eos_id,
+            batch,
             num_beams,
             max_new_tokens,
+            num_return,
             groups,
             diversity,
-            num_return=num_return,
-            **common,
+            force_words,
+            common,
         )
-    elif force_words:
-        from beamkit.variants import constrained_beam_search
-
-        found = constrained_beam_search(
-            step, state, int(start), eos_id, num_beams, max_new_tokens, constraints=force_words, **common
-        )
-        hyps = [h[:num_return] for h in found]
-    else:
-        options = make_options(num_beams, max_new_tokens, num_return=num_return, **common)
-        with torch.inference_mode():
-            result = BeamSearch(options).search(step, state, int(start), eos_id, batch)
-        if result.errors:
-            raise BatchDecodeError(result.errors, result.hypotheses)
-        hyps, stats = result.hypotheses, result.stats
     if num_beams == 1:
         fill = int(pad) if pad is not None else -1
     else:  # Hugging Face's beam search fills with `pad or eos[0]` (a pad id of 0 counts as unset there)
         fill = int(pad) if pad else (eos[0] if eos is not None else -1)
     sequences, scores = build_sequences(prefix, hyps, num_return, fill)
     return BeamOutput(sequences, scores, hyps, stats, step.forward_seconds)
+
+
+def _search(
+    step: Any,
+    state: Any,
+    start: int,
+    eos_id: int,
+    batch: int,
+    num_beams: int,
+    max_new_tokens: int,
+    num_return: int,
+    groups: int,
+    diversity: float,
+    force_words: Any,
+    common: dict[str, Any],
+) -> tuple[list[list[Hypothesis]], SearchStats]:
+    """Run the search ``generate`` configured: diverse, constrained or plain beam search."""
+    if groups > 1:
+        from beamkit.variants import diverse_beam_search
+
+        hyps = diverse_beam_search(
+            step, state, start, eos_id, num_beams, max_new_tokens, groups, diversity, num_return=num_return, **common
+        )
+        return hyps, SearchStats()
+    if force_words:
+        from beamkit.variants import constrained_beam_search
+
+        found = constrained_beam_search(
+            step, state, start, eos_id, num_beams, max_new_tokens, constraints=force_words, **common
+        )
+        return [h[:num_return] for h in found], SearchStats()
+    options = make_options(num_beams, max_new_tokens, num_return=num_return, **common)
+    result = BeamSearch(options).search(step, state, start, eos_id, batch)
+    if result.errors:
+        raise BatchDecodeError(result.errors, result.hypotheses)
+    return result.hypotheses, result.stats

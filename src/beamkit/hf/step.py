@@ -2,9 +2,12 @@
 
 The engine calls ``step(state, y_prev) -> (logits [rows, V], state)``. A request starts with one row, so the
 prompt (decoder-only) or the encoder input (encoder-decoder) is run once per request, not ``num_beams`` times.
-After that, one token per live row goes through the model with the key/value cache. The cache is wrapped in
-:class:`CacheRows`, whose ``beamkit_select`` gathers the cache rows by parent; the engine only calls it when the
-parents are not the identity, and rows of finished requests are dropped by the same gather.
+After that, one token per live row goes through the model with the key/value cache, and the state is a single
+:class:`CacheRows`: the cache plus the per-row inputs that depend only on the request (attention mask, position
+ids). Its ``beamkit_select`` gathers the cache rows by parent; the engine only calls it when the parents are not
+the identity, and rows of finished requests are dropped by the same gather. The per-request inputs are gathered
+only when the row -> request layout changes, and the step reads the attention mask and position ids of each
+step as slices of buffers grown in chunks, so a decoding step builds no mask and computes no position.
 
 Everything here needs torch; the module is only imported when the Hugging Face bridge is used.
 """
@@ -12,59 +15,119 @@ Everything here needs torch; the module is only imported when the Hugging Face b
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 import numpy as np
 import torch
+from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
-from beamkit.state import Shared
+_CHUNK = 64  # columns added to the mask / position buffers at a time
 
 
 class CacheRows:
     """A Hugging Face ``Cache`` that ``beamkit.select_state`` can gather by parent row.
 
-    For an encoder-decoder cache the cross-attention keys/values depend only on the request, so they are
-    gathered only when the row -> request layout changes (a request's first expansion, a request leaving);
-    while every request keeps its beams, only the self-attention cache is gathered.
+    ``row_request`` ``[rows]`` is the request of each cache row. ``per_request`` holds tensors with one row per
+    cache row whose rows depend only on the request (the attention mask, the position ids): they are gathered
+    only when the row -> request layout changes (a request's first expansion, a request leaving). For the same
+    reason, the cross-attention keys/values of an encoder-decoder cache are gathered only then; while every
+    request keeps its beams, only the self-attention cache is gathered. ``length`` counts the positions the cache
+    holds (the step functions keep it).
     """
 
-    def __init__(self, cache: Any, row_request: np.ndarray):
+    def __init__(
+        self,
+        cache: Any,
+        row_request: np.ndarray,
+        per_request: dict[str, torch.Tensor] | None = None,
+        length: int = 0,
+    ):
         self.cache = cache
         self.row_request = row_request  # shape: (rows,) request of each cache row
+        self.per_request: dict[str, torch.Tensor] = dict(per_request or {})  # each: (rows, ...)
+        self.length = length
+        self.shared: dict[str, Any] = {}  # per-batch values, never gathered (EncoderDecoderStep's encoder output)
 
     def beamkit_select(self, idx: np.ndarray) -> CacheRows:
         """Gather the cache rows ``idx`` (parents; rows may repeat or disappear), in place, and return self."""
-        index = torch.as_tensor(idx, dtype=torch.long)
         new_request = self.row_request[idx]
+        same_layout = new_request.shape == self.row_request.shape and np.array_equal(new_request, self.row_request)
+        index = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
+        lead = next(iter(self.per_request.values()), None)
+        if lead is not None and lead.device.type != "cpu":
+            index = index.to(lead.device)
         self_cache = getattr(self.cache, "self_attention_cache", None)
         cross_cache = getattr(self.cache, "cross_attention_cache", None)
         if self_cache is not None and cross_cache is not None:
-            self_cache.reorder_cache(index)
-            if not np.array_equal(new_request, self.row_request):
-                cross_cache.reorder_cache(index)
-        elif hasattr(self.cache, "reorder_cache"):
-            self.cache.reorder_cache(index)
+            _reorder(self_cache, index)
+            if not same_layout:
+                _reorder(cross_cache, index)
         else:
-            raise TypeError(f"{type(self.cache).__name__} cannot be reordered for beam search (no reorder_cache)")
+            _reorder(self.cache, index)
+        if not same_layout:
+            self.per_request = {k: v.index_select(0, index) for k, v in self.per_request.items()}
         self.row_request = new_request
         return self
 
 
+def _reorder(cache: Any, index: torch.Tensor) -> None:
+    """``cache.reorder_cache(index)``, with the plain ``DynamicLayer`` loop inlined (no per-layer checks)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None and all(type(layer) is DynamicLayer for layer in layers):
+        for layer in layers:
+            if layer.is_initialized and layer.keys.numel():
+                layer.keys = layer.keys.index_select(0, index)
+                layer.values = layer.values.index_select(0, index)
+        return
+    if not hasattr(cache, "reorder_cache"):
+        raise TypeError(f"{type(cache).__name__} cannot be reordered for beam search (no reorder_cache)")
+    cache.reorder_cache(index)
+
+
+_ACCEPTS: dict[tuple[Any, str], bool] = {}
+
+
 def _accepts(model: Any, name: str) -> bool:
-    """Whether ``model.forward`` takes the keyword ``name``."""
+    """Whether ``model.forward`` takes the keyword ``name`` (cached per forward function)."""
+    forward = model.forward
+    key = (getattr(forward, "__func__", forward), name)
     try:
-        return name in inspect.signature(model.forward).parameters
+        return _ACCEPTS[key]
+    except (KeyError, TypeError):
+        pass
+    try:
+        found = name in inspect.signature(forward).parameters
     except (TypeError, ValueError):
-        return False
+        found = False
+    try:
+        _ACCEPTS[key] = found
+    except TypeError:  # an unhashable forward
+        pass
+    return found
+
+
+def _grow(per_request: dict[str, torch.Tensor], need: int) -> None:
+    """Widen the ``mask`` / ``pos`` buffers to at least ``need`` columns: mask 1, positions counting on."""
+    mask, pos = per_request["mask"], per_request["pos"]
+    cap = mask.shape[1]
+    if need <= cap:
+        return
+    extra = max(_CHUNK, need - cap)
+    steps = torch.arange(1, extra + 1, dtype=pos.dtype, device=pos.device)
+    per_request["mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], extra))], dim=1)
+    per_request["pos"] = torch.cat([pos, pos[:, -1:] + steps], dim=1)
 
 
 class DecoderOnlyStep:
     """Step function for a decoder-only model (GPT-2, Llama-style), left-padded prompts.
 
-    State: ``{"mask": [rows, L] attention mask, "pos": [rows] last position id, "cache": CacheRows | None,
-    "ids": [rows, P] prompt (first call only)}``. Position ids follow Hugging Face's generate: the cumulative
-    sum of the attention mask minus one (0 on padding), then +1 per generated token.
+    Initial state: ``{"mask": [rows, P] attention mask, "ids": [rows, P] prompt}``; after the prompt it is a
+    :class:`CacheRows` whose ``per_request`` holds ``"mask"`` and ``"pos"`` buffers ``[rows, C]``, C >= the
+    sequence length: the attention mask (1 on every generated column) and each column's position id. Position ids
+    follow Hugging Face's generate: the cumulative sum of the attention mask minus one (0 on padding), then +1 per
+    generated token. A step passes ``mask[:, :L]`` and ``pos[:, L - 1 : L]`` (views, no copy).
     """
 
     def __init__(self, model: Any):
@@ -75,39 +138,48 @@ class DecoderOnlyStep:
 
     def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
         """The engine's initial state: one row per request."""
-        return {"mask": attention_mask.long(), "ids": input_ids, "pos": None, "cache": None}
+        return {"mask": attention_mask.long(), "ids": input_ids}
 
-    def __call__(self, state: dict[str, Any], y_prev: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-        mask = state["mask"]  # shape: (rows, L)
+    def __call__(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+        if torch.is_inference_mode_enabled():
+            return self._step(state, y_prev)
+        with torch.inference_mode():
+            return self._step(state, y_prev)
+
+    def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
-        if state["cache"] is None:
+        if isinstance(state, CacheRows):
+            buf = state.per_request
+            length = state.length + 1
+            if length > buf["mask"].shape[1]:
+                _grow(buf, length)
+            ids = torch.as_tensor(y_prev, dtype=torch.long, device=buf["mask"].device).view(-1, 1)  # (rows, 1)
+            mask = buf["mask"][:, :length]  # shape: (rows, L) view
+            pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
+            kwargs["past_key_values"] = state.cache
+        else:
             ids = state["ids"]  # shape: (rows, P)
-            pos = mask.cumsum(-1) - 1
-            pos = pos.masked_fill(mask == 0, 0)  # shape: (rows, P)
-            rows = ids.shape[0]
+            mask = state["mask"]  # shape: (rows, P)
+            pos = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)  # shape: (rows, P)
+            length = ids.shape[1]
             if self.keep_one:
                 kwargs["logits_to_keep"] = 1
-        else:
-            ids = torch.as_tensor(y_prev, dtype=torch.long).view(-1, 1)  # shape: (rows, 1)
-            rows = ids.shape[0]
-            mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=1)
-            pos = (state["pos"] + 1).view(-1, 1)  # shape: (rows, 1)
-            kwargs["past_key_values"] = state["cache"].cache
         if self.takes_pos:
             kwargs["position_ids"] = pos
-        with torch.inference_mode():
-            clock = _Clock(self)
-            out = self.model(input_ids=ids, attention_mask=mask, **kwargs)
-            clock.stop()
-            logits = out.logits[:, -1, :]  # shape: (rows, V)
-            if logits.dtype != torch.float32:
-                logits = logits.float()
-        cache = state["cache"]
-        if cache is None:
-            cache = CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64))
-        else:
-            cache.cache = out.past_key_values
-        return logits, {"mask": mask, "pos": pos[:, -1], "cache": cache}
+        start = time.perf_counter()
+        out = self.model(input_ids=ids, attention_mask=mask, **kwargs)
+        self.forward_seconds += time.perf_counter() - start
+        logits = out.logits[:, -1, :]  # shape: (rows, V)
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        if isinstance(state, CacheRows):
+            state.cache = out.past_key_values
+            state.length = length
+            return logits, state
+        per_request = {"mask": mask, "pos": pos}
+        _grow(per_request, length + _CHUNK)
+        rows = ids.shape[0]
+        return logits, CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), per_request, length)
 
 
 class EncoderDecoderStep:
@@ -115,9 +187,10 @@ class EncoderDecoderStep:
 
     The encoder runs once per request on the first call. Its output is not copied per beam: the decoder reads
     it through the cross-attention cache, filled at the first decoder step from one row per request; later
-    steps pass a zero-copy broadcast view where the model only needs its shape. State: ``{"mask": [rows, S]
-    encoder attention mask, "ids": [rows, S] input (first call only), "enc": encoder output or None,
-    "cache": CacheRows | None}``.
+    steps pass a zero-copy broadcast view where the model only needs its shape. Initial state: ``{"mask":
+    [rows, S] encoder attention mask, "ids": [rows, S] input}``; after the first call a :class:`CacheRows` whose
+    ``per_request["mask"]`` is the encoder mask of each row and ``shared`` keeps the encoder output (one row per
+    request, never gathered).
     """
 
     def __init__(self, model: Any):
@@ -126,41 +199,47 @@ class EncoderDecoderStep:
 
     def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
         """The engine's initial state: one row per request."""
-        return {"mask": attention_mask.long(), "ids": input_ids, "enc": Shared(None), "cache": None}
+        return {"mask": attention_mask.long(), "ids": input_ids}
 
-    def __call__(self, state: dict[str, Any], y_prev: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-        mask = state["mask"]  # shape: (rows, S)
-        dec = torch.as_tensor(y_prev, dtype=torch.long).view(-1, 1)  # shape: (rows, 1)
-        rows = dec.shape[0]
-        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
+    def __call__(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+        if torch.is_inference_mode_enabled():
+            return self._step(state, y_prev)
         with torch.inference_mode():
-            clock = _Clock(self)
-            enc = state["enc"].value
-            if enc is None:
-                encoder = self.model.get_encoder()
-                enc = encoder(input_ids=state["ids"], attention_mask=mask, return_dict=True).last_hidden_state
-                hidden = enc  # shape: (rows, S, d), one row per request
-            else:
-                kwargs["past_key_values"] = state["cache"].cache
+            return self._step(state, y_prev)
+
+    def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
+        start = time.perf_counter()
+        if isinstance(state, CacheRows):
+            mask = state.per_request["mask"]  # shape: (rows, S)
+            dec = torch.as_tensor(y_prev, dtype=torch.long, device=mask.device).view(-1, 1)  # shape: (rows, 1)
+            rows = dec.shape[0]
+            kwargs["past_key_values"] = state.cache
+            enc_out = state.shared["enc_out"]
+            if enc_out.last_hidden_state.shape[0] != rows:
                 # Cross-attention keys/values come from the cache; the model only needs the batch shape.
-                hidden = enc[:1].expand(rows, -1, -1)  # shape: (rows, S, d) view, no copy
-            out = self.model(
-                encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
-                attention_mask=mask,
-                decoder_input_ids=dec,
-                **kwargs,
-            )
-            clock.stop()
-            logits = out.logits[:, -1, :]  # shape: (rows, V)
-            if logits.dtype != torch.float32:
-                logits = logits.float()
-        cache = state["cache"]
-        if cache is None:
-            cache = CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64))
-            _check_cross_cache(out.past_key_values)
+                hidden = state.shared["enc"][:1].expand(rows, -1, -1)  # shape: (rows, S, d) view, no copy
+                enc_out = state.shared["enc_out"] = BaseModelOutput(last_hidden_state=hidden)
         else:
-            cache.cache = out.past_key_values
-        return logits, {"mask": mask, "enc": Shared(enc), "cache": cache}
+            mask = state["mask"]  # shape: (rows, S)
+            dec = torch.as_tensor(y_prev, dtype=torch.long, device=mask.device).view(-1, 1)  # shape: (rows, 1)
+            rows = dec.shape[0]
+            encoder = self.model.get_encoder()
+            enc = encoder(input_ids=state["ids"], attention_mask=mask, return_dict=True).last_hidden_state
+            enc_out = BaseModelOutput(last_hidden_state=enc)  # shape: (rows, S, d), one row per request
+        out = self.model(encoder_outputs=enc_out, attention_mask=mask, decoder_input_ids=dec, **kwargs)
+        self.forward_seconds += time.perf_counter() - start
+        logits = out.logits[:, -1, :]  # shape: (rows, V)
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        if isinstance(state, CacheRows):
+            state.cache = out.past_key_values
+            state.length += 1
+            return logits, state
+        _check_cross_cache(out.past_key_values)
+        cache = CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), {"mask": mask}, 1)
+        cache.shared.update(enc=enc, enc_out=enc_out)
+        return logits, cache
 
 
 def _check_cross_cache(cache: Any) -> None:
@@ -171,17 +250,3 @@ def _check_cross_cache(cache: Any) -> None:
             "beamkit.hf needs an encoder-decoder model that caches cross-attention keys/values "
             f"(EncoderDecoderCache); got {type(cache).__name__}"
         )
-
-
-class _Clock:
-    """Adds the wall time between creation and ``stop()`` to ``owner.forward_seconds``."""
-
-    def __init__(self, owner: Any):
-        import time
-
-        self._time = time.perf_counter
-        self.owner = owner
-        self.start = self._time()
-
-    def stop(self) -> None:
-        self.owner.forward_seconds += self._time() - self.start
