@@ -79,6 +79,29 @@ class CTCDecoder:
                 "need (time, vocabulary)"
             )
 
+    def _normalize_batch(self, logits_list: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`normalize_logits` of every matrix, zero-padded into one ``(N, T_max, V)`` array (with the
+        lengths); the log-softmax of all logit matrices runs as one batched call (same values)."""
+        arrs = [to_numpy_2d_or_3d(x, "logits") for x in logits_list]
+        for arr in arrs:
+            if arr.ndim != 2:
+                raise ValueError(f"logits must be 2-D (time, vocabulary), got shape {arr.shape}")
+            self._check(arr)
+        lens = np.array([arr.shape[0] for arr in arrs], dtype=np.int64)
+        batch = np.zeros((len(arrs), int(lens.max(initial=0)), self.vocab.size))  # shape: (N, T, V)
+        is_prob = [arr.shape[0] > 0 and math.isclose(float(arr.sum(axis=1).mean()), 1.0) for arr in arrs]
+        for i, arr in enumerate(arrs):
+            batch[i, : arr.shape[0]] = np.log(np.clip(arr, MIN_TOKEN_CLIP_P, 1.0)) if is_prob[i] else arr
+        logit_rows = np.flatnonzero(~np.array(is_prob, dtype=bool))
+        if len(logit_rows):
+            sub = batch if len(logit_rows) == len(arrs) else batch[logit_rows]
+            sub = np.clip(log_softmax(sub, axis=2), math.log(MIN_TOKEN_CLIP_P), 0.0)
+            if len(logit_rows) == len(arrs):
+                batch = sub
+            else:
+                batch[logit_rows] = sub
+        return batch, lens
+
     def _search(
         self,
         logits_list: Sequence[Any],
@@ -90,14 +113,13 @@ class CTCDecoder:
         hotword_weight: float,
         num_hypotheses: int | None = None,
     ) -> list[list[CTCHypothesis]]:
-        mats = [normalize_logits(x) for x in logits_list]
-        for m in mats:
-            self._check(m)
-        if not mats:
+        if not logits_list:
             return []
+        batch, lens = self._normalize_batch(logits_list)
         out = prefix_beam_search(
-            mats,
+            batch,
             self.vocab,
+            lengths=lens,
             beam_width=beam_width,
             beam_prune_logp=beam_prune_logp,
             token_min_logp=token_min_logp,

@@ -209,7 +209,9 @@ def prefix_beam_search(
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
     history = max(1, lm.order - 1) if lm is not None else 1
-    trie = PrefixTrie(voc, lm, HotwordScorer(hotwords, hotword_weight), history, pyctcdecode_compat)
+    # about the number of nodes a search creates (at most beam_width new ones per utterance and frame)
+    capacity = min(1 << 22, max(1 << 15, int(lens.sum()) * min(beam_width, 16)))
+    trie = PrefixTrie(voc, lm, HotwordScorer(hotwords, hotword_weight), history, pyctcdecode_compat, capacity)
     results = _search(
         batch,
         lens,
@@ -255,36 +257,44 @@ def _search(
     rec_prev: list[int] = []
     results: list[list[CTCHypothesis]] = [[] for _ in range(N)]
     if (lens == 0).any():
-        for u in np.flatnonzero(lens == 0).tolist():
-            results[u] = _finalize(
-                u,
-                node[utt == u],
-                pb[utt == u],
-                pnb[utt == u],
-                ps[utt == u],
-                pe[utt == u],
-                wf[utt == u],
-                trie,
-                rec_start,
-                rec_end,
-                rec_prev,
-                out_k,
-                beam_prune_logp,
-                last_rep,
-            )
+        z = np.flatnonzero(lens[utt] == 0)
+        _finalize(
+            utt[z],
+            node[z],
+            pb[z],
+            pnb[z],
+            ps[z],
+            pe[z],
+            wf[z],
+            trie,
+            results,
+            rec_start,
+            rec_end,
+            rec_prev,
+            out_k,
+            beam_prune_logp,
+            last_rep,
+        )
         keep = lens[utt] > 0
         utt, node, pb, pnb, ps, pe, wf = (a[keep] for a in (utt, node, pb, pnb, ps, pe, wf))
+    # candidate labels of every (frame, utterance), computed up front: lp >= token_min_logp, plus the argmax
+    frames_first = batch.transpose(1, 0, 2)  # shape: (T, N, V)
+    cand_all = np.empty(frames_first.shape, dtype=bool)  # shape: (T, N, V)
+    np.greater_equal(frames_first, token_min_logp, out=cand_all)
+    if T and N:
+        np.put_along_axis(cand_all, np.argmax(frames_first, axis=2)[:, :, None], True, axis=2)
+    # utterances whose only candidate is blank and whose beams all end in blank (any beam in
+    # prefix mode): every beam just adds lp(blank); ranks and pruning do not change
+    only_blank_all = cand_all.sum(axis=2) == 1  # shape: (T, N)
+    only_blank_all &= cand_all[:, :, blank]
+    any_only_blank = only_blank_all.any(axis=1).tolist()
     for t in range(T):
         if len(utt) == 0:
             break
         lp_t = batch[:, t, :]  # shape: (N, V)
-        cand = lp_t >= token_min_logp  # shape: (N, V)
-        cand[np.arange(N), np.argmax(lp_t, axis=1)] = True
-        # utterances whose only candidate is blank and whose beams all end in blank (any beam in
-        # prefix mode): every beam just adds lp(blank); ranks and pruning do not change
-        only_blank = cand.sum(axis=1) == 1
-        only_blank &= cand[:, blank]
-        if only_blank.any():
+        cand = cand_all[t]  # shape: (N, V)
+        if any_only_blank[t]:
+            only_blank = only_blank_all[t]
             if split_blank:
                 has_nb = np.bincount(utt[pnb > NEG_INF], minlength=N) > 0
                 only_blank &= ~has_nb
@@ -351,26 +361,30 @@ def _search(
         c_node_src = r_node[c_idx]
         c_tok = tok[c_idx]
         c_node, preview = trie.lookup(c_node_src, c_tok, node)
-        # frames of extension rows; a word completion pushes a record once the row survives
-        c_ps, c_pe = ps[ei[c_idx]], pe[ei[c_idx]]
-        sw = starts_word[c_tok]
-        push = sw & (trie.plen[c_node_src] > 0)
-        new_ps = np.where(sw, t if is_bpe else -1, np.where(c_ps < 0, t, c_ps))
-        new_pe = np.where(sw & (not is_bpe), -1, t + 1)
-        # assemble rows
+        # assemble rows (blank rows, repeat rows, extension rows); ``rows_ops``/``rows_ope`` keep the
+        # source beam's partial-word frames (the record a word completion pushes once the row survives)
         na, nb = len(a_idx), len(b_idx)
-        rows_utt = np.concatenate((r_utt[a_idx], r_utt[b_idx], r_utt[c_idx]))
-        rows_node = np.concatenate((r_node[a_idx], r_node[b_idx], c_node))
+        nab = na + nb
+        src_rows = np.concatenate((a_idx, b_idx, c_idx))
+        e_src = ei[src_rows]
+        rows_utt = r_utt[src_rows]
+        rows_node = r_node[src_rows]
+        rows_node[nab:] = c_node
         rows_flag = np.ones(len(rows_node), dtype=np.int64)
         rows_flag[:na] = 0
         rows_val = np.concatenate((tot[a_idx] + lpv[a_idx], r_pnb[b_idx] + lpv[b_idx], c_val))
-        rows_ps = np.concatenate((ps[ei[a_idx]], ps[ei[b_idx]], new_ps))
-        rows_pe = np.concatenate((pe[ei[a_idx]], np.full(nb, t + 1), new_pe))
-        rows_wf = np.concatenate((wf[ei[a_idx]], wf[ei[b_idx]], wf[ei[c_idx]]))
+        rows_ops = ps[e_src]
+        rows_ope = pe[e_src]
+        rows_wf = wf[e_src]
+        c_ps = rows_ops[nab:]
+        sw = starts_word[c_tok]
         rows_push = np.zeros(len(rows_node), dtype=bool)
-        rows_push[na + nb :] = push
-        rows_ops = np.concatenate((ps[ei[a_idx]], ps[ei[b_idx]], c_ps))
-        rows_ope = np.concatenate((pe[ei[a_idx]], pe[ei[b_idx]], c_pe))
+        rows_push[nab:] = sw & (trie.plen[c_node_src] > 0)
+        rows_ps = rows_ops.copy()
+        rows_ps[nab:] = np.where(sw, t if is_bpe else -1, np.where(c_ps < 0, t, c_ps))
+        rows_pe = rows_ope.copy()
+        rows_pe[na:nab] = t + 1
+        rows_pe[nab:] = np.where(sw & (not is_bpe), -1, t + 1)
         # merge equal (utterance, prefix[, flag]) by log-sum-exp
         nn = trie.n + len(preview.score) + 1
         key = rows_utt * nn + rows_node
@@ -470,32 +484,31 @@ def _finish(
     beam_prune_logp: float,
     last_rep: bool,
 ) -> tuple[np.ndarray, ...]:
-    """Finalize the utterances of the ``done`` beams; return the remaining beams."""
-    for u in np.unique(utt[done]).tolist():
-        sel = np.flatnonzero(utt == u)
-        # keep the frame-order ranking (best first) that pyctcdecode's final merge sees
-        results[u] = _finalize(
-            u,
-            node[sel],
-            pb[sel],
-            pnb[sel],
-            ps[sel],
-            pe[sel],
-            wf[sel],
-            trie,
-            rec_start,
-            rec_end,
-            rec_prev,
-            beam_width,
-            beam_prune_logp,
-            last_rep,
-        )
+    """Finalize the utterances of the ``done`` beams (all at once); return the remaining beams."""
+    idx = np.flatnonzero(done)  # every beam of a finished utterance is done
+    _finalize(
+        utt[idx],
+        node[idx],
+        pb[idx],
+        pnb[idx],
+        ps[idx],
+        pe[idx],
+        wf[idx],
+        trie,
+        results,
+        rec_start,
+        rec_end,
+        rec_prev,
+        beam_width,
+        beam_prune_logp,
+        last_rep,
+    )
     live = ~done
     return tuple(a[live] for a in (utt, node, pb, pnb, ps, pe, wf))
 
 
 def _finalize(
-    u: int,
+    utt: np.ndarray,
     node: np.ndarray,
     pb: np.ndarray,
     pnb: np.ndarray,
@@ -503,58 +516,83 @@ def _finalize(
     pe: np.ndarray,
     wf: np.ndarray,
     trie: PrefixTrie,
+    results: list[list[CTCHypothesis]],
     rec_start: list[int],
     rec_end: list[int],
     rec_prev: list[int],
     beam_width: int,
     beam_prune_logp: float,
     last_rep: bool,
-) -> list[CTCHypothesis]:
-    """Merge an ended utterance's beams by final text, add end-of-utterance LM scores, rank."""
+) -> None:
+    """Merge ended utterances' beams by final text, add end-of-utterance LM scores, rank.
+
+    The beams of each utterance come in frame order (best first), the order pyctcdecode's final merge
+    sees; equal texts merge by log-sum-exp in that order, and are represented by their first member (last
+    with ``last_rep``). Fills ``results[u]`` for every utterance ``u`` in ``utt``.
+    """
+    if len(utt) == 0:
+        return
     logit = np.logaddexp(pb, pnb)
-    keys = trie.final_key(node).tolist()
-    groups: dict[int, int] = {}
-    g_logit: list[float] = []
-    g_rep: list[int] = []
-    for i, k in enumerate(keys):
-        g = groups.get(k)
-        if g is None:
-            groups[k] = len(g_logit)
-            g_logit.append(float(logit[i]))
-            g_rep.append(i)
-        else:
-            g_logit[g] = float(np.logaddexp(g_logit[g], logit[i]))
-            if last_rep:
-                g_rep[g] = i
-    finals = [trie.final(int(node[i])) for i in g_rep]
-    totals = [g_logit[g] + finals[g][0] for g in range(len(g_logit))]
-    if not totals:
-        return []
-    best = max(totals)
-    ranked = sorted(
-        (g for g in range(len(totals)) if totals[g] >= best + beam_prune_logp),
-        key=lambda g: -totals[g],
-    )[:beam_width]
-    out: list[CTCHypothesis] = []
-    for g in ranked:
-        i = g_rep[g]
+    keys = trie.final_key(node)
+    # group equal (utterance, final text), keeping frame order inside each group
+    o = np.argsort(keys, kind="stable")
+    o = o[np.argsort(utt[o], kind="stable")]
+    k_sorted, u_sorted = keys[o], utt[o]
+    flag = np.empty(len(o), dtype=bool)
+    flag[0] = True
+    np.not_equal(k_sorted[1:], k_sorted[:-1], out=flag[1:])
+    flag[1:] |= u_sorted[1:] != u_sorted[:-1]
+    starts = np.flatnonzero(flag)
+    ends = np.append(starts[1:], len(o))
+    g_logit = np.logaddexp.reduceat(logit[o], starts)
+    g_first = o[starts]
+    g_rep = o[ends - 1] if last_rep else g_first
+    g_utt = u_sorted[starts]
+    f_score, f_sid = trie.final_many(node[g_rep])
+    totals = g_logit + f_score
+    # per utterance: groups in first-occurrence order, then best total first (stable), pruned, top-k
+    go = np.argsort(g_first, kind="stable")
+    go = go[np.argsort(-totals[go], kind="stable")]
+    go = go[np.argsort(g_utt[go], kind="stable")]
+    su = g_utt[go]
+    ustart = _segment_starts(su)
+    ulen = np.diff(np.append(ustart, len(su)))
+    best = np.repeat(np.maximum.reduceat(totals[go], ustart), ulen)
+    keep = totals[go] >= best + beam_prune_logp
+    go, su = go[keep], su[keep]
+    ustart = _segment_starts(su)
+    rank = np.arange(len(go)) - np.repeat(ustart, np.diff(np.append(ustart, len(go))))
+    keep = rank < beam_width
+    go = go[keep]
+    for u in np.unique(utt).tolist():
+        results[u] = []
+    states = trie.states
+    has_lm = trie.lm is not None
+    for u, i, tot, gl, sid in zip(
+        g_utt[go].tolist(),
+        g_rep[go].tolist(),
+        totals[go].tolist(),
+        g_logit[go].tolist(),
+        f_sid[go].tolist(),
+        strict=True,
+    ):
         frames: list[tuple[int, int]] = []
         p = int(wf[i])
         while p >= 0:
             frames.append((rec_start[p], rec_end[p]))
             p = rec_prev[p]
         frames.reverse()
-        if trie.plen[node[i]] > 0:
+        nd = int(node[i])
+        if trie.plen[nd] > 0:
             frames.append((int(ps[i]), int(pe[i])))
-        text = trie.text(int(node[i]))
-        out.append(
+        text = trie.text(nd)
+        results[u].append(
             CTCHypothesis(
                 text=text,
-                score=totals[g],
-                logit_score=g_logit[g],
-                lm_score=totals[g] - g_logit[g],
+                score=tot,
+                logit_score=gl,
+                lm_score=tot - gl,
                 word_frames=list(zip(text.split(), frames, strict=False)),
-                lm_state=finals[g][1],
+                lm_state=states[sid] if has_lm else None,
             )
         )
-    return out

@@ -109,9 +109,11 @@ class PrefixTrie:
         hotwords: HotwordScorer,
         history: int,
         empty_word_at_end: bool = False,
+        capacity: int = 1 << 15,
     ) -> None:
         """Prepare tries and the root node. ``history``: words kept for history pruning;
-        ``empty_word_at_end``: score an utterance ending on a delimiter as pyctcdecode does (an empty word)."""
+        ``empty_word_at_end``: score an utterance ending on a delimiter as pyctcdecode does (an empty word);
+        ``capacity``: initial node storage (grows by 4x when full; untouched storage costs no memory)."""
         self.vocab = vocab
         self.lm = lm
         self.hot = hotwords
@@ -144,7 +146,7 @@ class PrefixTrie:
             self.uni_trie = cached[1]
         self.hot_trie = CharTrie(hotwords.words, alphabet) if hotwords else None
         # node arrays
-        cap = 1 << 15
+        cap = max(1 << 10, int(capacity))
         self.n = 0
         self.parent = np.zeros(cap, dtype=np.int64)
         self.last_tok = np.zeros(cap, dtype=np.int64)
@@ -171,7 +173,7 @@ class PrefixTrie:
         cap = len(self.parent)
         if need > cap:
             while cap < need:
-                cap *= 2
+                cap *= 4
             for name in _NODE_FIELDS:
                 arr = getattr(self, name)
                 new = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
@@ -339,12 +341,15 @@ class PrefixTrie:
         virtual = ids >= self.n
         if not virtual.any():
             return ids
-        vidx, inv = np.unique(ids[virtual] - self.n, return_inverse=True)
+        v = ids[virtual] - self.n
+        used = np.zeros(len(preview.score), dtype=bool)
+        used[v] = True
+        vidx = np.flatnonzero(used)  # the distinct virtual nodes, in id order
         new = self._alloc(len(vidx))
         for name in _NODE_FIELDS:
             getattr(self, name)[new] = getattr(preview, name)[vidx]
         out = ids.copy()
-        out[virtual] = new[inv.reshape(-1)]
+        out[virtual] = new[np.cumsum(used)[v] - 1]
         return out
 
     # ------------------------------------------------------------------ queries
@@ -354,6 +359,40 @@ class PrefixTrie:
         for j in range(self.history):
             h = _mix(h, self.whist[nodes, j])
         return h
+
+    def final_many(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised :meth:`final`: end-of-utterance fused scores and LM context ids of ``nodes``
+        (the LM state is ``self.states[sid]``; context ids are 0 without an LM)."""
+        score = self.tscore[nodes]
+        sid = self.sid[nodes]
+        has_partial = self.plen[nodes] > 0
+        if self.hot_trie is not None:
+            hs = self.hotst[nodes]
+            is_hot = has_partial & (hs >= 0) & self.hot_trie.is_word[np.maximum(hs, 0)]
+            score = np.where(is_hot, score + self.hot.weight, score)
+        lm = self.lm
+        if lm is None:
+            return score, np.zeros(len(nodes), dtype=np.int64)
+        need = has_partial if not self.empty_word_at_end else np.ones(len(nodes), dtype=bool)
+        idx = np.flatnonzero(need)
+        if len(idx):
+            wh = self.word_hash(nodes[idx])
+            new_sid = np.empty(len(idx), dtype=np.int64)
+            delta = np.empty(len(idx))
+            cache = self.lm_cache
+            for j, (s0, h, nd, part) in enumerate(
+                zip(sid[idx].tolist(), wh.tolist(), nodes[idx].tolist(), has_partial[idx].tolist(), strict=True)
+            ):
+                hit = cache.get((s0, h))
+                if hit is None:
+                    hit = self._lm_step(s0, h, nd, None if part else "")
+                new_sid[j], delta[j] = hit
+            sid[idx] = new_sid  # fancy indexing above made copies
+            score[idx] += delta
+        usid, inv = np.unique(sid, return_inverse=True)
+        states = self.states
+        eos = np.array([lm.score_eos(states[x]) for x in usid.tolist()], dtype=np.float64)
+        return score + eos[inv.reshape(-1)], sid
 
     def final(self, node: int) -> tuple[float, Any]:
         """(end-of-utterance fused score, LM state) of a prefix whose utterance ended."""
