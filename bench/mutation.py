@@ -40,7 +40,7 @@ PITFALLS = [
     (
         "3 eos hypothesis keeps going",
         ENGINE,
-        "is_eos = cand.tok == eos\n        done",
+        "is_eos = cand.tok == (-1 if eos is None else eos)\n        done",
         "is_eos = cand.tok == -7\n        done",
         "test_eos_finishes_and_shrinks_the_beam",
     ),
