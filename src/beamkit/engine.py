@@ -384,8 +384,8 @@ class BeamSearch:
         """Kool et al.: a request's finished hypotheses and new candidates compete by key for its k slots."""
         k = self.options.beam_size
         keep = np.zeros(cand.req.shape[0], dtype=bool)
-        starts = np.flatnonzero(np.r_[True, cand.req[1:] != cand.req[:-1]]) if cand.req.size else cand.req
-        for lo, hi in zip(starts, np.r_[starts[1:], cand.req.shape[0]], strict=True):
+        starts = group_starts(cand.req)
+        for lo, hi in zip(starts.tolist(), starts[1:].tolist() + [cand.req.shape[0]], strict=True):
             r = int(cand.req[lo])
             pk = np.array([h.key for h in book.pools[r]], dtype=np.float64)  # descending
             ck = cand.key[lo:hi]  # descending
@@ -410,7 +410,7 @@ class BeamSearch:
     def _pool_done(self, book: _Requests, s_req: np.ndarray, s_lp: np.ndarray, cur: int) -> np.ndarray:
         """For each survivor, whether its request stops now (early_stopping rules, patience, exact exit)."""
         opt = self.options
-        first = np.flatnonzero(np.r_[True, s_req[1:] != s_req[:-1]])  # survivors are grouped by request
+        first = group_starts(s_req)  # survivors are grouped by request
         reqs, best = s_req[first], s_lp[first]  # ranked, so the first of each request is its best
         full = book.count[reqs] >= opt.pool_size
         if opt.early_stopping is True:
@@ -420,7 +420,7 @@ class BeamSearch:
             stop = full & (opt.length_penalty(best, horizon) <= book.worst[reqs])
         if opt.exact_exit:
             stop = stop | (book.nth[reqs] >= best)
-        return np.repeat(stop, np.diff(np.r_[first, s_req.shape[0]]))
+        return np.repeat(stop, np.diff(first, append=s_req.shape[0]))
 
     def _rank(self, pool: list[Hypothesis]) -> list[Hypothesis]:
         """Final ranking of one request's hypotheses (optional final scorer), cut to ``num_return``."""
@@ -434,6 +434,16 @@ class BeamSearch:
                 h.score = float(s)
             hyps.sort(key=lambda h: -h.score)
         return hyps[: opt.num_return] if opt.num_return else hyps
+
+
+def group_starts(sorted_ids: np.ndarray) -> np.ndarray:
+    """Indices where a new value begins in a sorted 1-D array (the first index of each group)."""
+    if sorted_ids.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    change = np.empty(sorted_ids.shape[0], dtype=bool)
+    change[0] = True
+    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=change[1:])
+    return np.flatnonzero(change)
 
 
 def bos_array(bos: int | Sequence[int], n_req: int) -> np.ndarray:
