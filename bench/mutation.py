@@ -54,8 +54,8 @@ PITFALLS = [
     (
         "5 -inf candidates kept",
         ENGINE,
-        "finite = np.isfinite(c_key) & np.isfinite(c_lp)",
-        "finite = ~np.isnan(c_key)",
+        "finite = np.isfinite(key) & valid",
+        "finite = ~np.isnan(key)",
         "test_masked_tokens_are_never_chosen",
     ),
     (
@@ -82,8 +82,8 @@ PITFALLS = [
     (
         "ties to the highest index",
         ENGINE,
-        "order = np.lexsort((c_tok, c_row,",
-        "order = np.lexsort((-c_tok, -c_row,",
+        "order = np.lexsort((tok, row,",
+        "order = np.lexsort((-tok, -row,",
         "test_ties_go_to_the_lowest_id",
     ),
     (

@@ -206,12 +206,8 @@ class _Candidates:
         c_tok, c_key = tok.reshape(-1), key.reshape(-1)
         c_lp = rows.lp[c_row] + logp.reshape(-1)
         c_req = rows.req[c_row]
-        finite = np.isfinite(c_key) & np.isfinite(c_lp)
-        order = np.lexsort((c_tok, c_row, -np.where(finite, c_key, -np.inf), c_req))
-        order = order[finite[order]]
-        c_req = c_req[order]
-        rank = np.arange(order.shape[0]) - np.searchsorted(c_req, c_req, side="left")
-        return cls(c_row[order], c_tok[order], c_lp[order], c_key[order], c_req, rank)
+        order, rank = rank_candidates(c_req, c_key, c_row, c_tok, np.isfinite(c_lp))
+        return cls(c_row[order], c_tok[order], c_lp[order], c_key[order], c_req[order], rank)
 
     def rank_among(self, sel: np.ndarray) -> np.ndarray:
         """Rank of each selected candidate among the selected ones of its request."""
@@ -258,11 +254,7 @@ class BeamSearch:
 
         for t in range(opt.max_len):
             n_rows = rows.req.shape[0]
-            out = step_fn(state, y_prev)
-            if not isinstance(out, tuple) or len(out) not in (2, 3):
-                raise TypeError("step_fn must return (logits, new_state) or (logits, new_state, extras)")
-            logits, state = out[0], out[1]
-            extras = out[2] if len(out) == 3 else {}
+            logits, state, extras = unpack_step(step_fn(state, y_prev))
             stats.model_calls += 1
             stats.rows_per_call.append(n_rows)
             ops.check_logits(logits, n_rows)
@@ -434,6 +426,29 @@ class BeamSearch:
                 h.score = float(s)
             hyps.sort(key=lambda h: -h.score)
         return hyps[: opt.num_return] if opt.num_return else hyps
+
+
+def rank_candidates(
+    req: np.ndarray, key: np.ndarray, row: np.ndarray, tok: np.ndarray, valid: np.ndarray | bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """The engine's candidate order: request, then key descending, then row (beam) and token ascending.
+
+    Candidates whose key is not finite (or not ``valid``) are dropped. Returns ``(order, rank)``: indices of the
+    kept candidates in that order, and each one's rank within its request. Selectors that must predict which
+    beams the engine keeps (diverse beam search) rank with this same function.
+    """
+    finite = np.isfinite(key) & valid
+    order = np.lexsort((tok, row, -np.where(finite, key, -np.inf), req))
+    order = order[finite[order]]
+    sorted_req = req[order]
+    return order, np.arange(order.shape[0]) - np.searchsorted(sorted_req, sorted_req, side="left")
+
+
+def unpack_step(out: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """Split a step function's return value into ``(logits, new_state, extras)``."""
+    if not isinstance(out, tuple) or len(out) not in (2, 3):
+        raise TypeError("step_fn must return (logits, new_state) or (logits, new_state, extras)")
+    return out[0], out[1], (out[2] if len(out) == 3 else {})
 
 
 def group_starts(sorted_ids: np.ndarray) -> np.ndarray:

@@ -120,7 +120,27 @@ def _grow(per_request: dict[str, torch.Tensor], need: int) -> None:
     per_request["pos"] = torch.cat([pos, pos[:, -1:] + steps], dim=1)
 
 
-class DecoderOnlyStep:
+class _ModelStep:
+    """What both step functions share: the initial state and running the step in inference mode."""
+
+    forward_seconds: float  # time spent inside the model forward (benchmarks read it)
+
+    def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
+        """The engine's initial state: one row per request."""
+        return {"mask": attention_mask.long(), "ids": input_ids}
+
+    def __call__(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+        """One engine step: ``(logits [rows, V], new state)``, under ``torch.inference_mode``."""
+        if torch.is_inference_mode_enabled():
+            return self._step(state, y_prev)
+        with torch.inference_mode():
+            return self._step(state, y_prev)
+
+    def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+        raise NotImplementedError
+
+
+class DecoderOnlyStep(_ModelStep):
     """Step function for a decoder-only model (GPT-2, Llama-style), left-padded prompts.
 
     Initial state: ``{"mask": [rows, P] attention mask, "ids": [rows, P] prompt}``; after the prompt it is a
@@ -135,16 +155,6 @@ class DecoderOnlyStep:
         self.keep_one = _accepts(model, "logits_to_keep")
         self.takes_pos = _accepts(model, "position_ids")
         self.forward_seconds = 0.0  # time spent inside the model forward (benchmarks read it)
-
-    def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
-        """The engine's initial state: one row per request."""
-        return {"mask": attention_mask.long(), "ids": input_ids}
-
-    def __call__(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
-        if torch.is_inference_mode_enabled():
-            return self._step(state, y_prev)
-        with torch.inference_mode():
-            return self._step(state, y_prev)
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
@@ -182,7 +192,7 @@ class DecoderOnlyStep:
         return logits, CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), per_request, length)
 
 
-class EncoderDecoderStep:
+class EncoderDecoderStep(_ModelStep):
     """Step function for an encoder-decoder model (T5, BART, Marian).
 
     The encoder runs once per request on the first call. Its output is not copied per beam: the decoder reads
@@ -196,16 +206,6 @@ class EncoderDecoderStep:
     def __init__(self, model: Any):
         self.model = model
         self.forward_seconds = 0.0
-
-    def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
-        """The engine's initial state: one row per request."""
-        return {"mask": attention_mask.long(), "ids": input_ids}
-
-    def __call__(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
-        if torch.is_inference_mode_enabled():
-            return self._step(state, y_prev)
-        with torch.inference_mode():
-            return self._step(state, y_prev)
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}

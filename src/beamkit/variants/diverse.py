@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import BeamSearch, StepFn, count_requests, make_options
+from beamkit.engine import BeamSearch, StepFn, count_requests, make_options, rank_candidates
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
 from beamkit.samplers import as_float64
@@ -99,12 +99,9 @@ class Diverse:
         c_tok = tok.reshape(-1)
         c_key = (parent_key[sel][:, None] + vals).reshape(-1)
         c_req = ctx.request[c_row]
-        ok = np.isfinite(c_key)
-        order = np.lexsort((c_tok, c_row, -np.where(ok, c_key, -np.inf), c_req))
-        order = order[ok[order]]
+        order, rank = rank_candidates(c_req, c_key, c_row, c_tok)
         c_req, c_tok, c_row = c_req[order], c_tok[order], c_row[order]
         starts = np.searchsorted(c_req, c_req, side="left")
-        rank = np.arange(c_req.size) - starts
         out: dict[int, list[int]] = {}
         if self.policy == "narrow":
             # the engine's quota: beams minus the group's finished hypotheses

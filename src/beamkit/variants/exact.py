@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import StepFn, bos_array, search_batch
+from beamkit.engine import StepFn, bos_array, search_batch, unpack_step
 from beamkit.hypothesis import Hypothesis
 from beamkit.scoring import LengthPenalty, as_length_penalty
 from beamkit.state import concat_state, first_array, select_state
@@ -108,10 +108,7 @@ def exact_search_stats(
             nodes.append(heapq.heappop(heap))
         state = _gather(states, nodes)
         y = np.array([nd.tokens[-1] if nd.tokens else bos for nd in nodes], dtype=np.int64)
-        out = step_fn(state, ops.like(y, ref) if ref is not None else y)
-        if not isinstance(out, tuple) or len(out) not in (2, 3):
-            raise TypeError("step_fn must return (logits, new_state) or (logits, new_state, extras)")
-        logits, new_state = out[0], out[1]
+        logits, new_state, _ = unpack_step(step_fn(state, ops.like(y, ref) if ref is not None else y))
         ops.check_logits(logits, len(nodes))
         ref = logits
         calls += 1
