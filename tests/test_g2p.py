@@ -20,18 +20,7 @@ needs_g2p = pytest.mark.skipif(not HAVE_G2P, reason="g2p-en is not installed")
 WORDS = ["hello", "a", "activationist", "through", "beamkit", "queue"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread for the reference computations: faster on a shared CPU."""
-    try:
-        import torch
-    except ImportError:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,7 @@ VOCAB = 48
 MODELS = ("gpt2", "llama", "t5", "bart")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core box: one torch thread is much faster (and is restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _config_model(name: str):

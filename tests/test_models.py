@@ -23,14 +23,7 @@ from beamkit.models.seq2seq import DecoderState, Seq2Seq  # noqa: E402
 from beamkit.models.transformer import Transformer, TransformerState  # noqa: E402
 from beamkit.models.vocab import source_vocab, target_vocab  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one torch thread is faster and immune to oversubscription on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SOURCES = ["3rd of March 1999", "03/04/99", "Wed, 3 Mar 1999", "1999.3.3", "x"]
