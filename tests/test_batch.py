@@ -345,15 +345,17 @@ def compete_reference(model: ToyModel, k: int, max_len: int):
     return beam
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_compete_policy_matches_a_reference(seed):
-    m = ToyModel(5, seed=seed, scale=1.5, eos_bias=0.5)
-    want = compete_reference(m, 3, 6)
-    res = search_batch(m.step, m.init(), BOS, EOS, 3, 6, policy="compete", length_penalty=0.0)[0]
+@pytest.mark.parametrize("k, eos_bias", [(3, 0.5), (4, 1.5)])
+@pytest.mark.parametrize("seed", range(8))
+def test_compete_policy_matches_a_reference(seed, k, eos_bias):
+    m = ToyModel(5, seed=seed, scale=1.5, eos_bias=eos_bias)
+    want = compete_reference(m, k, 6)
+    res = search_batch(m.step, m.init(), BOS, EOS, k, 6, policy="compete", length_penalty=1.0)[0]
     assert sorted(tuple(h.tokens) for h in res) == sorted(w[0] for w in want)
     for h in res:
         assert h.finished == (h.tokens[-1] == EOS)
         assert h.key == pytest.approx(m.path_logprob(h.tokens), abs=1e-9)
+        assert h.score == pytest.approx(h.key / len(h.tokens), abs=1e-9)
 
 
 def test_compete_displaces_a_finished_hypothesis():
@@ -366,3 +368,46 @@ def test_compete_displaces_a_finished_hypothesis():
     assert [h.tokens for h in compete] == [[1, 1], [1, 2]]
     assert [h.tokens for h in narrow] == [[1, 1], [0]]
     assert [tuple(h.tokens) for h in compete] == [w[0] for w in compete_reference(m, 2, 2)]
+
+
+def test_rank_candidates_against_a_sort():
+    from beamkit.engine import rank_candidates
+
+    rng = np.random.default_rng(4)
+    n = 60
+    req = np.sort(rng.integers(0, 4, n))
+    key = rng.integers(-3, 3, n).astype(float)
+    key[rng.random(n) < 0.15] = -np.inf
+    key[rng.random(n) < 0.05] = np.nan
+    row, tok = rng.integers(0, 5, n), rng.integers(0, 9, n)
+    valid = rng.random(n) > 0.1
+    order, rank = rank_candidates(req, key, row, tok, valid)
+    keep = [i for i in range(n) if np.isfinite(key[i]) and valid[i]]
+    want = sorted(keep, key=lambda i: (req[i], -key[i], row[i], tok[i]))
+    got = [(req[i], key[i], row[i], tok[i]) for i in order]
+    assert got == [(req[i], key[i], row[i], tok[i]) for i in want]
+    per_req = [sum(1 for j in want[:p] if req[j] == req[want[p]]) for p in range(len(want))]
+    assert rank.tolist() == per_req
+    order_all, _ = rank_candidates(req, key, row, tok)  # default: every finite key counts
+    assert len(order_all) == int(np.isfinite(key).sum())
+
+
+def test_group_starts():
+    from beamkit.engine import group_starts
+
+    assert group_starts(np.array([], dtype=np.int64)).tolist() == []
+    assert group_starts(np.array([7])).tolist() == [0]
+    assert group_starts(np.array([0, 0, 2, 2, 2, 5])).tolist() == [0, 2, 5]
+
+
+def test_step_return_shape_and_stateless_batches():
+    m = ToyModel(3)
+    with pytest.raises(TypeError, match="step_fn must return"):
+        search_batch(lambda s, y: [m.step(s, y)[0], s], m.init(), BOS, EOS, 2, 3)
+    with pytest.raises(TypeError, match="step_fn must return"):
+        search_batch(lambda s, y: (m.step(s, y)[0],), m.init(), BOS, EOS, 2, 3)
+    # no array leaf in the state: one request per bos id, the step sees one row per live hypothesis
+    res = search_batch(lambda s, y: (np.zeros((len(y), 4)), s), None, [1, 2, 3], EOS, 2, 2)
+    assert len(res) == 3 and all(len(r) == 2 for r in res)
+    one = search_batch(lambda s, y: (np.zeros((len(y), 4)), s), None, 1, EOS, 2, 2)
+    assert len(one) == 1
