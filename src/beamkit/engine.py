@@ -38,7 +38,9 @@ class Selector(Protocol):
     ``scores`` ``[rows, V]`` (backend) plus ``offset`` ``[rows]`` are the step's log-probabilities
     (``scores + offset``); ``parent_key`` ``[rows]`` is each row's ranking key so far. Returns host arrays
     ``(logp, token, key)``, each ``[rows, m']``: the log-probability to accumulate, the token, and the key the
-    engine ranks candidates by (descending). ``-inf`` keys are never chosen.
+    engine ranks candidates by (descending). ``-inf`` keys are never chosen. A selector whose rows come ordered
+    (key descending, equal keys by token ascending) may say so with a class attribute ``ordered = True``: the
+    engine then ranks by a cheaper stable sort.
     """
 
     def candidates(
@@ -48,6 +50,8 @@ class Selector(Protocol):
 
 class Deterministic:
     """The default selector: the m best tokens per row, key = running log-probability."""
+
+    ordered = True  # top_candidates orders each row by value descending, column ascending
 
     def candidates(
         self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
@@ -200,13 +204,19 @@ class _Candidates:
     rank: np.ndarray  # shape: (n,) rank within the request
 
     @classmethod
-    def rank_all(cls, rows: _Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray) -> _Candidates:
-        """Flatten the per-row tables ``[rows, m]``, drop non-finite candidates, rank within each request."""
+    def rank_all(
+        cls, rows: _Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, ordered: bool = False
+    ) -> _Candidates:
+        """Flatten the per-row tables ``[rows, m]``, drop non-finite candidates, rank within each request.
+
+        ``ordered``: each row's candidates already come by key descending, equal keys by token ascending, so
+        the flat row-major order breaks ties as the engine does and a stable sort by (request, key) suffices.
+        """
         c_row = np.repeat(np.arange(tok.shape[0]), tok.shape[1])
         c_tok, c_key = tok.reshape(-1), key.reshape(-1)
         c_lp = rows.lp[c_row] + logp.reshape(-1)
         c_req = rows.req[c_row]
-        order, rank = rank_candidates(c_req, c_key, c_row, c_tok, np.isfinite(c_lp))
+        order, rank = rank_candidates(c_req, c_key, c_row, c_tok, np.isfinite(c_lp), ordered)
         return cls(c_row[order], c_tok[order], c_lp[order], c_key[order], c_req[order], rank)
 
     def rank_among(self, sel: np.ndarray) -> np.ndarray:
@@ -262,8 +272,10 @@ class BeamSearch:
                 raise ValueError(f"eos={eos} is not a token id of the model's vocabulary of {logits.shape[1]}")
 
             lse = ops.logsumexp(logits)  # shape: (rows,)
-            bad = np.isnan(lse) | (lse == np.inf)
-            if bad.any():
+            ok = np.isfinite(lse)
+            fine = bool(ok.all())  # the usual case: no NaN, +inf or all -inf row
+            bad = None if fine else np.isnan(lse) | (lse == np.inf)
+            if bad is not None and bad.any():
                 for r in np.unique(rows.req[bad]):
                     what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
                     book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
@@ -276,8 +288,8 @@ class BeamSearch:
                     scores = proc(scores, ctx)
                 offset = np.zeros(n_rows)
             else:
-                scores, offset = logits, np.where(np.isfinite(lse), -lse, -np.inf)  # all -inf row: nothing
-            if bad.any():
+                scores, offset = logits, (-lse if fine else np.where(ok, -lse, -np.inf))  # all -inf row: nothing
+            if bad is not None and bad.any():
                 offset = np.where(bad, -np.inf, offset)  # a failed request's rows yield nothing
             logp, tok, key = opt.selector.candidates(scores, offset, rows.key, m, ctx)  # shape: (rows, m)
             if opt.coverage_penalty is not None:
@@ -286,14 +298,11 @@ class BeamSearch:
                 attn = ops.to_numpy(extras["attention"]).astype(np.float64)  # shape: (rows, S)
                 rows.cov = attn if rows.cov is None else rows.cov + attn
 
-            cand = _Candidates.rank_all(rows, logp, tok, key)
-            has_cand = np.zeros(n_req, dtype=bool)
-            has_cand[cand.req] = True
-            has_cand[rows.req[bad]] = True  # already failed
-            for r in np.flatnonzero(~has_cand[rows.req]):
-                book.errors[int(rows.req[r])] = (
-                    f"no finite candidate at step {t} (every continuation is masked or -inf)"
-                )
+            cand = _Candidates.rank_all(rows, logp, tok, key, getattr(opt.selector, "ordered", False))
+            empty = np.bincount(cand.req, minlength=n_req)[rows.req] == 0  # shape: (rows,)
+            if empty.any():
+                for r in np.unique(rows.req[empty]).tolist():
+                    book.errors.setdefault(r, f"no finite candidate at step {t} (every continuation is masked or -inf)")
             last = t + 1 == opt.max_len
             surv = self._policy_step(book, rows, cand, eos, t, last)
             if book.errors:
@@ -309,30 +318,43 @@ class BeamSearch:
         results = [self._rank(book.pools[r]) if r not in book.errors else [] for r in range(n_req)]
         return SearchResult(results, stats, dict(book.errors))
 
-    def _hypotheses(
-        self, rows: _Rows, cand: _Candidates, sel: np.ndarray, finished: np.ndarray, length: int
-    ) -> dict[int, list[Hypothesis]]:
-        """Hypotheses for the candidates ``sel``, scored at ``length``, grouped by request."""
+    def _scores(self, rows: _Rows, cand: _Candidates, sel: np.ndarray, length: int) -> np.ndarray:
+        """Final scores of the candidates ``sel`` ended at ``length``: length penalty, coverage penalty."""
         opt = self.options
-        found: dict[int, list[Hypothesis]] = {}
-        if sel.size == 0:
-            return found
         scores = opt.length_penalty(cand.lp[sel], length)
         if opt.coverage_penalty is not None and rows.cov is not None:
             scores = scores + opt.coverage_penalty(rows.cov[cand.row[sel]])
-        slots = rows.slots()
-        for j, i in enumerate(sel):
-            row = cand.row[i]
-            h = Hypothesis(
-                tokens=rows.tokens[row].tolist() + [int(cand.tok[i])],
-                logprob=float(cand.lp[i]),
-                score=float(scores[j]),
-                finished=bool(finished[j]),
-                token_logprobs=rows.token_lp[row].tolist() + [float(cand.lp[i] - rows.lp[row])],
-                beam_indices=rows.beam[row].tolist() + [int(slots[row])],
-                key=float(cand.key[i]),
-            )
-            found.setdefault(int(cand.req[i]), []).append(h)
+        return scores
+
+    def _hypotheses(
+        self,
+        rows: _Rows,
+        cand: _Candidates,
+        sel: np.ndarray,
+        finished: np.ndarray,
+        length: int,
+        scores: np.ndarray | None = None,
+    ) -> dict[int, list[Hypothesis]]:
+        """Hypotheses for the candidates ``sel``, scored at ``length`` (unless ``scores`` are given), by request."""
+        found: dict[int, list[Hypothesis]] = {}
+        if sel.size == 0:
+            return found
+        if scores is None:
+            scores = self._scores(rows, cand, sel, length)
+        paths = rows.extend(cand, sel)  # shape: (n, length) histories of the selected candidates
+        columns = zip(
+            cand.req[sel].tolist(),
+            paths.tokens.tolist(),
+            paths.lp.tolist(),
+            scores.tolist(),
+            finished.tolist(),
+            paths.token_lp.tolist(),
+            paths.beam.tolist(),
+            paths.key.tolist(),
+            strict=True,
+        )
+        for r, tokens, logprob, score, fin, token_lp, beam, key in columns:
+            found.setdefault(r, []).append(Hypothesis(tokens, logprob, score, fin, token_lp, beam, key))
         return found
 
     def _narrow_step(
@@ -363,7 +385,12 @@ class BeamSearch:
         if opt.early_stopping is True:
             admit &= book.count[cand.req] < opt.pool_size
         adm = np.flatnonzero(admit)
-        book.add(self._hypotheses(rows, cand, adm, is_eos[adm], t + 1), opt.pool_size)
+        if adm.size:
+            score = self._scores(rows, cand, adm, t + 1)
+            a_req = cand.req[adm]
+            fits = (book.count[a_req] < opt.pool_size) | (score > book.worst[a_req])  # a full pool takes better only
+            adm, score = adm[fits], score[fits]
+            book.add(self._hypotheses(rows, cand, adm, is_eos[adm], t + 1, score), opt.pool_size)
         cont = np.flatnonzero(~hits)
         surv = cont[cand.rank_among(cont) < k]
         if surv.size:
@@ -412,7 +439,9 @@ class BeamSearch:
             stop = full & (opt.length_penalty(best, horizon) <= book.worst[reqs])
         if opt.exact_exit:
             stop = stop | (book.nth[reqs] >= best)
-        return np.repeat(stop, np.diff(first, append=s_req.shape[0]))
+        by_req = np.zeros(book.count.shape[0], dtype=bool)  # shape: (R,)
+        by_req[reqs] = stop
+        return by_req[s_req]
 
     def _rank(self, pool: list[Hypothesis]) -> list[Hypothesis]:
         """Final ranking of one request's hypotheses (optional final scorer), cut to ``num_return``."""
@@ -429,16 +458,24 @@ class BeamSearch:
 
 
 def rank_candidates(
-    req: np.ndarray, key: np.ndarray, row: np.ndarray, tok: np.ndarray, valid: np.ndarray | bool = True
+    req: np.ndarray,
+    key: np.ndarray,
+    row: np.ndarray,
+    tok: np.ndarray,
+    valid: np.ndarray | bool = True,
+    ordered: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The engine's candidate order: request, then key descending, then row (beam) and token ascending.
 
     Candidates whose key is not finite (or not ``valid``) are dropped. Returns ``(order, rank)``: indices of the
-    kept candidates in that order, and each one's rank within its request. Selectors that must predict which
-    beams the engine keeps (diverse beam search) rank with this same function.
+    kept candidates in that order, and each one's rank within its request. ``ordered``: the arrays are already
+    by row ascending and, within a row, by key descending with equal keys by token ascending, so a stable sort
+    by (request, key) gives the same order. Selectors that must predict which beams the engine keeps (diverse
+    beam search) rank with this same function.
     """
     finite = np.isfinite(key) & valid
-    order = np.lexsort((tok, row, -np.where(finite, key, -np.inf), req))
+    neg_key = -np.where(finite, key, -np.inf)
+    order = np.lexsort((neg_key, req) if ordered else (tok, row, neg_key, req))
     order = order[finite[order]]
     sorted_req = req[order]
     return order, np.arange(order.shape[0]) - np.searchsorted(sorted_req, sorted_req, side="left")

@@ -152,6 +152,12 @@ def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
         x = cpu_view(x)  # numpy's threshold selection beats torch's topk on big CPU tables
     if large and not is_torch(x):
         vals, idx = _top_by_block_threshold(x, m)
+    elif is_torch(x) and m < v:
+        vals_t, idx_t = x.topk(m + 1, dim=1, largest=True, sorted=True)  # shape: (rows, m + 1), value descending
+        vals, idx = to_numpy(vals_t).astype(np.float64), to_numpy(idx_t)
+        if not (vals[:, 1:] == vals[:, :-1]).any():  # no equal neighbours: set and order are exact as they are
+            return vals[:, :m], idx[:, :m]
+        vals, idx = _mend_ties(x, vals, idx, m)
     elif m == v:
         idx = np.lexsort((np.broadcast_to(np.arange(v), (rows, v)), -to_numpy(x)), axis=1).astype(np.int64)
         vals = np.take_along_axis(to_numpy(x), idx, axis=1).astype(np.float64)
@@ -168,19 +174,20 @@ def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
 _LARGE = 1 << 20  # rows * V from which the threshold selection is used
 
 
-def _partial_top(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top ``m < V`` per row by a partial selection plus the (m+1)-th value to detect boundary ties."""
-    if is_torch(x):
-        vals_t, idx_t = x.topk(m + 1, dim=1, largest=True, sorted=True)  # shape: (rows, m + 1)
-        vals, idx = to_numpy(vals_t).astype(np.float64), to_numpy(idx_t)
-        nxt = vals[:, m]
-    else:
-        v = x.shape[1]
-        part = np.argpartition(x, v - m - 1, axis=1)  # shape: (rows, V); the last m are the m largest
-        idx = part[:, v - m :].astype(np.int64)
-        vals = np.take_along_axis(x, idx, axis=1).astype(np.float64)
-        nxt = x[np.arange(x.shape[0]), part[:, v - m - 1]].astype(np.float64)
-        vals, idx = np.concatenate([vals, nxt[:, None]], axis=1), np.concatenate([idx, idx[:, :1]], axis=1)
+def _partial_top(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """numpy top ``m < V`` per row by a partial selection plus the (m+1)-th value to detect boundary ties."""
+    v = x.shape[1]
+    part = np.argpartition(x, v - m - 1, axis=1)  # shape: (rows, V); the last m are the m largest
+    idx = part[:, v - m :].astype(np.int64)
+    vals = np.take_along_axis(x, idx, axis=1).astype(np.float64)
+    nxt = x[np.arange(x.shape[0]), part[:, v - m - 1]].astype(np.float64)
+    vals, idx = np.concatenate([vals, nxt[:, None]], axis=1), np.concatenate([idx, idx[:, :1]], axis=1)
+    return _mend_ties(x, vals, idx, m)
+
+
+def _mend_ties(x: Any, vals: np.ndarray, idx: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut ``[rows, m + 1]`` partial selections to m, redoing rows whose m-th and (m+1)-th values tie."""
+    nxt = vals[:, m]
     tied = np.flatnonzero(vals[:, :m].min(axis=1) == nxt)
     vals, idx = vals[:, :m].copy(), idx[:, :m].copy()
     for r in tied:

@@ -109,7 +109,10 @@ def _accepts(model: Any, name: str) -> bool:
 
 
 def _grow(per_request: dict[str, torch.Tensor], need: int) -> None:
-    """Widen the ``mask`` / ``pos`` buffers to at least ``need`` columns: mask 1, positions counting on."""
+    """Widen the ``mask`` / ``pos`` buffers to at least ``need`` columns: mask 1, positions counting on.
+
+    A ``mask4d`` entry (the boolean ``[rows, 1, 1, C]`` form of the mask) is rebuilt from the new mask.
+    """
     mask, pos = per_request["mask"], per_request["pos"]
     cap = mask.shape[1]
     if need <= cap:
@@ -118,6 +121,21 @@ def _grow(per_request: dict[str, torch.Tensor], need: int) -> None:
     steps = torch.arange(1, extra + 1, dtype=pos.dtype, device=pos.device)
     per_request["mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], extra))], dim=1)
     per_request["pos"] = torch.cat([pos, pos[:, -1:] + steps], dim=1)
+    if "mask4d" in per_request:
+        per_request["mask4d"] = per_request["mask"].bool()[:, None, None, :]
+
+
+def _takes_4d_mask(model: Any) -> bool:
+    """Whether a decoding step may pass the attention mask ready-made as a boolean ``[rows, 1, 1, L]`` tensor.
+
+    True for models whose forward builds its masks with ``transformers.masking_utils`` (which returns a 4-D
+    mask as it is) and attends with SDPA (which reads a boolean mask as "attend here"). For one query token
+    that mask is exactly the padding mask, so the model skips building it every step.
+    """
+    base = getattr(model, "base_model", model)
+    module = inspect.getmodule(type(base))
+    uses_masking_utils = module is not None and hasattr(module, "create_causal_mask")
+    return uses_masking_utils and getattr(model.config, "_attn_implementation", None) == "sdpa"
 
 
 class _ModelStep:
@@ -147,13 +165,15 @@ class DecoderOnlyStep(_ModelStep):
     :class:`CacheRows` whose ``per_request`` holds ``"mask"`` and ``"pos"`` buffers ``[rows, C]``, C >= the
     sequence length: the attention mask (1 on every generated column) and each column's position id. Position ids
     follow Hugging Face's generate: the cumulative sum of the attention mask minus one (0 on padding), then +1 per
-    generated token. A step passes ``mask[:, :L]`` and ``pos[:, L - 1 : L]`` (views, no copy).
+    generated token. A step passes ``mask[:, :L]`` and ``pos[:, L - 1 : L]`` (views, no copy); for SDPA models
+    built on ``masking_utils`` the mask goes in its ready 4-D boolean form (see :func:`_takes_4d_mask`).
     """
 
     def __init__(self, model: Any):
         self.model = model
         self.keep_one = _accepts(model, "logits_to_keep")
         self.takes_pos = _accepts(model, "position_ids")
+        self.mask_4d = _takes_4d_mask(model)
         self.forward_seconds = 0.0  # time spent inside the model forward (benchmarks read it)
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
@@ -164,7 +184,10 @@ class DecoderOnlyStep(_ModelStep):
             if length > buf["mask"].shape[1]:
                 _grow(buf, length)
             ids = torch.as_tensor(y_prev, dtype=torch.long, device=buf["mask"].device).view(-1, 1)  # (rows, 1)
-            mask = buf["mask"][:, :length]  # shape: (rows, L) view
+            if self.mask_4d:
+                mask = buf["mask4d"][..., :length]  # shape: (rows, 1, 1, L) view
+            else:
+                mask = buf["mask"][:, :length]  # shape: (rows, L) view
             pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
             kwargs["past_key_values"] = state.cache
         else:
@@ -187,6 +210,8 @@ class DecoderOnlyStep(_ModelStep):
             state.length = length
             return logits, state
         per_request = {"mask": mask, "pos": pos}
+        if self.mask_4d:
+            per_request["mask4d"] = mask.bool()[:, None, None, :]
         _grow(per_request, length + _CHUNK)
         rows = ids.shape[0]
         return logits, CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), per_request, length)
@@ -199,19 +224,21 @@ class EncoderDecoderStep(_ModelStep):
     it through the cross-attention cache, filled at the first decoder step from one row per request; later
     steps pass a zero-copy broadcast view where the model only needs its shape. Initial state: ``{"mask":
     [rows, S] encoder attention mask, "ids": [rows, S] input}``; after the first call a :class:`CacheRows` whose
-    ``per_request["mask"]`` is the encoder mask of each row and ``shared`` keeps the encoder output (one row per
+    ``per_request["mask"]`` is the encoder mask of each row (``[rows, 1, 1, S]`` boolean, the cross-attention mask
+    of one query token, where :func:`_takes_4d_mask` allows) and ``shared`` keeps the encoder output (one row per
     request, never gathered).
     """
 
     def __init__(self, model: Any):
         self.model = model
+        self.mask_4d = _takes_4d_mask(model)
         self.forward_seconds = 0.0
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
         start = time.perf_counter()
         if isinstance(state, CacheRows):
-            mask = state.per_request["mask"]  # shape: (rows, S)
+            mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
             dec = torch.as_tensor(y_prev, dtype=torch.long, device=mask.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
             kwargs["past_key_values"] = state.cache
@@ -237,7 +264,9 @@ class EncoderDecoderStep(_ModelStep):
             state.length += 1
             return logits, state
         _check_cross_cache(out.past_key_values)
-        cache = CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), {"mask": mask}, 1)
+        # the encoder mask of each row; for one query token the cross-attention mask is it, ready-made in 4-D
+        per_request = {"mask": mask.bool()[:, None, None, :] if self.mask_4d else mask}
+        cache = CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), per_request, 1)
         cache.shared.update(enc=enc, enc_out=enc_out)
         return logits, cache
 
