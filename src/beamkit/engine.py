@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -134,21 +134,21 @@ class _Requests:
     """Per-request bookkeeping, indexed by request: finished pools, their sizes and scores, errors."""
 
     def __init__(self, n: int, nth: int):
-        self.pools: list[list[Hypothesis]] = [[] for _ in range(n)]
+        self.pools: list[list[_Finished]] = [[] for _ in range(n)]
         self.errors: dict[int, str] = {}
         self.count = np.zeros(n, dtype=np.int64)  # shape: (R,) hypotheses in each pool
         self.worst = np.full(n, -np.inf)  # shape: (R,) lowest score in each pool
         self.nth = np.full(n, -np.inf)  # shape: (R,) the nth best score (-inf while fewer)
         self._n = nth
 
-    def add(self, found: dict[int, list[Hypothesis]], cap: int | None) -> None:
+    def add(self, found: dict[int, list[_Finished]], cap: int | None) -> None:
         """Merge new finished hypotheses into their requests' pools, best score first, capped (stable ties)."""
         for r, hyps in found.items():
             pool = self.pools[r] + hyps
             pool.sort(key=lambda h: -h.score)
             self.set(r, pool if cap is None else pool[:cap])
 
-    def set(self, r: int, pool: list[Hypothesis]) -> None:
+    def set(self, r: int, pool: list[_Finished]) -> None:
         """Replace request r's pool (kept in the order given) and its counters."""
         self.pools[r] = pool
         self.count[r] = len(pool)
@@ -189,6 +189,33 @@ class _Rows:
             token_lp=np.concatenate([self.token_lp[parents], (cand.lp[sel] - self.lp[parents])[:, None]], axis=1),
             beam=np.concatenate([self.beam[parents], self.slots()[parents, None]], axis=1),
             cov=None if self.cov is None else self.cov[parents],
+        )
+
+
+class _Finished(NamedTuple):
+    """A pool entry: a hypothesis that ended (eos, or cut off at ``max_len``), built into a :class:`Hypothesis`
+    only if it is still in its pool when the search ends. Its path is read from the rows of the step it ended at
+    (their arrays are never modified)."""
+
+    score: float
+    key: float
+    logprob: float
+    finished: bool
+    rows: _Rows
+    row: int  # its parent row in ``rows``
+    tok: int  # its last token
+
+    def build(self) -> Hypothesis:
+        """The full :class:`Hypothesis`: the parent's path plus the last token."""
+        rows, row = self.rows, self.row
+        return Hypothesis(
+            tokens=rows.tokens[row].tolist() + [self.tok],
+            logprob=self.logprob,
+            score=self.score,
+            finished=self.finished,
+            token_logprobs=rows.token_lp[row].tolist() + [self.logprob - float(rows.lp[row])],
+            beam_indices=rows.beam[row].tolist() + [int(rows.slots()[row])],
+            key=self.key,
         )
 
 
@@ -334,27 +361,25 @@ class BeamSearch:
         finished: np.ndarray,
         length: int,
         scores: np.ndarray | None = None,
-    ) -> dict[int, list[Hypothesis]]:
-        """Hypotheses for the candidates ``sel``, scored at ``length`` (unless ``scores`` are given), by request."""
-        found: dict[int, list[Hypothesis]] = {}
+    ) -> dict[int, list[_Finished]]:
+        """Pool entries for the candidates ``sel``, scored at ``length`` (unless ``scores`` are given), by request."""
+        found: dict[int, list[_Finished]] = {}
         if sel.size == 0:
             return found
         if scores is None:
             scores = self._scores(rows, cand, sel, length)
-        paths = rows.extend(cand, sel)  # shape: (n, length) histories of the selected candidates
         columns = zip(
             cand.req[sel].tolist(),
-            paths.tokens.tolist(),
-            paths.lp.tolist(),
             scores.tolist(),
+            cand.key[sel].tolist(),
+            cand.lp[sel].tolist(),
             finished.tolist(),
-            paths.token_lp.tolist(),
-            paths.beam.tolist(),
-            paths.key.tolist(),
+            cand.row[sel].tolist(),
+            cand.tok[sel].tolist(),
             strict=True,
         )
-        for r, tokens, logprob, score, fin, token_lp, beam, key in columns:
-            found.setdefault(r, []).append(Hypothesis(tokens, logprob, score, fin, token_lp, beam, key))
+        for r, score, key, logprob, fin, row, tok in columns:
+            found.setdefault(r, []).append(_Finished(score, key, logprob, fin, rows, row, tok))
         return found
 
     def _narrow_step(
@@ -443,10 +468,10 @@ class BeamSearch:
         by_req[reqs] = stop
         return by_req[s_req]
 
-    def _rank(self, pool: list[Hypothesis]) -> list[Hypothesis]:
+    def _rank(self, pool: list[_Finished]) -> list[Hypothesis]:
         """Final ranking of one request's hypotheses (optional final scorer), cut to ``num_return``."""
         opt = self.options
-        hyps = sorted(pool, key=lambda h: -h.score)
+        hyps = [h.build() for h in sorted(pool, key=lambda h: -h.score)]
         if opt.final_scorer is not None and hyps:
             new = list(opt.final_scorer(hyps))
             if len(new) != len(hyps):

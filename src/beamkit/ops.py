@@ -53,6 +53,8 @@ def like(values: np.ndarray, ref: Any) -> Any:
     if is_torch(ref):
         import torch
 
+        if ref.device.type == "cpu":  # shares the host memory, no copy
+            return torch.from_numpy(np.ascontiguousarray(values))
         return torch.as_tensor(values, device=ref.device)
     return values
 
