@@ -97,3 +97,44 @@ def test_agreement_with_lm(tmp_path, backend: str) -> None:
     bk.reset_params(alpha=0.9, beta=0.5)
     assert [bk.decode(m, hotwords=["black"]) for m in mats[:8]] == [pc.decode(m, hotwords=["black"]) for m in mats[:8]]
     assert math.isfinite(bk.decode_beams(mats[0])[0][4])
+
+
+def long_utterance(rng: np.random.Generator, text: str, frames: int = 200) -> np.ndarray:
+    """The benchmark's posteriors: 1-3 frames per character, blank runs, faint background, confusions."""
+    V = len(LABELS)
+    path: list[int] = []
+    prev = -1
+    for ch in text:
+        i = LABELS.index(ch)
+        if i == prev or rng.random() < 0.6:
+            path += [0] * int(rng.integers(1, 3))
+        path += [i] * int(rng.integers(1, 3))
+        prev = i
+    cut = int(rng.integers(0, frames - len(path) + 1))
+    path = ([0] * cut + path + [0] * frames)[:frames]
+    probs = rng.dirichlet(np.full(V, 0.3), size=frames) * 0.005
+    for t, lab in enumerate(path):
+        peak = rng.uniform(0.6, 0.99)
+        if lab != 0 and rng.random() < 0.15:
+            share = rng.uniform(0.2, 0.6)
+            probs[t, int(rng.integers(2, 28))] += peak * share
+            peak *= 1 - share
+        elif rng.random() < 0.1:
+            probs[t, int(rng.integers(0, V))] += rng.uniform(0.01, 0.2)
+        probs[t, lab] += peak
+    return np.log(probs / probs.sum(axis=1, keepdims=True))
+
+
+def test_batched_beam_sets_match_pyctcdecode() -> None:
+    # all utterances in one search: every returned beam (not only the best ones) is pyctcdecode's; long
+    # utterances keep many beams alive across skipped blank frames (an old bug left equal prefixes unmerged)
+    pc = pyctcdecode.build_ctcdecoder(LABELS)
+    bk = build_ctcdecoder(LABELS)
+    rng = np.random.default_rng(0)
+    mats = [long_utterance(rng, " ".join(rng.choice(WORDS, size=int(rng.integers(4, 9))))) for _ in range(30)]
+    for m, beams in zip(mats, bk.decode_beams_batch(None, mats), strict=True):
+        expected = pc.decode_beams(m)
+        assert sorted(b[0] for b in beams) == sorted(b[0] for b in expected)
+        got = {b[0]: b[3] for b in beams}
+        for text, _, _, logit, _ in expected:
+            assert got[text] == pytest.approx(logit, abs=1e-6)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, load_unigrams_from_arpa
-from .prefix_search import CTCHypothesis, log_softmax, prefix_beam_search, to_numpy_2d_or_3d
+from .prefix_search import CTCHypothesis, log_softmax, log_softmax_, prefix_beam_search, to_numpy_2d_or_3d
 from .vocab import Vocabulary
 
 MIN_TOKEN_CLIP_P = 1e-15
@@ -89,16 +89,20 @@ class CTCDecoder:
             self._check(arr)
         lens = np.array([arr.shape[0] for arr in arrs], dtype=np.int64)
         batch = np.zeros((len(arrs), int(lens.max(initial=0)), self.vocab.size))  # shape: (N, T, V)
-        is_prob = [arr.shape[0] > 0 and math.isclose(float(arr.sum(axis=1).mean()), 1.0) for arr in arrs]
         for i, arr in enumerate(arrs):
-            batch[i, : arr.shape[0]] = np.log(np.clip(arr, MIN_TOKEN_CLIP_P, 1.0)) if is_prob[i] else arr
-        logit_rows = np.flatnonzero(~np.array(is_prob, dtype=bool))
+            batch[i, : arr.shape[0]] = arr
+        # a matrix whose rows sum to 1 on average holds probabilities (as math.isclose(mean, 1.0))
+        mean = batch.sum(axis=2).sum(axis=1) / np.maximum(lens, 1)  # shape: (N,)
+        is_prob = (lens > 0) & (np.abs(mean - 1.0) <= 1e-9 * np.maximum(np.abs(mean), 1.0))
+        prob_rows, logit_rows = np.flatnonzero(is_prob), np.flatnonzero(~is_prob)
+        if len(prob_rows):
+            batch[prob_rows] = np.log(np.clip(batch[prob_rows], MIN_TOKEN_CLIP_P, 1.0))
         if len(logit_rows):
-            sub = batch if len(logit_rows) == len(arrs) else batch[logit_rows]
-            sub = np.clip(log_softmax(sub, axis=2), math.log(MIN_TOKEN_CLIP_P), 0.0)
-            if len(logit_rows) == len(arrs):
-                batch = sub
-            else:
+            whole = len(logit_rows) == len(arrs)
+            sub = log_softmax_(batch if whole else batch[logit_rows], axis=2)
+            np.maximum(sub, math.log(MIN_TOKEN_CLIP_P), out=sub)
+            np.minimum(sub, 0.0, out=sub)
+            if not whole:
                 batch[logit_rows] = sub
         return batch, lens
 

@@ -15,12 +15,15 @@ partial word). With ``split_blank=True`` the beam unit is instead a (prefix, end
 competing for its own beam slot: that is pyctcdecode's exact beam semantics.
 
 Implementation: prefixes are integer nodes of a trie shared by all utterances of a call
-(:mod:`beamkit.ctc.prefix_trie`); the beams of all utterances are flat arrays (utterance, node, p_b, p_nb,
-frame offsets); a frame's expansion, merging (sort + ``logaddexp.reduceat``) and pruning are numpy array
-operations over all utterances at once, and candidate children are only stored when they survive pruning.
-A frame whose only candidate is blank just shifts the scores of an utterance. Python runs per item only
-for an LM query of a new (context, word) pair and for building the returned hypotheses. The fixed cost per
-frame is a few hundred microseconds of numpy calls, so the speed comes from batching utterances.
+(:mod:`beamkit.ctc.prefix_trie`, one node per prefix, children found through a dense child table); the
+beams of all utterances are flat arrays (utterance, node, p_b, p_nb, frame offsets). Frames whose only
+candidate is blank, while every beam ends in blank, only add ``lp(blank)`` to every beam of the utterance:
+they are skipped (one addition over the whole run), so each utterance searches its own list of frames
+(:func:`_schedule`) and step ``k`` searches the ``k``-th such frame of every utterance at once. A step is a
+few dozen numpy calls over (beam, candidate) cells: expansion, merging (sort + ``logaddexp.reduceat``) and
+pruning. Python runs per item only for an LM query of a new (context, word) pair and for building the
+returned hypotheses. The fixed cost per step is a few hundred microseconds, so the speed comes from
+batching utterances.
 """
 
 from __future__ import annotations
@@ -72,12 +75,17 @@ def to_numpy_2d_or_3d(x: Any, name: str = "log_probs") -> np.ndarray:
 
 def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable log-softmax in float64."""
-    x = np.asarray(x, dtype=np.float64)
+    return log_softmax_(np.array(x, dtype=np.float64), axis)
+
+
+def log_softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """:func:`log_softmax` of a float64 array in place (one temporary of its size); returns ``x``."""
     m = np.max(x, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    z = x - m
+    m[~np.isfinite(m)] = 0.0
+    x -= m
     with np.errstate(divide="ignore"):
-        return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+        x -= np.log(np.sum(np.exp(x), axis=axis, keepdims=True))
+    return x
 
 
 def greedy_decode(log_probs: Any, vocab: Vocabulary | Sequence[str] | None = None, blank: int = 0) -> list[int] | str:
@@ -127,6 +135,15 @@ def _check_params(beam_width: int, beam_prune_logp: float, token_min_logp: float
     for name, value in (("beam_prune_logp", beam_prune_logp), ("token_min_logp", token_min_logp)):
         if not isinstance(value, (int, float)) or math.isnan(value) or value > 0:
             raise ValueError(f"{name} must be a number <= 0 (or -inf), got {value!r}")
+
+
+def _stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for non-negative int64 keys, by a faster unstable sort of the
+    distinct keys ``keys * len + position`` where they fit in int64."""
+    n = len(keys)
+    if n == 0 or int(keys.max()) >= (1 << 62) // n:
+        return np.argsort(keys, kind="stable")
+    return np.argsort(keys * n + np.arange(n))
 
 
 def _segment_starts(sorted_keys: np.ndarray) -> np.ndarray:
@@ -209,7 +226,7 @@ def prefix_beam_search(
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
     history = max(1, lm.order - 1) if lm is not None else 1
-    # about the number of nodes a search creates (at most beam_width new ones per utterance and frame)
+    # initial node storage (grows 4x when full): new nodes per utterance and searched frame are about the beam size
     capacity = min(1 << 22, max(1 << 15, int(lens.sum()) * min(beam_width, 16)))
     trie = PrefixTrie(voc, lm, HotwordScorer(hotwords, hotword_weight), history, pyctcdecode_compat, capacity)
     results = _search(
@@ -227,6 +244,54 @@ def prefix_beam_search(
     return results[0] if single else results
 
 
+def _schedule(
+    batch: np.ndarray, lens: np.ndarray, token_min_logp: float, split_blank: bool, blank: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The frames each utterance must search, and its candidate labels there.
+
+    A frame is skipped when its only candidate is blank and every beam then ends in blank (any beam
+    without ``split_blank``, where ending in blank or not is no separate beam): all beams just add
+    ``lp(blank)``, so ranks and pruning do not change. With ``split_blank`` the first such frame after
+    a searched one is searched (it merges the beams of a prefix that do and do not end in blank).
+
+    Returns ``(s_utt, s_frame, s_tok, s_count, count, skip_cum)``: the searched (utterance, frame) pairs,
+    by utterance then frame; their candidate labels (label order, padded with 0) and how many there are;
+    searched frames per utterance; and the running sum of ``lp(blank)`` over skipped frames (0 at searched
+    ones), so that skipping frames ``a .. b-1`` adds ``skip_cum[u, b] - skip_cum[u, a]``.
+    """
+    N, T, V = batch.shape
+    cand = batch >= token_min_logp  # shape: (N, T, V) lp >= token_min_logp, plus the argmax
+    if N and T:
+        cand.reshape(-1, V)[np.arange(N * T), batch.reshape(-1, V).argmax(axis=1)] = True
+    n_cand = cand.sum(axis=2)  # shape: (N, T)
+    lp_blank = batch[:, :, blank]  # shape: (N, T)
+    valid = np.arange(T) < lens[:, None]  # shape: (N, T)
+    busy = valid & ~((n_cand == 1) & cand[:, :, blank] & np.isfinite(lp_blank))
+    if split_blank:
+        after_busy = busy[:, :-1].copy()
+        busy[:, 1:] |= after_busy & valid[:, 1:]
+    s_utt, s_frame = np.nonzero(busy)  # sorted by utterance, then frame
+    count = busy.sum(axis=1)  # shape: (N,)
+    s_count = n_cand[s_utt, s_frame]  # shape: (S,)
+    rows, labels = np.nonzero(cand[s_utt, s_frame])  # shape: (sum of s_count,) each
+    s_tok = np.zeros((len(s_utt), int(s_count.max(initial=1))), dtype=np.int64)  # shape: (S, K_max)
+    s_tok[rows, np.arange(len(rows)) - (np.cumsum(s_count) - s_count)[rows]] = labels
+    skip_cum = np.zeros((N, T + 1))  # shape: (N, T + 1)
+    np.cumsum(np.where(busy | ~valid, 0.0, lp_blank), axis=1, out=skip_cum[:, 1:])
+    return s_utt, s_frame, s_tok, s_count, count, skip_cum
+
+
+def _skip_blank_frames(
+    pb: np.ndarray, pnb: np.ndarray, utt: np.ndarray, start: np.ndarray, stop: np.ndarray, skip_cum: np.ndarray
+) -> None:
+    """Move beams (in place) over their utterance's skipped frames ``start .. stop-1`` (per beam)."""
+    g = np.flatnonzero(stop > start)
+    if len(g):
+        u = utt[g]
+        pb[g] = np.logaddexp(pb[g], pnb[g]) + (skip_cum[u, stop[g]] - skip_cum[u, start[g]])
+        pnb[g] = NEG_INF
+
+
 def _search(
     batch: np.ndarray,
     lens: np.ndarray,
@@ -239,12 +304,18 @@ def _search(
     last_rep: bool,
     out_k: int,
 ) -> list[list[CTCHypothesis]]:
+    """Search all utterances together: step ``k`` searches the ``k``-th frame of :func:`_schedule` of
+    every utterance that has one (frames between searched ones are skipped in one addition)."""
     N, T, V = batch.shape
     voc = trie.vocab
     blank = voc.blank
     starts_word = voc.starts_word
     is_bpe = voc.is_bpe
-    # flat beam arrays, sorted by utterance then score (best first)
+    s_utt, s_frame, s_tok, s_count, count, skip_cum = _schedule(batch, lens, token_min_logp, split_blank, blank)
+    s_lp = batch[s_utt, s_frame]  # shape: (S, V)
+    first = np.cumsum(count) - count  # shape: (N,) first searched pair of each utterance
+    pos = np.zeros(N, dtype=np.int64)  # shape: (N,) next frame not yet applied to the beams
+    # flat beam arrays, grouped by utterance, best first
     utt: np.ndarray = np.arange(N, dtype=np.int64)  # shape: (E,)
     node: np.ndarray = np.full(N, trie.root, dtype=np.int64)
     pb: np.ndarray = np.zeros(N)
@@ -252,259 +323,152 @@ def _search(
     ps: np.ndarray = np.full(N, -1, dtype=np.int64)  # partial-word start frame (-1: none)
     pe: np.ndarray = np.full(N, -1, dtype=np.int64)  # partial-word end frame (exclusive)
     wf: np.ndarray = np.full(N, -1, dtype=np.int64)  # pointer into the word-frame records
-    rec_start: list[int] = []
-    rec_end: list[int] = []
-    rec_prev: list[int] = []
+    records = _WordRecords()
     results: list[list[CTCHypothesis]] = [[] for _ in range(N)]
-    if (lens == 0).any():
-        z = np.flatnonzero(lens[utt] == 0)
-        _finalize(
-            utt[z],
-            node[z],
-            pb[z],
-            pnb[z],
-            ps[z],
-            pe[z],
-            wf[z],
-            trie,
-            results,
-            rec_start,
-            rec_end,
-            rec_prev,
-            out_k,
-            beam_prune_logp,
-            last_rep,
-        )
-        keep = lens[utt] > 0
-        utt, node, pb, pnb, ps, pe, wf = (a[keep] for a in (utt, node, pb, pnb, ps, pe, wf))
-    # candidate labels of every (frame, utterance), computed up front: lp >= token_min_logp, plus the argmax
-    frames_first = batch.transpose(1, 0, 2)  # shape: (T, N, V)
-    cand_all = np.empty(frames_first.shape, dtype=bool)  # shape: (T, N, V)
-    np.greater_equal(frames_first, token_min_logp, out=cand_all)
-    if T and N:
-        np.put_along_axis(cand_all, np.argmax(frames_first, axis=2)[:, :, None], True, axis=2)
-    # utterances whose only candidate is blank and whose beams all end in blank (any beam in
-    # prefix mode): every beam just adds lp(blank); ranks and pruning do not change
-    only_blank_all = cand_all.sum(axis=2) == 1  # shape: (T, N)
-    only_blank_all &= cand_all[:, :, blank]
-    any_only_blank = only_blank_all.any(axis=1).tolist()
-    for t in range(T):
+    ended: list[tuple[np.ndarray, ...]] = []  # beams of the utterances that ended, finalized together
+    utt, node, pb, pnb, ps, pe, wf = _finish(
+        count[utt] == 0, (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
+    )
+    for k in range(int(count.max(initial=0))):
         if len(utt) == 0:
             break
-        lp_t = batch[:, t, :]  # shape: (N, V)
-        cand = cand_all[t]  # shape: (N, V)
-        if any_only_blank[t]:
-            only_blank = only_blank_all[t]
-            if split_blank:
-                has_nb = np.bincount(utt[pnb > NEG_INF], minlength=N) > 0
-                only_blank &= ~has_nb
-            triv = only_blank[utt]
-            if triv.any():
-                idx = np.flatnonzero(triv)
-                pb[idx] = np.logaddexp(pb[idx], pnb[idx]) + lp_t[utt[idx], blank]
-                pnb[idx] = NEG_INF
-                if triv.all():
-                    done = lens[utt] == t + 1
-                    if done.any():
-                        utt, node, pb, pnb, ps, pe, wf = _finish(
-                            done,
-                            utt,
-                            node,
-                            pb,
-                            pnb,
-                            ps,
-                            pe,
-                            wf,
-                            trie,
-                            results,
-                            rec_start,
-                            rec_end,
-                            rec_prev,
-                            out_k,
-                            beam_prune_logp,
-                            last_rep,
-                        )
-                    continue
-                hold = (utt[idx], node[idx], pb[idx], pnb[idx], ps[idx], pe[idx], wf[idx])
-                busy = ~triv
-                utt, node, pb, pnb, ps, pe, wf = (a[busy] for a in (utt, node, pb, pnb, ps, pe, wf))
-                cand[only_blank] = False
-            else:
-                hold = None
-        else:
-            hold = None
-        cu, ctok = np.nonzero(cand)  # sorted by utterance
-        ccount = np.bincount(cu, minlength=N)
-        cstart = np.concatenate(([0], np.cumsum(ccount)[:-1]))
-        # expand each beam by its utterance's candidates
-        per = ccount[utt]
-        ei = np.repeat(np.arange(len(utt)), per)  # shape: (rows,)
-        offs = np.arange(len(ei)) - np.repeat(np.cumsum(per) - per, per)
-        tok = ctok[np.repeat(cstart[utt], per) + offs]
-        r_utt = utt[ei]
-        r_node = node[ei]
-        lpv = lp_t[r_utt, tok]
-        r_pb, r_pnb = pb[ei], pnb[ei]
-        tot = np.logaddexp(r_pb, r_pnb)
+        sb = first[utt] + k  # shape: (E,) searched pair of each beam
+        fr = s_frame[sb]  # shape: (E,) its frame
+        _skip_blank_frames(pb, pnb, utt, pos[utt], fr, skip_cum)
+        pos[utt] = fr + 1
+        K = int(s_count[sb].max())
+        tok = s_tok[sb, :K]  # shape: (E, K) candidate labels of each beam's frame
+        lpv = s_lp[sb[:, None], tok]  # shape: (E, K)
+        valid = np.arange(K) < s_count[sb][:, None]  # shape: (E, K)
+        tot = np.logaddexp(pb, pnb)
         is_blank = tok == blank
-        is_rep = (~is_blank) & (tok == trie.last_tok[r_node])
-        ext = ~is_blank
-        # A: blank rows
-        a_idx = np.flatnonzero(is_blank)
-        # B: repeat rows staying on the prefix
-        b_idx = np.flatnonzero(is_rep & (r_pnb > NEG_INF))
-        # C: extension rows
-        c_idx = np.flatnonzero(ext)
-        c_val = np.where(is_rep, r_pb, tot)[c_idx] + lpv[c_idx]
-        finite = c_val > NEG_INF
-        c_idx, c_val = c_idx[finite], c_val[finite]
-        c_node_src = r_node[c_idx]
-        c_tok = tok[c_idx]
-        c_node, preview = trie.lookup(c_node_src, c_tok, node)
-        # assemble rows (blank rows, repeat rows, extension rows); ``rows_ops``/``rows_ope`` keep the
-        # source beam's partial-word frames (the record a word completion pushes once the row survives)
-        na, nb = len(a_idx), len(b_idx)
-        nab = na + nb
-        src_rows = np.concatenate((a_idx, b_idx, c_idx))
-        e_src = ei[src_rows]
-        rows_utt = r_utt[src_rows]
-        rows_node = r_node[src_rows]
-        rows_node[nab:] = c_node
-        rows_flag = np.ones(len(rows_node), dtype=np.int64)
-        rows_flag[:na] = 0
-        rows_val = np.concatenate((tot[a_idx] + lpv[a_idx], r_pnb[b_idx] + lpv[b_idx], c_val))
-        rows_ops = ps[e_src]
-        rows_ope = pe[e_src]
-        rows_wf = wf[e_src]
-        c_ps = rows_ops[nab:]
-        sw = starts_word[c_tok]
-        rows_push = np.zeros(len(rows_node), dtype=bool)
-        rows_push[nab:] = sw & (trie.plen[c_node_src] > 0)
-        rows_ps = rows_ops.copy()
-        rows_ps[nab:] = np.where(sw, t if is_bpe else -1, np.where(c_ps < 0, t, c_ps))
-        rows_pe = rows_ope.copy()
-        rows_pe[na:nab] = t + 1
-        rows_pe[nab:] = np.where(sw & (not is_bpe), -1, t + 1)
-        # merge equal (utterance, prefix[, flag]) by log-sum-exp
-        nn = trie.n + len(preview.score) + 1
-        key = rows_utt * nn + rows_node
+        is_rep = tok == trie.last_tok[node][:, None]  # the prefix's last label again (never blank)
+        # main rows: blank stays on the prefix (ends in blank), a label extends it (a repeat needs p_b)
+        main_val = np.where(is_rep, pb[:, None], tot[:, None]) + lpv  # shape: (E, K)
+        mi = np.flatnonzero(valid & (main_val > NEG_INF))
+        # repeat rows: the last label again, staying on the prefix (ends in a label)
+        qi = np.flatnonzero(valid & is_rep & (pnb > NEG_INF)[:, None])
+        cell = np.concatenate((mi, qi))  # shape: (rows,) flat (beam, candidate) cell of each row
+        src = cell // K  # shape: (rows,) source beam
+        r_tok = tok.ravel()[cell]
+        r_nb = np.concatenate((~is_blank.ravel()[mi], np.ones(len(qi), dtype=bool)))  # ends in a label
+        r_stay = np.concatenate((is_blank.ravel()[mi], np.ones(len(qi), dtype=bool)))
+        r_val = np.concatenate((main_val.ravel()[mi], pnb[src[len(mi) :]] + lpv.ravel()[qi]))
+        r_node = node[src]
+        ext = np.flatnonzero(~r_stay)
+        r_node[ext] = trie.children(r_node[ext], r_tok[ext])
+        # merge rows of equal (utterance, prefix[, ends in a label]) by log-sum-exp; the merged beam
+        # takes the word offsets of its most probable row (the first one on ties)
+        r_utt = utt[src]
+        key = r_utt * trie.n + r_node
         if split_blank:
-            key = key * 2 + rows_flag
-        order = np.argsort(key, kind="stable")
-        skey = key[order]
-        starts = _segment_starts(skey)
-        val_sorted = rows_val[order]
-        # word offsets of a merged prefix come from its most probable row (first one on ties)
-        glens = np.diff(np.append(starts, len(skey)))
-        seg_best = np.repeat(np.maximum.reduceat(val_sorted, starts), glens)
-        at_best = np.flatnonzero(val_sorted >= seg_best)
-        seg_of = np.repeat(np.arange(len(starts)), glens)[at_best]
-        first_best = at_best[np.flatnonzero(np.diff(np.concatenate(([-1], seg_of))))]
-        rep = order[first_best]
-        flag_sorted = rows_flag[order]
-        m_pb = np.logaddexp.reduceat(np.where(flag_sorted == 0, val_sorted, NEG_INF), starts)
-        m_pnb = np.logaddexp.reduceat(np.where(flag_sorted == 1, val_sorted, NEG_INF), starts)
-        m_utt, m_node = rows_utt[order[starts]], rows_node[order[starts]]
-        total = np.logaddexp(m_pb, m_pnb) + trie.scores(m_node, preview)
-        # prune per utterance (merged rows are grouped by utterance): threshold, then top beam_width
+            key = key * 2 + r_nb
+        order = _stable_argsort(key)
+        starts = _segment_starts(key[order])
+        val_sorted = r_val[order]
+        glen = np.diff(starts, append=len(order))
+        at_max = val_sorted == np.repeat(np.maximum.reduceat(val_sorted, starts), glen)
+        rep = order[np.minimum.reduceat(np.where(at_max, np.arange(len(order)), len(order)), starts)]  # shape: (M,)
+        if split_blank:
+            m_val = np.logaddexp.reduceat(val_sorted, starts)
+            nb = r_nb[rep]
+            m_pb, m_pnb = np.where(nb, NEG_INF, m_val), np.where(nb, m_val, NEG_INF)
+        else:
+            nb_sorted = r_nb[order]
+            m_pb = np.logaddexp.reduceat(np.where(nb_sorted, NEG_INF, val_sorted), starts)
+            m_pnb = np.logaddexp.reduceat(np.where(nb_sorted, val_sorted, NEG_INF), starts)
+            m_val = np.logaddexp(m_pb, m_pnb)
+        m_utt, m_node = r_utt[rep], r_node[rep]
+        total = m_val + trie.score[m_node]
+        # prune per utterance (merged beams are grouped by utterance): threshold, then top beam_width
         gstart = _segment_starts(m_utt)
-        glen = np.diff(np.append(gstart, len(m_utt)))
-        best = np.repeat(np.maximum.reduceat(total, gstart), glen)
+        best = np.repeat(np.maximum.reduceat(total, gstart), np.diff(gstart, append=len(m_utt)))
         sel = np.flatnonzero((total >= best + beam_prune_logp) & (total > NEG_INF))
-        s_utt, s_tot = m_utt[sel], total[sel]
-        span = float(s_tot.max() - s_tot.min()) + 1.0 if len(sel) else 1.0
-        composite = s_utt * span + (best[sel] - s_tot)  # utterance first, then best score first
-        order = sel[np.argsort(composite, kind="stable")]
-        s_utt = m_utt[order]
-        gstart = _segment_starts(s_utt)
-        rank = np.arange(len(order)) - np.repeat(gstart, np.diff(np.append(gstart, len(order))))
-        order = order[rank < beam_width]
-        kept_node = trie.commit(m_node[order], preview)
+        s_below = best[sel] - total[sel]
+        span = float(s_below.max()) + 1.0 if len(sel) else 1.0
+        order = sel[np.argsort(m_utt[sel] * span + s_below, kind="stable")]  # utterance, then best first
+        if len(order) > beam_width:
+            gstart = _segment_starts(m_utt[order])
+            rank = np.arange(len(order)) - np.repeat(gstart, np.diff(gstart, append=len(order)))
+            order = order[rank < beam_width]
+        kept_node = m_node[order]
         if prune_history:
             hkey = trie.history_hash(kept_node) ^ (m_utt[order].astype(np.uint64) * _UTT_SALT)
             if split_blank:
-                hkey = hkey ^ (m_pb[order] == NEG_INF).astype(np.uint64)
+                hkey ^= (m_pb[order] == NEG_INF).astype(np.uint64)
             _, first_pos = np.unique(hkey, return_index=True)
-            first_pos.sort()
-            order, kept_node = order[first_pos], kept_node[first_pos]
+            if len(first_pos) < len(order):
+                first_pos.sort()
+                order, kept_node = order[first_pos], kept_node[first_pos]
+        # word offsets: a label starting a word closes the partial word (pushes its frames)
         r = rep[order]
+        e = src[r]
+        f = fr[e]
+        o_ps, o_pe, o_wf = ps[e], pe[e], wf[e]
+        is_ext = ~r_stay[r]
+        sw = is_ext & starts_word[r_tok[r]]
+        ps = np.where(is_ext, np.where(sw, f if is_bpe else -1, np.where(o_ps < 0, f, o_ps)), o_ps)
+        pe = np.where(r_nb[r], np.where(sw & (not is_bpe), -1, f + 1), o_pe)
+        wf = records.push(o_ps, o_pe, o_wf, sw & (trie.plen[node[e]] > 0))
         utt, node, pb, pnb = m_utt[order], kept_node, m_pb[order], m_pnb[order]
-        ps, pe, wf = rows_ps[r], rows_pe[r], rows_wf[r]
-        pushed = np.flatnonzero(rows_push[r])
-        if len(pushed):
-            base = len(rec_start)
-            rec_start.extend(rows_ops[r[pushed]].tolist())
-            rec_end.extend(rows_ope[r[pushed]].tolist())
-            rec_prev.extend(wf[pushed].tolist())
-            wf = wf.copy()
-            wf[pushed] = base + np.arange(len(pushed))
-        if hold is not None:
-            utt, node, pb, pnb, ps, pe, wf = (
-                np.concatenate((a, b)) for a, b in zip((utt, node, pb, pnb, ps, pe, wf), hold, strict=False)
-            )
-        # finalize utterances whose last frame this was
-        done = lens[utt] == t + 1
-        if done.any():
-            utt, node, pb, pnb, ps, pe, wf = _finish(
-                done,
-                utt,
-                node,
-                pb,
-                pnb,
-                ps,
-                pe,
-                wf,
-                trie,
-                results,
-                rec_start,
-                rec_end,
-                rec_prev,
-                out_k,
-                beam_prune_logp,
-                last_rep,
-            )
+        # finalize utterances whose last searched frame this was
+        utt, node, pb, pnb, ps, pe, wf = _finish(
+            count[utt] == k + 1, (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
+        )
+    if ended:
+        utt, node, pb, pnb, ps, pe, wf = (np.concatenate(parts) for parts in zip(*ended, strict=True))
+        _finalize(utt, node, pb, pnb, ps, pe, wf, trie, results, records, out_k, beam_prune_logp, last_rep)
     return results
+
+
+class _WordRecords:
+    """Completed-word frames ``(start, end)`` as a linked list per beam (``prev``: the word before)."""
+
+    def __init__(self) -> None:
+        self.start: list[int] = []
+        self.end: list[int] = []
+        self.prev: list[int] = []
+
+    def push(self, start: np.ndarray, end: np.ndarray, prev: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Record ``(start, end)`` after ``prev`` where ``mask``; return the beams' new record pointers."""
+        pushed = np.flatnonzero(mask)
+        if not len(pushed):
+            return prev
+        base = len(self.start)
+        self.start.extend(start[pushed].tolist())
+        self.end.extend(end[pushed].tolist())
+        self.prev.extend(prev[pushed].tolist())
+        out = prev.copy()
+        out[pushed] = base + np.arange(len(pushed))
+        return out
+
+    def frames(self, pointer: int) -> list[tuple[int, int]]:
+        """The completed words' frames, first word first."""
+        out: list[tuple[int, int]] = []
+        while pointer >= 0:
+            out.append((self.start[pointer], self.end[pointer]))
+            pointer = self.prev[pointer]
+        out.reverse()
+        return out
 
 
 def _finish(
     done: np.ndarray,
-    utt: np.ndarray,
-    node: np.ndarray,
-    pb: np.ndarray,
-    pnb: np.ndarray,
-    ps: np.ndarray,
-    pe: np.ndarray,
-    wf: np.ndarray,
-    trie: PrefixTrie,
-    results: list[list[CTCHypothesis]],
-    rec_start: list[int],
-    rec_end: list[int],
-    rec_prev: list[int],
-    beam_width: int,
-    beam_prune_logp: float,
-    last_rep: bool,
+    beams: tuple[np.ndarray, ...],
+    ended: list[tuple[np.ndarray, ...]],
+    lens: np.ndarray,
+    pos: np.ndarray,
+    skip_cum: np.ndarray,
 ) -> tuple[np.ndarray, ...]:
-    """Finalize the utterances of the ``done`` beams (all at once); return the remaining beams."""
-    idx = np.flatnonzero(done)  # every beam of a finished utterance is done
-    _finalize(
-        utt[idx],
-        node[idx],
-        pb[idx],
-        pnb[idx],
-        ps[idx],
-        pe[idx],
-        wf[idx],
-        trie,
-        results,
-        rec_start,
-        rec_end,
-        rec_prev,
-        beam_width,
-        beam_prune_logp,
-        last_rep,
-    )
+    """Move the ``done`` beams (every beam of their utterances) over their trailing skipped frames into
+    ``ended``; return the remaining beams."""
+    if not done.any():
+        return beams
+    utt, node, pb, pnb, ps, pe, wf = (a[done] for a in beams)
+    _skip_blank_frames(pb, pnb, utt, pos[utt], lens[utt], skip_cum)
+    ended.append((utt, node, pb, pnb, ps, pe, wf))
     live = ~done
-    return tuple(a[live] for a in (utt, node, pb, pnb, ps, pe, wf))
+    return tuple(a[live] for a in beams)
 
 
 def _finalize(
@@ -517,9 +481,7 @@ def _finalize(
     wf: np.ndarray,
     trie: PrefixTrie,
     results: list[list[CTCHypothesis]],
-    rec_start: list[int],
-    rec_end: list[int],
-    rec_prev: list[int],
+    records: _WordRecords,
     beam_width: int,
     beam_prune_logp: float,
     last_rep: bool,
@@ -576,12 +538,7 @@ def _finalize(
         f_sid[go].tolist(),
         strict=True,
     ):
-        frames: list[tuple[int, int]] = []
-        p = int(wf[i])
-        while p >= 0:
-            frames.append((rec_start[p], rec_end[p]))
-            p = rec_prev[p]
-        frames.reverse()
+        frames = records.frames(int(wf[i]))
         nd = int(node[i])
         if trie.plen[nd] > 0:
             frames.append((int(ps[i]), int(pe[i])))

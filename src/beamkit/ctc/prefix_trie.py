@@ -1,9 +1,11 @@
 """Prefix store for the vectorised CTC search: integer nodes with array attributes.
 
-A node is a normalised prefix: completed words plus a partial word. Nodes form a tree (parent, last label);
-children are created in bulk with numpy for every (node, label) pair a frame asks for that has no live node
-yet. Strings are never built on the hot path: a partial word is identified by a 64-bit hash of its labels,
-a completed-word sequence by a hash chain, and partial-word scores come from walking character tries kept
+A node is a normalised prefix: completed words plus a partial word. Nodes form a tree (parent, last label)
+with a dense child table (``child[node * V + label]``, 0: no child yet), so finding the child of a
+(node, label) pair is one gather; the children a frame asks for that do not exist yet are created in bulk
+with numpy, and kept for the rest of the call (one node per prefix: equal prefixes always share an id).
+Strings are never built on the hot path: a partial word is identified by a 64-bit hash of its labels, a
+completed-word sequence by a hash chain, and partial-word scores come from walking character tries kept
 as sorted key arrays (:class:`CharTrie`): one for the LM unigrams (unknown-prefix penalty) and one for
 hotwords. Only an LM query for a new (LM context, word) pair goes through Python; text is rebuilt from the
 parent chain for the final hypotheses.
@@ -12,7 +14,6 @@ parent chain for the final hypotheses.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,20 @@ import numpy as np
 from .lm import AVG_TOKEN_LEN, HotwordScorer, LanguageModelFusion
 from .vocab import Vocabulary
 
-_NODE_FIELDS = ("parent", "last_tok", "plen", "phash", "uni", "hotst", "tscore", "score", "sid", "whist", "thash")
+_NODE_FIELDS = (
+    "parent",
+    "last_tok",
+    "plen",
+    "phash",
+    "uni",
+    "hotst",
+    "tscore",
+    "score",
+    "sid",
+    "whist",
+    "thash",
+    "hhash",
+)
 _HASH_MUL = np.uint64(0x100000001B3)
 _HASH_SALT = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9))
 
@@ -76,27 +90,18 @@ class CharTrie:
         return out
 
 
-@dataclass
-class Preview:
-    """Attributes of candidate (virtual) nodes, indexed by ``id - trie.n``."""
-
-    parent: np.ndarray
-    last_tok: np.ndarray
-    plen: np.ndarray
-    phash: np.ndarray
-    uni: np.ndarray
-    hotst: np.ndarray
-    tscore: np.ndarray
-    score: np.ndarray
-    sid: np.ndarray
-    whist: np.ndarray
-    thash: np.ndarray
-
-
 def _mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Combine two uint64 hash arrays (order-sensitive)."""
     h = (a ^ (b * _HASH_SALT[0])) * _HASH_MUL  # uint64 arrays wrap around silently
     return h ^ (h >> np.uint64(29))
+
+
+def _history_key(phash: np.ndarray, plen: np.ndarray, whist: np.ndarray) -> np.ndarray:
+    """A 64-bit key of (partial word, last words) per node, for history pruning. ``whist``: ``(m, H)``."""
+    h = _mix(phash, plen.astype(np.uint64))
+    for j in range(whist.shape[1]):
+        h = _mix(h, whist[:, j])
+    return h
 
 
 class PrefixTrie:
@@ -159,13 +164,20 @@ class PrefixTrie:
         self.sid = np.zeros(cap, dtype=np.int64)  # LM context id of the completed words
         self.whist = np.zeros((cap, self.history), dtype=np.uint64)  # hashes of the last words
         self.thash = np.zeros(cap, dtype=np.uint64)  # hash chain of all completed words
+        self.hhash = np.zeros(cap, dtype=np.uint64)  # history-pruning key (see _history_key)
+        self.child = np.zeros(cap * V, dtype=np.int32)  # child id + 1 per (node, label); 0: none yet
+        # labels that leave a prefix without a partial word unchanged (a delimiter, an empty BPE piece)
+        self.loop_tok = vocab.starts_word & (self.piece_len == 0)  # shape: (V,)
         # LM contexts: id -> state; (context id, word hash) -> (new id, score delta)
         self.states: list[Any] = [lm.start_state() if lm is not None else None]
         self.lm_cache: dict[tuple[int, int], tuple[int, float]] = {}
+        self.word_text: dict[int, str] = {}  # word hash -> the word (partial words that completed)
         self.text_cache: dict[int, str] = {}
         self.root = int(self._alloc(1)[0])
         self.parent[self.root] = -1
-        self.last_tok[self.root] = vocab.space if vocab.space >= 0 else vocab.blank
+        self.last_tok[self.root] = vocab.space  # -1 without a delimiter: no label repeats the root
+        root = np.array([self.root])
+        self.hhash[self.root] = _history_key(self.phash[root], self.plen[root], self.whist[root])[0]
 
     # ------------------------------------------------------------------ storage
     def _alloc(self, m: int) -> np.ndarray:
@@ -174,11 +186,15 @@ class PrefixTrie:
         if need > cap:
             while cap < need:
                 cap *= 4
+            V = self.vocab.size
             for name in _NODE_FIELDS:
                 arr = getattr(self, name)
                 new = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
                 new[: self.n] = arr[: self.n]
                 setattr(self, name, new)
+            child = np.zeros(cap * V, dtype=np.int32)
+            child[: self.n * V] = self.child[: self.n * V]
+            self.child = child
         ids = np.arange(self.n, need, dtype=np.int64)
         self.n = need
         return ids
@@ -229,7 +245,9 @@ class PrefixTrie:
         if hit is None:
             assert self.lm is not None
             if word is None:
-                word = self.partial_string(node)
+                word = self.word_text.get(word_hash)
+                if word is None:
+                    word = self.word_text[word_hash] = self.partial_string(node)
             delta, state = self.lm.score_word(self.states[sid], word)
             hit = (len(self.states), delta)
             self.states.append(state)
@@ -237,42 +255,44 @@ class PrefixTrie:
         return hit
 
     # ------------------------------------------------------------------ children
-    def lookup(self, src: np.ndarray, tok: np.ndarray, live_nodes: np.ndarray) -> tuple[np.ndarray, Preview]:
-        """Child of each (``src``, ``tok``) row (``tok`` never blank).
+    def children(self, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
+        """Child node of each (``src``, ``tok``) row (``tok`` never blank): ``src`` itself for a delimiter that
+        changes nothing, else the node stored for the pair, created (once per distinct pair) when missing."""
+        key = src * self.vocab.size + tok
+        out = self.child[key].astype(np.int64) - 1
+        loop = np.flatnonzero(self.loop_tok[tok] & (self.plen[src] == 0))
+        out[loop] = src[loop]
+        miss = np.flatnonzero(out < 0)
+        if len(miss):
+            # number the distinct missing pairs: mark each slot with a row that asks for it (duplicates read
+            # back one winner), create a node per winner, then store the real ids
+            mkey = key[miss]
+            self.child[mkey] = -1 - np.arange(len(miss), dtype=np.int32)
+            winner = -1 - self.child[mkey].astype(np.int64)
+            is_first = winner == np.arange(len(miss))
+            first = miss[is_first]
+            new = self._create(src[first], tok[first])
+            self.child[key[first]] = new + 1
+            out[miss] = new[(np.cumsum(is_first) - 1)[winner]]
+        return out
 
-        Returns ids: a live node with the same parent and label, ``src`` itself for a delimiter that changes
-        nothing, or a *virtual* id ``>= self.n`` (one per distinct new pair) whose attributes are in the
-        returned :class:`Preview`; only the virtual nodes that survive pruning are stored (:meth:`commit`).
-        """
-        V = self.vocab.size
-        out = np.empty(len(src), dtype=np.int64)
-        self_loop = self.vocab.starts_word[tok] & (self.plen[src] == 0) & (self.piece_len[tok] == 0)
-        out[self_loop] = src[self_loop]
-        rest = np.flatnonzero(~self_loop)
-        q = src[rest] * V + tok[rest]
-        lk = self.parent[live_nodes] * V + self.last_tok[live_nodes]
-        order = np.argsort(lk, kind="stable")
-        lk_sorted = lk[order]
-        if len(lk_sorted) and len(q):
-            pos = np.minimum(np.searchsorted(lk_sorted, q), len(lk_sorted) - 1)
-            hit = lk_sorted[pos] == q
-            out[rest[hit]] = live_nodes[order[pos[hit]]]
-        else:
-            hit = np.zeros(len(q), dtype=bool)
-        miss = rest[~hit]
-        uq, inv = np.unique(q[~hit], return_inverse=True)
-        preview = self._preview(uq // V, uq % V)
-        out[miss] = self.n + inv.reshape(-1)
-        return out, preview
+    def _create(self, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
+        """Store the nodes ``src`` + ``tok`` (distinct pairs without a node yet); return their ids.
 
-    def _preview(self, src: np.ndarray, tok: np.ndarray) -> Preview:
+        Fields that stay 0 without an LM and hotwords (LM context, scores, trie states) are not written:
+        new storage is zero-filled."""
         m = len(src)
+        ids = self._alloc(m)
+        new = slice(int(ids[0]), int(ids[0]) + m)
+        scored = self.lm is not None or self.hot_trie is not None
         sw = self.vocab.starts_word[tok]
-        tscore = self.tscore[src].copy()
-        sid = self.sid[src].copy()
-        whist = self.whist[src].copy()  # shape: (m, H)
-        thash = self.thash[src].copy()
-        completes = np.flatnonzero(sw & (self.plen[src] > 0))
+        src_plen = self.plen[src]
+        whist = self.whist[src]  # shape: (m, H) (a copy)
+        thash = self.thash[src]
+        if scored:
+            tscore = self.tscore[src]
+            sid = self.sid[src]
+        completes = np.flatnonzero(sw & (src_plen > 0))
         if len(completes):
             csrc = src[completes]
             word_hash = self.word_hash(csrc)
@@ -284,21 +304,28 @@ class PrefixTrie:
                 tscore[completes] += np.where(is_hot, self.hot.weight, 0.0)
             if self.lm is not None:
                 for j, (s0, wh, nd) in enumerate(
-                    zip(sid[completes].tolist(), word_hash.tolist(), csrc.tolist(), strict=False)
+                    zip(sid[completes].tolist(), word_hash.tolist(), csrc.tolist(), strict=True)
                 ):
                     new_sid, delta = self._lm_step(s0, wh, nd)
                     sid[completes[j]] = new_sid
                     tscore[completes[j]] += delta
-        plen = np.where(sw, 0, self.plen[src]) + self.piece_len[tok]
+        plen = np.where(sw, 0, src_plen) + self.piece_len[tok]
         chars = self.piece_chars[tok]  # shape: (m, Lmax)
         phash = np.where(sw, np.uint64(0), self.phash[src])  # hash over characters, not pieces
         for j in range(chars.shape[1]):
             cj = chars[:, j]
             phash = np.where(cj >= 0, _mix(phash, (cj + 1).astype(np.uint64)), phash)
-        phash = np.where(plen > 0, phash, np.uint64(0))
+        phash[plen == 0] = 0
+        self.parent[new] = src
+        self.last_tok[new] = tok
+        self.plen[new] = plen
+        self.phash[new] = phash
+        self.whist[new] = whist
+        self.thash[new] = thash
+        self.hhash[new] = _history_key(phash, plen, whist)
+        if not scored:
+            return ids
         partial = np.zeros(m)
-        uni = np.zeros(m, dtype=np.int64)
-        hot = np.zeros(m, dtype=np.int64)
         if self.lm is not None:
             if self.uni_trie is not None:
                 uni = np.where(sw, 0, self.uni[src])
@@ -306,59 +333,26 @@ class PrefixTrie:
                     uni = self.uni_trie.walk(uni, chars[:, j])
             else:
                 uni = np.full(m, -1, dtype=np.int64)
+            self.uni[new] = uni
             scale = np.where(plen > AVG_TOKEN_LEN, plen / AVG_TOKEN_LEN, 1.0)
             partial = np.where((plen > 0) & (uni < 0), self.lm.unk_score_offset * scale, 0.0)
+            self.sid[new] = sid
         if self.hot_trie is not None:
             hot = np.where(sw, 0, self.hotst[src])
             for j in range(chars.shape[1]):
                 hot = self.hot_trie.walk(hot, chars[:, j])
+            self.hotst[new] = hot
             in_hot = (plen > 0) & (hot >= 0)
             bonus = self.hot.weight * plen / self.hot_trie.min_len[np.maximum(hot, 0)]
             partial = np.where(in_hot, bonus, partial)
-        return Preview(
-            parent=src,
-            last_tok=tok,
-            plen=plen,
-            phash=phash,
-            uni=uni,
-            hotst=hot,
-            tscore=tscore,
-            score=tscore + partial,
-            sid=sid,
-            whist=whist,
-            thash=thash,
-        )
-
-    def scores(self, ids: np.ndarray, preview: Preview) -> np.ndarray:
-        """Node scores for ids that may be virtual (``>= self.n``)."""
-        virtual = ids >= self.n
-        out = self.score[np.where(virtual, 0, ids)]
-        out[virtual] = preview.score[ids[virtual] - self.n]
-        return out
-
-    def commit(self, ids: np.ndarray, preview: Preview) -> np.ndarray:
-        """Store the virtual nodes among ``ids`` and return ``ids`` with real node numbers."""
-        virtual = ids >= self.n
-        if not virtual.any():
-            return ids
-        v = ids[virtual] - self.n
-        used = np.zeros(len(preview.score), dtype=bool)
-        used[v] = True
-        vidx = np.flatnonzero(used)  # the distinct virtual nodes, in id order
-        new = self._alloc(len(vidx))
-        for name in _NODE_FIELDS:
-            getattr(self, name)[new] = getattr(preview, name)[vidx]
-        out = ids.copy()
-        out[virtual] = new[np.cumsum(used)[v] - 1]
-        return out
+        self.tscore[new] = tscore
+        self.score[new] = tscore + partial
+        return ids
 
     # ------------------------------------------------------------------ queries
     def history_hash(self, nodes: np.ndarray) -> np.ndarray:
         """A 64-bit key of (last ``history`` words, partial word) per node, for history pruning."""
-        h = _mix(self.phash[nodes], self.plen[nodes].astype(np.uint64))
-        for j in range(self.history):
-            h = _mix(h, self.whist[nodes, j])
-        return h
+        return self.hhash[nodes]
 
     def final_many(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised :meth:`final`: end-of-utterance fused scores and LM context ids of ``nodes``
@@ -393,21 +387,3 @@ class PrefixTrie:
         states = self.states
         eos = np.array([lm.score_eos(states[x]) for x in usid.tolist()], dtype=np.float64)
         return score + eos[inv.reshape(-1)], sid
-
-    def final(self, node: int) -> tuple[float, Any]:
-        """(end-of-utterance fused score, LM state) of a prefix whose utterance ended."""
-        score = float(self.tscore[node])
-        sid = int(self.sid[node])
-        has_partial = self.plen[node] > 0
-        if has_partial and self.hot_trie is not None:
-            hs = int(self.hotst[node])
-            if hs >= 0 and self.hot_trie.is_word[hs]:
-                score += self.hot.weight
-        if self.lm is None:
-            return score, None
-        if has_partial or self.empty_word_at_end:
-            wh = int(self.word_hash(np.array([node]))[0])
-            sid, delta = self._lm_step(sid, wh, node, None if has_partial else "")
-            score += delta
-        state = self.states[sid]
-        return score + self.lm.score_eos(state), state
