@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from beamkit import Hypothesis, beam_search, greedy_decode, select_state
+from beamkit import Hypothesis, beam_search, greedy_decode, search_batch, select_state
 from tests.toy import BOS, ToyModel, all_outputs
 
 EOS, A, B = 0, 1, 2
@@ -99,6 +99,36 @@ def test_exhaustive_beam_equals_brute_force(alpha, seed):
     assert [h.tokens for h in res] == [s for _, s, _ in want]
     assert [h.finished for h in res] == [f for _, _, f in want]
     np.testing.assert_allclose([h.score for h in res], [sc for sc, _, _ in want], atol=1e-9)
+
+
+@pytest.mark.parametrize("min_len", [0, 2])
+@pytest.mark.parametrize("policy", ["narrow", "pool", "compete"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_several_eos_ids_equal_brute_force(seed, policy, min_len):
+    """eos=(0, 2): either id finishes; min_len masks both. Exhaustive beam == brute force, in every policy."""
+    m = ToyModel(4, seed=seed, scale=1.0)
+    outs = [(s, lp, f) for s, lp, f in all_outputs(m, (0, 2), 3) if not f or len(s) > min_len]
+    assert len(outs) == (22 if min_len == 0 else 16)
+    want = sorted(((lp / len(s), s, f) for s, lp, f in outs), key=lambda x: -x[0])
+    res = search_batch(m.step, m.init(), BOS, (0, 2), 64, 3, policy=policy, min_len=min_len)[0]
+    assert [h.tokens for h in res] == [s for _, s, _ in want]
+    assert [h.finished for h in res] == [f for _, _, f in want]
+    np.testing.assert_allclose([h.score for h in res], [sc for sc, _, _ in want], atol=1e-9)
+
+
+def test_eos_forms():
+    m = ToyModel(3, seed=2)
+    none = beam_search(m.step, m.init(), BOS, [], 2, 3)  # no stop token: everything runs to max_len
+    assert all(not h.finished and len(h.tokens) == 3 for h in none)
+    assert [h.tokens for h in beam_search(m.step, m.init(), BOS, (EOS, EOS), 2, 3)] == [
+        h.tokens for h in beam_search(m.step, m.init(), BOS, EOS, 2, 3)
+    ]
+    with pytest.raises(ValueError, match="eos"):
+        beam_search(m.step, m.init(), BOS, [EOS, 7], 2, 3)
+    with pytest.raises(TypeError, match="eos"):
+        beam_search(m.step, m.init(), BOS, "0", 2, 3)
+    with pytest.raises(TypeError, match="eos"):
+        beam_search(m.step, m.init(), BOS, [[EOS]], 2, 3)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])

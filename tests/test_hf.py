@@ -293,14 +293,52 @@ def test_cross_cache_not_gathered_while_layout_is_stable():
     assert c.cache.cross_attention_cache.n == 2 and list(c.row_request) == [1, 1]
 
 
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+@pytest.mark.parametrize("beams", [1, 4])
+def test_several_eos_ids(name, beams):
+    """A list of eos ids (Llama-3 style): any of them finishes, min_new_tokens masks all; same as Hugging Face."""
+    model, ids, mask, eos, pad = setup(name)
+    with torch.no_grad():  # a second stop token: the likeliest other token over the first steps, sharpened
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=4,
+            min_new_tokens=4,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        probs = torch.stack([lg.float().softmax(-1) for lg in out.logits]).mean(dim=(0, 1))
+        special = {eos, pad, int(getattr(model.config, "decoder_start_token_id", None) or pad)}
+        second = next(int(t) for t in probs.argsort(descending=True) if int(t) not in special)
+        model.get_output_embeddings().weight[second] *= 2.0
+    kw = dict(num_beams=beams, max_new_tokens=10, num_return_sequences=min(2, beams), min_new_tokens=2)
+    with torch.no_grad():
+        hf = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=False,
+            eos_token_id=[eos, second],
+            pad_token_id=pad,
+            return_dict_in_generate=True,
+            output_scores=True,
+            **kw,
+        )
+    bk = bh.generate(model, ids, mask, eos_token_id=[eos, second], pad_token_id=pad, **kw)
+    assert torch.equal(bk.sequences, hf.sequences), (bk.sequences, hf.sequences)
+    if beams > 1:
+        assert torch.allclose(bk.sequences_scores, hf.sequences_scores, atol=1e-4, rtol=0)
+    ends = {h.tokens[-1] for hyps in bk.hypotheses for h in hyps if h.finished}
+    assert second in ends  # the second id really finished hypotheses
+    assert all(len(h.tokens) > 2 for hyps in bk.hypotheses for h in hyps)  # min_new_tokens masked both
+
+
 def test_bad_inputs():
     model, ids, mask, eos, pad = setup("gpt2")
     with pytest.raises(TypeError, match="input_ids"):
         bh.generate(model, ids[0], num_beams=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="num_return_sequences"):
         bh.generate(model, ids, mask, num_beams=2, num_return_sequences=3, max_new_tokens=3)
-    with pytest.raises(ValueError, match="one eos id"):
-        bh.generate(model, ids, mask, num_beams=2, max_new_tokens=3, eos_token_id=[eos, 5])
     with pytest.raises(ValueError, match="attention_mask"):
         bh.generate(model, ids, mask[:, :3], num_beams=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="early_stopping"):

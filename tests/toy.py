@@ -93,14 +93,16 @@ class MultiToy(ToyModel):
         return ToyModel(self.v, self.seeds[r], scale=self.scale)
 
 
-def all_outputs(model: ToyModel, eos: int, max_len: int) -> list[tuple[list[int], float, bool]]:
-    """Every output of the model: sequences ending in eos (length <= max_len) and eos-free ones of max_len."""
+def all_outputs(model: ToyModel, eos: int | tuple[int, ...], max_len: int) -> list[tuple[list[int], float, bool]]:
+    """Every output of the model: sequences ending in an eos id (length <= max_len) and eos-free ones of max_len."""
+    stops = (eos,) if isinstance(eos, int) else tuple(eos)
     out = []
-    others = [t for t in range(model.v) if t != eos]
+    others = [t for t in range(model.v) if t not in stops]
     for n in range(1, max_len + 1):
         for body in itertools.product(others, repeat=n - 1):
-            seq = list(body) + [eos]
-            out.append((seq, model.path_logprob(seq), True))
+            for e in stops:
+                seq = list(body) + [e]
+                out.append((seq, model.path_logprob(seq), True))
     for body in itertools.product(others, repeat=max_len):
         seq = list(body)
         out.append((seq, model.path_logprob(seq), False))

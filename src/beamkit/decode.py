@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from beamkit.engine import BeamSearch, StepFn, make_options
@@ -13,7 +14,7 @@ def beam_search(
     step_fn: StepFn,
     init_state: Any,
     bos: int,
-    eos: int,
+    eos: int | Sequence[int],
     beam_size: int,
     max_len: int,
     length_penalty: float | LengthPenalty = 1.0,
@@ -26,8 +27,8 @@ def beam_search(
     candidates together (ties to the lower beam, then the lower token id), keeps the first
     ``beam_size - finished`` finite ones, finishes eos candidates (the beam narrows) and gathers the state by
     parent. Stops when nothing is live or after ``max_len`` tokens (live ones are returned unfinished). Scores
-    are ``logprob / len(tokens) ** length_penalty`` (eos counted). Extra options are those of
-    :class:`beamkit.SearchOptions` (policy, processors, ...).
+    are ``logprob / len(tokens) ** length_penalty`` (eos counted). ``eos`` may be several ids (any of them
+    finishes). Extra options are those of :class:`beamkit.SearchOptions` (policy, processors, ...).
     """
     result = BeamSearch(make_options(beam_size, max_len, length_penalty=length_penalty, **options)).search(
         step_fn, init_state, bos, eos, batch_size=1
@@ -37,6 +38,8 @@ def beam_search(
     return result.hypotheses[0]
 
 
-def greedy_decode(step_fn: StepFn, init_state: Any, bos: int, eos: int, max_len: int, **options: Any) -> Hypothesis:
+def greedy_decode(
+    step_fn: StepFn, init_state: Any, bos: int, eos: int | Sequence[int], max_len: int, **options: Any
+) -> Hypothesis:
     """Greedy decoding: a beam of one of the same search, ties to the lowest id, score equal to its logprob."""
     return beam_search(step_fn, init_state, bos, eos, 1, max_len, length_penalty=0.0, **options)[0]

@@ -24,7 +24,7 @@ import numpy as np
 
 from beamkit import ops
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
-from beamkit.processors import LogitsProcessor, MinLength, StepContext
+from beamkit.processors import LogitsProcessor, MinLength, StepContext, is_stop
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.state import first_array, is_identity, select_state
 
@@ -271,16 +271,18 @@ class BeamSearch:
         step_fn: StepFn,
         init_state: Any,
         bos: int | Sequence[int],
-        eos: int | None,
+        eos: int | Sequence[int] | None,
         batch_size: int | None = None,
     ) -> SearchResult:
         """Decode every request of ``init_state`` (one row each); see the module docstring for one step.
 
-        ``eos=None`` means no stop token: every hypothesis runs to ``max_len``.
+        ``eos`` is the stop token, or several (any of them finishes a hypothesis); ``None`` means no stop token:
+        every hypothesis runs to ``max_len``.
         """
         opt = self.options
         lead = first_array(init_state)
         n_req = count_requests(init_state, bos) if batch_size is None else int(batch_size)
+        stop = eos_ids(eos)
         bos_arr = bos_array(bos, n_req)
         m = 2 * opt.beam_size if opt.policy == "pool" else opt.beam_size
         book = _Requests(n_req, opt.num_return or opt.beam_size)
@@ -295,7 +297,7 @@ class BeamSearch:
             stats.model_calls += 1
             stats.rows_per_call.append(n_rows)
             ops.check_logits(logits, n_rows)
-            if t == 0 and eos is not None and not 0 <= eos < logits.shape[1]:
+            if t == 0 and any(not 0 <= e < logits.shape[1] for e in stop):
                 raise ValueError(f"eos={eos} is not a token id of the model's vocabulary of {logits.shape[1]}")
 
             lse = ops.logsumexp(logits)  # shape: (rows,)
@@ -307,7 +309,7 @@ class BeamSearch:
                     what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
                     book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
             ctx = StepContext(
-                step=t, tokens=rows.tokens, request=rows.req, eos=eos, logprob=rows.lp, finished=book.count[rows.req]
+                step=t, tokens=rows.tokens, request=rows.req, eos=stop, logprob=rows.lp, finished=book.count[rows.req]
             )
             if self.processors:
                 scores = ops.log_softmax(logits)  # shape: (rows, V)
@@ -331,7 +333,7 @@ class BeamSearch:
                 for r in np.unique(rows.req[empty]).tolist():
                     book.errors.setdefault(r, f"no finite candidate at step {t} (every continuation is masked or -inf)")
             last = t + 1 == opt.max_len
-            surv = self._policy_step(book, rows, cand, eos, t, last)
+            surv = self._policy_step(book, rows, cand, stop, t, last)
             if book.errors:
                 surv = surv[~np.isin(cand.req[surv], np.array(sorted(book.errors)))]
             if surv.size == 0 or last:
@@ -383,12 +385,12 @@ class BeamSearch:
         return found
 
     def _narrow_step(
-        self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int | None, t: int, last: bool
+        self, book: _Requests, rows: _Rows, cand: _Candidates, stop: tuple[int, ...], t: int, last: bool
     ) -> np.ndarray:
         """Seed 000: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
         quota = self.options.beam_size - book.count
         take = cand.rank < quota[cand.req]
-        is_eos = cand.tok == (-1 if eos is None else eos)
+        is_eos = is_stop(cand.tok, stop)
         done = np.flatnonzero(take & is_eos)
         surv = np.flatnonzero(take & ~is_eos)
         book.add(self._hypotheses(rows, cand, done, np.ones(done.size, bool), t + 1), None)
@@ -398,13 +400,13 @@ class BeamSearch:
         return surv
 
     def _pool_step(
-        self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int | None, t: int, last: bool
+        self, book: _Requests, rows: _Rows, cand: _Candidates, stop: tuple[int, ...], t: int, last: bool
     ) -> np.ndarray:
         """Hugging Face / fairseq: eos (or anything at max_len) ranked in the top k joins the pool; the best k
         other candidates run on; then each request's stopping rule."""
         opt = self.options
         k = opt.beam_size
-        is_eos = cand.tok == (-1 if eos is None else eos)
+        is_eos = is_stop(cand.tok, stop)
         hits = is_eos | last
         admit = hits & (cand.rank < k)
         if opt.early_stopping is True:
@@ -423,7 +425,7 @@ class BeamSearch:
         return surv
 
     def _compete_step(
-        self, book: _Requests, rows: _Rows, cand: _Candidates, eos: int | None, t: int, last: bool
+        self, book: _Requests, rows: _Rows, cand: _Candidates, stop: tuple[int, ...], t: int, last: bool
     ) -> np.ndarray:
         """Kool et al.: a request's finished hypotheses and new candidates compete by key for its k slots."""
         k = self.options.beam_size
@@ -437,7 +439,7 @@ class BeamSearch:
             keep[lo:hi] = np.arange(hi - lo) + np.searchsorted(-pk, -ck, side="right") < k
             stay = np.arange(pk.size) + np.searchsorted(-ck, -pk, side="left") < k
             book.set(r, [h for h, s in zip(book.pools[r], stay, strict=True) if s])
-        is_eos = cand.tok == (-1 if eos is None else eos)
+        is_eos = is_stop(cand.tok, stop)
         done = np.flatnonzero(keep & is_eos)
         surv = np.flatnonzero(keep & ~is_eos)
         by_key = self._hypotheses(rows, cand, done, np.ones(done.size, bool), t + 1)
@@ -506,6 +508,18 @@ def rank_candidates(
     return order, np.arange(order.shape[0]) - np.searchsorted(sorted_req, sorted_req, side="left")
 
 
+def eos_ids(eos: int | Sequence[int] | None) -> tuple[int, ...]:
+    """The stop tokens as a tuple of distinct ints: ``None`` -> ``()``, an id -> ``(id,)``, ids kept in order."""
+    if eos is None:
+        return ()
+    raw = np.asarray(eos)
+    if raw.size == 0 and raw.ndim == 1:
+        return ()
+    if raw.dtype.kind not in "iu" or raw.ndim > 1:
+        raise TypeError(f"eos must be an int, a sequence of ints or None, got {eos!r}")
+    return tuple(dict.fromkeys(raw.reshape(-1).tolist()))
+
+
 def unpack_step(out: Any) -> tuple[Any, Any, dict[str, Any]]:
     """Split a step function's return value into ``(logits, new_state, extras)``."""
     if not isinstance(out, tuple) or len(out) not in (2, 3):
@@ -555,7 +569,7 @@ def search_batch(
     step_fn: StepFn,
     init_state: Any,
     bos: int | Sequence[int],
-    eos: int | None,
+    eos: int | Sequence[int] | None,
     beam_size: int,
     max_len: int,
     **options: Any,

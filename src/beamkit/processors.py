@@ -26,7 +26,7 @@ class StepContext:
     step: int  # tokens generated so far (the new token gets index ``step``)
     tokens: np.ndarray  # shape: (rows, step) int64, generated tokens of each live row
     request: np.ndarray  # shape: (rows,) int64, the request (input index) of each row
-    eos: int | None  # None: no stop token (the search runs to max_len)
+    eos: tuple[int, ...]  # the stop tokens; empty: none (the search runs to max_len)
     logprob: np.ndarray | None = None  # shape: (rows,) float64, running log-probability of each row
     finished: np.ndarray | None = None  # shape: (rows,) int64, finished hypotheses of each row's request
 
@@ -41,6 +41,17 @@ class StepContext:
                 pad[i, width - len(p) :] = np.asarray(p, dtype=np.int64)
         return np.concatenate([pad[self.request], self.tokens], axis=1)
 
+    def is_eos(self, tok: np.ndarray) -> np.ndarray:
+        """Whether each token of ``tok`` is a stop token (boolean array of its shape)."""
+        return is_stop(tok, self.eos)
+
+
+def is_stop(tok: np.ndarray, eos: tuple[int, ...]) -> np.ndarray:
+    """Whether each token of ``tok`` is one of the stop tokens ``eos`` (none: all False)."""
+    if len(eos) == 1:
+        return tok == eos[0]
+    return np.isin(tok, eos)
+
 
 class LogitsProcessor(Protocol):
     """Edits one step's ``[rows, V]`` log-probabilities."""
@@ -50,15 +61,15 @@ class LogitsProcessor(Protocol):
 
 @dataclass(frozen=True)
 class MinLength:
-    """Mask eos until ``min_len`` tokens have been generated (eos itself not counted)."""
+    """Mask every stop token until ``min_len`` tokens have been generated (eos itself not counted)."""
 
     min_len: int
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
-        if ctx.step >= self.min_len or ctx.eos is None:
+        if ctx.step >= self.min_len or not ctx.eos:
             return scores
-        rows = np.arange(scores.shape[0])
-        return ops.fill(scores, rows, np.full_like(rows, ctx.eos), NEG_INF)
+        rows = np.repeat(np.arange(scores.shape[0]), len(ctx.eos))
+        return ops.fill(scores, rows, np.tile(np.asarray(ctx.eos, dtype=np.int64), scores.shape[0]), NEG_INF)
 
 
 def _ngram_bans(seq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

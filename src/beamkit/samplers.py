@@ -378,7 +378,7 @@ def stochastic_beam_search(
     step_fn: Any,
     init_state: Any,
     bos: int | Sequence[int],
-    eos: int,
+    eos: int | Sequence[int],
     beam_size: int,
     max_len: int,
     seed: int | None = None,

@@ -90,8 +90,8 @@ def generate(
     forced word are returned).
 
     Returns a :class:`BeamOutput` with ``sequences``, ``sequences_scores`` and beamkit's ``hypotheses``.
-    Raises ValueError for inputs or generation settings the bridge cannot reproduce exactly (several distinct
-    eos ids, sampling, unmapped logit processors).
+    ``eos_token_id`` may be a list (any of them finishes a hypothesis, as in Hugging Face). Raises ValueError for
+    inputs or generation settings the bridge cannot reproduce exactly (sampling, unmapped logit processors).
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise TypeError("input_ids must be a 2-D torch tensor [batch, sequence]")
@@ -130,8 +130,6 @@ def generate(
         raise ValueError(f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return}")
     if early_stopping not in (True, False, "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-    if eos is not None and len(eos) > 1:
-        raise ValueError(f"beamkit.hf supports one eos id; got {eos} (pass eos_token_id=<one id>)")
 
     batch, width = input_ids.shape
     if attention_mask is None:
@@ -192,13 +190,13 @@ def generate(
     if groups > 1 and num_beams % groups:
         raise ValueError(f"num_beams ({num_beams}) must be a multiple of num_beam_groups ({groups})")
     state = step.init_state(input_ids, attention_mask.to(input_ids.device))
-    eos_id = eos[0] if eos is not None else -1
+    stop = tuple(eos or ())
     with torch.inference_mode():  # once here, not per step
         hyps, stats = _search(
             step,
             state,
             int(start),
-            eos_id,
+            stop,
             batch,
             num_beams,
             max_new_tokens,
@@ -220,7 +218,7 @@ def _search(
     step: Any,
     state: Any,
     start: int,
-    eos_id: int,
+    stop: tuple[int, ...],
     batch: int,
     num_beams: int,
     max_new_tokens: int,
@@ -235,18 +233,18 @@ def _search(
         from beamkit.variants import diverse_beam_search
 
         hyps = diverse_beam_search(
-            step, state, start, eos_id, num_beams, max_new_tokens, groups, diversity, num_return=num_return, **common
+            step, state, start, stop, num_beams, max_new_tokens, groups, diversity, num_return=num_return, **common
         )
         return hyps, SearchStats()
     if force_words:
         from beamkit.variants import constrained_beam_search
 
         found = constrained_beam_search(
-            step, state, start, eos_id, num_beams, max_new_tokens, constraints=force_words, **common
+            step, state, start, stop, num_beams, max_new_tokens, constraints=force_words, **common
         )
         return [h[:num_return] for h in found], SearchStats()
     options = make_options(num_beams, max_new_tokens, num_return=num_return, **common)
-    result = BeamSearch(options).search(step, state, start, eos_id, batch)
+    result = BeamSearch(options).search(step, state, start, stop, batch)
     if result.errors:
         raise BatchDecodeError(result.errors, result.hypotheses)
     return result.hypotheses, result.stats

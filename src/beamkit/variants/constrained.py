@@ -165,7 +165,7 @@ class Constrained:
         for r in np.unique(ctx.request).tolist():
             sel = np.flatnonzero(ctx.request == r)
             cons = self.of(r)
-            if any(ctx.eos in a for alts in cons for a in alts):
+            if any(e in a for alts in cons for a in alts for e in ctx.eos):
                 raise ValueError(f"a constraint of request {r} contains eos ({ctx.eos})")
             if any(t >= vocab for alts in cons for a in alts for t in a):
                 raise ValueError(f"a constraint of request {r} has a token id >= vocabulary size {vocab}")
@@ -186,7 +186,7 @@ class Constrained:
             tok = np.concatenate([tok, e_tok], axis=1)  # shape: (rows, m' + extra)
             vals = np.concatenate([vals, e_lp], axis=1)
         lp = vals.copy()
-        lp[(tok == ctx.eos) & ~met_rows[:, None]] = -np.inf  # eos only once every constraint is met
+        lp[ctx.is_eos(tok) & ~met_rows[:, None]] = -np.inf  # eos only once every constraint is met
         cum = run[:, None] + lp  # shape: (rows, w)
         bank = np.zeros(tok.shape, dtype=np.int64)
         top = 0
@@ -221,7 +221,7 @@ def constrained_beam_search(
     step_fn: StepFn,
     init_state: Any,
     bos: int | Sequence[int],
-    eos: int,
+    eos: int | Sequence[int],
     beam_size: int,
     max_len: int,
     constraints: Sequence[Any],

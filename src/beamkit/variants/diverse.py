@@ -106,10 +106,10 @@ class Diverse:
         if self.policy == "narrow":
             # the engine's quota: beams minus the group's finished hypotheses
             finished = ctx.finished[c_row] if ctx.finished is not None else 0
-            keep = (rank < self.group_beams - finished) & (c_tok != ctx.eos)
+            keep = (rank < self.group_beams - finished) & ~ctx.is_eos(c_tok)
         else:
             # pool: the first group_beams non-eos candidates of each request survive
-            cont = c_tok != ctx.eos
+            cont = ~ctx.is_eos(c_tok)
             cum = np.cumsum(cont)
             before = cum[starts] - cont[starts]
             keep = cont & (cum - before - 1 < self.group_beams)
@@ -122,7 +122,7 @@ def diverse_beam_search(
     step_fn: StepFn,
     init_state: Any,
     bos: int | Sequence[int],
-    eos: int,
+    eos: int | Sequence[int],
     beam_size: int,
     max_len: int,
     groups: int,

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import StepFn, bos_array, search_batch, unpack_step
+from beamkit.engine import StepFn, bos_array, eos_ids, search_batch, unpack_step
 from beamkit.hypothesis import Hypothesis
 from beamkit.scoring import LengthPenalty, as_length_penalty
 from beamkit.state import concat_state, first_array, select_state
@@ -54,7 +54,7 @@ def exact_search_stats(
     step_fn: StepFn,
     init_state: Any,
     bos: int,
-    eos: int,
+    eos: int | Sequence[int],
     max_len: int,
     length_penalty: float | LengthPenalty = 1.0,
     n: int = 1,
@@ -73,6 +73,7 @@ def exact_search_stats(
     if expand_batch < 1:
         raise ValueError(f"expand_batch must be >= 1, got {expand_batch}")
     lp = as_length_penalty(length_penalty)
+    stop = set(eos_ids(eos))
     lead = first_array(init_state)
     if lead is not None and int(lead.shape[0]) != 1:
         raise ValueError(f"exact_search decodes one request: init_state must have 1 row, got {lead.shape[0]}")
@@ -127,7 +128,7 @@ def exact_search_stats(
             child_lp = nd.logprob + logp[i]  # shape: (V,)
             for v in np.flatnonzero(np.isfinite(child_lp)).tolist():
                 total = float(child_lp[v])
-                if v == eos or length == max_len:
+                if v in stop or length == max_len:
                     score = float(lp(total, length))
                     if len(best) < n or score > best[0][0]:
                         offer(
@@ -135,7 +136,7 @@ def exact_search_stats(
                                 tokens=nd.tokens + [v],
                                 logprob=total,
                                 score=score,
-                                finished=v == eos,
+                                finished=v in stop,
                                 token_logprobs=nd.token_logprobs + [float(logp[i, v])],
                             )
                         )
@@ -179,7 +180,7 @@ def exact_search(
     step_fn: StepFn,
     init_state: Any,
     bos: int,
-    eos: int,
+    eos: int | Sequence[int],
     max_len: int,
     length_penalty: float | LengthPenalty = 1.0,
     n: int = 1,
@@ -214,7 +215,7 @@ def search_errors(
     step_fn: StepFn,
     init_state: Any,
     bos: int | Sequence[int],
-    eos: int,
+    eos: int | Sequence[int],
     beam_size: int,
     max_len: int,
     length_penalty: float | LengthPenalty = 1.0,
