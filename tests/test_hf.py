@@ -293,6 +293,33 @@ def test_cross_cache_not_gathered_while_layout_is_stable():
     assert c.cache.cross_attention_cache.n == 2 and list(c.row_request) == [1, 1]
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_repetition_penalty_and_bad_words(name):
+    """repetition_penalty and bad_words_ids (one- and two-token words) as keywords: same outputs as HF."""
+    model, ids, mask, eos, pad = setup(name)
+    plain, _ = check(name, 8, num_beams=3, max_new_tokens=8)
+    used = [t for hyps in plain.hypotheses for t in hyps[0].tokens if t != eos]
+    bad = [[used[0]], [used[1], used[2]], [eos]]  # [eos] is ignored, as in Hugging Face
+    bk, _ = check(name, 8, num_beams=3, max_new_tokens=8, repetition_penalty=1.5, bad_words_ids=bad)
+    outs = [h.tokens for hyps in bk.hypotheses for h in hyps]
+    assert outs != [h.tokens for hyps in plain.hypotheses for h in hyps]  # the settings changed something
+    assert all(used[0] not in toks for toks in outs)
+    assert any(h.finished for hyps in bk.hypotheses for h in hyps)
+
+
+def test_bad_words_from_the_generation_config():
+    """Marian-style generation config: bad_words_ids=[[pad]] is read from the model, not an error."""
+    model, ids, mask, eos, pad = setup("bart")
+    model.generation_config.bad_words_ids = [[pad], [5]]
+    model.generation_config.repetition_penalty = 1.2
+    kw = dict(num_beams=4, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad)
+    with torch.no_grad():
+        hf = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    bk = bh.generate(model, ids, mask, **kw)
+    assert torch.equal(bk.sequences, hf)
+    assert all(5 not in h.tokens and pad not in h.tokens for hyps in bk.hypotheses for h in hyps)
+
+
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 @pytest.mark.parametrize("beams", [1, 4])
 def test_several_eos_ids(name, beams):
@@ -395,9 +422,10 @@ def test_generation_config_defaults_and_unmapped_settings():
         bk = bh.generate(model, ids, mask)  # everything from the generation config, as model.generate does
         assert torch.equal(bk.sequences, hf.sequences)
         assert torch.allclose(bk.sequences_scores, hf.sequences_scores, atol=1e-4, rtol=0)
-        gc.repetition_penalty = 1.3
-        with pytest.raises(ValueError, match="repetition_penalty"):
-            bh.generate(model, ids, mask)
+        gc.repetition_penalty = 1.3  # mapped: read from the config like model.generate does
+        penalised = model.generate(ids, attention_mask=mask)
+        assert torch.equal(bh.generate(model, ids, mask).sequences, penalised)
+        assert not torch.equal(penalised, hf.sequences)
         gc.repetition_penalty, gc.do_sample = 1.0, True
         with pytest.raises(ValueError, match="do_sample"):
             bh.generate(model, ids, mask)

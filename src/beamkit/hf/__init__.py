@@ -20,16 +20,14 @@ from beamkit.hf.output import BeamOutput, build_sequences
 from beamkit.hf.processors import ForcedTokens
 from beamkit.hf.step import CacheRows, DecoderOnlyStep, EncoderDecoderStep
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
-from beamkit.processors import NoRepeatNGram
+from beamkit.processors import BadWords, NoRepeatNGram, RepetitionPenalty
 from beamkit.scoring import LengthPenalty
 
 __all__ = ["BeamOutput", "CacheRows", "DecoderOnlyStep", "EncoderDecoderStep", "ForcedTokens", "generate"]
 
 # generation_config fields that change Hugging Face's beam search but are not mapped here, with their neutral value.
 _UNMAPPED = {
-    "repetition_penalty": 1.0,
     "encoder_repetition_penalty": 1.0,
-    "bad_words_ids": None,
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
     "sequence_bias": None,
@@ -82,7 +80,10 @@ def generate(
     (``num_beams`` 1, ``early_stopping`` False, ``length_penalty`` 1.0 when unset there). ``input_ids``
     ``[batch, P]`` are left-padded prompts (decoder-only) or encoder inputs (encoder-decoder); ``attention_mask``
     is inferred from ``pad_token_id`` like Hugging Face does when omitted. ``num_beams=1`` is greedy decoding.
-    ``**beamkit_options`` go to :class:`beamkit.SearchOptions` (``patience``, ``exact_exit``, extra
+    ``repetition_penalty`` and ``bad_words_ids`` (keywords, or the generation config's, such as Marian's ban on
+    its pad token) become beamkit's :class:`~beamkit.RepetitionPenalty` and :class:`~beamkit.BadWords` with
+    Hugging Face's conventions (the prompt counts, its left padding not for the penalty; eos is never banned).
+    Other ``**beamkit_options`` go to :class:`beamkit.SearchOptions` (``patience``, ``exact_exit``, extra
     ``processors`` applied after the mapped ones, ``selector``, ``final_scorer``, ...). Two Hugging Face
     features that 5.x no longer ships run on beamkit's variants: ``num_beam_groups`` + ``diversity_penalty``
     (diverse beam search, :func:`beamkit.variants.diverse_beam_search`) and ``force_words_ids`` (lexically
@@ -102,6 +103,8 @@ def generate(
     gc = getattr(model, "generation_config", None)
     cfg = model.config
     is_enc_dec = bool(getattr(cfg, "is_encoder_decoder", False))
+    repetition = float(_pick(beamkit_options.pop("repetition_penalty", None), gc, "repetition_penalty", 1.0))
+    bad_words = _pick(beamkit_options.pop("bad_words_ids", None), gc, "bad_words_ids", None)
     for name, neutral in _UNMAPPED.items():
         if name in beamkit_options:  # an explicit Hugging Face-style override, e.g. do_sample=False
             value = beamkit_options.pop(name)
@@ -161,9 +164,25 @@ def generate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
 
+    # Hugging Face's processors see prompt + generated tokens (decoder-only; left padding included) or the decoder
+    # tokens from the start token on (encoder-decoder): the same prompts here.
+    prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
     procs: list[Any] = []
+    if repetition != 1.0:
+        if is_enc_dec:
+            seen = prompts
+        else:  # Hugging Face skips the left padding (everything before the first attended position)
+            first = (attention_mask != 0).int().argmax(dim=1).tolist()
+            seen = tuple(p[f:] for p, f in zip(prompts, first, strict=True))
+        procs.append(RepetitionPenalty(repetition, seen))
     if ngram > 0:
-        procs.append(NoRepeatNGram(ngram, tuple(tuple(int(t) for t in row) for row in prefix.tolist())))
+        procs.append(NoRepeatNGram(ngram, prompts))
+    if bad_words is not None:
+        banned = tuple(tuple(int(t) for t in word) for word in bad_words)
+        if eos is not None:  # Hugging Face never bans eos itself
+            banned = tuple(w for w in banned if not (len(w) == 1 and w[0] in eos))
+        if banned:
+            procs.append(BadWords(banned, prompts))
     min_length = int(getattr(gc, "min_length", 0) or 0)
     min_len = max(min_new, min_length - prompt_len) if eos is not None else 0
     forced_bos = getattr(gc, "forced_bos_token_id", None)
