@@ -392,6 +392,31 @@ def test_rank_candidates_against_a_sort():
     assert len(order_all) == int(np.isfinite(key).sum())
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_rank_candidates_of_ordered_rows_against_a_sort(seed):
+    """``ordered=True`` (rows as the deterministic selector returns them) gives the full four-key order."""
+    from beamkit.engine import rank_candidates
+
+    rng = np.random.default_rng(seed)
+    rows, m = 12, 6
+    row_req = np.sort(rng.integers(0, 4, rows))
+    key = rng.integers(-3, 3, (rows, m)).astype(float)  # many ties, within and across rows
+    key[rng.random((rows, m)) < 0.1] = -np.inf
+    tok = np.stack([rng.permutation(20)[:m] for _ in range(rows)])
+    # each row by key descending, equal keys by token ascending (a row-major flat layout, as the engine builds)
+    for r in range(rows):
+        o = np.lexsort((tok[r], -key[r]))
+        key[r], tok[r] = key[r][o], tok[r][o]
+    req, row = np.repeat(row_req, m), np.repeat(np.arange(rows), m)
+    order, rank = rank_candidates(req, key.reshape(-1), row, tok.reshape(-1), ordered=True)
+    flat_key, flat_tok = key.reshape(-1), tok.reshape(-1)
+    keep = [i for i in range(rows * m) if np.isfinite(flat_key[i])]
+    want = sorted(keep, key=lambda i: (req[i], -flat_key[i], row[i], flat_tok[i]))
+    assert order.tolist() == want
+    per_req = [sum(1 for j in want[:p] if req[j] == req[want[p]]) for p in range(len(want))]
+    assert rank.tolist() == per_req
+
+
 def test_group_starts():
     from beamkit.engine import group_starts
 
