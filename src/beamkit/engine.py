@@ -302,24 +302,23 @@ class BeamSearch:
 
             lse = ops.logsumexp(logits)  # shape: (rows,)
             ok = np.isfinite(lse)
-            fine = bool(ok.all())  # the usual case: no NaN, +inf or all -inf row
-            bad = None if fine else np.isnan(lse) | (lse == np.inf)
-            if bad is not None and bad.any():
-                for r in np.unique(rows.req[bad]):
+            all_ok = bool(ok.all())  # else NaN / +inf rows (their requests fail) or all -inf rows (no candidate)
+            bad = np.isnan(lse) | (lse == np.inf) if not all_ok else None
+            if bad is not None:
+                for r in np.unique(rows.req[bad]).tolist():
                     what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
-                    book.errors[int(r)] = f"step_fn returned {what} logits at step {t}"
+                    book.errors[r] = f"step_fn returned {what} logits at step {t}"
             ctx = StepContext(
                 step=t, tokens=rows.tokens, request=rows.req, eos=stop, logprob=rows.lp, finished=book.count[rows.req]
             )
+            # a row yields nothing when its request failed or it has no finite logit
             if self.processors:
                 scores = ops.log_softmax(logits)  # shape: (rows, V)
                 for proc in self.processors:
                     scores = proc(scores, ctx)
-                offset = np.zeros(n_rows)
+                offset = np.zeros(n_rows) if bad is None else np.where(bad, -np.inf, 0.0)
             else:
-                scores, offset = logits, (-lse if fine else np.where(ok, -lse, -np.inf))  # all -inf row: nothing
-            if bad is not None and bad.any():
-                offset = np.where(bad, -np.inf, offset)  # a failed request's rows yield nothing
+                scores, offset = logits, (-lse if all_ok else np.where(ok, -lse, -np.inf))
             logp, tok, key = opt.selector.candidates(scores, offset, rows.key, m, ctx)  # shape: (rows, m)
             if opt.coverage_penalty is not None:
                 if "attention" not in extras:
