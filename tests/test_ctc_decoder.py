@@ -54,6 +54,30 @@ def test_normalize_logits_follows_pyctcdecode_rule() -> None:
         normalize_logits(np.zeros((2, 2, 2)))
 
 
+def test_batch_normalisation_equals_normalize_logits_per_matrix(monkeypatch) -> None:
+    # the batched rule (block-wise log-softmax, NaN check on row sums) gives normalize_logits' values bit
+    # for bit, for logits and probabilities, over several blocks of rows
+    from beamkit.ctc import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "_BLOCK_ROWS", 7)
+    rng = np.random.default_rng(3)
+    logits = [rng.normal(0, 3, (T, len(LABELS))) for T in (5, 23, 0, 11)]
+    probs = rng.dirichlet(np.ones(len(LABELS)), size=9)
+    logits[1][4, 2] = -np.inf  # a row with -inf stays finite elsewhere
+    mats = [*logits, probs]
+    batch, lens = build_ctcdecoder(LABELS)._normalize_batch(mats)
+    assert lens.tolist() == [5, 23, 0, 11, 9]
+    for m, b, n in zip(mats, batch, lens.tolist(), strict=True):
+        if n:
+            assert np.array_equal(b[:n], normalize_logits(m))
+    with_nan = logits[2:4] + [np.where(np.arange(len(LABELS)) == 3, np.nan, logits[3])]
+    with pytest.raises(ValueError, match="NaN"):
+        build_ctcdecoder(LABELS)._normalize_batch(with_nan)
+    infinite = np.array([[np.inf, -np.inf, 0, 0, 0, 0]])  # its row sum is NaN, but it holds no NaN
+    with np.errstate(invalid="ignore"):
+        build_ctcdecoder(LABELS)._normalize_batch([infinite])
+
+
 def test_decoder_without_lm_reads_the_best_path() -> None:
     rng = np.random.default_rng(0)
     decoder = build_ctcdecoder(LABELS)

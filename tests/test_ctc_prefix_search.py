@@ -22,6 +22,8 @@ from beamkit.ctc import (
     log_softmax,
     prefix_beam_search,
 )
+from beamkit.ctc.lm import HotwordScorer
+from beamkit.ctc.prefix_trie import CharTrie, PrefixTrie
 
 WIDE = {"beam_width": 10_000, "beam_prune_logp": -math.inf, "token_min_logp": -math.inf}
 
@@ -143,6 +145,221 @@ def test_batch_of_different_lengths_matches_single_calls() -> None:
         padded[i, : len(m)] = m
     again = prefix_beam_search(padded, labels, lengths=[7, 12, 1, 9], beam_width=8)
     assert [[h.text for h in u] for u in again] == [[h.text for h in u] for u in batched]
+
+
+def frame_by_frame(
+    lp: np.ndarray, labels: list[str], beam_width: int, prune: float, token_min_logp: float, prune_history: bool
+) -> dict[str, float]:
+    """pyctcdecode's beam search (beam unit: prefix and whether it ends in blank) in plain Python, one
+    frame at a time with no frame skipped; returns ``{text: logit score}`` of the final hypotheses.
+
+    A prefix is (completed words, partial word, last label that changed it; the root counts as a space).
+    Per frame: expand (blank keeps the prefix, the prefix's last label again collapses onto a beam that
+    ends in it, anything else extends), merge equal beams, keep totals within ``prune`` of the best,
+    best first, at most ``beam_width``, then (``prune_history``) the first beam per (last word, partial
+    word, ends in blank). At the end equal texts merge and are pruned again."""
+    space = labels.index(" ")
+
+    def extend(words: tuple, partial: str, last: int, c: int) -> tuple:
+        if c != space:
+            return words, partial + labels[c], c
+        return (words + (partial,), "", c) if partial else (words, partial, last)
+
+    beams: list[tuple[tuple, float]] = [(((), "", space, False), 0.0)]  # ((words, partial, last, ends in label), logit)
+    for row in lp:
+        cands = [c for c in range(len(row)) if row[c] >= token_min_logp or c == int(np.argmax(row))]
+        merged: dict[tuple, float] = {}
+        for (words, partial, last, nb), val in beams:
+            for c in cands:
+                if c == 0:
+                    key = (words, partial, last, False)
+                elif c == last and nb:
+                    key = (words, partial, last, True)
+                else:
+                    key = (*extend(words, partial, last, c), True)
+                merged[key] = float(np.logaddexp(merged.get(key, -math.inf), val + row[c]))
+        best = max(merged.values())
+        ranked = sorted(((k, v) for k, v in merged.items() if v >= best + prune), key=lambda kv: -kv[1])
+        beams = ranked[:beam_width]
+        if prune_history:
+            seen: set[tuple] = set()
+            kept = []
+            for (words, partial, last, nb), val in beams:
+                if (words[-1:], partial, nb) not in seen:
+                    seen.add((words[-1:], partial, nb))
+                    kept.append(((words, partial, last, nb), val))
+            beams = kept
+    texts: dict[str, float] = {}
+    for (words, partial, _, _), val in beams:
+        text = " ".join(words + ((partial,) if partial else ()))
+        texts[text] = float(np.logaddexp(texts.get(text, -math.inf), val))
+    best = max(texts.values())
+    ranked = sorted(((t, v) for t, v in texts.items() if v >= best + prune), key=lambda tv: -tv[1])
+    return dict(ranked[:beam_width])
+
+
+def merge_frame_utterance(rng: np.random.Generator, T: int) -> np.ndarray:
+    """Peaky ``(T, 5)`` log-probabilities over blank, space, a, b, c: runs of blank-only frames, single
+    labels, and uncertain frames (two or three candidates, blank often among them)."""
+    lp = np.full((T, 5), math.log(1e-4))
+    for t in range(T):
+        kind = rng.random()
+        if kind < 0.4:
+            lp[t, 0] = 0.0
+        elif kind < 0.7:
+            lp[t, int(rng.integers(1, 5))] = 0.0
+        else:
+            picks = rng.choice(5, size=int(rng.integers(2, 4)), replace=False)
+            lp[t, picks] = np.log(rng.dirichlet(np.ones(len(picks))))
+    return lp - np.logaddexp.reduce(lp, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("prune_history", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_split_blank_search_equals_frame_by_frame_search(seed: int, prune_history: bool) -> None:
+    # the vectorised search skips blank-only frames, and the merge frame after a busy frame when no beams
+    # would merge there; the plain search above runs every frame, so both must keep the same beams
+    rng = np.random.default_rng(seed)
+    labels = ["", " ", "a", "b", "c"]
+    mats = [merge_frame_utterance(rng, int(rng.integers(10, 40))) for _ in range(8)]
+    knobs = {"beam_width": 4, "beam_prune_logp": -6.0, "token_min_logp": -4.0}
+    got = prefix_beam_search(mats, labels, split_blank=True, prune_history=prune_history, **knobs)
+    for m, hyps in zip(mats, got, strict=True):
+        expected = frame_by_frame(m, labels, knobs["beam_width"], -6.0, -4.0, prune_history)
+        assert [h.text for h in hyps] == list(expected)
+        np.testing.assert_allclose([h.logit_score for h in hyps], list(expected.values()), atol=1e-9)
+        single = prefix_beam_search(m, labels, split_blank=True, prune_history=prune_history, **knobs)
+        assert [h.text for h in single] == list(expected)
+
+
+@pytest.mark.parametrize("prune_history", [False, True])
+@pytest.mark.parametrize(("beam_width", "prune"), [(2, -0.5), (4, -0.5), (4, -2.0)])
+def test_short_split_blank_cases_equal_frame_by_frame_search(
+    beam_width: int, prune: float, prune_history: bool
+) -> None:
+    # many tiny utterances (3-8 frames, blank-only frames between uncertain ones, tight pruning): some
+    # have a merge frame where a prefix ending in blank and the same prefix ending in a label merge and
+    # raise the best score, which prunes other beams; skipping such a frame would keep them
+    rng = np.random.default_rng(int(-prune * 10) + beam_width + 100 * prune_history)
+    labels = ["", " ", "a", "b"]
+    mats = []
+    for _ in range(500):
+        lp = np.full((int(rng.integers(3, 9)), 4), math.log(1e-5))
+        for row in lp:
+            if rng.random() < 0.35:
+                row[0] = 0.0
+            else:
+                picks = rng.choice(4, size=int(rng.integers(1, 4)), replace=False)
+                row[picks] = np.log(rng.dirichlet(np.ones(len(picks))))
+        mats.append(lp - np.logaddexp.reduce(lp, axis=1, keepdims=True))
+    got = prefix_beam_search(
+        mats,
+        labels,
+        beam_width=beam_width,
+        beam_prune_logp=prune,
+        token_min_logp=-4.0,
+        prune_history=prune_history,
+        split_blank=True,
+    )
+    for m, hyps in zip(mats, got, strict=True):
+        expected = frame_by_frame(m, labels, beam_width, prune, -4.0, prune_history)
+        assert [h.text for h in hyps] == list(expected)
+        np.testing.assert_allclose([h.logit_score for h in hyps], list(expected.values()), atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [3, 1142])
+def test_history_pruning_at_merge_frames_equals_frame_by_frame_search(seed: int) -> None:
+    # beams of different prefixes with the same last word and partial word, one ending in blank and one
+    # not, share a history key once a merge frame makes both end in blank: the worse one goes there, and
+    # keeping it would take a beam slot at the next frame (these seeds have such a case)
+    rng = np.random.default_rng(seed)
+    mats = []
+    for _ in range(8):
+        lp = np.full((int(rng.integers(8, 16)), 4), math.log(1e-5))
+        for row in lp:
+            kind = rng.random()
+            if kind < 0.45:
+                row[0 if kind < 0.3 else 1] = 0.0
+            else:
+                picks = rng.choice(4, size=int(rng.integers(2, 4)), replace=False)
+                row[picks] = np.log(rng.dirichlet(np.ones(len(picks))))
+        mats.append(lp - np.logaddexp.reduce(lp, axis=1, keepdims=True))
+    labels = ["", " ", "a", "b"]
+    knobs = {"beam_width": 3, "beam_prune_logp": -8.0, "token_min_logp": -4.0}
+    got = prefix_beam_search(mats, labels, prune_history=True, split_blank=True, **knobs)
+    for m, hyps in zip(mats, got, strict=True):
+        expected = frame_by_frame(m, labels, 3, -8.0, -4.0, True)
+        assert [h.text for h in hyps] == list(expected)
+        np.testing.assert_allclose([h.logit_score for h in hyps], list(expected.values()), atol=1e-9)
+
+
+@pytest.mark.parametrize("dense_limit", [0, 1 << 22])
+def test_char_trie_walk_follows_the_word_list(dense_limit: int) -> None:
+    # both walks (searchsorted over sorted keys; dense table) against Python prefix sets
+    words = ["cat", "car", "cart", "dog", "do", "a", "zebra's"]
+    alphabet = {c: i for i, c in enumerate("acdgortz")}  # a partial word never holds 'e', 'b' or "'"
+    trie = CharTrie(words, alphabet, dense_limit=dense_limit)
+    assert (trie.table is None) == (dense_limit == 0)
+    rng = np.random.default_rng(7)
+    strings = ["", "c", "ca", "car", "cart", "carts", "do", "dog", "dot", "a", "z", "ze", "x"]
+    strings += ["".join(rng.choice(list("acdgortzx"), size=int(rng.integers(1, 5)))) for _ in range(200)]
+    width = max(len(s) for s in strings)
+    chars = np.full((len(strings), width), -1, dtype=np.int64)  # -1: no character (state kept)
+    for i, s in enumerate(strings):
+        chars[i, : len(s)] = [alphabet.get(c, -2) for c in s]  # -2: outside the alphabet
+    state = np.zeros(len(strings), dtype=np.int64)
+    for j in range(width):
+        state = trie.walk(state, chars[:, j])
+    for s, st in zip(strings, state.tolist(), strict=True):
+        in_alphabet = all(c in alphabet for c in s)  # else the walk leaves the trie
+        below = [w for w in words if w.startswith(s)] if in_alphabet else []
+        assert (st >= 0) == bool(below), s
+        if below:
+            assert trie.is_word[st] == (s in words), s
+            assert s == "" or trie.min_len[st] == min(len(w) for w in below), s
+
+
+def test_texts_rebuild_prefixes_from_the_parent_chain() -> None:
+    # node texts (gathered up the parents for all nodes at once) against the hypotheses' own texts
+    rng = np.random.default_rng(9)
+    labels = ["", " ", "a", "b", "c"]
+    hyps = prefix_beam_search(random_log_probs(rng, 12, 5, peaky=0.5), labels, beam_width=30)
+    vocab = Vocabulary.from_labels(labels)
+    trie = PrefixTrie(vocab, None, HotwordScorer(), 1)
+    node = np.full(len(hyps), trie.root)
+    for i, h in enumerate(hyps):
+        for ch in " " + h.text + " " if i % 2 else h.text:  # leading and trailing spaces collapse
+            node[i] = trie.children(node[i : i + 1], np.array([labels.index(ch)]))[0]
+    assert trie.texts(node) == [h.text for h in hyps]
+    assert trie.texts(np.array([trie.root, trie.root])) == ["", ""]
+
+
+def test_node_storage_reused_by_later_calls_gives_the_same_results() -> None:
+    # a finished search hands its node arrays (child table cleared) to the next one of the same shape
+    from beamkit.ctc import prefix_trie
+
+    rng = np.random.default_rng(11)
+    labels = ["", " ", "a", "b", "c"]
+    small = [random_log_probs(rng, 20, 5, peaky=0.3) for _ in range(3)]
+    big = [random_log_probs(rng, 60, 5, peaky=0.3) for _ in range(6)]
+    prefix_trie._SPARE.clear()
+    first = prefix_beam_search(small, labels, beam_width=16)
+    assert len(prefix_trie._SPARE) == 1
+    prefix_beam_search(big, labels, beam_width=64)  # takes the arrays, fills many more nodes
+    for _ in range(2):
+        again = prefix_beam_search(small, labels, beam_width=16)  # on the arrays the big search used
+        for a, b in zip(first, again, strict=True):
+            assert [h.text for h in a] == [h.text for h in b]
+            assert [h.score for h in a] == [h.score for h in b]
+        lp = random_log_probs(rng, 5, 3)  # another shape: fresh arrays, which then replace the spare ones
+        got = as_dict(prefix_beam_search(lp, ["", "a", "b"], **WIDE))
+        expected = oracle(lp, ["", "a", "b"], 0)
+        assert got.keys() == expected.keys()
+        np.testing.assert_allclose([got[t] for t in expected], list(expected.values()), atol=1e-9)
+    from beamkit.ctc import release_cached_memory
+
+    assert release_cached_memory() > 0 and prefix_trie._SPARE == []
+    assert release_cached_memory() == 0
 
 
 def test_empty_utterance_gives_empty_text() -> None:

@@ -176,6 +176,13 @@ def test_written_arpa_round_trips_through_both_readers(tmp_path) -> None:
         a, a_state = ours.score(a_state, w)
         k, k_state = theirs.score(k_state, w)
         assert a == pytest.approx(k, abs=1e-4), w
+    # score_many is score, pair by pair
+    words = "the zebra cat sat on the mat".split()
+    k_states = [theirs.begin_state()]
+    for w in words[:-1]:
+        k_states.append(theirs.score(k_states[-1], w)[1])
+    logps, _ = theirs.score_many(k_states, words)
+    assert logps == [theirs.score(st, w)[0] for st, w in zip(k_states, words, strict=True)]
 
 
 def test_fusion_rules() -> None:
@@ -194,6 +201,33 @@ def test_fusion_rules() -> None:
         LanguageModelFusion(lm, alpha=float("nan"))
     no_unigrams = LanguageModelFusion(lm)
     assert no_unigrams.score_partial("a") == -10.0  # pyctcdecode: every partial word is unknown
+
+
+class _ScoreOnly:
+    """An n-gram model with only ``score`` (no ``score_many``), over an ArpaLM."""
+
+    def __init__(self, lm: ArpaLM) -> None:
+        self.lm = lm
+        self.order = lm.order
+
+    def score(self, state, word):
+        return self.lm.score(state, word)
+
+    def __contains__(self, word: object) -> bool:
+        return word in self.lm
+
+
+@pytest.mark.parametrize("unigrams", [None, ["a", "b", "zz"]])
+def test_score_words_equals_score_word_one_by_one(unigrams) -> None:
+    lm = ArpaLM.from_lines(HAND_ARPA.splitlines())
+    words = ["a", "b", "zz", "a", "", "b"]
+    for model in (lm, _ScoreOnly(lm)):
+        fusion = LanguageModelFusion(model, unigrams=unigrams, alpha=0.7, beta=1.25, unk_score_offset=-4.0)
+        states = [lm.begin_state(), (1,), lm.null_state(), (2,), (1,), lm.begin_state()]
+        scores, new_states = fusion.score_words(states, words)
+        one_by_one = [fusion.score_word(st, w) for st, w in zip(states, words, strict=True)]
+        assert scores == [sc for sc, _ in one_by_one]  # bit for bit
+        assert new_states == [st for _, st in one_by_one]
 
 
 def test_prefix_index_and_hotwords() -> None:

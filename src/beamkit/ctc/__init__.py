@@ -16,6 +16,7 @@ from .lm import (
     load_unigrams_from_arpa,
 )
 from .prefix_search import CTCHypothesis, greedy_decode, labels_to_text, log_softmax, prefix_beam_search
+from .prefix_trie import release_cached_memory
 from .vocab import Vocabulary
 
 __all__ = [
@@ -37,5 +38,6 @@ __all__ = [
     "log_softmax",
     "normalize_logits",
     "prefix_beam_search",
+    "release_cached_memory",
     "write_arpa",
 ]

@@ -20,6 +20,7 @@ from .prefix_search import CTCHypothesis, log_softmax, log_softmax_, prefix_beam
 from .vocab import Vocabulary
 
 MIN_TOKEN_CLIP_P = 1e-15
+_BLOCK_ROWS = 16384  # rows per block of the batched log-softmax
 
 WordFrames = tuple[str, tuple[int, int]]
 OutputBeam = tuple[str, Any, list[WordFrames], float, float]
@@ -35,6 +36,16 @@ def normalize_logits(logits: Any) -> np.ndarray:
     if arr.shape[0] > 0 and math.isclose(float(arr.sum(axis=1).mean()), 1.0):
         return np.log(np.clip(arr, MIN_TOKEN_CLIP_P, 1.0))
     return np.clip(log_softmax(arr, axis=1), math.log(MIN_TOKEN_CLIP_P), 0.0)
+
+
+def _clipped_log_softmax_(rows: np.ndarray) -> None:
+    """:func:`normalize_logits`' logit rule in place over the rows of a C-contiguous 2-D float64 array,
+    a block of rows at a time (temporaries the size of a block, not of the whole batch)."""
+    for start in range(0, len(rows), _BLOCK_ROWS):
+        block = rows[start : start + _BLOCK_ROWS]
+        log_softmax_(block, axis=1)
+        np.maximum(block, math.log(MIN_TOKEN_CLIP_P), out=block)
+        np.minimum(block, 0.0, out=block)
 
 
 class CTCDecoder:
@@ -81,27 +92,31 @@ class CTCDecoder:
 
     def _normalize_batch(self, logits_list: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         """:func:`normalize_logits` of every matrix, zero-padded into one ``(N, T_max, V)`` array (with the
-        lengths); the log-softmax of all logit matrices runs as one batched call (same values)."""
-        arrs = [to_numpy_2d_or_3d(x, "logits") for x in logits_list]
+        lengths); the log-softmax of the logit matrices runs over blocks of rows (same values)."""
+        arrs = [to_numpy_2d_or_3d(x, "logits", check_nan=False) for x in logits_list]
         for arr in arrs:
             if arr.ndim != 2:
                 raise ValueError(f"logits must be 2-D (time, vocabulary), got shape {arr.shape}")
             self._check(arr)
         lens = np.array([arr.shape[0] for arr in arrs], dtype=np.int64)
-        batch = np.zeros((len(arrs), int(lens.max(initial=0)), self.vocab.size))  # shape: (N, T, V)
+        batch = np.empty((len(arrs), int(lens.max(initial=0)), self.vocab.size))  # shape: (N, T, V)
         for i, arr in enumerate(arrs):
             batch[i, : arr.shape[0]] = arr
+            batch[i, arr.shape[0] :] = 0.0
+        row_sum = batch.sum(axis=2)  # shape: (N, T) NaN in every row that holds a NaN
+        if np.isnan(row_sum).any() and np.isnan(batch).any():
+            raise ValueError("logits contains NaN")
         # a matrix whose rows sum to 1 on average holds probabilities (as math.isclose(mean, 1.0))
-        mean = batch.sum(axis=2).sum(axis=1) / np.maximum(lens, 1)  # shape: (N,)
-        is_prob = (lens > 0) & (np.abs(mean - 1.0) <= 1e-9 * np.maximum(np.abs(mean), 1.0))
+        mean = row_sum.sum(axis=1) / np.maximum(lens, 1)  # shape: (N,)
+        with np.errstate(invalid="ignore"):  # an infinite mean is not close to 1
+            is_prob = (lens > 0) & np.isfinite(mean) & (np.abs(mean - 1.0) <= 1e-9 * np.maximum(np.abs(mean), 1.0))
         prob_rows, logit_rows = np.flatnonzero(is_prob), np.flatnonzero(~is_prob)
         if len(prob_rows):
             batch[prob_rows] = np.log(np.clip(batch[prob_rows], MIN_TOKEN_CLIP_P, 1.0))
         if len(logit_rows):
             whole = len(logit_rows) == len(arrs)
-            sub = log_softmax_(batch if whole else batch[logit_rows], axis=2)
-            np.maximum(sub, math.log(MIN_TOKEN_CLIP_P), out=sub)
-            np.minimum(sub, 0.0, out=sub)
+            sub = batch if whole else batch[logit_rows]
+            _clipped_log_softmax_(sub.reshape(-1, self.vocab.size))
             if not whole:
                 batch[logit_rows] = sub
         return batch, lens

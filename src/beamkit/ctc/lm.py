@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 LOG10_TO_LN = math.log(10.0)
@@ -162,6 +162,12 @@ class ArpaLM:
         """Return ``(log10 p(word | state), new_state)`` with KenLM back-off semantics."""
         return self._score_id(state, self.vocab.get(word, 0))
 
+    def score_many(self, states: Sequence[tuple[int, ...]], words: Sequence[str]) -> tuple[list[float], list[Any]]:
+        """:meth:`score` of each (state, word) pair: the log10 probabilities and the new states."""
+        vocab = self.vocab
+        pairs = [self._score_id(s, vocab.get(w, 0)) for s, w in zip(states, words, strict=True)]
+        return [p for p, _ in pairs], [s for _, s in pairs]
+
     def eos_score(self, state: tuple[int, ...]) -> float:
         """Return ``log10 p(</s> | state)``."""
         return self._score_id(state, self._eos)[0]
@@ -218,6 +224,18 @@ class KenLMModel:
         """Return ``(log10 p(word | state), new_state)``."""
         out = self._kenlm.State()
         return float(self.model.BaseScore(state, word, out)), out
+
+    def score_many(self, states: Sequence[Any], words: Sequence[str]) -> tuple[list[float], list[Any]]:
+        """:meth:`score` of each (state, word) pair: the log10 probabilities and the new states."""
+        new_state = self._kenlm.State
+        base_score = self.model.BaseScore
+        logps: list[float] = []
+        outs: list[Any] = []
+        for state, word in zip(states, words, strict=True):
+            out = new_state()
+            logps.append(float(base_score(state, word, out)))
+            outs.append(out)
+        return logps, outs
 
     def eos_score(self, state: Any) -> float:
         """Return ``log10 p(</s> | state)``."""
@@ -348,6 +366,25 @@ class LanguageModelFusion:
         if is_last and self.score_boundary:
             logp += self.model.eos_score(new_state)
         return self.alpha * logp * LOG10_TO_LN + self.beta, new_state
+
+    def score_words(self, states: Sequence[Any], words: Sequence[str]) -> tuple[list[float], list[Any]]:
+        """:meth:`score_word` (``is_last=False``) of each (state, word) pair in one call: the fused scores
+        and the new states (uses the model's ``score_many`` when it has one)."""
+        model = self.model
+        score_many = getattr(model, "score_many", None)
+        if score_many is not None:
+            logps, new_states = score_many(states, words)
+        else:
+            pairs = [model.score(s, w) for s, w in zip(states, words, strict=True)]
+            logps, new_states = [p for p, _ in pairs], [s for _, s in pairs]
+        unigrams, alpha, beta, unk = self.unigrams, self.alpha, self.beta, self.unk_score_offset
+        out: list[float] = []
+        for logp, word in zip(logps, words, strict=True):
+            # the unigrams are words of the model (see __init__), so this is score_word's unknown-word test
+            if (word not in unigrams) if unigrams else (word not in model):
+                logp += unk
+            out.append(alpha * logp * LOG10_TO_LN + beta)
+        return out, new_states
 
     def score_eos(self, state: Any) -> float:
         """Fused score of ending the utterance after ``state`` (no word pending)."""

@@ -18,8 +18,10 @@ Implementation: prefixes are integer nodes of a trie shared by all utterances of
 (:mod:`beamkit.ctc.prefix_trie`, one node per prefix, children found through a dense child table); the
 beams of all utterances are flat arrays (utterance, node, p_b, p_nb, frame offsets). Frames whose only
 candidate is blank, while every beam ends in blank, only add ``lp(blank)`` to every beam of the utterance:
-they are skipped (one addition over the whole run), so each utterance searches its own list of frames
-(:func:`_schedule`) and step ``k`` searches the ``k``-th such frame of every utterance at once. A step is a
+they are skipped (one addition over the whole run); with ``split_blank`` so is the blank-only frame right
+after a busy one (where a prefix's beams ending in blank and in a label merge) when no two beams would
+merge or share a history key there. Each utterance thus searches its own list of frames
+(:func:`_schedule`), and each step searches the next such frame of every utterance at once. A step is a
 few dozen numpy calls over (beam, candidate) cells: expansion, merging (sort + ``logaddexp.reduceat``) and
 pruning. Python runs per item only for an LM query of a new (context, word) pair and for building the
 returned hypotheses. The fixed cost per step is a few hundred microseconds, so the speed comes from
@@ -61,14 +63,15 @@ class CTCHypothesis:
     lm_state: Any = None
 
 
-def to_numpy_2d_or_3d(x: Any, name: str = "log_probs") -> np.ndarray:
-    """Convert a numpy array, torch tensor or nested list to a float64 numpy array (2-D or 3-D)."""
+def to_numpy_2d_or_3d(x: Any, name: str = "log_probs", check_nan: bool = True) -> np.ndarray:
+    """Convert a numpy array, torch tensor or nested list to a float64 numpy array (2-D or 3-D); reject
+    NaN values unless ``check_nan`` is False (the caller checks)."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):
         x = x.detach().cpu().numpy()
     arr = np.asarray(x, dtype=np.float64)
     if arr.ndim not in (2, 3):
         raise ValueError(f"{name} must be 2-D (T, V) or 3-D (N, T, V), got shape {arr.shape}")
-    if np.isnan(arr).any():
+    if check_nan and np.isnan(arr).any():
         raise ValueError(f"{name} contains NaN")
     return arr
 
@@ -142,8 +145,8 @@ def _stable_argsort(keys: np.ndarray) -> np.ndarray:
     distinct keys ``keys * len + position`` where they fit in int64."""
     n = len(keys)
     if n == 0 or int(keys.max()) >= (1 << 62) // n:
-        return np.argsort(keys, kind="stable")
-    return np.argsort(keys * n + np.arange(n))
+        return keys.argsort(kind="stable")
+    return (keys * n + np.arange(n)).argsort()
 
 
 def _segment_starts(sorted_keys: np.ndarray) -> np.ndarray:
@@ -153,7 +156,28 @@ def _segment_starts(sorted_keys: np.ndarray) -> np.ndarray:
     flag = np.empty(len(sorted_keys), dtype=bool)
     flag[0] = True
     np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=flag[1:])
-    return np.flatnonzero(flag)
+    return flag.nonzero()[0]
+
+
+def _segment_lengths(starts: np.ndarray, n: int) -> np.ndarray:
+    """Length of each segment of a length-``n`` array, from the segment starts (``np.diff`` with an end)."""
+    out = np.empty_like(starts)
+    if len(starts):
+        np.subtract(starts[1:], starts[:-1], out=out[:-1])
+        out[-1] = n - starts[-1]
+    return out
+
+
+def _first_occurrences(keys: np.ndarray) -> np.ndarray | None:
+    """Positions of the first occurrence of each distinct key, ascending (as ``np.unique(keys,
+    return_index=True)`` then sorted); None when the keys are all distinct."""
+    order = keys.argsort(kind="stable")
+    dup = (keys[order[1:]] == keys[order[:-1]]).nonzero()[0]
+    if not len(dup):
+        return None
+    keep = np.ones(len(keys), dtype=bool)
+    keep[order[dup + 1]] = False  # a later member of a run of equal keys
+    return keep.nonzero()[0]
 
 
 def prefix_beam_search(
@@ -229,35 +253,40 @@ def prefix_beam_search(
     # initial node storage (grows 4x when full): new nodes per utterance and searched frame are about the beam size
     capacity = min(1 << 22, max(1 << 15, int(lens.sum()) * min(beam_width, 16)))
     trie = PrefixTrie(voc, lm, HotwordScorer(hotwords, hotword_weight), history, pyctcdecode_compat, capacity)
-    results = _search(
-        batch,
-        lens,
-        trie,
-        beam_width,
-        beam_prune_logp,
-        token_min_logp,
-        prune_history,
-        split_blank,
-        pyctcdecode_compat,
-        out_k,
-    )
+    try:
+        results = _search(
+            batch,
+            lens,
+            trie,
+            beam_width,
+            beam_prune_logp,
+            token_min_logp,
+            prune_history,
+            split_blank,
+            pyctcdecode_compat,
+            out_k,
+        )
+    finally:
+        trie.release()
     return results[0] if single else results
 
 
 def _schedule(
     batch: np.ndarray, lens: np.ndarray, token_min_logp: float, split_blank: bool, blank: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The frames each utterance must search, and its candidate labels there.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The frames each utterance may have to search, and its candidate labels there.
 
     A frame is skipped when its only candidate is blank and every beam then ends in blank (any beam
     without ``split_blank``, where ending in blank or not is no separate beam): all beams just add
     ``lp(blank)``, so ranks and pruning do not change. With ``split_blank`` the first such frame after
-    a searched one is searched (it merges the beams of a prefix that do and do not end in blank).
+    a busy one is listed as a *merge* frame: it merges the beams of a prefix that do and do not end in
+    blank, and :func:`_search` skips it too when no two beams would merge or share a history.
 
-    Returns ``(s_utt, s_frame, s_tok, s_count, count, skip_cum)``: the searched (utterance, frame) pairs,
-    by utterance then frame; their candidate labels (label order, padded with 0) and how many there are;
-    searched frames per utterance; and the running sum of ``lp(blank)`` over skipped frames (0 at searched
-    ones), so that skipping frames ``a .. b-1`` adds ``skip_cum[u, b] - skip_cum[u, a]``.
+    Returns ``(s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum)``: the listed (utterance, frame)
+    pairs, by utterance then frame; their candidate labels (label order, padded with 0) and how many there
+    are; whether each is a merge frame; listed frames per utterance; and the running sum of ``lp(blank)``
+    over blank-only frames (merge frames included, busy ones 0), so that skipping frames ``a .. b-1``
+    adds ``skip_cum[u, b] - skip_cum[u, a]``.
     """
     N, T, V = batch.shape
     cand = batch >= token_min_logp  # shape: (N, T, V) lp >= token_min_logp, plus the argmax
@@ -266,26 +295,27 @@ def _schedule(
     n_cand = cand.sum(axis=2)  # shape: (N, T)
     lp_blank = batch[:, :, blank]  # shape: (N, T)
     valid = np.arange(T) < lens[:, None]  # shape: (N, T)
-    busy = valid & ~((n_cand == 1) & cand[:, :, blank] & np.isfinite(lp_blank))
+    blank_only = valid & (n_cand == 1) & cand[:, :, blank] & np.isfinite(lp_blank)  # shape: (N, T)
+    listed = valid & ~blank_only
     if split_blank:
-        after_busy = busy[:, :-1].copy()
-        busy[:, 1:] |= after_busy & valid[:, 1:]
-    s_utt, s_frame = np.nonzero(busy)  # sorted by utterance, then frame
-    count = busy.sum(axis=1)  # shape: (N,)
+        listed[:, 1:] |= listed[:, :-1] & blank_only[:, 1:]  # busy frame, then a merge frame
+    s_utt, s_frame = np.nonzero(listed)  # sorted by utterance, then frame
+    count = listed.sum(axis=1)  # shape: (N,)
     s_count = n_cand[s_utt, s_frame]  # shape: (S,)
+    s_merge = blank_only[s_utt, s_frame]  # shape: (S,)
     rows, labels = np.nonzero(cand[s_utt, s_frame])  # shape: (sum of s_count,) each
     s_tok = np.zeros((len(s_utt), int(s_count.max(initial=1))), dtype=np.int64)  # shape: (S, K_max)
     s_tok[rows, np.arange(len(rows)) - (np.cumsum(s_count) - s_count)[rows]] = labels
     skip_cum = np.zeros((N, T + 1))  # shape: (N, T + 1)
-    np.cumsum(np.where(busy | ~valid, 0.0, lp_blank), axis=1, out=skip_cum[:, 1:])
-    return s_utt, s_frame, s_tok, s_count, count, skip_cum
+    np.cumsum(np.where(blank_only, lp_blank, 0.0), axis=1, out=skip_cum[:, 1:])
+    return s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum
 
 
 def _skip_blank_frames(
     pb: np.ndarray, pnb: np.ndarray, utt: np.ndarray, start: np.ndarray, stop: np.ndarray, skip_cum: np.ndarray
 ) -> None:
     """Move beams (in place) over their utterance's skipped frames ``start .. stop-1`` (per beam)."""
-    g = np.flatnonzero(stop > start)
+    g = (stop > start).nonzero()[0]
     if len(g):
         u = utt[g]
         pb[g] = np.logaddexp(pb[g], pnb[g]) + (skip_cum[u, stop[g]] - skip_cum[u, start[g]])
@@ -304,16 +334,20 @@ def _search(
     last_rep: bool,
     out_k: int,
 ) -> list[list[CTCHypothesis]]:
-    """Search all utterances together: step ``k`` searches the ``k``-th frame of :func:`_schedule` of
+    """Search all utterances together: each step searches the next listed frame (:func:`_schedule`) of
     every utterance that has one (frames between searched ones are skipped in one addition)."""
     N, T, V = batch.shape
     voc = trie.vocab
     blank = voc.blank
     starts_word = voc.starts_word
     is_bpe = voc.is_bpe
-    s_utt, s_frame, s_tok, s_count, count, skip_cum = _schedule(batch, lens, token_min_logp, split_blank, blank)
-    s_lp = batch[s_utt, s_frame]  # shape: (S, V)
-    first = np.cumsum(count) - count  # shape: (N,) first searched pair of each utterance
+    s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum = _schedule(
+        batch, lens, token_min_logp, split_blank, blank
+    )
+    s_lpv = batch[s_utt[:, None], s_frame[:, None], s_tok]  # shape: (S, K_max) lp of the candidates
+    s_valid = np.arange(s_tok.shape[1]) < s_count[:, None]  # shape: (S, K_max) real candidates, not padding
+    end = np.cumsum(count)  # shape: (N,) end of each utterance's listed pairs
+    nxt = end - count  # shape: (N,) next listed pair of each utterance
     pos = np.zeros(N, dtype=np.int64)  # shape: (N,) next frame not yet applied to the beams
     # flat beam arrays, grouped by utterance, best first
     utt: np.ndarray = np.arange(N, dtype=np.int64)  # shape: (E,)
@@ -327,27 +361,26 @@ def _search(
     results: list[list[CTCHypothesis]] = [[] for _ in range(N)]
     ended: list[tuple[np.ndarray, ...]] = []  # beams of the utterances that ended, finalized together
     utt, node, pb, pnb, ps, pe, wf = _finish(
-        count[utt] == 0, (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
+        nxt[utt] == end[utt], (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
     )
-    for k in range(int(count.max(initial=0))):
-        if len(utt) == 0:
-            break
-        sb = first[utt] + k  # shape: (E,) searched pair of each beam
+    while len(utt):
+        sb = nxt[utt]  # shape: (E,) searched pair of each beam
+        nxt[utt] = sb + 1
         fr = s_frame[sb]  # shape: (E,) its frame
         _skip_blank_frames(pb, pnb, utt, pos[utt], fr, skip_cum)
         pos[utt] = fr + 1
         K = int(s_count[sb].max())
         tok = s_tok[sb, :K]  # shape: (E, K) candidate labels of each beam's frame
-        lpv = s_lp[sb[:, None], tok]  # shape: (E, K)
-        valid = np.arange(K) < s_count[sb][:, None]  # shape: (E, K)
+        lpv = s_lpv[sb, :K]  # shape: (E, K)
+        valid = s_valid[sb, :K]  # shape: (E, K)
         tot = np.logaddexp(pb, pnb)
         is_blank = tok == blank
         is_rep = tok == trie.last_tok[node][:, None]  # the prefix's last label again (never blank)
         # main rows: blank stays on the prefix (ends in blank), a label extends it (a repeat needs p_b)
         main_val = np.where(is_rep, pb[:, None], tot[:, None]) + lpv  # shape: (E, K)
-        mi = np.flatnonzero(valid & (main_val > NEG_INF))
+        mi = (valid & (main_val > NEG_INF)).ravel().nonzero()[0]
         # repeat rows: the last label again, staying on the prefix (ends in a label)
-        qi = np.flatnonzero(valid & is_rep & (pnb > NEG_INF)[:, None])
+        qi = (valid & is_rep & (pnb > NEG_INF)[:, None]).ravel().nonzero()[0]
         cell = np.concatenate((mi, qi))  # shape: (rows,) flat (beam, candidate) cell of each row
         src = cell // K  # shape: (rows,) source beam
         r_tok = tok.ravel()[cell]
@@ -355,7 +388,7 @@ def _search(
         r_stay = np.concatenate((is_blank.ravel()[mi], np.ones(len(qi), dtype=bool)))
         r_val = np.concatenate((main_val.ravel()[mi], pnb[src[len(mi) :]] + lpv.ravel()[qi]))
         r_node = node[src]
-        ext = np.flatnonzero(~r_stay)
+        ext = (~r_stay).nonzero()[0]
         r_node[ext] = trie.children(r_node[ext], r_tok[ext])
         # merge rows of equal (utterance, prefix[, ends in a label]) by log-sum-exp; the merged beam
         # takes the word offsets of its most probable row (the first one on ties)
@@ -366,8 +399,8 @@ def _search(
         order = _stable_argsort(key)
         starts = _segment_starts(key[order])
         val_sorted = r_val[order]
-        glen = np.diff(starts, append=len(order))
-        at_max = val_sorted == np.repeat(np.maximum.reduceat(val_sorted, starts), glen)
+        glen = _segment_lengths(starts, len(order))
+        at_max = val_sorted == np.maximum.reduceat(val_sorted, starts).repeat(glen)
         rep = order[np.minimum.reduceat(np.where(at_max, np.arange(len(order)), len(order)), starts)]  # shape: (M,)
         if split_blank:
             m_val = np.logaddexp.reduceat(val_sorted, starts)
@@ -382,23 +415,22 @@ def _search(
         total = m_val + trie.score[m_node]
         # prune per utterance (merged beams are grouped by utterance): threshold, then top beam_width
         gstart = _segment_starts(m_utt)
-        best = np.repeat(np.maximum.reduceat(total, gstart), np.diff(gstart, append=len(m_utt)))
-        sel = np.flatnonzero((total >= best + beam_prune_logp) & (total > NEG_INF))
+        best = np.maximum.reduceat(total, gstart).repeat(_segment_lengths(gstart, len(m_utt)))
+        sel = ((total >= best + beam_prune_logp) & (total > NEG_INF)).nonzero()[0]
         s_below = best[sel] - total[sel]
         span = float(s_below.max()) + 1.0 if len(sel) else 1.0
-        order = sel[np.argsort(m_utt[sel] * span + s_below, kind="stable")]  # utterance, then best first
+        order = sel[(m_utt[sel] * span + s_below).argsort(kind="stable")]  # utterance, then best first
         if len(order) > beam_width:
             gstart = _segment_starts(m_utt[order])
-            rank = np.arange(len(order)) - np.repeat(gstart, np.diff(gstart, append=len(order)))
+            rank = np.arange(len(order)) - gstart.repeat(_segment_lengths(gstart, len(order)))
             order = order[rank < beam_width]
         kept_node = m_node[order]
         if prune_history:
             hkey = trie.history_hash(kept_node) ^ (m_utt[order].astype(np.uint64) * _UTT_SALT)
             if split_blank:
                 hkey ^= (m_pb[order] == NEG_INF).astype(np.uint64)
-            _, first_pos = np.unique(hkey, return_index=True)
-            if len(first_pos) < len(order):
-                first_pos.sort()
+            first_pos = _first_occurrences(hkey)
+            if first_pos is not None:
                 order, kept_node = order[first_pos], kept_node[first_pos]
         # word offsets: a label starting a word closes the partial word (pushes its frames)
         r = rep[order]
@@ -411,14 +443,49 @@ def _search(
         pe = np.where(r_nb[r], np.where(sw & (not is_bpe), -1, f + 1), o_pe)
         wf = records.push(o_ps, o_pe, o_wf, sw & (trie.plen[node[e]] > 0))
         utt, node, pb, pnb = m_utt[order], kept_node, m_pb[order], m_pnb[order]
-        # finalize utterances whose last searched frame this was
+        if split_blank:
+            _skip_merge_frames(utt, node, nxt, end, s_merge, trie, prune_history)
+        # finalize utterances whose last listed frame this was
         utt, node, pb, pnb, ps, pe, wf = _finish(
-            count[utt] == k + 1, (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
+            nxt[utt] == end[utt], (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
         )
     if ended:
         utt, node, pb, pnb, ps, pe, wf = (np.concatenate(parts) for parts in zip(*ended, strict=True))
         _finalize(utt, node, pb, pnb, ps, pe, wf, trie, results, records, out_k, beam_prune_logp, last_rep)
     return results
+
+
+def _skip_merge_frames(
+    utt: np.ndarray,
+    node: np.ndarray,
+    nxt: np.ndarray,
+    end: np.ndarray,
+    s_merge: np.ndarray,
+    trie: PrefixTrie,
+    prune_history: bool,
+) -> None:
+    """Move ``nxt`` past the next listed frame of each utterance where it is a merge frame that would
+    change nothing: no two of the utterance's beams share a prefix (one ending in blank, one not) or,
+    with ``prune_history``, a history key once both end in blank. Every beam then just ends in blank
+    and adds ``lp(blank)`` (the frame is in ``skip_cum``), so ranks and pruning do not change."""
+    beam_nxt = nxt[utt]  # shape: (E,)
+    at = (beam_nxt < end[utt]).nonzero()[0]
+    at = at[s_merge[beam_nxt[at]]]
+    if not len(at):
+        return
+    a_utt = utt[at]
+    if prune_history:  # equal prefixes have equal history keys
+        key = trie.history_hash(node[at]) ^ (a_utt.astype(np.uint64) * _UTT_SALT)
+    else:
+        key = a_utt * trie.n + node[at]
+    key_sorted = np.sort(key)
+    clash = key_sorted[1:] == key_sorted[:-1]
+    skip = np.ones(len(nxt), dtype=bool)
+    if clash.any():
+        order = key.argsort()
+        skip[a_utt[order[1:][clash]]] = False
+    go = a_utt[skip[a_utt]]
+    nxt[go] += 1
 
 
 class _WordRecords:
@@ -431,7 +498,7 @@ class _WordRecords:
 
     def push(self, start: np.ndarray, end: np.ndarray, prev: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Record ``(start, end)`` after ``prev`` where ``mask``; return the beams' new record pointers."""
-        pushed = np.flatnonzero(mask)
+        pushed = mask.nonzero()[0]
         if not len(pushed):
             return prev
         base = len(self.start)
@@ -530,19 +597,21 @@ def _finalize(
         results[u] = []
     states = trie.states
     has_lm = trie.lm is not None
-    for u, i, tot, gl, sid in zip(
+    out_rows = g_rep[go]
+    texts = trie.texts(node[out_rows])
+    for u, i, tot, gl, sid, text in zip(
         g_utt[go].tolist(),
-        g_rep[go].tolist(),
+        out_rows.tolist(),
         totals[go].tolist(),
         g_logit[go].tolist(),
         f_sid[go].tolist(),
+        texts,
         strict=True,
     ):
         frames = records.frames(int(wf[i]))
         nd = int(node[i])
         if trie.plen[nd] > 0:
             frames.append((int(ps[i]), int(pe[i])))
-        text = trie.text(nd)
         results[u].append(
             CTCHypothesis(
                 text=text,

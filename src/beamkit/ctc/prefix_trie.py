@@ -6,13 +6,19 @@ with a dense child table (``child[node * V + label]``, 0: no child yet), so find
 with numpy, and kept for the rest of the call (one node per prefix: equal prefixes always share an id).
 Strings are never built on the hot path: a partial word is identified by a 64-bit hash of its labels, a
 completed-word sequence by a hash chain, and partial-word scores come from walking character tries kept
-as sorted key arrays (:class:`CharTrie`): one for the LM unigrams (unknown-prefix penalty) and one for
-hotwords. Only an LM query for a new (LM context, word) pair goes through Python; text is rebuilt from the
-parent chain for the final hypotheses.
+as dense transition tables or sorted key arrays (:class:`CharTrie`): one for the LM unigrams
+(unknown-prefix penalty) and one for hotwords. New (LM context, word) pairs of a step go to the LM in one
+batch (the words' strings are kept per node with an LM); text is rebuilt from the parent chains for the
+final hypotheses.
+
+Node storage is reused: :meth:`PrefixTrie.release` keeps the arrays (child table cleared) for the next
+trie of the same shape, since first touches of fresh memory (page faults) cost more than a search step. One
+set of at most 256 MiB is kept between calls; :func:`release_cached_memory` frees it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,19 +41,33 @@ _NODE_FIELDS = (
     "thash",
     "hhash",
 )
+_STORAGE_FIELDS = (*_NODE_FIELDS, "child")
+# node arrays released by a finished trie, for the next one (one set, up to _SPARE_MAX_BYTES)
+_SPARE: list[dict[str, np.ndarray]] = []
+_SPARE_LOCK = threading.Lock()
+_SPARE_MAX_BYTES = 1 << 28
 _HASH_MUL = np.uint64(0x100000001B3)
 _HASH_SALT = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9))
 
 
+def release_cached_memory() -> int:
+    """Free the node arrays kept for the next CTC search; returns the bytes released."""
+    with _SPARE_LOCK:
+        freed = sum(a.nbytes for arrays in _SPARE for a in arrays.values())
+        _SPARE.clear()
+    return freed
+
+
 class CharTrie:
-    """A character trie as a sorted array of ``state * A + char`` keys, walked with ``searchsorted``.
+    """A character trie as a sorted array of ``state * A + char`` keys, walked with ``searchsorted``, or
+    with a dense transition table when that has at most ``dense_limit`` entries.
 
     State 0 is the root; ``-1`` means "left the trie" (no word has this prefix). ``min_len[state]`` is the
     length of the shortest word below ``state``;
     ``is_word[state]`` whether a word ends there.
     """
 
-    def __init__(self, words: Iterable[str], alphabet: dict[str, int]) -> None:
+    def __init__(self, words: Iterable[str], alphabet: dict[str, int], dense_limit: int = 1 << 22) -> None:
         """Index ``words`` over ``alphabet`` (characters outside it end the walk)."""
         self.alphabet_size = len(alphabet) + 1
         trans: dict[int, int] = {}
@@ -75,9 +95,20 @@ class CharTrie:
         self.values = np.array([trans[int(k)] for k in keys], dtype=np.int64)  # shape: (K,)
         self.min_len = np.array(min_len, dtype=np.float64)  # shape: (states,)
         self.is_word = np.array(is_word, dtype=bool)  # shape: (states,)
+        # dense table: row state + 1 (row 0: left the trie), column char + 2 (0: unknown, 1: no character)
+        self.width = self.alphabet_size + 2
+        self.table: np.ndarray | None = None
+        n_states = len(min_len)
+        if (n_states + 1) * self.width <= dense_limit:
+            table = np.full((n_states + 1, self.width), -1, dtype=np.int64)  # shape: (states + 1, A + 2)
+            table[1:, 1] = np.arange(n_states)
+            table[keys // self.alphabet_size + 1, keys % self.alphabet_size + 2] = self.values
+            self.table = table.ravel()
 
     def walk(self, states: np.ndarray, chars: np.ndarray) -> np.ndarray:
         """Advance ``states`` by ``chars`` (``-1``: no character, state kept; ``-2``: unknown character)."""
+        if self.table is not None:
+            return self.table[(states + 1) * self.width + (chars + 2)]
         out = states.copy()
         move = (states >= 0) & (chars != -1)
         if not move.any() or len(self.keys) == 0:
@@ -141,6 +172,12 @@ class PrefixTrie:
             for j, ch in enumerate(piece):
                 self.piece_chars[i, j] = alphabet[ch]
         self.piece_len = np.array([len(p) for p in self.clean], dtype=np.int64)  # shape: (V,)
+        self.piece_obj = np.array(self.clean, dtype=object)  # shape: (V,) the pieces as Python strings
+        # text pieces per label (a word-starting label opens a new word), and "" for padding (index V)
+        starts = vocab.starts_word.tolist()
+        self.text_piece = np.array(
+            [(" " + p if starts[i] else p) for i, p in enumerate(self.clean)] + [""], dtype=object
+        )  # shape: (V + 1,)
         self.uni_trie = None
         if lm is not None and lm.prefix_index is not None:
             cache_key = tuple(sorted(alphabet.items()))
@@ -150,36 +187,72 @@ class PrefixTrie:
                 lm._char_trie_cache = cached  # type: ignore[attr-defined]
             self.uni_trie = cached[1]
         self.hot_trie = CharTrie(hotwords.words, alphabet) if hotwords else None
-        # node arrays
+        # node arrays: every field of a node is written when the node is created (zero-filling storage
+        # that is mostly never used costs more than the search); the child table must start at 0
         cap = max(1 << 10, int(capacity))
         self.n = 0
-        self.parent = np.zeros(cap, dtype=np.int64)
-        self.last_tok = np.zeros(cap, dtype=np.int64)
-        self.plen = np.zeros(cap, dtype=np.int64)  # characters in the partial word
-        self.phash = np.zeros(cap, dtype=np.uint64)  # hash of the partial word's labels
-        self.uni = np.zeros(cap, dtype=np.int64)  # unigram-trie state of the partial word (-1: none)
-        self.hotst = np.zeros(cap, dtype=np.int64)  # hotword-trie state of the partial word
-        self.tscore = np.zeros(cap, dtype=np.float64)  # fused score of the completed words
-        self.score = np.zeros(cap, dtype=np.float64)  # tscore + partial-word score
-        self.sid = np.zeros(cap, dtype=np.int64)  # LM context id of the completed words
-        self.whist = np.zeros((cap, self.history), dtype=np.uint64)  # hashes of the last words
-        self.thash = np.zeros(cap, dtype=np.uint64)  # hash chain of all completed words
-        self.hhash = np.zeros(cap, dtype=np.uint64)  # history-pruning key (see _history_key)
-        self.child = np.zeros(cap * V, dtype=np.int32)  # child id + 1 per (node, label); 0: none yet
+        if not self._reuse_storage(cap):
+            self._new_storage(cap)
         # labels that leave a prefix without a partial word unchanged (a delimiter, an empty BPE piece)
         self.loop_tok = vocab.starts_word & (self.piece_len == 0)  # shape: (V,)
-        # LM contexts: id -> state; (context id, word hash) -> (new id, score delta)
+        # LM contexts: id -> state, and the fused score of the word that led there; the context after a
+        # (context id, word hash) pair, keyed by ``id << 64 | hash`` (plain ints: nothing for the garbage
+        # collector to track)
         self.states: list[Any] = [lm.start_state() if lm is not None else None]
-        self.lm_cache: dict[tuple[int, int], tuple[int, float]] = {}
-        self.word_text: dict[int, str] = {}  # word hash -> the word (partial words that completed)
-        self.text_cache: dict[int, str] = {}
+        self.deltas: list[float] = [0.0]
+        self.lm_cache: dict[int, int] = {}
+        # the partial word of each node as a string, kept only with an LM (for its queries); object storage
+        # is filled when allocated, so it grows on its own, by what the nodes use
+        self.pword = np.full(1 << 10, "", dtype=object)  # shape: (nodes,)
         self.root = int(self._alloc(1)[0])
+        for name in _NODE_FIELDS:
+            getattr(self, name)[self.root] = 0
         self.parent[self.root] = -1
         self.last_tok[self.root] = vocab.space  # -1 without a delimiter: no label repeats the root
         root = np.array([self.root])
         self.hhash[self.root] = _history_key(self.phash[root], self.plen[root], self.whist[root])[0]
 
     # ------------------------------------------------------------------ storage
+    def _new_storage(self, cap: int) -> None:
+        """Allocate node arrays for ``cap`` nodes."""
+        self.parent = np.empty(cap, dtype=np.int64)
+        self.last_tok = np.empty(cap, dtype=np.int64)
+        self.plen = np.empty(cap, dtype=np.int64)  # characters in the partial word
+        self.phash = np.empty(cap, dtype=np.uint64)  # hash of the partial word's labels
+        self.uni = np.empty(cap, dtype=np.int64)  # unigram-trie state of the partial word (-1: none; LM only)
+        self.hotst = np.empty(cap, dtype=np.int64)  # hotword-trie state of the partial word (hotwords only)
+        self.tscore = np.empty(cap, dtype=np.float64)  # fused score of the completed words
+        self.score = np.empty(cap, dtype=np.float64)  # tscore + partial-word score
+        self.sid = np.empty(cap, dtype=np.int64)  # LM context id of the completed words
+        self.whist = np.empty((cap, self.history), dtype=np.uint64)  # hashes of the last words
+        self.thash = np.empty(cap, dtype=np.uint64)  # hash chain of all completed words
+        self.hhash = np.empty(cap, dtype=np.uint64)  # history-pruning key (see _history_key)
+        self.child = np.zeros(cap * self.vocab.size, dtype=np.int32)  # child id + 1 per (node, label); 0: none
+
+    def _reuse_storage(self, cap: int) -> bool:
+        """Take released node arrays of this trie's shape holding at least ``cap`` nodes, if there are any."""
+        with _SPARE_LOCK:
+            for i, arrays in enumerate(_SPARE):
+                fits = len(arrays["parent"]) >= cap and arrays["whist"].shape[1] == self.history
+                if fits and len(arrays["child"]) == len(arrays["parent"]) * self.vocab.size:
+                    for name in _STORAGE_FIELDS:
+                        setattr(self, name, arrays[name])
+                    del _SPARE[i]
+                    return True
+        return False
+
+    def release(self) -> None:
+        """Hand the node arrays over to the next trie (the used part of the child table cleared); this trie
+        must not be used afterwards."""
+        arrays = {name: getattr(self, name) for name in _STORAGE_FIELDS}
+        for name in _STORAGE_FIELDS:
+            delattr(self, name)
+        if sum(a.nbytes for a in arrays.values()) > _SPARE_MAX_BYTES:
+            return
+        arrays["child"][: self.n * self.vocab.size] = 0
+        with _SPARE_LOCK:
+            _SPARE[:] = [arrays]
+
     def _alloc(self, m: int) -> np.ndarray:
         need = self.n + m
         cap = len(self.parent)
@@ -189,7 +262,7 @@ class PrefixTrie:
             V = self.vocab.size
             for name in _NODE_FIELDS:
                 arr = getattr(self, name)
-                new = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
+                new = np.empty((cap, *arr.shape[1:]), dtype=arr.dtype)
                 new[: self.n] = arr[: self.n]
                 setattr(self, name, new)
             child = np.zeros(cap * V, dtype=np.int32)
@@ -198,18 +271,6 @@ class PrefixTrie:
         ids = np.arange(self.n, need, dtype=np.int64)
         self.n = need
         return ids
-
-    def partial_string(self, node: int) -> str:
-        """The partial word of ``node`` (walks up the parents)."""
-        parts: list[str] = []
-        starts_word = self.vocab.starts_word
-        while self.plen[node] > 0:
-            tok = int(self.last_tok[node])
-            parts.append(self.clean[tok])
-            if starts_word[tok]:
-                break
-            node = int(self.parent[node])
-        return "".join(reversed(parts))
 
     def word_hash(self, nodes: np.ndarray) -> np.ndarray:
         """Hash of the partial word of each node (as a word)."""
@@ -220,39 +281,45 @@ class PrefixTrie:
         has = self.plen[nodes] > 0
         return np.where(has, _mix(self.thash[nodes], self.word_hash(nodes)), self.thash[nodes])
 
-    def text(self, node: int) -> str:
-        """The whitespace-normalised text of ``node`` (completed words and partial word)."""
-        return " ".join(self._raw_text(node).split())
+    def texts(self, nodes: np.ndarray) -> list[str]:
+        """The whitespace-normalised text (completed words and partial word) of each node: the labels of
+        all nodes are gathered up the parent chains together, then joined per node."""
+        cur = nodes.astype(np.int64)
+        V = self.vocab.size
+        toks: list[np.ndarray] = []  # last label of each node's ancestors, deepest first (V: above the root)
+        while True:
+            up = cur > self.root
+            if not up.any():
+                break
+            toks.append(np.where(up, self.last_tok[cur], V))
+            cur = np.where(up, self.parent[cur], self.root)
+        if not toks:
+            return ["" for _ in range(len(nodes))]
+        pieces = self.text_piece[np.stack(toks[::-1], axis=1)]  # shape: (n, depth)
+        return [" ".join("".join(row).split()) for row in pieces.tolist()]
 
-    def _raw_text(self, node: int) -> str:
-        cache = self.text_cache
-        path: list[int] = []
-        while node > 0 and node not in cache:
-            path.append(node)
-            node = int(self.parent[node])
-        text = cache.get(node, "")
-        starts_word = self.vocab.starts_word
-        for nd in reversed(path):
-            tok = int(self.last_tok[nd])
-            text = text + (" " + self.clean[tok] if starts_word[tok] else self.clean[tok])
-            cache[nd] = text
-        return text
-
-    def _lm_step(self, sid: int, word_hash: int, node: int, word: str | None = None) -> tuple[int, float]:
-        """LM context id after ``sid`` + the word ending at ``node``; the fused score of that word."""
-        key = (sid, word_hash)
-        hit = self.lm_cache.get(key)
-        if hit is None:
+    def _lm_steps(self, sids: list[int], hashes: list[int], words: list[str]) -> tuple[list[int], list[float]]:
+        """LM context ids after each (context ``sids[j]``, word ``words[j]`` of hash ``hashes[j]``) pair and the
+        fused scores of the words; the pairs not seen before in this call are scored in one batch, and get
+        new context ids in order of first occurrence."""
+        cache = self.lm_cache
+        keys = [sid << 64 | h for sid, h in zip(sids, hashes, strict=True)]
+        todo: dict[int, int] = {}  # new key -> its first row
+        for j, key in enumerate(keys):
+            if key not in cache and key not in todo:
+                todo[key] = j
+        if todo:
             assert self.lm is not None
-            if word is None:
-                word = self.word_text.get(word_hash)
-                if word is None:
-                    word = self.word_text[word_hash] = self.partial_string(node)
-            delta, state = self.lm.score_word(self.states[sid], word)
-            hit = (len(self.states), delta)
-            self.states.append(state)
-            self.lm_cache[key] = hit
-        return hit
+            states = self.states
+            rows = list(todo.values())
+            deltas, new_states = self.lm.score_words([states[sids[j]] for j in rows], [words[j] for j in rows])
+            for i, key in enumerate(todo, start=len(states)):
+                cache[key] = i
+            states.extend(new_states)
+            self.deltas.extend(deltas)
+        new_sids = [cache[key] for key in keys]
+        deltas_of = self.deltas
+        return new_sids, [deltas_of[sid] for sid in new_sids]
 
     # ------------------------------------------------------------------ children
     def children(self, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
@@ -260,9 +327,9 @@ class PrefixTrie:
         changes nothing, else the node stored for the pair, created (once per distinct pair) when missing."""
         key = src * self.vocab.size + tok
         out = self.child[key].astype(np.int64) - 1
-        loop = np.flatnonzero(self.loop_tok[tok] & (self.plen[src] == 0))
+        loop = (self.loop_tok[tok] & (self.plen[src] == 0)).nonzero()[0]
         out[loop] = src[loop]
-        miss = np.flatnonzero(out < 0)
+        miss = (out < 0).nonzero()[0]
         if len(miss):
             # number the distinct missing pairs: mark each slot with a row that asks for it (duplicates read
             # back one winner), create a node per winner, then store the real ids
@@ -279,8 +346,7 @@ class PrefixTrie:
     def _create(self, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
         """Store the nodes ``src`` + ``tok`` (distinct pairs without a node yet); return their ids.
 
-        Fields that stay 0 without an LM and hotwords (LM context, scores, trie states) are not written:
-        new storage is zero-filled."""
+        Without an LM and hotwords the scores and the LM context stay 0 (no trie states are kept)."""
         m = len(src)
         ids = self._alloc(m)
         new = slice(int(ids[0]), int(ids[0]) + m)
@@ -292,7 +358,7 @@ class PrefixTrie:
         if scored:
             tscore = self.tscore[src]
             sid = self.sid[src]
-        completes = np.flatnonzero(sw & (src_plen > 0))
+        completes = (sw & (src_plen > 0)).nonzero()[0]
         if len(completes):
             csrc = src[completes]
             word_hash = self.word_hash(csrc)
@@ -303,12 +369,9 @@ class PrefixTrie:
                 is_hot = (hs >= 0) & self.hot_trie.is_word[np.maximum(hs, 0)]
                 tscore[completes] += np.where(is_hot, self.hot.weight, 0.0)
             if self.lm is not None:
-                for j, (s0, wh, nd) in enumerate(
-                    zip(sid[completes].tolist(), word_hash.tolist(), csrc.tolist(), strict=True)
-                ):
-                    new_sid, delta = self._lm_step(s0, wh, nd)
-                    sid[completes[j]] = new_sid
-                    tscore[completes[j]] += delta
+                new_sid, delta = self._lm_steps(sid[completes].tolist(), word_hash.tolist(), self.pword[csrc].tolist())
+                sid[completes] = new_sid
+                tscore[completes] += delta
         plen = np.where(sw, 0, src_plen) + self.piece_len[tok]
         chars = self.piece_chars[tok]  # shape: (m, Lmax)
         phash = np.where(sw, np.uint64(0), self.phash[src])  # hash over characters, not pieces
@@ -324,9 +387,18 @@ class PrefixTrie:
         self.thash[new] = thash
         self.hhash[new] = _history_key(phash, plen, whist)
         if not scored:
+            self.tscore[new] = 0.0
+            self.score[new] = 0.0
+            self.sid[new] = 0
             return ids
         partial = np.zeros(m)
         if self.lm is not None:
+            if len(self.pword) < self.n:
+                grown = np.full(max(self.n, 4 * len(self.pword)), "", dtype=object)
+                grown[: len(self.pword)] = self.pword
+                self.pword = grown
+            pieces = self.piece_obj[tok]
+            self.pword[new] = np.where(sw, pieces, self.pword[src] + pieces)
             if self.uni_trie is not None:
                 uni = np.where(sw, 0, self.uni[src])
                 for j in range(chars.shape[1]):
@@ -336,7 +408,6 @@ class PrefixTrie:
             self.uni[new] = uni
             scale = np.where(plen > AVG_TOKEN_LEN, plen / AVG_TOKEN_LEN, 1.0)
             partial = np.where((plen > 0) & (uni < 0), self.lm.unk_score_offset * scale, 0.0)
-            self.sid[new] = sid
         if self.hot_trie is not None:
             hot = np.where(sw, 0, self.hotst[src])
             for j in range(chars.shape[1]):
@@ -345,6 +416,7 @@ class PrefixTrie:
             in_hot = (plen > 0) & (hot >= 0)
             bonus = self.hot.weight * plen / self.hot_trie.min_len[np.maximum(hot, 0)]
             partial = np.where(in_hot, bonus, partial)
+        self.sid[new] = sid
         self.tscore[new] = tscore
         self.score[new] = tscore + partial
         return ids
@@ -370,17 +442,9 @@ class PrefixTrie:
         need = has_partial if not self.empty_word_at_end else np.ones(len(nodes), dtype=bool)
         idx = np.flatnonzero(need)
         if len(idx):
-            wh = self.word_hash(nodes[idx])
-            new_sid = np.empty(len(idx), dtype=np.int64)
-            delta = np.empty(len(idx))
-            cache = self.lm_cache
-            for j, (s0, h, nd, part) in enumerate(
-                zip(sid[idx].tolist(), wh.tolist(), nodes[idx].tolist(), has_partial[idx].tolist(), strict=True)
-            ):
-                hit = cache.get((s0, h))
-                if hit is None:
-                    hit = self._lm_step(s0, h, nd, None if part else "")
-                new_sid[j], delta[j] = hit
+            # a node without a partial word scores the empty word (its pword is "")
+            nd = nodes[idx]
+            new_sid, delta = self._lm_steps(sid[idx].tolist(), self.word_hash(nd).tolist(), self.pword[nd].tolist())
             sid[idx] = new_sid  # fancy indexing above made copies
             score[idx] += delta
         usid, inv = np.unique(sid, return_inverse=True)
