@@ -33,14 +33,14 @@ PITFALLS = [
     (
         "2 raw logits instead of log-probs",
         ENGINE,
-        "scores, offset = logits, np.where(np.isfinite(lse), -lse, -np.inf)",
+        "scores, offset = logits, (-lse if all_ok else np.where(ok, -lse, -np.inf))",
         "scores, offset = logits, 0 * lse",
         "test_logits_need_not_be_normalized",
     ),
     (
         "3 eos hypothesis keeps going",
         ENGINE,
-        "is_eos = cand.tok == (-1 if eos is None else eos)\n        done",
+        "is_eos = is_stop(cand.tok, stop)\n        done",
         "is_eos = cand.tok == -7\n        done",
         "test_eos_finishes_and_shrinks_the_beam",
     ),
@@ -68,8 +68,8 @@ PITFALLS = [
     (
         "eos left out of the length",
         ENGINE,
-        "scores = opt.length_penalty(cand.lp[sel], length)",
-        "scores = opt.length_penalty(cand.lp[sel], length - finished.astype(int))",
+        "np.ones(done.size, bool), t + 1)",
+        "np.ones(done.size, bool), t)",
         "test_hand_example_length_penalty",
     ),
     (
@@ -82,8 +82,8 @@ PITFALLS = [
     (
         "ties to the highest index",
         ENGINE,
-        "order = np.lexsort((tok, row,",
-        "order = np.lexsort((-tok, -row,",
+        "np.lexsort((neg_key, req) if ordered else (tok, row, neg_key, req))",
+        "np.lexsort((-row, neg_key, req) if ordered else (-tok, -row, neg_key, req))",
         "test_ties_go_to_the_lowest_id",
     ),
     (
