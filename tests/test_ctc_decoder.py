@@ -76,6 +76,21 @@ def test_batch_normalisation_equals_normalize_logits_per_matrix(monkeypatch) -> 
     infinite = np.array([[np.inf, -np.inf, 0, 0, 0, 0]])  # its row sum is NaN, but it holds no NaN
     with np.errstate(invalid="ignore"):
         build_ctcdecoder(LABELS)._normalize_batch([infinite])
+    # rows with infinities, all -inf, one dominant label, signed zeros: same values and signs of zero
+    odd = np.array(
+        [
+            [np.inf, 0, 1, 2, 3, 4],
+            [-np.inf] * 6,
+            [800.0, 0, 0, 0, 0, 0],
+            [0.0, -0.0, 0, 0, 0, 0],
+            [-0.0, -800.0, -800.0, -800.0, -800.0, -800.0],
+        ]
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        (got,), _ = build_ctcdecoder(LABELS)._normalize_batch([odd])
+        want = normalize_logits(odd)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
 
 
 def test_decoder_without_lm_reads_the_best_path() -> None:

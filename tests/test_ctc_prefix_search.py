@@ -334,6 +334,55 @@ def test_texts_rebuild_prefixes_from_the_parent_chain() -> None:
     assert trie.texts(np.array([trie.root, trie.root])) == ["", ""]
 
 
+@pytest.mark.parametrize("bpe", [False, True])
+def test_partial_words_rebuilt_from_the_parent_chain(bpe: bool) -> None:
+    # partial words (walked up the parents, for LM queries) against the words of the nodes' texts
+    labels = ["", "▁a", "▁b", "a", "b", "c"] if bpe else ["", " ", "a", "b", "c"]
+    vocab = Vocabulary.from_labels(labels)
+    fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"])
+    trie = PrefixTrie(vocab, fusion, HotwordScorer(), 2)
+    rng = np.random.default_rng(11)
+    nodes = [trie.root]
+    for _ in range(300):  # random label paths; blank is never a child label
+        nodes.append(int(trie.children(np.array([rng.choice(nodes)]), np.array([rng.integers(1, len(labels))]))[0]))
+    node = np.array(nodes)
+    texts = trie.texts(node)
+    hashes = trie.word_hash(node).tolist()
+    for i, (nd, text) in enumerate(zip(nodes, texts, strict=True)):
+        want = text.split()[-1] if trie.plen[nd] > 0 else ""
+        assert trie.partial_word(nd, hashes[i]) == want, text
+    trie.word_text.clear()  # and walked afresh, in another order
+    for i in reversed(range(len(nodes))):
+        want = texts[i].split()[-1] if trie.plen[nodes[i]] > 0 else ""
+        assert trie.partial_word(nodes[i], hashes[i]) == want
+
+
+def test_search_helpers_equal_numpy() -> None:
+    # the faster sorts and nonzero against numpy's own, below and above the size that switches paths
+    from beamkit.ctc import prefix_search as ps
+
+    rng = np.random.default_rng(12)
+    for n in (0, 1, 5, ps._UNSTABLE_SORT_MIN - 1, ps._UNSTABLE_SORT_MIN, 3000):
+        distinct = rng.random(n) * 50
+        ties = np.floor(rng.random(n) * 7)
+        signed_zeros = np.where(rng.random(n) < 0.5, 0.0, -0.0)
+        odd = distinct.copy()
+        odd[: n // 3] = np.inf
+        negative = distinct - 25
+        for keys in (distinct, ties, signed_zeros, odd, negative):
+            assert np.array_equal(ps._stable_argsort_float(keys), keys.argsort(kind="stable"))
+        for keys in (rng.integers(0, 1 << 62, n).astype(np.uint64), rng.integers(0, 20, n).astype(np.uint64)):
+            got = ps._first_occurrences(keys)
+            first = np.sort(np.unique(keys, return_index=True)[1])
+            if len(first) == n:
+                assert got is None
+            else:
+                assert got is not None and np.array_equal(got, first)
+        mask = rng.random((n, 7)) < 0.3
+        for a, b in zip(ps._nonzero_2d(mask), np.nonzero(mask), strict=True):
+            assert np.array_equal(a, b)
+
+
 def test_node_storage_reused_by_later_calls_gives_the_same_results() -> None:
     # a finished search hands its node arrays (child table cleared) to the next one of the same shape
     from beamkit.ctc import prefix_trie

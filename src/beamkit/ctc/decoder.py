@@ -40,12 +40,16 @@ def normalize_logits(logits: Any) -> np.ndarray:
 
 def _clipped_log_softmax_(rows: np.ndarray) -> None:
     """:func:`normalize_logits`' logit rule in place over the rows of a C-contiguous 2-D float64 array,
-    a block of rows at a time (temporaries the size of a block, not of the whole batch)."""
+    a block of rows at a time (temporaries the size of a block, not of the whole batch).
+
+    The clip at 0 is left out: a log-softmax value ``(x - max) - log(sum)`` is a non-positive number minus a
+    non-negative one (the sum holds ``exp(0) = 1``), so it is never above 0 (NaN for rows with infinities
+    stays NaN either way), and ``-0.0`` only comes out where ``log(sum)`` is 0, i.e. for the max alone, as
+    ``+0.0 - 0.0``."""
     for start in range(0, len(rows), _BLOCK_ROWS):
         block = rows[start : start + _BLOCK_ROWS]
         log_softmax_(block, axis=1)
         np.maximum(block, math.log(MIN_TOKEN_CLIP_P), out=block)
-        np.minimum(block, 0.0, out=block)
 
 
 class CTCDecoder:

@@ -377,13 +377,13 @@ class LanguageModelFusion:
         else:
             pairs = [model.score(s, w) for s, w in zip(states, words, strict=True)]
             logps, new_states = [p for p, _ in pairs], [s for _, s in pairs]
-        unigrams, alpha, beta, unk = self.unigrams, self.alpha, self.beta, self.unk_score_offset
-        out: list[float] = []
-        for logp, word in zip(logps, words, strict=True):
-            # the unigrams are words of the model (see __init__), so this is score_word's unknown-word test
-            if (word not in unigrams) if unigrams else (word not in model):
-                logp += unk
-            out.append(alpha * logp * LOG10_TO_LN + beta)
+        alpha, beta, unk = self.alpha, self.beta, self.unk_score_offset
+        # the unigrams are words of the model (see __init__), so this is score_word's unknown-word test
+        known = self.unigrams or model
+        out = [
+            alpha * (logp if word in known else logp + unk) * LOG10_TO_LN + beta
+            for logp, word in zip(logps, words, strict=True)
+        ]
         return out, new_states
 
     def score_eos(self, state: Any) -> float:

@@ -43,6 +43,7 @@ from .vocab import Vocabulary
 
 NEG_INF = -math.inf
 _UTT_SALT = np.uint64(0xFF51AFD7ED558CCD)
+_UNSTABLE_SORT_MIN = 1024  # keys from which an unstable sort plus checks beats a stable sort
 
 
 @dataclass
@@ -149,6 +150,20 @@ def _stable_argsort(keys: np.ndarray) -> np.ndarray:
     return (keys * n + np.arange(n)).argsort()
 
 
+def _stable_argsort_float(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for float64 keys; for many keys (from ``_UNSTABLE_SORT_MIN``), by a
+    faster unstable sort where the keys are finite, non-negative and distinct (then there is only one
+    ascending order): such floats order like their bit patterns read as int64."""
+    if len(keys) < _UNSTABLE_SORT_MIN or not (np.isfinite(keys).all() and keys.min() >= 0.0):
+        return keys.argsort(kind="stable")
+    bits = (keys + 0.0).view(np.int64)  # adding +0.0 turns -0.0 into +0.0
+    order = bits.argsort()
+    sorted_bits = bits[order]
+    if (sorted_bits[1:] == sorted_bits[:-1]).any():  # ties keep their positions' order
+        return keys.argsort(kind="stable")
+    return order
+
+
 def _segment_starts(sorted_keys: np.ndarray) -> np.ndarray:
     """Start index of each run of equal values in a sorted 1-D array."""
     if len(sorted_keys) == 0:
@@ -171,13 +186,21 @@ def _segment_lengths(starts: np.ndarray, n: int) -> np.ndarray:
 def _first_occurrences(keys: np.ndarray) -> np.ndarray | None:
     """Positions of the first occurrence of each distinct key, ascending (as ``np.unique(keys,
     return_index=True)`` then sorted); None when the keys are all distinct."""
-    order = keys.argsort(kind="stable")
-    dup = (keys[order[1:]] == keys[order[:-1]]).nonzero()[0]
-    if not len(dup):
+    if len(keys) < _UNSTABLE_SORT_MIN:
+        order = keys.argsort(kind="stable")
+        dup = (keys[order[1:]] == keys[order[:-1]]).nonzero()[0]
+        if not len(dup):
+            return None
+        keep = np.ones(len(keys), dtype=bool)
+        keep[order[dup + 1]] = False  # a later member of a run of equal keys
+        return keep.nonzero()[0]
+    order = keys.argsort()  # equal keys in any order: each run's first position is its smallest
+    sorted_keys = keys[order]
+    if not (sorted_keys[1:] == sorted_keys[:-1]).any():
         return None
-    keep = np.ones(len(keys), dtype=bool)
-    keep[order[dup + 1]] = False  # a later member of a run of equal keys
-    return keep.nonzero()[0]
+    first = np.minimum.reduceat(order, _segment_starts(sorted_keys))
+    first.sort()
+    return first
 
 
 def prefix_beam_search(
@@ -283,16 +306,24 @@ def _schedule(
     blank, and :func:`_search` skips it too when no two beams would merge or share a history.
 
     Returns ``(s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum)``: the listed (utterance, frame)
-    pairs, by utterance then frame; their candidate labels (label order, padded with 0) and how many there
+    pairs, by utterance then frame; their candidate labels (label order, padded with blank) and how many there
     are; whether each is a merge frame; listed frames per utterance; and the running sum of ``lp(blank)``
     over blank-only frames (merge frames included, busy ones 0), so that skipping frames ``a .. b-1``
     adds ``skip_cum[u, b] - skip_cum[u, a]``.
     """
     N, T, V = batch.shape
-    cand = batch >= token_min_logp  # shape: (N, T, V) lp >= token_min_logp, plus the argmax
-    if N and T:
-        cand.reshape(-1, V)[np.arange(N * T), batch.reshape(-1, V).argmax(axis=1)] = True
-    n_cand = cand.sum(axis=2)  # shape: (N, T)
+    flat = batch.reshape(-1, V)  # shape: (N * T, V)
+    cand = flat >= token_min_logp  # shape: (N * T, V) lp >= token_min_logp, plus the argmax
+    rows, labels = _nonzero_2d(cand)  # shape: (candidates,) each, by frame then label
+    n_cand = np.bincount(rows, minlength=N * T)  # shape: (N * T,)
+    # the argmax is a candidate already unless no label reaches token_min_logp
+    empty = (n_cand == 0).nonzero()[0]
+    if len(empty):
+        cand[empty, flat[empty].argmax(axis=1)] = True
+        rows, labels = _nonzero_2d(cand)
+        n_cand = np.bincount(rows, minlength=N * T)
+    cand = cand.reshape(N, T, V)
+    n_cand = n_cand.reshape(N, T)
     lp_blank = batch[:, :, blank]  # shape: (N, T)
     valid = np.arange(T) < lens[:, None]  # shape: (N, T)
     blank_only = valid & (n_cand == 1) & cand[:, :, blank] & np.isfinite(lp_blank)  # shape: (N, T)
@@ -303,12 +334,20 @@ def _schedule(
     count = listed.sum(axis=1)  # shape: (N,)
     s_count = n_cand[s_utt, s_frame]  # shape: (S,)
     s_merge = blank_only[s_utt, s_frame]  # shape: (S,)
-    rows, labels = np.nonzero(cand[s_utt, s_frame])  # shape: (sum of s_count,) each
-    s_tok = np.zeros((len(s_utt), int(s_count.max(initial=1))), dtype=np.int64)  # shape: (S, K_max)
-    s_tok[rows, np.arange(len(rows)) - (np.cumsum(s_count) - s_count)[rows]] = labels
+    keep = listed.ravel()[rows]  # the candidates of listed frames, by listed pair then label
+    s_row = np.repeat(np.arange(len(s_utt)), s_count)  # shape: (sum of s_count,) listed pair of each
+    s_tok = np.full((len(s_utt), int(s_count.max(initial=1))), blank, dtype=np.int64)  # shape: (S, K_max)
+    s_tok[s_row, np.arange(len(s_row)) - (np.cumsum(s_count) - s_count)[s_row]] = labels[keep]
     skip_cum = np.zeros((N, T + 1))  # shape: (N, T + 1)
     np.cumsum(np.where(blank_only, lp_blank, 0.0), axis=1, out=skip_cum[:, 1:])
     return s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum
+
+
+def _nonzero_2d(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.nonzero`` of a C-contiguous 2-D boolean array (row-major order), via the flat positions (faster)."""
+    flat = np.flatnonzero(mask)
+    rows = flat // mask.shape[1]
+    return rows, flat - rows * mask.shape[1]
 
 
 def _skip_blank_frames(
@@ -317,8 +356,9 @@ def _skip_blank_frames(
     """Move beams (in place) over their utterance's skipped frames ``start .. stop-1`` (per beam)."""
     g = (stop > start).nonzero()[0]
     if len(g):
-        u = utt[g]
-        pb[g] = np.logaddexp(pb[g], pnb[g]) + (skip_cum[u, stop[g]] - skip_cum[u, start[g]])
+        row = utt[g] * skip_cum.shape[1]  # flat offset of each beam's utterance in skip_cum
+        flat = skip_cum.ravel()
+        pb[g] = np.logaddexp(pb[g], pnb[g]) + (flat.take(row + stop[g]) - flat.take(row + start[g]))
         pnb[g] = NEG_INF
 
 
@@ -345,7 +385,7 @@ def _search(
         batch, lens, token_min_logp, split_blank, blank
     )
     s_lpv = batch[s_utt[:, None], s_frame[:, None], s_tok]  # shape: (S, K_max) lp of the candidates
-    s_valid = np.arange(s_tok.shape[1]) < s_count[:, None]  # shape: (S, K_max) real candidates, not padding
+    s_lpv[np.arange(s_tok.shape[1]) >= s_count[:, None]] = NEG_INF  # padding (blank) yields no row
     end = np.cumsum(count)  # shape: (N,) end of each utterance's listed pairs
     nxt = end - count  # shape: (N,) next listed pair of each utterance
     pos = np.zeros(N, dtype=np.int64)  # shape: (N,) next frame not yet applied to the beams
@@ -370,22 +410,23 @@ def _search(
         _skip_blank_frames(pb, pnb, utt, pos[utt], fr, skip_cum)
         pos[utt] = fr + 1
         K = int(s_count[sb].max())
-        tok = s_tok[sb, :K]  # shape: (E, K) candidate labels of each beam's frame
-        lpv = s_lpv[sb, :K]  # shape: (E, K)
-        valid = s_valid[sb, :K]  # shape: (E, K)
+        tok = s_tok.take(sb, axis=0)[:, :K]  # shape: (E, K) candidate labels of each beam's frame
+        lpv = s_lpv.take(sb, axis=0)[:, :K]  # shape: (E, K)
         tot = np.logaddexp(pb, pnb)
         is_blank = tok == blank
         is_rep = tok == trie.last_tok[node][:, None]  # the prefix's last label again (never blank)
         # main rows: blank stays on the prefix (ends in blank), a label extends it (a repeat needs p_b)
         main_val = np.where(is_rep, pb[:, None], tot[:, None]) + lpv  # shape: (E, K)
-        mi = (valid & (main_val > NEG_INF)).ravel().nonzero()[0]
+        mi = (main_val > NEG_INF).ravel().nonzero()[0]
         # repeat rows: the last label again, staying on the prefix (ends in a label)
-        qi = (valid & is_rep & (pnb > NEG_INF)[:, None]).ravel().nonzero()[0]
+        qi = (is_rep & (pnb > NEG_INF)[:, None]).ravel().nonzero()[0]
         cell = np.concatenate((mi, qi))  # shape: (rows,) flat (beam, candidate) cell of each row
         src = cell // K  # shape: (rows,) source beam
         r_tok = tok.ravel()[cell]
-        r_nb = np.concatenate((~is_blank.ravel()[mi], np.ones(len(qi), dtype=bool)))  # ends in a label
-        r_stay = np.concatenate((is_blank.ravel()[mi], np.ones(len(qi), dtype=bool)))
+        r_stay = is_blank.ravel()[cell]  # stays on the prefix: blank main rows and every repeat row
+        r_stay[len(mi) :] = True
+        r_nb = ~r_stay  # ends in a label: label main rows and every repeat row
+        r_nb[len(mi) :] = True
         r_val = np.concatenate((main_val.ravel()[mi], pnb[src[len(mi) :]] + lpv.ravel()[qi]))
         r_node = node[src]
         ext = (~r_stay).nonzero()[0]
@@ -415,23 +456,23 @@ def _search(
         total = m_val + trie.score[m_node]
         # prune per utterance (merged beams are grouped by utterance): threshold, then top beam_width
         gstart = _segment_starts(m_utt)
-        best = np.maximum.reduceat(total, gstart).repeat(_segment_lengths(gstart, len(m_utt)))
+        m_count = _segment_lengths(gstart, len(m_utt))  # shape: (utterances,) merged beams of each
+        best = np.maximum.reduceat(total, gstart).repeat(m_count)
         sel = ((total >= best + beam_prune_logp) & (total > NEG_INF)).nonzero()[0]
         s_below = best[sel] - total[sel]
         span = float(s_below.max()) + 1.0 if len(sel) else 1.0
-        order = sel[(m_utt[sel] * span + s_below).argsort(kind="stable")]  # utterance, then best first
-        if len(order) > beam_width:
+        order = sel[_stable_argsort_float(m_utt[sel] * span + s_below)]  # utterance, then best first
+        if int(m_count.max(initial=0)) > beam_width:
             gstart = _segment_starts(m_utt[order])
             rank = np.arange(len(order)) - gstart.repeat(_segment_lengths(gstart, len(order)))
             order = order[rank < beam_width]
         kept_node = m_node[order]
         if prune_history:
             hkey = trie.history_hash(kept_node) ^ (m_utt[order].astype(np.uint64) * _UTT_SALT)
-            if split_blank:
-                hkey ^= (m_pb[order] == NEG_INF).astype(np.uint64)
-            first_pos = _first_occurrences(hkey)
+            # with split_blank a beam ending in blank and one ending in a label do not compete
+            first_pos = _first_occurrences(hkey ^ (m_pb[order] == NEG_INF).astype(np.uint64) if split_blank else hkey)
             if first_pos is not None:
-                order, kept_node = order[first_pos], kept_node[first_pos]
+                order, kept_node, hkey = order[first_pos], kept_node[first_pos], hkey[first_pos]
         # word offsets: a label starting a word closes the partial word (pushes its frames)
         r = rep[order]
         e = src[r]
@@ -444,7 +485,7 @@ def _search(
         wf = records.push(o_ps, o_pe, o_wf, sw & (trie.plen[node[e]] > 0))
         utt, node, pb, pnb = m_utt[order], kept_node, m_pb[order], m_pnb[order]
         if split_blank:
-            _skip_merge_frames(utt, node, nxt, end, s_merge, trie, prune_history)
+            _skip_merge_frames(utt, hkey if prune_history else node, nxt, end, s_merge, trie.n, prune_history)
         # finalize utterances whose last listed frame this was
         utt, node, pb, pnb, ps, pe, wf = _finish(
             nxt[utt] == end[utt], (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
@@ -457,17 +498,20 @@ def _search(
 
 def _skip_merge_frames(
     utt: np.ndarray,
-    node: np.ndarray,
+    beam_key: np.ndarray,
     nxt: np.ndarray,
     end: np.ndarray,
     s_merge: np.ndarray,
-    trie: PrefixTrie,
+    n_nodes: int,
     prune_history: bool,
 ) -> None:
     """Move ``nxt`` past the next listed frame of each utterance where it is a merge frame that would
     change nothing: no two of the utterance's beams share a prefix (one ending in blank, one not) or,
     with ``prune_history``, a history key once both end in blank. Every beam then just ends in blank
-    and adds ``lp(blank)`` (the frame is in ``skip_cum``), so ranks and pruning do not change."""
+    and adds ``lp(blank)`` (the frame is in ``skip_cum``), so ranks and pruning do not change.
+
+    ``beam_key``: the node of each beam, or with ``prune_history`` its history key salted by utterance
+    (as :func:`_search` computes it, not telling blank from label endings); ``n_nodes``: nodes in the trie."""
     beam_nxt = nxt[utt]  # shape: (E,)
     at = (beam_nxt < end[utt]).nonzero()[0]
     at = at[s_merge[beam_nxt[at]]]
@@ -475,9 +519,9 @@ def _skip_merge_frames(
         return
     a_utt = utt[at]
     if prune_history:  # equal prefixes have equal history keys
-        key = trie.history_hash(node[at]) ^ (a_utt.astype(np.uint64) * _UTT_SALT)
+        key = beam_key[at]
     else:
-        key = a_utt * trie.n + node[at]
+        key = a_utt * n_nodes + beam_key[at]
     key_sorted = np.sort(key)
     clash = key_sorted[1:] == key_sorted[:-1]
     skip = np.ones(len(nxt), dtype=bool)

@@ -38,6 +38,7 @@ _NODE_FIELDS = (
     "score",
     "sid",
     "whist",
+    "wkey",
     "thash",
     "hhash",
 )
@@ -123,16 +124,27 @@ class CharTrie:
 
 def _mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Combine two uint64 hash arrays (order-sensitive)."""
-    h = (a ^ (b * _HASH_SALT[0])) * _HASH_MUL  # uint64 arrays wrap around silently
+    return _mix_salted(a, b * _HASH_SALT[0])  # uint64 arrays wrap around silently
+
+
+def _mix_salted(a: np.ndarray, b_salted: np.ndarray) -> np.ndarray:
+    """:func:`_mix` of ``a`` and ``b`` given ``b * _HASH_SALT[0]``."""
+    h = (a ^ b_salted) * _HASH_MUL
     return h ^ (h >> np.uint64(29))
 
 
-def _history_key(phash: np.ndarray, plen: np.ndarray, whist: np.ndarray) -> np.ndarray:
-    """A 64-bit key of (partial word, last words) per node, for history pruning. ``whist``: ``(m, H)``."""
-    h = _mix(phash, plen.astype(np.uint64))
-    for j in range(whist.shape[1]):
+def _words_key(whist: np.ndarray) -> np.ndarray:
+    """A 64-bit key of the last words per node (``whist``: ``(m, H)`` word hashes)."""
+    h = whist[:, 0]
+    for j in range(1, whist.shape[1]):
         h = _mix(h, whist[:, j])
     return h
+
+
+def _history_key(wkey: np.ndarray, phash: np.ndarray) -> np.ndarray:
+    """A 64-bit key of (last words, partial word) per node, for history pruning, from the words' key
+    (:func:`_words_key`) and the partial word's character hash chain (its length is part of the chain)."""
+    return _mix(wkey, phash)
 
 
 class PrefixTrie:
@@ -172,7 +184,9 @@ class PrefixTrie:
             for j, ch in enumerate(piece):
                 self.piece_chars[i, j] = alphabet[ch]
         self.piece_len = np.array([len(p) for p in self.clean], dtype=np.int64)  # shape: (V,)
-        self.piece_obj = np.array(self.clean, dtype=object)  # shape: (V,) the pieces as Python strings
+        # the characters as hash inputs (see _mix): code + 1, times the first salt
+        self.piece_codes = (self.piece_chars + 1).astype(np.uint64) * _HASH_SALT[0]  # shape: (V, Lmax)
+        self.starts_word_list: list[bool] = vocab.starts_word.tolist()
         # text pieces per label (a word-starting label opens a new word), and "" for padding (index V)
         starts = vocab.starts_word.tolist()
         self.text_piece = np.array(
@@ -199,18 +213,18 @@ class PrefixTrie:
         # (context id, word hash) pair, keyed by ``id << 64 | hash`` (plain ints: nothing for the garbage
         # collector to track)
         self.states: list[Any] = [lm.start_state() if lm is not None else None]
-        self.deltas: list[float] = [0.0]
+        self.deltas = np.zeros(1 << 10)  # shape: (capacity,) by context id (0: the start)
         self.lm_cache: dict[int, int] = {}
-        # the partial word of each node as a string, kept only with an LM (for its queries); object storage
-        # is filled when allocated, so it grows on its own, by what the nodes use
-        self.pword = np.full(1 << 10, "", dtype=object)  # shape: (nodes,)
+        # partial words as strings (for LM queries), by word hash, built from the parent chain when first asked
+        self.word_text: dict[int, str] = {}
         self.root = int(self._alloc(1)[0])
         for name in _NODE_FIELDS:
             getattr(self, name)[self.root] = 0
         self.parent[self.root] = -1
         self.last_tok[self.root] = vocab.space  # -1 without a delimiter: no label repeats the root
         root = np.array([self.root])
-        self.hhash[self.root] = _history_key(self.phash[root], self.plen[root], self.whist[root])[0]
+        self.wkey[self.root] = _words_key(self.whist[root])[0]
+        self.hhash[self.root] = _history_key(self.wkey[root], self.phash[root])[0]
 
     # ------------------------------------------------------------------ storage
     def _new_storage(self, cap: int) -> None:
@@ -225,6 +239,7 @@ class PrefixTrie:
         self.score = np.empty(cap, dtype=np.float64)  # tscore + partial-word score
         self.sid = np.empty(cap, dtype=np.int64)  # LM context id of the completed words
         self.whist = np.empty((cap, self.history), dtype=np.uint64)  # hashes of the last words
+        self.wkey = np.empty(cap, dtype=np.uint64)  # key of the last words (see _words_key)
         self.thash = np.empty(cap, dtype=np.uint64)  # hash chain of all completed words
         self.hhash = np.empty(cap, dtype=np.uint64)  # history-pruning key (see _history_key)
         self.child = np.zeros(cap * self.vocab.size, dtype=np.int32)  # child id + 1 per (node, label); 0: none
@@ -298,28 +313,52 @@ class PrefixTrie:
         pieces = self.text_piece[np.stack(toks[::-1], axis=1)]  # shape: (n, depth)
         return [" ".join("".join(row).split()) for row in pieces.tolist()]
 
-    def _lm_steps(self, sids: list[int], hashes: list[int], words: list[str]) -> tuple[list[int], list[float]]:
-        """LM context ids after each (context ``sids[j]``, word ``words[j]`` of hash ``hashes[j]``) pair and the
-        fused scores of the words; the pairs not seen before in this call are scored in one batch, and get
-        new context ids in order of first occurrence."""
+    def partial_word(self, node: int, word_hash: int) -> str:
+        """The partial word of ``node`` (of hash ``word_hash``, see :meth:`word_hash`) as a string: the pieces
+        of the labels up the parent chain to the one that started the word (or to the root)."""
+        word = self.word_text.get(word_hash)
+        if word is None:
+            pieces: list[str] = []
+            while node != self.root:
+                tok = self.last_tok.item(node)
+                pieces.append(self.clean[tok])
+                if self.starts_word_list[tok]:
+                    break
+                node = self.parent.item(node)
+            word = "".join(reversed(pieces))
+            self.word_text[word_hash] = word
+        return word
+
+    def _lm_steps(self, sids: list[int], hashes: list[int], nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """LM context ids after each (context ``sids[j]``, partial word of ``nodes[j]`` of hash ``hashes[j]``)
+        pair and the fused scores of the words (arrays); the pairs not seen before in this call are scored
+        in one batch, and get new context ids in order of first occurrence."""
         cache = self.lm_cache
         keys = [sid << 64 | h for sid, h in zip(sids, hashes, strict=True)]
-        todo: dict[int, int] = {}  # new key -> its first row
-        for j, key in enumerate(keys):
-            if key not in cache and key not in todo:
-                todo[key] = j
-        if todo:
+        found: list[int | None] = list(map(cache.get, keys))
+        if None in found:
             assert self.lm is not None
             states = self.states
-            rows = list(todo.values())
-            deltas, new_states = self.lm.score_words([states[sids[j]] for j in rows], [words[j] for j in rows])
-            for i, key in enumerate(todo, start=len(states)):
-                cache[key] = i
+            rows: list[int] = []  # the first row of each new pair, which gets context id len(states) + its rank
+            for j, sid in enumerate(found):
+                if sid is None:
+                    key = keys[j]
+                    sid = cache.get(key)  # set when an earlier row holds the same new pair
+                    if sid is None:
+                        sid = cache[key] = len(states) + len(rows)
+                        rows.append(j)
+                    found[j] = sid
+            known = self.word_text  # words met before, without a call (the empty word takes one)
+            words = [known.get(hashes[j]) or self.partial_word(nodes.item(j), hashes[j]) for j in rows]
+            deltas, new_states = self.lm.score_words([states[sids[j]] for j in rows], words)
             states.extend(new_states)
-            self.deltas.extend(deltas)
-        new_sids = [cache[key] for key in keys]
-        deltas_of = self.deltas
-        return new_sids, [deltas_of[sid] for sid in new_sids]
+            if len(states) > len(self.deltas):
+                grown = np.empty(max(len(states), 2 * len(self.deltas)))
+                grown[: len(self.deltas)] = self.deltas
+                self.deltas = grown
+            self.deltas[len(states) - len(rows) : len(states)] = deltas
+        new_sids = np.array(found, dtype=np.int64)
+        return new_sids, self.deltas[new_sids]
 
     # ------------------------------------------------------------------ children
     def children(self, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
@@ -354,6 +393,7 @@ class PrefixTrie:
         sw = self.vocab.starts_word[tok]
         src_plen = self.plen[src]
         whist = self.whist[src]  # shape: (m, H) (a copy)
+        wkey = self.wkey[src]
         thash = self.thash[src]
         if scored:
             tscore = self.tscore[src]
@@ -362,30 +402,34 @@ class PrefixTrie:
         if len(completes):
             csrc = src[completes]
             word_hash = self.word_hash(csrc)
-            whist[completes] = np.concatenate((whist[completes, 1:], word_hash[:, None]), axis=1)
+            c_whist = np.concatenate((whist[completes, 1:], word_hash[:, None]), axis=1)  # shape: (c, H)
+            whist[completes] = c_whist
+            wkey[completes] = _words_key(c_whist)
             thash[completes] = _mix(thash[completes], word_hash)
             if self.hot_trie is not None:
                 hs = self.hotst[csrc]
                 is_hot = (hs >= 0) & self.hot_trie.is_word[np.maximum(hs, 0)]
                 tscore[completes] += np.where(is_hot, self.hot.weight, 0.0)
             if self.lm is not None:
-                new_sid, delta = self._lm_steps(sid[completes].tolist(), word_hash.tolist(), self.pword[csrc].tolist())
+                new_sid, delta = self._lm_steps(sid[completes].tolist(), word_hash.tolist(), csrc)
                 sid[completes] = new_sid
                 tscore[completes] += delta
         plen = np.where(sw, 0, src_plen) + self.piece_len[tok]
         chars = self.piece_chars[tok]  # shape: (m, Lmax)
-        phash = np.where(sw, np.uint64(0), self.phash[src])  # hash over characters, not pieces
+        codes = self.piece_codes[tok]  # shape: (m, Lmax)
+        # hash over characters, not pieces; 0 without a partial word (no character added to 0 or to a
+        # prefix without one)
+        phash = np.where(sw, np.uint64(0), self.phash[src])
         for j in range(chars.shape[1]):
-            cj = chars[:, j]
-            phash = np.where(cj >= 0, _mix(phash, (cj + 1).astype(np.uint64)), phash)
-        phash[plen == 0] = 0
+            phash = np.where(chars[:, j] >= 0, _mix_salted(phash, codes[:, j]), phash)
         self.parent[new] = src
         self.last_tok[new] = tok
         self.plen[new] = plen
         self.phash[new] = phash
         self.whist[new] = whist
+        self.wkey[new] = wkey
         self.thash[new] = thash
-        self.hhash[new] = _history_key(phash, plen, whist)
+        self.hhash[new] = _history_key(wkey, phash)
         if not scored:
             self.tscore[new] = 0.0
             self.score[new] = 0.0
@@ -393,12 +437,6 @@ class PrefixTrie:
             return ids
         partial = np.zeros(m)
         if self.lm is not None:
-            if len(self.pword) < self.n:
-                grown = np.full(max(self.n, 4 * len(self.pword)), "", dtype=object)
-                grown[: len(self.pword)] = self.pword
-                self.pword = grown
-            pieces = self.piece_obj[tok]
-            self.pword[new] = np.where(sw, pieces, self.pword[src] + pieces)
             if self.uni_trie is not None:
                 uni = np.where(sw, 0, self.uni[src])
                 for j in range(chars.shape[1]):
@@ -442,9 +480,9 @@ class PrefixTrie:
         need = has_partial if not self.empty_word_at_end else np.ones(len(nodes), dtype=bool)
         idx = np.flatnonzero(need)
         if len(idx):
-            # a node without a partial word scores the empty word (its pword is "")
+            # a node without a partial word scores the empty word
             nd = nodes[idx]
-            new_sid, delta = self._lm_steps(sid[idx].tolist(), self.word_hash(nd).tolist(), self.pword[nd].tolist())
+            new_sid, delta = self._lm_steps(sid[idx].tolist(), self.word_hash(nd).tolist(), nd)
             sid[idx] = new_sid  # fancy indexing above made copies
             score[idx] += delta
         usid, inv = np.unique(sid, return_inverse=True)
