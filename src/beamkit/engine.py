@@ -192,29 +192,38 @@ class _Rows:
         )
 
 
+class _Paths(NamedTuple):
+    """The parents' histories of the hypotheses that ended at one step, gathered once for all of them."""
+
+    tokens: np.ndarray  # shape: (n, t)
+    token_lp: np.ndarray  # shape: (n, t)
+    beam: np.ndarray  # shape: (n, t)
+    lp: np.ndarray  # shape: (n,) the parent's running log-probability
+    slot: np.ndarray  # shape: (n,) the parent's beam slot
+
+
 class _Finished(NamedTuple):
     """A pool entry: a hypothesis that ended (eos, or cut off at ``max_len``), built into a :class:`Hypothesis`
-    only if it is still in its pool when the search ends. Its path is read from the rows of the step it ended at
-    (their arrays are never modified)."""
+    only if it is still in its pool when the search ends (most entries are displaced before)."""
 
     score: float
     key: float
     logprob: float
     finished: bool
-    rows: _Rows
-    row: int  # its parent row in ``rows``
+    paths: _Paths  # the step's gathered parent histories
+    i: int  # its parent's index in ``paths``
     tok: int  # its last token
 
     def build(self) -> Hypothesis:
         """The full :class:`Hypothesis`: the parent's path plus the last token."""
-        rows, row = self.rows, self.row
+        p, i = self.paths, self.i
         return Hypothesis(
-            tokens=rows.tokens[row].tolist() + [self.tok],
+            tokens=p.tokens[i].tolist() + [self.tok],
             logprob=self.logprob,
             score=self.score,
             finished=self.finished,
-            token_logprobs=rows.token_lp[row].tolist() + [self.logprob - float(rows.lp[row])],
-            beam_indices=rows.beam[row].tolist() + [int(rows.slots()[row])],
+            token_logprobs=p.token_lp[i].tolist() + [self.logprob - float(p.lp[i])],
+            beam_indices=p.beam[i].tolist() + [int(p.slot[i])],
             key=self.key,
         )
 
@@ -369,18 +378,20 @@ class BeamSearch:
             return found
         if scores is None:
             scores = self._scores(rows, cand, sel, length)
+        par = cand.row[sel]
+        # gathered, not viewed: an entry must not keep the whole step's rows alive
+        paths = _Paths(rows.tokens[par], rows.token_lp[par], rows.beam[par], rows.lp[par], rows.slots()[par])
         columns = zip(
             cand.req[sel].tolist(),
             scores.tolist(),
             cand.key[sel].tolist(),
             cand.lp[sel].tolist(),
             finished.tolist(),
-            cand.row[sel].tolist(),
             cand.tok[sel].tolist(),
             strict=True,
         )
-        for r, score, key, logprob, fin, row, tok in columns:
-            found.setdefault(r, []).append(_Finished(score, key, logprob, fin, rows, row, tok))
+        for i, (r, score, key, logprob, fin, tok) in enumerate(columns):
+            found.setdefault(r, []).append(_Finished(score, key, logprob, fin, paths, i, tok))
         return found
 
     def _narrow_step(
