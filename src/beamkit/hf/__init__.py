@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from beamkit.engine import BeamSearch, make_options
+from beamkit.engine import BeamSearch, eos_ids, make_options
 from beamkit.hf.output import BeamOutput, build_sequences
 from beamkit.hf.processors import ForcedTokens
 from beamkit.hf.step import CacheRows, DecoderOnlyStep, EncoderDecoderStep
@@ -40,13 +40,10 @@ _UNMAPPED = {
 
 
 def _eos_list(value: Any) -> list[int] | None:
-    """An eos id, list of ids or tensor as a list of distinct ints (order kept), or None."""
-    if value is None:
-        return None
+    """An eos id, list of ids or tensor as a list of distinct ints (order kept), or None (also for none)."""
     if isinstance(value, torch.Tensor):
         value = value.tolist()
-    ids = [int(value)] if isinstance(value, int) else [int(v) for v in value]
-    return list(dict.fromkeys(ids)) or None
+    return list(eos_ids(value)) or None
 
 
 def _pick(value: Any, config: Any, name: str, default: Any) -> Any:

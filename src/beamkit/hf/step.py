@@ -109,20 +109,22 @@ def _accepts(model: Any, name: str) -> bool:
 
 
 def _grow(per_request: dict[str, torch.Tensor], need: int) -> None:
-    """Widen the ``mask`` / ``pos`` buffers to at least ``need`` columns: mask 1, positions counting on.
-
-    A ``mask4d`` entry (the boolean ``[rows, 1, 1, C]`` form of the mask) is rebuilt from the new mask.
-    """
+    """Widen the ``mask`` / ``pos`` buffers to at least ``need`` columns (the last axis): mask 1 (True),
+    positions counting on. The mask is ``[rows, C]`` or its ready 4-D boolean form ``[rows, 1, 1, C]``."""
     mask, pos = per_request["mask"], per_request["pos"]
-    cap = mask.shape[1]
+    cap = mask.shape[-1]
     if need <= cap:
         return
     extra = max(_CHUNK, need - cap)
     steps = torch.arange(1, extra + 1, dtype=pos.dtype, device=pos.device)
-    per_request["mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], extra))], dim=1)
+    per_request["mask"] = torch.cat([mask, mask.new_ones((*mask.shape[:-1], extra))], dim=-1)
     per_request["pos"] = torch.cat([pos, pos[:, -1:] + steps], dim=1)
-    if "mask4d" in per_request:
-        per_request["mask4d"] = per_request["mask"].bool()[:, None, None, :]
+
+
+def _last_logits(out: Any) -> torch.Tensor:
+    """The logits of the last position of a model output, as float32 ``[rows, V]``."""
+    logits = out.logits[:, -1, :]  # shape: (rows, V)
+    return logits if logits.dtype == torch.float32 else logits.float()
 
 
 def _takes_4d_mask(model: Any) -> bool:
@@ -163,10 +165,10 @@ class DecoderOnlyStep(_ModelStep):
 
     Initial state: ``{"mask": [rows, P] attention mask, "ids": [rows, P] prompt}``; after the prompt it is a
     :class:`CacheRows` whose ``per_request`` holds ``"mask"`` and ``"pos"`` buffers ``[rows, C]``, C >= the
-    sequence length: the attention mask (1 on every generated column) and each column's position id. Position ids
+    sequence length: the attention mask (1 on every generated column; in its ready 4-D boolean form
+    ``[rows, 1, 1, C]`` where :func:`_takes_4d_mask` allows) and each column's position id. Position ids
     follow Hugging Face's generate: the cumulative sum of the attention mask minus one (0 on padding), then +1 per
-    generated token. A step passes ``mask[:, :L]`` and ``pos[:, L - 1 : L]`` (views, no copy); for SDPA models
-    built on ``masking_utils`` the mask goes in its ready 4-D boolean form (see :func:`_takes_4d_mask`).
+    generated token. A step passes ``mask[..., :L]`` and ``pos[:, L - 1 : L]`` (views, no copy).
     """
 
     def __init__(self, model: Any):
@@ -181,13 +183,10 @@ class DecoderOnlyStep(_ModelStep):
         if isinstance(state, CacheRows):
             buf = state.per_request
             length = state.length + 1
-            if length > buf["mask"].shape[1]:
+            if length > buf["mask"].shape[-1]:
                 _grow(buf, length)
             ids = torch.as_tensor(y_prev, dtype=torch.long, device=buf["mask"].device).view(-1, 1)  # (rows, 1)
-            if self.mask_4d:
-                mask = buf["mask4d"][..., :length]  # shape: (rows, 1, 1, L) view
-            else:
-                mask = buf["mask"][:, :length]  # shape: (rows, L) view
+            mask = buf["mask"][..., :length]  # shape: (rows, L) or (rows, 1, 1, L) view
             pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
             kwargs["past_key_values"] = state.cache
         else:
@@ -202,16 +201,12 @@ class DecoderOnlyStep(_ModelStep):
         start = time.perf_counter()
         out = self.model(input_ids=ids, attention_mask=mask, **kwargs)
         self.forward_seconds += time.perf_counter() - start
-        logits = out.logits[:, -1, :]  # shape: (rows, V)
-        if logits.dtype != torch.float32:
-            logits = logits.float()
+        logits = _last_logits(out)  # shape: (rows, V)
         if isinstance(state, CacheRows):
             state.cache = out.past_key_values
             state.length = length
             return logits, state
-        per_request = {"mask": mask, "pos": pos}
-        if self.mask_4d:
-            per_request["mask4d"] = mask.bool()[:, None, None, :]
+        per_request = {"mask": mask.bool()[:, None, None, :] if self.mask_4d else mask, "pos": pos}
         _grow(per_request, length + _CHUNK)
         rows = ids.shape[0]
         return logits, CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), per_request, length)
@@ -256,9 +251,7 @@ class EncoderDecoderStep(_ModelStep):
             enc_out = BaseModelOutput(last_hidden_state=enc)  # shape: (rows, S, d), one row per request
         out = self.model(encoder_outputs=enc_out, attention_mask=mask, decoder_input_ids=dec, **kwargs)
         self.forward_seconds += time.perf_counter() - start
-        logits = out.logits[:, -1, :]  # shape: (rows, V)
-        if logits.dtype != torch.float32:
-            logits = logits.float()
+        logits = _last_logits(out)  # shape: (rows, V)
         if isinstance(state, CacheRows):
             state.cache = out.past_key_values
             state.length += 1
