@@ -270,6 +270,7 @@ class BeamSearch:
         if options.min_len > 0:
             procs.insert(0, MinLength(options.min_len))
         self.processors = tuple(procs)
+        self._ordered = bool(getattr(options.selector, "ordered", False))  # see Selector
         # finish / survive / stop for one step, by policy; returns the survivors (indices into the candidates)
         self._policy_step = {"narrow": self._narrow_step, "pool": self._pool_step, "compete": self._compete_step}[
             options.policy
@@ -335,7 +336,7 @@ class BeamSearch:
                 attn = ops.to_numpy(extras["attention"]).astype(np.float64)  # shape: (rows, S)
                 rows.cov = attn if rows.cov is None else rows.cov + attn
 
-            cand = _Candidates.rank_all(rows, logp, tok, key, getattr(opt.selector, "ordered", False))
+            cand = _Candidates.rank_all(rows, logp, tok, key, self._ordered)
             empty = np.bincount(cand.req, minlength=n_req)[rows.req] == 0  # shape: (rows,)
             if empty.any():
                 for r in np.unique(rows.req[empty]).tolist():
