@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -147,6 +149,38 @@ def test_logsumexp_and_log_softmax(backend):
     assert lse[4] == pytest.approx(1000 + np.log(2 + np.exp(-1000)))
     ls = ops.to_numpy(ops.log_softmax(xx))
     np.testing.assert_allclose(np.exp(ls[0]).sum(), 1.0)
+
+
+def _fsum_logsumexp(row: np.ndarray) -> float:
+    """Oracle: max-shifted log-sum-exp of one finite row, summed exactly (math.fsum) in float64."""
+    x = row.astype(np.float64)
+    m = float(x.max())
+    return m + math.log(math.fsum(math.exp(v - m) for v in x))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "torch-strided"])
+@pytest.mark.parametrize("scale", [1.0, 30.0, 200.0])
+@pytest.mark.parametrize("shift", [0.0, 85.0, -95.0, 720.0, -760.0])
+def test_logsumexp_over_magnitudes_against_fsum(dtype, scale, shift):
+    # shifts cross float32's exp overflow (~88.7) and underflow (~-103), and float64's (~709, ~-745)
+    rng = np.random.default_rng(int(scale) + int(abs(shift)))
+    x = rng.standard_normal((7, 300)) * scale + shift
+    x[3, :] = shift  # a flat row
+    x[5, :299] = -np.inf  # one finite entry
+    if dtype == "bfloat16":
+        xx = torch.tensor(x).to(torch.bfloat16)
+        ref = xx.double().numpy()
+    elif dtype == "torch-strided":
+        xx = torch.tensor(np.repeat(x, 2, axis=1)).float()[:, ::2]
+        ref = xx.double().numpy()
+    else:
+        xx = x.astype(dtype)
+        ref = xx.astype(np.float64)
+    want = np.array([_fsum_logsumexp(r[np.isfinite(r)]) for r in ref])
+    got = ops.logsumexp(xx)
+    assert got.dtype == np.float64
+    rtol = 1e-12 if dtype == "float64" else 1e-6
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * 10)
 
 
 def test_rows_are_compact_and_batch_of_one_is_the_single_search():

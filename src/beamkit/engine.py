@@ -145,15 +145,24 @@ class _Requests:
         """Merge new finished hypotheses into their requests' pools, best score first, capped (stable ties)."""
         for r, hyps in found.items():
             pool = self.pools[r] + hyps
-            pool.sort(key=lambda h: -h.score)
-            self.set(r, pool if cap is None else pool[:cap])
+            pool.sort(key=_neg_score)
+            self.set(r, pool if cap is None else pool[:cap], by_score=True)
 
-    def set(self, r: int, pool: list[_Finished]) -> None:
-        """Replace request r's pool (kept in the order given) and its counters."""
+    def set(self, r: int, pool: list[_Finished], by_score: bool = False) -> None:
+        """Replace request r's pool (kept in the order given; ``by_score``: it is best score first) and its
+        counters."""
         self.pools[r] = pool
         self.count[r] = len(pool)
-        self.worst[r] = min((h.score for h in pool), default=-np.inf)
+        if not pool:
+            self.worst[r] = -np.inf
+        else:
+            self.worst[r] = pool[-1].score if by_score else min(h.score for h in pool)
         self.nth[r] = pool[self._n - 1].score if len(pool) >= self._n else -np.inf
+
+
+def _neg_score(h: _Finished) -> float:
+    """Sort key: best score first."""
+    return -h.score
 
 
 @dataclass
@@ -167,6 +176,7 @@ class _Rows:
     token_lp: np.ndarray  # shape: (rows, t) step scores
     beam: np.ndarray  # shape: (rows, t) beam slot of the parent at each step
     cov: np.ndarray | None = None  # shape: (rows, S) accumulated attention
+    _slots: np.ndarray | None = field(default=None, repr=False)  # shape: (rows,) cache of slots()
 
     @classmethod
     def start(cls, n: int) -> _Rows:
@@ -175,8 +185,10 @@ class _Rows:
         return cls(np.arange(n), np.zeros(n), np.zeros(n), z.astype(np.int64), z, z.astype(np.int64))
 
     def slots(self) -> np.ndarray:
-        """Each row's beam slot: its rank within its request."""
-        return np.arange(self.req.shape[0]) - np.searchsorted(self.req, self.req, side="left")
+        """Each row's beam slot: its rank within its request (computed once per step)."""
+        if self._slots is None:
+            self._slots = np.arange(self.req.shape[0]) - self.req.searchsorted(self.req, side="left")
+        return self._slots
 
     def extend(self, cand: _Candidates, sel: np.ndarray) -> _Rows:
         """The rows of the selected candidates: parents' histories gathered, new token appended."""
@@ -248,7 +260,7 @@ class _Candidates:
         ``ordered``: each row's candidates already come by key descending, equal keys by token ascending, so
         the flat row-major order breaks ties as the engine does and a stable sort by (request, key) suffices.
         """
-        c_row = np.repeat(np.arange(tok.shape[0]), tok.shape[1])
+        c_row = _row_of_each(tok.shape[0], tok.shape[1])  # shape: (rows * m,)
         c_tok, c_key = tok.reshape(-1), key.reshape(-1)
         c_lp = rows.lp[c_row] + logp.reshape(-1)
         c_req = rows.req[c_row]
@@ -259,6 +271,21 @@ class _Candidates:
         """Rank of each selected candidate among the selected ones of its request."""
         r = self.req[sel]
         return np.arange(sel.shape[0]) - np.searchsorted(r, r, side="left")
+
+
+_ROW_OF_EACH: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _row_of_each(rows: int, m: int) -> np.ndarray:
+    """``[0]*m + [1]*m + ... + [rows-1]*m``: the row of each entry of a flattened ``[rows, m]`` table (read-only,
+    cached: the same few shapes come back every step)."""
+    out = _ROW_OF_EACH.get((rows, m))
+    if out is None:
+        if len(_ROW_OF_EACH) > 4096:
+            _ROW_OF_EACH.clear()
+        out = _ROW_OF_EACH[(rows, m)] = np.repeat(np.arange(rows), m)
+        out.flags.writeable = False
+    return out
 
 
 class BeamSearch:
@@ -337,8 +364,9 @@ class BeamSearch:
                 rows.cov = attn if rows.cov is None else rows.cov + attn
 
             cand = _Candidates.rank_all(rows, logp, tok, key, self._ordered)
-            empty = np.bincount(cand.req, minlength=n_req)[rows.req] == 0  # shape: (rows,)
-            if empty.any():
+            # a row yields nothing only when some candidate was dropped (not finite)
+            empty = None if cand.req.shape[0] == logp.size else np.bincount(cand.req, minlength=n_req)[rows.req] == 0
+            if empty is not None and empty.any():
                 for r in np.unique(rows.req[empty]).tolist():
                     book.errors.setdefault(r, f"no finite candidate at step {t} (every continuation is masked or -inf)")
             last = t + 1 == opt.max_len
@@ -429,10 +457,16 @@ class BeamSearch:
             fits = (book.count[a_req] < opt.pool_size) | (score > book.worst[a_req])  # a full pool takes better only
             adm, score = adm[fits], score[fits]
             book.add(self._hypotheses(rows, cand, adm, is_eos[adm], t + 1, score), opt.pool_size)
-        cont = np.flatnonzero(~hits)
-        surv = cont[cand.rank_among(cont) < k]
+        if hits.any():
+            cont = np.flatnonzero(~hits)
+            among = cand.rank_among(cont)  # shape: (cont,) rank among the request's non-ending candidates
+            keep = among < k
+            surv, first = cont[keep], np.flatnonzero(among[keep] == 0)
+        else:  # nothing ends here: the best k of each request run on
+            surv = np.flatnonzero(cand.rank < k)
+            first = np.flatnonzero(cand.rank[surv] == 0)
         if surv.size:
-            surv = surv[~self._pool_done(book, cand.req[surv], cand.lp[surv], t + 1)]
+            surv = surv[~self._pool_done(book, cand.req[surv], cand.lp[surv], first, t + 1)]
         return surv
 
     def _compete_step(
@@ -464,11 +498,15 @@ class BeamSearch:
             book.set(r, pool)
         return surv
 
-    def _pool_done(self, book: _Requests, s_req: np.ndarray, s_lp: np.ndarray, cur: int) -> np.ndarray:
-        """For each survivor, whether its request stops now (early_stopping rules, patience, exact exit)."""
+    def _pool_done(
+        self, book: _Requests, s_req: np.ndarray, s_lp: np.ndarray, first: np.ndarray, cur: int
+    ) -> np.ndarray:
+        """For each survivor, whether its request stops now (early_stopping rules, patience, exact exit).
+
+        Survivors come grouped by request, ranked; ``first`` indexes each request's first (best) one.
+        """
         opt = self.options
-        first = group_starts(s_req)  # survivors are grouped by request
-        reqs, best = s_req[first], s_lp[first]  # ranked, so the first of each request is its best
+        reqs, best = s_req[first], s_lp[first]
         full = book.count[reqs] >= opt.pool_size
         if opt.early_stopping is True:
             stop = full
@@ -512,11 +550,13 @@ def rank_candidates(
     beam search) rank with this same function.
     """
     finite = np.isfinite(key) & valid
-    neg_key = -np.where(finite, key, -np.inf)
+    every = bool(finite.all())
+    neg_key = -key if every else -np.where(finite, key, -np.inf)
     order = np.lexsort((neg_key, req) if ordered else (tok, row, neg_key, req))
-    order = order[finite[order]]
+    if not every:
+        order = order[finite[order]]
     sorted_req = req[order]
-    return order, np.arange(order.shape[0]) - np.searchsorted(sorted_req, sorted_req, side="left")
+    return order, np.arange(order.shape[0]) - sorted_req.searchsorted(sorted_req, side="left")
 
 
 def eos_ids(eos: int | Sequence[int] | None) -> tuple[int, ...]:

@@ -15,7 +15,14 @@ import numpy as np
 
 def is_torch(x: Any) -> bool:
     """Return True when ``x`` is a torch tensor (checked without importing torch)."""
-    return type(x).__module__.startswith("torch") and hasattr(x, "device")
+    kind = type(x)
+    known = _TENSOR_TYPES.get(kind)
+    if known is None:
+        known = _TENSOR_TYPES[kind] = kind.__module__.startswith("torch") and hasattr(x, "device")
+    return known
+
+
+_TENSOR_TYPES: dict[type, bool] = {np.ndarray: False}  # type -> is it a torch tensor (types don't change)
 
 
 def is_array(x: Any) -> bool:
@@ -75,23 +82,43 @@ def logsumexp(x: Any) -> np.ndarray:
     """Row-wise log-sum-exp of ``[rows, V]`` logits, returned on the host as float64 ``[rows]``.
 
     NaN anywhere in a row gives NaN, +inf gives +inf and an all ``-inf`` row gives ``-inf``: the engine uses
-    that to validate rows without another pass over the logits. (torch's vectorised exp is faster than numpy's,
-    so CPU tensors stay in torch here.)
+    that to validate rows without another pass over the logits. Float32/float64 rows take two passes, ``exp``
+    then a sum in the logits' dtype, with no max shift; the few rows where that over- or underflows (or holds
+    NaN / inf) are redone with the shift. bfloat16 / float16 are summed from float32.
     """
     if is_torch(x):
-        return to_numpy(x.logsumexp(dim=1)).astype(np.float64)
-    # shape: (rows, V) -> (rows,); in chunks of rows so the exp buffer stays small and warm
+        if str(x.dtype) not in _NUMPY_FLOATS:
+            x = x.float()
+        sums = to_numpy(x.exp().sum(dim=1))  # shape: (rows,) on the host
+    else:
+        x = np.asarray(x)
+        if x.dtype != np.float32 and x.dtype != np.float64:
+            x = x.astype(np.float64)
+        step = max(1, _CHUNK // max(1, x.shape[1]))  # rows per chunk, so the exp buffer stays small and warm
+        with np.errstate(over="ignore", invalid="ignore"):
+            if step >= x.shape[0]:
+                sums = np.exp(x).sum(axis=1)
+            else:
+                sums = np.concatenate([np.exp(x[i : i + step]).sum(axis=1) for i in range(0, x.shape[0], step)])
+    ok = (sums >= _TINY_SUM) & (sums < np.inf)  # else overflow, underflow, NaN or +-inf in the row
+    out = np.log(np.where(ok, sums, 1.0), dtype=np.float64)
+    if not ok.all():
+        redo = np.flatnonzero(~ok)
+        out[redo] = _shifted_logsumexp(to_numpy(gather_rows(x, redo)))  # shape: (redo,)
+    return out
+
+
+_CHUNK = 1 << 20  # elements of exp computed at a time for numpy logits
+_TINY_SUM = 1e-30  # a sum of exps below this may have lost precision to underflow: redo the row with a shift
+
+
+def _shifted_logsumexp(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-sum-exp with the row maximum shifted out (any magnitude, NaN and +-inf rows as documented)."""
     m = x.max(axis=1)
     finite = np.isfinite(m)
     shift = np.where(finite, m, 0.0).astype(x.dtype, copy=False)
-    out = np.empty(x.shape[0], dtype=np.float64)
-    step = max(1, (1 << 20) // max(1, x.shape[1]))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for i in range(0, x.shape[0], step):
-            buf = x[i : i + step] - shift[i : i + step, None]
-            np.exp(buf, out=buf)
-            out[i : i + step] = np.log(buf.sum(axis=1, dtype=np.float64))
-        out += shift.astype(np.float64)
+        out = np.log(np.exp(x - shift[:, None]).sum(axis=1, dtype=np.float64)) + shift.astype(np.float64)
     # A +inf or NaN maximum must survive (NaN propagates through max).
     return np.where(np.isnan(m) | (m == np.inf), m.astype(np.float64), out)
 

@@ -82,7 +82,7 @@ def first_array(state: Any) -> Any:
 
 def is_identity(idx: np.ndarray, rows: int) -> bool:
     """True when ``idx`` is ``0..rows-1`` in order, so gathering would copy rows onto themselves."""
-    return idx.shape[0] == rows and bool(np.array_equal(idx, np.arange(rows)))
+    return idx.shape[0] == rows and bool((idx == np.arange(rows)).all())
 
 
 def concat_state(states: list[Any]) -> Any:
