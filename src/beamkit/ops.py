@@ -104,7 +104,8 @@ def logsumexp(x: Any) -> np.ndarray:
     out = np.log(np.where(ok, sums, 1.0), dtype=np.float64)
     if not ok.all():
         redo = np.flatnonzero(~ok)
-        out[redo] = _shifted_logsumexp(to_numpy(gather_rows(x, redo)))  # shape: (redo,)
+        part = gather_rows(x, redo)  # shape: (redo, V), on the logits' device
+        out[redo] = to_numpy(part.logsumexp(dim=1)).astype(np.float64) if is_torch(x) else _shifted_logsumexp(part)
     return out
 
 
