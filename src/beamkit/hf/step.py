@@ -48,6 +48,8 @@ class CacheRows:
         self.row_request = row_request  # shape: (rows,) request of each cache row
         self.per_request: dict[str, torch.Tensor] = dict(per_request or {})  # each: (rows, ...)
         self.length = length
+        lead = next(iter(self.per_request.values()), None)
+        self.device = lead.device if lead is not None else torch.device("cpu")  # where the index goes
         self.shared: dict[str, Any] = {}  # per-batch values, never gathered (EncoderDecoderStep's encoder output)
 
     def beamkit_select(self, idx: np.ndarray) -> CacheRows:
@@ -55,9 +57,8 @@ class CacheRows:
         new_request = self.row_request[idx]
         same_layout = new_request.shape == self.row_request.shape and np.array_equal(new_request, self.row_request)
         index = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
-        lead = next(iter(self.per_request.values()), None)
-        if lead is not None and lead.device.type != "cpu":
-            index = index.to(lead.device)
+        if self.device.type != "cpu":
+            index = index.to(self.device)
         self_cache = getattr(self.cache, "self_attention_cache", None)
         cross_cache = getattr(self.cache, "cross_attention_cache", None)
         if self_cache is not None and cross_cache is not None:
@@ -185,7 +186,7 @@ class DecoderOnlyStep(_ModelStep):
             length = state.length + 1
             if length > buf["mask"].shape[-1]:
                 _grow(buf, length)
-            ids = torch.as_tensor(y_prev, dtype=torch.long, device=buf["mask"].device).view(-1, 1)  # (rows, 1)
+            ids = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             mask = buf["mask"][..., :length]  # shape: (rows, L) or (rows, 1, 1, L) view
             pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
             kwargs["past_key_values"] = state.cache
@@ -234,7 +235,7 @@ class EncoderDecoderStep(_ModelStep):
         start = time.perf_counter()
         if isinstance(state, CacheRows):
             mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
-            dec = torch.as_tensor(y_prev, dtype=torch.long, device=mask.device).view(-1, 1)  # shape: (rows, 1)
+            dec = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
             kwargs["past_key_values"] = state.cache
             enc_out = state.shared["enc_out"]
