@@ -93,6 +93,73 @@ def test_batch_normalisation_equals_normalize_logits_per_matrix(monkeypatch) -> 
     assert np.array_equal(np.signbit(got), np.signbit(want))
 
 
+def pyctcdecode_log_softmax(x: np.ndarray) -> np.ndarray:
+    """pyctcdecode's ``_log_softmax`` over rows (np.amax, then exp, sum, log), clipped as its decoder does."""
+    x_max = np.amax(x, axis=1, keepdims=True)
+    x_max[~np.isfinite(x_max)] = 0
+    tmp = x - x_max
+    with np.errstate(divide="ignore"):
+        out = tmp - np.log(np.sum(np.exp(tmp), axis=1, keepdims=True))
+    return np.clip(out, math.log(1e-15), 0)
+
+
+def test_normalize_logits_equals_pyctcdecode_rule_bit_for_bit() -> None:
+    # an independent copy of pyctcdecode's steps: same values bit for bit on logits, log-probabilities (all
+    # values <= 0), rows with -inf and rows that underflow to the clip
+    from beamkit.ctc.decoder import _row_max
+
+    rng = np.random.default_rng(4)
+    logits = rng.normal(0, 4, (300, len(LABELS)))
+    log_probs = np.log(rng.dirichlet(np.full(len(LABELS), 0.3), size=200))
+    logits[7, 3] = -np.inf
+    logits[9] = [50.0, -80.0, 0.0, 3.0, -400.0, 1.0]
+    for x in (logits, log_probs, logits[:1], logits * 100):
+        assert np.array_equal(normalize_logits(x), pyctcdecode_log_softmax(x))
+        assert np.array_equal(_row_max(x), x.max(axis=1))
+    with_nan = logits.copy()
+    with_nan[[3, 40], [1, 0]] = np.nan
+    assert np.array_equal(_row_max(with_nan), with_nan.max(axis=1), equal_nan=True)
+    assert _row_max(np.zeros((0, 4))).shape == (0,)
+
+
+def test_batch_normalisation_reuses_its_buffer_and_log_probabilities_pass_through_the_rule() -> None:
+    # decoding twice reuses the scratch buffer (a longer batch's old contents must not leak into a shorter
+    # one); log-probability matrices (never "probabilities") and probabilities mix in one batch
+    from beamkit.ctc import decoder as decoder_module
+    from beamkit.ctc import prefix_trie, release_cached_memory
+
+    rng = np.random.default_rng(5)
+    decoder = build_ctcdecoder(LABELS)
+    long = [np.log(rng.dirichlet(np.ones(len(LABELS)), size=T)) for T in (40, 3, 25)]
+    short = [rng.normal(0, 2, (T, len(LABELS))) for T in (6, 2)] + [rng.dirichlet(np.ones(len(LABELS)), size=4)]
+    for mats in (long, short, long):
+        batch, lens = decoder._normalize_batch(mats)
+        for m, b, n in zip(mats, batch, lens.tolist(), strict=True):
+            assert np.array_equal(b[:n], normalize_logits(m))
+        decoder_module._release_batch(batch)
+        assert len(prefix_trie._SCRATCH) == 1
+    first = decoder.decode_batch(None, long + short)
+    assert decoder.decode_batch(None, long + short) == first == [decoder.decode(m) for m in long + short]
+    assert release_cached_memory() > 0 and prefix_trie._SCRATCH == []
+
+
+def test_text_only_decoding_equals_the_best_beam() -> None:
+    # decode/decode_batch skip the word offsets; their texts are the best beams of decode_beams, which keeps
+    # them, with and without an LM and hotwords
+    rng = np.random.default_rng(6)
+    model = build_arpa(["the cat", "a cat", "the cat sat", "cat", "a bat", "the tab"] * 3, order=2)
+    from beamkit.ctc import ArpaLM
+
+    arpa = ArpaLM.from_lines(model.splitlines())
+    for decoder in (build_ctcdecoder(LABELS), build_ctcdecoder(LABELS, arpa)):
+        mats = [peaky(t, LABELS, rng) + rng.normal(0, 2.0, (len(t) * 3, len(LABELS))) for t in ("a cat", "tab", "ta")]
+        for hotwords in (None, ["bat"]):
+            texts = decoder.decode_batch(None, mats, beam_width=8, hotwords=hotwords)
+            best = [decoder.decode_beams(m, beam_width=8, prune_history=True, hotwords=hotwords)[0] for m in mats]
+            assert texts == [b[0] for b in best] == [decoder.decode(m, 8, hotwords=hotwords) for m in mats]
+            assert all(b[2] or not b[0] for b in best)  # decode_beams still gives word frames
+
+
 def test_decoder_without_lm_reads_the_best_path() -> None:
     rng = np.random.default_rng(0)
     decoder = build_ctcdecoder(LABELS)

@@ -317,6 +317,7 @@ def test_char_trie_walk_follows_the_word_list(dense_limit: int) -> None:
         if below:
             assert trie.is_word[st] == (s in words), s
             assert s == "" or trie.min_len[st] == min(len(w) for w in below), s
+            assert trie.strings[st] == s  # the state spells the walked characters
 
 
 def test_texts_rebuild_prefixes_from_the_parent_chain() -> None:
@@ -330,8 +331,10 @@ def test_texts_rebuild_prefixes_from_the_parent_chain() -> None:
     for i, h in enumerate(hyps):
         for ch in " " + h.text + " " if i % 2 else h.text:  # leading and trailing spaces collapse
             node[i] = trie.children(node[i : i + 1], np.array([labels.index(ch)]))[0]
-    assert trie.texts(node) == [h.text for h in hyps]
+    assert len(hyps) > 4 and trie.texts(node) == [h.text for h in hyps]
     assert trie.texts(np.array([trie.root, trie.root])) == ["", ""]
+    for i in range(0, len(hyps), 3):  # a few nodes: walked one by one in Python
+        assert trie.texts(node[i : i + 3]) == [h.text for h in hyps[i : i + 3]]
 
 
 @pytest.mark.parametrize("bpe", [False, True])
@@ -362,7 +365,9 @@ def test_search_helpers_equal_numpy() -> None:
     from beamkit.ctc import prefix_search as ps
 
     rng = np.random.default_rng(12)
-    for n in (0, 1, 5, ps._UNSTABLE_SORT_MIN - 1, ps._UNSTABLE_SORT_MIN, 3000):
+    for n in (0, 1, 5, ps._SMALL_SORT - 1, ps._SMALL_SORT, 300, ps._UNSTABLE_SORT_MIN - 1, ps._UNSTABLE_SORT_MIN, 3000):
+        for ints in (rng.integers(0, 9, n), rng.integers(0, 1 << 40, n), rng.integers(0, 1 << 62, n)):
+            assert np.array_equal(ps._stable_argsort(ints), ints.argsort(kind="stable"))
         distinct = rng.random(n) * 50
         ties = np.floor(rng.random(n) * 7)
         signed_zeros = np.where(rng.random(n) < 0.5, 0.0, -0.0)
@@ -527,3 +532,130 @@ def test_bad_inputs_raise() -> None:
         prefix_beam_search(np.zeros((2, 3)), ["", "a", "b"], lm="model.arpa")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="blank"):
         greedy_decode(np.zeros((2, 3)), blank=5)
+
+
+@pytest.mark.parametrize("backend", ["arpa", "kenlm"])
+def test_batched_lm_queries_equal_one_at_a_time(backend: str, tmp_path) -> None:
+    # score_many / eos_many (one call for many states) against score / eos_score state by state, and the
+    # fusion's score_eos_many against score_eos, with and without the sentence boundary
+    from beamkit.ctc import load_language_model
+    from beamkit.ctc.lm import kenlm_available
+
+    if backend == "kenlm" and not kenlm_available():
+        pytest.skip("kenlm is not installed")
+    path = tmp_path / "lm.arpa"
+    path.write_text(build_arpa(["a b", "a a b", "b a", "a b b", "ab ba", "a ab"] * 2, order=3))
+    model = load_language_model(path, backend=backend)
+    states = [model.begin_state(), model.null_state()]
+    for word in ["a", "b", "ab", "zz", "a"]:
+        states.append(model.score(states[-1], word)[1])
+    words = ["a", "b", "ab", "ba", "zz", "", "a"]
+    logps, new_states = model.score_many(states, words)
+    for state, word, logp, new_state in zip(states, words, logps, new_states, strict=True):
+        want, want_state = model.score(state, word)
+        assert logp == want and model.eos_score(new_state) == model.eos_score(want_state)
+    assert model.eos_many(states) == [model.eos_score(s) for s in states]
+    for boundary in (True, False):
+        fusion = LanguageModelFusion(model, unigrams=["a", "b"], alpha=0.7, score_boundary=boundary)
+        assert fusion.score_eos_many(states) == [fusion.score_eos(s) for s in states]
+
+
+def _quantised_log_probs(rng: np.random.Generator, T: int, V: int) -> np.ndarray:
+    """Peaky rows from small integer weights: many equal values, so beams tie in score (zero weights give
+    -inf)."""
+    w = rng.integers(0, 4, size=(T, V)) ** 3 + (rng.random((T, V)) < 0.3)
+    w[np.arange(T), rng.integers(0, V, T)] += 30
+    with np.errstate(divide="ignore"):
+        return np.log(w / w.sum(axis=1, keepdims=True))
+
+
+def _hyp_tuples(hyps: list) -> list[tuple]:
+    return [(h.text, h.score, h.logit_score, h.lm_score, h.word_frames, h.lm_state) for h in hyps]
+
+
+@pytest.mark.parametrize("bpe", [False, True])
+@pytest.mark.parametrize("with_lm", [False, True])
+def test_small_beam_python_search_equals_vectorised_search(monkeypatch, bpe: bool, with_lm: bool) -> None:
+    # one utterance searched in plain Python (small beams), vectorised, and handed over from one to the
+    # other part-way: the same hypotheses, scores, word frames and LM states, bit for bit, on random and
+    # tie-heavy inputs, with history pruning, hotwords and both end-of-utterance rules
+    from beamkit.ctc import prefix_search as ps
+
+    labels = ["▁a", "b", "", "▁b", "a", "▁"] if bpe else ["", " ", "a", "b", "c"]
+    vocab = Vocabulary.from_labels(labels)
+    fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"], unk_score_offset=-3.0) if with_lm else None
+    rng = np.random.default_rng(200 + 2 * bpe + with_lm)
+    checked = 0
+    for case in range(36):
+        T = int(rng.integers(1, 30))
+        lp = _quantised_log_probs(rng, T, len(labels)) if case % 2 else random_log_probs(rng, T, len(labels), 0.3)
+        knobs = {
+            "beam_width": int(rng.integers(1, 7)),
+            "beam_prune_logp": float(rng.choice([-2.0, -6.0, -np.inf])),
+            "token_min_logp": float(rng.choice([-3.0, -6.0])),
+            "prune_history": bool(case % 3),
+            "pyctcdecode_compat": bool(case % 4 < 2),
+            "hotwords": ["ab"] if case % 5 == 0 else None,
+            "lm": fusion,
+            "split_blank": True,
+        }
+        got = {}
+        for name, cells in (("vectorised", 0), ("python", 10**9), ("handover", 3)):
+            monkeypatch.setattr(ps, "_SMALL_CELLS", cells)
+            got[name] = _hyp_tuples(prefix_beam_search(lp, vocab, **knobs))
+        assert got["python"] == got["vectorised"] == got["handover"], (case, knobs)
+        checked += len(got["python"])
+    assert checked > 60
+
+
+def test_small_beam_logaddexp_equals_numpy() -> None:
+    from beamkit.ctc.small_search import logaddexp
+
+    rng = np.random.default_rng(13)
+    xs = np.concatenate([rng.normal(0, 30, 500), [0.0, -0.0, -np.inf, np.inf, 1e-300, -745.0, 709.0]])
+    for x in xs.tolist():
+        for y in rng.choice(xs, 12).tolist() + [x, -np.inf]:
+            want = float(np.logaddexp(x, y))
+            assert logaddexp(x, y) == want or (math.isnan(want) and math.isnan(logaddexp(x, y))), (x, y)
+    # the short cut for beams that end either in blank or in a label, signs of zero included
+    from beamkit.ctc.small_search import _total
+
+    for x in xs.tolist():
+        for y in (-np.inf, 0.0, -0.0):
+            for a, b in ((x, y), (y, x)):
+                want = float(np.logaddexp(a, b))
+                got = _total(a, b)
+                assert (got == want and math.copysign(1, got) == math.copysign(1, want)) or math.isnan(want), (a, b)
+
+
+@pytest.mark.parametrize("bpe", [False, True])
+def test_children_list_makes_the_same_nodes_as_children(bpe: bool) -> None:
+    # the plain-Python node maker against the vectorised one on random rows (repeated pairs, delimiters
+    # after words and at the root, LM and hotword scores): same ids, same order, same fields
+    labels = ["▁a", "b", "", "▁b", "a", "▁"] if bpe else ["", " ", "a", "b", "c"]
+    vocab = Vocabulary.from_labels(labels)
+    fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"], unk_score_offset=-3.0)
+    tries = [PrefixTrie(vocab, fusion, HotwordScorer(["ab", "ba"], 2.5), 2, True) for _ in range(2)]
+    vec, py = tries
+    rng = np.random.default_rng(21 + bpe)
+    non_blank = [i for i in range(len(labels)) if i != vocab.blank]
+    nodes = [vec.root]
+    for _ in range(80):
+        k = int(rng.integers(1, 7))
+        src = [int(x) for x in rng.choice(nodes, size=k)]
+        tok = [int(x) for x in rng.choice(non_blank, size=k)]
+        if k > 2:
+            src[-1], tok[-1] = src[0], tok[0]  # a repeated pair
+        got_vec = vec.children(np.array(src), np.array(tok)).tolist()
+        assert py.children_list(src, tok) == got_vec
+        nodes = sorted(set(nodes) | set(got_vec))
+    assert vec.n == py.n > 100
+    n, V = vec.n, vocab.size
+    for name in ("parent", "last_tok", "plen", "phash", "uni", "hotst", "tscore", "score", "sid", "whist", "wkey"):
+        assert np.array_equal(getattr(vec, name)[:n], getattr(py, name)[:n]), name
+    for name in ("thash", "hhash"):
+        assert np.array_equal(getattr(vec, name)[:n], getattr(py, name)[:n]), name
+    assert np.array_equal(vec.child[: n * V], py.child[: n * V])
+    assert vec.states == py.states and np.array_equal(vec.deltas[: len(vec.states)], py.deltas[: len(py.states)])
+    for trie in tries:
+        trie.release()

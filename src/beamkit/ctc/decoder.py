@@ -1,7 +1,7 @@
 """A pyctcdecode-shaped front end: ``build_ctcdecoder(labels, kenlm_model_path, ...)`` and ``.decode(...)``.
 
 The decoder reproduces pyctcdecode's behaviour (input normalisation, beam unit, pruning knobs, LM fusion
-rules, ``decode`` pruning beams by shared history) on top of the vectorised :func:`prefix_beam_search`,
+rules, ``decode`` pruning beams by shared history) on top of the vectorised prefix beam search,
 so code written for pyctcdecode can switch by changing the import. ``decode_batch`` decodes all
 utterances together in one vectorised search (the ``pool`` argument is accepted and ignored).
 """
@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, load_unigrams_from_arpa
-from .prefix_search import CTCHypothesis, log_softmax, log_softmax_, prefix_beam_search, to_numpy_2d_or_3d
+from .prefix_search import CTCHypothesis, _check_params, _search_checked, to_numpy_2d_or_3d
+from .prefix_trie import keep_scratch, take_scratch
 from .vocab import Vocabulary
 
 MIN_TOKEN_CLIP_P = 1e-15
-_BLOCK_ROWS = 16384  # rows per block of the batched log-softmax
+_BLOCK_ROWS = 2048  # rows per block of the batched normalisation (whole utterances)
 
 WordFrames = tuple[str, tuple[int, int]]
 OutputBeam = tuple[str, Any, list[WordFrames], float, float]
@@ -33,23 +34,53 @@ def normalize_logits(logits: Any) -> np.ndarray:
     arr = to_numpy_2d_or_3d(logits, "logits")
     if arr.ndim != 2:
         raise ValueError(f"logits must be 2-D (time, vocabulary), got shape {arr.shape}")
-    if arr.shape[0] > 0 and math.isclose(float(arr.sum(axis=1).mean()), 1.0):
+    if _holds_probabilities(arr):
         return np.log(np.clip(arr, MIN_TOKEN_CLIP_P, 1.0))
-    return np.clip(log_softmax(arr, axis=1), math.log(MIN_TOKEN_CLIP_P), 0.0)
+    out = np.array(arr, dtype=np.float64, order="C")  # shape: (T, V) a copy, normalised in place
+    with np.errstate(divide="ignore"):
+        _clipped_log_softmax_(out, _row_max(out))
+    return out
 
 
-def _clipped_log_softmax_(rows: np.ndarray) -> None:
+def _holds_probabilities(arr: np.ndarray) -> bool:
+    """pyctcdecode's test of a ``(T, V)`` matrix: its rows sum to 1 on average (``math.isclose``)."""
+    return arr.shape[0] > 0 and math.isclose(float(arr.sum(axis=1).mean()), 1.0)
+
+
+def _row_max(rows: np.ndarray) -> np.ndarray:
+    """``np.max(rows, axis=1)`` of a C-contiguous 2-D float64 array (NaN where a row holds one), as one
+    ``maximum.reduceat`` over the flat array: much faster for short rows. Only the sign of a zero maximum
+    may differ from ``np.max`` (which of ``0.0`` and ``-0.0`` a row holding both gives)."""
+    if rows.size == 0:
+        return np.zeros(len(rows))
+    flat = rows.reshape(-1)
+    return np.maximum.reduceat(flat, np.arange(0, len(flat), rows.shape[1]))  # shape: (R,)
+
+
+def _clipped_log_softmax_(rows: np.ndarray, row_max: np.ndarray, tmp: np.ndarray | None = None) -> None:
     """:func:`normalize_logits`' logit rule in place over the rows of a C-contiguous 2-D float64 array,
-    a block of rows at a time (temporaries the size of a block, not of the whole batch).
+    given the maximum of each row (``(R,)``, see :func:`_row_max`); ``tmp``: room for the exponentials
+    (at least ``rows.shape``; allocated when None). The steps are :func:`log_softmax_`'s (pyctcdecode's),
+    so the values are the same bit for bit, but for the sign of a zero at a row's maximum when the maximum
+    is a zero of the other sign (see :func:`_row_max`).
 
-    The clip at 0 is left out: a log-softmax value ``(x - max) - log(sum)`` is a non-positive number minus a
-    non-negative one (the sum holds ``exp(0) = 1``), so it is never above 0 (NaN for rows with infinities
+    The clip at 0 is left out: a log-softmax value ``(x - max) - log(sum)`` is a non-positive number minus
+    a non-negative one (the sum holds ``exp(0) = 1``), so it is never above 0 (NaN for rows with infinities
     stays NaN either way), and ``-0.0`` only comes out where ``log(sum)`` is 0, i.e. for the max alone, as
     ``+0.0 - 0.0``."""
-    for start in range(0, len(rows), _BLOCK_ROWS):
-        block = rows[start : start + _BLOCK_ROWS]
-        log_softmax_(block, axis=1)
-        np.maximum(block, math.log(MIN_TOKEN_CLIP_P), out=block)
+    m = row_max[:, None].copy()  # shape: (R, 1)
+    m[~np.isfinite(m)] = 0.0
+    rows -= m
+    e = np.exp(rows, out=None if tmp is None else tmp.reshape(-1)[: rows.size].reshape(rows.shape))
+    s = np.sum(e, axis=1, keepdims=True)  # shape: (R, 1)
+    rows -= np.log(s, out=s)  # a row of -inf: log(0), the caller silences that warning
+    np.maximum(rows, math.log(MIN_TOKEN_CLIP_P), out=rows)
+
+
+def _release_batch(batch: np.ndarray) -> None:
+    """Hand the scratch buffer under ``batch`` (from :meth:`CTCDecoder._normalize_batch`) back for the next
+    call."""
+    keep_scratch(batch.base if batch.base is not None else batch)
 
 
 class CTCDecoder:
@@ -95,34 +126,45 @@ class CTCDecoder:
             )
 
     def _normalize_batch(self, logits_list: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """:func:`normalize_logits` of every matrix, zero-padded into one ``(N, T_max, V)`` array (with the
-        lengths); the log-softmax of the logit matrices runs over blocks of rows (same values)."""
+        """:func:`normalize_logits` of every matrix, padded into one ``(N, T_max, V)`` array (with the
+        lengths; padding rows hold no meaning), with the same values bit for bit. Utterances are copied in
+        and normalised a block of about ``_BLOCK_ROWS`` rows at a time, so that each block stays in cache
+        through all the steps.
+
+        The array lives in a scratch buffer kept between calls (fresh memory costs page faults, see
+        :func:`keep_scratch`): hand it back with :func:`_release_batch` when done."""
         arrs = [to_numpy_2d_or_3d(x, "logits", check_nan=False) for x in logits_list]
         for arr in arrs:
             if arr.ndim != 2:
                 raise ValueError(f"logits must be 2-D (time, vocabulary), got shape {arr.shape}")
             self._check(arr)
         lens = np.array([arr.shape[0] for arr in arrs], dtype=np.int64)
-        batch = np.empty((len(arrs), int(lens.max(initial=0)), self.vocab.size))  # shape: (N, T, V)
-        for i, arr in enumerate(arrs):
-            batch[i, : arr.shape[0]] = arr
-            batch[i, arr.shape[0] :] = 0.0
-        row_sum = batch.sum(axis=2)  # shape: (N, T) NaN in every row that holds a NaN
-        if np.isnan(row_sum).any() and np.isnan(batch).any():
-            raise ValueError("logits contains NaN")
-        # a matrix whose rows sum to 1 on average holds probabilities (as math.isclose(mean, 1.0))
-        mean = row_sum.sum(axis=1) / np.maximum(lens, 1)  # shape: (N,)
-        with np.errstate(invalid="ignore"):  # an infinite mean is not close to 1
-            is_prob = (lens > 0) & np.isfinite(mean) & (np.abs(mean - 1.0) <= 1e-9 * np.maximum(np.abs(mean), 1.0))
-        prob_rows, logit_rows = np.flatnonzero(is_prob), np.flatnonzero(~is_prob)
-        if len(prob_rows):
-            batch[prob_rows] = np.log(np.clip(batch[prob_rows], MIN_TOKEN_CLIP_P, 1.0))
-        if len(logit_rows):
-            whole = len(logit_rows) == len(arrs)
-            sub = batch if whole else batch[logit_rows]
-            _clipped_log_softmax_(sub.reshape(-1, self.vocab.size))
-            if not whole:
-                batch[logit_rows] = sub
+        N, T, V = len(arrs), int(lens.max(initial=0)), self.vocab.size
+        batch = take_scratch(N * T * V)[: N * T * V].reshape(N, T, V)  # shape: (N, T, V)
+        per = max(1, _BLOCK_ROWS // max(T, 1))  # utterances per block
+        tmp = np.empty(min(N, per) * T * V)  # room for a block's exponentials
+        with np.errstate(divide="ignore"):
+            for u0 in range(0, N, per):
+                u1 = min(N, u0 + per)
+                for i in range(u0, u1):
+                    n = len(arrs[i])
+                    batch[i, :n] = arrs[i]
+                    if n < T:
+                        batch[i, n:] = 0.0
+                block = batch[u0:u1].reshape(-1, V)  # shape: ((u1 - u0) * T, V)
+                row_max = _row_max(block)  # shape: ((u1 - u0) * T,) NaN in every row that holds a NaN
+                if np.isnan(row_max).any():
+                    _release_batch(batch)
+                    raise ValueError("logits contains NaN")
+                # rows without a positive value sum to at most 0: only matrices with one may hold
+                # probabilities (their rows sum to 1 on average); those are normalised again below
+                maybe = (row_max.reshape(u1 - u0, T) > 0).any(axis=1).nonzero()[0] + u0
+                _clipped_log_softmax_(block, row_max, tmp)
+                for i in maybe.tolist():
+                    if _holds_probabilities(arrs[i]):
+                        n = len(arrs[i])
+                        batch[i, :n] = np.log(np.clip(arrs[i], MIN_TOKEN_CLIP_P, 1.0))
+                        batch[i, n:] = 0.0
         return batch, lens
 
     def _search(
@@ -135,26 +177,32 @@ class CTCDecoder:
         hotwords: Iterable[str] | None,
         hotword_weight: float,
         num_hypotheses: int | None = None,
+        word_frames: bool = True,
     ) -> list[list[CTCHypothesis]]:
         if not logits_list:
             return []
+        _check_params(beam_width, beam_prune_logp, token_min_logp)
+        out_k = beam_width if num_hypotheses is None else min(beam_width, num_hypotheses)
         batch, lens = self._normalize_batch(logits_list)
-        out = prefix_beam_search(
-            batch,
-            self.vocab,
-            lengths=lens,
-            beam_width=beam_width,
-            beam_prune_logp=beam_prune_logp,
-            token_min_logp=token_min_logp,
-            lm=self.language_model,
-            hotwords=list(hotwords) if hotwords is not None else None,
-            hotword_weight=hotword_weight,
-            prune_history=prune_history,
-            split_blank=True,
-            pyctcdecode_compat=self.pyctcdecode_compat,
-            num_hypotheses=num_hypotheses,
-        )
-        return out  # type: ignore[return-value]
+        try:
+            return _search_checked(
+                batch,
+                lens,
+                self.vocab,
+                beam_width,
+                beam_prune_logp,
+                token_min_logp,
+                self.language_model,
+                list(hotwords) if hotwords is not None else None,
+                hotword_weight,
+                prune_history,
+                True,
+                self.pyctcdecode_compat,
+                out_k,
+                word_frames,
+            )
+        finally:
+            _release_batch(batch)
 
     def decode_beams(
         self,
@@ -183,7 +231,9 @@ class CTCDecoder:
         hotword_weight: float = 10.0,
     ) -> str:
         """Decode one ``(T, V)`` matrix to its best text (history pruning on, as in pyctcdecode)."""
-        hyps = self._search([logits], beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1)[0]
+        hyps = self._search(
+            [logits], beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1, False
+        )[0]
         return hyps[0].text if hyps else ""
 
     def decode_batch(
@@ -201,7 +251,7 @@ class CTCDecoder:
         ``pool`` exists for pyctcdecode compatibility and is ignored."""
         del pool
         results = self._search(
-            list(logits_list), beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1
+            list(logits_list), beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1, False
         )
         return [hyps[0].text if hyps else "" for hyps in results]
 

@@ -172,6 +172,10 @@ class ArpaLM:
         """Return ``log10 p(</s> | state)``."""
         return self._score_id(state, self._eos)[0]
 
+    def eos_many(self, states: Sequence[tuple[int, ...]]) -> list[float]:
+        """:meth:`eos_score` of each state."""
+        return [self._score_id(s, self._eos)[0] for s in states]
+
     def sentence_score(self, sentence: str, bos: bool = True, eos: bool = True) -> float:
         """log10 probability of a whitespace-separated sentence (as ``kenlm.Model.score``)."""
         state = self.begin_state() if bos else self.null_state()
@@ -227,20 +231,22 @@ class KenLMModel:
 
     def score_many(self, states: Sequence[Any], words: Sequence[str]) -> tuple[list[float], list[Any]]:
         """:meth:`score` of each (state, word) pair: the log10 probabilities and the new states."""
+        if len(states) != len(words):
+            raise ValueError("states and words differ in length")
         new_state = self._kenlm.State
-        base_score = self.model.BaseScore
-        logps: list[float] = []
-        outs: list[Any] = []
-        for state, word in zip(states, words, strict=True):
-            out = new_state()
-            logps.append(float(base_score(state, word, out)))
-            outs.append(out)
+        outs = [new_state() for _ in range(len(words))]
+        logps = list(map(float, map(self.model.BaseScore, states, words, outs)))
         return logps, outs
 
     def eos_score(self, state: Any) -> float:
         """Return ``log10 p(</s> | state)``."""
         out = self._kenlm.State()
         return float(self.model.BaseScore(state, "</s>", out))
+
+    def eos_many(self, states: Sequence[Any]) -> list[float]:
+        """:meth:`eos_score` of each state."""
+        outs = [self._kenlm.State() for _ in range(len(states))]
+        return list(map(float, map(self.model.BaseScore, states, ["</s>"] * len(states), outs)))
 
     def sentence_score(self, sentence: str, bos: bool = True, eos: bool = True) -> float:
         """log10 probability of a sentence (``kenlm.Model.score``)."""
@@ -391,6 +397,15 @@ class LanguageModelFusion:
         if not self.score_boundary:
             return 0.0
         return self.alpha * self.model.eos_score(state) * LOG10_TO_LN
+
+    def score_eos_many(self, states: Sequence[Any]) -> list[float]:
+        """:meth:`score_eos` of each state (uses the model's ``eos_many`` when it has one)."""
+        if not self.score_boundary:
+            return [0.0] * len(states)
+        eos_many = getattr(self.model, "eos_many", None)
+        logps = eos_many(states) if eos_many is not None else [self.model.eos_score(s) for s in states]
+        alpha = self.alpha
+        return [alpha * logp * LOG10_TO_LN for logp in logps]
 
     def score_partial(self, partial: str) -> float:
         """Penalty for a partial word that starts no known word (0 when it does)."""

@@ -25,7 +25,8 @@ merge or share a history key there. Each utterance thus searches its own list of
 few dozen numpy calls over (beam, candidate) cells: expansion, merging (sort + ``logaddexp.reduceat``) and
 pruning. Python runs per item only for an LM query of a new (context, word) pair and for building the
 returned hypotheses. The fixed cost per step is a few hundred microseconds, so the speed comes from
-batching utterances.
+batching utterances. A single utterance is searched in plain Python instead (:mod:`beamkit.ctc.small_search`,
+same nodes, beams and scores) while its steps stay small, then vectorised from there.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ import numpy as np
 
 from .lm import HotwordScorer, LanguageModelFusion
 from .prefix_trie import PrefixTrie
+from .small_search import search_small
 from .vocab import Vocabulary
 
 NEG_INF = -math.inf
 _UTT_SALT = np.uint64(0xFF51AFD7ED558CCD)
 _UNSTABLE_SORT_MIN = 1024  # keys from which an unstable sort plus checks beats a stable sort
+_SMALL_SORT = 64  # below this many int keys a stable sort costs less than making the keys distinct
+_SMALL_CELLS = 128  # a single utterance is searched in plain Python while steps expand at most this many cells
 
 
 @dataclass
@@ -145,7 +149,7 @@ def _stable_argsort(keys: np.ndarray) -> np.ndarray:
     """``np.argsort(keys, kind="stable")`` for non-negative int64 keys, by a faster unstable sort of the
     distinct keys ``keys * len + position`` where they fit in int64."""
     n = len(keys)
-    if n == 0 or int(keys.max()) >= (1 << 62) // n:
+    if n < _SMALL_SORT or int(keys.max()) >= (1 << 62) // n:
         return keys.argsort(kind="stable")
     return (keys * n + np.arange(n)).argsort()
 
@@ -272,12 +276,49 @@ def prefix_beam_search(
                 raise ValueError(f"lengths must lie in [0, {batch.shape[1]}]")
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
+    results = _search_checked(
+        batch,
+        lens,
+        voc,
+        beam_width,
+        beam_prune_logp,
+        token_min_logp,
+        lm,
+        hotwords,
+        hotword_weight,
+        prune_history,
+        split_blank,
+        pyctcdecode_compat,
+        out_k,
+    )
+    return results[0] if single else results
+
+
+def _search_checked(
+    batch: np.ndarray,
+    lens: np.ndarray,
+    voc: Vocabulary,
+    beam_width: int,
+    beam_prune_logp: float,
+    token_min_logp: float,
+    lm: LanguageModelFusion | None,
+    hotwords: Sequence[str] | None,
+    hotword_weight: float,
+    prune_history: bool,
+    split_blank: bool,
+    pyctcdecode_compat: bool,
+    out_k: int,
+    word_frames: bool = True,
+) -> list[list[CTCHypothesis]]:
+    """:func:`prefix_beam_search` of a checked ``(N, T, V)`` float64 batch with its lengths (no NaN, the
+    knobs validated): one list of hypotheses per utterance, at most ``out_k`` each, without word frames
+    when ``word_frames`` is False."""
     history = max(1, lm.order - 1) if lm is not None else 1
     # initial node storage (grows 4x when full): new nodes per utterance and searched frame are about the beam size
     capacity = min(1 << 22, max(1 << 15, int(lens.sum()) * min(beam_width, 16)))
     trie = PrefixTrie(voc, lm, HotwordScorer(hotwords, hotword_weight), history, pyctcdecode_compat, capacity)
     try:
-        results = _search(
+        return _search(
             batch,
             lens,
             trie,
@@ -288,10 +329,11 @@ def prefix_beam_search(
             split_blank,
             pyctcdecode_compat,
             out_k,
+            word_frames,
+            _SMALL_CELLS,
         )
     finally:
         trie.release()
-    return results[0] if single else results
 
 
 def _schedule(
@@ -373,9 +415,16 @@ def _search(
     split_blank: bool,
     last_rep: bool,
     out_k: int,
+    word_frames: bool = True,
+    small_cells: int = 0,
 ) -> list[list[CTCHypothesis]]:
     """Search all utterances together: each step searches the next listed frame (:func:`_schedule`) of
-    every utterance that has one (frames between searched ones are skipped in one addition)."""
+    every utterance that has one (frames between searched ones are skipped in one addition).
+
+    ``word_frames=False`` leaves the word offsets out (the hypotheses get none): they do not steer the
+    search, and a caller that only wants texts saves their bookkeeping. ``small_cells > 0`` searches a
+    single utterance (with ``split_blank``) in plain Python (:func:`search_small`, same results) while
+    its steps expand at most that many (beam, candidate) cells, then goes on vectorised."""
     N, T, V = batch.shape
     voc = trie.vocab
     blank = voc.blank
@@ -384,6 +433,7 @@ def _search(
     s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum = _schedule(
         batch, lens, token_min_logp, split_blank, blank
     )
+    s_merge_x = np.append(s_merge, False)  # shape: (S + 1,) see _skip_merge_frames
     s_lpv = batch[s_utt[:, None], s_frame[:, None], s_tok]  # shape: (S, K_max) lp of the candidates
     s_lpv[np.arange(s_tok.shape[1]) >= s_count[:, None]] = NEG_INF  # padding (blank) yields no row
     end = np.cumsum(count)  # shape: (N,) end of each utterance's listed pairs
@@ -400,9 +450,28 @@ def _search(
     records = _WordRecords()
     results: list[list[CTCHypothesis]] = [[] for _ in range(N)]
     ended: list[tuple[np.ndarray, ...]] = []  # beams of the utterances that ended, finalized together
-    utt, node, pb, pnb, ps, pe, wf = _finish(
-        nxt[utt] == end[utt], (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
-    )
+    beams: tuple[np.ndarray, ...] = (utt, node, pb, pnb, ps, pe, wf) if word_frames else (utt, node, pb, pnb)
+    if small_cells > 0 and N == 1 and split_blank and trie.small_path_ok():
+        k = s_count.tolist()
+        done, beams, small_nxt, small_pos = search_small(
+            trie,
+            s_frame.tolist(),
+            [row[:n] for row, n in zip(s_tok.tolist(), k, strict=True)],
+            [row[:n] for row, n in zip(s_lpv.tolist(), k, strict=True)],
+            s_merge.tolist(),
+            skip_cum[0].tolist(),
+            int(lens[0]),
+            beam_width,
+            beam_prune_logp,
+            prune_history,
+            records if word_frames else None,
+            small_cells,
+        )
+        if done:
+            _finalize_ended([beams], word_frames, trie, results, records, out_k, beam_prune_logp, last_rep)
+            return results
+        nxt[0], pos[0] = small_nxt, small_pos  # the vectorised steps go on from there
+    utt, node, pb, pnb, *frames = _finish(nxt[beams[0]] == end[beams[0]], beams, ended, lens, pos, skip_cum)
     while len(utt):
         sb = nxt[utt]  # shape: (E,) searched pair of each beam
         nxt[utt] = sb + 1
@@ -473,34 +542,50 @@ def _search(
             first_pos = _first_occurrences(hkey ^ (m_pb[order] == NEG_INF).astype(np.uint64) if split_blank else hkey)
             if first_pos is not None:
                 order, kept_node, hkey = order[first_pos], kept_node[first_pos], hkey[first_pos]
-        # word offsets: a label starting a word closes the partial word (pushes its frames)
-        r = rep[order]
-        e = src[r]
-        f = fr[e]
-        o_ps, o_pe, o_wf = ps[e], pe[e], wf[e]
-        is_ext = ~r_stay[r]
-        sw = is_ext & starts_word[r_tok[r]]
-        ps = np.where(is_ext, np.where(sw, f if is_bpe else -1, np.where(o_ps < 0, f, o_ps)), o_ps)
-        pe = np.where(r_nb[r], np.where(sw & (not is_bpe), -1, f + 1), o_pe)
-        wf = records.push(o_ps, o_pe, o_wf, sw & (trie.plen[node[e]] > 0))
+        if word_frames:
+            # word offsets: a label starting a word closes the partial word (pushes its frames)
+            ps, pe, wf = frames
+            r = rep[order]
+            e = src[r]
+            f = fr[e]
+            o_ps, o_pe, o_wf = ps[e], pe[e], wf[e]
+            is_ext = ~r_stay[r]
+            sw = is_ext & starts_word[r_tok[r]]
+            ps = np.where(is_ext, np.where(sw, f if is_bpe else -1, np.where(o_ps < 0, f, o_ps)), o_ps)
+            pe = np.where(r_nb[r], np.where(sw & (not is_bpe), -1, f + 1), o_pe)
+            frames = [ps, pe, records.push(o_ps, o_pe, o_wf, sw & (trie.plen[node[e]] > 0))]
         utt, node, pb, pnb = m_utt[order], kept_node, m_pb[order], m_pnb[order]
         if split_blank:
-            _skip_merge_frames(utt, hkey if prune_history else node, nxt, end, s_merge, trie.n, prune_history)
+            _skip_merge_frames(utt, hkey if prune_history else node, nxt, s_merge_x, trie.n, prune_history)
         # finalize utterances whose last listed frame this was
-        utt, node, pb, pnb, ps, pe, wf = _finish(
-            nxt[utt] == end[utt], (utt, node, pb, pnb, ps, pe, wf), ended, lens, pos, skip_cum
+        utt, node, pb, pnb, *frames = _finish(
+            nxt[utt] == end[utt], (utt, node, pb, pnb, *frames), ended, lens, pos, skip_cum
         )
-    if ended:
-        utt, node, pb, pnb, ps, pe, wf = (np.concatenate(parts) for parts in zip(*ended, strict=True))
-        _finalize(utt, node, pb, pnb, ps, pe, wf, trie, results, records, out_k, beam_prune_logp, last_rep)
+    _finalize_ended(ended, word_frames, trie, results, records, out_k, beam_prune_logp, last_rep)
     return results
+
+
+def _finalize_ended(
+    ended: list[tuple[np.ndarray, ...]],
+    word_frames: bool,
+    trie: PrefixTrie,
+    results: list[list[CTCHypothesis]],
+    records: _WordRecords,
+    out_k: int,
+    beam_prune_logp: float,
+    last_rep: bool,
+) -> None:
+    """:func:`_finalize` the beams of the ended utterances (parts ``(utt, node, pb, pnb[, ps, pe, wf])``)."""
+    if ended:
+        utt, node, pb, pnb, *frames = (np.concatenate(parts) for parts in zip(*ended, strict=True))
+        offsets = (frames[0], frames[1], frames[2]) if word_frames else None
+        _finalize(utt, node, pb, pnb, offsets, trie, results, records, out_k, beam_prune_logp, last_rep)
 
 
 def _skip_merge_frames(
     utt: np.ndarray,
     beam_key: np.ndarray,
     nxt: np.ndarray,
-    end: np.ndarray,
     s_merge: np.ndarray,
     n_nodes: int,
     prune_history: bool,
@@ -511,10 +596,11 @@ def _skip_merge_frames(
     and adds ``lp(blank)`` (the frame is in ``skip_cum``), so ranks and pruning do not change.
 
     ``beam_key``: the node of each beam, or with ``prune_history`` its history key salted by utterance
-    (as :func:`_search` computes it, not telling blank from label endings); ``n_nodes``: nodes in the trie."""
-    beam_nxt = nxt[utt]  # shape: (E,)
-    at = (beam_nxt < end[utt]).nonzero()[0]
-    at = at[s_merge[beam_nxt[at]]]
+    (as :func:`_search` computes it, not telling blank from label endings); ``n_nodes``: nodes in the trie;
+    ``s_merge``: whether each listed pair is a merge frame, plus a ``False`` at the end. A beam's next pair
+    may be the first one of the next utterance (or that end) when its utterance has none left: the first
+    listed frame of an utterance is never a merge frame, so no check of the utterance's end is needed."""
+    at = s_merge[nxt[utt]].nonzero()[0]  # shape: (A,) beams whose utterance has a merge frame next
     if not len(at):
         return
     a_utt = utt[at]
@@ -524,10 +610,12 @@ def _skip_merge_frames(
         key = a_utt * n_nodes + beam_key[at]
     key_sorted = np.sort(key)
     clash = key_sorted[1:] == key_sorted[:-1]
+    if not clash.any():
+        nxt[a_utt] += 1  # each utterance once (repeated indices add once)
+        return
     skip = np.ones(len(nxt), dtype=bool)
-    if clash.any():
-        order = key.argsort()
-        skip[a_utt[order[1:][clash]]] = False
+    order = key.argsort()
+    skip[a_utt[order[1:][clash]]] = False
     go = a_utt[skip[a_utt]]
     nxt[go] += 1
 
@@ -572,12 +660,14 @@ def _finish(
     skip_cum: np.ndarray,
 ) -> tuple[np.ndarray, ...]:
     """Move the ``done`` beams (every beam of their utterances) over their trailing skipped frames into
-    ``ended``; return the remaining beams."""
+    ``ended``; return the remaining beams. ``beams``: ``(utt, node, pb, pnb, ...)`` (further per-beam
+    arrays ride along)."""
     if not done.any():
         return beams
-    utt, node, pb, pnb, ps, pe, wf = (a[done] for a in beams)
+    out = tuple(a[done] for a in beams)
+    utt, _, pb, pnb = out[:4]
     _skip_blank_frames(pb, pnb, utt, pos[utt], lens[utt], skip_cum)
-    ended.append((utt, node, pb, pnb, ps, pe, wf))
+    ended.append(out)
     live = ~done
     return tuple(a[live] for a in beams)
 
@@ -587,9 +677,7 @@ def _finalize(
     node: np.ndarray,
     pb: np.ndarray,
     pnb: np.ndarray,
-    ps: np.ndarray,
-    pe: np.ndarray,
-    wf: np.ndarray,
+    offsets: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
     trie: PrefixTrie,
     results: list[list[CTCHypothesis]],
     records: _WordRecords,
@@ -601,7 +689,8 @@ def _finalize(
 
     The beams of each utterance come in frame order (best first), the order pyctcdecode's final merge
     sees; equal texts merge by log-sum-exp in that order, and are represented by their first member (last
-    with ``last_rep``). Fills ``results[u]`` for every utterance ``u`` in ``utt``.
+    with ``last_rep``). Fills ``results[u]`` for every utterance ``u`` in ``utt``. ``offsets``: the beams'
+    ``(ps, pe, wf)`` word offsets (None: the hypotheses get no word frames).
     """
     if len(utt) == 0:
         return
@@ -652,10 +741,12 @@ def _finalize(
         texts,
         strict=True,
     ):
-        frames = records.frames(int(wf[i]))
-        nd = int(node[i])
-        if trie.plen[nd] > 0:
-            frames.append((int(ps[i]), int(pe[i])))
+        frames: list[tuple[int, int]] = []
+        if offsets is not None:
+            ps, pe, wf = offsets
+            frames = records.frames(int(wf[i]))
+            if trie.plen[int(node[i])] > 0:
+                frames.append((int(ps[i]), int(pe[i])))
         results[u].append(
             CTCHypothesis(
                 text=text,

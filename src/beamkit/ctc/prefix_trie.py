@@ -49,14 +49,44 @@ _SPARE_LOCK = threading.Lock()
 _SPARE_MAX_BYTES = 1 << 28
 _HASH_MUL = np.uint64(0x100000001B3)
 _HASH_SALT = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9))
+# the same hash as plain Python ints (uint64 arithmetic wraps modulo 2**64), for the small-beam search
+_M64 = (1 << 64) - 1
+_MUL_INT = int(_HASH_MUL)
+_SALT_INT = int(_HASH_SALT[0])
+
+
+# one float64 scratch buffer (the decoder's normalised input batch) kept for the next call
+_SCRATCH: list[np.ndarray] = []
 
 
 def release_cached_memory() -> int:
-    """Free the node arrays kept for the next CTC search; returns the bytes released."""
+    """Free the node arrays and the input scratch buffer kept for the next CTC search; returns the bytes
+    released."""
     with _SPARE_LOCK:
         freed = sum(a.nbytes for arrays in _SPARE for a in arrays.values())
+        freed += sum(a.nbytes for a in _SCRATCH)
         _SPARE.clear()
+        _SCRATCH.clear()
     return freed
+
+
+def take_scratch(size: int) -> np.ndarray:
+    """A 1-D float64 buffer of at least ``size`` elements (contents undefined): the kept one when it is big
+    enough, else a new one. Hand it back with :func:`keep_scratch` when done."""
+    with _SPARE_LOCK:
+        if _SCRATCH and len(_SCRATCH[0]) >= size:
+            return _SCRATCH.pop()
+    return np.empty(max(size, 1))
+
+
+def keep_scratch(buf: np.ndarray) -> None:
+    """Keep ``buf`` (from :func:`take_scratch`, no longer used) for the next call, replacing a smaller kept
+    one; buffers over 256 MiB are dropped. Reused memory skips the page faults of fresh memory."""
+    if buf.nbytes > _SPARE_MAX_BYTES:
+        return
+    with _SPARE_LOCK:
+        if not _SCRATCH or len(_SCRATCH[0]) < len(buf):
+            _SCRATCH[:] = [buf]
 
 
 class CharTrie:
@@ -65,7 +95,7 @@ class CharTrie:
 
     State 0 is the root; ``-1`` means "left the trie" (no word has this prefix). ``min_len[state]`` is the
     length of the shortest word below ``state``;
-    ``is_word[state]`` whether a word ends there.
+    ``is_word[state]`` whether a word ends there; ``strings[state]`` the characters that lead there.
     """
 
     def __init__(self, words: Iterable[str], alphabet: dict[str, int], dense_limit: int = 1 << 22) -> None:
@@ -74,9 +104,10 @@ class CharTrie:
         trans: dict[int, int] = {}
         min_len = [1 << 30]
         is_word = [False]
+        self.strings: list[str] = [""]
         for word in sorted(set(words), key=len):
             state = 0
-            for ch in word:
+            for i, ch in enumerate(word):
                 c = alphabet.get(ch)
                 if c is None:
                     break
@@ -87,6 +118,7 @@ class CharTrie:
                     trans[key] = nxt
                     min_len.append(len(word))
                     is_word.append(False)
+                    self.strings.append(word[: i + 1])
                 state = nxt
             else:
                 min_len[state] = min(min_len[state], len(word))
@@ -131,6 +163,17 @@ def _mix_salted(a: np.ndarray, b_salted: np.ndarray) -> np.ndarray:
     """:func:`_mix` of ``a`` and ``b`` given ``b * _HASH_SALT[0]``."""
     h = (a ^ b_salted) * _HASH_MUL
     return h ^ (h >> np.uint64(29))
+
+
+def _mix_salted_int(a: int, b_salted: int) -> int:
+    """:func:`_mix_salted` of two Python ints (as uint64)."""
+    h = ((a ^ b_salted) * _MUL_INT) & _M64
+    return h ^ (h >> 29)
+
+
+def _mix_int(a: int, b: int) -> int:
+    """:func:`_mix` of two Python ints (as uint64)."""
+    return _mix_salted_int(a, (b * _SALT_INT) & _M64)
 
 
 def _words_key(whist: np.ndarray) -> np.ndarray:
@@ -201,6 +244,7 @@ class PrefixTrie:
                 lm._char_trie_cache = cached  # type: ignore[attr-defined]
             self.uni_trie = cached[1]
         self.hot_trie = CharTrie(hotwords.words, alphabet) if hotwords else None
+        self._small_ok = all(t.table is not None for t in (self.uni_trie, self.hot_trie) if t is not None)
         # node arrays: every field of a node is written when the node is created (zero-filling storage
         # that is mostly never used costs more than the search); the child table must start at 0
         cap = max(1 << 10, int(capacity))
@@ -209,6 +253,11 @@ class PrefixTrie:
             self._new_storage(cap)
         # labels that leave a prefix without a partial word unchanged (a delimiter, an empty BPE piece)
         self.loop_tok = vocab.starts_word & (self.piece_len == 0)  # shape: (V,)
+        # the same tables as lists, for the small-beam search
+        self.loop_list: list[bool] = self.loop_tok.tolist()
+        self.piece_len_list: list[int] = self.piece_len.tolist()
+        self.piece_chars_list: list[list[int]] = self.piece_chars.tolist()
+        self.piece_codes_list: list[list[int]] = self.piece_codes.tolist()
         # LM contexts: id -> state, and the fused score of the word that led there; the context after a
         # (context id, word hash) pair, keyed by ``id << 64 | hash`` (plain ints: nothing for the garbage
         # collector to track)
@@ -269,6 +318,12 @@ class PrefixTrie:
             _SPARE[:] = [arrays]
 
     def _alloc(self, m: int) -> np.ndarray:
+        """Ids for ``m`` new nodes (storage grown when full)."""
+        lo = self._reserve(m)
+        return np.arange(lo, lo + m, dtype=np.int64)
+
+    def _reserve(self, m: int) -> int:
+        """The first of ``m`` new consecutive node ids (storage grown when full)."""
         need = self.n + m
         cap = len(self.parent)
         if need > cap:
@@ -283,9 +338,9 @@ class PrefixTrie:
             child = np.zeros(cap * V, dtype=np.int32)
             child[: self.n * V] = self.child[: self.n * V]
             self.child = child
-        ids = np.arange(self.n, need, dtype=np.int64)
+        lo = self.n
         self.n = need
-        return ids
+        return lo
 
     def word_hash(self, nodes: np.ndarray) -> np.ndarray:
         """Hash of the partial word of each node (as a word)."""
@@ -299,6 +354,8 @@ class PrefixTrie:
     def texts(self, nodes: np.ndarray) -> list[str]:
         """The whitespace-normalised text (completed words and partial word) of each node: the labels of
         all nodes are gathered up the parent chains together, then joined per node."""
+        if len(nodes) <= 4:  # a few nodes: walking each chain in Python costs less than the gathers
+            return [self._text_of(int(nd)) for nd in nodes.tolist()]
         cur = nodes.astype(np.int64)
         V = self.vocab.size
         toks: list[np.ndarray] = []  # last label of each node's ancestors, deepest first (V: above the root)
@@ -313,10 +370,23 @@ class PrefixTrie:
         pieces = self.text_piece[np.stack(toks[::-1], axis=1)]  # shape: (n, depth)
         return [" ".join("".join(row).split()) for row in pieces.tolist()]
 
+    def _text_of(self, node: int) -> str:
+        """:meth:`texts` of one node, walking its parent chain in Python."""
+        toks: list[int] = []
+        while node > self.root:
+            toks.append(self.last_tok.item(node))
+            node = self.parent.item(node)
+        piece = self.text_piece
+        return " ".join("".join([piece[t] for t in reversed(toks)]).split())
+
     def partial_word(self, node: int, word_hash: int) -> str:
         """The partial word of ``node`` (of hash ``word_hash``, see :meth:`word_hash`) as a string: the pieces
         of the labels up the parent chain to the one that started the word (or to the root)."""
         word = self.word_text.get(word_hash)
+        if word is None and self.uni_trie is not None:
+            state = self.uni.item(node)  # the unigram-trie state spells a partial word that starts a word
+            if state >= 0:
+                word = self.word_text[word_hash] = self.uni_trie.strings[state]
         if word is None:
             pieces: list[str] = []
             while node != self.root:
@@ -339,15 +409,20 @@ class PrefixTrie:
         if None in found:
             assert self.lm is not None
             states = self.states
-            rows: list[int] = []  # the first row of each new pair, which gets context id len(states) + its rank
-            for j, sid in enumerate(found):
-                if sid is None:
-                    key = keys[j]
-                    sid = cache.get(key)  # set when an earlier row holds the same new pair
+            base = len(states)
+            if found.count(None) == len(keys) and len(set(keys)) == len(keys):  # all new, all distinct
+                rows: list[int] = list(range(len(keys)))
+                fresh = range(base, base + len(keys))
+                cache.update(zip(keys, fresh, strict=True))
+                found = list(fresh)
+            else:
+                rows = []  # the first row of each new pair, which gets context id base + its rank
+                for j, sid in enumerate(found):
                     if sid is None:
-                        sid = cache[key] = len(states) + len(rows)
-                        rows.append(j)
-                    found[j] = sid
+                        sid = cache.setdefault(keys[j], base + len(rows))  # an earlier row may hold the pair
+                        if sid == base + len(rows):
+                            rows.append(j)
+                        found[j] = sid
             known = self.word_text  # words met before, without a call (the empty word takes one)
             words = [known.get(hashes[j]) or self.partial_word(nodes.item(j), hashes[j]) for j in rows]
             deltas, new_states = self.lm.score_words([states[sids[j]] for j in rows], words)
@@ -356,16 +431,17 @@ class PrefixTrie:
                 grown = np.empty(max(len(states), 2 * len(self.deltas)))
                 grown[: len(self.deltas)] = self.deltas
                 self.deltas = grown
-            self.deltas[len(states) - len(rows) : len(states)] = deltas
+            self.deltas[base : len(states)] = deltas
         new_sids = np.array(found, dtype=np.int64)
         return new_sids, self.deltas[new_sids]
 
     # ------------------------------------------------------------------ children
     def children(self, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
         """Child node of each (``src``, ``tok``) row (``tok`` never blank): ``src`` itself for a delimiter that
-        changes nothing, else the node stored for the pair, created (once per distinct pair) when missing."""
+        changes nothing, else the node stored for the pair, created (once per distinct pair) when missing
+        (int32 ids)."""
         key = src * self.vocab.size + tok
-        out = self.child[key].astype(np.int64) - 1
+        out = self.child[key] - 1  # int32
         loop = (self.loop_tok[tok] & (self.plen[src] == 0)).nonzero()[0]
         out[loop] = src[loop]
         miss = (out < 0).nonzero()[0]
@@ -379,42 +455,169 @@ class PrefixTrie:
             first = miss[is_first]
             new = self._create(src[first], tok[first])
             self.child[key[first]] = new + 1
-            out[miss] = new[(np.cumsum(is_first) - 1)[winner]]
+            out[miss] = new if len(first) == len(miss) else new[(np.cumsum(is_first) - 1)[winner]]
         return out
+
+    def small_path_ok(self) -> bool:
+        """Whether :meth:`children_list` can create nodes here (character tries, if any, are dense tables)."""
+        return self._small_ok
+
+    def children_list(self, src: list[int], tok: list[int]) -> list[int]:
+        """:meth:`children` of a few rows as lists, in plain Python: the same nodes, created in the same
+        order with the same fields (see :meth:`_create_list`), so a search may mix both."""
+        V = self.vocab.size
+        child = self.child
+        plen = self.plen
+        loop = self.loop_list
+        out: list[int] = []
+        last: dict[int, int] = {}  # missing (node, label) key -> last row asking for it
+        for j, (s, t) in enumerate(zip(src, tok, strict=True)):
+            if loop[t] and plen.item(s) == 0:
+                out.append(s)
+                continue
+            key = s * V + t
+            c = child.item(key) - 1
+            if c < 0:
+                last[key] = j
+            out.append(c)
+        if last:
+            # children() numbers new nodes by the last row asking for each (node, label) pair, in row order
+            firsts = sorted(last.values())
+            ids = self._create_list([src[j] for j in firsts], [tok[j] for j in firsts])
+            made = {src[j] * V + tok[j]: i for j, i in zip(firsts, ids, strict=True)}
+            for key, i in made.items():
+                child[key] = i + 1
+            out = [c if c >= 0 else made[s * V + t] for c, s, t in zip(out, src, tok, strict=True)]
+        return out
+
+    def _create_list(self, src: list[int], tok: list[int]) -> list[int]:
+        """:meth:`_create` in plain Python for a few nodes: the same field values (hashes as uint64
+        arithmetic on ints, scores by the same float64 operations in the same order)."""
+        m = len(src)
+        lo = self._reserve(m)
+        lm, hot_trie = self.lm, self.hot_trie
+        scored = lm is not None or hot_trie is not None
+        sw_list, piece_len = self.starts_word_list, self.piece_len_list
+        chars_list, codes_list = self.piece_chars_list, self.piece_codes_list
+        rows: list[list[Any]] = []  # per node: sw, src plen, whist, wkey, thash, tscore, sid
+        completes: list[int] = []
+        hashes: list[int] = []
+        for s, t in zip(src, tok, strict=True):
+            sw, sp = sw_list[t], self.plen.item(s)
+            whist = self.whist[s].tolist()
+            wkey, thash = self.wkey.item(s), self.thash.item(s)
+            tscore = self.tscore.item(s) if scored else 0.0
+            sid = self.sid.item(s) if scored else 0
+            if sw and sp > 0:  # completes the partial word
+                word_hash = _mix_int(self.phash.item(s), sp)
+                whist = [*whist[1:], word_hash]
+                wkey = whist[0]
+                for h in whist[1:]:
+                    wkey = _mix_int(wkey, h)
+                thash = _mix_int(thash, word_hash)
+                if hot_trie is not None:
+                    hs = self.hotst.item(s)
+                    tscore = tscore + (self.hot.weight if hs >= 0 and hot_trie.is_word[hs] else 0.0)
+                completes.append(len(rows))
+                hashes.append(word_hash)
+            rows.append([sw, sp, whist, wkey, thash, tscore, sid])
+        if completes and lm is not None:
+            c_src = [src[k] for k in completes]
+            new_sid, delta = self._lm_steps([rows[k][6] for k in completes], hashes, np.array(c_src))
+            for k, sid, d in zip(completes, new_sid.tolist(), delta.tolist(), strict=True):
+                rows[k][6] = sid
+                rows[k][5] = rows[k][5] + d
+        unk = lm.unk_score_offset if lm is not None else 0.0
+        uni_table = self.uni_trie.table if self.uni_trie is not None else None
+        uni_width = self.uni_trie.width if self.uni_trie is not None else 0
+        for k, (s, t) in enumerate(zip(src, tok, strict=True)):
+            sw, sp, whist, wkey, thash, tscore, sid = rows[k]
+            i = lo + k
+            plen = (0 if sw else sp) + piece_len[t]
+            phash = 0 if sw else self.phash.item(s)
+            for c, code in zip(chars_list[t], codes_list[t], strict=True):
+                if c >= 0:
+                    phash = _mix_salted_int(phash, code)
+            self.parent[i] = s
+            self.last_tok[i] = t
+            self.plen[i] = plen
+            self.phash[i] = phash
+            self.whist[i] = whist
+            self.wkey[i] = wkey
+            self.thash[i] = thash
+            self.hhash[i] = _mix_int(wkey, phash)
+            if not scored:
+                self.tscore[i] = 0.0
+                self.score[i] = 0.0
+                self.sid[i] = 0
+                continue
+            partial = 0.0
+            if lm is not None:
+                uni = -1
+                if uni_table is not None:  # the dense-table walk of CharTrie.walk
+                    uni = 0 if sw else self.uni.item(s)
+                    for c in chars_list[t]:
+                        uni = uni_table.item((uni + 1) * uni_width + (c + 2))
+                self.uni[i] = uni
+                if plen > 0 and uni < 0:
+                    partial = unk * (plen / AVG_TOKEN_LEN if plen > AVG_TOKEN_LEN else 1.0)
+            if hot_trie is not None:
+                hot = self._walk_int(hot_trie, 0 if sw else self.hotst.item(s), chars_list[t])
+                self.hotst[i] = hot
+                if plen > 0 and hot >= 0:
+                    partial = self.hot.weight * plen / hot_trie.min_len.item(hot)
+            self.sid[i] = sid
+            self.tscore[i] = tscore
+            self.score[i] = tscore + partial
+        return list(range(lo, lo + m))
+
+    @staticmethod
+    def _walk_int(trie: CharTrie, state: int, chars: list[int]) -> int:
+        """:meth:`CharTrie.walk` of one state over a label's characters (dense table)."""
+        table = trie.table
+        assert table is not None
+        for c in chars:
+            state = table.item((state + 1) * trie.width + (c + 2))
+        return state
 
     def _create(self, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
         """Store the nodes ``src`` + ``tok`` (distinct pairs without a node yet); return their ids.
 
-        Without an LM and hotwords the scores and the LM context stay 0 (no trie states are kept)."""
+        Fields inherited from ``src`` are gathered straight into the new rows, then the rows of nodes
+        that complete a word are updated. Without an LM and hotwords the scores and the LM context stay 0
+        (no trie states are kept)."""
         m = len(src)
         ids = self._alloc(m)
-        new = slice(int(ids[0]), int(ids[0]) + m)
+        lo = int(ids[0])
+        new = slice(lo, lo + m)
         scored = self.lm is not None or self.hot_trie is not None
         sw = self.vocab.starts_word[tok]
         src_plen = self.plen[src]
-        whist = self.whist[src]  # shape: (m, H) (a copy)
-        wkey = self.wkey[src]
-        thash = self.thash[src]
-        if scored:
-            tscore = self.tscore[src]
-            sid = self.sid[src]
+        self.parent[new] = src
+        self.last_tok[new] = tok
+        inherited = ("whist", "wkey", "thash", "tscore", "sid") if scored else ("whist", "wkey", "thash")
+        for name in inherited:
+            arr = getattr(self, name)
+            arr[new] = arr[src]
         completes = (sw & (src_plen > 0)).nonzero()[0]
         if len(completes):
             csrc = src[completes]
+            rows = completes + lo  # the new nodes that complete a word
             word_hash = self.word_hash(csrc)
-            c_whist = np.concatenate((whist[completes, 1:], word_hash[:, None]), axis=1)  # shape: (c, H)
-            whist[completes] = c_whist
-            wkey[completes] = _words_key(c_whist)
-            thash[completes] = _mix(thash[completes], word_hash)
+            c_whist = np.concatenate((self.whist[rows, 1:], word_hash[:, None]), axis=1)  # shape: (c, H)
+            self.whist[rows] = c_whist
+            self.wkey[rows] = _words_key(c_whist)
+            self.thash[rows] = _mix(self.thash[rows], word_hash)
             if self.hot_trie is not None:
                 hs = self.hotst[csrc]
                 is_hot = (hs >= 0) & self.hot_trie.is_word[np.maximum(hs, 0)]
-                tscore[completes] += np.where(is_hot, self.hot.weight, 0.0)
+                self.tscore[rows] += np.where(is_hot, self.hot.weight, 0.0)
             if self.lm is not None:
-                new_sid, delta = self._lm_steps(sid[completes].tolist(), word_hash.tolist(), csrc)
-                sid[completes] = new_sid
-                tscore[completes] += delta
-        plen = np.where(sw, 0, src_plen) + self.piece_len[tok]
+                new_sid, delta = self._lm_steps(self.sid[rows].tolist(), word_hash.tolist(), csrc)
+                self.sid[rows] = new_sid
+                self.tscore[rows] += delta
+        plen = self.plen[new]  # a view: filled here
+        np.add(np.where(sw, 0, src_plen), self.piece_len[tok], out=plen)
         chars = self.piece_chars[tok]  # shape: (m, Lmax)
         codes = self.piece_codes[tok]  # shape: (m, Lmax)
         # hash over characters, not pieces; 0 without a partial word (no character added to 0 or to a
@@ -422,14 +625,8 @@ class PrefixTrie:
         phash = np.where(sw, np.uint64(0), self.phash[src])
         for j in range(chars.shape[1]):
             phash = np.where(chars[:, j] >= 0, _mix_salted(phash, codes[:, j]), phash)
-        self.parent[new] = src
-        self.last_tok[new] = tok
-        self.plen[new] = plen
         self.phash[new] = phash
-        self.whist[new] = whist
-        self.wkey[new] = wkey
-        self.thash[new] = thash
-        self.hhash[new] = _history_key(wkey, phash)
+        self.hhash[new] = _history_key(self.wkey[new], phash)
         if not scored:
             self.tscore[new] = 0.0
             self.score[new] = 0.0
@@ -454,9 +651,7 @@ class PrefixTrie:
             in_hot = (plen > 0) & (hot >= 0)
             bonus = self.hot.weight * plen / self.hot_trie.min_len[np.maximum(hot, 0)]
             partial = np.where(in_hot, bonus, partial)
-        self.sid[new] = sid
-        self.tscore[new] = tscore
-        self.score[new] = tscore + partial
+        np.add(self.tscore[new], partial, out=self.score[new])
         return ids
 
     # ------------------------------------------------------------------ queries
@@ -487,5 +682,5 @@ class PrefixTrie:
             score[idx] += delta
         usid, inv = np.unique(sid, return_inverse=True)
         states = self.states
-        eos = np.array([lm.score_eos(states[x]) for x in usid.tolist()], dtype=np.float64)
+        eos = np.array(lm.score_eos_many([states[x] for x in usid.tolist()]), dtype=np.float64)
         return score + eos[inv.reshape(-1)], sid
