@@ -21,6 +21,7 @@ from beamkit.ctc import (
     greedy_decode,
     log_softmax,
     prefix_beam_search,
+    release_cached_memory,
 )
 from beamkit.ctc.lm import HotwordScorer
 from beamkit.ctc.prefix_trie import CharTrie, PrefixTrie
@@ -317,7 +318,7 @@ def test_char_trie_walk_follows_the_word_list(dense_limit: int) -> None:
         if below:
             assert trie.is_word[st] == (s in words), s
             assert s == "" or trie.min_len[st] == min(len(w) for w in below), s
-            assert trie.strings[st] == s  # the state spells the walked characters
+            assert trie.string(st) == s  # the state spells the walked characters
 
 
 def test_texts_rebuild_prefixes_from_the_parent_chain() -> None:
@@ -608,6 +609,23 @@ def test_small_beam_python_search_equals_vectorised_search(monkeypatch, bpe: boo
     assert checked > 60
 
 
+def test_small_beam_search_survives_node_storage_growing(monkeypatch) -> None:
+    # one long noisy utterance from fresh (smallest default) storage: the plain-Python search creates enough
+    # nodes that the trie's arrays are replaced part-way; it must read the new ones, and equal the vectorised
+    # search
+    from beamkit.ctc import prefix_search as ps
+
+    labels = ["", " "] + list("abcdefghi")
+    rng = np.random.default_rng(0)
+    lp = log_softmax(rng.normal(0.0, 0.5, (700, len(labels))), axis=1)  # flat rows: many live prefixes
+    got = {}
+    for name, cells in (("python", 10**9), ("vectorised", 0)):
+        release_cached_memory()
+        monkeypatch.setattr(ps, "_SMALL_CELLS", cells)
+        got[name] = _hyp_tuples(prefix_beam_search(lp, labels, beam_width=10, split_blank=True))
+    assert got["python"] == got["vectorised"] and len(got["python"]) == 10
+
+
 def test_small_beam_logaddexp_equals_numpy() -> None:
     from beamkit.ctc.small_search import logaddexp
 
@@ -629,18 +647,22 @@ def test_small_beam_logaddexp_equals_numpy() -> None:
 
 
 @pytest.mark.parametrize("bpe", [False, True])
-def test_children_list_makes_the_same_nodes_as_children(bpe: bool) -> None:
+@pytest.mark.parametrize("grow", [False, True])
+def test_children_list_makes_the_same_nodes_as_children(bpe: bool, grow: bool) -> None:
     # the plain-Python node maker against the vectorised one on random rows (repeated pairs, delimiters
-    # after words and at the root, LM and hotword scores): same ids, same order, same fields
+    # after words and at the root, LM and hotword scores): same ids, same order, same fields; ``grow``:
+    # from the smallest storage, which fills and is replaced by bigger arrays part-way
     labels = ["▁a", "b", "", "▁b", "a", "▁"] if bpe else ["", " ", "a", "b", "c"]
     vocab = Vocabulary.from_labels(labels)
     fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"], unk_score_offset=-3.0)
-    tries = [PrefixTrie(vocab, fusion, HotwordScorer(["ab", "ba"], 2.5), 2, True) for _ in range(2)]
+    release_cached_memory()  # no spare storage: the tries start at ``capacity``
+    capacity = 1 << 10 if grow else 1 << 15
+    tries = [PrefixTrie(vocab, fusion, HotwordScorer(["ab", "ba"], 2.5), 2, True, capacity) for _ in range(2)]
     vec, py = tries
     rng = np.random.default_rng(21 + bpe)
     non_blank = [i for i in range(len(labels)) if i != vocab.blank]
     nodes = [vec.root]
-    for _ in range(80):
+    for _ in range(800 if grow else 80):
         k = int(rng.integers(1, 7))
         src = [int(x) for x in rng.choice(nodes, size=k)]
         tok = [int(x) for x in rng.choice(non_blank, size=k)]
@@ -649,8 +671,12 @@ def test_children_list_makes_the_same_nodes_as_children(bpe: bool) -> None:
         got_vec = vec.children(np.array(src), np.array(tok)).tolist()
         assert py.children_list(src, tok) == got_vec
         nodes = sorted(set(nodes) | set(got_vec))
-    assert vec.n == py.n > 100
+    assert vec.n == py.n > (1 << 10 if grow else 100)
     n, V = vec.n, vocab.size
+    # a pair asked again finds the node made for it (its link survived the storage growing)
+    again = [(p, t) for p, t in zip(py.parent[1:n].tolist(), py.last_tok[1:n].tolist(), strict=True)]
+    assert py.children_list([p for p, _ in again], [t for _, t in again]) == list(range(1, n))
+    assert py.n == n
     for name in ("parent", "last_tok", "plen", "phash", "uni", "hotst", "tscore", "score", "sid", "whist", "wkey"):
         assert np.array_equal(getattr(vec, name)[:n], getattr(py, name)[:n]), name
     for name in ("thash", "hhash"):

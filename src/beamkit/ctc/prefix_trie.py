@@ -19,6 +19,7 @@ set of at most 256 MiB is kept between calls; :func:`release_cached_memory` free
 from __future__ import annotations
 
 import threading
+from array import array
 from collections.abc import Iterable
 from typing import Any
 
@@ -95,7 +96,7 @@ class CharTrie:
 
     State 0 is the root; ``-1`` means "left the trie" (no word has this prefix). ``min_len[state]`` is the
     length of the shortest word below ``state``;
-    ``is_word[state]`` whether a word ends there; ``strings[state]`` the characters that lead there.
+    ``is_word[state]`` whether a word ends there; :meth:`string` spells the characters that lead there.
     """
 
     def __init__(self, words: Iterable[str], alphabet: dict[str, int], dense_limit: int = 1 << 22) -> None:
@@ -104,10 +105,11 @@ class CharTrie:
         trans: dict[int, int] = {}
         min_len = [1 << 30]
         is_word = [False]
-        self.strings: list[str] = [""]
+        parent = array("q", [0])  # each state's parent state and the character leading to it (for string())
+        char = array("q", [0])
         for word in sorted(set(words), key=len):
             state = 0
-            for i, ch in enumerate(word):
+            for ch in word:
                 c = alphabet.get(ch)
                 if c is None:
                     break
@@ -118,11 +120,15 @@ class CharTrie:
                     trans[key] = nxt
                     min_len.append(len(word))
                     is_word.append(False)
-                    self.strings.append(word[: i + 1])
+                    parent.append(state)
+                    char.append(c)
                 state = nxt
             else:
                 min_len[state] = min(min_len[state], len(word))
                 is_word[state] = True
+        self._parent, self._char = parent, char
+        self._letters = dict(zip(alphabet.values(), alphabet.keys(), strict=True))
+        self._spelled: dict[int, str] = {0: ""}
         keys = np.array(sorted(trans), dtype=np.int64)
         self.keys = keys  # shape: (K,)
         self.values = np.array([trans[int(k)] for k in keys], dtype=np.int64)  # shape: (K,)
@@ -137,6 +143,18 @@ class CharTrie:
             table[1:, 1] = np.arange(n_states)
             table[keys // self.alphabet_size + 1, keys % self.alphabet_size + 2] = self.values
             self.table = table.ravel()
+
+    def string(self, state: int) -> str:
+        """The characters that lead from the root to ``state`` (spelled once, then remembered)."""
+        got = self._spelled.get(state)
+        if got is None:
+            chars: list[str] = []
+            s = state
+            while s > 0:
+                chars.append(self._letters[self._char[s]])
+                s = self._parent[s]
+            got = self._spelled[state] = "".join(reversed(chars))
+        return got
 
     def walk(self, states: np.ndarray, chars: np.ndarray) -> np.ndarray:
         """Advance ``states`` by ``chars`` (``-1``: no character, state kept; ``-2``: unknown character)."""
@@ -386,7 +404,7 @@ class PrefixTrie:
         if word is None and self.uni_trie is not None:
             state = self.uni.item(node)  # the unigram-trie state spells a partial word that starts a word
             if state >= 0:
-                word = self.word_text[word_hash] = self.uni_trie.strings[state]
+                word = self.word_text[word_hash] = self.uni_trie.string(state)
         if word is None:
             pieces: list[str] = []
             while node != self.root:
@@ -485,6 +503,7 @@ class PrefixTrie:
             firsts = sorted(last.values())
             ids = self._create_list([src[j] for j in firsts], [tok[j] for j in firsts])
             made = {src[j] * V + tok[j]: i for j, i in zip(firsts, ids, strict=True)}
+            child = self.child  # _create_list may have grown the storage (new arrays)
             for key, i in made.items():
                 child[key] = i + 1
             out = [c if c >= 0 else made[s * V + t] for c, s, t in zip(out, src, tok, strict=True)]

@@ -113,6 +113,8 @@ def search_small(
             made = trie.children_list([r_node[j] for j in ext], [rows[j][1] for j in ext])
             for j, c in zip(ext, made, strict=True):
                 r_node[j] = c
+            # creating nodes may grow the trie's storage into new arrays: read them again
+            last_tok, score, plen, hhash = trie.last_tok, trie.score, trie.plen, trie.hhash
         # merge rows of equal (prefix, ends in a label), in node order: log-sum-exp in row order, the
         # first row at the maximum represents the merged beam
         groups: dict[int, list[int]] = {}
