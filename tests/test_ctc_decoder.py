@@ -73,14 +73,25 @@ def test_batch_normalisation_equals_normalize_logits_per_matrix(monkeypatch) -> 
     with_nan = logits[2:4] + [np.where(np.arange(len(LABELS)) == 3, np.nan, logits[3])]
     with pytest.raises(ValueError, match="NaN"):
         build_ctcdecoder(LABELS)._normalize_batch(with_nan)
-    infinite = np.array([[np.inf, -np.inf, 0, 0, 0, 0]])  # its row sum is NaN, but it holds no NaN
-    with np.errstate(invalid="ignore"):
-        build_ctcdecoder(LABELS)._normalize_batch([infinite])
-    # rows with infinities, all -inf, one dominant label, signed zeros: same values and signs of zero
+    # a frame that normalises to NaN (a +inf, or all -inf) is refused like a NaN, in every decode method
+    dec = build_ctcdecoder(LABELS)
+    fine = rng.normal(0, 3, (4, len(LABELS)))
+    for bad_row in ([np.inf, -np.inf, 0, 0, 0, 0], [np.inf, 0, 1, 2, 3, 4], [-np.inf] * 6):
+        bad = fine.copy()
+        bad[1] = bad_row
+        with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
+            dec._normalize_batch([fine, bad])
+        with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
+            dec.decode(bad)
+        with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
+            dec.decode_beams(bad)
+        with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
+            dec.decode_batch(None, [fine, bad])
+    assert dec.decode(fine) == dec.decode_batch(None, [fine])[0]  # the refused calls left nothing behind
+    # rows with -inf entries, one dominant label, signed zeros: same values and signs of zero
     odd = np.array(
         [
-            [np.inf, 0, 1, 2, 3, 4],
-            [-np.inf] * 6,
+            [-np.inf, 0, 1, 2, 3, 4],
             [800.0, 0, 0, 0, 0, 0],
             [0.0, -0.0, 0, 0, 0, 0],
             [-0.0, -800.0, -800.0, -800.0, -800.0, -800.0],

@@ -142,7 +142,7 @@ class CTCDecoder:
         N, T, V = len(arrs), int(lens.max(initial=0)), self.vocab.size
         batch = take_scratch(N * T * V)[: N * T * V].reshape(N, T, V)  # shape: (N, T, V)
         per = max(1, _BLOCK_ROWS // max(T, 1))  # utterances per block
-        tmp = np.empty(min(N, per) * T * V)  # room for a block's exponentials
+        tmp = np.empty(min(min(N, per) * T, _BLOCK_ROWS) * V)  # room for the exponentials of _BLOCK_ROWS rows
         with np.errstate(divide="ignore"):
             for u0 in range(0, N, per):
                 u1 = min(N, u0 + per)
@@ -153,13 +153,17 @@ class CTCDecoder:
                         batch[i, n:] = 0.0
                 block = batch[u0:u1].reshape(-1, V)  # shape: ((u1 - u0) * T, V)
                 row_max = _row_max(block)  # shape: ((u1 - u0) * T,) NaN in every row that holds a NaN
-                if np.isnan(row_max).any():
+                if not np.isfinite(row_max).all():  # padding rows are 0: only real rows fail
                     _release_batch(batch)
-                    raise ValueError("logits contains NaN")
+                    if np.isnan(row_max).any():
+                        raise ValueError("logits contains NaN")
+                    raise ValueError("logits has a frame that is all -inf or holds +inf (it normalises to NaN)")
                 # rows without a positive value sum to at most 0: only matrices with one may hold
                 # probabilities (their rows sum to 1 on average); those are normalised again below
                 maybe = (row_max.reshape(u1 - u0, T) > 0).any(axis=1).nonzero()[0] + u0
-                _clipped_log_softmax_(block, row_max, tmp)
+                for r0 in range(0, len(block), _BLOCK_ROWS):  # more than one part only for a long utterance
+                    r1 = r0 + _BLOCK_ROWS
+                    _clipped_log_softmax_(block[r0:r1], row_max[r0:r1], tmp)
                 for i in maybe.tolist():
                     if _holds_probabilities(arrs[i]):
                         n = len(arrs[i])
