@@ -308,8 +308,9 @@ def test_validation_logits_shape_and_values():
         beam_search(lambda s, y: (np.zeros((2, 3)), s), m.init(), BOS, EOS, 2, 3)
     with pytest.raises(ValueError, match="shape"):
         beam_search(lambda s, y: (np.zeros(3), s), m.init(), BOS, EOS, 2, 3)
-    with pytest.raises(ValueError, match="no finite candidate"):
-        beam_search(lambda s, y: (np.full((len(s), 3), -np.inf), s), m.init(), BOS, EOS, 2, 3)
+    for policy in ("narrow", "pool", "compete"):
+        with pytest.raises(ValueError, match="no finite candidate"):
+            beam_search(lambda s, y: (np.full((len(s), 3), -np.inf), s), m.init(), BOS, EOS, 2, 3, policy=policy)
     with pytest.raises(ValueError, match="NaN"):
         beam_search(lambda s, y: (np.full((len(s), 3), np.nan), s), m.init(), BOS, EOS, 2, 3)
     with pytest.raises(TypeError):

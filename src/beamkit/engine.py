@@ -281,11 +281,16 @@ def _row_of_each(rows: int, m: int) -> np.ndarray:
     cached: the same few shapes come back every step)."""
     out = _ROW_OF_EACH.get((rows, m))
     if out is None:
-        if len(_ROW_OF_EACH) > 4096:
-            _ROW_OF_EACH.clear()
-        out = _ROW_OF_EACH[(rows, m)] = np.repeat(np.arange(rows), m)
+        out = np.repeat(np.arange(rows), m)
         out.flags.writeable = False
+        if _ROW_OF_EACH_HELD[0] + out.size <= _ROW_OF_EACH_MAX:
+            _ROW_OF_EACH[(rows, m)] = out
+            _ROW_OF_EACH_HELD[0] += out.size
     return out
+
+
+_ROW_OF_EACH_MAX = 1 << 20  # cached entries in all (8 MiB); shapes beyond that are built each time
+_ROW_OF_EACH_HELD = [0]  # entries cached so far
 
 
 class BeamSearch:
@@ -476,7 +481,8 @@ class BeamSearch:
         k = self.options.beam_size
         keep = np.zeros(cand.req.shape[0], dtype=bool)
         starts = group_starts(cand.req)
-        for lo, hi in zip(starts.tolist(), starts[1:].tolist() + [cand.req.shape[0]], strict=True):
+        ends = starts[1:].tolist() + [cand.req.shape[0]] if starts.size else []
+        for lo, hi in zip(starts.tolist(), ends, strict=True):
             r = int(cand.req[lo])
             pk = np.array([h.key for h in book.pools[r]], dtype=np.float64)  # descending
             ck = cand.key[lo:hi]  # descending
