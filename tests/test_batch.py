@@ -140,8 +140,10 @@ def test_patience_factor_counts():
     assert calls[0] <= calls[1] <= calls[2] and calls[0] < calls[2]
 
 
-def test_exact_exit_returns_the_same_best_with_fewer_calls():
-    for seed in range(8):
+@pytest.mark.parametrize("num_return", [1, 2, 3])
+def test_exact_exit_returns_the_same_best_with_fewer_calls(num_return):
+    saved = 0
+    for seed in range(16):
         m = ToyModel(6, seed=seed, scale=1.0)
         base = BeamSearch(SearchOptions(4, 10, LengthPenalty(0.0), policy="pool", early_stopping="never")).search(
             m.step, m.init(), BOS, EOS
@@ -154,11 +156,14 @@ def test_exact_exit_returns_the_same_best_with_fewer_calls():
                 policy="pool",
                 early_stopping="never",
                 exact_exit=True,
-                num_return=1,
+                num_return=num_return,
             )
         ).search(m.step, m.init(), BOS, EOS)
-        assert fast.hypotheses[0][0].tokens == base.hypotheses[0][0].tokens
+        want = [(h.tokens, h.score) for h in base.hypotheses[0][:num_return]]
+        assert [(h.tokens, h.score) for h in fast.hypotheses[0]] == want
         assert fast.stats.model_calls <= base.stats.model_calls
+        saved += base.stats.model_calls - fast.stats.model_calls
+    assert saved > 0
     with pytest.raises(ValueError, match="exact_exit"):
         SearchOptions(4, 10, LengthPenalty(1.0), policy="pool", exact_exit=True)
 

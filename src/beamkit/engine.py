@@ -260,7 +260,7 @@ class _Candidates:
         ``ordered``: each row's candidates already come by key descending, equal keys by token ascending, so
         the flat row-major order breaks ties as the engine does and a stable sort by (request, key) suffices.
         """
-        c_row = _row_of_each(tok.shape[0], tok.shape[1])  # shape: (rows * m,)
+        c_row = np.repeat(np.arange(tok.shape[0]), tok.shape[1])  # shape: (rows * m,)
         c_tok, c_key = tok.reshape(-1), key.reshape(-1)
         c_lp = rows.lp[c_row] + logp.reshape(-1)
         c_req = rows.req[c_row]
@@ -271,26 +271,6 @@ class _Candidates:
         """Rank of each selected candidate among the selected ones of its request."""
         r = self.req[sel]
         return np.arange(sel.shape[0]) - np.searchsorted(r, r, side="left")
-
-
-_ROW_OF_EACH: dict[tuple[int, int], np.ndarray] = {}
-
-
-def _row_of_each(rows: int, m: int) -> np.ndarray:
-    """``[0]*m + [1]*m + ... + [rows-1]*m``: the row of each entry of a flattened ``[rows, m]`` table (read-only,
-    cached: the same few shapes come back every step)."""
-    out = _ROW_OF_EACH.get((rows, m))
-    if out is None:
-        out = np.repeat(np.arange(rows), m)
-        out.flags.writeable = False
-        if _ROW_OF_EACH_HELD[0] + out.size <= _ROW_OF_EACH_MAX:
-            _ROW_OF_EACH[(rows, m)] = out
-            _ROW_OF_EACH_HELD[0] += out.size
-    return out
-
-
-_ROW_OF_EACH_MAX = 1 << 20  # cached entries in all (8 MiB); shapes beyond that are built each time
-_ROW_OF_EACH_HELD = [0]  # entries cached so far
 
 
 class BeamSearch:
