@@ -307,6 +307,28 @@ def test_repetition_penalty_and_bad_words(name):
     assert any(h.finished for hyps in bk.hypotheses for h in hyps)
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_suppress_tokens_and_sequence_bias(name):
+    """suppress_tokens, begin_suppress_tokens and sequence_bias (one-, two- and three-token sequences, a
+    token biased twice) as keywords: same outputs and scores as Hugging Face."""
+    model, ids, mask, eos, pad = setup(name)
+    plain, _ = check(name, 8, num_beams=3, max_new_tokens=8)
+    used = [t for hyps in plain.hypotheses for t in hyps[0].tokens if t != eos]
+    first = plain.hypotheses[0][0].tokens[0]
+    bias = {(used[2],): -1.5, (used[3], used[4]): 3.0, (used[5], used[6], used[4]): 2.0, (used[7],): 0.5}
+    kw = dict(num_beams=3, max_new_tokens=8, suppress_tokens=[used[0]], begin_suppress_tokens=[first])
+    bk, _ = check(name, 8, sequence_bias=bias, **kw)
+    outs = [h.tokens for hyps in bk.hypotheses for h in hyps]
+    assert outs != [h.tokens for hyps in plain.hypotheses for h in hyps]  # the settings changed something
+    assert all(used[0] not in toks for toks in outs)
+    assert all(toks[0] != first for toks in outs if toks)
+    as_list = [[list(k), v] for k, v in bias.items()]  # Hugging Face's list form gives the same
+    again = bh.generate(model, ids, mask, eos_token_id=eos, pad_token_id=pad, sequence_bias=as_list, **kw)
+    assert torch.equal(again.sequences, bk.sequences)
+    with pytest.raises(ValueError, match="sequence_bias"):
+        bh.generate(model, ids, mask, eos_token_id=eos, pad_token_id=pad, sequence_bias={(1,): "x"}, **kw)
+
+
 def test_bad_words_from_the_generation_config():
     """Marian-style generation config: bad_words_ids=[[pad]] is read from the model, not an error."""
     model, ids, mask, eos, pad = setup("bart")

@@ -13,6 +13,8 @@ from beamkit import (
     NoRepeatNGram,
     PrefixAllowedTokens,
     RepetitionPenalty,
+    SequenceBias,
+    SuppressTokens,
     Temperature,
     search_batch,
 )
@@ -110,6 +112,44 @@ def test_repetition_penalty_and_temperature():
         Temperature(0.0)
     with pytest.raises(ValueError):
         RepetitionPenalty(-1.0)
+
+
+def test_suppress_tokens_always_and_at_one_step():
+    m = ToyModel(4, seed=8, scale=1.0)
+    check(m, 3, {"processors": [SuppressTokens((2, 3))]}, lambda p, t: t not in (2, 3))
+    check(m, 3, {"processors": [SuppressTokens((1,), at_step=1)]}, lambda p, t: not (len(p) == 1 and t == 1))
+    with pytest.raises(ValueError):
+        SuppressTokens((-1,))
+
+
+@pytest.mark.parametrize("prompt", [None, (3, 1)])
+def test_sequence_bias_matches_the_end_of_the_sequence(prompt):
+    # one-token, two-token (its head possibly in the prompt) and three-token sequences; token 2 biased twice
+    m = ToyModel(4, seed=9, scale=1.0)
+    biases = (((2,), -0.7), ((1, 2), 1.3), ((1, 1, 3), 2.0), ((3,), 0.4))
+
+    def score(p, t):
+        seq = list(prompt or ()) + list(p) + [t]
+        extra = sum(b for word, b in biases if len(word) <= len(seq) and seq[-len(word) :] == list(word))
+        return m.logp(tuple(p), t) + extra
+
+    prompts = None if prompt is None else (prompt,)
+    check(m, 4, {"processors": [SequenceBias(biases, prompts)]}, lambda p, t: True, score)
+    with pytest.raises(ValueError):
+        SequenceBias((((), 1.0),))  # an empty sequence
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_sequence_bias_adds_repeated_tokens_up(backend):
+    torch = pytest.importorskip("torch")
+    from beamkit.processors import StepContext
+
+    x = np.zeros((2, 4))
+    scores = torch.tensor(x) if backend == "torch" else x.copy()
+    ctx = StepContext(step=1, tokens=np.array([[1], [2]]), request=np.array([0, 0]), eos=(0,))
+    out = SequenceBias((((3,), 1.0), ((1, 3), 2.0), ((2, 3), 4.0), ((1, 3), 0.5)))(scores, ctx)
+    got = out.numpy() if backend == "torch" else out
+    np.testing.assert_array_equal(got, [[0, 0, 0, 3.5], [0, 0, 0, 5.0]])
 
 
 def test_processors_see_each_request():

@@ -148,6 +148,20 @@ def fill(x: Any, rows: np.ndarray, cols: np.ndarray, value: float) -> Any:
     return x
 
 
+def add_at(x: Any, rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> Any:
+    """``x[rows[i], cols[i]] += values[i]`` in place (repeated pairs add up) and return ``x``."""
+    if len(rows) == 0:
+        return x
+    if is_torch(x):
+        import torch
+
+        index = (torch.as_tensor(rows, device=x.device), torch.as_tensor(cols, device=x.device))
+        x.index_put_(index, torch.as_tensor(values, device=x.device, dtype=x.dtype), accumulate=True)
+        return x
+    np.add.at(x, (rows, cols), np.asarray(values, dtype=x.dtype))
+    return x
+
+
 def gather_rows(x: Any, idx: np.ndarray) -> Any:
     """Return ``x[idx]`` along axis 0 (rows may repeat), in ``x``'s library and device."""
     if is_torch(x):

@@ -139,6 +139,59 @@ class BadWords:
         return ops.fill(scores, np.concatenate(all_rows), np.concatenate(all_cols), NEG_INF)
 
 
+@dataclass(frozen=True)
+class SuppressTokens:
+    """Mask ``tokens`` at every step (Hugging Face ``suppress_tokens``), or only at generated step ``at_step``
+    (``begin_suppress_tokens``: the first step)."""
+
+    tokens: tuple[int, ...]
+    at_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if any(t < 0 for t in self.tokens):
+            raise ValueError("SuppressTokens: token ids must be >= 0")
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        if not self.tokens or (self.at_step is not None and ctx.step != self.at_step):
+            return scores
+        nrows = scores.shape[0]
+        cols = np.asarray(self.tokens, dtype=np.int64)
+        return ops.fill(scores, np.repeat(np.arange(nrows), len(cols)), np.tile(cols, nrows), NEG_INF)
+
+
+@dataclass(frozen=True)
+class SequenceBias:
+    """Add ``bias`` to the last token of each token sequence wherever the rest of it ends the row's sequence
+    (Hugging Face ``sequence_bias``): a one-token sequence is biased at every step; biases of the same token
+    add up. ``prompts`` count as part of the sequence, as for :class:`BadWords`."""
+
+    biases: tuple[tuple[tuple[int, ...], float], ...]
+    prompts: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if any(len(seq) == 0 for seq, _ in self.biases):
+            raise ValueError("SequenceBias: a biased sequence is empty")
+        if any(t < 0 for seq, _ in self.biases for t in seq):
+            raise ValueError("SequenceBias: token ids must be >= 0")
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        seq = ctx.sequences(self.prompts)
+        nrows, length = seq.shape
+        all_rows, all_cols, all_vals = [], [], []
+        for word, bias in self.biases:
+            head = np.asarray(word[:-1], dtype=np.int64)
+            if len(head) > length:
+                continue
+            hit = (seq[:, length - len(head) :] == head).all(axis=1) if len(head) else np.ones(nrows, bool)
+            r = np.flatnonzero(hit)
+            all_rows.append(r)
+            all_cols.append(np.full_like(r, word[-1]))
+            all_vals.append(np.full(r.shape, bias, dtype=np.float64))
+        if not all_rows:
+            return scores
+        return ops.add_at(scores, np.concatenate(all_rows), np.concatenate(all_cols), np.concatenate(all_vals))
+
+
 def keep_only(scores: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
     """Set every entry of ``rows`` to ``-inf`` except column ``cols[i]`` of row ``rows[i]``."""
     if len(rows) == 0:

@@ -20,7 +20,7 @@ from beamkit.hf.output import BeamOutput, build_sequences
 from beamkit.hf.processors import ForcedTokens
 from beamkit.hf.step import CacheRows, DecoderOnlyStep, EncoderDecoderStep
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
-from beamkit.processors import BadWords, NoRepeatNGram, RepetitionPenalty
+from beamkit.processors import BadWords, NoRepeatNGram, RepetitionPenalty, SequenceBias, SuppressTokens
 from beamkit.scoring import LengthPenalty
 
 __all__ = ["BeamOutput", "CacheRows", "DecoderOnlyStep", "EncoderDecoderStep", "ForcedTokens", "generate"]
@@ -28,9 +28,6 @@ __all__ = ["BeamOutput", "CacheRows", "DecoderOnlyStep", "EncoderDecoderStep", "
 # generation_config fields that change Hugging Face's beam search but are not mapped here, with their neutral value.
 _UNMAPPED = {
     "encoder_repetition_penalty": 1.0,
-    "suppress_tokens": None,
-    "begin_suppress_tokens": None,
-    "sequence_bias": None,
     "exponential_decay_length_penalty": None,
     "encoder_no_repeat_ngram_size": 0,
     "renormalize_logits": False,
@@ -44,6 +41,18 @@ def _eos_list(value: Any) -> list[int] | None:
     if isinstance(value, torch.Tensor):
         value = value.tolist()
     return list(eos_ids(value)) or None
+
+
+def _sequence_biases(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """Hugging Face's ``sequence_bias`` (a dict ``{(ids...): bias}`` or a list ``[[ids], bias]``) as pairs."""
+    items = value.items() if isinstance(value, dict) else value
+    try:
+        out = tuple((tuple(int(t) for t in ids), float(bias)) for ids, bias in items)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"sequence_bias must map token-id sequences to floats, got {value!r}") from err
+    if not out:
+        raise ValueError("sequence_bias is empty")
+    return out
 
 
 def _pick(value: Any, config: Any, name: str, default: Any) -> Any:
@@ -79,7 +88,9 @@ def generate(
     is inferred from ``pad_token_id`` like Hugging Face does when omitted. ``num_beams=1`` is greedy decoding.
     ``repetition_penalty`` and ``bad_words_ids`` (keywords, or the generation config's, such as Marian's ban on
     its pad token) become beamkit's :class:`~beamkit.RepetitionPenalty` and :class:`~beamkit.BadWords` with
-    Hugging Face's conventions (the prompt counts, its left padding not for the penalty; eos is never banned).
+    Hugging Face's conventions (the prompt counts, its left padding not for the penalty; eos is never banned);
+    ``suppress_tokens``, ``begin_suppress_tokens`` and ``sequence_bias`` become :class:`~beamkit.SuppressTokens`
+    and :class:`~beamkit.SequenceBias`, in Hugging Face's order.
     Other ``**beamkit_options`` go to :class:`beamkit.SearchOptions` (``patience``, ``exact_exit``, extra
     ``processors`` applied after the mapped ones, ``selector``, ``final_scorer``, ...). Two Hugging Face
     features that 5.x no longer ships run on beamkit's variants: ``num_beam_groups`` + ``diversity_penalty``
@@ -102,6 +113,9 @@ def generate(
     is_enc_dec = bool(getattr(cfg, "is_encoder_decoder", False))
     repetition = float(_pick(beamkit_options.pop("repetition_penalty", None), gc, "repetition_penalty", 1.0))
     bad_words = _pick(beamkit_options.pop("bad_words_ids", None), gc, "bad_words_ids", None)
+    suppress = _pick(beamkit_options.pop("suppress_tokens", None), gc, "suppress_tokens", None)
+    begin_suppress = _pick(beamkit_options.pop("begin_suppress_tokens", None), gc, "begin_suppress_tokens", None)
+    sequence_bias = _pick(beamkit_options.pop("sequence_bias", None), gc, "sequence_bias", None)
     for name, neutral in _UNMAPPED.items():
         if name in beamkit_options:  # an explicit Hugging Face-style override, e.g. do_sample=False
             value = beamkit_options.pop(name)
@@ -165,6 +179,8 @@ def generate(
     # tokens from the start token on (encoder-decoder): the same prompts here.
     prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
     procs: list[Any] = []
+    if sequence_bias is not None:  # first, as in Hugging Face (the repetition penalty then scales biased scores)
+        procs.append(SequenceBias(_sequence_biases(sequence_bias), prompts))
     if repetition != 1.0:
         if is_enc_dec:
             seen = prompts
@@ -188,6 +204,11 @@ def generate(
     forced_eos = _eos_list(getattr(gc, "forced_eos_token_id", None))
     if forced_eos is not None:
         procs.append(ForcedTokens(max_new_tokens - 1, tuple(forced_eos)))
+    if suppress is not None:
+        procs.append(SuppressTokens(tuple(int(t) for t in suppress)))
+    if begin_suppress is not None:  # Hugging Face's begin index: one step later after a forced first token
+        later = prompt_len == 1 and forced_bos is not None
+        procs.append(SuppressTokens(tuple(int(t) for t in begin_suppress), at_step=1 if later else 0))
     procs.extend(beamkit_options.pop("processors", ()))
 
     groups = int(beamkit_options.pop("num_beam_groups", 1) or 1)
