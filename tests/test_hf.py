@@ -329,6 +329,39 @@ def test_suppress_tokens_and_sequence_bias(name):
         bh.generate(model, ids, mask, eos_token_id=eos, pad_token_id=pad, sequence_bias={(1,): "x"}, **kw)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_hugging_face_call_arguments_swap_in(name):
+    """A generate call written for Hugging Face runs unchanged: max_length (prompt or start token counted),
+    return_dict_in_generate / output_scores / use_cache / sampling warpers without do_sample change nothing;
+    what beamkit.hf cannot return is refused by name."""
+    model, ids, mask, eos, pad = setup(name)
+    check(name, 8, num_beams=3, max_new_tokens=None, max_length=12)
+    kw = dict(eos_token_id=eos, pad_token_id=pad, num_beams=3, max_new_tokens=6)
+    plain = bh.generate(model, ids, mask, **kw)
+    swapped = bh.generate(
+        model,
+        ids,
+        mask,
+        return_dict_in_generate=True,
+        output_scores=True,
+        use_cache=True,
+        temperature=0.5,
+        top_k=5,
+        top_p=0.5,
+        **kw,
+    )
+    assert torch.equal(plain.sequences, swapped.sequences)
+    assert torch.equal(plain.sequences_scores, swapped.sequences_scores)
+    with pytest.raises(AttributeError, match="token_logprobs"):
+        _ = swapped.scores
+    with pytest.raises(ValueError, match="use_cache"):
+        bh.generate(model, ids, mask, use_cache=False, **kw)
+    with pytest.raises(ValueError, match="output_attentions"):
+        bh.generate(model, ids, mask, output_attentions=True, **kw)
+    with pytest.raises(TypeError, match="bogus"):
+        bh.generate(model, ids, mask, bogus=1, **kw)
+
+
 def test_bad_words_from_the_generation_config():
     """Marian-style generation config: bad_words_ids=[[pad]] is read from the model, not an error."""
     model, ids, mask, eos, pad = setup("bart")

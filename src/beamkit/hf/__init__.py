@@ -11,11 +11,12 @@ Needs ``torch`` and ``transformers`` (imported only when this module is).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
-from beamkit.engine import BeamSearch, eos_ids, make_options
+from beamkit.engine import BeamSearch, SearchOptions, eos_ids, make_options
 from beamkit.hf.output import BeamOutput, build_sequences
 from beamkit.hf.processors import ForcedTokens
 from beamkit.hf.step import CacheRows, DecoderOnlyStep, EncoderDecoderStep
@@ -41,6 +42,25 @@ def _eos_list(value: Any) -> list[int] | None:
     if isinstance(value, torch.Tensor):
         value = value.tolist()
     return list(eos_ids(value)) or None
+
+
+# Hugging Face arguments that change nothing here, with the values that would ask for something beamkit.hf does
+# not do: the output is always the dict form with sequences_scores, the key/value cache is always used, and the
+# sampling warpers only act with do_sample=True (refused above).
+_NO_EFFECT = {
+    "return_dict_in_generate": (),
+    "use_cache": (False,),
+    "temperature": (),
+    "top_k": (),
+    "top_p": (),
+    "typical_p": (),
+    "min_p": (),
+    "output_scores": (),  # sequences_scores are always there; per-step scores are not (BeamOutput.scores says so)
+    "output_logits": (True,),
+    "output_attentions": (True,),
+    "output_hidden_states": (True,),
+}
+_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(SearchOptions)) - {"beam_size", "max_len"}
 
 
 def _sequence_biases(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
@@ -128,6 +148,23 @@ def generate(
                 f"{neutral!r} or pass an equivalent beamkit processor"
             )
 
+    for name, refused in _NO_EFFECT.items():
+        value = beamkit_options.pop(name, None)
+        if value is not None and value in refused:
+            what = "the key/value cache is always used" if name == "use_cache" else "the output carries"
+            raise ValueError(
+                f"{name}={value!r} is not supported by beamkit.hf ({what}"
+                + ("" if name == "use_cache" else " sequences, sequences_scores and hypotheses with token log-probs")
+                + ")"
+            )
+    max_length = beamkit_options.pop("max_length", None)
+    unknown = sorted(set(beamkit_options) - _OPTION_NAMES - {"num_beam_groups", "diversity_penalty", "force_words_ids"})
+    if unknown:
+        raise TypeError(
+            f"generate() got unexpected keyword arguments {unknown}: neither Hugging Face settings beamkit.hf "
+            "maps nor beamkit.SearchOptions fields"
+        )
+
     num_beams = int(_pick(num_beams, gc, "num_beams", 1))
     early_stopping = _pick(early_stopping, gc, "early_stopping", False)
     alpha = float(_pick(length_penalty, gc, "length_penalty", 1.0))
@@ -167,10 +204,10 @@ def generate(
         prefix = input_ids
         step = DecoderOnlyStep(model)
     prompt_len = prefix.shape[1]
-    if max_new_tokens is None:
+    if max_new_tokens is None and max_length is None:
         max_new_tokens = getattr(gc, "max_new_tokens", None)
-        if max_new_tokens is None:
-            max_new_tokens = int(getattr(gc, "max_length", 20) or 20) - prompt_len
+    if max_new_tokens is None:  # Hugging Face's max_length counts the prompt (decoder-only) or the start token
+        max_new_tokens = int(_pick(max_length, gc, "max_length", 20) or 20) - prompt_len
     max_new_tokens = int(max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

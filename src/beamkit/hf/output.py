@@ -27,6 +27,15 @@ class BeamOutput:
     stats: SearchStats = field(default_factory=SearchStats)
     forward_seconds: float = 0.0
 
+    def __getattr__(self, name: str) -> Any:
+        """Hugging Face's per-step outputs are not kept: say so instead of a bare AttributeError."""
+        if name in ("scores", "logits", "beam_indices", "attentions", "hidden_states"):
+            raise AttributeError(
+                f"BeamOutput has no {name!r}: beamkit.hf keeps no per-step [rows, V] tables; hypotheses carry each "
+                "token's log-probability (token_logprobs) and beam slot (beam_indices)"
+            )
+        raise AttributeError(name)
+
 
 def build_sequences(
     prefix: torch.Tensor, hyps: list[list[Hypothesis]], num_return: int, fill: int
