@@ -78,6 +78,10 @@ class SearchOptions:
         ``True``: stop a request once its pool is full. ``False``: Hugging Face's heuristic (stop when the best
         running beam, scored at the current length, cannot beat the pool's worst). ``"never"``: the exact
         bound, the best running beam scored at ``max_len`` when ``alpha > 0``.
+    process_logits:
+        processors edit the raw logits, which are normalised afterwards (Hugging Face's greedy search), instead
+        of the log-probabilities (its beam search); the two differ for processors that are not shifts or masks,
+        such as the repetition penalty.
     exact_exit (pool, ``alpha == 0`` only):
         also stop once the ``num_return``-th best finished score is at least the best running log-probability:
         with raw log-probabilities nothing later can overtake it (CTranslate2's early exit).
@@ -93,6 +97,7 @@ class SearchOptions:
     num_return: int | None = None
     min_len: int = 0
     processors: tuple[LogitsProcessor, ...] = ()
+    process_logits: bool = False
     coverage_penalty: CoveragePenalty | None = None
     final_scorer: FinalScorer | None = None
     selector: Selector = field(default_factory=Deterministic)
@@ -114,6 +119,9 @@ class SearchOptions:
             raise ValueError(f"min_len must be >= 0, got {self.min_len}")
         if self.exact_exit and (self.policy != "pool" or self.length_penalty.alpha != 0):
             raise ValueError("exact_exit needs policy='pool' and length penalty alpha == 0")
+        raising = [type(p).__name__ for p in self.processors if getattr(p, "raises_scores", False)]
+        if self.exact_exit and raising:
+            raise ValueError(f"exact_exit needs step scores <= 0, but {raising} may raise them")
 
     @property
     def pool_size(self) -> int:
@@ -334,7 +342,13 @@ class BeamSearch:
                 step=t, tokens=rows.tokens, request=rows.req, eos=stop, logprob=rows.lp, finished=book.count[rows.req]
             )
             # a row yields nothing when its request failed or it has no finite logit
-            if self.processors:
+            if self.processors and opt.process_logits:
+                scores = ops.copy(logits)  # shape: (rows, V), edited in place by the processors
+                for proc in self.processors:
+                    scores = proc(scores, ctx)
+                plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
+                offset = np.where(np.isfinite(plse) & (True if bad is None else ~bad), -plse, -np.inf)
+            elif self.processors:
                 scores = ops.log_softmax(logits)  # shape: (rows, V)
                 for proc in self.processors:
                     scores = proc(scores, ctx)

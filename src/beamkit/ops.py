@@ -133,6 +133,11 @@ def log_softmax(x: Any) -> Any:
         return (x - lse[:, None].astype(x.dtype, copy=False)).astype(x.dtype, copy=False)
 
 
+def copy(x: Any) -> Any:
+    """A copy of ``x`` in its own library, device and dtype."""
+    return x.clone() if is_torch(x) else np.array(x, copy=True)
+
+
 def fill(x: Any, rows: np.ndarray, cols: np.ndarray, value: float) -> Any:
     """Set ``x[rows[i], cols[i]] = value`` in place (a mask scatter) and return ``x``."""
     if len(rows) == 0:

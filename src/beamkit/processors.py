@@ -154,8 +154,8 @@ class SuppressTokens:
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         if not self.tokens or (self.at_step is not None and ctx.step != self.at_step):
             return scores
-        nrows = scores.shape[0]
-        cols = np.asarray(self.tokens, dtype=np.int64)
+        nrows, vocab = scores.shape
+        cols = np.asarray([t for t in self.tokens if t < vocab], dtype=np.int64)  # ids past V: nothing to mask
         return ops.fill(scores, np.repeat(np.arange(nrows), len(cols)), np.tile(cols, nrows), NEG_INF)
 
 
@@ -163,7 +163,8 @@ class SuppressTokens:
 class SequenceBias:
     """Add ``bias`` to the last token of each token sequence wherever the rest of it ends the row's sequence
     (Hugging Face ``sequence_bias``): a one-token sequence is biased at every step; biases of the same token
-    add up. ``prompts`` count as part of the sequence, as for :class:`BadWords`."""
+    add up. ``prompts`` count as part of the sequence, as for :class:`BadWords`. A positive bias can make a
+    step score positive, so a search with one cannot use ``exact_exit`` (``raises_scores``)."""
 
     biases: tuple[tuple[tuple[int, ...], float], ...]
     prompts: tuple[tuple[int, ...], ...] | None = None
@@ -174,7 +175,15 @@ class SequenceBias:
         if any(t < 0 for seq, _ in self.biases for t in seq):
             raise ValueError("SequenceBias: token ids must be >= 0")
 
+    @property
+    def raises_scores(self) -> bool:
+        """Whether some bias is positive (step scores may then exceed 0)."""
+        return any(b > 0 for _, b in self.biases)
+
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        beyond = sorted({t for word, _ in self.biases for t in word if t >= scores.shape[1]})
+        if beyond:
+            raise ValueError(f"SequenceBias: token ids {beyond} are outside the vocabulary of {scores.shape[1]}")
         seq = ctx.sequences(self.prompts)
         nrows, length = seq.shape
         all_rows, all_cols, all_vals = [], [], []
@@ -189,7 +198,11 @@ class SequenceBias:
             all_vals.append(np.full(r.shape, bias, dtype=np.float64))
         if not all_rows:
             return scores
-        return ops.add_at(scores, np.concatenate(all_rows), np.concatenate(all_cols), np.concatenate(all_vals))
+        # one addition per entry (biases of the same entry summed first), as Hugging Face adds a bias table
+        keys = np.concatenate(all_rows) * scores.shape[1] + np.concatenate(all_cols)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        total = np.bincount(inverse.reshape(-1), weights=np.concatenate(all_vals))
+        return ops.add_at(scores, uniq // scores.shape[1], uniq % scores.shape[1], total)
 
 
 def keep_only(scores: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
