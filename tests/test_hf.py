@@ -8,6 +8,7 @@ rules are exercised. The full matrix is marked ``slow`` (still run in CI); a dia
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import os
@@ -360,6 +361,51 @@ def test_hugging_face_call_arguments_swap_in(name):
         bh.generate(model, ids, mask, output_attentions=True, **kw)
     with pytest.raises(TypeError, match="bogus"):
         bh.generate(model, ids, mask, bogus=1, **kw)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy_processes_raw_logits_like_hugging_face(name):
+    """Hugging Face's greedy search applies processors to raw logits (its beam search to log-probs): with a
+    repetition penalty the two orders pick different tokens, and beamkit follows each."""
+    check(name, 8, num_beams=1, max_new_tokens=8, repetition_penalty=1.6, no_repeat_ngram_size=3)
+    check(name, 8, num_beams=3, max_new_tokens=8, repetition_penalty=1.6)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Hugging Face's own notes on default and clashing lengths
+@pytest.mark.parametrize("name", ["gpt2", "bart"])
+def test_generation_settings_follow_hugging_face_precedence(name):
+    """A sequence listed twice in sequence_bias keeps its last bias; suppress ids past the vocabulary are
+    ignored; max_new_tokens (argument or config) wins over max_length; min_new_tokens replaces the config's
+    min_length; with no length at all, 20 new tokens; a generation_config passed in is used."""
+    model, ids, mask, eos, pad = setup(name)
+    plain, _ = check(name, 8, num_beams=3, max_new_tokens=8)
+    used = [t for hyps in plain.hypotheses for t in hyps[0].tokens if t != eos]
+    check(name, 8, num_beams=3, max_new_tokens=8, sequence_bias=[[[used[0]], 6.0], [[used[0]], 0.0]])
+    check(name, 8, num_beams=3, max_new_tokens=8, suppress_tokens=[used[1], VOCAB + 5], begin_suppress_tokens=[used[2]])
+    gc = copy.deepcopy(model.generation_config)
+    gc.max_new_tokens = 5
+    kw = dict(eos_token_id=eos, pad_token_id=pad, num_beams=3, max_length=15, generation_config=gc)
+    hf = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    assert torch.equal(bh.generate(model, ids, mask, **kw).sequences, hf)
+    gc = copy.deepcopy(model.generation_config)
+    gc.min_length = 6
+    check(name, 8, num_beams=3, max_new_tokens=8, min_new_tokens=1, generation_config=gc)
+    check(name, 2, num_beams=3, max_new_tokens=None)  # Hugging Face's default length
+
+
+def test_generation_settings_refused_by_name():
+    model, ids, mask, eos, pad = setup("gpt2")
+    kw = dict(eos_token_id=eos, pad_token_id=pad, num_beams=3, max_new_tokens=4)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        bh.generate(model, ids, mask, sequence_bias={(VOCAB + 1,): 1.0}, **kw)
+    with pytest.raises(ValueError, match="exact_exit"):
+        bh.generate(model, ids, mask, sequence_bias={(5,): 1.0}, exact_exit=True, length_penalty=0.0, **kw)
+    with pytest.raises(ValueError, match="also forced"):
+        bh.generate(model, ids, mask, suppress_tokens=[7], forced_eos_token_id=7, **kw)
+    with pytest.raises(TypeError, match="suppress_tokens"):
+        bh.generate(model, ids, mask, suppress_tokens="x", **kw)
+    with pytest.raises(TypeError, match="num_return_sequences"):
+        bh.generate(model, ids, mask, num_return=2, **kw)
 
 
 def test_bad_words_from_the_generation_config():

@@ -10,9 +10,11 @@ import pytest
 from beamkit import (
     BadWords,
     ForcedPrefix,
+    LengthPenalty,
     NoRepeatNGram,
     PrefixAllowedTokens,
     RepetitionPenalty,
+    SearchOptions,
     SequenceBias,
     SuppressTokens,
     Temperature,
@@ -150,6 +152,30 @@ def test_sequence_bias_adds_repeated_tokens_up(backend):
     out = SequenceBias((((3,), 1.0), ((1, 3), 2.0), ((2, 3), 4.0), ((1, 3), 0.5)))(scores, ctx)
     got = out.numpy() if backend == "torch" else out
     np.testing.assert_array_equal(got, [[0, 0, 0, 3.5], [0, 0, 0, 5.0]])
+
+
+def test_processors_on_raw_logits():
+    # process_logits=True: the repetition penalty edits the raw logits, which are normalised afterwards
+    # (Hugging Face's greedy order); the brute-force score is log_softmax(penalised logits)
+    m = ToyModel(3, seed=10, scale=1.5)
+
+    def score(p, t, pen=1.7):
+        z = m.logits(tuple(p)).copy()
+        for tok in set(p):
+            z[tok] = z[tok] * pen if z[tok] < 0 else z[tok] / pen
+        return log_softmax_ref(z)[t]
+
+    check(m, 3, {"processors": [RepetitionPenalty(1.7)], "process_logits": True}, lambda p, t: True, score)
+    # without process_logits the same penalty acts on log-probabilities: a different search
+    got = exhaustive(m, 3, length_penalty=0.0, processors=[RepetitionPenalty(1.7)])
+    assert [h.score for h in got] != pytest.approx([sc for sc, _ in brute(m, 3, score, lambda p, t: True)], abs=1e-9)
+
+
+def test_exact_exit_refuses_processors_that_raise_scores():
+    flat = LengthPenalty(0.0)
+    with pytest.raises(ValueError, match="SequenceBias"):
+        SearchOptions(3, 5, flat, policy="pool", exact_exit=True, processors=(SequenceBias((((1,), 0.5),)),))
+    SearchOptions(3, 5, flat, policy="pool", exact_exit=True, processors=(SequenceBias((((1,), -0.5),)),))
 
 
 def test_processors_see_each_request():

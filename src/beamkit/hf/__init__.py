@@ -66,13 +66,27 @@ _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(SearchOptions)) - {
 def _sequence_biases(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
     """Hugging Face's ``sequence_bias`` (a dict ``{(ids...): bias}`` or a list ``[[ids], bias]``) as pairs."""
     items = value.items() if isinstance(value, dict) else value
+    merged: dict[tuple[int, ...], float] = {}  # as Hugging Face: a sequence listed twice keeps its last bias
     try:
-        out = tuple((tuple(int(t) for t in ids), float(bias)) for ids, bias in items)
+        for ids, bias in items:
+            merged[tuple(int(t) for t in ids)] = float(bias)
     except (TypeError, ValueError) as err:
         raise ValueError(f"sequence_bias must map token-id sequences to floats, got {value!r}") from err
-    if not out:
+    if not merged:
         raise ValueError("sequence_bias is empty")
-    return out
+    return tuple(merged.items())
+
+
+def _token_ids(value: Any, name: str) -> tuple[int, ...]:
+    """An id or a sequence of ids (list, tuple, tensor) as a tuple of ints; TypeError naming ``name`` else."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, int):
+        return (value,)
+    try:
+        return tuple(int(t) for t in value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name} must be a token id or a list of token ids, got {value!r}") from err
 
 
 def _pick(value: Any, config: Any, name: str, default: Any) -> Any:
@@ -128,7 +142,7 @@ def generate(
         raise TypeError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
     if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have at least one row and one column, got shape {tuple(input_ids.shape)}")
-    gc = getattr(model, "generation_config", None)
+    gc = beamkit_options.pop("generation_config", None) or getattr(model, "generation_config", None)
     cfg = model.config
     is_enc_dec = bool(getattr(cfg, "is_encoder_decoder", False))
     repetition = float(_pick(beamkit_options.pop("repetition_penalty", None), gc, "repetition_penalty", 1.0))
@@ -158,6 +172,12 @@ def generate(
                 + ")"
             )
     max_length = beamkit_options.pop("max_length", None)
+    min_length = _pick(beamkit_options.pop("min_length", None), gc, "min_length", None)
+    forced_bos = _pick(beamkit_options.pop("forced_bos_token_id", None), gc, "forced_bos_token_id", None)
+    forced_eos = _eos_list(_pick(beamkit_options.pop("forced_eos_token_id", None), gc, "forced_eos_token_id", None))
+    for name, instead in (("num_return", "num_return_sequences"), ("min_len", "min_new_tokens")):
+        if name in beamkit_options:
+            raise TypeError(f"generate() takes {instead}=, not the SearchOptions field {name}=")
     unknown = sorted(set(beamkit_options) - _OPTION_NAMES - {"num_beam_groups", "diversity_penalty", "force_words_ids"})
     if unknown:
         raise TypeError(
@@ -169,7 +189,7 @@ def generate(
     early_stopping = _pick(early_stopping, gc, "early_stopping", False)
     alpha = float(_pick(length_penalty, gc, "length_penalty", 1.0))
     num_return = int(_pick(num_return_sequences, gc, "num_return_sequences", 1))
-    min_new = int(_pick(min_new_tokens, gc, "min_new_tokens", 0))
+    min_new = _pick(min_new_tokens, gc, "min_new_tokens", None)
     ngram = int(_pick(no_repeat_ngram_size, gc, "no_repeat_ngram_size", 0))
     eos = _eos_list(_pick(eos_token_id, gc, "eos_token_id", None))
     pad = _pick(pad_token_id, gc, "pad_token_id", None)
@@ -204,10 +224,17 @@ def generate(
         prefix = input_ids
         step = DecoderOnlyStep(model)
     prompt_len = prefix.shape[1]
-    if max_new_tokens is None and max_length is None:
-        max_new_tokens = getattr(gc, "max_new_tokens", None)
-    if max_new_tokens is None:  # Hugging Face's max_length counts the prompt (decoder-only) or the start token
-        max_new_tokens = int(_pick(max_length, gc, "max_length", 20) or 20) - prompt_len
+    # Hugging Face 5.x: max_new_tokens (argument, else config) wins; else max_length, which counts the prompt
+    # (decoder-only) or the start token; with neither, 20 new tokens within max_position_embeddings
+    max_new_tokens = _pick(max_new_tokens, gc, "max_new_tokens", None)
+    if max_new_tokens is None:
+        total = _pick(max_length, gc, "max_length", None)
+        if total is None:
+            total = 20 + prompt_len
+            positions = getattr(cfg, "max_position_embeddings", None)
+            if positions is not None:
+                total = min(total, int(positions))
+        max_new_tokens = int(total) - prompt_len
     max_new_tokens = int(max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -233,19 +260,23 @@ def generate(
             banned = tuple(w for w in banned if not (len(w) == 1 and w[0] in eos))
         if banned:
             procs.append(BadWords(banned, prompts))
-    min_length = int(getattr(gc, "min_length", 0) or 0)
-    min_len = max(min_new, min_length - prompt_len) if eos is not None else 0
-    forced_bos = getattr(gc, "forced_bos_token_id", None)
+    # Hugging Face 5.x: min_new_tokens (argument, else config) replaces min_length, which counts the prompt
+    wanted = int(min_new) if min_new is not None else int(min_length or 0) - prompt_len
+    min_len = max(0, wanted) if eos is not None else 0
     if forced_bos is not None and prompt_len == 1:
         procs.append(ForcedTokens(0, (int(forced_bos),)))
-    forced_eos = _eos_list(getattr(gc, "forced_eos_token_id", None))
     if forced_eos is not None:
         procs.append(ForcedTokens(max_new_tokens - 1, tuple(forced_eos)))
     if suppress is not None:
-        procs.append(SuppressTokens(tuple(int(t) for t in suppress)))
+        suppressed = _token_ids(suppress, "suppress_tokens")
+        forced = {int(forced_bos)} if forced_bos is not None else set()
+        clash = sorted((forced | set(forced_eos or ())) & set(suppressed))
+        if clash:
+            raise ValueError(f"suppress_tokens {clash} are also forced (forced_bos_token_id / forced_eos_token_id)")
+        procs.append(SuppressTokens(suppressed))
     if begin_suppress is not None:  # Hugging Face's begin index: one step later after a forced first token
         later = prompt_len == 1 and forced_bos is not None
-        procs.append(SuppressTokens(tuple(int(t) for t in begin_suppress), at_step=1 if later else 0))
+        procs.append(SuppressTokens(_token_ids(begin_suppress, "begin_suppress_tokens"), at_step=1 if later else 0))
     procs.extend(beamkit_options.pop("processors", ()))
 
     groups = int(beamkit_options.pop("num_beam_groups", 1) or 1)
@@ -257,6 +288,8 @@ def generate(
         "early_stopping": True if num_beams == 1 else early_stopping,
         "min_len": min_len,
         "processors": procs,
+        # Hugging Face's greedy search processes raw logits, its beam search log-probabilities
+        "process_logits": num_beams == 1,
         **beamkit_options,
     }
     if groups > 1 and force_words:
