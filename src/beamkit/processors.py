@@ -109,6 +109,17 @@ class NoRepeatNGram:
         return ops.fill(scores, rows, cols, NEG_INF)
 
 
+def _rows_ending_with(seq: np.ndarray, head: tuple[int, ...]) -> np.ndarray:
+    """Rows of ``seq`` ``[rows, L]`` whose last tokens are ``head`` (every row for an empty head; none when
+    ``head`` is longer than the sequences): the rows where a word ``head + (t,)`` would be completed by t."""
+    nrows, length = seq.shape
+    if len(head) > length:
+        return np.zeros(0, dtype=np.int64)
+    if not head:
+        return np.arange(nrows)
+    return np.flatnonzero((seq[:, length - len(head) :] == np.asarray(head, dtype=np.int64)).all(axis=1))
+
+
 @dataclass(frozen=True)
 class BadWords:
     """Never complete one of the token sequences ``bad`` (a one-token sequence is banned everywhere)."""
@@ -124,16 +135,8 @@ class BadWords:
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         seq = ctx.sequences(self.prompts)
-        nrows, length = seq.shape
-        all_rows, all_cols = [], []
-        for word in self.bad:
-            head = np.asarray(word[:-1], dtype=np.int64)
-            if len(head) > length:
-                continue
-            hit = (seq[:, length - len(head) :] == head).all(axis=1) if len(head) else np.ones(nrows, bool)
-            r = np.flatnonzero(hit)
-            all_rows.append(r)
-            all_cols.append(np.full_like(r, word[-1]))
+        all_rows = [_rows_ending_with(seq, word[:-1]) for word in self.bad]
+        all_cols = [np.full_like(r, word[-1]) for r, word in zip(all_rows, self.bad, strict=True)]
         if not all_rows:
             return scores
         return ops.fill(scores, np.concatenate(all_rows), np.concatenate(all_cols), NEG_INF)
@@ -185,17 +188,9 @@ class SequenceBias:
         if beyond:
             raise ValueError(f"SequenceBias: token ids {beyond} are outside the vocabulary of {scores.shape[1]}")
         seq = ctx.sequences(self.prompts)
-        nrows, length = seq.shape
-        all_rows, all_cols, all_vals = [], [], []
-        for word, bias in self.biases:
-            head = np.asarray(word[:-1], dtype=np.int64)
-            if len(head) > length:
-                continue
-            hit = (seq[:, length - len(head) :] == head).all(axis=1) if len(head) else np.ones(nrows, bool)
-            r = np.flatnonzero(hit)
-            all_rows.append(r)
-            all_cols.append(np.full_like(r, word[-1]))
-            all_vals.append(np.full(r.shape, bias, dtype=np.float64))
+        all_rows = [_rows_ending_with(seq, word[:-1]) for word, _ in self.biases]
+        all_cols = [np.full_like(r, word[-1]) for r, (word, _) in zip(all_rows, self.biases, strict=True)]
+        all_vals = [np.full(r.shape, b, dtype=np.float64) for r, (_, b) in zip(all_rows, self.biases, strict=True)]
         if not all_rows:
             return scores
         # one addition per entry (biases of the same entry summed first), as Hugging Face adds a bias table
