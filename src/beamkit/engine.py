@@ -342,17 +342,16 @@ class BeamSearch:
                 step=t, tokens=rows.tokens, request=rows.req, eos=stop, logprob=rows.lp, finished=book.count[rows.req]
             )
             # a row yields nothing when its request failed or it has no finite logit
-            if self.processors and opt.process_logits:
-                scores = ops.copy(logits)  # shape: (rows, V), edited in place by the processors
+            if self.processors:
+                # shape: (rows, V), edited in place by the processors: raw logits (a copy) or log-probabilities
+                scores = ops.copy(logits) if opt.process_logits else ops.log_softmax(logits)
                 for proc in self.processors:
                     scores = proc(scores, ctx)
-                plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
-                offset = np.where(np.isfinite(plse) & (True if bad is None else ~bad), -plse, -np.inf)
-            elif self.processors:
-                scores = ops.log_softmax(logits)  # shape: (rows, V)
-                for proc in self.processors:
-                    scores = proc(scores, ctx)
-                offset = np.zeros(n_rows) if bad is None else np.where(bad, -np.inf, 0.0)
+                if opt.process_logits:
+                    plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
+                    offset = np.where(np.isfinite(plse) & (True if bad is None else ~bad), -plse, -np.inf)
+                else:
+                    offset = np.zeros(n_rows) if bad is None else np.where(bad, -np.inf, 0.0)
             else:
                 scores, offset = logits, (-lse if all_ok else np.where(ok, -lse, -np.inf))
             logp, tok, key = opt.selector.candidates(scores, offset, rows.key, m, ctx)  # shape: (rows, m)
@@ -522,7 +521,7 @@ class BeamSearch:
     def _rank(self, pool: list[_Finished]) -> list[Hypothesis]:
         """Final ranking of one request's hypotheses (optional final scorer), cut to ``num_return``."""
         opt = self.options
-        hyps = [h.build() for h in sorted(pool, key=lambda h: -h.score)]
+        hyps = [h.build() for h in sorted(pool, key=_neg_score)]
         if opt.final_scorer is not None and hyps:
             new = list(opt.final_scorer(hyps))
             if len(new) != len(hyps):

@@ -165,12 +165,12 @@ def generate(
     for name, refused in _NO_EFFECT.items():
         value = beamkit_options.pop(name, None)
         if value is not None and value in refused:
-            what = "the key/value cache is always used" if name == "use_cache" else "the output carries"
-            raise ValueError(
-                f"{name}={value!r} is not supported by beamkit.hf ({what}"
-                + ("" if name == "use_cache" else " sequences, sequences_scores and hypotheses with token log-probs")
-                + ")"
+            why = (
+                "the key/value cache is always used"
+                if name == "use_cache"
+                else "the output carries sequences, sequences_scores and hypotheses with token log-probs"
             )
+            raise ValueError(f"{name}={value!r} is not supported by beamkit.hf ({why})")
     max_length = beamkit_options.pop("max_length", None)
     min_length = _pick(beamkit_options.pop("min_length", None), gc, "min_length", None)
     forced_bos = _pick(beamkit_options.pop("forced_bos_token_id", None), gc, "forced_bos_token_id", None)
