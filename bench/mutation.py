@@ -75,8 +75,8 @@ PITFALLS = [
     (
         "ranked by logprob, not score",
         ENGINE,
-        "key=lambda h: -h.score",
-        "key=lambda h: -h.logprob",
+        "    return -h.score",
+        "    return -h.logprob",
         "test_length_penalty_changes_the_winner",
     ),
     (
