@@ -28,28 +28,45 @@ LABELS = ["", " ", *"abcdefghijklmnopqrstuvwxyz", "'", "-"]
 WORDS = "the cat sat on a mat dog ate rat and log with her hat in black back bat at tab".split()
 
 
-def peaky_utterance(rng: np.random.Generator, text: str, frames: int = 90) -> np.ndarray:
-    """Log-probabilities peaked on an alignment of ``text`` with confusions and uncertain frames."""
+def peaky_utterance(
+    rng: np.random.Generator,
+    text: str,
+    frames: int = 90,
+    *,
+    blank_p: float = 0.5,
+    max_blanks: int = 1,
+    shift: bool = False,
+    floor: float = 0.01,
+    confuse_p: float = 0.2,
+    noise_p: float = 0.15,
+    noise_max: float = 0.3,
+) -> np.ndarray:
+    """Log-probabilities peaked on an alignment of ``text`` (1-2 frames per character; before a character, a
+    run of 1..``max_blanks`` blanks with probability ``blank_p``, always between repeats; ``shift``: the
+    alignment starts at a random frame) over a faint Dirichlet ``floor``, with confusions (a share of the peak
+    on another letter) and uncertain frames (extra mass on a random label)."""
     V = len(LABELS)
     path: list[int] = []
     prev = -1
     for ch in text:
         i = LABELS.index(ch)
-        if i == prev or rng.random() < 0.5:
-            path.append(0)
+        if i == prev or rng.random() < blank_p:
+            path += [0] * (int(rng.integers(1, max_blanks + 1)) if max_blanks > 1 else 1)
         path += [i] * int(rng.integers(1, 3))
         prev = i
+    if shift:
+        path = [0] * int(rng.integers(0, frames - len(path) + 1)) + path
     path = (path + [0] * frames)[:frames]
-    probs = rng.dirichlet(np.full(V, 0.3), size=frames) * 0.01
+    probs = rng.dirichlet(np.full(V, 0.3), size=frames) * floor
     for t, lab in enumerate(path):
         peak = rng.uniform(0.6, 0.99)
-        if lab != 0 and rng.random() < 0.2:
+        if lab != 0 and rng.random() < confuse_p:
             other = int(rng.integers(2, 28))
             share = rng.uniform(0.2, 0.6)
             probs[t, other] += peak * share
             peak *= 1 - share
-        elif rng.random() < 0.15:
-            probs[t, int(rng.integers(0, V))] += rng.uniform(0.01, 0.3)
+        elif rng.random() < noise_p:
+            probs[t, int(rng.integers(0, V))] += rng.uniform(0.01, noise_max)
         probs[t, lab] += peak
     return np.log(probs / probs.sum(axis=1, keepdims=True))
 
@@ -99,30 +116,11 @@ def test_agreement_with_lm(tmp_path, backend: str) -> None:
     assert math.isfinite(bk.decode_beams(mats[0])[0][4])
 
 
-def long_utterance(rng: np.random.Generator, text: str, frames: int = 200) -> np.ndarray:
-    """The benchmark's posteriors: 1-3 frames per character, blank runs, faint background, confusions."""
-    V = len(LABELS)
-    path: list[int] = []
-    prev = -1
-    for ch in text:
-        i = LABELS.index(ch)
-        if i == prev or rng.random() < 0.6:
-            path += [0] * int(rng.integers(1, 3))
-        path += [i] * int(rng.integers(1, 3))
-        prev = i
-    cut = int(rng.integers(0, frames - len(path) + 1))
-    path = ([0] * cut + path + [0] * frames)[:frames]
-    probs = rng.dirichlet(np.full(V, 0.3), size=frames) * 0.005
-    for t, lab in enumerate(path):
-        peak = rng.uniform(0.6, 0.99)
-        if lab != 0 and rng.random() < 0.15:
-            share = rng.uniform(0.2, 0.6)
-            probs[t, int(rng.integers(2, 28))] += peak * share
-            peak *= 1 - share
-        elif rng.random() < 0.1:
-            probs[t, int(rng.integers(0, V))] += rng.uniform(0.01, 0.2)
-        probs[t, lab] += peak
-    return np.log(probs / probs.sum(axis=1, keepdims=True))
+def long_utterance(rng: np.random.Generator, text: str) -> np.ndarray:
+    """The benchmark's posteriors: 200 frames, blank runs, a fainter background, fewer confusions."""
+    return peaky_utterance(
+        rng, text, 200, blank_p=0.6, max_blanks=2, shift=True, floor=0.005, confuse_p=0.15, noise_p=0.1, noise_max=0.2
+    )
 
 
 def test_batched_beam_sets_match_pyctcdecode() -> None:
