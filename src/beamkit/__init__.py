@@ -1,7 +1,8 @@
 """beamkit: beam-search decoding for any sequence model.
 
-One engine (:class:`Engine`, step-wise: requests join and leave every step) runs every search; ``beam_search`` / ``greedy_decode`` decode one request and
-``search_batch`` many at once, all with a step function ``step_fn(state, y_prev) -> (logits [rows, V], state)``.
+One engine (:class:`Engine`, step-wise: requests join and leave at every step) runs every search; ``beam_search``
+/ ``greedy_decode`` decode one request and ``search_batch`` many at once, all with a step function
+``step_fn(state, y_prev) -> (logits [rows, V], state)``.
 """
 
 from beamkit.decode import beam_search, greedy_decode
