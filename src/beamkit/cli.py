@@ -16,9 +16,22 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = ("beamkit.tasks.cli", "beamkit.ctc.cli", "beamkit.demo")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` after an option's help, unless the default is None or False or the help already
+    says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every feature's subcommands registered."""
-    parser = argparse.ArgumentParser(prog="beamkit", description="Beam-search decoding for any sequence model.")
+    parser = argparse.ArgumentParser(
+        prog="beamkit", description="Beam-search decoding for any sequence model.", formatter_class=HelpFormatter
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
