@@ -236,3 +236,20 @@ def test_models_sizes_agree_with_the_files_and_the_readme(capsys):
         stated = re.search(rf"`{name}` \((?:default, )?(\d+) KiB\)", readme)
         assert stated, f"the README does not state {name}'s size in KiB"
         assert int(stated.group(1)) == kib, f"README says {stated.group(1)} KiB for {name}, the files hold {kib}"
+
+
+# --- main(): every failure is one error line ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [[], ["eval"]])
+def test_a_missing_command_is_a_usage_error_with_one_error_line(capsys, argv):
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2 and "usage:" in out
+    assert err.count("\n") == 1 and "error:" in err and ("COMMAND" in err or "subcommand" in err)
+
+
+def test_an_os_error_is_one_error_line_and_exit_code_1(capsys, tmp_path):
+    # a folder where a file belongs used to end in an IsADirectoryError traceback
+    code, out, err = run_main(capsys, "ctc", "decode", str(tmp_path), "--labels", " ab")
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("beamkit ctc: error:") and "Is a directory" in err

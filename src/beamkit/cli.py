@@ -43,14 +43,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
-    if func is None:
+    if func is None:  # no command, or a command group (eval, ctc, lm) without its subcommand
         parser.print_help()
+        where = f"beamkit {args.command}" if args.command else "beamkit"
+        print(f"{where}: error: a {'subcommand' if args.command else 'COMMAND'} is required", file=sys.stderr)
         return 2
     try:
         return int(func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # bad input: a usage error
         print(f"beamkit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a folder where a file belongs, no permission, a full disk: the command failed
+        print(f"beamkit {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,7 +41,11 @@ def make_state(requests: int = 1, seed: int = SEED) -> np.ndarray:
 
 def step_fn(state: np.ndarray, y_prev: Any) -> tuple[np.ndarray, np.ndarray]:
     """One step for every row: ``(logits [rows, VOCAB], new_state)``; ``y_prev`` is ``BOS`` on the first call."""
+    if not isinstance(state, np.ndarray) or state.ndim != 2 or state.shape[1] != 2:
+        raise TypeError(f"the toy model's state is an int array [rows, 2] (see make_state), got {state!r}")
     y = np.asarray(y_prev, dtype=np.int64)  # shape: (rows,)
+    if y.shape != (state.shape[0],):
+        raise ValueError(f"y_prev must hold one token per row ({state.shape[0]}), got shape {y.shape}")
     started = y >= 0
     new = state.copy()
     new[:, 0] = np.where(started, (state[:, 0] * 31 + y + 1) % HIDDEN, state[:, 0])
