@@ -16,8 +16,9 @@ import pytest
 from beamkit import cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-# tqdm's bar: "desc: 50%|#####     | 2/4 [00:01<00:01, 1.95input/s]": a count, elapsed<ETA and a rate.
-BAR = re.compile(r"\d+/\d+ \[\d\d:\d\d<\d\d:\d\d, +[\d.?]+ ?\w+/s\]")
+# tqdm's bar: "desc: 50%|#####     | 2/4 [00:01<00:01, 1.95input/s]": a count, elapsed<ETA and a rate
+# (inputs per second, or seconds per input when slower than one a second).
+BAR = re.compile(r"\d+/\d+ \[\d\d:\d\d<\d\d:\d\d, +[\d.?]+ ?(\w+/s|s/\w+)\]")
 
 
 class FakeTerminal(io.StringIO):

@@ -152,8 +152,6 @@ class NoRepeatNGram:
     prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        if _is_int(self.n) and self.n < 1:
-            raise ValueError(f"NoRepeatNGram needs n >= 1, got {self.n}")
         check_int("NoRepeatNGram n", self.n, 1)
         _check_prompts(self)
 

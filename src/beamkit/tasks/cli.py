@@ -49,11 +49,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail_import("translate", exc)
     bar = progress_bar(len(texts), "translate", enabled=progress_enabled(args.quiet))
-    outs = translate(
-        model, texts, beam_size=args.beam, num_return=n_best, length_penalty=args.length_penalty,
-        max_len=args.max_len, progress=bar,
-    )  # fmt: skip
-    bar.close()
+    try:
+        outs = translate(
+            model, texts, beam_size=args.beam, num_return=n_best, length_penalty=args.length_penalty,
+            max_len=args.max_len, progress=bar,
+        )  # fmt: skip
+    finally:
+        bar.close()
     if args.json:
         payload = [
             {

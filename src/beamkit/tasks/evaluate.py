@@ -80,12 +80,16 @@ def evaluate_dates(
     optimum = None
     if search_errors:
         bar = progress_bar(len(sources), f"exact search (lp={length_penalty:g})", enabled=progress)
-        optimum = exact_scores(model, sources, length_penalty, progress=bar)
-        bar.close()
+        try:
+            optimum = exact_scores(model, sources, length_penalty, progress=bar)
+        finally:
+            bar.close()
     for k in beams:
         bar = progress_bar(len(sources), f"beam {k} (lp={length_penalty:g})", enabled=progress)
-        outs = translate(model, sources, beam_size=k, length_penalty=length_penalty, progress=bar)
-        bar.close()
+        try:
+            outs = translate(model, sources, beam_size=k, length_penalty=length_penalty, progress=bar)
+        finally:
+            bar.close()
         correct = [o[0].text == t for o, (_, t) in zip(outs, pairs, strict=True)]
         entry: dict[str, Any] = {
             "exact_match": float(np.mean(correct)),

@@ -65,8 +65,10 @@ def evaluate(
     result: dict[str, Any] = {"beams": {}, "n": len(words), "seed": seed, "length_penalty": length_penalty}
     for k in beams:
         bar = progress_bar(len(words), f"beam {k}", unit="word", enabled=progress)
-        hyps = g2p.decode(words, beam_size=k, length_penalty=length_penalty, progress=bar)
-        bar.close()
+        try:
+            hyps = g2p.decode(words, beam_size=k, length_penalty=length_penalty, progress=bar)
+        finally:
+            bar.close()
         correct = [tuple(phonemes(h[0].tokens)) in prons for h, (_, prons) in zip(hyps, sample, strict=True)]
         result["beams"][str(k)] = {
             "word_accuracy": float(np.mean(correct)),
