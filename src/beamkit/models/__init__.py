@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beamkit.progress import Progress
+
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 DEFAULT_MODEL = "dates-seq2seq"
 
@@ -68,16 +70,20 @@ def translate(
     length_penalty: float = 1.0,
     max_len: int | None = None,
     batch_size: int = 256,
+    progress: Progress | None = None,
 ) -> list[list[Translation]]:
     """Decode ``texts`` with ``model`` (Seq2Seq or Transformer) by beam search; return each one's n-best.
 
     Sources are encoded in batches of ``batch_size`` and each batch is one :func:`beamkit.search_batch`
     call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError.
+    ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per input, in steps as
+    each batch's search runs.
     """
     import torch
 
     from beamkit import search_batch
     from beamkit.models.common import encode_sources, pad_batch
+    from beamkit.progress import BatchTicker, Silent
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -89,8 +95,9 @@ def translate(
         for start in range(0, len(ids), batch_size):
             src, lengths = pad_batch(ids[start : start + batch_size], model.src_vocab.pad)
             state = model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+            ticker = BatchTicker(progress or Silent(), src.shape[0], limit)
             hyps = search_batch(
-                model.step,
+                ticker.wrap(model.step),
                 state,
                 tv.bos,
                 tv.eos,
@@ -99,6 +106,7 @@ def translate(
                 length_penalty=length_penalty,
                 num_return=num_return,
             )
+            ticker.done()
             for request in hyps:
                 results.append(
                     [

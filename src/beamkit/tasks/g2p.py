@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from beamkit.progress import progress_bar
+
 DEFAULT_SEED = 1234
 
 
@@ -42,9 +44,16 @@ def sample_words(n: int, seed: int = DEFAULT_SEED) -> list[tuple[str, list[tuple
 
 
 def evaluate(
-    beams: Sequence[int], n_words: int, length_penalty: float = 1.0, seed: int = DEFAULT_SEED, model: Any = None
+    beams: Sequence[int],
+    n_words: int,
+    length_penalty: float = 1.0,
+    seed: int = DEFAULT_SEED,
+    model: Any = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Word accuracy (prediction equals one of the dictionary's pronunciations) and mean log-prob per beam.
+
+    With ``progress``, a bar on standard error for each beam width.
 
     Returns ``{"beams": {"1": {"word_accuracy": ..., "mean_logprob": ...}, ...}, "n": n_words, ...}``.
     """
@@ -55,7 +64,11 @@ def evaluate(
     words = [w for w, _ in sample]
     result: dict[str, Any] = {"beams": {}, "n": len(words), "seed": seed, "length_penalty": length_penalty}
     for k in beams:
-        hyps = g2p.decode(words, beam_size=k, length_penalty=length_penalty)
+        bar = progress_bar(len(words), f"beam {k}", unit="word", enabled=progress)
+        try:
+            hyps = g2p.decode(words, beam_size=k, length_penalty=length_penalty, progress=bar)
+        finally:
+            bar.close()
         correct = [tuple(phonemes(h[0].tokens)) in prons for h, (_, prons) in zip(hyps, sample, strict=True)]
         result["beams"][str(k)] = {
             "word_accuracy": float(np.mean(correct)),
