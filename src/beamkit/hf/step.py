@@ -23,6 +23,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
+from beamkit.hypothesis import SearchStats
+
 _CHUNK = 64  # columns added to the mask / position buffers at a time
 
 
@@ -90,7 +92,7 @@ def _reorder(cache: Any, index: torch.Tensor) -> None:
 _ACCEPTS: dict[tuple[Any, str], bool] = {}
 
 
-def _accepts(model: Any, name: str) -> bool:
+def accepts(model: Any, name: str) -> bool:
     """Whether ``model.forward`` takes the keyword ``name`` (cached per forward function)."""
     forward = model.forward
     key = (getattr(forward, "__func__", forward), name)
@@ -142,9 +144,11 @@ def _takes_4d_mask(model: Any) -> bool:
 
 
 class _ModelStep:
-    """What both step functions share: the initial state and running the step in inference mode."""
+    """What both step functions share: the initial state, running the step in inference mode, and counting the
+    calls (``stats``: model calls and rows per call, whichever search drives the step)."""
 
     forward_seconds: float  # time spent inside the model forward (benchmarks read it)
+    stats: SearchStats
 
     def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
         """The engine's initial state: one row per request."""
@@ -152,6 +156,8 @@ class _ModelStep:
 
     def __call__(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         """One engine step: ``(logits [rows, V], new state)``, under ``torch.inference_mode``."""
+        self.stats.model_calls += 1
+        self.stats.rows_per_call.append(int(np.shape(y_prev)[0]) if np.ndim(y_prev) else 1)
         if torch.is_inference_mode_enabled():
             return self._step(state, y_prev)
         with torch.inference_mode():
@@ -174,10 +180,11 @@ class DecoderOnlyStep(_ModelStep):
 
     def __init__(self, model: Any):
         self.model = model
-        self.keep_one = _accepts(model, "logits_to_keep")
-        self.takes_pos = _accepts(model, "position_ids")
+        self.keep_one = accepts(model, "logits_to_keep")
+        self.takes_pos = accepts(model, "position_ids")
         self.mask_4d = _takes_4d_mask(model)
         self.forward_seconds = 0.0  # time spent inside the model forward (benchmarks read it)
+        self.stats = SearchStats()
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
@@ -229,6 +236,7 @@ class EncoderDecoderStep(_ModelStep):
         self.model = model
         self.mask_4d = _takes_4d_mask(model)
         self.forward_seconds = 0.0
+        self.stats = SearchStats()
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
