@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 from beamkit.engine import BeamSearch, make_options
 from beamkit.hf.settings import Settings
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
@@ -33,18 +34,19 @@ def run_search(step: Any, state: Any, settings: Settings, batch: int, processors
     s = settings
     common = search_options(s, processors)
     stop = s.eos
+    start = [s.start] * batch  # one per request: the state (a Prompt) has no array leaf to count rows by
     if s.groups > 1:
         from beamkit.variants import diverse_beam_search
 
         return diverse_beam_search(
-            step, state, s.start, stop, s.num_beams, s.max_new_tokens, s.groups, s.diversity, num_return=s.num_return,
+            step, state, start, stop, s.num_beams, s.max_new_tokens, s.groups, s.diversity, num_return=s.num_return,
             **common,
         )  # fmt: skip
     if s.force_words:
         from beamkit.variants import constrained_beam_search
 
         found = constrained_beam_search(
-            step, state, s.start, stop, s.num_beams, s.max_new_tokens, constraints=list(s.force_words), **common
+            step, state, start, stop, s.num_beams, s.max_new_tokens, constraints=list(s.force_words), **common
         )
         return [h[: s.num_return] for h in found]
     options = make_options(s.num_beams, s.max_new_tokens, num_return=s.num_return, **common)
