@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from beamkit.engine import BeamSearch, make_options
 from beamkit.hf.settings import Settings
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
