@@ -509,6 +509,7 @@ def test_generation_config_defaults_and_unmapped_settings():
     model, ids, mask, eos, pad = setup("gpt2")
     gc = model.generation_config
     names = ("num_beams", "max_new_tokens", "length_penalty", "pad_token_id", "repetition_penalty", "do_sample")
+    names += ("typical_p",)
     saved = {n: getattr(gc, n) for n in names}
     try:
         gc.num_beams, gc.max_new_tokens, gc.length_penalty, gc.pad_token_id = 3, 5, 0.5, pad
@@ -520,8 +521,8 @@ def test_generation_config_defaults_and_unmapped_settings():
         penalised = model.generate(ids, attention_mask=mask)
         assert torch.equal(full(model, ids, mask).sequences, penalised)
         assert not torch.equal(penalised, hf.sequences)
-        gc.repetition_penalty, gc.do_sample = 1.0, True
-        with pytest.raises(ValueError, match="do_sample"):
+        gc.repetition_penalty, gc.do_sample, gc.typical_p = 1.0, True, 0.5
+        with pytest.raises(bh.Unsupported, match="typical_p"):
             full(model, ids, mask)
         out = full(model, ids, mask, do_sample=False)  # explicit override, as with model.generate
         assert torch.equal(out.sequences, hf.sequences)

@@ -36,13 +36,14 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
     :class:`beamkit.hf.Unsupported` (a ValueError) for settings beamkit.hf does not reproduce exactly, naming
     them; ValueError / TypeError for bad input; :class:`beamkit.BatchDecodeError` when a request fails.
     """
-    return run_generate(model, inputs, second, kwargs, tables_refused=False)
+    return run_generate(model, inputs, second, kwargs, exact_only=False)
 
 
-def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], tables_refused: bool) -> Any:
-    """:func:`generate` with its keywords as a dict; ``tables_refused``: raise :class:`Unsupported` when the call
-    asks for per-step score tables (``output_scores`` with ``return_dict_in_generate``), which beamkit leaves
-    None (``patch`` hands such calls to Hugging Face)."""
+def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool) -> Any:
+    """:func:`generate` with its keywords as a dict; ``exact_only``: raise :class:`Unsupported` for calls whose
+    output beamkit does not reproduce exactly (``patch`` hands them to Hugging Face): per-step score tables
+    (``output_scores`` with ``return_dict_in_generate``; beamkit leaves them None) and sampling (beamkit draws
+    from its own noise, not from Hugging Face's RNG stream)."""
     kwargs = dict(kwargs)
     check_model(model)
     for name in ("inputs", "input_ids"):
@@ -62,8 +63,10 @@ def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str,
     gc, rest, given = merge_config(passed, getattr(model, "generation_config", None), kwargs)
     input_ids = check_input_ids(inputs, model)
     settings = resolve(model, gc, rest, given, input_ids.shape[1])
-    if tables_refused and settings.return_dict and settings.output_scores:
+    if exact_only and settings.return_dict and settings.output_scores:
         raise Unsupported("output_scores=True with return_dict_in_generate: per-step scores are not kept")
+    if exact_only and settings.do_sample:
+        raise Unsupported("do_sample=True: beamkit samples from its own noise, not Hugging Face's RNG stream")
     mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
 
     batch = input_ids.shape[0]
@@ -80,6 +83,22 @@ def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str,
     first = (mask != 0).int().argmax(dim=1).tolist()  # first attended column of each prompt
     processors = build_processors(settings, prompts, first)
     state = step.init_state(input_ids, mask)
+    seeds = request_seeds(input_ids, mask) if settings.do_sample else None
     with torch.inference_mode():  # once here, not per step
-        hyps = run_search(step, state, settings, batch, processors)
+        hyps = run_search(step, state, settings, batch, processors, seeds)
     return build_output(settings, prefix, hyps, step.stats, step.forward_seconds)
+
+
+def request_seeds(input_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """One noise seed per request for sampling: a draw from torch's global generator (so ``torch.manual_seed``
+    makes runs repeat, as with Hugging Face), the request's attended tokens, and how many identical prompts came
+    before it in the batch; a request samples the same whatever else is in the batch."""
+    base = int(torch.randint(0, 2**62, (1,)).item())
+    seen: dict[tuple[int, ...], int] = {}
+    out = []
+    for ids, keep in zip(input_ids.tolist(), mask.tolist(), strict=True):
+        tokens = tuple(t for t, k in zip(ids, keep, strict=True) if k)
+        nth = seen.get(tokens, 0)
+        seen[tokens] = nth + 1
+        out.append([base, nth, len(tokens), *tokens])
+    return out

@@ -31,7 +31,7 @@ class Patch:
             if len(args) > 2:  # logits_processor and later positional arguments: Hugging Face's own business
                 return self._fall_back("positional arguments after generation_config", args, kwargs)
             try:
-                return run_generate(self.model, inputs, second, kwargs, tables_refused=True)
+                return run_generate(self.model, inputs, second, kwargs, exact_only=True)
             except Unsupported as err:
                 return self._fall_back(str(err), args, kwargs)
 
@@ -61,9 +61,9 @@ class Patch:
 
 def patch(model: Any) -> Patch:
     """Make ``model.generate(...)`` run through :func:`beamkit.hf.generate` for every call beamkit reproduces
-    exactly; any other call (a setting beamkit.hf refuses as :class:`~beamkit.hf.Unsupported`, such as
-    sampling or per-step score tables) runs Hugging Face's original ``generate``, with one log line per reason
-    (logger ``beamkit.hf``). Bad input raises as with :func:`beamkit.hf.generate`. Returns a :class:`Patch`;
+    exactly; any other call (a setting beamkit.hf refuses as :class:`~beamkit.hf.Unsupported`, per-step score
+    tables, and sampling, which beamkit.hf.generate does but with its own random stream) runs Hugging Face's
+    original ``generate``, with one log line per reason (logger ``beamkit.hf``). Bad input raises as with :func:`beamkit.hf.generate`. Returns a :class:`Patch`;
     ``with beamkit.hf.patch(model): ...`` restores the original at exit, ``patch(model).undo()`` likewise.
     Pipelines built on the model (``transformers.pipeline("text-generation", model=model, ...)``) go through
     the patched ``generate`` unchanged.

@@ -10,7 +10,15 @@ import numpy as np
 
 from beamkit import ops
 from beamkit.hf.settings import Settings
-from beamkit.processors import BadWords, NoRepeatNGram, RepetitionPenalty, SequenceBias, StepContext, SuppressTokens
+from beamkit.processors import (
+    BadWords,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    SequenceBias,
+    StepContext,
+    SuppressTokens,
+    Temperature,
+)
 
 
 @dataclass(frozen=True)
@@ -72,4 +80,41 @@ def build_processors(settings: Settings, prompts: tuple[tuple[int, ...], ...], f
     if s.begin_suppress is not None:  # Hugging Face's begin index: one step later after a forced first token
         later = s.prompt_len == 1 and s.forced_bos is not None
         procs.append(SuppressTokens(s.begin_suppress, at_step=1 if later else 0))
+    if s.do_sample:  # Hugging Face's warpers, last; beam sampling keeps at least one token besides eos
+        keep = 2 if s.num_beams > 1 else 1
+        if s.temperature != 1.0:
+            procs.append(Temperature(s.temperature))
+        if s.top_k:
+            procs.append(TopKMask(max(s.top_k, keep)))
+        if s.top_p < 1.0:
+            procs.append(TopPMask(s.top_p, keep))
     return procs
+
+
+@dataclass(frozen=True)
+class TopKMask:
+    """Hugging Face's ``TopKLogitsWarper``: every score below the row's ``k``-th largest becomes ``-inf``
+    (torch scores, as the bridge's)."""
+
+    k: int
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        k = min(self.k, int(scores.shape[-1]))
+        kth = scores.topk(k, dim=-1).values[..., -1:]  # shape: (rows, 1)
+        return scores.masked_fill(scores < kth, float("-inf"))
+
+
+@dataclass(frozen=True)
+class TopPMask:
+    """Hugging Face's ``TopPLogitsWarper``: the smallest-probability tokens whose total is at most ``1 - p``
+    become ``-inf``, keeping at least ``keep`` tokens (torch scores)."""
+
+    p: float
+    keep: int = 1
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        ranked, order = scores.sort(dim=-1, descending=False)  # shape: (rows, V) ascending
+        cumulative = ranked.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - self.p
+        drop[..., -self.keep :] = False
+        return scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))

@@ -30,7 +30,6 @@ UNMAPPED: dict[str, tuple[Any, ...]] = {
     "exponential_decay_length_penalty": (),
     "encoder_no_repeat_ngram_size": (0,),
     "renormalize_logits": (False,),
-    "do_sample": (False,),
     "constraints": (),
     "max_time": (),
     "stop_strings": (),
@@ -48,8 +47,8 @@ UNMAPPED: dict[str, tuple[Any, ...]] = {
     "output_hidden_states": (False,),
 }
 
-# Fields read below, and fields that cannot change the output (sampling warpers act only with do_sample=True,
-# assistant settings only with an assistant model, cache and compile settings only change speed).
+# Fields read below, and fields that cannot change the output (assistant settings act only with an assistant
+# model, cache and compile settings only change speed).
 MAPPED = frozenset(
     {
         "max_length",
@@ -77,18 +76,14 @@ MAPPED = frozenset(
         "force_words_ids",
         "return_dict_in_generate",
         "output_scores",
+        "do_sample",
+        "temperature",
+        "top_k",
+        "top_p",
     }
 )
 NO_EFFECT = frozenset(
     {
-        "temperature",
-        "top_k",
-        "top_p",
-        "min_p",
-        "top_h",
-        "typical_p",
-        "epsilon_cutoff",
-        "eta_cutoff",
         "remove_invalid_values",
         "cache_implementation",
         "cache_config",
@@ -110,6 +105,14 @@ NO_EFFECT = frozenset(
         "transformers_version",
     }
 )
+# Sampling warpers beamkit.hf does not map (they act only with do_sample=True), with their neutral values.
+SAMPLING_UNMAPPED: dict[str, tuple[Any, ...]] = {
+    "min_p": (),
+    "top_h": (),
+    "typical_p": (1.0,),
+    "epsilon_cutoff": (0.0,),
+    "eta_cutoff": (0.0,),
+}
 # model.generate's own arguments (not generation-config fields): only their "unused" value is reproduced.
 CALL_ARGUMENTS = (
     "logits_processor",
@@ -160,6 +163,10 @@ class Settings:
     force_words: tuple[Any, ...] | None = None
     return_dict: bool = False
     output_scores: bool = False
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
     search_options: tuple[tuple[str, Any], ...] = ()
 
     @property
@@ -236,10 +243,13 @@ def _blank_config() -> Any:
 
 def _refuse_unmapped(gc: Any, given: set[str]) -> None:
     """Raise :class:`Unsupported` for a setting beamkit.hf would have to ignore."""
+    sampling = bool(gc.do_sample)
     for name, value in vars(gc).items():
         if name.startswith("_") or value is None or name in MAPPED or name in NO_EFFECT:
             continue
-        neutral = UNMAPPED.get(name, ())
+        if name in SAMPLING_UNMAPPED and not sampling:
+            continue
+        neutral = UNMAPPED.get(name, SAMPLING_UNMAPPED.get(name, ()))
         if value in neutral:
             continue
         where = f"{name}={value!r}" if name in given else f"generation_config.{name}={value!r}"
@@ -318,6 +328,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         clash = sorted(forced & set(suppress))
         if clash:
             raise ValueError(f"suppress_tokens {clash} are also forced (forced_bos_token_id / forced_eos_token_id)")
+    sampling = _sampling(gc, num_beams, eos)
     begin = gc.begin_suppress_tokens
     bad = gc.bad_words_ids
     return Settings(
@@ -346,7 +357,24 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         return_dict=bool(gc.return_dict_in_generate),
         output_scores=bool(gc.output_scores),
         search_options=tuple(rest.items()),
+        **sampling,
     )
+
+
+def _sampling(gc: Any, num_beams: int, eos: tuple[int, ...]) -> dict[str, Any]:
+    """``do_sample`` and its warpers with Hugging Face 5.x's defaults (``top_k`` 50 when unset)."""
+    if not gc.do_sample:
+        return {}
+    if num_beams > 1 and len(eos) > 1:
+        raise Unsupported("do_sample=True with num_beams > 1 and several eos ids (Hugging Face draws more candidates)")
+    temperature = float(1.0 if gc.temperature is None else gc.temperature)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 with do_sample=True, got {temperature}")
+    top_k = _int(50 if gc.top_k is None else gc.top_k, "top_k", 0)
+    top_p = float(1.0 if gc.top_p is None else gc.top_p)
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
+    return {"do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": top_p}
 
 
 def _int(value: Any, name: str, default: int) -> int:
