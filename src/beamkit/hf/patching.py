@@ -63,9 +63,10 @@ def patch(model: Any) -> Patch:
     """Make ``model.generate(...)`` run through :func:`beamkit.hf.generate` for every call beamkit reproduces
     exactly; any other call (a setting beamkit.hf refuses as :class:`~beamkit.hf.Unsupported`, per-step score
     tables, and sampling, which beamkit.hf.generate does but with its own random stream) runs Hugging Face's
-    original ``generate``, with one log line per reason (logger ``beamkit.hf``). Bad input raises as with :func:`beamkit.hf.generate`. Returns a :class:`Patch`;
-    ``with beamkit.hf.patch(model): ...`` restores the original at exit, ``patch(model).undo()`` likewise.
-    Pipelines built on the model (``transformers.pipeline("text-generation", model=model, ...)``) go through
-    the patched ``generate`` unchanged.
+    original ``generate``, with one log line per reason (logger ``beamkit.hf``). Bad input raises as with
+    :func:`beamkit.hf.generate`. Returns a :class:`Patch`; ``with beamkit.hf.patch(model): ...`` restores the
+    original at exit, ``patch(model).undo()`` likewise. Pipelines built on the model
+    (``transformers.pipeline("text-generation", model=model, ...)``) go through the patched ``generate``
+    unchanged.
     """
     return Patch(model)
