@@ -32,15 +32,54 @@ import beamkit.hf as bh  # noqa: E402
 VOCAB, PROMPTS, PROMPT_LEN, BEAMS, NEW = 1000, 8, 10, 5, 40
 # eos = the n-th most likely token after a few greedy steps, its output row scaled: picked so that eos fires
 # for some requests early, for some late and for some not at all within 40 tokens (see the printed lengths)
-EOS_PICK = {"gpt2": (0, 3.0), "t5": (2, 2.0)}
+EOS_PICK = {"gpt2": (0, 3.0), "t5": (2, 2.0), "marian": (5, 1.0), "t5-small": (5, 1.0)}
+# (random weights at these sizes give every prompt the same output; no eos pick found that fires at varied steps:
+# with (5, 1.0) every hypothesis runs the full 40 tokens, the case with no finished request to drop)
+# encoder-decoder presets at real sizes (random weights): Marian opus-mt (6+6 layers, 512 wide, 8 heads, FFN 2048,
+# vocab 8000 here) and t5-small (6+6 layers, 512 wide, 8 heads of 64, FFN 2048, vocab 32128)
+PRESET_VOCAB = {"marian": 8000, "t5-small": 32128}
 
 
 def build(
     kind: str, layers: int = 2, width: int = 64, prompt_len: int = PROMPT_LEN
 ) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, int, int]:
-    """(model, input_ids, attention_mask, eos, pad) for ``kind`` in {"gpt2", "t5"}."""
+    """(model, input_ids, attention_mask, eos, pad) for ``kind`` in {"gpt2", "t5", "marian", "t5-small"}
+    (``layers`` / ``width`` apply to the first two; the presets have their own sizes)."""
     torch.manual_seed(0)
-    if kind == "gpt2":
+    vocab = PRESET_VOCAB.get(kind, VOCAB)
+    if kind == "marian":
+        cfg = transformers.MarianConfig(
+            vocab_size=vocab,
+            decoder_vocab_size=vocab,
+            d_model=512,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=8,
+            decoder_attention_heads=8,
+            encoder_ffn_dim=2048,
+            decoder_ffn_dim=2048,
+            max_position_embeddings=512,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+            forced_eos_token_id=None,
+        )
+        model = transformers.MarianMTModel(cfg)
+    elif kind == "t5-small":
+        cfg = transformers.T5Config(
+            num_layers=6,
+            num_decoder_layers=6,
+            d_model=512,
+            d_ff=2048,
+            d_kv=64,
+            num_heads=8,
+            vocab_size=vocab,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+        )
+        model = transformers.T5ForConditionalGeneration(cfg)
+    elif kind == "gpt2":
         cfg = transformers.GPT2Config(
             n_layer=layers,
             n_embd=width,
@@ -68,7 +107,7 @@ def build(
         model = transformers.T5ForConditionalGeneration(cfg)
     model.eval()
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, VOCAB, (PROMPTS, prompt_len), generator=gen)
+    ids = torch.randint(3, vocab, (PROMPTS, prompt_len), generator=gen)
     mask = torch.ones_like(ids)
     for i in range(PROMPTS):  # left padding on some prompts
         ids[i, : i % 3] = 0
@@ -176,7 +215,7 @@ def main() -> None:
     """Run the benchmark for both models and print the summary lines."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--models", default="gpt2,t5")
+    parser.add_argument("--models", default="gpt2,t5", help="any of gpt2, t5, marian, t5-small (comma-separated)")
     parser.add_argument("--layers", type=int, default=2, help="model size (the spec's figures use the defaults)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
