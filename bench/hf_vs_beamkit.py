@@ -11,7 +11,11 @@ One torch thread by default (tiny models; ``--threads`` to change). Prints media
 
 ``overhead`` is the share of beamkit's end-to-end time spent outside the model's forward (and encoder) calls;
 ``hf-overhead`` is the same share for Hugging Face's ``generate`` (one extra run with its forward calls timed).
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/hf_vs_beamkit.py [--repeats 15]``.
+``--models marian,t5-small`` runs the encoder-decoder presets at real sizes. ``--ct2`` adds CTranslate2 (a
+converted copy of the same model, float32, same thread count) for gpt2 and marian, compared under
+``early_stopping=True`` (CTranslate2's stopping rule): ``ct2-vs-beamkit[gpt2]: 0.75x`` is CTranslate2's time
+over beamkit's.
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/hf_vs_beamkit.py [--repeats 15] [--ct2]``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -211,6 +216,73 @@ def run(
     return hf_med / bk_med, ov, hf_ov
 
 
+def ct2_ratio(kind: str, repeats: int, layers: int, width: int, prompt_len: int) -> float | None:
+    """CTranslate2's time / beamkit's on a converted copy of the same model (float32, 1 thread), both stopping
+    like ``early_stopping=True`` (CTranslate2's rule), beam 5, 40 new tokens, length penalty 1. Prints how many
+    requests' best outputs agree (not required to: CTranslate2 is its own implementation). None when
+    ``ctranslate2`` is not installed or the kind does not convert."""
+    try:
+        import ctranslate2
+        import tokenizers
+    except ImportError:
+        print(f"[{kind}] ctranslate2 not installed (pip install ctranslate2): no ct2 column")
+        return None
+    model, ids, mask, eos, pad = build(kind, layers, width, prompt_len)
+    vocab = int(model.config.vocab_size)
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t3"))
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token=f"t{pad}", eos_token=f"t{eos}", unk_token="t3", bos_token="t1"
+    )
+    prompts = [
+        [f"t{t}" for t, m in zip(row, keep, strict=True) if m]
+        for row, keep in zip(ids.tolist(), mask.tolist(), strict=True)
+    ]
+    kw = dict(
+        num_beams=BEAMS, max_new_tokens=NEW, early_stopping=True, length_penalty=1.0, eos_token_id=eos, pad_token_id=pad
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        ctranslate2.converters.TransformersConverter(tmp).convert(f"{tmp}/ct2", quantization="float32", force=True)
+        opts = dict(device="cpu", compute_type="float32", inter_threads=1, intra_threads=torch.get_num_threads())
+        if kind == "gpt2":
+            gen = ctranslate2.Generator(f"{tmp}/ct2", **opts)
+
+            def run_ct2() -> list[list[int]]:
+                res = gen.generate_batch(
+                    prompts, beam_size=BEAMS, max_length=NEW, include_prompt_in_result=False, end_token=f"t{eos}"
+                )
+                return [r.sequences_ids[0] for r in res]
+        else:
+            tr = ctranslate2.Translator(f"{tmp}/ct2", **opts)
+
+            def run_ct2() -> list[list[int]]:
+                res = tr.translate_batch(prompts, beam_size=BEAMS, max_decoding_length=NEW, end_token=f"t{eos}")
+                return [[int(t[1:]) for t in r.hypotheses[0]] for r in res]
+
+        t_ct2, t_bk = [], []
+        with torch.inference_mode():
+            bk = bh.generate(model, ids, mask, return_dict_in_generate=True, **kw)
+            ours = [[t for t in hyps[0].tokens if t != eos] for hyps in bk.hypotheses]
+            theirs = [[t for t in seq if t != eos] for seq in run_ct2()]
+            for i in range(repeats):
+                for side in ("ct2", "bk") if i % 2 == 0 else ("bk", "ct2"):
+                    t0 = time.perf_counter()
+                    if side == "ct2":
+                        run_ct2()
+                        t_ct2.append(time.perf_counter() - t0)
+                    else:
+                        bh.generate(model, ids, mask, **kw)
+                        t_bk.append(time.perf_counter() - t0)
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    ct2_med, bk_med = statistics.median(t_ct2), statistics.median(t_bk)
+    print(
+        f"[{kind}] ctranslate2 {ctranslate2.__version__} {ct2_med * 1e3:.1f} ms, beamkit {bk_med * 1e3:.1f} ms "
+        f"(early_stopping=True, median of {repeats}); best outputs agree on {same}/{len(ours)} requests"
+    )
+    return ct2_med / bk_med
+
+
 def main() -> None:
     """Run the benchmark for both models and print the summary lines."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -220,6 +292,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: tiny models, shared box)")
+    parser.add_argument("--ct2", action="store_true", help="add the CTranslate2 column (gpt2, marian)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
@@ -231,6 +304,11 @@ def main() -> None:
     for kind, (speed, ov, _) in results.items():
         print(f"hf-speedup[{kind}]: {speed:.2f}x")
         print(f"overhead[{kind}]: {ov * 100:.1f}%")
+    for kind in args.models.split(",") if args.ct2 else ():
+        if kind in ("gpt2", "marian"):
+            ratio = ct2_ratio(kind, args.repeats, args.layers, args.width, args.prompt_len)
+            if ratio is not None:
+                print(f"ct2-vs-beamkit[{kind}]: {ratio:.2f}x (CTranslate2's time / beamkit's)")
 
 
 if __name__ == "__main__":
