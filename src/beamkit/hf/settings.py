@@ -218,7 +218,8 @@ def merge_config(passed: Any, own: Any, kwargs: dict[str, Any]) -> tuple[Any, di
     None) copied, its unset (None) fields filled from the model's ``own``, then updated with the keyword
     arguments that are generation-config fields and not None. Returns (config, the other keywords, the names
     given as arguments)."""
-    gc = copy.copy(passed if passed is not None else own) if (passed or own) is not None else _blank_config()
+    source = passed if passed is not None else own
+    gc = copy.copy(source) if source is not None else _blank_config()
     if passed is not None and own is not None and own is not passed:
         for name, value in vars(own).items():
             if not name.startswith("_") and getattr(gc, name, None) is None:
