@@ -64,12 +64,13 @@ def build(
             encoder_ffn_dim=2048,
             decoder_ffn_dim=2048,
             max_position_embeddings=512,
-            pad_token_id=0,
+            pad_token_id=vocab - 1,  # Marian's layout: pad is the last id and starts the decoder
             eos_token_id=1,
-            decoder_start_token_id=0,
+            decoder_start_token_id=vocab - 1,
             forced_eos_token_id=None,
         )
         model = transformers.MarianMTModel(cfg)
+        model.generation_config.bad_words_ids = [[vocab - 1]]  # as opus-mt models: pad is never generated
     elif kind == "t5-small":
         cfg = transformers.T5Config(
             num_layers=6,
@@ -111,11 +112,12 @@ def build(
         )
         model = transformers.T5ForConditionalGeneration(cfg)
     model.eval()
+    pad = int(model.config.pad_token_id)
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, vocab, (PROMPTS, prompt_len), generator=gen)
+    ids = torch.randint(3, vocab - 1 if pad else vocab, (PROMPTS, prompt_len), generator=gen)
     mask = torch.ones_like(ids)
     for i in range(PROMPTS):  # left padding on some prompts
-        ids[i, : i % 3] = 0
+        ids[i, : i % 3] = pad
         mask[i, : i % 3] = 0
     with torch.no_grad():
         out = model.generate(
@@ -125,17 +127,18 @@ def build(
             num_beams=1,
             do_sample=False,
             eos_token_id=None,
-            pad_token_id=0,
+            pad_token_id=pad,
             return_dict_in_generate=True,
             output_logits=True,
         )
         probs = torch.stack([lg.softmax(-1) for lg in out.logits]).mean(dim=(0, 1))
         probs[:2] = 0
+        probs[pad] = 0
         rank, scale = EOS_PICK[kind]
         eos = int(probs.argsort(descending=True)[rank])
         model.get_output_embeddings().weight[eos] *= scale
     model.generation_config.eos_token_id = eos
-    return model, ids, mask, eos, 0
+    return model, ids, mask, eos, pad
 
 
 def hf_overhead(model: torch.nn.Module, call: Any) -> float:
@@ -229,9 +232,12 @@ def ct2_ratio(kind: str, repeats: int, layers: int, width: int, prompt_len: int)
         return None
     model, ids, mask, eos, pad = build(kind, layers, width, prompt_len)
     vocab = int(model.config.vocab_size)
-    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t3"))
+    names = [f"t{i}" for i in range(vocab)]
+    if kind == "marian":  # CTranslate2's Marian loader drops a last "<pad>" (the decoder starts from zeros)
+        names[pad] = "<pad>"
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="t3"))
     tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=words, pad_token=f"t{pad}", eos_token=f"t{eos}", unk_token="t3", bos_token="t1"
+        tokenizer_object=words, pad_token=names[pad], eos_token=f"t{eos}", unk_token="t3", bos_token="t1"
     )
     prompts = [
         [f"t{t}" for t, m in zip(row, keep, strict=True) if m]
