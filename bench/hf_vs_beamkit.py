@@ -11,7 +11,11 @@ One torch thread by default (tiny models; ``--threads`` to change). Prints media
 
 ``overhead`` is the share of beamkit's end-to-end time spent outside the model's forward (and encoder) calls;
 ``hf-overhead`` is the same share for Hugging Face's ``generate`` (one extra run with its forward calls timed).
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/hf_vs_beamkit.py [--repeats 15]``.
+``--models marian,t5-small`` runs the encoder-decoder presets at real sizes. ``--ct2`` adds CTranslate2 (a
+converted copy of the same model, float32, same thread count) for gpt2 and marian, compared under
+``early_stopping=True`` (CTranslate2's stopping rule): ``ct2-vs-beamkit[gpt2]: 0.75x`` is CTranslate2's time
+over beamkit's.
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/hf_vs_beamkit.py [--repeats 15] [--ct2]``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -32,15 +37,55 @@ import beamkit.hf as bh  # noqa: E402
 VOCAB, PROMPTS, PROMPT_LEN, BEAMS, NEW = 1000, 8, 10, 5, 40
 # eos = the n-th most likely token after a few greedy steps, its output row scaled: picked so that eos fires
 # for some requests early, for some late and for some not at all within 40 tokens (see the printed lengths)
-EOS_PICK = {"gpt2": (0, 3.0), "t5": (2, 2.0)}
+EOS_PICK = {"gpt2": (0, 3.0), "t5": (2, 2.0), "marian": (5, 1.0), "t5-small": (5, 1.0)}
+# (random weights at these sizes give every prompt the same output; no eos pick found that fires at varied steps:
+# with (5, 1.0) every hypothesis runs the full 40 tokens, the case with no finished request to drop)
+# encoder-decoder presets at real sizes (random weights): Marian opus-mt (6+6 layers, 512 wide, 8 heads, FFN 2048,
+# vocab 8000 here) and t5-small (6+6 layers, 512 wide, 8 heads of 64, FFN 2048, vocab 32128)
+PRESET_VOCAB = {"marian": 8000, "t5-small": 32128}
 
 
 def build(
     kind: str, layers: int = 2, width: int = 64, prompt_len: int = PROMPT_LEN
 ) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, int, int]:
-    """(model, input_ids, attention_mask, eos, pad) for ``kind`` in {"gpt2", "t5"}."""
+    """(model, input_ids, attention_mask, eos, pad) for ``kind`` in {"gpt2", "t5", "marian", "t5-small"}
+    (``layers`` / ``width`` apply to the first two; the presets have their own sizes)."""
     torch.manual_seed(0)
-    if kind == "gpt2":
+    vocab = PRESET_VOCAB.get(kind, VOCAB)
+    if kind == "marian":
+        cfg = transformers.MarianConfig(
+            vocab_size=vocab,
+            decoder_vocab_size=vocab,
+            d_model=512,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=8,
+            decoder_attention_heads=8,
+            encoder_ffn_dim=2048,
+            decoder_ffn_dim=2048,
+            max_position_embeddings=512,
+            pad_token_id=vocab - 1,  # Marian's layout: pad is the last id and starts the decoder
+            eos_token_id=1,
+            decoder_start_token_id=vocab - 1,
+            forced_eos_token_id=None,
+        )
+        model = transformers.MarianMTModel(cfg)
+        model.generation_config.bad_words_ids = [[vocab - 1]]  # as opus-mt models: pad is never generated
+    elif kind == "t5-small":
+        cfg = transformers.T5Config(
+            num_layers=6,
+            num_decoder_layers=6,
+            d_model=512,
+            d_ff=2048,
+            d_kv=64,
+            num_heads=8,
+            vocab_size=vocab,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+        )
+        model = transformers.T5ForConditionalGeneration(cfg)
+    elif kind == "gpt2":
         cfg = transformers.GPT2Config(
             n_layer=layers,
             n_embd=width,
@@ -67,11 +112,12 @@ def build(
         )
         model = transformers.T5ForConditionalGeneration(cfg)
     model.eval()
+    pad = int(model.config.pad_token_id)
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, VOCAB, (PROMPTS, prompt_len), generator=gen)
+    ids = torch.randint(3, vocab - 1 if pad else vocab, (PROMPTS, prompt_len), generator=gen)
     mask = torch.ones_like(ids)
     for i in range(PROMPTS):  # left padding on some prompts
-        ids[i, : i % 3] = 0
+        ids[i, : i % 3] = pad
         mask[i, : i % 3] = 0
     with torch.no_grad():
         out = model.generate(
@@ -81,17 +127,18 @@ def build(
             num_beams=1,
             do_sample=False,
             eos_token_id=None,
-            pad_token_id=0,
+            pad_token_id=pad,
             return_dict_in_generate=True,
             output_logits=True,
         )
         probs = torch.stack([lg.softmax(-1) for lg in out.logits]).mean(dim=(0, 1))
         probs[:2] = 0
+        probs[pad] = 0
         rank, scale = EOS_PICK[kind]
         eos = int(probs.argsort(descending=True)[rank])
         model.get_output_embeddings().weight[eos] *= scale
     model.generation_config.eos_token_id = eos
-    return model, ids, mask, eos, 0
+    return model, ids, mask, eos, pad
 
 
 def hf_overhead(model: torch.nn.Module, call: Any) -> float:
@@ -139,7 +186,7 @@ def run(
         hf = model.generate(
             ids, attention_mask=mask, do_sample=False, return_dict_in_generate=True, output_scores=True, **kw
         )
-        bk = bh.generate(model, ids, mask, **kw)
+        bk = bh.generate(model, ids, mask, return_dict_in_generate=True, output_scores=True, **kw)
         if not torch.equal(hf.sequences, bk.sequences):
             raise SystemExit(f"[{kind}] outputs differ:\n{hf.sequences}\n{bk.sequences}")
         if not torch.allclose(hf.sequences_scores, bk.sequences_scores, atol=1e-4, rtol=0):
@@ -155,7 +202,8 @@ def run(
                     seq = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
                     t_hf.append(time.perf_counter() - t0)
                 else:
-                    bk = bh.generate(model, ids, mask, **kw)
+                    # the output object (for forward_seconds); building it costs well under 1% here
+                    bk = bh.generate(model, ids, mask, return_dict_in_generate=True, **kw)
                     t_bk.append(time.perf_counter() - t0)
                     over.append(1.0 - bk.forward_seconds / t_bk[-1])
             if not torch.equal(seq, bk.sequences):
@@ -171,15 +219,86 @@ def run(
     return hf_med / bk_med, ov, hf_ov
 
 
+def ct2_ratio(kind: str, repeats: int, layers: int, width: int, prompt_len: int) -> float | None:
+    """CTranslate2's time / beamkit's on a converted copy of the same model (float32, 1 thread), both stopping
+    like ``early_stopping=True`` (CTranslate2's rule), beam 5, 40 new tokens, length penalty 1. Prints how many
+    requests' best outputs agree (not required to: CTranslate2 is its own implementation). None when
+    ``ctranslate2`` is not installed or the kind does not convert."""
+    try:
+        import ctranslate2
+        import tokenizers
+    except ImportError:
+        print(f"[{kind}] ctranslate2 not installed (pip install ctranslate2): no ct2 column")
+        return None
+    model, ids, mask, eos, pad = build(kind, layers, width, prompt_len)
+    vocab = int(model.config.vocab_size)
+    names = [f"t{i}" for i in range(vocab)]
+    if kind == "marian":  # CTranslate2's Marian loader drops a last "<pad>" (the decoder starts from zeros)
+        names[pad] = "<pad>"
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="t3"))
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token=names[pad], eos_token=f"t{eos}", unk_token="t3", bos_token="t1"
+    )
+    prompts = [
+        [f"t{t}" for t, m in zip(row, keep, strict=True) if m]
+        for row, keep in zip(ids.tolist(), mask.tolist(), strict=True)
+    ]
+    kw = dict(
+        num_beams=BEAMS, max_new_tokens=NEW, early_stopping=True, length_penalty=1.0, eos_token_id=eos, pad_token_id=pad
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        ctranslate2.converters.TransformersConverter(tmp).convert(f"{tmp}/ct2", quantization="float32", force=True)
+        opts = dict(device="cpu", compute_type="float32", inter_threads=1, intra_threads=torch.get_num_threads())
+        if kind == "gpt2":
+            gen = ctranslate2.Generator(f"{tmp}/ct2", **opts)
+
+            def run_ct2() -> list[list[int]]:
+                res = gen.generate_batch(
+                    prompts, beam_size=BEAMS, max_length=NEW, include_prompt_in_result=False, end_token=f"t{eos}"
+                )
+                return [r.sequences_ids[0] for r in res]
+        else:
+            tr = ctranslate2.Translator(f"{tmp}/ct2", **opts)
+
+            def run_ct2() -> list[list[int]]:
+                res = tr.translate_batch(prompts, beam_size=BEAMS, max_decoding_length=NEW, end_token=f"t{eos}")
+                return [[int(t[1:]) for t in r.hypotheses[0]] for r in res]
+
+        t_ct2, t_bk = [], []
+        with torch.inference_mode():
+            bk = bh.generate(model, ids, mask, return_dict_in_generate=True, **kw)
+            ours = [[t for t in hyps[0].tokens if t != eos] for hyps in bk.hypotheses]
+            theirs = [[t for t in seq if t != eos] for seq in run_ct2()]
+            for i in range(repeats):
+                for side in ("ct2", "bk") if i % 2 == 0 else ("bk", "ct2"):
+                    t0 = time.perf_counter()
+                    if side == "ct2":
+                        run_ct2()
+                        t_ct2.append(time.perf_counter() - t0)
+                    else:
+                        bh.generate(model, ids, mask, **kw)
+                        t_bk.append(time.perf_counter() - t0)
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    ct2_med, bk_med = statistics.median(t_ct2), statistics.median(t_bk)
+    print(
+        f"[{kind}] ctranslate2 {ctranslate2.__version__} {ct2_med * 1e3:.1f} ms, beamkit {bk_med * 1e3:.1f} ms "
+        f"(early_stopping=True, median of {repeats}); best outputs agree on {same}/{len(ours)} requests"
+    )
+    return ct2_med / bk_med
+
+
 def main() -> None:
     """Run the benchmark for both models and print the summary lines."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--models", default="gpt2,t5")
+    parser.add_argument("--models", default="gpt2,t5", help="any of gpt2, t5, marian, t5-small (comma-separated)")
     parser.add_argument("--layers", type=int, default=2, help="model size (the spec's figures use the defaults)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: tiny models, shared box)")
+    parser.add_argument("--ct2", action="store_true", help="add the CTranslate2 column (gpt2, marian)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
@@ -191,6 +310,11 @@ def main() -> None:
     for kind, (speed, ov, _) in results.items():
         print(f"hf-speedup[{kind}]: {speed:.2f}x")
         print(f"overhead[{kind}]: {ov * 100:.1f}%")
+    for kind in args.models.split(",") if args.ct2 else ():
+        if kind in ("gpt2", "marian"):
+            ratio = ct2_ratio(kind, args.repeats, args.layers, args.width, args.prompt_len)
+            if ratio is not None:
+                print(f"ct2-vs-beamkit[{kind}]: {ratio:.2f}x (CTranslate2's time / beamkit's)")
 
 
 if __name__ == "__main__":

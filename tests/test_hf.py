@@ -131,6 +131,11 @@ def setup(name: str):
     return model, ids, mask, eos, pad
 
 
+def full(model, *args, **kw):
+    """beamkit.hf.generate asking for the output object with sequences_scores (as the peer calls below do)."""
+    return bh.generate(model, *args, return_dict_in_generate=True, output_scores=True, **kw)
+
+
 def check(name: str, batch: int, **kw):
     """Run both and compare sequences exactly, scores within 1e-4; return beamkit's output."""
     model, ids, mask, eos, pad = setup(name)
@@ -146,7 +151,7 @@ def check(name: str, batch: int, **kw):
         output_scores=True,
         **kw,
     )
-    bk = bh.generate(model, ids, mask, eos_token_id=eos, pad_token_id=pad, **kw)
+    bk = full(model, ids, mask, eos_token_id=eos, pad_token_id=pad, **kw)
     assert bk.sequences.shape == hf.sequences.shape, (bk.sequences, hf.sequences)
     assert torch.equal(bk.sequences, hf.sequences), (bk.sequences, hf.sequences)
     if kw.get("num_beams", 1) > 1:
@@ -234,7 +239,7 @@ def test_prompt_runs_once_and_finished_requests_leave():
 
     handle = model.transformer.register_forward_pre_hook(pre, with_kwargs=True)
     try:
-        out = bh.generate(
+        out = full(
             model,
             ids,
             mask,
@@ -263,7 +268,7 @@ def test_encoder_runs_once_per_request():
 
     handle = model.get_encoder().register_forward_pre_hook(pre, with_kwargs=True)
     try:
-        bh.generate(model, ids, mask, num_beams=5, max_new_tokens=6, eos_token_id=eos, pad_token_id=pad)
+        full(model, ids, mask, num_beams=5, max_new_tokens=6, eos_token_id=eos, pad_token_id=pad)
     finally:
         handle.remove()
     assert seen == [(8, 7)]
@@ -324,37 +329,25 @@ def test_suppress_tokens_and_sequence_bias(name):
     assert all(used[0] not in toks for toks in outs)
     assert all(toks[0] != first for toks in outs if toks)
     as_list = [[list(k), v] for k, v in bias.items()]  # Hugging Face's list form gives the same
-    again = bh.generate(model, ids, mask, eos_token_id=eos, pad_token_id=pad, sequence_bias=as_list, **kw)
+    again = full(model, ids, mask, eos_token_id=eos, pad_token_id=pad, sequence_bias=as_list, **kw)
     assert torch.equal(again.sequences, bk.sequences)
     with pytest.raises(ValueError, match="sequence_bias"):
-        bh.generate(model, ids, mask, eos_token_id=eos, pad_token_id=pad, sequence_bias={(1,): "x"}, **kw)
+        full(model, ids, mask, eos_token_id=eos, pad_token_id=pad, sequence_bias={(1,): "x"}, **kw)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 def test_hugging_face_call_arguments_swap_in(name):
     """A generate call written for Hugging Face runs unchanged: max_length (prompt or start token counted),
-    return_dict_in_generate / output_scores / use_cache / sampling warpers without do_sample change nothing;
-    what beamkit.hf cannot return is refused by name."""
+    use_cache / sampling warpers without do_sample change nothing; what beamkit.hf cannot return is refused by
+    name."""
     model, ids, mask, eos, pad = setup(name)
     check(name, 8, num_beams=3, max_new_tokens=None, max_length=12)
     kw = dict(eos_token_id=eos, pad_token_id=pad, num_beams=3, max_new_tokens=6)
-    plain = bh.generate(model, ids, mask, **kw)
-    swapped = bh.generate(
-        model,
-        ids,
-        mask,
-        return_dict_in_generate=True,
-        output_scores=True,
-        use_cache=True,
-        temperature=0.5,
-        top_k=5,
-        top_p=0.5,
-        **kw,
-    )
+    plain = full(model, ids, mask, **kw)
+    swapped = full(model, ids, mask, use_cache=True, temperature=0.5, top_k=5, top_p=0.5, **kw)
     assert torch.equal(plain.sequences, swapped.sequences)
     assert torch.equal(plain.sequences_scores, swapped.sequences_scores)
-    with pytest.raises(AttributeError, match="token_logprobs"):
-        _ = swapped.scores
+    assert swapped.scores is None  # per-step tables are not kept
     with pytest.raises(ValueError, match="use_cache"):
         bh.generate(model, ids, mask, use_cache=False, **kw)
     with pytest.raises(ValueError, match="output_attentions"):
@@ -386,7 +379,7 @@ def test_generation_settings_follow_hugging_face_precedence(name):
     gc.max_new_tokens = 5
     kw = dict(eos_token_id=eos, pad_token_id=pad, num_beams=3, max_length=15, generation_config=gc)
     hf = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
-    assert torch.equal(bh.generate(model, ids, mask, **kw).sequences, hf)
+    assert torch.equal(full(model, ids, mask, **kw).sequences, hf)
     gc = copy.deepcopy(model.generation_config)
     gc.min_length = 6
     check(name, 8, num_beams=3, max_new_tokens=8, min_new_tokens=1, generation_config=gc)
@@ -397,15 +390,15 @@ def test_generation_settings_refused_by_name():
     model, ids, mask, eos, pad = setup("gpt2")
     kw = dict(eos_token_id=eos, pad_token_id=pad, num_beams=3, max_new_tokens=4)
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        bh.generate(model, ids, mask, sequence_bias={(VOCAB + 1,): 1.0}, **kw)
+        full(model, ids, mask, sequence_bias={(VOCAB + 1,): 1.0}, **kw)
     with pytest.raises(ValueError, match="exact_exit"):
-        bh.generate(model, ids, mask, sequence_bias={(5,): 1.0}, exact_exit=True, length_penalty=0.0, **kw)
+        full(model, ids, mask, sequence_bias={(5,): 1.0}, exact_exit=True, length_penalty=0.0, **kw)
     with pytest.raises(ValueError, match="also forced"):
-        bh.generate(model, ids, mask, suppress_tokens=[7], forced_eos_token_id=7, **kw)
+        full(model, ids, mask, suppress_tokens=[7], forced_eos_token_id=7, **kw)
     with pytest.raises(TypeError, match="suppress_tokens"):
-        bh.generate(model, ids, mask, suppress_tokens="x", **kw)
+        full(model, ids, mask, suppress_tokens="x", **kw)
     with pytest.raises(TypeError, match="num_return_sequences"):
-        bh.generate(model, ids, mask, num_return=2, **kw)
+        full(model, ids, mask, num_return=2, **kw)
 
 
 def test_bad_words_from_the_generation_config():
@@ -416,7 +409,7 @@ def test_bad_words_from_the_generation_config():
     kw = dict(num_beams=4, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad)
     with torch.no_grad():
         hf = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
-    bk = bh.generate(model, ids, mask, **kw)
+    bk = full(model, ids, mask, **kw)
     assert torch.equal(bk.sequences, hf)
     assert all(5 not in h.tokens and pad not in h.tokens for hyps in bk.hypotheses for h in hyps)
 
@@ -452,7 +445,7 @@ def test_several_eos_ids(name, beams):
             output_scores=True,
             **kw,
         )
-    bk = bh.generate(model, ids, mask, eos_token_id=[eos, second], pad_token_id=pad, **kw)
+    bk = full(model, ids, mask, eos_token_id=[eos, second], pad_token_id=pad, **kw)
     assert torch.equal(bk.sequences, hf.sequences), (bk.sequences, hf.sequences)
     if beams > 1:
         assert torch.allclose(bk.sequences_scores, hf.sequences_scores, atol=1e-4, rtol=0)
@@ -464,13 +457,13 @@ def test_several_eos_ids(name, beams):
 def test_bad_inputs():
     model, ids, mask, eos, pad = setup("gpt2")
     with pytest.raises(TypeError, match="input_ids"):
-        bh.generate(model, ids[0], num_beams=2, max_new_tokens=3)
+        full(model, ids[0], num_beams=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="num_return_sequences"):
-        bh.generate(model, ids, mask, num_beams=2, num_return_sequences=3, max_new_tokens=3)
+        full(model, ids, mask, num_beams=2, num_return_sequences=3, max_new_tokens=3)
     with pytest.raises(ValueError, match="attention_mask"):
-        bh.generate(model, ids, mask[:, :3], num_beams=2, max_new_tokens=3)
+        full(model, ids, mask[:, :3], num_beams=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="early_stopping"):
-        bh.generate(model, ids, mask, num_beams=2, max_new_tokens=3, early_stopping="sometimes")
+        full(model, ids, mask, num_beams=2, max_new_tokens=3, early_stopping="sometimes")
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
@@ -485,8 +478,8 @@ def test_diverse_groups_start_differently(name):
         min_new_tokens=2,
         length_penalty=1.0,
     )
-    plain = bh.generate(model, ids, mask, **kw)
-    div = bh.generate(model, ids, mask, num_beam_groups=4, diversity_penalty=1e4, **kw)
+    plain = full(model, ids, mask, **kw)
+    div = full(model, ids, mask, num_beam_groups=4, diversity_penalty=1e4, **kw)
     firsts_plain = [len({h.tokens[0] for h in hyps}) for hyps in plain.hypotheses]
     firsts_div = [len({h.tokens[0] for h in hyps}) for hyps in div.hypotheses]
     # one beam per group and a prohibitive penalty: the 4 groups take 4 different first tokens
@@ -501,10 +494,10 @@ def test_force_words_appear(name):
     kw = dict(
         num_beams=4, max_new_tokens=8, num_return_sequences=2, eos_token_id=eos, pad_token_id=pad, length_penalty=1.0
     )
-    plain = bh.generate(model, ids, mask, **kw)
+    plain = full(model, ids, mask, **kw)
     used = {t for hyps in plain.hypotheses for h in hyps for t in h.tokens}
     word = [t for t in range(3, VOCAB) if t not in used and t != eos][:2]
-    forced = bh.generate(model, ids, mask, force_words_ids=[word], **kw)
+    forced = full(model, ids, mask, force_words_ids=[word], **kw)
     for hyps in forced.hypotheses:
         assert hyps, "every request should find a hypothesis with the forced word"
         for h in hyps:
@@ -516,21 +509,22 @@ def test_generation_config_defaults_and_unmapped_settings():
     model, ids, mask, eos, pad = setup("gpt2")
     gc = model.generation_config
     names = ("num_beams", "max_new_tokens", "length_penalty", "pad_token_id", "repetition_penalty", "do_sample")
+    names += ("typical_p",)
     saved = {n: getattr(gc, n) for n in names}
     try:
         gc.num_beams, gc.max_new_tokens, gc.length_penalty, gc.pad_token_id = 3, 5, 0.5, pad
         hf = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, output_scores=True)
-        bk = bh.generate(model, ids, mask)  # everything from the generation config, as model.generate does
+        bk = full(model, ids, mask)  # everything from the generation config, as model.generate does
         assert torch.equal(bk.sequences, hf.sequences)
         assert torch.allclose(bk.sequences_scores, hf.sequences_scores, atol=1e-4, rtol=0)
         gc.repetition_penalty = 1.3  # mapped: read from the config like model.generate does
         penalised = model.generate(ids, attention_mask=mask)
-        assert torch.equal(bh.generate(model, ids, mask).sequences, penalised)
+        assert torch.equal(full(model, ids, mask).sequences, penalised)
         assert not torch.equal(penalised, hf.sequences)
-        gc.repetition_penalty, gc.do_sample = 1.0, True
-        with pytest.raises(ValueError, match="do_sample"):
-            bh.generate(model, ids, mask)
-        out = bh.generate(model, ids, mask, do_sample=False)  # explicit override, as with model.generate
+        gc.repetition_penalty, gc.do_sample, gc.typical_p = 1.0, True, 0.5
+        with pytest.raises(bh.Unsupported, match="typical_p"):
+            full(model, ids, mask)
+        out = full(model, ids, mask, do_sample=False)  # explicit override, as with model.generate
         assert torch.equal(out.sequences, hf.sequences)
     finally:
         for n, v in saved.items():

@@ -14,6 +14,8 @@ What each one does per step (``m`` is the number of candidates the engine asks p
 * :class:`BeamSample` (Hugging Face ``do_sample=True, num_beams=k``): each request draws ``m`` candidates (``2k``
   under ``policy="pool"``) without replacement from the joint distribution over all its beams and tokens,
   proportional to ``exp(running log-prob)``; the drawn candidates are then ranked by running log-probability.
+* :class:`HuggingFaceSample`: Hugging Face 5.x's own rules on top of the same draws (eos finishes only among
+  the first ``k`` draws, the best ``k`` others by running log-probability run on; one beam: the first draw).
 * :class:`GumbelTopK` (Kool, van Hoof, Welling 2019): stochastic beam search. Each child gets a Gumbel
   perturbation of its running log-probability, truncated so that the children's maximum equals the parent's
   perturbed value; the engine keeps the top-k perturbed values. :func:`stochastic_beam_search` runs it so that the
@@ -255,17 +257,79 @@ class BeamSample(_RowSampler):
         return lp, tok, parent_key[:, None] + lp
 
 
-def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndarray:
-    """Mask of the ``m`` largest finite entries of ``values`` ``[rows, w]`` within each request's rows."""
+_FIRST = 1e12  # key offset that ranks a candidate by its draw order, ahead of every running log-probability
+
+
+@dataclass
+class HuggingFaceSample(_RowSampler):
+    """Hugging Face 5.x sampling under ``policy="pool"``: beam sampling (``do_sample=True, num_beams=k``) and,
+    with one beam, plain sampling.
+
+    Per step and request, ``m`` candidates (``2k`` under the pool policy) are drawn without replacement from the
+    joint distribution over the request's beams and tokens, proportional to ``exp(running log-prob + step
+    log-prob)`` (Gumbel-top-m; the draw order is the perturbed order). Then, as in Hugging Face's beam search:
+    an eos candidate finishes only among the first ``k`` draws (at ``max_len``: the first ``k`` draws, eos or
+    not), and the best ``k`` other candidates by running log-probability run on. With ``k == 1`` (plain
+    sampling) the first draw is taken, whatever its value. Candidates that finish by draw order get a key of
+    ``1e12`` minus their draw rank (``Hypothesis.key``), the others their running log-probability.
+
+    Noise comes from one stream per request and step, seeded from ``request_seeds[request]`` (or ``seed`` and
+    the request id), so a request's result does not depend on what else is in the batch. ``max_len``: the
+    search's ``max_len`` (None: only eos finishes). Needs one beam size for all requests (``k = m // 2``).
+    """
+
+    max_len: int | None = None
+    request_seeds: Sequence[Any] | None = None
+
+    def _noise(self, ctx: StepContext, vocab: int) -> np.ndarray:
+        """Gumbel noise ``[rows, V]``: each request's rows from its own generator for this step."""
+        out = np.empty((ctx.request.shape[0], vocab))
+        for r in np.unique(ctx.request).tolist():
+            rows = np.flatnonzero(ctx.request == r)
+            base = self.request_seeds[r] if self.request_seeds is not None else (self.seed or 0, r)
+            rng = np.random.default_rng([*np.atleast_1d(base).tolist(), ctx.step])
+            out[rows] = rng.gumbel(size=(rows.shape[0], vocab))
+        return out
+
+    def _choose(
+        self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draw ``m`` per request; key the draws so the pool policy admits and keeps as Hugging Face does."""
+        rows, vocab = int(logp.shape[0]), int(logp.shape[1])
+        k = max(1, m // 2)
+        running = ctx.logprob if ctx.logprob is not None else np.zeros(rows)
+        noise = ops.like(self._noise(ctx, vocab) + running[:, None], logp)  # shape: (rows, V)
+        pert, tok = ops.top_candidates(logp + noise, m)  # shape: (rows, m) per-row draws, in draw order
+        lp = gather_cols(logp, tok)
+        pert[~np.isfinite(lp)] = NEG_INF
+        drawn = _top_per_request(pert, ctx.request, m)
+        lp[~drawn] = NEG_INF
+        order = _draw_rank(pert, ctx.request)  # shape: (rows, m) rank of each draw within its request
+        value = running[:, None] + lp
+        first = ctx.is_eos(tok) & (order < k)
+        if k == 1 or (self.max_len is not None and ctx.step + 1 >= self.max_len):
+            first = np.ones_like(first)
+        late_eos = ctx.is_eos(tok) & ~first
+        key = np.where(first, _FIRST - order, np.where(late_eos, -_FIRST - order, value))
+        key[~drawn] = NEG_INF
+        return lp, tok, key
+
+
+def _draw_rank(values: np.ndarray, request: np.ndarray) -> np.ndarray:
+    """Rank of each entry of ``values`` ``[rows, w]`` (descending, ties by position) within its request's rows."""
     rows, width = values.shape
     flat = values.reshape(-1)
     c_req = np.repeat(request, width)
     order = np.lexsort((np.arange(flat.size), -flat, c_req))
     starts = np.searchsorted(c_req[order], c_req[order], side="left")
-    rank = np.arange(flat.size) - starts
-    keep = np.zeros(flat.size, dtype=bool)
-    keep[order[(rank < m) & np.isfinite(flat[order])]] = True
-    return keep.reshape(rows, width)
+    rank = np.empty(flat.size, dtype=np.int64)
+    rank[order] = np.arange(flat.size) - starts
+    return rank.reshape(rows, width)
+
+
+def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndarray:
+    """Mask of the ``m`` largest finite entries of ``values`` ``[rows, w]`` within each request's rows."""
+    return (_draw_rank(values, request) < m) & np.isfinite(values)
 
 
 class PrefixTable:

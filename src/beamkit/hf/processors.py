@@ -1,4 +1,5 @@
-"""Logit processors that reproduce Hugging Face generation-config behaviour the core set does not cover."""
+"""Hugging Face's logit processors as beamkit processors: the settings -> processors map, and the forced-token
+processor the core set does not cover."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.processors import StepContext
+from beamkit.hf.settings import Settings
+from beamkit.processors import (
+    BadWords,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    SequenceBias,
+    StepContext,
+    SuppressTokens,
+    Temperature,
+)
 
 
 @dataclass(frozen=True)
@@ -39,3 +49,72 @@ class ForcedTokens:
         scores[:] = -np.inf
         scores[:, cols] = 0.0
         return scores
+
+
+def build_processors(settings: Settings, prompts: tuple[tuple[int, ...], ...], first: list[int]) -> list[Any]:
+    """beamkit processors reproducing Hugging Face's, in Hugging Face's order.
+
+    ``prompts`` are the token rows Hugging Face's processors see before the first new token (the left-padded
+    prompt for decoder-only models, the start token for encoder-decoder models); ``first[r]`` is the first
+    attended column of prompt ``r`` (the repetition penalty skips the left padding before it). The search
+    options' own ``processors`` go after these.
+    """
+    s = settings
+    procs: list[Any] = []
+    if s.sequence_bias is not None:  # first, as in Hugging Face (the repetition penalty then scales biased scores)
+        procs.append(SequenceBias(s.sequence_bias, prompts))
+    if s.repetition_penalty != 1.0:
+        seen = prompts if s.encoder_decoder else tuple(p[f:] for p, f in zip(prompts, first, strict=True))
+        procs.append(RepetitionPenalty(s.repetition_penalty, seen))
+    if s.no_repeat_ngram > 0:
+        procs.append(NoRepeatNGram(s.no_repeat_ngram, prompts))
+    banned = tuple(w for w in s.bad_words if not (len(w) == 1 and w[0] in s.eos))  # Hugging Face never bans eos
+    if banned:
+        procs.append(BadWords(banned, prompts))
+    if s.forced_bos is not None and s.prompt_len == 1:
+        procs.append(ForcedTokens(0, (s.forced_bos,)))
+    if s.forced_eos is not None:
+        procs.append(ForcedTokens(s.max_new_tokens - 1, s.forced_eos))
+    if s.suppress is not None:
+        procs.append(SuppressTokens(s.suppress))
+    if s.begin_suppress is not None:  # Hugging Face's begin index: one step later after a forced first token
+        later = s.prompt_len == 1 and s.forced_bos is not None
+        procs.append(SuppressTokens(s.begin_suppress, at_step=1 if later else 0))
+    if s.do_sample:  # Hugging Face's warpers, last; beam sampling keeps at least one token besides eos
+        keep = 2 if s.num_beams > 1 else 1
+        if s.temperature != 1.0:
+            procs.append(Temperature(s.temperature))
+        if s.top_k:
+            procs.append(TopKMask(max(s.top_k, keep)))
+        if s.top_p < 1.0:
+            procs.append(TopPMask(s.top_p, keep))
+    return procs
+
+
+@dataclass(frozen=True)
+class TopKMask:
+    """Hugging Face's ``TopKLogitsWarper``: every score below the row's ``k``-th largest becomes ``-inf``
+    (torch scores, as the bridge's)."""
+
+    k: int
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        k = min(self.k, int(scores.shape[-1]))
+        kth = scores.topk(k, dim=-1).values[..., -1:]  # shape: (rows, 1)
+        return scores.masked_fill(scores < kth, float("-inf"))
+
+
+@dataclass(frozen=True)
+class TopPMask:
+    """Hugging Face's ``TopPLogitsWarper``: the smallest-probability tokens whose total is at most ``1 - p``
+    become ``-inf``, keeping at least ``keep`` tokens (torch scores)."""
+
+    p: float
+    keep: int = 1
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        ranked, order = scores.sort(dim=-1, descending=False)  # shape: (rows, V) ascending
+        cumulative = ranked.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - self.p
+        drop[..., -self.keep :] = False
+        return scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))

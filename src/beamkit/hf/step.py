@@ -9,6 +9,9 @@ the identity, and rows of finished requests are dropped by the same gather. The 
 only when the row -> request layout changes, and the step reads the attention mask and position ids of each
 step as slices of buffers grown in chunks, so a decoding step builds no mask and computes no position.
 
+Requests may join mid-flight (``beamkit.Engine``): the initial state is a :class:`~beamkit.hf.join.Prompt`,
+and a join makes a :class:`~beamkit.hf.join.Cohorts` state; :mod:`beamkit.hf.join` describes the mechanism.
+
 Everything here needs torch; the module is only imported when the Hugging Face bridge is used.
 """
 
@@ -22,6 +25,9 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
+
+from beamkit.hf.join import Cohorts, Prompt, rows_of
+from beamkit.hypothesis import SearchStats
 
 _CHUNK = 64  # columns added to the mask / position buffers at a time
 
@@ -72,6 +78,11 @@ class CacheRows:
         self.row_request = new_request
         return self
 
+    def beamkit_concat(self, others: list[Any]) -> Cohorts:
+        """These rows, then the joining requests' (their :class:`~beamkit.hf.join.Prompt`), as parts that the
+        next step runs and merges (see :mod:`beamkit.hf.join`)."""
+        return Cohorts([self, *others])
+
 
 def _reorder(cache: Any, index: torch.Tensor) -> None:
     """``cache.reorder_cache(index)``, with the plain ``DynamicLayer`` loop inlined (no per-layer checks)."""
@@ -90,7 +101,7 @@ def _reorder(cache: Any, index: torch.Tensor) -> None:
 _ACCEPTS: dict[tuple[Any, str], bool] = {}
 
 
-def _accepts(model: Any, name: str) -> bool:
+def accepts(model: Any, name: str) -> bool:
     """Whether ``model.forward`` takes the keyword ``name`` (cached per forward function)."""
     forward = model.forward
     key = (getattr(forward, "__func__", forward), name)
@@ -142,22 +153,45 @@ def _takes_4d_mask(model: Any) -> bool:
 
 
 class _ModelStep:
-    """What both step functions share: the initial state and running the step in inference mode."""
+    """What both step functions share: the initial state, running the step in inference mode, and counting the
+    calls (``stats``: model calls and rows per call, whichever search drives the step)."""
 
     forward_seconds: float  # time spent inside the model forward (benchmarks read it)
+    stats: SearchStats
 
-    def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
-        """The engine's initial state: one row per request."""
-        return {"mask": attention_mask.long(), "ids": input_ids}
+    left_pad: bool  # how prompts of different widths join (see Prompt)
 
-    def __call__(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+    def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Prompt:
+        """The engine's initial state: one row per request (``input_ids`` / ``attention_mask`` ``[n, P]``).
+        For :class:`beamkit.Engine`, add each request with the state of its own row (``[1, P]``)."""
+        return Prompt(input_ids, attention_mask.long(), left=self.left_pad)
+
+    def __call__(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, Any]:
         """One engine step: ``(logits [rows, V], new state)``, under ``torch.inference_mode``."""
+        self.stats.model_calls += 1
+        self.stats.rows_per_call.append(int(np.shape(y_prev)[0]) if np.ndim(y_prev) else 1)
         if torch.is_inference_mode_enabled():
             return self._step(state, y_prev)
         with torch.inference_mode():
             return self._step(state, y_prev)
 
-    def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+    def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, Any]:
+        """Run each part of a joined state (:class:`~beamkit.hf.join.Cohorts`) on its rows, then rejoin them."""
+        if not isinstance(state, Cohorts):
+            return self._part(state, y_prev)
+        logits, parts, start = [], [], 0
+        for part in state.parts:
+            n = rows_of(part)
+            got, new = self._part(part, y_prev[start : start + n])
+            logits.append(got)  # each: (rows of the part, V)
+            parts.append(new)
+            start += n
+        return torch.cat(logits), self._rejoin(parts)  # shape: (rows, V)
+
+    def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+        raise NotImplementedError
+
+    def _rejoin(self, parts: list[CacheRows]) -> Any:
         raise NotImplementedError
 
 
@@ -172,14 +206,21 @@ class DecoderOnlyStep(_ModelStep):
     generated token. A step passes ``mask[..., :L]`` and ``pos[:, L - 1 : L]`` (views, no copy).
     """
 
+    left_pad = True
+
     def __init__(self, model: Any):
         self.model = model
-        self.keep_one = _accepts(model, "logits_to_keep")
-        self.takes_pos = _accepts(model, "position_ids")
+        self.keep_one = accepts(model, "logits_to_keep")
+        self.takes_pos = accepts(model, "position_ids")
         self.mask_4d = _takes_4d_mask(model)
         self.forward_seconds = 0.0  # time spent inside the model forward (benchmarks read it)
+        self.stats = SearchStats()
 
-    def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+    def _rejoin(self, parts: list[CacheRows]) -> CacheRows:
+        """One cache for all rows: the parts' caches, masks and positions left-padded to the longest."""
+        return merge_left_padded(parts)
+
+    def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
         if isinstance(state, CacheRows):
             buf = state.per_request
@@ -191,8 +232,8 @@ class DecoderOnlyStep(_ModelStep):
             pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
             kwargs["past_key_values"] = state.cache
         else:
-            ids = state["ids"]  # shape: (rows, P)
-            mask = state["mask"]  # shape: (rows, P)
+            ids = state.ids  # shape: (rows, P)
+            mask = state.mask  # shape: (rows, P)
             pos = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)  # shape: (rows, P)
             length = ids.shape[1]
             if self.keep_one:
@@ -225,12 +266,19 @@ class EncoderDecoderStep(_ModelStep):
     request, never gathered).
     """
 
+    left_pad = False
+
     def __init__(self, model: Any):
         self.model = model
         self.mask_4d = _takes_4d_mask(model)
         self.forward_seconds = 0.0
+        self.stats = SearchStats()
 
-    def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+    def _rejoin(self, parts: list[CacheRows]) -> Any:
+        """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.join`)."""
+        return parts[0] if len(parts) == 1 else Cohorts(list(parts))
+
+    def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
         start = time.perf_counter()
         if isinstance(state, CacheRows):
@@ -244,11 +292,11 @@ class EncoderDecoderStep(_ModelStep):
                 hidden = state.shared["enc"][:1].expand(rows, -1, -1)  # shape: (rows, S, d) view, no copy
                 enc_out = state.shared["enc_out"] = BaseModelOutput(last_hidden_state=hidden)
         else:
-            mask = state["mask"]  # shape: (rows, S)
+            mask = state.mask  # shape: (rows, S)
             dec = torch.as_tensor(y_prev, dtype=torch.long, device=mask.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
             encoder = self.model.get_encoder()
-            enc = encoder(input_ids=state["ids"], attention_mask=mask, return_dict=True).last_hidden_state
+            enc = encoder(input_ids=state.ids, attention_mask=mask, return_dict=True).last_hidden_state
             enc_out = BaseModelOutput(last_hidden_state=enc)  # shape: (rows, S, d), one row per request
         out = self.model(encoder_outputs=enc_out, attention_mask=mask, decoder_input_ids=dec, **kwargs)
         self.forward_seconds += time.perf_counter() - start
@@ -273,3 +321,42 @@ def _check_cross_cache(cache: Any) -> None:
             "beamkit.hf needs an encoder-decoder model that caches cross-attention keys/values "
             f"(EncoderDecoderCache); got {type(cache).__name__}"
         )
+
+
+def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``x`` widened to ``width`` along ``dim`` by zeros (False) on the left."""
+    extra = width - x.shape[dim]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def merge_left_padded(parts: list[CacheRows]) -> CacheRows:
+    """Decoder-only parts (rows in order) as one :class:`CacheRows`: every layer's keys / values
+    ``[rows, heads, L, d]``, the attention-mask buffer and the position ids left-padded to the longest cache
+    with masked columns (keys and values 0, mask 0 / False, position 0), then stacked by rows."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.length for p in parts)
+    layer_lists = [getattr(p.cache, "layers", None) for p in parts]
+    if any(ls is None or not all(type(layer) is DynamicLayer for layer in ls) for ls in layer_lists):
+        raise TypeError(
+            "beamkit.hf joins requests mid-flight only for a DynamicCache of plain DynamicLayer layers, got "
+            f"{sorted({type(layer).__name__ for ls in layer_lists for layer in (ls or [])})}"
+        )
+    first = parts[0]
+    for i, layer in enumerate(first.cache.layers):
+        mine = [p.cache.layers[i] for p in parts]
+        layer.keys = torch.cat([_left_pad(m.keys, width, 2) for m in mine])  # shape: (rows, heads, L, d)
+        layer.values = torch.cat([_left_pad(m.values, width, 2) for m in mine])
+    per_request = {
+        name: torch.cat([_left_pad(p.per_request[name][..., : p.length], width, -1) for p in parts])
+        for name in ("mask", "pos")
+    }  # mask: (rows, L) or (rows, 1, 1, L); pos: (rows, L)
+    offsets = np.cumsum([0] + [int(p.row_request.max()) + 1 for p in parts[:-1]])
+    row_request = np.concatenate([p.row_request + off for p, off in zip(parts, offsets, strict=True)])
+    merged = CacheRows(first.cache, row_request, per_request, width)
+    _grow(merged.per_request, width + _CHUNK)
+    return merged

@@ -1,0 +1,104 @@
+"""``beamkit.hf.generate``: Hugging Face's ``model.generate`` (beam search and greedy) on beamkit's engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from beamkit.hf.inputs import attention_mask_for, check_input_ids, check_model
+from beamkit.hf.output import build_output
+from beamkit.hf.processors import build_processors
+from beamkit.hf.search import run_search
+from beamkit.hf.settings import Unsupported, merge_config, resolve
+from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep
+
+
+def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None, /, **kwargs: Any) -> Any:
+    """Decode with beamkit and return exactly what ``model.generate(inputs, ..., **kwargs)`` returns.
+
+    A call site switches by writing ``beamkit.hf.generate(model, `` for ``model.generate(``: ``inputs`` (or
+    ``input_ids=``) are left-padded prompts (decoder-only) or encoder inputs (encoder-decoder);
+    the second positional argument is the ``attention_mask``, or a ``GenerationConfig`` (Hugging Face's second
+    positional argument); ``attention_mask=`` as a keyword works too, and it is inferred from ``pad_token_id`` when
+    omitted. Generation settings are keyword arguments over ``generation_config`` (default: the model's), read
+    with Hugging Face 5.x's defaults: ``num_beams`` (1 is greedy decoding), ``max_new_tokens`` / ``max_length``,
+    ``min_new_tokens`` / ``min_length``, ``early_stopping``, ``length_penalty``, ``num_return_sequences``,
+    ``eos_token_id`` (one id or a list), ``pad_token_id``, ``decoder_start_token_id``, ``no_repeat_ngram_size``,
+    ``repetition_penalty``, ``bad_words_ids``, ``suppress_tokens``, ``begin_suppress_tokens``,
+    ``sequence_bias``, ``forced_bos_token_id``, ``forced_eos_token_id``, plus ``num_beam_groups`` +
+    ``diversity_penalty`` (diverse beam search) and ``force_words_ids`` (constrained beam search), which
+    Hugging Face 5.x no longer ships. Other keywords are :class:`beamkit.SearchOptions` fields (``patience``,
+    ``exact_exit``, extra ``processors`` applied after the mapped ones, ...).
+
+    Returns the ``sequences`` tensor, or with ``return_dict_in_generate`` Hugging Face's output object with
+    beamkit's ``hypotheses`` and ``stats`` added (see :mod:`beamkit.hf.output`). Raises
+    :class:`beamkit.hf.Unsupported` (a ValueError) for settings beamkit.hf does not reproduce exactly, naming
+    them; ValueError / TypeError for bad input; :class:`beamkit.BatchDecodeError` when a request fails.
+    """
+    return run_generate(model, inputs, second, kwargs, exact_only=False)
+
+
+def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool) -> Any:
+    """:func:`generate` with its keywords as a dict; ``exact_only``: raise :class:`Unsupported` for calls whose
+    output beamkit does not reproduce exactly (``patch`` hands them to Hugging Face): per-step score tables
+    (``output_scores`` with ``return_dict_in_generate``; beamkit leaves them None) and sampling (beamkit draws
+    from its own noise, not from Hugging Face's RNG stream)."""
+    kwargs = dict(kwargs)
+    check_model(model)
+    for name in ("inputs", "input_ids"):
+        if name in kwargs:
+            if inputs is not None:
+                raise TypeError(f"generate() got the inputs twice (positional and {name}=)")
+            inputs = kwargs.pop(name)
+    if type(attention_mask).__name__ == "GenerationConfig":  # Hugging Face's second positional argument
+        if "generation_config" in kwargs:
+            raise TypeError("generate() got generation_config twice")
+        kwargs["generation_config"], attention_mask = attention_mask, None
+    if "attention_mask" in kwargs:
+        if attention_mask is not None:
+            raise TypeError("generate() got attention_mask twice")
+        attention_mask = kwargs.pop("attention_mask")
+    passed = kwargs.pop("generation_config", None)
+    gc, rest, given = merge_config(passed, getattr(model, "generation_config", None), kwargs)
+    input_ids = check_input_ids(inputs, model)
+    settings = resolve(model, gc, rest, given, input_ids.shape[1])
+    if exact_only and settings.return_dict and settings.output_scores:
+        raise Unsupported("output_scores=True with return_dict_in_generate: per-step scores are not kept")
+    if exact_only and settings.do_sample:
+        raise Unsupported("do_sample=True: beamkit samples from its own noise, not Hugging Face's RNG stream")
+    mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
+
+    batch = input_ids.shape[0]
+    step: DecoderOnlyStep | EncoderDecoderStep
+    if settings.encoder_decoder:
+        prefix = torch.full((batch, 1), settings.start, dtype=torch.long, device=input_ids.device)
+        step = EncoderDecoderStep(model)
+    else:
+        prefix = input_ids
+        step = DecoderOnlyStep(model)
+    # Hugging Face's processors see prompt + generated tokens (decoder-only, left padding included) or the
+    # decoder tokens from the start token on (encoder-decoder)
+    prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
+    first = (mask != 0).int().argmax(dim=1).tolist()  # first attended column of each prompt
+    processors = build_processors(settings, prompts, first)
+    state = step.init_state(input_ids, mask)
+    seeds = request_seeds(input_ids, mask) if settings.do_sample else None
+    with torch.inference_mode():  # once here, not per step
+        hyps = run_search(step, state, settings, batch, processors, seeds)
+    return build_output(settings, prefix, hyps, step.stats, step.forward_seconds)
+
+
+def request_seeds(input_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """One noise seed per request for sampling: a draw from torch's global generator (so ``torch.manual_seed``
+    makes runs repeat, as with Hugging Face), the request's attended tokens, and how many identical prompts came
+    before it in the batch; a request samples the same whatever else is in the batch."""
+    base = int(torch.randint(0, 2**62, (1,)).item())
+    seen: dict[tuple[int, ...], int] = {}
+    out = []
+    for ids, keep in zip(input_ids.tolist(), mask.tolist(), strict=True):
+        tokens = tuple(t for t, k in zip(ids, keep, strict=True) if k)
+        nth = seen.get(tokens, 0)
+        seen[tokens] = nth + 1
+        out.append([base, nth, len(tokens), *tokens])
+    return out

@@ -1,0 +1,430 @@
+"""Hugging Face generation settings -> one frozen :class:`Settings` for :func:`beamkit.hf.generate`.
+
+Arguments are merged over the generation config as ``model.generate`` does (an argument that is ``None`` leaves
+the config's value), then read with Hugging Face 5.x's defaults. What beamkit.hf does not reproduce exactly is
+refused with :class:`Unsupported`, naming the setting (``beamkit.hf.patch`` falls back to Hugging Face on it);
+arguments that are neither generation settings nor :class:`beamkit.SearchOptions` fields are a TypeError.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from beamkit.engine import SearchOptions, eos_ids
+
+
+class Unsupported(ValueError):
+    """A setting that beamkit.hf does not reproduce exactly (``beamkit.hf.patch`` hands such calls to Hugging
+    Face's own ``generate``)."""
+
+
+# Generation-config fields that change Hugging Face's output but are not mapped, with their neutral values.
+UNMAPPED: dict[str, tuple[Any, ...]] = {
+    "encoder_repetition_penalty": (1.0,),
+    "exponential_decay_length_penalty": (),
+    "encoder_no_repeat_ngram_size": (0,),
+    "renormalize_logits": (False,),
+    "constraints": (),
+    "max_time": (),
+    "stop_strings": (),
+    "guidance_scale": (1.0,),
+    "watermarking_config": (),
+    "token_healing": (False,),
+    "penalty_alpha": (0.0,),
+    "dola_layers": (),
+    "prompt_lookup_num_tokens": (),
+    "low_memory": (False,),
+    "use_mtp": (False,),
+    "use_cache": (True,),  # False: beamkit.hf always uses the key/value cache
+    "output_logits": (False,),  # True: per-step [rows, V] tables are not kept
+    "output_attentions": (False,),
+    "output_hidden_states": (False,),
+}
+
+# Fields read below, and fields that cannot change the output (assistant settings act only with an assistant
+# model, cache and compile settings only change speed).
+MAPPED = frozenset(
+    {
+        "max_length",
+        "max_new_tokens",
+        "min_length",
+        "min_new_tokens",
+        "early_stopping",
+        "num_beams",
+        "length_penalty",
+        "no_repeat_ngram_size",
+        "bad_words_ids",
+        "repetition_penalty",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "sequence_bias",
+        "num_return_sequences",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "decoder_start_token_id",
+        "num_beam_groups",
+        "diversity_penalty",
+        "force_words_ids",
+        "return_dict_in_generate",
+        "output_scores",
+        "do_sample",
+        "temperature",
+        "top_k",
+        "top_p",
+    }
+)
+NO_EFFECT = frozenset(
+    {
+        "remove_invalid_values",
+        "cache_implementation",
+        "cache_config",
+        "max_cache_len",
+        "compile_config",
+        "disable_compile",
+        "prefill_chunk_size",
+        "continuous_batching_config",
+        "is_assistant",
+        "num_assistant_tokens",
+        "num_assistant_tokens_schedule",
+        "assistant_confidence_threshold",
+        "max_matching_ngram_size",
+        "assistant_early_exit",
+        "assistant_lookbehind",
+        "target_lookbehind",
+        "assistant_ensemble_weight",
+        "speculation_type",
+        "transformers_version",
+    }
+)
+# Sampling warpers beamkit.hf does not map (they act only with do_sample=True), with their neutral values.
+SAMPLING_UNMAPPED: dict[str, tuple[Any, ...]] = {
+    "min_p": (),
+    "top_h": (),
+    "typical_p": (1.0,),
+    "epsilon_cutoff": (0.0,),
+    "eta_cutoff": (0.0,),
+}
+# model.generate's own arguments (not generation-config fields): only their "unused" value is reproduced.
+CALL_ARGUMENTS = (
+    "logits_processor",
+    "stopping_criteria",
+    "prefix_allowed_tokens_fn",
+    "synced_gpus",
+    "assistant_model",
+    "streamer",
+    "negative_prompt_ids",
+    "negative_prompt_attention_mask",
+    "custom_generate",
+    "assistant_tokenizer",
+    "tokenizer",
+)
+SEARCH_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(SearchOptions)) - {"beam_size", "max_len"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything one ``generate`` call decodes with, resolved (Hugging Face defaults applied).
+
+    Token ids are ints; ``eos`` is empty when there is none. ``prompt_len`` is the decoder prefix the settings
+    count lengths from (the prompt for decoder-only models, the start token for encoder-decoder models).
+    ``search_options`` are the remaining :class:`beamkit.SearchOptions` keywords, as (name, value) pairs.
+    """
+
+    encoder_decoder: bool
+    prompt_len: int
+    start: int
+    num_beams: int
+    max_new_tokens: int
+    min_new_tokens: int
+    early_stopping: bool | str
+    length_penalty: float
+    num_return: int
+    eos: tuple[int, ...]
+    pad: int | None
+    no_repeat_ngram: int = 0
+    repetition_penalty: float = 1.0
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    suppress: tuple[int, ...] | None = None
+    begin_suppress: tuple[int, ...] | None = None
+    sequence_bias: tuple[tuple[tuple[int, ...], float], ...] | None = None
+    forced_bos: int | None = None
+    forced_eos: tuple[int, ...] | None = None
+    groups: int = 1
+    diversity: float = 0.0
+    force_words: tuple[Any, ...] | None = None
+    return_dict: bool = False
+    output_scores: bool = False
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    search_options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def fill(self) -> int:
+        """The id that pads ``sequences``: greedy uses ``pad``; beam search ``pad or eos[0]`` (a pad id of 0
+        counts as unset there, as in Hugging Face), -1 with neither."""
+        if self.num_beams == 1:
+            return self.pad if self.pad is not None else -1
+        if self.pad:
+            return self.pad
+        return self.eos[0] if self.eos else -1
+
+
+def _eos_list(value: Any) -> tuple[int, ...]:
+    """An eos id, list of ids or tensor as a tuple of distinct ints (order kept), empty for none."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    return eos_ids(value)
+
+
+def _token_ids(value: Any, name: str) -> tuple[int, ...]:
+    """An id or a sequence of ids (list, tuple, tensor) as a tuple of ints; TypeError naming ``name`` else."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, int):
+        return (value,)
+    try:
+        return tuple(int(t) for t in value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name} must be a token id or a list of token ids, got {value!r}") from err
+
+
+def _sequence_biases(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """Hugging Face's ``sequence_bias`` (a dict ``{(ids...): bias}`` or a list ``[[ids], bias]``) as pairs."""
+    items = value.items() if isinstance(value, dict) else value
+    merged: dict[tuple[int, ...], float] = {}  # as Hugging Face: a sequence listed twice keeps its last bias
+    try:
+        for ids, bias in items:
+            merged[tuple(int(t) for t in ids)] = float(bias)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"sequence_bias must map token-id sequences to floats, got {value!r}") from err
+    if not merged:
+        raise ValueError("sequence_bias is empty")
+    return tuple(merged.items())
+
+
+def merge_config(passed: Any, own: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any], set[str]]:
+    """The generation config of one call, as ``model.generate`` builds it: ``passed`` (a ``GenerationConfig`` or
+    None) copied, its unset (None) fields filled from the model's ``own``, then updated with the keyword
+    arguments that are generation-config fields and not None. Returns (config, the other keywords, the names
+    given as arguments)."""
+    source = passed if passed is not None else own
+    gc = copy.copy(source) if source is not None else _blank_config()
+    if passed is not None and own is not None and own is not passed:
+        for name, value in vars(own).items():
+            if not name.startswith("_") and getattr(gc, name, None) is None:
+                setattr(gc, name, value)
+    given = set()
+    rest = {}
+    for name, value in kwargs.items():
+        if name in MAPPED or name in NO_EFFECT or name in UNMAPPED or name in vars(gc) and not name.startswith("_"):
+            if value is not None:
+                setattr(gc, name, value)
+                given.add(name)
+        else:
+            rest[name] = value
+    return gc, rest, given
+
+
+def _blank_config() -> Any:
+    from transformers import GenerationConfig
+
+    return GenerationConfig()
+
+
+def _refuse_unmapped(gc: Any, given: set[str]) -> None:
+    """Raise :class:`Unsupported` for a setting beamkit.hf would have to ignore."""
+    sampling = bool(gc.do_sample)
+    for name, value in vars(gc).items():
+        if name.startswith("_") or value is None or name in MAPPED or name in NO_EFFECT:
+            continue
+        if name in SAMPLING_UNMAPPED and not sampling:
+            continue
+        neutral = UNMAPPED.get(name, SAMPLING_UNMAPPED.get(name, ()))
+        if value in neutral:
+            continue
+        where = f"{name}={value!r}" if name in given else f"generation_config.{name}={value!r}"
+        allowed = f"(only {neutral[0]!r})" if neutral else "(only None)"
+        raise Unsupported(f"{where} is not reproduced by beamkit.hf {allowed}")
+
+
+def _refuse_call_arguments(rest: dict[str, Any]) -> None:
+    """``model.generate``'s own arguments: only their unused value (None, an empty list, False) is accepted."""
+    for name in CALL_ARGUMENTS:
+        value = rest.pop(name, None)
+        if value is None or value is False or (isinstance(value, (list, tuple)) and not value):
+            continue
+        raise Unsupported(f"{name}= is not reproduced by beamkit.hf (pass beamkit processors= instead)")
+
+
+def _length_setting(gc: Any, given: set[str], name: str) -> str:
+    """How the user set ``name``: as an argument or through the generation config."""
+    return name if name in given else f"generation_config.{name}"
+
+
+def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: int) -> Settings:
+    """The :class:`Settings` of one call: ``gc`` is the merged generation config, ``rest`` the other keywords
+    (SearchOptions fields; consumed), ``width`` the columns of ``input_ids``."""
+    _refuse_unmapped(gc, given)
+    _refuse_call_arguments(rest)
+    for name, instead in (("num_return", "num_return_sequences"), ("min_len", "min_new_tokens")):
+        if name in rest:
+            raise TypeError(f"generate() takes {instead}=, not the SearchOptions field {name}=")
+    cfg = model.config
+    unknown = sorted(set(rest) - SEARCH_OPTION_NAMES)
+    if unknown:
+        forward_inputs = [n for n in unknown if _model_takes(model, n)]
+        if forward_inputs:
+            raise Unsupported(f"model inputs {forward_inputs} are not passed on by beamkit.hf")
+        raise TypeError(
+            f"generate() got unexpected keyword arguments {unknown}: neither Hugging Face settings beamkit.hf "
+            "maps nor beamkit.SearchOptions fields"
+        )
+    encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
+    num_beams = _int(gc.num_beams, "num_beams", 1)
+    num_return = _int(gc.num_return_sequences, "num_return_sequences", 1)
+    early_stopping = False if gc.early_stopping is None else gc.early_stopping
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    if not 1 <= num_return <= num_beams:
+        raise ValueError(f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    eos = _eos_list(gc.eos_token_id)
+    pad = gc.pad_token_id
+    if pad is None and eos:
+        pad = eos[0]  # what Hugging Face does (with a warning)
+    start = 0  # decoder-only: ignored, the first call runs the prompt
+    prompt_len = width
+    if encoder_decoder:
+        start_id = gc.decoder_start_token_id
+        if start_id is None:
+            start_id = getattr(cfg, "decoder_start_token_id", None)
+        if start_id is None:
+            raise ValueError("encoder-decoder model without decoder_start_token_id; pass decoder_start_token_id=")
+        start, prompt_len = int(_eos_list(start_id)[0]), 1
+    max_new = _max_new_tokens(cfg, gc, given, prompt_len, encoder_decoder)
+    min_new = _min_new_tokens(gc, prompt_len) if eos else 0
+    groups = _int(gc.num_beam_groups, "num_beam_groups", 1)
+    force_words = gc.force_words_ids
+    if groups > 1 and force_words:
+        raise ValueError("num_beam_groups and force_words_ids cannot be combined")
+    if groups > 1 and num_beams % groups:
+        raise ValueError(f"num_beams ({num_beams}) must be a multiple of num_beam_groups ({groups})")
+    forced_bos = None if gc.forced_bos_token_id is None else int(gc.forced_bos_token_id)
+    forced_eos = _eos_list(gc.forced_eos_token_id) or None
+    suppress = None if gc.suppress_tokens is None else _token_ids(gc.suppress_tokens, "suppress_tokens")
+    if suppress is not None:
+        forced = set(forced_eos or ()) | ({forced_bos} if forced_bos is not None else set())
+        clash = sorted(forced & set(suppress))
+        if clash:
+            raise ValueError(f"suppress_tokens {clash} are also forced (forced_bos_token_id / forced_eos_token_id)")
+    sampling = _sampling(gc, num_beams, eos)
+    begin = gc.begin_suppress_tokens
+    bad = gc.bad_words_ids
+    return Settings(
+        encoder_decoder=encoder_decoder,
+        prompt_len=prompt_len,
+        start=start,
+        num_beams=num_beams,
+        max_new_tokens=max_new,
+        min_new_tokens=min_new,
+        early_stopping=early_stopping,
+        length_penalty=float(1.0 if gc.length_penalty is None else gc.length_penalty),
+        num_return=num_return,
+        eos=eos,
+        pad=None if pad is None else int(pad),
+        no_repeat_ngram=_int(gc.no_repeat_ngram_size, "no_repeat_ngram_size", 0),
+        repetition_penalty=float(1.0 if gc.repetition_penalty is None else gc.repetition_penalty),
+        bad_words=() if bad is None else tuple(_token_ids(w, "bad_words_ids") for w in bad),
+        suppress=suppress,
+        begin_suppress=None if begin is None else _token_ids(begin, "begin_suppress_tokens"),
+        sequence_bias=None if gc.sequence_bias is None else _sequence_biases(gc.sequence_bias),
+        forced_bos=forced_bos,
+        forced_eos=forced_eos,
+        groups=groups,
+        diversity=float(gc.diversity_penalty or 0.0),
+        force_words=tuple(force_words) if force_words else None,
+        return_dict=bool(gc.return_dict_in_generate),
+        output_scores=bool(gc.output_scores),
+        search_options=tuple(rest.items()),
+        **sampling,
+    )
+
+
+def _sampling(gc: Any, num_beams: int, eos: tuple[int, ...]) -> dict[str, Any]:
+    """``do_sample`` and its warpers with Hugging Face 5.x's defaults (``top_k`` 50 when unset)."""
+    if not gc.do_sample:
+        return {}
+    if num_beams > 1 and len(eos) > 1:
+        raise Unsupported("do_sample=True with num_beams > 1 and several eos ids (Hugging Face draws more candidates)")
+    temperature = float(1.0 if gc.temperature is None else gc.temperature)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 with do_sample=True, got {temperature}")
+    top_k = _int(50 if gc.top_k is None else gc.top_k, "top_k", 0)
+    top_p = float(1.0 if gc.top_p is None else gc.top_p)
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
+    return {"do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+
+
+def _int(value: Any, name: str, default: int) -> int:
+    """``value`` as an int (``default`` for None); TypeError naming ``name`` for a non-integer."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _max_new_tokens(cfg: Any, gc: Any, given: set[str], prompt_len: int, encoder_decoder: bool) -> int:
+    """Hugging Face 5.x: ``max_new_tokens`` wins; else ``max_length``, which counts the prompt (decoder-only) or
+    the start token; with neither, 20 new tokens within ``max_position_embeddings``."""
+    if gc.max_new_tokens is not None:
+        value = _int(gc.max_new_tokens, "max_new_tokens", 0)
+        if value < 1:
+            raise ValueError(f"{_length_setting(gc, given, 'max_new_tokens')} must be >= 1, got {value}")
+        return value
+    if gc.max_length is not None:
+        total = _int(gc.max_length, "max_length", 0)
+        if total - prompt_len < 1:
+            counted = "the start token" if encoder_decoder else f"the prompt ({prompt_len} tokens)"
+            raise ValueError(
+                f"{_length_setting(gc, given, 'max_length')}={total} leaves no room for new tokens: it counts "
+                f"{counted}; pass a larger max_length or max_new_tokens="
+            )
+        return total - prompt_len
+    total = 20 + prompt_len
+    positions = getattr(cfg, "max_position_embeddings", None)
+    if positions is not None:
+        total = min(total, int(positions))
+    if total - prompt_len < 1:
+        raise ValueError(
+            f"the prompt ({prompt_len} tokens) fills the model's max_position_embeddings={positions}: no room for "
+            "new tokens"
+        )
+    return total - prompt_len
+
+
+def _min_new_tokens(gc: Any, prompt_len: int) -> int:
+    """Hugging Face 5.x: ``min_new_tokens`` replaces ``min_length``, which counts the prompt."""
+    if gc.min_new_tokens is not None:
+        return max(0, _int(gc.min_new_tokens, "min_new_tokens", 0))
+    return max(0, _int(gc.min_length, "min_length", 0) - prompt_len)
+
+
+def _model_takes(model: Any, name: str) -> bool:
+    """Whether ``name`` is a keyword of the model's forward (a model input Hugging Face would pass on)."""
+    from beamkit.hf.step import accepts
+
+    return accepts(model, name)

@@ -1,0 +1,125 @@
+"""Requests joining the Hugging Face step functions mid-flight in ``beamkit.Engine`` (continuous batching).
+
+Property: whatever joins, leaves or is cancelled around it, at whatever step, every request gets the same
+tokens and scores (1e-5) as that request decoded alone with ``beamkit.hf.generate`` (itself checked against
+``model.generate`` in ``test_hf.py``). Prompts are rows of a left-padded batch with some of their padding cut,
+so the joining prompts have different widths.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import beamkit  # noqa: E402
+import beamkit.hf as bh  # noqa: E402
+from tests.test_hf import MODELS, setup  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+NEW = 8
+
+
+def _requests(ids, mask, rng):
+    """Eight requests: a row each, with a random part of its left padding cut; random beam options."""
+    out = []
+    for i in range(ids.shape[0]):
+        pad = int((mask[i] == 0).sum())
+        cut = int(rng.integers(0, pad + 1))
+        out.append(
+            dict(
+                ids=ids[i : i + 1, cut:],
+                mask=mask[i : i + 1, cut:],
+                beam_size=int(rng.integers(1, 5)),
+                early_stopping=[True, False, "never"][int(rng.integers(0, 3))],
+                length_penalty=float(rng.choice([0.0, 1.0, 2.0])),
+                arrival=int(rng.integers(0, 6)),
+            )
+        )
+    return out
+
+
+@functools.cache
+def _plain(name):
+    """The test model with a generation config that adds no processor (BART's forced eos and what other tests
+    put in the shared config stay out: the engine here runs without processors)."""
+    model, ids, mask, eos, pad = setup(name)
+    model = copy.deepcopy(model)
+    start = getattr(model.config, "decoder_start_token_id", None)
+    model.generation_config = transformers.GenerationConfig(decoder_start_token_id=start)
+    return model, ids, mask, eos, pad
+
+
+def _alone(model, r, eos, pad):
+    """The request decoded alone by beamkit.hf.generate: its hypotheses."""
+    n = r["beam_size"]
+    out = bh.generate(
+        model,
+        r["ids"],
+        r["mask"],
+        num_beams=n,
+        num_return_sequences=min(2, n),
+        max_new_tokens=NEW,
+        early_stopping=r["early_stopping"],
+        length_penalty=r["length_penalty"],
+        eos_token_id=eos,
+        pad_token_id=pad,
+        return_dict_in_generate=True,
+    )
+    return out.hypotheses[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", MODELS)
+def test_joining_requests_decode_as_alone(name, seed):
+    model, ids, mask, eos, pad = _plain(name)
+    rng = np.random.default_rng(seed)
+    reqs = _requests(ids, mask, rng)
+    encdec = bool(model.config.is_encoder_decoder)
+    step = bh.EncoderDecoderStep(model) if encdec else bh.DecoderOnlyStep(model)
+    start = int(model.config.decoder_start_token_id) if encdec else 0
+    engine = beamkit.Engine(step, beam_size=1, max_len=NEW, policy="pool")
+    cancelled = int(rng.integers(0, len(reqs)))
+    ids_of: dict[int, int] = {}
+    done: dict[int, beamkit.engine.Completed] = {}
+    t = 0
+    with torch.inference_mode():
+        while len(ids_of) < len(reqs) or not engine.idle:
+            for k, r in enumerate(reqs):
+                if r["arrival"] == t and k not in ids_of.values():
+                    rid = engine.add(
+                        step.init_state(r["ids"], r["mask"]),
+                        start,
+                        eos,
+                        beam_size=r["beam_size"],
+                        num_return=min(2, r["beam_size"]),
+                        early_stopping=True if r["beam_size"] == 1 else r["early_stopping"],
+                        length_penalty=r["length_penalty"],
+                    )
+                    ids_of[rid] = k
+            if t == 3 and cancelled in ids_of.values():
+                engine.cancel(next(i for i, k in ids_of.items() if k == cancelled))
+            for c in engine.step():
+                done[c.request_id] = c
+            t += 1
+            assert t < 100
+    assert max(step.stats.rows_per_call) > 1
+    joined = engine.stats.joined_per_call
+    assert any(n and i for i, n in enumerate(joined)), joined  # some requests joined running rows mid-flight
+    for rid, k in ids_of.items():
+        got = done[rid]
+        if k == cancelled and got.error == "cancelled":
+            continue
+        assert got.error is None, got.error
+        want = _alone(model, reqs[k], eos, pad)
+        assert [h.tokens for h in got.hypotheses] == [h.tokens for h in want], (k, reqs[k])
+        np.testing.assert_allclose([h.score for h in got.hypotheses], [h.score for h in want], atol=1e-5, rtol=0)
+        for g, w in zip(got.hypotheses, want, strict=True):
+            np.testing.assert_allclose(g.token_logprobs, w.token_logprobs, atol=1e-5, rtol=0)
