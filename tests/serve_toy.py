@@ -60,12 +60,12 @@ class ToyAdapter(ModelAdapter):
             raise ValueError(f"the toy model reads the letters {LETTERS!r}, got {prompt!r}")
         return [2 + LETTERS.index(ch) if ch in LETTERS else V for ch in prompt]
 
-    def init_state(self, ids: list[int]) -> Any:
-        """One row: a seed from the prompt, position 0, the poison flag."""
-        self.inits.append(tuple(ids))
-        seed = sum((i + 1) * 0.137 * t for i, t in enumerate(ids))
-        poison = 1.0 if "nan" in self.decode_prompt(ids) else 0.0
-        return (np.array([seed]), np.array([0]), np.array([poison]))
+    def init_state(self, prompts: list[list[int]]) -> Any:
+        """One row per prompt: a seed from the prompt, position 0, the poison flag."""
+        self.inits.extend(tuple(ids) for ids in prompts)
+        seed = [sum((i + 1) * 0.137 * t for i, t in enumerate(ids)) for ids in prompts]
+        poison = [1.0 if "nan" in self.decode_prompt(ids) else 0.0 for ids in prompts]
+        return (np.array(seed), np.zeros(len(prompts), np.int64), np.array(poison))
 
     @staticmethod
     def decode_prompt(ids: list[int]) -> str:
@@ -98,7 +98,7 @@ def toy_alone(
     from beamkit import search_batch
 
     toy = ToyAdapter()
-    state = toy.init_state(toy.encode(prompt))
+    state = toy.init_state([toy.encode(prompt)])
     hyps = search_batch(
         toy.step_fn, state, BOS, EOS, beam, max_tokens, length_penalty=alpha, num_return=n, min_len=min_len
     )

@@ -348,3 +348,23 @@ def _up(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+# ------------------------------------------------------------------------------------------------ command line
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--port", "-1"], "--port"),
+        (["--max-queue", "0"], "--max-queue"),
+        (["--max-rows", "0"], "--max-rows"),
+        (["--model", "no/such/checkpoint"], "checkpoint not found"),
+        (["--model", "hf:no/such/dir"], "not found"),
+        (["--model", "hf:"], "hf:DIR"),
+    ],
+)
+def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
+    from beamkit.cli import main
+
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]

@@ -46,9 +46,13 @@ class ModelAdapter:
         """The prompt's token ids; ValueError naming the problem (unknown characters, empty)."""
         raise NotImplementedError
 
-    def init_state(self, ids: list[int]) -> Any:
-        """One request's initial state (one row) for the prompt ``ids``."""
+    def init_state(self, prompts: list[list[int]]) -> Any:
+        """The initial state of requests joining together: one row per prompt (token ids)."""
         raise NotImplementedError
+
+    def batch_key(self, ids: tuple[int, ...]) -> Any:
+        """Prompts with equal keys may share one :meth:`init_state` call (default: any prompts)."""
+        return None
 
     def decode(self, tokens: list[int]) -> str:
         """The text of generated tokens (stop tokens dropped)."""
@@ -100,12 +104,14 @@ class DatesAdapter(ModelAdapter):
 
         return encode_sources(self.model.src_vocab, [prompt])[0]
 
-    def init_state(self, ids: list[int]) -> Any:
-        """Encode one source sentence (a batch of one, as ``translate`` encodes a single text)."""
+    def init_state(self, prompts: list[list[int]]) -> Any:
+        """Encode the source sentences as one padded batch, as ``translate`` encodes its texts."""
         import torch
 
-        src = torch.as_tensor([ids], dtype=torch.long)  # shape: (1, S)
-        return self.model.init_state(src, torch.as_tensor([len(ids)], dtype=torch.long))
+        from beamkit.models.common import pad_batch
+
+        src, lengths = pad_batch(prompts, self.model.src_vocab.pad)  # shape: (B, S), (B,)
+        return self.model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
 
     def decode(self, tokens: list[int]) -> str:
         """Target ids to text, stopping at eos."""
@@ -171,11 +177,15 @@ class HFAdapter(ModelAdapter):
             raise ValueError("empty input: the prompt has no tokens")
         return ids
 
-    def init_state(self, ids: list[int]) -> Any:
-        """The bridge's initial state for one unpadded prompt."""
+    def init_state(self, prompts: list[list[int]]) -> Any:
+        """The bridge's initial state for prompts of one length (no padding)."""
         t = self._torch
-        input_ids = t.as_tensor([ids], dtype=t.long)  # shape: (1, P)
+        input_ids = t.as_tensor(prompts, dtype=t.long)  # shape: (B, P)
         return self._step.init_state(input_ids, t.ones_like(input_ids))
+
+    def batch_key(self, ids: tuple[int, ...]) -> Any:
+        """Prompts join in one call only when they have the same length (no padding, as alone)."""
+        return len(ids)
 
     def decode(self, tokens: list[int]) -> str:
         """The tokenizer's text of the generated tokens, the trailing stop token dropped."""

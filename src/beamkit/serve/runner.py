@@ -164,20 +164,34 @@ class Runner:
         return out
 
     def _admit(self, jobs: list[Job]) -> None:
+        """Add the admitted jobs to the engine: one ``init_state`` call and one ``add_batch`` per group of jobs
+        with the same options (and the same :meth:`ModelAdapter.batch_key`)."""
         a = self.adapter
+        groups: list[tuple[Any, list[Job]]] = []
         for job in jobs:
+            key = (job.options, a.batch_key(job.ids))
+            for k, members in groups:
+                if k == key:
+                    members.append(job)
+                    break
+            else:
+                groups.append((key, [job]))
+        for _, members in groups:
             try:
                 with a.step_context():
-                    state = a.init_state(list(job.ids))
-                job.rid = self.engine.add(state, a.bos, a.eos, **job.options)
-            except Exception as exc:  # noqa: BLE001 - the job fails, the server goes on
-                self._reserved -= job.beam
-                self.metrics.outcomes["failed"] += 1
-                job.deliver(Done([], f"{type(exc).__name__}: {exc}", 0))
+                    state = a.init_state([list(job.ids) for job in members])
+                ids = self.engine.add_batch(state, a.bos, a.eos, len(members), **members[0].options)
+            except Exception as exc:  # noqa: BLE001 - the jobs fail, the server goes on
+                for job in members:
+                    self._reserved -= job.beam
+                    self.metrics.outcomes["failed"] += 1
+                    job.deliver(Done([], f"{type(exc).__name__}: {exc}", 0))
                 continue
-            self._running[job.rid] = job
+            for job, rid in zip(members, ids, strict=True):
+                job.rid = rid
+                self._running[rid] = job
             with self.metrics.lock:
-                self.metrics.prompt_tokens += len(job.ids)
+                self.metrics.prompt_tokens += sum(len(job.ids) for job in members)
         self.metrics.running = len(self._running)
         self.metrics.rows_reserved = self._reserved
 
