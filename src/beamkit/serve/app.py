@@ -141,8 +141,7 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
 
         def deliver_to(i: int) -> Any:
             def deliver(event: Progress | Done) -> None:
-                with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens any more
-                    loop.call_soon_threadsafe(events.put_nowait, (i, event))
+                events.put_nowait((i, event))
 
             return deliver
 
@@ -154,7 +153,7 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
             "length_penalty": adapter.length_penalty(c.length_penalty),
             **adapter.request_options(c.beam, c.early_stopping),
         }
-        jobs = [Job(ids, options, c.beam, c.stream, deliver_to(i)) for i, ids in enumerate(c.prompt_ids)]
+        jobs = [Job(ids, options, c.beam, c.stream, deliver_to(i), loop) for i, ids in enumerate(c.prompt_ids)]
         try:
             runner.submit(jobs)
         except QueueFull as exc:

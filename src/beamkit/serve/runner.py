@@ -3,12 +3,14 @@
 HTTP handlers :meth:`Runner.submit` jobs (one per prompt) into a bounded waiting list and :meth:`Runner.cancel`
 them when their client goes away. The thread admits waiting jobs into the :class:`beamkit.Engine` before each
 step (first come first served, while their beams fit in ``max_rows``), runs :meth:`beamkit.Engine.step`, and
-hands each job its events through the job's ``deliver`` callback (thread-safe, set by the handler): a
-:class:`Progress` after each step for streaming jobs whose best text changed, then one :class:`Done`.
+hands each job its events: a :class:`Progress` after each step for streaming jobs whose best text changed,
+then one :class:`Done`. Events are passed to the job's ``deliver`` callback on the job's event ``loop``, all of
+one step's events in one ``call_soon_threadsafe`` (waking the loop once per event costs more than a step).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
@@ -49,13 +51,15 @@ class Done:
 
 @dataclass(eq=False)
 class Job:
-    """One prompt of one HTTP request, with its engine options and where its events go."""
+    """One prompt of one HTTP request, with its engine options and where its events go (``deliver`` is called
+    on ``loop``)."""
 
     ids: tuple[int, ...]
     options: dict[str, Any]  # the engine's per-request options
     beam: int
     stream: bool
     deliver: Callable[[Progress | Done], None]
+    loop: asyncio.AbstractEventLoop
     rid: int | None = None  # the engine's request id once admitted
     steps: int = 0
     last: tuple[int, ...] | None = field(default=None, repr=False)  # tokens of the last streamed best
@@ -76,6 +80,7 @@ class Runner:
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}
         self._cancel: list[Job] = []
+        self._outbox: list[tuple[Job, Progress | Done]] = []  # events of this iteration, sent by _flush
         self._reserved = 0  # beam rows of the running jobs
         self._accepting = True
         self._stop = False
@@ -130,7 +135,7 @@ class Runner:
                 for job in cancels:
                     if job in self._waiting:
                         self._waiting.remove(job)
-                        job.deliver(Done([], "cancelled", 0))
+                        self._outbox.append((job, Done([], "cancelled", 0)))
                         self.metrics.outcomes["cancelled"] += 1
                 admit = self._take_admissible()
                 self.metrics.queue_depth = len(self._waiting)
@@ -143,6 +148,19 @@ class Runner:
                     self._step()
                 except Exception as exc:  # noqa: BLE001 - an engine fault fails its jobs, not the server
                     self._reset(f"{type(exc).__name__}: {exc}")
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send the iteration's events: one wake-up per event loop."""
+        by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list[tuple[Job, Progress | Done]]]] = {}
+        for job, event in self._outbox:
+            by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job, event))
+        self._outbox = []
+        for loop, items in by_loop.values():
+            try:
+                loop.call_soon_threadsafe(_deliver_all, items)
+            except RuntimeError:  # the loop is closed: nobody listens any more
+                pass
 
     def _take_admissible(self) -> list[Job]:
         """Waiting jobs that join before the next step, in arrival order (called holding the lock)."""
@@ -185,7 +203,7 @@ class Runner:
                 for job in members:
                     self._reserved -= job.beam
                     self.metrics.outcomes["failed"] += 1
-                    job.deliver(Done([], f"{type(exc).__name__}: {exc}", 0))
+                    self._outbox.append((job, Done([], f"{type(exc).__name__}: {exc}", 0)))
                 continue
             for job, rid in zip(members, ids, strict=True):
                 job.rid = rid
@@ -216,7 +234,7 @@ class Runner:
                 best = self.engine.best(rid)
                 if best is not None and tuple(best.tokens) != job.last:
                     job.last = tuple(best.tokens)
-                    job.deliver(Progress(job.steps, best))
+                    self._outbox.append((job, Progress(job.steps, best)))
         self.metrics.running = len(self._running)
         self.metrics.rows_reserved = self._reserved
 
@@ -224,7 +242,7 @@ class Runner:
         """The engine raised outside the step function: fail every running job and start a fresh engine."""
         for job in self._running.values():
             self.metrics.outcomes["failed"] += 1
-            job.deliver(Done([], message, job.steps))
+            self._outbox.append((job, Done([], message, job.steps)))
         self._running.clear()
         self._reserved = 0
         self.engine = Engine(self.adapter.step_fn, on_step_error="fail", **self.adapter.engine_options)
@@ -235,4 +253,10 @@ class Runner:
         self._reserved -= job.beam
         outcome = "completed" if c.error is None else ("cancelled" if c.error == "cancelled" else "failed")
         self.metrics.outcomes[outcome] += 1
-        job.deliver(Done(c.hypotheses, c.error, c.steps))
+        self._outbox.append((job, Done(c.hypotheses, c.error, c.steps)))
+
+
+def _deliver_all(items: list[tuple[Job, Progress | Done]]) -> None:
+    """On the event loop: hand each job its event."""
+    for job, event in items:
+        job.deliver(event)
