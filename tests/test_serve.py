@@ -256,13 +256,14 @@ def test_stream_replaces_then_ends_with_the_same_n_best():
 # ------------------------------------------------------------------------------------------------ load and faults
 def test_queue_bound_answers_503_with_retry_after():
     toy = ToyAdapter(delay=0.05)
-    long = {"model": "toy", "best_of": 2, "max_tokens": 30, "min_tokens": 30}
+    short = {"model": "toy", "best_of": 2, "max_tokens": 10}
     with serving(toy, max_queue=2, max_rows=2) as (url, _):
-        first, box = in_thread(post, url, {**long, "prompt": "abc"})
+        first, box = in_thread(post, url, {**short, "prompt": "abc", "max_tokens": 80, "min_tokens": 80})
         wait_until(lambda: metric(url, "beamkit_running_requests") == 1)
-        waiting = [in_thread(post, url, {**long, "prompt": p}) for p in ("bad", "cab")]
+        waiting = [in_thread(post, url, {**short, "prompt": p}) for p in ("bad", "cab")]
         wait_until(lambda: metric(url, "beamkit_queue_depth") == 2)
-        r = post(url, {**long, "prompt": "fed"})
+        r = post(url, {**short, "prompt": "fed"})
+        assert first.is_alive()  # the queue was full behind a running request
         assert r.status_code == 503
         assert r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "server_busy"
@@ -327,7 +328,7 @@ def test_sigterm_finishes_running_requests_then_exits_0():
     proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, str(port)], env=env, cwd=ROOT)
     try:
         wait_until(lambda: _up(url), timeout=60)
-        body = {"model": "toy", "prompt": "abc", "best_of": 2, "n": 2, "max_tokens": 30, "min_tokens": 30}
+        body = {"model": "toy", "prompt": "abc", "best_of": 2, "n": 2, "max_tokens": 50, "min_tokens": 50}
         t, box = in_thread(post, url, body)
         wait_until(lambda: metric(url, "beamkit_running_requests") == 1)
         proc.send_signal(signal.SIGTERM)
@@ -335,7 +336,7 @@ def test_sigterm_finishes_running_requests_then_exits_0():
         assert t.is_alive()  # ... while the running request goes on
         t.join(60)
         assert box["out"].status_code == 200
-        same(texts(box["out"]), toy_alone("abc", 2, 2, 30, min_len=30))
+        same(texts(box["out"]), toy_alone("abc", 2, 2, 50, min_len=50))
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
