@@ -2,11 +2,13 @@
 
     python bench/serve_load.py [--users 32] [--seconds 60] [--beam 5] [--model dates-seq2seq] [--threads 1]
 
-Three locust runs, each ``--users`` closed-loop users (no wait time) for ``--seconds``:
+Locust runs of ``--users`` closed-loop users (no wait time), ``--seconds`` of load per server in all:
 
 1. ``beamkit serve`` (one continuous-batching engine) with non-streaming completions, beam ``--beam``;
 2. the naive server defined below: the same endpoint, but every request is one ``search_batch`` call of its
    own (``beamkit.models.translate``) in uvicorn's thread pool: no batching across requests;
+   1 and 2 alternate in ``--rounds`` rounds (2 x 30 s each by default), both servers up all along, so that
+   drifting load from other processes of a shared machine hits both alike;
 3. ``beamkit serve`` with ``stream: true`` (a third of the time), for the time to the first streamed event.
 
 Prompts are the dates test split; every answer must be 200 with an ISO-shaped date, else locust counts a
@@ -165,20 +167,34 @@ def run_locust(url: str, args: argparse.Namespace, stream: bool, seconds: int, o
         return {row["Name"]: row for row in csv.DictReader(f)}
 
 
-def summary(name: str, rows: dict[str, dict], key: str) -> tuple[float, int]:
+def summary(name: str, rows: dict[str, dict], key: str) -> tuple[int, int, float]:
+    """Print one run's figures; return (requests, failures, seconds of load by locust's clock)."""
     row = rows[key]
-    rps, fails = float(row["Requests/s"]), int(row["Failure Count"])
+    count, fails = int(row["Request Count"]), int(row["Failure Count"])
+    rps = float(row["Requests/s"])
     print(
-        f"{name}: {int(row['Request Count'])} requests, {rps:.2f} req/s, p50 {row['50%']} ms, "
+        f"{name}: {count} requests, {float(row['Requests/s']):.2f} req/s, p50 {row['50%']} ms, "
         f"p99 {row['99%']} ms, failures {fails}"
     )
-    return rps, fails
+    return count, fails, count / rps if rps > 0 else 0.0
+
+
+def start(which: str, args: argparse.Namespace, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """Start ``beamkit serve`` or the naive server on a free loopback port; return it and its URL."""
+    port = free_port()
+    if which == "serve":
+        cmd = [sys.executable, "-m", "beamkit.cli", "serve", "--model", args.model, "--port", str(port)]
+        cmd += ["--threads", str(args.threads), "--max-queue", str(4 * args.users)]
+    else:
+        cmd = [sys.executable, __file__, "--naive", str(port), "--model", args.model, "--threads", str(args.threads)]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT), f"http://127.0.0.1:{port}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=32)
-    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--seconds", type=int, default=60, help="load time per server, all rounds together")
+    parser.add_argument("--rounds", type=int, default=2, help="alternate the servers this many times")
     parser.add_argument("--stream-seconds", type=int, default=20)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--model", default="dates-seq2seq")
@@ -190,40 +206,38 @@ def main() -> int:
 
         uvicorn.run(naive_app(args.model, args.threads), host="127.0.0.1", port=args.naive, log_level="warning")
         return 0
-    if args.users < 1 or args.seconds < 1 or args.seconds > 600:
-        parser.error("--users >= 1 and --seconds in 1..600")
+    if args.users < 1 or not 1 <= args.seconds <= 600 or not 1 <= args.rounds <= args.seconds:
+        parser.error("--users >= 1, --seconds in 1..600, --rounds in 1..seconds")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     tmp = Path(tempfile.mkdtemp(prefix="serve_load_"))
-    results = {}
-    for which in ("serve", "naive"):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        if which == "serve":
-            cmd = [sys.executable, "-m", "beamkit.cli", "serve", "--model", args.model, "--port", str(port)]
-            cmd += ["--threads", str(args.threads), "--max-queue", str(4 * args.users)]
-        else:
-            cmd = [sys.executable, __file__, "--naive", str(port), "--model", args.model]
-            cmd += ["--threads", str(args.threads)]
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
-        try:
+    servers = {which: start(which, args, env) for which in ("serve", "naive")}
+    totals = {"serve": [0, 0, 0.0], "naive": [0, 0, 0.0]}  # requests, failures, seconds
+    per_round = args.seconds // args.rounds
+    try:
+        for proc, url in servers.values():
             wait_up(url, proc)
-            rows = run_locust(url, args, False, args.seconds, tmp / which)
-            results[which] = summary(which, rows, "Aggregated")
-            if which == "serve":
-                rows = run_locust(url, args, True, args.stream_seconds, tmp / "stream")
-                summary("serve (1/3 streaming)", rows, "Aggregated")
-                first = rows.get("first-event")
-                if first is not None:
-                    print(f"serve[first-event]: p50 {first['50%']} ms, p99 {first['99%']} ms")
-                results["stream"] = (0.0, int(rows["Aggregated"]["Failure Count"]))
-        finally:
+        # alternating rounds: drifting load from other processes on a shared machine hits both servers alike
+        for r in range(args.rounds):
+            for which, (_, url) in servers.items():
+                rows = run_locust(url, args, False, per_round, tmp / f"{which}{r}")
+                for i, value in enumerate(summary(f"{which} (round {r + 1}, {per_round} s)", rows, "Aggregated")):
+                    totals[which][i] += value
+        rows = run_locust(servers["serve"][1], args, True, args.stream_seconds, tmp / "stream")
+        _, stream_fails, _ = summary("serve (1/3 streaming)", rows, "Aggregated")
+        first = rows.get("first-event")
+        if first is not None:
+            print(f"serve[first-event]: p50 {first['50%']} ms, p99 {first['99%']} ms")
+    finally:
+        for which, (proc, _) in servers.items():
             rc = stop(proc)
             if which == "serve" and rc != 0:
                 print(f"beamkit serve exited with {rc} after SIGTERM")
-    ratio = results["serve"][0] / max(results["naive"][0], 1e-9)
-    print(f"serve-vs-naive[throughput]: {ratio:.2f}x")
-    print(f"serve[failures]: {results['serve'][1] + results['stream'][1]}")
-    print(json.dumps({"users": args.users, "seconds": args.seconds, "beam": args.beam, "model": args.model}))
+    seconds = per_round * args.rounds
+    rps = {which: count / max(busy, 1e-9) for which, (count, _, busy) in totals.items()}
+    print(f"serve: {rps['serve']:.2f} req/s, naive: {rps['naive']:.2f} req/s (all rounds)")
+    print(f"serve-vs-naive[throughput]: {rps['serve'] / max(rps['naive'], 1e-9):.2f}x")
+    print(f"serve[failures]: {totals['serve'][1] + stream_fails}")
+    print(json.dumps({"users": args.users, "seconds": seconds, "beam": args.beam, "model": args.model}))
     return 0
 
 
