@@ -1,0 +1,269 @@
+"""The HTTP side of ``beamkit serve``: FastAPI routes over one :class:`~beamkit.serve.runner.Runner`.
+
+``POST /v1/completions`` (OpenAI completions shape, ``stream`` as server-sent events), ``GET /v1/models``,
+``GET /health``, ``GET /metrics``. A request is checked completely (:mod:`beamkit.serve.protocol`) before its
+jobs are queued; a client that disconnects has its jobs cancelled in the engine.
+
+Streaming (``"stream": true``): beams change their mind, so progress events are not deltas. Each one carries the
+**whole** current best text of one prompt in ``choices[0].text``, which *replaces* the text of the previous
+event for the same ``beamkit.prompt_index``; ``beamkit.step`` counts that request's model calls. An event is sent
+after a step only when the best hypothesis changed. Then one final event (``beamkit.final: true``) carries the
+n-best of every prompt exactly as the non-streaming response would, and ``data: [DONE]``. A decoding failure
+after the stream began is an ``{"error": ...}`` event before ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from beamkit.hypothesis import Hypothesis
+from beamkit.serve.adapters import ModelAdapter
+from beamkit.serve.metrics import Metrics
+from beamkit.serve.protocol import ApiError, Completion, parse_body, parse_completion, trim_stop
+from beamkit.serve.runner import Done, Job, Progress, QueueFull, Runner, ShuttingDown
+
+RETRY_AFTER_S = 1  # what a 503 asks a client to wait
+
+
+def _error(err: ApiError, metrics: Metrics, headers: dict[str, str] | None = None) -> JSONResponse:
+    metrics.response(err.status)
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone away (the body was read already, so only disconnects arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _choice(adapter: ModelAdapter, c: Completion, h: Hypothesis, index: int) -> dict[str, Any]:
+    text, hit = trim_stop(adapter.decode(h.tokens), c.stop)
+    out: dict[str, Any] = {
+        "index": index,
+        "text": text,
+        "finish_reason": "stop" if h.finished or hit else "length",
+        "logprobs": None,
+        "logprob": h.logprob,
+        "score": h.score,
+    }
+    if c.logprobs:
+        pieces = [adapter.token_text(t) for t in h.tokens]
+        offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+        out["logprobs"] = {
+            "tokens": pieces,
+            "token_logprobs": h.token_logprobs,
+            "top_logprobs": [{p: lp} for p, lp in zip(pieces, h.token_logprobs, strict=True)],
+            "text_offset": offsets,
+        }
+    return out
+
+
+def _body(adapter: ModelAdapter, c: Completion, done: list[Done], rid: str, created: int) -> dict[str, Any]:
+    choices = [
+        _choice(adapter, c, h, i * c.n + j) for i, d in enumerate(done) for j, h in enumerate(d.hypotheses[: c.n])
+    ]
+    prompt_tokens = sum(len(ids) for ids in c.prompt_ids)
+    completion_tokens = sum(len(d.hypotheses[j].tokens) for d in done for j in range(min(c.n, len(d.hypotheses))))
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": adapter.name,
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+def _failure(done: list[Done]) -> ApiError | None:
+    errors = [d.error for d in done if d.error is not None]
+    if not errors:
+        return None
+    return ApiError(500, f"decoding failed: {errors[0]}", None, "server_error")
+
+
+def _sse(payload: Any) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) -> FastAPI:
+    """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan."""
+    metrics = Metrics(adapter.name)
+    runner = Runner(adapter, metrics, max_queue=max_queue, max_rows=max_rows)
+    started = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runner.start()
+        yield
+        await asyncio.to_thread(runner.close)
+
+    app = FastAPI(title="beamkit serve", lifespan=lifespan)
+    app.state.runner = runner
+    app.state.metrics = metrics
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {"id": adapter.name, "object": "model", "created": started, "owned_by": adapter.owned_by}
+        return {"object": "list", "data": [entry]}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": adapter.name, "queue": runner.depth})
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        try:
+            c = parse_completion(parse_body(await request.body()), adapter)
+            if c.beam > max_rows:
+                raise ApiError(400, f"'best_of' ({c.beam}) exceeds the server's --max-rows {max_rows}", "best_of")
+        except ApiError as err:
+            return _error(err, metrics)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[int, Progress | Done]] = asyncio.Queue()
+
+        def deliver_to(i: int) -> Any:
+            def deliver(event: Progress | Done) -> None:
+                events.put_nowait((i, event))
+
+            return deliver
+
+        options = {
+            "beam_size": c.beam,
+            "max_len": c.max_tokens,
+            "min_len": c.min_tokens,
+            "num_return": c.n,
+            "length_penalty": adapter.length_penalty(c.length_penalty),
+            **adapter.request_options(c.beam, c.early_stopping),
+        }
+        jobs = [Job(ids, options, c.beam, c.stream, deliver_to(i), loop) for i, ids in enumerate(c.prompt_ids)]
+        try:
+            runner.submit(jobs)
+        except QueueFull as exc:
+            busy = ApiError(503, f"the server is busy: {exc}; retry later", None, "server_busy")
+            return _error(busy, metrics, {"Retry-After": str(RETRY_AFTER_S)})
+        except ShuttingDown as exc:
+            return _error(ApiError(503, str(exc), None, "server_busy"), metrics)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        if c.stream:
+            metrics.response(200)
+            stream = _stream(request, runner, adapter, c, jobs, events, rid, created)
+            return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        done = await _collect(request, runner, jobs, events)
+        if done is None:  # the client went away; its jobs were cancelled
+            metrics.response(499)
+            return Response(status_code=499)
+        failure = _failure(done)
+        if failure is not None:
+            return _error(failure, metrics)
+        body = _body(adapter, c, done, rid, created)
+        with metrics.lock:
+            metrics.generated_tokens += body["usage"]["completion_tokens"]
+        metrics.response(200)
+        return JSONResponse(body)
+
+    return app
+
+
+async def _next(
+    events: asyncio.Queue[tuple[int, Progress | Done]], gone: asyncio.Future[None]
+) -> tuple[int, Progress | Done] | None:
+    """The next event of a request's jobs, or None once the client has disconnected."""
+    get = asyncio.ensure_future(events.get())
+    waiting: set[asyncio.Future[Any]] = {get, gone}
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if get.done():
+        return get.result()
+    get.cancel()
+    return None
+
+
+async def _collect(
+    request: Request, runner: Runner, jobs: list[Job], events: asyncio.Queue[tuple[int, Progress | Done]]
+) -> list[Done] | None:
+    """Every job's :class:`Done`, in prompt order; None (and the jobs cancelled) if the client disconnects."""
+    done: dict[int, Done] = {}
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        while len(done) < len(jobs):
+            got = await _next(events, gone)
+            if got is None:
+                return None
+            i, event = got
+            if isinstance(event, Done):
+                done[i] = event
+    finally:
+        gone.cancel()
+        for i, job in enumerate(jobs):
+            if i not in done:
+                runner.cancel(job)
+    return [done[i] for i in range(len(jobs))]
+
+
+async def _stream(
+    request: Request,
+    runner: Runner,
+    adapter: ModelAdapter,
+    c: Completion,
+    jobs: list[Job],
+    events: asyncio.Queue[tuple[int, Progress | Done]],
+    rid: str,
+    created: int,
+) -> AsyncIterator[str]:
+    """Server-sent events: progress (replace semantics), the final n-best, ``[DONE]``."""
+    done: dict[int, Done] = {}
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        while len(done) < len(jobs):
+            got = await _next(events, gone)
+            if got is None:
+                return
+            i, event = got
+            if isinstance(event, Done):
+                done[i] = event
+                continue
+            h = event.hypothesis
+            text, _ = trim_stop(adapter.decode(h.tokens), c.stop)
+            yield _sse(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": adapter.name,
+                    "choices": [{"index": i * c.n, "text": text, "finish_reason": None, "logprobs": None}],
+                    "beamkit": {"replace": True, "prompt_index": i, "step": event.step, "score": h.score},
+                }
+            )
+        ordered = [done[i] for i in range(len(jobs))]
+        failure = _failure(ordered)
+        if failure is not None:
+            yield _sse(failure.body())
+        else:
+            body = _body(adapter, c, ordered, rid, created)
+            with runner.metrics.lock:
+                runner.metrics.generated_tokens += body["usage"]["completion_tokens"]
+            yield _sse({**body, "beamkit": {"final": True}})
+        yield "data: [DONE]\n\n"
+    finally:
+        gone.cancel()
+        for i, job in enumerate(jobs):
+            if i not in done:
+                runner.cancel(job)

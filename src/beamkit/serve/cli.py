@@ -1,0 +1,68 @@
+"""The ``beamkit serve`` subcommand: an OpenAI-compatible completions server on the continuous engine.
+
+``register(subparsers)`` adds it to the top-level parser (see :mod:`beamkit.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+
+def run_server(app: Any, host: str, port: int, log_level: str = "warning") -> int:
+    """Serve ``app`` with uvicorn until SIGTERM / SIGINT: stop accepting, finish the running requests, return 0."""
+    import uvicorn
+
+    # uvicorn re-raises the signal it caught once it has shut down; a handler here makes that a no-op, so the
+    # process exits 0 after a graceful shutdown instead of dying of the re-raised SIGTERM
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load the model, build the app, serve it."""
+    for name in ("port", "max_queue", "max_rows"):
+        value = getattr(args, name)
+        low = 0 if name == "port" else 1
+        if value < low or (name == "port" and value > 65535):
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be {'0..65535' if name == 'port' else '>= 1'}, got {value}"
+            )
+    try:
+        from beamkit.serve.adapters import load_adapter
+        from beamkit.serve.app import create_app
+
+        adapter = load_adapter(args.model)
+    except ImportError as exc:
+        print(f"beamkit serve: error: {exc} (pip install 'beamkit[serve]')", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    app = create_app(adapter, max_queue=args.max_queue, max_rows=args.max_rows)
+    print(f"beamkit serve: {adapter.name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    return run_server(app, args.host, args.port, args.log_level)
+
+
+def register(subparsers: Any) -> None:
+    """Add ``serve`` to the ``beamkit`` command line."""
+    p = subparsers.add_parser("serve", help="OpenAI-compatible completions server (continuous batching, beams)")
+    p.add_argument(
+        "--model", default=None, help="shipped model name, checkpoint folder, or hf:DIR (default dates-seq2seq)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests waiting to join the engine at most; more get 503"
+    )
+    p.add_argument("--max-rows", type=int, default=256, help="beam rows in the engine at most (default 256)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    p.set_defaults(func=cmd_serve)

@@ -1,0 +1,196 @@
+"""The OpenAI completions request, checked field by field, and the error objects the server answers with.
+
+Every problem raises :class:`ApiError` naming the field (``param``) before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from beamkit.serve.adapters import ModelAdapter
+
+MAX_STOP = 4  # as OpenAI
+MAX_PROMPTS = 64  # prompts in one request (each is one engine request)
+# fields OpenAI clients may send that change nothing for a beam search
+IGNORED = frozenset({"user", "seed", "stream_options", "echo_prompt"})
+KNOWN = frozenset(
+    {
+        "model",
+        "prompt",
+        "max_tokens",
+        "n",
+        "best_of",
+        "use_beam_search",
+        "length_penalty",
+        "early_stopping",
+        "min_tokens",
+        "stop",
+        "logprobs",
+        "stream",
+        "temperature",
+        "echo",
+    }
+)
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error object."""
+        code = {404: "model_not_found", 503: "server_busy", 500: "decoding_failed"}.get(self.status)
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A checked completions request: one engine request per prompt, all with the same options."""
+
+    prompts: tuple[str, ...]
+    prompt_ids: tuple[tuple[int, ...], ...]
+    max_tokens: int
+    n: int
+    beam: int
+    length_penalty: float
+    early_stopping: bool | str
+    min_tokens: int
+    stop: tuple[str, ...]
+    logprobs: bool
+    stream: bool
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{name}' must be an integer, got {json.dumps(value)}", name)
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ApiError(400, f"'{name}' must be {bound}, got {value}", name)
+    return value
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {json.dumps(value)}", name)
+    return value
+
+
+def _prompts(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and value and all(isinstance(p, str) for p in value):
+        if len(value) > MAX_PROMPTS:
+            raise ApiError(400, f"'prompt' holds {len(value)} prompts; at most {MAX_PROMPTS}", "prompt")
+        return tuple(value)
+    raise ApiError(400, "'prompt' must be a string or a non-empty list of strings", "prompt")
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying why not."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
+    """Check a completions body against the served model; raise :class:`ApiError` naming the first bad field."""
+    unknown = sorted(set(body) - KNOWN - IGNORED)
+    if unknown:
+        raise ApiError(400, f"unknown field '{unknown[0]}'", unknown[0])
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string naming the served model", "model")
+    if model != adapter.name:
+        raise ApiError(404, f"the model '{model}' does not exist; this server runs '{adapter.name}'", "model")
+    if "prompt" not in body:
+        raise ApiError(400, "'prompt' is required", "prompt")
+    prompts = _prompts(body["prompt"])
+    for flag in ("echo",):
+        if _bool(body, flag):
+            raise ApiError(400, f"'{flag}' is not supported", flag)
+    temperature = body.get("temperature")
+    if temperature is not None and temperature != 0 and temperature != 1:
+        raise ApiError(400, "'temperature' must be 0 or 1: beam search does not sample", "temperature")
+    max_tokens = _int(body, "max_tokens", adapter.default_max_tokens, 1, adapter.max_tokens_limit)
+    n = _int(body, "n", 1, 1, 64)
+    beam_search = _bool(body, "use_beam_search")
+    best_of = _int(body, "best_of", None, 1, 64)
+    assert max_tokens is not None and n is not None
+    beam = best_of if best_of is not None else n
+    if beam_search and best_of is None and n == 1:
+        raise ApiError(400, "'use_beam_search' needs 'best_of' (the beam width) or 'n' > 1", "best_of")
+    if n > beam:
+        raise ApiError(400, f"'n' ({n}) must not exceed 'best_of' ({beam}), the beam width", "n")
+    alpha = body.get("length_penalty", 1.0)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha != alpha:
+        raise ApiError(400, f"'length_penalty' must be a number, got {json.dumps(alpha)}", "length_penalty")
+    early = body.get("early_stopping", False)
+    if not (isinstance(early, bool) or early == "never"):
+        raise ApiError(400, "'early_stopping' must be true, false or \"never\"", "early_stopping")
+    min_tokens = _int(body, "min_tokens", 0, 0, max_tokens)
+    assert min_tokens is not None
+    stop = body.get("stop")
+    stops: tuple[str, ...]
+    if stop is None:
+        stops = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= MAX_STOP:
+        stops = tuple(stop)
+    else:
+        raise ApiError(400, f"'stop' must be a string or a list of at most {MAX_STOP} strings", "stop")
+    if any(s == "" for s in stops):
+        raise ApiError(400, "'stop' strings must not be empty", "stop")
+    logprobs = _int(body, "logprobs", None, 0, 1)
+    ids = []
+    for p in prompts:
+        try:
+            got = adapter.encode(p)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, f"'prompt': {exc}", "prompt") from exc
+        if len(got) > adapter.max_prompt_tokens:
+            raise ApiError(
+                400, f"'prompt' has {len(got)} tokens; this model takes at most {adapter.max_prompt_tokens}", "prompt"
+            )
+        if adapter.context is not None and len(got) + max_tokens > adapter.context:
+            raise ApiError(
+                400,
+                f"'prompt' has {len(got)} tokens and 'max_tokens' is {max_tokens}: together more than the model's "
+                f"{adapter.context} positions",
+                "prompt",
+            )
+        ids.append(tuple(got))
+    return Completion(
+        prompts=prompts,
+        prompt_ids=tuple(ids),
+        max_tokens=max_tokens,
+        n=n,
+        beam=beam,
+        length_penalty=float(alpha),
+        early_stopping=early,
+        min_tokens=min_tokens,
+        stop=stops,
+        logprobs=logprobs is not None,
+        stream=_bool(body, "stream"),
+    )
+
+
+def trim_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` cut before its first stop string (OpenAI leaves the stop string out); whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)

@@ -1,0 +1,262 @@
+"""The one engine of a server process, stepping in a background thread; requests join it as they arrive.
+
+HTTP handlers :meth:`Runner.submit` jobs (one per prompt) into a bounded waiting list and :meth:`Runner.cancel`
+them when their client goes away. The thread admits waiting jobs into the :class:`beamkit.Engine` before each
+step (first come first served, while their beams fit in ``max_rows``), runs :meth:`beamkit.Engine.step`, and
+hands each job its events: a :class:`Progress` after each step for streaming jobs whose best text changed,
+then one :class:`Done`. Events are passed to the job's ``deliver`` callback on the job's event ``loop``, all of
+one step's events in one ``call_soon_threadsafe`` (waking the loop once per event costs more than a step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from beamkit.engine import Completed, Engine
+from beamkit.hypothesis import Hypothesis
+from beamkit.serve.adapters import ModelAdapter
+from beamkit.serve.metrics import Metrics
+
+
+class QueueFull(Exception):
+    """The waiting list is full (``--max-queue``): answer 503 with Retry-After."""
+
+
+class ShuttingDown(Exception):
+    """The server stopped accepting requests."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A streaming job's current best hypothesis after its ``step``-th model call."""
+
+    step: int
+    hypothesis: Hypothesis
+
+
+@dataclass(frozen=True)
+class Done:
+    """A job ended: its hypotheses (best first), or the error (``"cancelled"`` after :meth:`Runner.cancel`)."""
+
+    hypotheses: list[Hypothesis]
+    error: str | None
+    steps: int
+
+
+@dataclass(eq=False)
+class Job:
+    """One prompt of one HTTP request, with its engine options and where its events go (``deliver`` is called
+    on ``loop``)."""
+
+    ids: tuple[int, ...]
+    options: dict[str, Any]  # the engine's per-request options
+    beam: int
+    stream: bool
+    deliver: Callable[[Progress | Done], None]
+    loop: asyncio.AbstractEventLoop
+    rid: int | None = None  # the engine's request id once admitted
+    steps: int = 0
+    last: tuple[int, ...] | None = field(default=None, repr=False)  # tokens of the last streamed best
+
+
+class Runner:
+    """Owns the engine and its thread. ``max_queue``: waiting jobs at most; ``max_rows``: beam rows in the
+    engine at most (a job is admitted when its ``beam`` fits next to the running ones)."""
+
+    def __init__(self, adapter: ModelAdapter, metrics: Metrics, max_queue: int = 64, max_rows: int = 256):
+        if max_queue < 1 or max_rows < 1:
+            raise ValueError(f"max_queue and max_rows must be >= 1, got {max_queue} and {max_rows}")
+        self.adapter = adapter
+        self.metrics = metrics
+        self.max_queue, self.max_rows = max_queue, max_rows
+        self.engine = Engine(adapter.step_fn, on_step_error="fail", **adapter.engine_options)
+        self._cond = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._running: dict[int, Job] = {}
+        self._cancel: list[Job] = []
+        self._outbox: list[tuple[Job, Progress | Done]] = []  # events of this iteration, sent by _flush
+        self._reserved = 0  # beam rows of the running jobs
+        self._accepting = True
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="beamkit-engine", daemon=True)
+
+    # ------------------------------------------------------------------------------------ handler side
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread.start()
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue all ``jobs`` or none: :class:`QueueFull` when they do not fit, :class:`ShuttingDown` after
+        :meth:`close`."""
+        with self._cond:
+            if not self._accepting:
+                raise ShuttingDown("the server is shutting down")
+            if len(self._waiting) + len(jobs) > self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
+            self._waiting.extend(jobs)
+            self.metrics.queue_depth = len(self._waiting)
+            self._cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Cancel a job whose client went away: dropped if it waits, its rows leave the engine at the next step."""
+        with self._cond:
+            self._cancel.append(job)
+            self._cond.notify()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop accepting, let the running and waiting jobs finish, stop the thread."""
+        with self._cond:
+            self._accepting = False
+            self._stop = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def depth(self) -> int:
+        """Jobs waiting to join the engine."""
+        return len(self._waiting)
+
+    # ------------------------------------------------------------------------------------ engine thread
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._cancel or not self.engine.idle or self._stop):
+                    self._cond.wait()
+                if self._stop and not self._waiting and self.engine.idle:
+                    return
+                cancels, self._cancel = self._cancel, []
+                for job in cancels:
+                    if job in self._waiting:
+                        self._waiting.remove(job)
+                        self._outbox.append((job, Done([], "cancelled", 0)))
+                        self.metrics.outcomes["cancelled"] += 1
+                admit = self._take_admissible()
+                self.metrics.queue_depth = len(self._waiting)
+            for job in cancels:
+                if job.rid is not None and job.rid in self._running:
+                    self.engine.cancel(job.rid)
+            self._admit(admit)
+            if not self.engine.idle:
+                try:
+                    self._step()
+                except Exception as exc:  # noqa: BLE001 - an engine fault fails its jobs, not the server
+                    self._reset(f"{type(exc).__name__}: {exc}")
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send the iteration's events: one wake-up per event loop."""
+        by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list[tuple[Job, Progress | Done]]]] = {}
+        for job, event in self._outbox:
+            by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job, event))
+        self._outbox = []
+        for loop, items in by_loop.values():
+            try:
+                loop.call_soon_threadsafe(_deliver_all, items)
+            except RuntimeError:  # the loop is closed: nobody listens any more
+                pass
+
+    def _take_admissible(self) -> list[Job]:
+        """Waiting jobs that join before the next step, in arrival order (called holding the lock)."""
+        out: list[Job] = []
+        if not self.adapter.joins_mid_flight and not self.engine.idle:
+            return out
+        width = None
+        while self._waiting:
+            job = self._waiting[0]
+            if self._reserved + job.beam > self.max_rows and (self._reserved or out):
+                break
+            if not self.adapter.joins_mid_flight:  # joining one idle engine together: prompts of one length
+                width = len(job.ids) if width is None else width
+                if len(job.ids) != width:
+                    break
+            self._waiting.popleft()
+            self._reserved += job.beam
+            out.append(job)
+        return out
+
+    def _admit(self, jobs: list[Job]) -> None:
+        """Add the admitted jobs to the engine: one ``init_state`` call and one ``add_batch`` per group of jobs
+        with the same options (and the same :meth:`ModelAdapter.batch_key`)."""
+        a = self.adapter
+        groups: list[tuple[Any, list[Job]]] = []
+        for job in jobs:
+            key = (job.options, a.batch_key(job.ids))
+            for k, members in groups:
+                if k == key:
+                    members.append(job)
+                    break
+            else:
+                groups.append((key, [job]))
+        for _, members in groups:
+            try:
+                with a.step_context():
+                    state = a.init_state([list(job.ids) for job in members])
+                ids = self.engine.add_batch(state, a.bos, a.eos, len(members), **members[0].options)
+            except Exception as exc:  # noqa: BLE001 - the jobs fail, the server goes on
+                for job in members:
+                    self._reserved -= job.beam
+                    self.metrics.outcomes["failed"] += 1
+                    self._outbox.append((job, Done([], f"{type(exc).__name__}: {exc}", 0)))
+                continue
+            for job, rid in zip(members, ids, strict=True):
+                job.rid = rid
+                self._running[rid] = job
+            with self.metrics.lock:
+                self.metrics.prompt_tokens += sum(len(job.ids) for job in members)
+        self.metrics.running = len(self._running)
+        self.metrics.rows_reserved = self._reserved
+
+    def _step(self) -> None:
+        stats = self.engine.stats
+        calls = stats.model_calls
+        start = time.perf_counter()
+        with self.adapter.step_context():
+            done = self.engine.step()
+        seconds = time.perf_counter() - start
+        if stats.model_calls > calls:
+            self.metrics.step(seconds, stats.rows_per_call[-1])
+            for job in self._running.values():
+                job.steps += 1
+        # the engine's per-call lists grow with every call: a server reads the last entry and lets them go
+        for counts in (stats.rows_per_call, stats.joined_per_call, stats.left_per_call):
+            counts.clear()
+        for c in done:
+            self._finish(c)
+        for rid, job in self._running.items():
+            if job.stream:
+                best = self.engine.best(rid)
+                if best is not None and tuple(best.tokens) != job.last:
+                    job.last = tuple(best.tokens)
+                    self._outbox.append((job, Progress(job.steps, best)))
+        self.metrics.running = len(self._running)
+        self.metrics.rows_reserved = self._reserved
+
+    def _reset(self, message: str) -> None:
+        """The engine raised outside the step function: fail every running job and start a fresh engine."""
+        for job in self._running.values():
+            self.metrics.outcomes["failed"] += 1
+            self._outbox.append((job, Done([], message, job.steps)))
+        self._running.clear()
+        self._reserved = 0
+        self.engine = Engine(self.adapter.step_fn, on_step_error="fail", **self.adapter.engine_options)
+        self.metrics.running = self.metrics.rows_reserved = 0
+
+    def _finish(self, c: Completed) -> None:
+        job = self._running.pop(c.request_id)
+        self._reserved -= job.beam
+        outcome = "completed" if c.error is None else ("cancelled" if c.error == "cancelled" else "failed")
+        self.metrics.outcomes[outcome] += 1
+        self._outbox.append((job, Done(c.hypotheses, c.error, c.steps)))
+
+
+def _deliver_all(items: list[tuple[Job, Progress | Done]]) -> None:
+    """On the event loop: hand each job its event."""
+    for job, event in items:
+        job.deliver(event)

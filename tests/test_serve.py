@@ -1,0 +1,371 @@
+"""``beamkit serve`` over HTTP: the API, behaviour under load and faults, outputs against the offline decoders.
+
+Servers run on a free 127.0.0.1 port: in-process uvicorn in a thread (``serving``), or a subprocess ended by its
+PID (the SIGTERM test). Oracles: ``beamkit translate`` (the dates models), ``beamkit.hf.generate`` (a tiny GPT-2
+built offline), and each toy request decoded alone with ``search_batch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+
+from beamkit.serve.app import create_app  # noqa: E402
+from tests.serve_toy import ToyAdapter, toy_alone  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving(adapter: Any, **options: Any) -> Iterator[tuple[str, Any]]:
+    """The app for ``adapter`` served by uvicorn in a thread on a free loopback port: (base url, app)."""
+    app = create_app(adapter, **options)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(20)
+
+
+def post(url: str, body: Any, timeout: float = 60.0) -> Any:
+    """POST a completions request (a dict as JSON, bytes as they are)."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{url}/v1/completions", content=content, timeout=timeout)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """One sample of ``GET /metrics`` (0 when absent)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        key, value = line.rsplit(" ", 1)
+        base, _, rest = key.partition("{")
+        got = dict(p.split("=", 1) for p in rest.rstrip("}").split(",")) if rest else {}
+        if base == name and all(got.get(k) == f'"{v}"' for k, v in labels.items()):
+            return float(value)
+    return 0.0
+
+
+def wait_until(check: Any, timeout: float = 20.0) -> None:
+    """Poll ``check()`` until true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn(*args)`` in a thread; its result lands in the dict under "out" (or "error")."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def texts(response: Any) -> list[tuple[str, float]]:
+    return [(c["text"], c["logprob"]) for c in response.json()["choices"]]
+
+
+def same(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> None:
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert [lp for _, lp in got] == pytest.approx([lp for _, lp in want], abs=1e-5)
+
+
+def sse_events(response_lines: Any) -> list[Any]:
+    """The ``data:`` payloads of a server-sent event stream (JSON decoded, ``[DONE]`` kept as the string)."""
+    out = []
+    for line in response_lines:
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the API
+def test_models_health_and_metrics():
+    with serving(ToyAdapter()) as (url, _):
+        models = httpx.get(f"{url}/v1/models").json()
+        assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["toy"]
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+        r = post(url, {"model": "toy", "prompt": "abc", "best_of": 3, "n": 2})
+        assert r.status_code == 200
+        assert metric(url, "beamkit_requests_total", status="200") == 1
+        assert metric(url, "beamkit_engine_requests_total", outcome="completed") == 1
+        assert metric(url, "beamkit_prompt_tokens_total") == 3
+        assert metric(url, "beamkit_generation_tokens_total") == r.json()["usage"]["completion_tokens"] > 0
+        calls = metric(url, "beamkit_model_calls_total")
+        assert calls >= 1 and metric(url, "beamkit_step_seconds_count") == calls
+        assert metric(url, "beamkit_step_rows_count") == calls
+        assert metric(url, "beamkit_queue_depth") == 0 and metric(url, "beamkit_running_requests") == 0
+
+
+def test_completion_matches_the_request_decoded_alone():
+    with serving(ToyAdapter()) as (url, _):
+        r = post(url, {"model": "toy", "prompt": ["abc", "bad"], "best_of": 3, "n": 2, "max_tokens": 12})
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    same(texts(r)[:2], toy_alone("abc", 3, 2, 12))
+    same(texts(r)[2:], toy_alone("bad", 3, 2, 12))
+    assert body["usage"]["prompt_tokens"] == 6
+    assert body["object"] == "text_completion" and body["model"] == "toy"
+
+
+def test_logprobs_and_finish_reason():
+    with serving(ToyAdapter()) as (url, _):
+        r = post(url, {"model": "toy", "prompt": "bad", "best_of": 3, "n": 2, "logprobs": 1, "max_tokens": 2})
+    for choice in r.json()["choices"]:
+        lp = choice["logprobs"]
+        assert sum(lp["token_logprobs"]) == pytest.approx(choice["logprob"])
+        finished = lp["tokens"][-1] == "<eos>"
+        assert choice["finish_reason"] == ("stop" if finished else "length")
+        assert "".join(t for t in lp["tokens"] if t != "<eos>") == choice["text"]
+        assert lp["text_offset"][1:] == [len("".join(lp["tokens"][:i])) for i in range(1, len(lp["tokens"]))]
+
+
+def test_stop_sequences_cut_the_text():
+    body = {"model": "toy", "prompt": "abc", "best_of": 3, "n": 3, "max_tokens": 12}
+    full = toy_alone("abc", 3, 3, 12)
+    longest = max((t for t, _ in full), key=len)
+    stop = longest[2:4]  # some text inside the longest hypothesis
+    with serving(ToyAdapter()) as (url, _):
+        r = post(url, {**body, "stop": [stop, "zz"]})
+    for choice, (text, _) in zip(r.json()["choices"], full, strict=True):
+        at = text.find(stop)
+        assert choice["text"] == (text[:at] if at >= 0 else text)
+        if at >= 0:
+            assert choice["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        ({"prompt": "abc"}, 400, "model"),
+        ({"model": "gpt-5", "prompt": "abc"}, 404, "model"),
+        ({"model": "toy"}, 400, "prompt"),
+        ({"model": "toy", "prompt": 7}, 400, "prompt"),
+        ({"model": "toy", "prompt": []}, 400, "prompt"),
+        ({"model": "toy", "prompt": "xyz"}, 400, "prompt"),
+        ({"model": "toy", "prompt": "a" * 33}, 400, "prompt"),
+        ({"model": "toy", "prompt": "abc", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": "toy", "prompt": "abc", "max_tokens": "5"}, 400, "max_tokens"),
+        ({"model": "toy", "prompt": "abc", "n": 3, "best_of": 2}, 400, "n"),
+        ({"model": "toy", "prompt": "abc", "best_of": 0}, 400, "best_of"),
+        ({"model": "toy", "prompt": "abc", "use_beam_search": True}, 400, "best_of"),
+        ({"model": "toy", "prompt": "abc", "length_penalty": "x"}, 400, "length_penalty"),
+        ({"model": "toy", "prompt": "abc", "early_stopping": "soon"}, 400, "early_stopping"),
+        ({"model": "toy", "prompt": "abc", "early_stopping": 1}, 400, "early_stopping"),
+        ({"model": "toy", "prompt": "abc", "min_tokens": 20, "max_tokens": 10}, 400, "min_tokens"),
+        ({"model": "toy", "prompt": "abc", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ({"model": "toy", "prompt": "abc", "stop": [""]}, 400, "stop"),
+        ({"model": "toy", "prompt": "abc", "logprobs": 5}, 400, "logprobs"),
+        ({"model": "toy", "prompt": "abc", "stream": "yes"}, 400, "stream"),
+        ({"model": "toy", "prompt": "abc", "temperature": 0.7}, 400, "temperature"),
+        ({"model": "toy", "prompt": "abc", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+        ({"model": "toy", "prompt": "abc", "best_of": 9}, 400, "best_of"),  # over --max-rows 8
+    ],
+)
+def test_bad_requests_are_refused_before_the_engine(body, status, param):
+    toy = ToyAdapter()
+    with serving(toy, max_rows=8) as (url, _):
+        r = post(url, body)
+        assert r.status_code == status
+        error = r.json()["error"]
+        assert error["param"] == param and error["message"] and error["type"] == "invalid_request_error"
+        if param is not None:
+            assert param in error["message"]
+        assert metric(url, "beamkit_requests_total", status=str(status)) == 1
+    assert toy.inits == [] and toy.calls == []
+
+
+def test_beam_search_spellings():
+    """vLLM's use_beam_search with n as the width, and best_of, decode the same beam."""
+    with serving(ToyAdapter()) as (url, _):
+        a = post(url, {"model": "toy", "prompt": "fed", "use_beam_search": True, "n": 3})
+        b = post(url, {"model": "toy", "prompt": "fed", "best_of": 3, "n": 3})
+    assert texts(a) == texts(b)
+    same(texts(a), toy_alone("fed", 3, 3, 12))
+
+
+# ------------------------------------------------------------------------------------------------ streaming
+def test_stream_replaces_then_ends_with_the_same_n_best():
+    body = {"model": "toy", "prompt": ["abc", "hgf"], "best_of": 4, "n": 3, "max_tokens": 12, "logprobs": 1}
+    with serving(ToyAdapter()) as (url, _):
+        plain = post(url, body).json()
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    final, progress = events[-2], events[:-2]
+    assert final["beamkit"] == {"final": True}
+    assert final["choices"] == plain["choices"] and final["usage"] == plain["usage"]
+    assert progress, "no progress event"
+    for i in (0, 1):
+        mine = [e for e in progress if e["beamkit"]["prompt_index"] == i]
+        steps = [e["beamkit"]["step"] for e in mine]
+        assert steps == sorted(set(steps)) and steps[0] == 1
+        assert all(e["beamkit"]["replace"] and e["choices"][0]["index"] == i * 3 for e in mine)
+        assert all(e["choices"][0]["finish_reason"] is None for e in mine)
+        # the first event is the best one-token prefix, which the full n-best extends
+        assert len(mine[0]["choices"][0]["text"]) == 1
+
+
+# ------------------------------------------------------------------------------------------------ load and faults
+def test_queue_bound_answers_503_with_retry_after():
+    toy = ToyAdapter(delay=0.05)
+    short = {"model": "toy", "best_of": 2, "max_tokens": 10}
+    with serving(toy, max_queue=2, max_rows=2) as (url, _):
+        first, box = in_thread(post, url, {**short, "prompt": "abc", "max_tokens": 80, "min_tokens": 80})
+        wait_until(lambda: metric(url, "beamkit_running_requests") == 1)
+        waiting = [in_thread(post, url, {**short, "prompt": p}) for p in ("bad", "cab")]
+        wait_until(lambda: metric(url, "beamkit_queue_depth") == 2)
+        r = post(url, {**short, "prompt": "fed"})
+        assert first.is_alive()  # the queue was full behind a running request
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "server_busy"
+        for t, b in [(first, box), *waiting]:
+            t.join(60)
+            assert b["out"].status_code == 200
+        assert max(toy.calls) <= 2  # --max-rows: never more than one 2-beam request in the engine
+        assert len(toy.inits) == 3
+
+
+def test_disconnect_cancels_the_request():
+    toy = ToyAdapter(delay=0.02)
+    body = {"model": "toy", "prompt": "abc", "best_of": 3, "max_tokens": 400, "min_tokens": 400}
+    with serving(toy) as (url, _):
+        with pytest.raises(httpx.ReadTimeout):
+            post(url, body, timeout=0.5)
+        wait_until(lambda: metric(url, "beamkit_engine_requests_total", outcome="cancelled") == 1)
+        assert metric(url, "beamkit_running_requests") == 0
+        calls = len(toy.calls)
+        assert calls < 200  # it left long before its 400 steps
+        time.sleep(0.2)
+        assert len(toy.calls) == calls  # no more model calls: its rows are gone
+        # a streaming client that goes away after the first event
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=30) as r:
+            next(r.iter_lines())
+        wait_until(lambda: metric(url, "beamkit_engine_requests_total", outcome="cancelled") == 2)
+        assert metric(url, "beamkit_running_requests") == 0
+
+
+def test_nan_request_fails_alone():
+    toy = ToyAdapter(delay=0.05, nan_at=3)
+    body = {"model": "toy", "best_of": 3, "n": 2, "max_tokens": 12, "min_tokens": 8}
+    with serving(toy) as (url, _):
+        a, box_a = in_thread(post, url, {**body, "prompt": "abc"})
+        wait_until(lambda: metric(url, "beamkit_running_requests") == 1)
+        bad, box_bad = in_thread(post, url, {**body, "prompt": "nan"})
+        b, box_b = in_thread(post, url, {**body, "prompt": "hgf"})
+        for t in (a, bad, b):
+            t.join(60)
+    r = box_bad["out"]
+    assert r.status_code == 500
+    assert "NaN" in r.json()["error"]["message"] and r.json()["error"]["type"] == "server_error"
+    assert max(toy.calls) > 3  # the three were decoded together
+    want = {p: toy_alone(p, 3, 2, 12, min_len=8) for p in ("abc", "hgf")}
+    same(texts(box_a["out"]), want["abc"])
+    same(texts(box_b["out"]), want["hgf"])
+
+
+SERVER_SCRIPT = """
+import sys
+from beamkit.serve.app import create_app
+from beamkit.serve.cli import run_server
+from tests.serve_toy import ToyAdapter
+sys.exit(run_server(create_app(ToyAdapter(delay=0.1)), "127.0.0.1", int(sys.argv[1])))
+"""
+
+
+def test_sigterm_finishes_running_requests_then_exits_0():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, str(port)], env=env, cwd=ROOT)
+    try:
+        wait_until(lambda: _up(url), timeout=60)
+        body = {"model": "toy", "prompt": "abc", "best_of": 2, "n": 2, "max_tokens": 50, "min_tokens": 50}
+        t, box = in_thread(post, url, body)
+        wait_until(lambda: metric(url, "beamkit_running_requests") == 1)
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: not _up(url), timeout=10)  # new connections are refused ...
+        assert t.is_alive()  # ... while the running request goes on
+        t.join(60)
+        assert box["out"].status_code == 200
+        same(texts(box["out"]), toy_alone("abc", 2, 2, 50, min_len=50))
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ command line
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--port", "-1"], "--port"),
+        (["--max-queue", "0"], "--max-queue"),
+        (["--max-rows", "0"], "--max-rows"),
+        (["--model", "no/such/checkpoint"], "checkpoint not found"),
+        (["--model", "hf:no/such/dir"], "not found"),
+        (["--model", "hf:"], "hf:DIR"),
+    ],
+)
+def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
+    from beamkit.cli import main
+
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]

@@ -1,0 +1,164 @@
+"""``beamkit serve`` on real models: the shipped dates models against ``beamkit translate``, and a tiny GPT-2
+(built offline with the ``tokenizers`` library and ``save_pretrained``) against ``beamkit.hf.generate``.
+
+Requests are sent concurrently, so they join the running engine at different steps; each must still get what
+the offline decoder gives it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+torch = pytest.importorskip("torch")
+
+from beamkit.cli import main  # noqa: E402
+from beamkit.serve.adapters import load_adapter  # noqa: E402
+from tests.test_serve import in_thread, post, same, serving, sse_events, texts  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+DATES = [
+    ("3rd of March 1999", 5, 3, 1.0),
+    ("03/04/99", 4, 4, 0.0),
+    ("Tuesday, May 7th, 2024", 1, 1, 1.0),
+    ("12-Jan-87", 3, 2, 0.6),
+    ("2001.9.11", 5, 1, 1.0),
+    ("July 4, '76", 2, 2, 1.0),
+]
+
+
+def translate_cli(capsys, model: str, text: str, beam: int, n: int, alpha: float) -> list[tuple[str, float, bool]]:
+    """``beamkit translate --json`` for one text: (text, logprob, finished) of its n-best."""
+    argv = ["translate", "--json", "--model", model, "--beam", str(beam), "--n-best", str(n)]
+    assert main([*argv, "--length-penalty", str(alpha), text]) == 0
+    hyps = json.loads(capsys.readouterr().out)[0]["hypotheses"][:n]
+    return [(h["text"], h["logprob"], h["finished"]) for h in hyps]
+
+
+@pytest.mark.parametrize("model", ["dates-seq2seq", "dates-transformer"])
+def test_dates_concurrent_requests_match_translate(capsys, model):
+    want = {text: translate_cli(capsys, model, text, b, n, a) for text, b, n, a in DATES}
+    with serving(load_adapter(model)) as (url, _):
+        runs = [
+            in_thread(post, url, {"model": model, "prompt": text, "best_of": b, "n": n, "length_penalty": a})
+            for text, b, n, a in DATES
+        ]
+        for t, _ in runs:
+            t.join(120)
+    for (text, *_), (_, box) in zip(DATES, runs, strict=True):
+        r = box["out"]
+        assert r.status_code == 200, r.text
+        same(texts(r), [(t, lp) for t, lp, _ in want[text]])
+        assert [c["finish_reason"] for c in r.json()["choices"]] == ["stop" if f else "length" for *_, f in want[text]]
+
+
+def test_dates_stream_ends_with_the_translate_n_best(capsys):
+    want = translate_cli(capsys, "dates-seq2seq", "12-Jan-87", 5, 3, 1.0)
+    body = {"model": "dates-seq2seq", "prompt": "12-Jan-87", "best_of": 5, "n": 3, "stream": True}
+    import httpx
+
+    with serving(load_adapter("dates-seq2seq")) as (url, _):
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            events = sse_events(r.iter_lines())
+    final = events[-2]
+    same([(c["text"], c["logprob"]) for c in final["choices"]], [(t, lp) for t, lp, _ in want])
+    progress = [e["choices"][0]["text"] for e in events[:-2]]
+    assert progress and all(len(p) <= 10 for p in progress)  # ISO dates: never longer than YYYY-MM-DD
+
+
+# ------------------------------------------------------------------------------------------------ hf:DIR
+WORDS = [f"w{i}" for i in range(44)]
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A tiny random GPT-2 and a word-level tokenizer saved with ``save_pretrained`` (offline)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder = tmp_path_factory.mktemp("tiny-gpt2")
+    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, "[UNK]": 3, **{w: 4 + i for i, w in enumerate(WORDS)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
+    )
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=len(vocab), n_positions=64, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0, initializer_range=0.1,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    # eos: the token the model likes most after a few greedy steps, sharpened so that it fires in some contexts
+    ids = torch.tensor([[5, 9, 13, 17]])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)
+        probs = model(out).logits.softmax(-1).mean(dim=(0, 1))
+        eos = int(probs[4:].argmax()) + 4
+        model.get_output_embeddings().weight[eos] *= 2.0
+    model.generation_config.eos_token_id = eos
+    model.config.eos_token_id = eos
+    model.save_pretrained(folder)
+    return folder
+
+
+HF_CASES = [
+    ("w1 w2 w3", 3, 2, 1.0, False, 0),
+    ("w7 w7 w40 w2 w9", 4, 4, 0.5, True, 0),
+    ("w30", 1, 1, 1.0, False, 0),
+    ("w11 w12", 5, 3, 2.0, "never", 3),
+]
+
+
+def test_hf_concurrent_requests_match_generate(hf_dir):
+    import transformers
+
+    import beamkit.hf as bh
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir)).eval()
+    adapter = load_adapter(f"hf:{hf_dir}")
+    name = adapter.name
+    want = {}
+    for prompt, beam, n, alpha, early, min_new in HF_CASES:
+        ids = torch.tensor([tok(prompt)["input_ids"]])
+        out = bh.generate(
+            model, ids, num_beams=beam, num_return_sequences=n, max_new_tokens=10, length_penalty=alpha,
+            early_stopping=early, min_new_tokens=min_new, return_dict_in_generate=True,
+        )  # fmt: skip
+        hyps = out.hypotheses[0]  # a finished hypothesis ends with eos, which is not text
+        want[prompt] = [(tok.decode(h.tokens[:-1] if h.finished else h.tokens), h.logprob) for h in hyps]
+    with serving(adapter) as (url, _):
+        runs = [
+            in_thread(
+                post,
+                url,
+                {
+                    "model": name,
+                    "prompt": prompt,
+                    "best_of": beam,
+                    "n": n,
+                    "max_tokens": 10,
+                    "length_penalty": alpha,
+                    "early_stopping": early,
+                    "min_tokens": min_new,
+                },  # fmt: skip
+            )
+            for prompt, beam, n, alpha, early, min_new in HF_CASES
+        ]
+        for t, _ in runs:
+            t.join(120)
+    reasons = set()
+    for (prompt, *_), (_, box) in zip(HF_CASES, runs, strict=True):
+        r = box["out"]
+        assert r.status_code == 200, r.text
+        same(texts(r), want[prompt])
+        reasons |= {c["finish_reason"] for c in r.json()["choices"]}
+    assert reasons == {"stop", "length"}  # eos fired in some hypotheses, others ran to max_tokens
