@@ -42,6 +42,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"beamkit decode: error: {exc}", file=sys.stderr)
         return 2
+    except FileNotFoundError:
+        raise  # a usage error: beamkit.cli prints it and exits 2
     except KeyboardInterrupt:
         print("beamkit decode: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

@@ -1,10 +1,12 @@
-"""The local back-end: N worker processes (spawned, one model each), fed batches by the driver."""
+"""The local back-end: N worker processes (spawned, one model each) fed batches by the driver; with one worker
+the batches are decoded in the driver's own process (no start-up cost)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -59,13 +61,34 @@ def thread_limit(threads: int) -> Iterator[None]:
                 os.environ[key] = value
 
 
+def _in_process(
+    options: DecodeOptions, batches: Iterable[tuple[int, list[Item]]]
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """One worker: the driver decodes; torch's thread count is put back afterwards."""
+    torch: Any = None
+    if options.kind in ("dates", "hf"):
+        import torch
+    before = torch.get_num_threads() if torch is not None else None
+    try:
+        decoder = Decoder(options)
+        for key, items in batches:
+            yield key, decoder.decode_items(items)
+    finally:
+        if before is not None:
+            sys.modules["torch"].set_num_threads(before)
+
+
 def local_results(
     options: DecodeOptions, batches: Iterable[tuple[int, list[Item]]], workers: int
 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """Decode ``(key, items)`` batches on ``workers`` processes; yield ``(key, records)`` as each finishes.
 
-    At most two batches per worker are in flight, so the driver never queues the whole corpus.
+    At most two batches per worker are in flight, so the driver never queues the whole corpus. One worker
+    decodes in this process.
     """
+    if workers == 1:
+        yield from _in_process(options, batches)
+        return
     todo = iter(batches)
     with thread_limit(options.threads):
         pool = ProcessPoolExecutor(
