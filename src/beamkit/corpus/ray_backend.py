@@ -97,7 +97,8 @@ def ray_results(
         rows = [{"batch": key, "items": json.dumps([list(item) for item in items])} for key, items in batches]
         if not rows:
             return
-        ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), 4 * workers))
+        # one block per batch (up to 10,000): tasks are small, so results stream and the actors share the tail
+        ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), 10_000))
         decoded = ds.map_batches(
             _bound(BatchDecoder, options), compute=_actor_pool(ray, workers), batch_size=1, num_cpus=1,
             batch_format="numpy",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,12 +58,14 @@ def decode_corpus(
     batch_size: int = 32,
     shard_size: int = 1000,
     progress: bool = False,
+    on_batch: Callable[[int], None] | None = None,
 ) -> CorpusResult:
     """Decode every input of ``input`` into the JSONL file ``output`` (one object per input, input order).
 
     ``workers`` processes (or, with ``ray`` set, Ray actors: ``""`` for ``ray.init()``'s default, else a cluster
     address) each load the model once. Shards of ``shard_size`` inputs are written to ``OUTPUT.parts/`` as they
     finish; rerunning the same call decodes only the missing ones. Bad inputs become records with ``error``.
+    ``progress`` shows a tqdm bar on stderr; ``on_batch(n)`` is called as each batch of ``n`` inputs arrives.
     """
     options.check()
     for name, value in (("workers", workers), ("batch_size", batch_size), ("shard_size", shard_size)):
@@ -95,6 +98,8 @@ def decode_corpus(
                 got[start] = records
                 if bar is not None:
                     bar.update(len(records))
+                if on_batch is not None:
+                    on_batch(len(records))
                 if sum(len(r) for r in got.values()) == len(plan.span(shard)):
                     store.finish_shard(shard, [r for s in sorted(got) for r in got[s]], done)
                     done.append(shard)
