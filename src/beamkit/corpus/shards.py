@@ -65,8 +65,13 @@ class ShardStore:
         return self.folder / f"shard-{shard:05d}.jsonl"
 
     def open(self) -> list[int]:
-        """Create the folder and manifest, or check an existing one is this run; return the finished shards."""
+        """Create the folder and manifest, or check an existing one is this run; return the finished shards.
+
+        Temporary files a killed run left behind (never visible as shards) are removed."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        stale = [*self.folder.glob(".*.tmp"), *self.output.parent.glob(f".{self.output.name}.*.tmp")]
+        for leftover in stale:
+            leftover.unlink(missing_ok=True)
         if self.manifest_path.exists():
             try:
                 old = json.loads(self.manifest_path.read_text(encoding="utf-8"))
