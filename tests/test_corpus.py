@@ -337,3 +337,26 @@ def test_hf_directory_equals_generate_one_at_a_time(tmp_path, tiny_hf):
         assert rec["error"] is None
         assert rec["n_best"] == want
         assert all(h["text"] for h in want)
+
+
+def test_a_failing_batch_is_decoded_one_by_one():
+    """A batched search that fails as a whole is retried input by input: only the culprit becomes an error."""
+    from beamkit.corpus import Decoder, Item, Scored
+
+    class Picky:
+        def prepare(self, item):
+            return item.text
+
+        def decode(self, batch):
+            if "boom" in batch:
+                raise ValueError("cannot decode boom")
+            return [[Scored(t.upper(), -1.0, -0.5)] for t in batch]
+
+    decoder = Decoder.__new__(Decoder)
+    decoder.model = Picky()
+    items = [Item(0, "a", "x"), Item(1, "b", "boom"), Item(2, "c", "y", error="bad"), Item(3, "d", "z")]
+    records = decoder.decode_items(items)
+    assert [r["id"] for r in records] == ["a", "b", "c", "d"]
+    assert [r["error"] for r in records] == [None, "cannot decode boom", "bad", None]
+    assert records[0]["n_best"] == [{"text": "X", "logprob": -1.0, "score": -0.5}]
+    assert records[3]["n_best"][0]["text"] == "Z"

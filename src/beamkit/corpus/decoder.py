@@ -202,17 +202,17 @@ class Decoder:
                 out[pos] = record(item, error=str(exc))
         if ready:
             try:
-                results = self.model.decode([x for _, x in ready])
+                batch = self.model.decode([x for _, x in ready])
+                for (pos, _), hyps in zip(ready, batch, strict=True):
+                    out[pos] = record(items[pos], hyps)
             except (ValueError, TypeError, RuntimeError):
-                results = []
                 for pos, x in ready:
-                    results.append(self._alone(items[pos], x))
-            for (pos, _), hyps in zip(ready, results, strict=True):
-                out[pos] = hyps if isinstance(hyps, dict) else record(items[pos], hyps)
+                    out[pos] = self._alone(items[pos], x)
         return [r for r in out if r is not None]
 
-    def _alone(self, item: Item, prepared: Any) -> Any:
+    def _alone(self, item: Item, prepared: Any) -> dict[str, Any]:
+        """The record of one input decoded by itself (its error, should the search fail)."""
         try:
-            return self.model.decode([prepared])[0]
+            return record(item, self.model.decode([prepared])[0])
         except (ValueError, TypeError, RuntimeError) as exc:
             return record(item, error=str(exc))
