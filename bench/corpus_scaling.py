@@ -6,8 +6,9 @@ output (``beamkit.corpus.decode_corpus``). Times are measured two ways:
 
 * end to end: from the call to the assembled file, including each worker's start-up (process or actor start,
   imports, model load), which a corpus pays once per worker whatever its size;
-* steady: the time per input once the workers are up, what a large corpus sees: (T(N) - T(N/10)) / (0.9 N)
-  from a run on all N inputs and one on the first tenth (the start-up cancels out).
+* steady: the time per input once the workers are up, what a large corpus sees: from the moment 20% of the
+  inputs have come back to the moment 90% have, over the 70% of the inputs in between (batches are timed as
+  they reach the driver; the start-up and the last batches' imbalance are left out).
 
 Prints ``corpus-scaling[local,2]: X.XXx`` and ``corpus-scaling[ray,2]: X.XXx`` (steady rate of 2 workers over
 1, target >= 1.6x on a 2-core machine), the end-to-end ratios, and ``ray-overhead[W]: +X.XX ms/input`` (Ray's
@@ -45,13 +46,24 @@ def corpus(model: str, n: int) -> list[str]:
     return (sources * (n // len(sources) + 1))[:n]
 
 
-def timed_run(src: Path, folder: Path, model: str, workers: int, ray: str | None) -> float:
-    """Seconds of one full decode of ``src`` into a fresh output."""
+def timed_run(src: Path, folder: Path, model: str, workers: int, ray: str | None) -> tuple[float, float]:
+    """(end-to-end seconds, steady seconds per input) of one full decode of ``src`` into a fresh output."""
+    arrived: list[tuple[int, float]] = []
+    count = 0
+
+    def on_batch(n: int) -> None:
+        nonlocal count
+        count += n
+        arrived.append((count, time.perf_counter()))
+
     began = time.perf_counter()
     out = folder / f"{model}-{'ray' if ray is not None else 'local'}-{workers}-{time.monotonic_ns()}.jsonl"
     options = DecodeOptions(model=model, beam=5)
-    decode_corpus(src, out, options, workers=workers, ray=ray, batch_size=32, shard_size=500)
-    return time.perf_counter() - began
+    decode_corpus(src, out, options, workers=workers, ray=ray, batch_size=32, shard_size=500, on_batch=on_batch)
+    total = time.perf_counter() - began
+    lo = next((c, t) for c, t in arrived if c >= 0.2 * count)
+    hi = next((c, t) for c, t in arrived if c >= 0.9 * count)
+    return total, (hi[1] - lo[1]) / (hi[0] - lo[0])
 
 
 def main() -> None:
@@ -71,18 +83,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             for model in args.models.split(","):
-                inputs = corpus(model, args.inputs)
-                small = args.inputs // 10
-                src, head = folder / f"{model}.txt", folder / f"{model}-head.txt"
-                src.write_text("\n".join(inputs) + "\n")
-                head.write_text("\n".join(inputs[:small]) + "\n")
+                src = folder / f"{model}.txt"
+                src.write_text("\n".join(corpus(model, args.inputs)) + "\n")
                 res: dict[tuple[str, int], tuple[float, float]] = {}
                 for backend in ("local", "ray"):
                     for workers in (1, 2):
                         on = "" if backend == "ray" else None
-                        full = min(timed_run(src, folder, model, workers, on) for _ in range(args.repeats))
-                        part = min(timed_run(head, folder, model, workers, on) for _ in range(args.repeats))
-                        res[backend, workers] = (full, (full - part) / (args.inputs - small))
+                        runs = [timed_run(src, folder, model, workers, on) for _ in range(args.repeats)]
+                        res[backend, workers] = (min(r[0] for r in runs), min(r[1] for r in runs))
                         total, per = res[backend, workers]
                         print(
                             f"  {model} {backend} {workers} worker(s): {total:.2f} s end to end, "
