@@ -13,7 +13,13 @@ import sys
 from collections.abc import Sequence
 
 # Modules that contribute subcommands; each exposes ``register(subparsers) -> None``.
-COMMAND_MODULES: tuple[str, ...] = ("beamkit.tasks.cli", "beamkit.ctc.cli", "beamkit.demo", "beamkit.serve.cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "beamkit.tasks.cli",
+    "beamkit.ctc.cli",
+    "beamkit.corpus.cli",
+    "beamkit.demo",
+    "beamkit.serve.cli",
+)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -1,0 +1,93 @@
+"""``beamkit decode``: a corpus file (or a folder of CTC posteriors) in, JSONL out, on local processes or Ray."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from beamkit.corpus.options import DecodeOptions
+
+
+def _options(args: argparse.Namespace) -> DecodeOptions:
+    ctc = os.path.isdir(args.input)
+    if ctc and args.labels is None:
+        raise ValueError(f"{args.input} is a folder: CTC posteriors need --labels")
+    if args.labels is not None and not ctc:
+        raise ValueError("--labels applies to a folder of .npy CTC posteriors given as --input")
+    labels = None
+    if ctc:
+        from beamkit.ctc.cli import _read_labels
+
+        labels = tuple(_read_labels(args.labels))
+    beam = args.beam if args.beam is not None else (100 if ctc else 5)
+    return DecodeOptions(
+        model=args.model, beam=beam, n_best=args.n_best, length_penalty=args.length_penalty, max_len=args.max_len,
+        labels=labels, lm=args.lm, alpha=args.alpha, beta=args.beta, lm_backend=args.lm_backend,
+        pyctcdecode_compat=args.pyctcdecode_compat,
+    )  # fmt: skip
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    """Decode a corpus into a JSONL file; resumable (rerun the same command after an interruption)."""
+    from beamkit.corpus.run import decode_corpus
+
+    options = _options(args)
+    try:
+        result = decode_corpus(
+            args.input, args.output, options, workers=args.workers, ray=args.ray, batch_size=args.batch_size,
+            shard_size=args.shard_size, progress=not args.quiet,
+        )  # fmt: skip
+    except ImportError as exc:
+        print(f"beamkit decode: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError:
+        raise  # a usage error: beamkit.cli prints it and exits 2
+    except KeyboardInterrupt:
+        print("beamkit decode: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError) as exc:
+        print(f"beamkit decode: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a Ray task failure arrives as Ray's own exception types
+        if type(exc).__module__.split(".")[0] != "ray":
+            raise
+        print(f"beamkit decode: error: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    reused = f", {result.shards_reused} reused" if result.shards_reused else ""
+    print(
+        f"wrote {result.output}: {result.inputs} inputs, {result.errors} errors, "
+        f"{result.shards_decoded} shards decoded{reused} in {result.seconds:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``decode`` to the ``beamkit`` command line."""
+    p = subparsers.add_parser(
+        "decode", help="decode a corpus file (or a folder of CTC .npy posteriors) into JSONL; resumable, Ray-ready"
+    )
+    p.add_argument("--model", default=None, help="shipped model, checkpoint path, g2p-en or hf:DIR (default: dates)")
+    p.add_argument("--input", required=True, help="text file (a source a line), .jsonl ({id, text}) or .npy folder")
+    p.add_argument("--output", required=True, help="output JSONL; shards and manifest go to OUTPUT.parts/")
+    p.add_argument("--beam", type=int, default=None, help="beam width (default 5; 100 for CTC)")
+    p.add_argument("--n-best", type=int, default=1, help="hypotheses per input (default 1)")
+    p.add_argument("--length-penalty", type=float, default=None, help="alpha (default: the model's, 1)")
+    p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=32, help="inputs per batched search (default 32)")
+    p.add_argument("--shard-size", type=int, default=1000, help="inputs per output shard (default 1000)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes or Ray actors (default 1)")
+    p.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="run on Ray: the cluster at ADDRESS, or without one ray.init()'s default (RAY_ADDRESS or a local Ray)",
+    )  # fmt: skip
+    p.add_argument("--labels", default=None, help="CTC: labels file (one per line) or a string of characters")
+    p.add_argument("--lm", default=None, help="CTC: ARPA or KenLM binary n-gram model")
+    p.add_argument("--lm-backend", choices=["auto", "arpa", "kenlm"], default="auto")
+    p.add_argument("--alpha", type=float, default=0.5, help="CTC: LM weight (default 0.5)")
+    p.add_argument("--beta", type=float, default=1.5, help="CTC: word insertion bonus (default 1.5)")
+    p.add_argument("--pyctcdecode-compat", action="store_true", help="CTC: pyctcdecode's end-of-utterance scoring")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_decode)

@@ -1,0 +1,115 @@
+"""``decode_corpus``: read a corpus, decode the shards not yet finished on a back-end, assemble the output."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from beamkit.corpus.inputs import Item, input_digest, read_inputs
+from beamkit.corpus.options import DecodeOptions
+from beamkit.corpus.shards import ShardPlan, ShardStore
+
+_CLEAN_END = b'"error": null}\n'
+
+
+@dataclass(frozen=True)
+class CorpusResult:
+    """What a run did: inputs in the output, how many are errors, shards decoded now / kept from before."""
+
+    output: str
+    inputs: int
+    errors: int
+    shards_decoded: int
+    shards_reused: int
+    seconds: float
+
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is a convenience; decoding does not need it
+        return None
+    return tqdm(total=total, initial=initial, unit="input", desc="decode", file=sys.stderr, smoothing=0.1)
+
+
+def _batches(items: list[Item], plan: ShardPlan, shards: list[int], batch_size: int) -> list[tuple[int, list[Item]]]:
+    """Each pending shard cut into batches of ``batch_size``, keyed by their first input's position."""
+    out = []
+    for shard in shards:
+        span = plan.span(shard)
+        for start in range(span.start, span.stop, batch_size):
+            out.append((start, items[start : min(start + batch_size, span.stop)]))
+    return out
+
+
+def decode_corpus(
+    input: str | Path,
+    output: str | Path,
+    options: DecodeOptions,
+    *,
+    workers: int = 1,
+    ray: str | None = None,
+    batch_size: int = 32,
+    shard_size: int = 1000,
+    progress: bool = False,
+    on_batch: Callable[[int], None] | None = None,
+) -> CorpusResult:
+    """Decode every input of ``input`` into the JSONL file ``output`` (one object per input, input order).
+
+    ``workers`` processes (or, with ``ray`` set, Ray actors: ``""`` for ``ray.init()``'s default, else a cluster
+    address) each load the model once. Shards of ``shard_size`` inputs are written to ``OUTPUT.parts/`` as they
+    finish; rerunning the same call decodes only the missing ones. Bad inputs become records with ``error``.
+    ``progress`` shows a tqdm bar on stderr; ``on_batch(n)`` is called as each batch of ``n`` inputs arrives.
+    """
+    options.check()
+    for name, value in (("workers", workers), ("batch_size", batch_size), ("shard_size", shard_size)):
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    began = time.perf_counter()
+    items = read_inputs(input)
+    plan = ShardPlan(len(items), shard_size)
+    run = {"input": input_digest(input), "options": options.fingerprint_fields(), "batch_size": batch_size}
+    store = ShardStore(output, plan, run)
+    done = store.open()
+    pending = [s for s in range(plan.shards) if s not in set(done)]
+    reused = len(done)
+    if pending:
+        batches = _batches(items, plan, pending, batch_size)
+        if ray is not None:
+            from beamkit.corpus.ray_backend import ray_results
+
+            results = ray_results(options, batches, workers, ray or None)
+        else:
+            from beamkit.corpus.local import local_results
+
+            results = local_results(options, batches, workers)
+        bar = _progress(plan.count, sum(len(plan.span(s)) for s in done), progress)
+        partial: dict[int, dict[int, list[dict[str, Any]]]] = {}
+        try:
+            for start, records in results:
+                shard = start // plan.size
+                got = partial.setdefault(shard, {})
+                got[start] = records
+                if bar is not None:
+                    bar.update(len(records))
+                if on_batch is not None:
+                    on_batch(len(records))
+                if sum(len(r) for r in got.values()) == len(plan.span(shard)):
+                    store.finish_shard(shard, [r for s in sorted(got) for r in got[s]], done)
+                    done.append(shard)
+                    del partial[shard]
+        finally:
+            if bar is not None:
+                bar.close()
+    if len(done) != plan.shards:
+        raise RuntimeError(f"{plan.shards - len(done)} shards were not decoded")
+    store.assemble()
+    with Path(output).open("rb") as fh:
+        errors = sum(1 for line in fh if not line.endswith(_CLEAN_END))
+    return CorpusResult(str(output), plan.count, errors, len(pending), reused, time.perf_counter() - began)
