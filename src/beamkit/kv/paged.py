@@ -74,7 +74,6 @@ class PagedKVCache:
         self._peak = 0  # blocks
         self.copied_blocks = 0  # copy-on-write copies made
         self.written_positions = 0  # positions whose keys/values were written (prefill and appends)
-        self._heads = torch.arange(self.heads, device=self.device)[None, :, None]  # shape: (1, heads, 1)
 
     # ------------------------------------------------------------------------------------------ accounting
     @property
@@ -173,13 +172,15 @@ class PagedKVCache:
 class Pages:
     """Where one step writes and reads, on the cache's device (computed once per step for every layer).
 
-    ``block``, ``offset`` ``[rows]``: the slot of each row's newest position; ``table`` ``[rows, nb]``: block ids
+    ``block``, ``offset`` ``[rows]``: the slot of each row's newest position (``slots`` ``[rows * heads]``: the
+    same as rows of a pool viewed ``[n_blocks * heads * block_size, d_head]``); ``table`` ``[rows, nb]``: block ids
     to gather (unused entries point at block 0 and are masked); ``width``: the longest row;
     ``mask`` ``[rows, 1, 1, width]`` (True = may attend) or None when every row holds ``width`` positions.
     """
 
     block: Tensor
     offset: Tensor
+    slots: Tensor
     table: Tensor
     width: int
     mask: Tensor | None
@@ -309,7 +310,11 @@ class PagedRows:
                 length = torch.as_tensor(self.length, device=dev)
                 mask = (torch.arange(width, device=dev)[None, :] < length[:, None])[:, None, None, :]
             block, offset = (torch.as_tensor(a, device=dev) for a in where)
-            self._pages = Pages(block, offset, table, width, mask)
+            heads, bs = self.cache.heads, self.cache.block_size
+            slots = (
+                (block[:, None] * heads + torch.arange(heads, device=dev)[None, :]) * bs + offset[:, None]
+            ).reshape(-1)
+            self._pages = Pages(block, offset, slots, table, width, mask)
         return self._pages
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> None:
@@ -317,8 +322,9 @@ class PagedRows:
         p = self.pages()
         c = self.cache
         with torch.no_grad():
-            c.k[layer][p.block, :, p.offset] = k[:, :, 0].detach().to(c.k[layer].dtype)
-            c.v[layer][p.block, :, p.offset] = v[:, :, 0].detach().to(c.v[layer].dtype)
+            for pool, x in ((c.k[layer], k), (c.v[layer], v)):
+                new = x[:, :, 0].detach().to(pool.dtype).reshape(-1, c.d_head)  # shape: (rows * heads, d_head)
+                pool.view(-1, c.d_head).index_copy_(0, p.slots, new)
 
     def read(self, layer: int) -> tuple[Tensor, Tensor]:
         """Every row's keys and values of ``layer``, ``[rows, heads, width, d_head]`` (positions past a row's
@@ -326,8 +332,10 @@ class PagedRows:
         p = self.pages()
         c = self.cache
         n, nb = p.table.shape
+        flat = p.table.reshape(-1)
         out = []
         for pool in (c.k[layer], c.v[layer]):
-            g = pool[p.table[:, None, :], c._heads]  # shape: (rows, heads, nb, block_size, d_head)
-            out.append(g.view(n, c.heads, nb * c.block_size, c.d_head)[:, :, : p.width])
+            g = pool.index_select(0, flat).view(n, nb, c.heads, c.block_size, c.d_head)
+            whole = g.transpose(1, 2).reshape(n, c.heads, nb * c.block_size, c.d_head)
+            out.append(whole[:, :, : p.width])  # shape: (rows, heads, width, d_head)
         return out[0], out[1]
