@@ -11,7 +11,8 @@ KV bytes are read by the engine after each model call (``engine.stats.kv_peak_by
 state holds, or the pool's blocks in use); the paged pool's own peak is checked to equal it. Transient copies
 inside a step (the dense ``cat`` and gather) are not counted, which favours the dense cache. Time per step is
 the decode loop (``engine.step()`` calls) divided by the steps, best of ``--repeats`` runs, the two caches
-interleaved; the prefix prefill, the same for both, is not timed. ``kv-step-time`` is the process CPU time (one
+interleaved, after one warm-up run of each; the pool is allocated once per setting; the prefix prefill, the same
+for both, is not timed. ``kv-step-time`` is the process CPU time (one
 torch thread: the machines here are shared, and wall time mostly measures the neighbours); ``kv-step-wall``,
 the wall-clock ratio, is printed too. Recomputed tokens: positions the paged cache
 wrote minus (prefix + one per row per call). Prints, per setting::
@@ -30,6 +31,7 @@ import time
 import torch
 
 from beamkit import Engine
+from beamkit.kv import PagedKVCache
 from beamkit.models.transformer import Transformer
 from beamkit.models.vocab import SPECIALS, Vocab
 
@@ -42,15 +44,21 @@ def build_model() -> Transformer:
     return model.eval()
 
 
-def decode(model: Transformer, beam: int, prompt: int, new: int, block_size: int | None) -> dict:
-    """One request decoded with the dense cache (``block_size`` None) or a paged one; returns the figures."""
+def make_cache(model: Transformer, beam: int, prompt: int, new: int, block_size: int) -> PagedKVCache:
+    """A pool with room for ``beam`` rows of ``prompt + new`` positions (allocated once per setting, as a server
+    would, and reused by every run: a fresh 64 MiB pool per run costs page faults that are no part of a step)."""
+    per_row = -(-(prompt + new) // block_size) + 1
+    return model.paged_cache(per_row * beam + 4, block_size)
+
+
+def decode(model: Transformer, beam: int, prompt: int, new: int, cache: PagedKVCache | None) -> dict:
+    """One request decoded with the dense cache (``cache`` None) or the paged one; returns the figures."""
     g = torch.Generator().manual_seed(prompt)
     src = torch.randint(3, len(model.src_vocab), (1, 32), generator=g)
     prefix = torch.randint(3, len(model.tgt_vocab), (1, prompt + 1), generator=g)
-    cache = None
-    if block_size is not None:
-        per_row = -(-(prompt + new) // block_size) + 1
-        cache = model.paged_cache(per_row * beam + 4, block_size)
+    if cache is not None:
+        cache.reset_peak()
+        written, copied = cache.written_positions, cache.copied_blocks
     with torch.inference_mode():
         state = model.init_state(src, None, prefix[:, :prompt], kv=cache)
         engine = Engine(model.step, beam_size=beam, max_len=new)
@@ -70,8 +78,8 @@ def decode(model: Transformer, beam: int, prompt: int, new: int, block_size: int
     }
     if cache is not None:
         assert cache.peak_bytes() == stats.kv_peak_bytes
-        out["recomputed"] = cache.written_positions - (prompt + stats.rows_total)
-        out["copied"] = cache.copied_blocks
+        out["recomputed"] = cache.written_positions - written - (prompt + stats.rows_total)
+        out["copied"] = cache.copied_blocks - copied
         out["pool"] = cache.n_blocks * cache.block_bytes
         del engine, done
         assert cache.blocks_in_use() == 0
@@ -89,9 +97,12 @@ def main() -> None:
     for beam in (4, 8):
         for prompt in (64, 256):
             runs: dict[str, list[dict]] = {"dense": [], "paged": []}
+            cache = make_cache(model, beam, prompt, args.new, args.block_size)
+            decode(model, beam, prompt, args.new, None)  # warm-up, not counted
+            decode(model, beam, prompt, args.new, cache)
             for _ in range(args.repeats):
                 runs["dense"].append(decode(model, beam, prompt, args.new, None))
-                runs["paged"].append(decode(model, beam, prompt, args.new, args.block_size))
+                runs["paged"].append(decode(model, beam, prompt, args.new, cache))
             d, p = runs["dense"][-1], runs["paged"][-1]
             cpu = {k: min(r["step_s"] for r in v) for k, v in runs.items()}
             wall = {k: min(r["wall_s"] for r in v) for k, v in runs.items()}
@@ -107,6 +118,7 @@ def main() -> None:
             print(f"kv-memory[{tag}]: {p['kv_peak'] / d['kv_peak']:.2f}x dense")
             print(f"kv-step-time[{tag}]: {cpu['paged'] / cpu['dense']:.2f}x dense")
             print(f"kv-step-wall[{tag}]: {wall['paged'] / wall['dense']:.2f}x dense")
+
 
 if __name__ == "__main__":
     main()
