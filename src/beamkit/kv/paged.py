@@ -172,14 +172,12 @@ class PagedKVCache:
 class Pages:
     """Where one step writes and reads, on the cache's device (computed once per step for every layer).
 
-    ``block``, ``offset`` ``[rows]``: the slot of each row's newest position (``slots`` ``[rows * heads]``: the
-    same as rows of a pool viewed ``[n_blocks * heads * block_size, d_head]``); ``table`` ``[rows, nb]``: block ids
+    ``slots`` ``[rows * heads]``: where each row's newest position goes, as rows of a pool viewed
+    ``[n_blocks * heads * block_size, d_head]``; ``table`` ``[rows, nb]``: block ids
     to gather (unused entries point at block 0 and are masked); ``width``: the longest row;
     ``mask`` ``[rows, 1, 1, width]`` (True = may attend) or None when every row holds ``width`` positions.
     """
 
-    block: Tensor
-    offset: Tensor
     slots: Tensor
     table: Tensor
     width: int
@@ -314,7 +312,7 @@ class PagedRows:
             slots = (
                 (block[:, None] * heads + torch.arange(heads, device=dev)[None, :]) * bs + offset[:, None]
             ).reshape(-1)
-            self._pages = Pages(block, offset, slots, table, width, mask)
+            self._pages = Pages(slots, table, width, mask)
         return self._pages
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> None:
