@@ -59,6 +59,7 @@ bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python bench/search_overhead.py
 	$(BIN)/python bench/hf_vs_beamkit.py
 	$(PEER)/bin/python bench/ctc_vs_pyctcdecode.py
+	$(BIN)/python bench/paged_kv.py
 
 clean:
 	rm -rf $(VENV) $(PEER) mutants .pytest_cache .mypy_cache .ruff_cache

@@ -165,6 +165,24 @@ class Completed:
     steps: int = 0
 
 
+@dataclass
+class EngineStats(SearchStats):
+    """:class:`SearchStats` plus key/value-cache accounting, read from the state after each model call when the
+    state offers ``kv_bytes()`` (for example a Transformer state over a :class:`beamkit.kv.PagedKVCache`):
+    ``kv_bytes`` after the latest call, ``kv_peak_bytes`` the most seen (both 0 when the state has no such hook).
+    """
+
+    kv_bytes: int = 0
+    kv_peak_bytes: int = 0
+
+    def record_kv(self, state: Any) -> None:
+        """Read ``state.kv_bytes()`` when the state has it."""
+        kv_bytes = getattr(state, "kv_bytes", None)
+        if callable(kv_bytes):
+            self.kv_bytes = int(kv_bytes())
+            self.kv_peak_bytes = max(self.kv_peak_bytes, self.kv_bytes)
+
+
 class _Book:
     """Per-request bookkeeping: arrays indexed by request id (grown as requests are added) and finished pools.
 
@@ -488,7 +506,7 @@ class Engine:
             options.policy
         ]
         self.book = _Book()
-        self.stats = SearchStats()
+        self.stats = EngineStats()
         self._rows = _Rows.start(np.zeros(0, np.int64), 0)
         self._state: Any = None
         self._y = np.zeros(0, np.int64)  # shape: (rows,) host copy of the next y_prev
@@ -647,6 +665,7 @@ class Engine:
         ended: list[Completed] = []
         try:
             logits, state, extras = self._call(n_rows)
+            self.stats.record_kv(state)  # KV-cache accounting (optional state hook)
             self._advance(logits, state, extras, ended)
         except Exception as exc:  # the whole call is lost: every request in it fails, the engine goes on
             if self.on_step_error == "raise":

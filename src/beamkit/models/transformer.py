@@ -5,6 +5,11 @@ self-attention keys/values live in the state (``(rows, heads, t, d_head)``, gath
 while the cross-attention keys/values are computed once per *request* by :meth:`Transformer.init_state` and
 travel in a ``beamkit.Shared``, indexed by the state's ``req`` leaf, so beams never copy them.
 
+With ``init_state(..., kv=cache)`` (a :class:`beamkit.kv.PagedKVCache`, see :meth:`Transformer.paged_cache`)
+the self-attention keys/values live in the cache's block pool instead: beams share the blocks of their common
+prefix and the gather by parent copies block tables only. A forced decoder ``prefix`` is fed teacher-forced
+into the cache once per request.
+
 Requires torch (the ``torch`` extra).
 """
 
@@ -16,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from beamkit.kv import PagedKVCache, PagedRows
 from beamkit.models.common import join_requests, pad_axis
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
@@ -32,25 +38,39 @@ class TransformerState(NamedTuple):
     # joined a running search): each row's keys/values are right-aligned in the t columns, padding masked.
     # None: every row holds all t positions.
     length: Tensor | None = None
+    # the self-attention cache in a PagedKVCache (self_k / self_v are then empty), or None for the dense cache
+    paged: PagedRows | None = None
+
+    def kv_bytes(self) -> int:
+        """Bytes held by the self-attention cache: the paged pool's blocks in use, or the dense tensors."""
+        if self.paged is not None:
+            return self.paged.cache.bytes_in_use()
+        return sum(int(x.numel()) * x.element_size() for x in (*self.self_k, *self.self_v))
 
     def beamkit_concat(self, others: list[TransformerState]) -> TransformerState:
         """Join the rows of requests added to a running search (``beamkit.concat_state``): self-attention caches
         left-padded to the longest (``length`` records each row's own), cross-attention keys/values of the
         requests still decoding joined (sources padded, masked), request indices renumbered."""
         parts = [self, *others]
+        layers = len(self.cross.value[0])
+        flat = [(p.req, Shared((*p.cross.value[0], *p.cross.value[1], p.cross.value[2]))) for p in parts]
+        if any((p.paged is None) != (self.paged is None) for p in parts):
+            raise ValueError("cannot join paged and dense Transformer states: use one kind of cache for all")
+        req, cross = join_requests(flat, (2,) * (2 * layers) + (1,))
+        joined = Shared((cross.value[:layers], cross.value[layers : 2 * layers], cross.value[-1]))
+        if self.paged is not None:
+            paged = self.paged.beamkit_concat([p.paged for p in others])  # type: ignore[misc]
+            return TransformerState((), (), req, joined, None, paged)
         width = max(p.self_k[0].shape[2] for p in parts)
         lengths = [
             p.length if p.length is not None else p.req.new_full(p.req.shape, p.self_k[0].shape[2]) for p in parts
         ]
-        layers = len(self.self_k)
-        flat = [(p.req, Shared((*p.cross.value[0], *p.cross.value[1], p.cross.value[2]))) for p in parts]
-        req, cross = join_requests(flat, (2,) * (2 * layers) + (1,))
         length = torch.cat(lengths)
         return TransformerState(
             tuple(torch.cat([pad_axis(p.self_k[i], 2, width, left=True) for p in parts]) for i in range(layers)),
             tuple(torch.cat([pad_axis(p.self_v[i], 2, width, left=True) for p in parts]) for i in range(layers)),
             req,
-            Shared((cross.value[:layers], cross.value[layers : 2 * layers], cross.value[-1])),
+            joined,
             None if bool((length == width).all()) else length,
         )
 
@@ -120,9 +140,23 @@ class _DecoderLayer(nn.Module):
         k = torch.cat([k_self, a.split(a.k(h))], dim=2)  # shape: (B, heads, t + Tn, d_head)
         v = torch.cat([v_self, a.split(a.v(h))], dim=2)
         x = x + self.drop(a.attend(a.split(a.q(h)), k, v, self_mask))
+        return self._cross_ff(x, ck, cv, m), k, v
+
+    def forward_paged(self, x: Tensor, rows: PagedRows, layer: int, ck: Tensor, cv: Tensor, m: Tensor) -> Tensor:
+        """Run the layer on the newest position ``x`` (rows, 1, D): its key/value is written into the paged
+        cache ``rows`` (after :meth:`PagedRows.append`), attention reads every row's positions from the pages."""
+        a = self.self_attn
+        h = self.ln1(x)
+        rows.write(layer, a.split(a.k(h)), a.split(a.v(h)))
+        k, v = rows.read(layer)  # shape: (rows, heads, width, d_head)
+        x = x + self.drop(a.attend(a.split(a.q(h)), k, v, rows.pages().mask))
+        return self._cross_ff(x, ck, cv, m)
+
+    def _cross_ff(self, x: Tensor, ck: Tensor, cv: Tensor, m: Tensor) -> Tensor:
+        """Cross-attention over the source, then the feed-forward block."""
         c = self.cross_attn
         x = x + self.drop(c.attend(c.split(c.q(self.ln2(x))), ck, cv, m[:, None, None, :]))
-        return x + self.drop(self.ff(self.ln3(x))), k, v
+        return x + self.drop(self.ff(self.ln3(x)))
 
 
 class Transformer(nn.Module):
@@ -198,20 +232,70 @@ class Transformer(nn.Module):
         return self.out(self.dec_ln(x))
 
     # ---------------------------------------------------------------------------- beamkit step function
-    def init_state(self, src: Tensor, lengths: Tensor | None = None) -> TransformerState:
-        """Encode the requests and return the step state: one row each, cross K/V computed once per request."""
+    def paged_cache(
+        self, n_blocks: int, block_size: int = 16, device: str | torch.device | None = None
+    ) -> PagedKVCache:
+        """A :class:`beamkit.kv.PagedKVCache` shaped for this model's decoder (its layers, heads, head width and
+        dtype), on ``device`` (default: the model's)."""
+        w = self.out.weight
+        d_head = self.d_model // self.heads
+        dev = w.device if device is None else device
+        return PagedKVCache(len(self.dec), self.heads, d_head, n_blocks, block_size, dtype=w.dtype, device=dev)
+
+    def init_state(
+        self,
+        src: Tensor,
+        lengths: Tensor | None = None,
+        prefix: Tensor | None = None,
+        kv: PagedKVCache | None = None,
+    ) -> TransformerState:
+        """Encode the requests and return the step state: one row each, cross K/V computed once per request.
+
+        ``prefix`` (B, P): decoder inputs fed teacher-forced before the search (their keys/values are cached;
+        the search's ``bos`` is then the input after them). ``kv``: keep the self-attention cache in this paged
+        cache (shared by every request of one search) instead of dense per-row tensors.
+        """
         memory, mask = self.encode(src, lengths)
-        kv = [layer.cross_kv(memory) for layer in self.dec if isinstance(layer, _DecoderLayer)]
-        cross = (tuple(k for k, _ in kv), tuple(v for _, v in kv), mask)
+        kv_cross = [layer.cross_kv(memory) for layer in self.dec if isinstance(layer, _DecoderLayer)]
+        ck, cv = tuple(k for k, _ in kv_cross), tuple(v for _, v in kv_cross)
         empty = self._empty_cache(src.shape[0], memory)
+        keys, values = empty, empty
+        if prefix is not None:
+            keys, values = self._prefill(torch.as_tensor(prefix, device=src.device), ck, cv, mask)
         req = torch.arange(src.shape[0], device=src.device)
-        return TransformerState(empty, empty, req, Shared(cross))
+        if kv is None:
+            return TransformerState(keys, values, req, Shared((ck, cv, mask)))
+        if not isinstance(kv, PagedKVCache):
+            raise TypeError(f"kv must be a beamkit.kv.PagedKVCache or None, got {type(kv).__name__}")
+        return TransformerState((), (), req, Shared((ck, cv, mask)), None, kv.prefill(keys, values))
+
+    def _prefill(
+        self, prefix: Tensor, ck: tuple[Tensor, ...], cv: tuple[Tensor, ...], mask: Tensor
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """Self-attention keys/values of a teacher-forced decoder prefix (B, P), per layer (B, heads, P, d)."""
+        if prefix.dim() != 2 or prefix.shape[0] != mask.shape[0]:
+            raise ValueError(f"prefix must be [{mask.shape[0]}, P] token ids, got shape {tuple(prefix.shape)}")
+        t = prefix.shape[1]
+        if t >= self.max_len:
+            raise ValueError(f"a prefix of {t} tokens leaves no room within the model's max_len {self.max_len}")
+        pos = torch.arange(t, device=prefix.device)
+        x = self.tgt_emb(prefix) + self.tgt_pos(pos)
+        causal = torch.ones(t, t, dtype=torch.bool, device=prefix.device).tril()
+        empty = self._empty_cache(prefix.shape[0], x)
+        keys, values = [], []
+        for i, layer in enumerate(self.dec):
+            x, k, v = layer(x, empty[i], empty[i], causal, ck[i], cv[i], mask)
+            keys.append(k)
+            values.append(v)
+        return tuple(keys), tuple(values)
 
     def step(self, state: TransformerState, y_prev: Any) -> tuple[Tensor, TransformerState]:
         """beamkit step function: feed only the newest token ``y_prev`` (rows,), return logits (rows, V)."""
         ck, cv, mask = state.cross.value
         r = state.req
         y = torch.as_tensor(y_prev, dtype=torch.long, device=r.device)
+        if state.paged is not None:
+            return self._step_paged(state, y)
         self_k, self_v, length = state.self_k, state.self_v, state.length
         if length is not None:  # rows of different lengths: drop columns no row uses any more
             lead = self_k[0].shape[2] - int(length.max())
@@ -238,3 +322,24 @@ class Transformer(nn.Module):
         logits = self.out(self.dec_ln(x[:, 0]))  # shape: (rows, V)
         new_length = None if length is None else length + 1
         return logits, TransformerState(tuple(new_k), tuple(new_v), r, state.cross, new_length)
+
+    def _step_paged(self, state: TransformerState, y: Tensor) -> tuple[Tensor, TransformerState]:
+        """One step over the paged cache: one position appended per row (copy-on-write of shared partial
+        blocks), attention read from the pages."""
+        ck, cv, mask = state.cross.value
+        r = state.req
+        paged = state.paged
+        assert paged is not None
+        length = paged.length
+        if len(paged) != r.shape[0]:
+            raise ValueError(f"the paged cache holds {len(paged)} rows, the state {r.shape[0]}")
+        if len(paged) and int(length.max()) >= self.max_len:
+            raise ValueError(f"decoding past the model's max_len {self.max_len}")
+        pos = torch.as_tensor(length, device=r.device)
+        rows = paged.append()
+        x = self.tgt_emb(y)[:, None, :] + self.tgt_pos(pos)[:, None, :]  # shape: (rows, 1, D)
+        for i, layer in enumerate(self.dec):
+            assert isinstance(layer, _DecoderLayer)
+            x = layer.forward_paged(x, rows, i, ck[i][r], cv[i][r], mask[r])
+        logits = self.out(self.dec_ln(x[:, 0]))  # shape: (rows, V)
+        return logits, TransformerState((), (), r, state.cross, None, rows)
