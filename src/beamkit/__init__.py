@@ -6,7 +6,9 @@ One engine (:class:`BeamSearch`) runs every search; ``beam_search`` / ``greedy_d
 
 from beamkit.decode import beam_search, greedy_decode
 from beamkit.engine import BeamSearch, Deterministic, SearchOptions, SearchResult, Selector, search_batch
+from beamkit.fusion import Fused, fuse
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
+from beamkit.ngram import NGramLM
 from beamkit.processors import (
     BadWords,
     ForcedPrefix,
@@ -53,11 +55,13 @@ __all__ = [
     "CoveragePenalty",
     "Deterministic",
     "FinalScorer",
+    "Fused",
     "ForcedPrefix",
     "Hypothesis",
     "LengthPenalty",
     "LogitsProcessor",
     "MinLength",
+    "NGramLM",
     "NoRepeatNGram",
     "PrefixAllowedTokens",
     "RepetitionPenalty",
@@ -72,6 +76,7 @@ __all__ = [
     "Temperature",
     "beam_search",
     "concat_state",
+    "fuse",
     "greedy_decode",
     "search_batch",
     "select_state",
