@@ -68,15 +68,21 @@ def translate(
     length_penalty: float = 1.0,
     max_len: int | None = None,
     batch_size: int = 256,
+    lm: Any = None,
+    lm_weight: float = 0.0,
+    **options: Any,
 ) -> list[list[Translation]]:
     """Decode ``texts`` with ``model`` (Seq2Seq or Transformer) by beam search; return each one's n-best.
 
     Sources are encoded in batches of ``batch_size`` and each batch is one :func:`beamkit.search_batch`
-    call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError.
+    call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError. With an
+    ``lm`` (a step function over the target ids with ``init_state(n)``, such as :class:`beamkit.NGramLM`), the
+    model is fused with it (:func:`beamkit.fuse`, ``lm_weight``); ``logprob`` is then the fused score. Other
+    ``options`` go to :func:`beamkit.search_batch`.
     """
     import torch
 
-    from beamkit import search_batch
+    from beamkit import fuse, search_batch
     from beamkit.models.common import encode_sources, pad_batch
 
     if batch_size < 1:
@@ -89,8 +95,12 @@ def translate(
         for start in range(0, len(ids), batch_size):
             src, lengths = pad_batch(ids[start : start + batch_size], model.src_vocab.pad)
             state = model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+            step = model.step
+            if lm is not None:
+                step = fuse(model.step, lm, lm_weight)
+                state = step.init_state(state, lm.init_state(src.shape[0]))
             hyps = search_batch(
-                model.step,
+                step,
                 state,
                 tv.bos,
                 tv.eos,
@@ -98,6 +108,7 @@ def translate(
                 limit,
                 length_penalty=length_penalty,
                 num_return=num_return,
+                **options,
             )
             for request in hyps:
                 results.append(
