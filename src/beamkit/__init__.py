@@ -1,11 +1,21 @@
 """beamkit: beam-search decoding for any sequence model.
 
-One engine (:class:`BeamSearch`) runs every search; ``beam_search`` / ``greedy_decode`` decode one request and
-``search_batch`` many at once, all with a step function ``step_fn(state, y_prev) -> (logits [rows, V], state)``.
+One engine (:class:`Engine`, step-wise: requests join and leave at every step) runs every search; ``beam_search``
+/ ``greedy_decode`` decode one request and ``search_batch`` many at once, all with a step function
+``step_fn(state, y_prev) -> (logits [rows, V], state)``.
 """
 
 from beamkit.decode import beam_search, greedy_decode
-from beamkit.engine import BeamSearch, Deterministic, SearchOptions, SearchResult, Selector, search_batch
+from beamkit.engine import (
+    BeamSearch,
+    Completed,
+    Deterministic,
+    Engine,
+    SearchOptions,
+    SearchResult,
+    Selector,
+    search_batch,
+)
 from beamkit.fusion import Fused, fuse
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
 from beamkit.ngram import NGramLM
@@ -52,6 +62,8 @@ __all__ = [
     "BadWords",
     "BatchDecodeError",
     "BeamSearch",
+    "Completed",
+    "Engine",
     "CoveragePenalty",
     "Deterministic",
     "FinalScorer",

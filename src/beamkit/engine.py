@@ -17,16 +17,16 @@ results of decoding each alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
 from beamkit import ops
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
-from beamkit.processors import LogitsProcessor, MinLength, StepContext, is_stop
+from beamkit.processors import LogitsProcessor, StepContext, is_stop
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
-from beamkit.state import first_array, is_identity, select_state
+from beamkit.state import check_rows, concat_state, first_array, is_identity, select_state
 
 StepFn = Callable[[Any, Any], Any]
 EarlyStopping = bool | Literal["never"]
@@ -101,6 +101,7 @@ class SearchOptions:
     coverage_penalty: CoveragePenalty | None = None
     final_scorer: FinalScorer | None = None
     selector: Selector = field(default_factory=Deterministic)
+    beam_threshold: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "max_len"):
@@ -119,6 +120,12 @@ class SearchOptions:
             raise ValueError(f"min_len must be >= 0, got {self.min_len}")
         if self.exact_exit and (self.policy != "pool" or self.length_penalty.alpha != 0):
             raise ValueError("exact_exit needs policy='pool' and length penalty alpha == 0")
+        if self.beam_threshold is not None and (
+            isinstance(self.beam_threshold, bool)
+            or not isinstance(self.beam_threshold, (int, float))
+            or not 0 <= self.beam_threshold < float("inf")
+        ):
+            raise ValueError(f"beam_threshold must be a finite number >= 0 or None, got {self.beam_threshold!r}")
         raising = [type(p).__name__ for p in self.processors if getattr(p, "raises_scores", False)]
         if self.exact_exit and raising:
             raise ValueError(f"exact_exit needs step scores <= 0, but {raising} may raise them")
@@ -127,6 +134,12 @@ class SearchOptions:
     def pool_size(self) -> int:
         """How many finished hypotheses make a request's pool full (Kasai et al.'s patience)."""
         return max(1, round(self.beam_size * self.patience))
+
+
+# per-request options: they may differ between the requests of one Engine; the other SearchOptions fields are shared
+REQUEST_FIELDS = ("beam_size", "max_len", "min_len", "num_return", "length_penalty", "early_stopping", "patience")
+_SHARED_FIELDS = tuple(f for f in SearchOptions.__dataclass_fields__ if f not in REQUEST_FIELDS)
+_EARLY = {False: 0, True: 1, "never": 2}  # early_stopping mode as a small int per request
 
 
 @dataclass
@@ -138,23 +151,80 @@ class SearchResult:
     errors: dict[int, str]
 
 
-class _Requests:
-    """Per-request bookkeeping, indexed by request: finished pools, their sizes and scores, errors."""
+@dataclass
+class Completed:
+    """A request that ended at one :meth:`Engine.step`: its hypotheses (best first), or why it failed.
 
-    def __init__(self, n: int, nth: int):
-        self.pools: list[list[_Finished]] = [[] for _ in range(n)]
+    ``error`` is ``None`` or the message (``"cancelled"`` after :meth:`Engine.cancel`); a failed request has no
+    hypotheses. ``steps`` counts the model calls the request took part in.
+    """
+
+    request_id: int
+    hypotheses: list[Hypothesis]
+    error: str | None = None
+    steps: int = 0
+
+
+class _Book:
+    """Per-request bookkeeping: arrays indexed by request id (grown as requests are added) and finished pools.
+
+    Options per request (``beam``, ``max_len``, ``min_len``, ``m`` candidates per row, ``pool`` size, early
+    stopping mode ``es``, length penalty ``lp`` (index into the engine's list) and its ``alpha``, stop tokens
+    ``eos`` (index), ``nth_n``: the n of the nth-best score), the tokens generated so far ``t``, and the pool
+    counters (``count``, ``worst``, ``nth``).
+    """
+
+    _INT = ("t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nth_n", "nret", "count")
+    _FLOAT = ("alpha", "worst", "nth")
+
+    t: np.ndarray  # shape: (R,) each array below is indexed by request id
+    beam: np.ndarray
+    max_len: np.ndarray
+    min_len: np.ndarray
+    m: np.ndarray
+    pool: np.ndarray
+    es: np.ndarray
+    lp: np.ndarray
+    eos: np.ndarray
+    nth_n: np.ndarray
+    nret: np.ndarray
+    count: np.ndarray
+    alpha: np.ndarray
+    worst: np.ndarray
+    nth: np.ndarray
+
+    def __init__(self) -> None:
+        self.size = 0
+        for name in self._INT:
+            setattr(self, name, np.zeros(0, np.int64))
+        for name in self._FLOAT:
+            setattr(self, name, np.zeros(0))
+        self.pools: dict[int, list[_Finished]] = {}
         self.errors: dict[int, str] = {}
-        self.count = np.zeros(n, dtype=np.int64)  # shape: (R,) hypotheses in each pool
-        self.worst = np.full(n, -np.inf)  # shape: (R,) lowest score in each pool
-        self.nth = np.full(n, -np.inf)  # shape: (R,) the nth best score (-inf while fewer)
-        self._n = nth
 
-    def add(self, found: dict[int, list[_Finished]], cap: int | None) -> None:
-        """Merge new finished hypotheses into their requests' pools, best score first, capped (stable ties)."""
+    def grow(self, n: int) -> np.ndarray:
+        """Ids for ``n`` new requests (arrays grow by doubling)."""
+        need, cap = self.size + n, self.t.shape[0]
+        if need > cap:
+            new = max(need, 2 * cap, 16)
+            for name in self._INT + self._FLOAT:
+                old = getattr(self, name)
+                out = np.zeros(new, old.dtype) if name in self._INT else np.full(new, -np.inf)
+                out[:cap] = old
+                setattr(self, name, out)
+        ids = np.arange(self.size, need)
+        self.size = need
+        for r in ids.tolist():
+            self.pools[r] = []
+        return ids
+
+    def add(self, found: dict[int, list[_Finished]], capped: bool) -> None:
+        """Merge new finished hypotheses into their requests' pools, best score first (stable ties), each cut to
+        its request's pool size when ``capped``."""
         for r, hyps in found.items():
             pool = self.pools[r] + hyps
             pool.sort(key=_neg_score)
-            self.set(r, pool if cap is None else pool[:cap], by_score=True)
+            self.set(r, pool[: self.pool[r]] if capped else pool, by_score=True)
 
     def set(self, r: int, pool: list[_Finished], by_score: bool = False) -> None:
         """Replace request r's pool (kept in the order given; ``by_score``: it is best score first) and its
@@ -165,7 +235,12 @@ class _Requests:
             self.worst[r] = -np.inf
         else:
             self.worst[r] = pool[-1].score if by_score else min(h.score for h in pool)
-        self.nth[r] = pool[self._n - 1].score if len(pool) >= self._n else -np.inf
+        n = int(self.nth_n[r])
+        self.nth[r] = pool[n - 1].score if len(pool) >= n else -np.inf
+
+    def release(self, r: int) -> tuple[list[_Finished], str | None]:
+        """Forget request r; return its pool and error."""
+        return self.pools.pop(r, []), self.errors.pop(r, None)
 
 
 def _neg_score(h: _Finished) -> float:
@@ -175,28 +250,66 @@ def _neg_score(h: _Finished) -> float:
 
 @dataclass
 class _Rows:
-    """The live rows, one per running hypothesis, grouped by request in rank order (host arrays)."""
+    """The live rows, one per running hypothesis, grouped by request (ascending id) in rank order (host arrays).
+
+    Requests are at different steps, so token histories are ragged: they are right-aligned in ``[rows, W]``
+    tables (``W`` = the longest history), a row of request ``r`` holding its ``t[r]`` tokens in the last
+    columns and ``-1`` (scores 0) before them. Requests that joined the engine at the same step are adjacent and
+    share their history length, so a run of rows with one length is a plain ``[rows, t]`` view.
+    """
 
     req: np.ndarray  # shape: (rows,) request of each row
     lp: np.ndarray  # shape: (rows,) running log-probability, float64
     key: np.ndarray  # shape: (rows,) selector key (== lp for the deterministic selector)
-    tokens: np.ndarray  # shape: (rows, t) generated tokens
-    token_lp: np.ndarray  # shape: (rows, t) step scores
-    beam: np.ndarray  # shape: (rows, t) beam slot of the parent at each step
+    tokens: np.ndarray  # shape: (rows, W) generated tokens, right-aligned, -1 before
+    token_lp: np.ndarray  # shape: (rows, W) step scores
+    beam: np.ndarray  # shape: (rows, W) beam slot of the parent at each step
     cov: np.ndarray | None = None  # shape: (rows, S) accumulated attention
     _slots: np.ndarray | None = field(default=None, repr=False)  # shape: (rows,) cache of slots()
 
     @classmethod
-    def start(cls, n: int) -> _Rows:
-        """One empty row per request."""
-        z = np.zeros((n, 0))
-        return cls(np.arange(n), np.zeros(n), np.zeros(n), z.astype(np.int64), z, z.astype(np.int64))
+    def start(cls, req: np.ndarray, width: int) -> _Rows:
+        """One empty row per request of ``req``, histories padded to ``width``."""
+        n = req.shape[0]
+        pad = np.zeros((n, width))
+        return cls(req, np.zeros(n), np.zeros(n), np.full((n, width), -1, np.int64), pad, pad.astype(np.int64))
 
     def slots(self) -> np.ndarray:
         """Each row's beam slot: its rank within its request (computed once per step)."""
         if self._slots is None:
             self._slots = np.arange(self.req.shape[0]) - self.req.searchsorted(self.req, side="left")
         return self._slots
+
+    def take(self, idx: np.ndarray, width: int | None = None) -> _Rows:
+        """The rows ``idx`` (in that order), histories cut to the last ``width`` columns."""
+        w = self.tokens.shape[1] if width is None else width
+        cols = slice(self.tokens.shape[1] - w, None)
+        return _Rows(
+            self.req[idx],
+            self.lp[idx],
+            self.key[idx],
+            self.tokens[idx, cols],
+            self.token_lp[idx, cols],
+            self.beam[idx, cols],
+            None if self.cov is None else self.cov[idx],
+        )
+
+    def join(self, req: np.ndarray) -> _Rows:
+        """These rows followed by one empty row per request of ``req``, histories padded to one width."""
+        cov = self.cov
+        if cov is not None:
+            cov = np.concatenate([cov, np.zeros((req.shape[0], cov.shape[1]))])
+        new = _Rows.start(req, self.tokens.shape[1])
+        cat = np.concatenate
+        return _Rows(
+            cat([self.req, new.req]),
+            cat([self.lp, new.lp]),
+            cat([self.key, new.key]),
+            cat([self.tokens, new.tokens]),
+            cat([self.token_lp, new.token_lp]),
+            cat([self.beam, new.beam]),
+            cov,
+        )
 
     def extend(self, cand: _Candidates, sel: np.ndarray) -> _Rows:
         """The rows of the selected candidates: parents' histories gathered, new token appended."""
@@ -211,13 +324,23 @@ class _Rows:
             cov=None if self.cov is None else self.cov[parents],
         )
 
+    def add_coverage(self, attn: np.ndarray) -> None:
+        """Accumulate one step's attention ``[rows, S]`` (widths of requests that joined later are zero-padded)."""
+        if self.cov is None:
+            self.cov = attn
+            return
+        s = max(self.cov.shape[1], attn.shape[1])
+        pad = [np.pad(a, ((0, 0), (0, s - a.shape[1]))) if a.shape[1] < s else a for a in (self.cov, attn)]
+        self.cov = pad[0] + pad[1]
+
 
 class _Paths(NamedTuple):
     """The parents' histories of the hypotheses that ended at one step, gathered once for all of them."""
 
-    tokens: np.ndarray  # shape: (n, t)
-    token_lp: np.ndarray  # shape: (n, t)
-    beam: np.ndarray  # shape: (n, t)
+    tokens: np.ndarray  # shape: (n, W) right-aligned
+    token_lp: np.ndarray  # shape: (n, W)
+    beam: np.ndarray  # shape: (n, W)
+    t: np.ndarray  # shape: (n,) history length (the last t columns)
     lp: np.ndarray  # shape: (n,) the parent's running log-probability
     slot: np.ndarray  # shape: (n,) the parent's beam slot
 
@@ -237,13 +360,14 @@ class _Finished(NamedTuple):
     def build(self) -> Hypothesis:
         """The full :class:`Hypothesis`: the parent's path plus the last token."""
         p, i = self.paths, self.i
+        cols = slice(p.tokens.shape[1] - int(p.t[i]), None)
         return Hypothesis(
-            tokens=p.tokens[i].tolist() + [self.tok],
+            tokens=p.tokens[i, cols].tolist() + [self.tok],
             logprob=self.logprob,
             score=self.score,
             finished=self.finished,
-            token_logprobs=p.token_lp[i].tolist() + [self.logprob - float(p.lp[i])],
-            beam_indices=p.beam[i].tolist() + [int(p.slot[i])],
+            token_logprobs=p.token_lp[i, cols].tolist() + [self.logprob - float(p.lp[i])],
+            beam_indices=p.beam[i, cols].tolist() + [int(p.slot[i])],
             key=self.key,
         )
 
@@ -275,251 +399,582 @@ class _Candidates:
         order, rank = rank_candidates(c_req, c_key, c_row, c_tok, np.isfinite(c_lp), ordered)
         return cls(c_row[order], c_tok[order], c_lp[order], c_key[order], c_req[order], rank)
 
+    def take(self, keep: np.ndarray) -> _Candidates:
+        """The candidates where ``keep`` holds; ``keep`` must keep a prefix of each request (ranks stay)."""
+        return _Candidates(
+            self.row[keep], self.tok[keep], self.lp[keep], self.key[keep], self.req[keep], self.rank[keep]
+        )
+
     def rank_among(self, sel: np.ndarray) -> np.ndarray:
         """Rank of each selected candidate among the selected ones of its request."""
         r = self.req[sel]
         return np.arange(sel.shape[0]) - np.searchsorted(r, r, side="left")
 
 
-class BeamSearch:
-    """A configured search: ``BeamSearch(options).search(step_fn, init_state, bos, eos)``."""
+class _Join(NamedTuple):
+    """Requests added together, waiting to join the running rows at the next step."""
 
-    def __init__(self, options: SearchOptions):
-        self.options = options
-        procs = list(options.processors)
-        if options.min_len > 0:
-            procs.insert(0, MinLength(options.min_len))
-        self.processors = tuple(procs)
+    ids: np.ndarray  # shape: (n,) their request ids
+    state: Any  # their model state, one row each
+    bos: np.ndarray  # shape: (n,) int64
+
+
+class Engine:
+    """The step-wise search engine: requests join and leave the running rows at every step (continuous batching).
+
+    ``Engine(step_fn, **options)`` takes the fields of :class:`SearchOptions`. The policy, selector, processors
+    and the other search-wide fields are shared by all requests; ``beam_size``, ``max_len``, ``min_len``,
+    ``num_return``, ``length_penalty``, ``early_stopping`` and ``patience`` are defaults that each
+    :meth:`add` may override. Each :meth:`step` makes one ``step_fn`` call for every live row of every
+    request and returns the requests that ended at it::
+
+        engine = Engine(model.step, beam_size=5, max_len=64, policy="pool")
+        rid = engine.add(model.init_state(src), bos, eos, beam_size=3)
+        while not engine.idle:
+            for done in engine.step():
+                deliver(done.request_id, done.hypotheses, done.error)
+
+    Every request gets exactly the hypotheses it would get decoded alone: candidates are ranked within their
+    request, each request stops by its own rules, and what processors and selectors see of a row (the step,
+    the token history) is that request's own. Joining mid-flight: the running state and the new states are
+    joined with :func:`beamkit.concat_state` (``[running, new...]``, rows in request order), and the new rows
+    get their ``bos`` as ``y_prev``; see the README for what a step function must do to allow it.
+
+    ``on_step_error``: what happens when ``step_fn`` raises or returns something malformed (the whole call is
+    lost, so every request in it is): ``"fail"`` completes each of them with the error, ``"raise"`` re-raises.
+    """
+
+    def __init__(
+        self,
+        step_fn: StepFn,
+        options: SearchOptions | None = None,
+        *,
+        on_step_error: Literal["fail", "raise"] = "fail",
+        **fields: Any,
+    ):
+        if on_step_error not in ("fail", "raise"):
+            raise ValueError(f"on_step_error must be 'fail' or 'raise', got {on_step_error!r}")
+        if options is not None and fields:
+            raise TypeError("give Engine either options= or keyword fields, not both")
+        self._need_max_len = options is None and "max_len" not in fields
+        if options is None:
+            options = make_options(fields.pop("beam_size", 1), fields.pop("max_len", 1), **fields)
+        self.options = options  # the shared fields, and the defaults of the per-request ones
+        self._defaults = {k: getattr(options, k) for k in REQUEST_FIELDS}
+        self.step_fn = step_fn
+        self.on_step_error = on_step_error
         self._ordered = bool(getattr(options.selector, "ordered", False))  # see Selector
         # finish / survive / stop for one step, by policy; returns the survivors (indices into the candidates)
         self._policy_step = {"narrow": self._narrow_step, "pool": self._pool_step, "compete": self._compete_step}[
             options.policy
         ]
+        self.book = _Book()
+        self.stats = SearchStats()
+        self._rows = _Rows.start(np.zeros(0, np.int64), 0)
+        self._state: Any = None
+        self._y = np.zeros(0, np.int64)  # shape: (rows,) host copy of the next y_prev
+        self._ref: Any = None  # y_prev follows this array's library and device (the last logits)
+        self._vocab: int | None = None
+        self._pending: list[_Join] = []
+        self._cancel: set[int] = set()
+        self._eos: list[tuple[int, ...]] = []
+        self._lps: list[LengthPenalty] = []
 
-    def search(
+    # ---------------------------------------------------------------------------------------------- requests
+    def add(self, init_state: Any, bos: int, eos: int | Sequence[int] | None, **request_options: Any) -> int:
+        """Add one request (``init_state`` has one row on axis 0 of every array leaf); it joins at the next
+        :meth:`step`. ``request_options``: ``beam_size``, ``max_len``, ``min_len``, ``num_return``,
+        ``length_penalty``, ``early_stopping``, ``patience``. Returns the request id."""
+        return self.add_batch(init_state, bos, eos, 1, **request_options)[0]
+
+    def add_batch(
         self,
-        step_fn: StepFn,
         init_state: Any,
         bos: int | Sequence[int],
         eos: int | Sequence[int] | None,
-        batch_size: int | None = None,
-    ) -> SearchResult:
-        """Decode every request of ``init_state`` (one row each); see the module docstring for one step.
-
-        ``eos`` is the stop token, or several (any of them finishes a hypothesis); ``None`` means no stop token:
-        every hypothesis runs to ``max_len``.
-        """
-        opt = self.options
-        lead = first_array(init_state)
-        n_req = count_requests(init_state, bos) if batch_size is None else int(batch_size)
+        n: int | None = None,
+        **request_options: Any,
+    ) -> list[int]:
+        """Add ``n`` requests with the same options at once (``init_state`` has one row each; ``n`` defaults to
+        the rows of its first array leaf, else ``len(bos)``); returns their ids, in row order."""
+        opts = self._request_options(request_options)
+        n = count_requests(init_state, bos) if n is None else n
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"the number of requests must be an integer >= 0, got {n!r}")
+        check_rows(init_state, n, "init_state")
         stop = eos_ids(eos)
-        bos_arr = bos_array(bos, n_req)
-        m = 2 * opt.beam_size if opt.policy == "pool" else opt.beam_size
-        book = _Requests(n_req, opt.num_return or opt.beam_size)
-        stats = SearchStats()
-        rows = _Rows.start(n_req)
-        state = init_state
-        y_prev = ops.like(bos_arr, lead) if lead is not None else bos_arr
+        bos_arr = bos_array(bos, n)
+        ids = self.book.grow(n)
+        b = self.book
+        b.beam[ids] = opts.beam_size
+        b.max_len[ids] = opts.max_len
+        b.min_len[ids] = opts.min_len
+        b.m[ids] = 2 * opts.beam_size if opts.policy == "pool" else opts.beam_size
+        b.pool[ids] = opts.pool_size
+        b.es[ids] = _EARLY[opts.early_stopping]
+        b.lp[ids] = _index(self._lps, opts.length_penalty)
+        b.alpha[ids] = opts.length_penalty.alpha
+        b.eos[ids] = _index(self._eos, stop)
+        b.nth_n[ids] = opts.num_return or opts.beam_size
+        b.nret[ids] = opts.num_return or 0
+        b.t[ids] = 0
+        b.count[ids] = 0
+        if n:
+            self._pending.append(_Join(ids, init_state, bos_arr))
+        return ids.tolist()
 
-        for t in range(opt.max_len):
-            n_rows = rows.req.shape[0]
-            logits, state, extras = unpack_step(step_fn(state, y_prev))
-            stats.model_calls += 1
-            stats.rows_per_call.append(n_rows)
-            ops.check_logits(logits, n_rows)
-            if t == 0 and any(not 0 <= e < logits.shape[1] for e in stop):
-                raise ValueError(f"eos={eos} is not a token id of the model's vocabulary of {logits.shape[1]}")
+    def _request_options(self, request_options: dict[str, Any]) -> SearchOptions:
+        shared = sorted(set(request_options) & set(_SHARED_FIELDS))
+        if shared:
+            raise TypeError(f"{', '.join(shared)} are shared by every request: give them to Engine(), not add()")
+        unknown = sorted(set(request_options) - set(REQUEST_FIELDS))
+        if unknown:
+            raise TypeError(f"unknown request options {unknown}; per-request options are {list(REQUEST_FIELDS)}")
+        if self._need_max_len and "max_len" not in request_options:
+            raise ValueError("max_len is needed: give it to Engine() or to add()")
+        values = {**self._defaults, **request_options}
+        if "length_penalty" in request_options:
+            values["length_penalty"] = as_length_penalty(values["length_penalty"])
+        return replace(self.options, **values)
 
-            lse = ops.logsumexp(logits)  # shape: (rows,)
-            ok = np.isfinite(lse)
-            all_ok = bool(ok.all())  # else NaN / +inf rows (their requests fail) or all -inf rows (no candidate)
-            bad = np.isnan(lse) | (lse == np.inf) if not all_ok else None
-            if bad is not None:
-                for r in np.unique(rows.req[bad]).tolist():
-                    what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
-                    book.errors[r] = f"step_fn returned {what} logits at step {t}"
-            ctx = StepContext(
-                step=t, tokens=rows.tokens, request=rows.req, eos=stop, logprob=rows.lp, finished=book.count[rows.req]
+    def cancel(self, request_id: int) -> bool:
+        """Cancel a waiting or running request: its rows leave before the next model call and it completes with
+        the error ``"cancelled"``. Returns False when it had already completed."""
+        r = int(request_id)
+        if not 0 <= r < self.book.size:
+            raise ValueError(f"no request {request_id} was added to this engine")
+        if r not in self.book.pools or r in self._cancel:
+            return False
+        self._cancel.add(r)
+        return True
+
+    def best(self, request_id: int) -> Hypothesis | None:
+        """The best hypothesis of a running request so far (finished or not, by score), for streaming; None
+        while it waits to join or once it has completed."""
+        r = int(request_id)
+        pool = self.book.pools.get(r)
+        rows = np.flatnonzero(self._rows.req == r)
+        if pool is None or (rows.size == 0 and not pool):
+            return None
+        found = [h.build() for h in pool[:1]]
+        if rows.size:
+            i = rows[:1]
+            t = int(self.book.t[r])
+            paths = self._paths(self._rows, i)
+            p_lp = float(self._rows.lp[i[0]])
+            found.append(
+                Hypothesis(
+                    tokens=paths.tokens[0, paths.tokens.shape[1] - t :].tolist(),
+                    logprob=p_lp,
+                    score=float(self._lps[self.book.lp[r]](p_lp, max(t, 1))),
+                    finished=False,
+                    token_logprobs=paths.token_lp[0, paths.tokens.shape[1] - t :].tolist(),
+                    beam_indices=paths.beam[0, paths.tokens.shape[1] - t :].tolist(),
+                    key=float(self._rows.key[i[0]]),
+                )
             )
-            # a row yields nothing when its request failed or it has no finite logit
-            if self.processors:
-                # shape: (rows, V), edited in place by the processors: raw logits (a copy) or log-probabilities
-                scores = ops.copy(logits) if opt.process_logits else ops.log_softmax(logits)
-                for proc in self.processors:
-                    scores = proc(scores, ctx)
-                if opt.process_logits:
-                    plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
-                    offset = np.where(np.isfinite(plse) & (True if bad is None else ~bad), -plse, -np.inf)
-                else:
-                    offset = np.zeros(n_rows) if bad is None else np.where(bad, -np.inf, 0.0)
+        return max(found, key=lambda h: h.score)
+
+    @property
+    def idle(self) -> bool:
+        """True when no request is running or waiting."""
+        return not self._pending and self._rows.req.shape[0] == 0
+
+    @property
+    def running(self) -> int:
+        """Requests added and not yet completed."""
+        return len(self.book.pools)
+
+    # ---------------------------------------------------------------------------------------------- one step
+    def step(self) -> list[Completed]:
+        """One model call for all live rows of all requests; returns the requests that ended at it."""
+        out: list[Completed] = []
+        joined = self._admit(out)
+        rows = self._rows
+        n_rows = rows.req.shape[0]
+        if n_rows == 0:
+            return out
+        self.stats.joined_per_call.append(joined)
+        try:
+            logits, state, extras = self._call(n_rows)
+        except Exception as exc:
+            if self.on_step_error == "raise":
+                raise
+            self._fail_all(f"{type(exc).__name__}: {exc}", out)
+            return out
+        self._state = state
+        self._ref = logits
+        opt, b = self.options, self.book
+        self.stats.model_calls += 1
+        self.stats.rows_per_call.append(n_rows)
+
+        t_row = b.t[rows.req]  # shape: (rows,) tokens generated so far by each row's request
+        lse = ops.logsumexp(logits)  # shape: (rows,)
+        ok = np.isfinite(lse)
+        all_ok = bool(ok.all())  # else NaN / +inf rows (their requests fail) or all -inf rows (no candidate)
+        bad = np.isnan(lse) | (lse == np.inf) if not all_ok else None
+        if bad is not None:
+            for r in np.unique(rows.req[bad]).tolist():
+                what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
+                b.errors[r] = f"step_fn returned {what} logits at step {int(b.t[r])}"
+        segments = self._segments(rows, t_row)
+        masked = t_row < b.min_len[rows.req]  # shape: (rows,) eos is masked until min_len
+        procs = opt.processors
+        if procs:
+            # shape: (rows, V), edited in place by the processors: raw logits (a copy) or log-probabilities
+            scores = ops.copy(logits) if opt.process_logits else ops.log_softmax(logits)
+            scores = self._mask_eos(scores, rows, masked)
+            for lo, hi, ctx in segments:
+                part = scores if len(segments) == 1 else scores[lo:hi]
+                edited = part
+                for proc in procs:
+                    edited = proc(edited, ctx)
+                if len(segments) == 1:
+                    scores = edited
+                elif edited is not part:
+                    scores[lo:hi] = edited
+            if opt.process_logits:
+                plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
+                offset = np.where(np.isfinite(plse) & (True if bad is None else ~bad), -plse, -np.inf)
             else:
-                scores, offset = logits, (-lse if all_ok else np.where(ok, -lse, -np.inf))
-            logp, tok, key = opt.selector.candidates(scores, offset, rows.key, m, ctx)  # shape: (rows, m)
-            if opt.coverage_penalty is not None:
-                if "attention" not in extras:
-                    raise ValueError("coverage_penalty needs step_fn to return extras={'attention': [rows, S]}")
-                attn = ops.to_numpy(extras["attention"]).astype(np.float64)  # shape: (rows, S)
-                rows.cov = attn if rows.cov is None else rows.cov + attn
+                offset = np.zeros(n_rows) if bad is None else np.where(bad, -np.inf, 0.0)
+        else:
+            scores = self._mask_eos(logits, rows, masked, copy=True)
+            offset = -lse if all_ok else np.where(ok, -lse, -np.inf)
+        logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
+        if opt.coverage_penalty is not None:
+            rows.add_coverage(ops.to_numpy(extras["attention"]).astype(np.float64))  # shape: (rows, S)
 
-            cand = _Candidates.rank_all(rows, logp, tok, key, self._ordered)
-            # a row yields nothing only when some candidate was dropped (not finite)
-            empty = None if cand.req.shape[0] == logp.size else np.bincount(cand.req, minlength=n_req)[rows.req] == 0
-            if empty is not None and empty.any():
-                for r in np.unique(rows.req[empty]).tolist():
-                    book.errors.setdefault(r, f"no finite candidate at step {t} (every continuation is masked or -inf)")
-            last = t + 1 == opt.max_len
-            surv = self._policy_step(book, rows, cand, stop, t, last)
-            if book.errors:
-                surv = surv[~np.isin(cand.req[surv], np.array(sorted(book.errors)))]
-            if surv.size == 0 or last:
-                break
-            parents = cand.row[surv]
-            rows = rows.extend(cand, surv)
-            if not is_identity(parents, n_rows):
-                state = select_state(state, parents)
-            y_prev = ops.like(cand.tok[surv], logits)
+        cand = _Candidates.rank_all(rows, logp, tok, key, self._ordered)
+        # a row yields nothing only when some candidate was dropped (not finite)
+        if cand.req.shape[0] != logp.size:
+            counts = np.bincount(cand.req, minlength=b.size)
+            for r in np.unique(rows.req).tolist():
+                if counts[r] == 0:
+                    msg = f"no finite candidate at step {int(b.t[r])} (every continuation is masked or -inf)"
+                    b.errors.setdefault(r, msg)
+        if opt.beam_threshold is not None and cand.req.shape[0]:
+            first = group_starts(cand.req)
+            best = np.repeat(cand.key[first], np.diff(np.append(first, cand.req.shape[0])))
+            keep = cand.key >= best - opt.beam_threshold
+            self.stats.pruned += int(keep.shape[0] - np.count_nonzero(keep))
+            cand = cand.take(keep)
+        c_len = b.t[cand.req] + 1  # shape: (n,) length of each candidate
+        last = c_len >= b.max_len[cand.req]
+        surv = self._policy_step(rows, cand, self._is_eos(cand.tok, cand.req), c_len, last)
+        if b.errors:
+            surv = surv[~np.isin(cand.req[surv], np.fromiter(b.errors, np.int64))]
 
-        results = [self._rank(book.pools[r]) if r not in book.errors else [] for r in range(n_req)]
-        return SearchResult(results, stats, dict(book.errors))
+        s_req = cand.req[surv]
+        ended = np.setdiff1d(np.unique(rows.req), s_req)
+        for r in ended.tolist():
+            out.append(self._complete(r))
+        b.t[np.unique(s_req)] += 1
+        parents = cand.row[surv]
+        self._rows = rows.extend(cand, surv)
+        width = int(b.t[s_req].max()) if surv.size else 0
+        if width < self._rows.tokens.shape[1]:
+            self._rows = self._rows.take(np.arange(surv.shape[0]), width)
+        if surv.size == 0:
+            self._state, self._ref = None, None
+        elif not is_identity(parents, n_rows):
+            self._state = select_state(self._state, parents)
+        self._y = cand.tok[surv]
+        self.stats.left_per_call.append(len(ended))
+        return out
 
-    def _scores(self, rows: _Rows, cand: _Candidates, sel: np.ndarray, length: int) -> np.ndarray:
+    def _admit(self, out: list[Completed]) -> int:
+        """Before a call: join the waiting requests, then drop the rows of cancelled ones; returns how many
+        requests joined."""
+        joined = 0
+        if self._pending:
+            pending, self._pending = self._pending, []
+            ids = np.concatenate([j.ids for j in pending])
+            states = [j.state for j in pending]
+            if self._rows.req.shape[0]:
+                self._state = concat_state([self._state, *states])
+            else:
+                self._state = states[0] if len(states) == 1 else concat_state(states)
+                lead = first_array(states[0])
+                self._ref = lead
+            self._rows = self._rows.join(ids)
+            self._y = np.concatenate([self._y, *[j.bos for j in pending]])
+            joined = ids.shape[0]
+        if self._cancel:
+            gone = np.fromiter(self._cancel, np.int64)
+            self._cancel = set()
+            keep = np.flatnonzero(~np.isin(self._rows.req, gone))
+            if keep.shape[0] < self._rows.req.shape[0]:
+                self._rows = self._rows.take(keep)
+                self._y = self._y[keep]
+                self._state = select_state(self._state, keep) if keep.size else None
+            for r in gone.tolist():
+                self.book.errors[r] = "cancelled"
+                out.append(self._complete(r))
+        return joined
+
+    def _call(self, n_rows: int) -> tuple[Any, Any, dict[str, Any]]:
+        """Run ``step_fn`` on the live rows and check what it returned."""
+        y_prev = self._y if self._ref is None else ops.like(self._y, self._ref)
+        logits, state, extras = unpack_step(self.step_fn(self._state, y_prev))
+        ops.check_logits(logits, n_rows)
+        width = int(logits.shape[1])
+        if self._vocab is None:
+            self._vocab = width
+        elif width != self._vocab:
+            raise ValueError(
+                f"step_fn returned logits of width {width}, but {self._vocab} before: the vocabulary must not change"
+            )
+        check_rows(state, n_rows, "the state step_fn returned")
+        if self.options.coverage_penalty is not None and "attention" not in extras:
+            raise ValueError("coverage_penalty needs step_fn to return extras={'attention': [rows, S]}")
+        b = self.book
+        for r in np.unique(self._rows.req[b.t[self._rows.req] == 0]).tolist():
+            stop = self._eos[b.eos[r]]
+            if any(not 0 <= e < width for e in stop):
+                b.errors[r] = f"eos={list(stop)} is not a token id of the model's vocabulary of {width}"
+        return logits, state, extras
+
+    def _fail_all(self, message: str, out: list[Completed]) -> None:
+        """The call failed as a whole: every request in it completes with ``message``."""
+        for r in np.unique(self._rows.req).tolist():
+            self.book.errors[r] = message
+            out.append(self._complete(r))
+        self._rows = self._rows.take(np.zeros(0, np.int64), 0)
+        self._state, self._ref, self._y = None, None, np.zeros(0, np.int64)
+
+    def _complete(self, r: int) -> Completed:
+        pool, error = self.book.release(r)
+        steps = int(self.book.t[r]) + (0 if error == "cancelled" else 1)
+        return Completed(r, [] if error else self._rank(r, pool), error, steps)
+
+    def _segments(self, rows: _Rows, t_row: np.ndarray) -> list[tuple[int, int, StepContext]]:
+        """Runs of rows at the same step with the same stop tokens, each with its :class:`StepContext`."""
+        e_row = self.book.eos[rows.req]
+        n = rows.req.shape[0]
+        change = np.flatnonzero((t_row[1:] != t_row[:-1]) | (e_row[1:] != e_row[:-1])) + 1
+        bounds = [0, *change.tolist(), n]
+        width = rows.tokens.shape[1]
+        out = []
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            t = int(t_row[lo])
+            whole = lo == 0 and hi == n
+            ctx = StepContext(
+                step=t,
+                tokens=rows.tokens if whole and t == width else rows.tokens[lo:hi, width - t :],
+                request=rows.req[lo:hi],
+                eos=self._eos[self.book.eos[rows.req[lo]]],
+                logprob=rows.lp[lo:hi],
+                finished=self.book.count[rows.req[lo:hi]],
+            )
+            out.append((lo, hi, ctx))
+        return out
+
+    def _mask_eos(self, scores: Any, rows: _Rows, masked: np.ndarray, copy: bool = False) -> Any:
+        """Stop tokens set to -inf in the ``masked`` rows (requests below their ``min_len``)."""
+        if not masked.any():
+            return scores
+        if copy:
+            scores = ops.copy(scores)
+        where = np.flatnonzero(masked)
+        e_row = self.book.eos[rows.req[where]]
+        for e in np.unique(e_row).tolist():
+            stop = np.asarray(self._eos[e], dtype=np.int64)
+            sel = where[e_row == e]
+            if stop.size:
+                scores = ops.fill(scores, np.repeat(sel, stop.size), np.tile(stop, sel.size), float("-inf"))
+        return scores
+
+    def _select(
+        self, scores: Any, offset: np.ndarray, rows: _Rows, segments: list[tuple[int, int, StepContext]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The selector's candidates ``[rows, m']``, asked per segment (one call when there is one segment, or for
+        the deterministic selector). With an ordered selector, each row is cut to its own request's ``m``."""
+        m_row = self.book.m[rows.req]
+        m = int(m_row.max())
+        sel = self.options.selector
+        if len(segments) == 1 or type(sel) is Deterministic:
+            logp, tok, key = sel.candidates(scores, offset, rows.key, m, segments[0][2])
+        else:
+            parts = [sel.candidates(scores[lo:hi], offset[lo:hi], rows.key[lo:hi], m, ctx) for lo, hi, ctx in segments]
+            w = max(p[0].shape[1] for p in parts)
+            fills = ((0, -np.inf), (1, 0), (2, -np.inf))  # logp, tok, key
+            logp, tok, key = (np.concatenate([_pad_cols(p[i], w, fill) for p in parts]) for i, fill in fills)
+        if self._ordered and int(m_row.min()) < m:  # requests of other beam sizes: each row keeps its own top m
+            beyond = np.arange(tok.shape[1]) >= m_row[:, None]  # shape: (rows, m)
+            logp = np.where(beyond, -np.inf, logp)
+            key = np.where(beyond, -np.inf, key)
+        return logp, tok, key
+
+    def _is_eos(self, tok: np.ndarray, req: np.ndarray) -> np.ndarray:
+        """Whether each candidate token is one of its request's stop tokens."""
+        e = self.book.eos[req]
+        if e.size == 0 or e.min() == e.max():
+            return is_stop(tok, self._eos[int(e[0])] if e.size else ())
+        out = np.zeros(tok.shape[0], dtype=bool)
+        for i in np.unique(e).tolist():
+            sel = e == i
+            out[sel] = is_stop(tok[sel], self._eos[i])
+        return out
+
+    def _penalised(self, logprob: np.ndarray, length: np.ndarray, req: np.ndarray) -> np.ndarray:
+        """Length-penalised scores, each with its request's penalty."""
+        ids = self.book.lp[req]
+        if ids.size == 0:
+            return np.zeros(0)
+        if ids.min() == ids.max():
+            return self._lps[int(ids[0])](logprob, length)
+        out = np.empty(ids.shape[0])
+        for i in np.unique(ids).tolist():
+            sel = ids == i
+            out[sel] = self._lps[i](logprob[sel], length[sel])
+        return out
+
+    def _scores(self, rows: _Rows, cand: _Candidates, sel: np.ndarray, length: np.ndarray) -> np.ndarray:
         """Final scores of the candidates ``sel`` ended at ``length``: length penalty, coverage penalty."""
         opt = self.options
-        scores = opt.length_penalty(cand.lp[sel], length)
+        scores = self._penalised(cand.lp[sel], length[sel], cand.req[sel])
         if opt.coverage_penalty is not None and rows.cov is not None:
             scores = scores + opt.coverage_penalty(rows.cov[cand.row[sel]])
         return scores
+
+    def _paths(self, rows: _Rows, par: np.ndarray) -> _Paths:
+        # gathered, not viewed: an entry must not keep the whole step's rows alive
+        return _Paths(
+            rows.tokens[par],
+            rows.token_lp[par],
+            rows.beam[par],
+            self.book.t[rows.req[par]],
+            rows.lp[par],
+            rows.slots()[par],
+        )
 
     def _hypotheses(
         self,
         rows: _Rows,
         cand: _Candidates,
         sel: np.ndarray,
-        finished: np.ndarray,
-        length: int,
+        finished: bool | np.ndarray,
+        length: np.ndarray,
         scores: np.ndarray | None = None,
     ) -> dict[int, list[_Finished]]:
-        """Pool entries for the candidates ``sel``, scored at ``length`` (unless ``scores`` are given), by request."""
+        """Pool entries for the candidates ``sel`` (scored at ``length`` unless ``scores`` are given), by request."""
         found: dict[int, list[_Finished]] = {}
         if sel.size == 0:
             return found
         if scores is None:
             scores = self._scores(rows, cand, sel, length)
-        par = cand.row[sel]
-        # gathered, not viewed: an entry must not keep the whole step's rows alive
-        paths = _Paths(rows.tokens[par], rows.token_lp[par], rows.beam[par], rows.lp[par], rows.slots()[par])
+        fin = np.broadcast_to(np.asarray(finished, dtype=bool), sel.shape)
+        paths = self._paths(rows, cand.row[sel])
         columns = zip(
             cand.req[sel].tolist(),
             scores.tolist(),
             cand.key[sel].tolist(),
             cand.lp[sel].tolist(),
-            finished.tolist(),
+            fin.tolist(),
             cand.tok[sel].tolist(),
             strict=True,
         )
-        for i, (r, score, key, logprob, fin, tok) in enumerate(columns):
-            found.setdefault(r, []).append(_Finished(score, key, logprob, fin, paths, i, tok))
+        for i, (r, score, key, logprob, f, tok) in enumerate(columns):
+            found.setdefault(r, []).append(_Finished(score, key, logprob, f, paths, i, tok))
         return found
 
+    # ---------------------------------------------------------------------------------------------- policies
     def _narrow_step(
-        self, book: _Requests, rows: _Rows, cand: _Candidates, stop: tuple[int, ...], t: int, last: bool
+        self, rows: _Rows, cand: _Candidates, is_eos: np.ndarray, c_len: np.ndarray, last: np.ndarray
     ) -> np.ndarray:
         """Seed 000: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
-        quota = self.options.beam_size - book.count
-        take = cand.rank < quota[cand.req]
-        is_eos = is_stop(cand.tok, stop)
+        b = self.book
+        take = cand.rank < (b.beam - b.count)[cand.req]
         done = np.flatnonzero(take & is_eos)
         surv = np.flatnonzero(take & ~is_eos)
-        book.add(self._hypotheses(rows, cand, done, np.ones(done.size, bool), t + 1), None)
-        if last:  # live hypotheses at max_len are returned unfinished
-            book.add(self._hypotheses(rows, cand, surv, np.zeros(surv.size, bool), t + 1), None)
-            return surv[:0]
+        b.add(self._hypotheses(rows, cand, done, True, c_len), capped=False)
+        if last.any():  # live hypotheses at max_len are returned unfinished
+            cut = last[surv]
+            b.add(self._hypotheses(rows, cand, surv[cut], False, c_len), capped=False)
+            surv = surv[~cut]
         return surv
 
     def _pool_step(
-        self, book: _Requests, rows: _Rows, cand: _Candidates, stop: tuple[int, ...], t: int, last: bool
+        self, rows: _Rows, cand: _Candidates, is_eos: np.ndarray, c_len: np.ndarray, last: np.ndarray
     ) -> np.ndarray:
         """Hugging Face / fairseq: eos (or anything at max_len) ranked in the top k joins the pool; the best k
         other candidates run on; then each request's stopping rule."""
-        opt = self.options
-        k = opt.beam_size
-        is_eos = is_stop(cand.tok, stop)
+        b = self.book
+        k = b.beam[cand.req]  # shape: (n,)
         hits = is_eos | last
         admit = hits & (cand.rank < k)
-        if opt.early_stopping is True:
-            admit &= book.count[cand.req] < opt.pool_size
+        admit &= (b.es[cand.req] != 1) | (b.count[cand.req] < b.pool[cand.req])  # early_stopping=True: full = shut
         adm = np.flatnonzero(admit)
         if adm.size:
-            score = self._scores(rows, cand, adm, t + 1)
+            score = self._scores(rows, cand, adm, c_len)
             a_req = cand.req[adm]
-            fits = (book.count[a_req] < opt.pool_size) | (score > book.worst[a_req])  # a full pool takes better only
+            fits = (b.count[a_req] < b.pool[a_req]) | (score > b.worst[a_req])  # a full pool takes better only
             adm, score = adm[fits], score[fits]
-            book.add(self._hypotheses(rows, cand, adm, is_eos[adm], t + 1, score), opt.pool_size)
+            b.add(self._hypotheses(rows, cand, adm, is_eos[adm], c_len, score), capped=True)
         if hits.any():
             cont = np.flatnonzero(~hits)
             among = cand.rank_among(cont)  # shape: (cont,) rank among the request's non-ending candidates
-            keep = among < k
+            keep = among < k[cont]
             surv, first = cont[keep], np.flatnonzero(among[keep] == 0)
         else:  # nothing ends here: the best k of each request run on
             surv = np.flatnonzero(cand.rank < k)
             first = np.flatnonzero(cand.rank[surv] == 0)
         if surv.size:
-            surv = surv[~self._pool_done(book, cand.req[surv], cand.lp[surv], first, t + 1)]
+            surv = surv[~self._pool_done(cand.req[surv], cand.lp[surv], first)]
         return surv
 
     def _compete_step(
-        self, book: _Requests, rows: _Rows, cand: _Candidates, stop: tuple[int, ...], t: int, last: bool
+        self, rows: _Rows, cand: _Candidates, is_eos: np.ndarray, c_len: np.ndarray, last: np.ndarray
     ) -> np.ndarray:
         """Kool et al.: a request's finished hypotheses and new candidates compete by key for its k slots."""
-        k = self.options.beam_size
+        b = self.book
         keep = np.zeros(cand.req.shape[0], dtype=bool)
         starts = group_starts(cand.req)
         ends = starts[1:].tolist() + [cand.req.shape[0]] if starts.size else []
         for lo, hi in zip(starts.tolist(), ends, strict=True):
             r = int(cand.req[lo])
-            pk = np.array([h.key for h in book.pools[r]], dtype=np.float64)  # descending
+            k = int(b.beam[r])
+            pk = np.array([h.key for h in b.pools[r]], dtype=np.float64)  # descending
             ck = cand.key[lo:hi]  # descending
             # overall rank = own rank + entries of the other side ranked above (finished ones win ties)
             keep[lo:hi] = np.arange(hi - lo) + np.searchsorted(-pk, -ck, side="right") < k
             stay = np.arange(pk.size) + np.searchsorted(-ck, -pk, side="left") < k
-            book.set(r, [h for h, s in zip(book.pools[r], stay, strict=True) if s])
-        is_eos = is_stop(cand.tok, stop)
+            b.set(r, [h for h, s in zip(b.pools[r], stay, strict=True) if s])
         done = np.flatnonzero(keep & is_eos)
         surv = np.flatnonzero(keep & ~is_eos)
-        by_key = self._hypotheses(rows, cand, done, np.ones(done.size, bool), t + 1)
-        if last:  # live hypotheses at max_len join the result unfinished
-            for r, hyps in self._hypotheses(rows, cand, surv, np.zeros(surv.size, bool), t + 1).items():
+        by_key = self._hypotheses(rows, cand, done, True, c_len)
+        if last.any():  # live hypotheses at max_len join the result unfinished
+            cut = last[surv]
+            for r, hyps in self._hypotheses(rows, cand, surv[cut], False, c_len).items():
                 by_key.setdefault(r, []).extend(hyps)
-            surv = surv[:0]
+            surv = surv[~cut]
         for r, hyps in by_key.items():
-            pool = book.pools[r] + hyps
+            pool = b.pools[r] + hyps
             pool.sort(key=lambda h: -h.key)
-            book.set(r, pool)
+            b.set(r, pool)
         return surv
 
-    def _pool_done(
-        self, book: _Requests, s_req: np.ndarray, s_lp: np.ndarray, first: np.ndarray, cur: int
-    ) -> np.ndarray:
+    def _pool_done(self, s_req: np.ndarray, s_lp: np.ndarray, first: np.ndarray) -> np.ndarray:
         """For each survivor, whether its request stops now (early_stopping rules, patience, exact exit).
 
         Survivors come grouped by request, ranked; ``first`` indexes each request's first (best) one.
         """
-        opt = self.options
+        b = self.book
         reqs, best = s_req[first], s_lp[first]
-        full = book.count[reqs] >= opt.pool_size
-        if opt.early_stopping is True:
-            stop = full
-        else:
-            horizon = opt.max_len if (opt.early_stopping == "never" and opt.length_penalty.alpha > 0) else cur
-            stop = full & (opt.length_penalty(best, horizon) <= book.worst[reqs])
-        if opt.exact_exit:
-            stop = stop | (book.nth[reqs] >= best)
-        by_req = np.zeros(book.count.shape[0], dtype=bool)  # shape: (R,)
+        full = b.count[reqs] >= b.pool[reqs]
+        es = b.es[reqs]
+        cur = b.t[reqs] + 1
+        horizon = np.where((es == 2) & (b.alpha[reqs] > 0), b.max_len[reqs], cur)
+        stop = np.where(es == 1, full, full & (self._penalised(best, horizon, reqs) <= b.worst[reqs]))
+        if self.options.exact_exit:
+            stop = stop | (b.nth[reqs] >= best)
+        by_req = np.zeros(b.size, dtype=bool)  # shape: (R,)
         by_req[reqs] = stop
         return by_req[s_req]
 
-    def _rank(self, pool: list[_Finished]) -> list[Hypothesis]:
-        """Final ranking of one request's hypotheses (optional final scorer), cut to ``num_return``."""
+    def _rank(self, r: int, pool: list[_Finished]) -> list[Hypothesis]:
+        """Final ranking of one request's hypotheses (optional final scorer), cut to its ``num_return``."""
         opt = self.options
         hyps = [h.build() for h in sorted(pool, key=_neg_score)]
         if opt.final_scorer is not None and hyps:
@@ -529,7 +984,57 @@ class BeamSearch:
             for h, s in zip(hyps, new, strict=True):
                 h.score = float(s)
             hyps.sort(key=lambda h: -h.score)
-        return hyps[: opt.num_return] if opt.num_return else hyps
+        n = int(self.book.nret[r])
+        return hyps[:n] if n else hyps
+
+
+def _index(table: list[Any], value: Any) -> int:
+    """Position of ``value`` in ``table`` (appended when new): per-request values stored as small ints."""
+    for i, v in enumerate(table):
+        if v == value:
+            return i
+    table.append(value)
+    return len(table) - 1
+
+
+def _pad_cols(a: np.ndarray, width: int, fill: float) -> np.ndarray:
+    """``a`` ``[rows, w]`` padded on the right to ``width`` columns with ``fill``."""
+    if a.shape[1] == width:
+        return a
+    return np.concatenate([a, np.full((a.shape[0], width - a.shape[1]), fill, dtype=a.dtype)], axis=1)
+
+
+class BeamSearch:
+    """A configured search over a closed batch: ``BeamSearch(options).search(step_fn, init_state, bos, eos)``.
+
+    A thin driver of :class:`Engine`: add every request, step until idle.
+    """
+
+    def __init__(self, options: SearchOptions):
+        self.options = options
+
+    def search(
+        self,
+        step_fn: StepFn,
+        init_state: Any,
+        bos: int | Sequence[int],
+        eos: int | Sequence[int] | None,
+        batch_size: int | None = None,
+    ) -> SearchResult:
+        """Decode every request of ``init_state`` (one row each) together; results in row order.
+
+        ``eos`` is the stop token, or several (any of them finishes a hypothesis); ``None`` means no stop token:
+        every hypothesis runs to ``max_len``.
+        """
+        engine = Engine(step_fn, self.options, on_step_error="raise")
+        ids = engine.add_batch(init_state, bos, eos, batch_size)
+        done: dict[int, Completed] = {}
+        while not engine.idle:
+            for c in engine.step():
+                done[c.request_id] = c
+        results = [done[i].hypotheses for i in ids]
+        errors = {n: done[i].error for n, i in enumerate(ids) if done[i].error is not None}
+        return SearchResult(results, engine.stats, errors)  # type: ignore[arg-type]
 
 
 def rank_candidates(

@@ -29,10 +29,14 @@ class Hypothesis:
 
 @dataclass
 class SearchStats:
-    """Counters of one search: model calls and the rows sent in each call."""
+    """Counters of one search (or one :class:`beamkit.Engine`'s life): model calls, the rows sent in each call,
+    the requests that joined before and left after each call, candidates dropped by ``beam_threshold``."""
 
     model_calls: int = 0
     rows_per_call: list[int] = field(default_factory=list)
+    joined_per_call: list[int] = field(default_factory=list)
+    left_per_call: list[int] = field(default_factory=list)
+    pruned: int = 0
 
     @property
     def rows_total(self) -> int:

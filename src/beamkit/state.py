@@ -66,6 +66,32 @@ def select_state(state: Any, idx: Any) -> Any:
     return _map_leaves(state, gather)
 
 
+def _array_leaves(state: Any, path: str) -> Any:
+    """(path, leaf) for every array leaf of ``state``, depth first (Shared values and custom objects skipped)."""
+    if isinstance(state, Shared):
+        return
+    if ops.is_array(state):
+        yield path, state
+    elif isinstance(state, tuple):
+        names = getattr(state, "_fields", None)
+        for i, s in enumerate(state):
+            yield from _array_leaves(s, f"{path}.{names[i]}" if names else f"{path}[{i}]")
+    elif isinstance(state, list):
+        for i, s in enumerate(state):
+            yield from _array_leaves(s, f"{path}[{i}]")
+    elif isinstance(state, dict):
+        for k, s in state.items():
+            yield from _array_leaves(s, f"{path}[{k!r}]")
+
+
+def check_rows(state: Any, rows: int, what: str = "state") -> None:
+    """Raise ValueError naming the first array leaf of ``state`` whose axis 0 does not hold ``rows`` rows."""
+    for path, leaf in _array_leaves(state, what):
+        n = int(leaf.shape[0])
+        if n != rows:
+            raise ValueError(f"{path} has {n} rows on axis 0, expected {rows} (one per live row)")
+
+
 def first_array(state: Any) -> Any:
     """The first array leaf of a state (depth first, dicts in insertion order), or None."""
     if ops.is_array(state):

@@ -1,0 +1,290 @@
+"""The step-wise Engine (continuous batching): every request gets what it gets decoded alone.
+
+The oracle for each request is ``search_batch`` on that request alone (a fresh search, nothing else in the batch),
+so these tests hold whatever the engine does with the rows of other requests: joins at any step, leaves,
+cancellations, failures, different options per request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from beamkit import BatchDecodeError, Engine, LengthPenalty, NoRepeatNGram, search_batch
+from beamkit.processors import StepContext
+from tests.toy import BOS, ToyModel, all_outputs, prefix_logits
+
+EOS = 0
+
+
+class Seeded:
+    """A prefix-dependent toy: each row's state is (request seed, prefix); seeds in ``nan_at`` give NaN logits
+    once their prefix reaches that length (the request fails)."""
+
+    def __init__(self, v: int, nan_at: dict[int, int] | None = None, scale: float = 1.5):
+        self.v, self.nan_at, self.scale = v, nan_at or {}, scale
+        self.calls: list[int] = []
+
+    @staticmethod
+    def init(seed: int) -> np.ndarray:
+        state = np.empty(1, dtype=object)
+        state[0] = (seed, ())
+        return state
+
+    def step(self, state, y_prev):
+        y = np.asarray(y_prev)
+        new = np.empty(len(state), dtype=object)
+        for i, ((s, p), t) in enumerate(zip(state, y, strict=True)):
+            new[i] = (s, p if int(t) == BOS else p + (int(t),))
+        self.calls.append(len(state))
+        logits = np.stack([prefix_logits(s, p, self.v, self.scale) for s, p in new])
+        for i, (s, p) in enumerate(new):
+            if self.nan_at.get(s) == len(p):
+                logits[i] = np.nan
+        return logits, new
+
+
+class ContextCheck:
+    """A processor that checks what it sees is one request-consistent view: a uniform step, and token histories
+    of exactly ``step`` tokens that match each row's own state (no padding of one request by another)."""
+
+    def __init__(self) -> None:
+        self.seen_steps: set[int] = set()
+
+    def __call__(self, scores, ctx: StepContext):
+        assert ctx.tokens.shape == (scores.shape[0], ctx.step)
+        assert (ctx.tokens >= 0).all()
+        self.seen_steps.add(ctx.step)
+        return scores
+
+
+def _alone(model: Seeded, seed: int, opts: dict, shared: dict):
+    try:
+        return search_batch(model.step, Seeded.init(seed), BOS, EOS, **opts, **shared)[0], None
+    except BatchDecodeError as err:
+        return None, err.errors[0]
+
+
+def _same(got, want) -> None:
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert [h.logprob for h in got] == [h.logprob for h in want]
+    assert [h.score for h in got] == [h.score for h in want]
+    assert [h.token_logprobs for h in got] == [h.token_logprobs for h in want]
+    assert [h.beam_indices for h in got] == [h.beam_indices for h in want]
+    assert [h.finished for h in got] == [h.finished for h in want]
+
+
+request = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 10_000),
+        "arrive": st.integers(0, 6),
+        "cancel": st.one_of(st.none(), st.integers(0, 8)),
+        "fail": st.booleans(),
+        "beam_size": st.integers(1, 4),
+        "max_len": st.integers(1, 6),
+        "min_len": st.integers(0, 2),
+        "num_return": st.sampled_from([None, 1]),
+        "length_penalty": st.sampled_from([0.0, 1.0, LengthPenalty.gnmt(0.6)]),
+        "early_stopping": st.sampled_from([True, False, "never"]),
+        "patience": st.sampled_from([1.0, 1.5]),
+    }
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=st.lists(request, min_size=1, max_size=6),
+    policy=st.sampled_from(["narrow", "pool", "compete"]),
+    ngram=st.sampled_from([0, 2]),
+    v=st.integers(3, 6),
+    threshold=st.sampled_from([None, 1.5]),
+)
+def test_every_request_gets_what_it_gets_alone(reqs, policy, ngram, v, threshold):
+    if policy != "pool":
+        for r in reqs:
+            r["early_stopping"], r["patience"] = False, 1.0
+    check = ContextCheck()
+    procs = [check] + ([NoRepeatNGram(ngram)] if ngram else [])
+    shared = {"policy": policy, "processors": procs, "beam_threshold": threshold}
+    nan_at = {r["seed"]: 1 for r in reqs if r["fail"]}
+    model = Seeded(v, nan_at)
+    engine = Engine(model.step, **shared)
+    keys = ("beam_size", "max_len", "min_len", "num_return", "length_penalty", "early_stopping", "patience")
+    ids: dict[int, int] = {}
+    done: dict[int, object] = {}
+    cancelled: set[int] = set()
+    for step in range(40):
+        for i, r in enumerate(reqs):
+            if r["arrive"] == step:
+                ids[i] = engine.add(Seeded.init(r["seed"]), BOS, EOS, **{k: r[k] for k in keys})
+            if r["cancel"] == step and i in ids and engine.cancel(ids[i]):
+                cancelled.add(i)
+        for c in engine.step():
+            assert c.request_id not in done
+            done[c.request_id] = c
+        if engine.idle and len(ids) == len(reqs):
+            break
+    assert engine.idle and len(done) == len(reqs)
+    assert engine.running == 0
+    for i, r in enumerate(reqs):
+        got = done[ids[i]]
+        if i in cancelled:
+            assert got.error == "cancelled" and got.hypotheses == []
+            continue
+        want, error = _alone(Seeded(v, nan_at), r["seed"], {k: r[k] for k in keys}, shared)
+        assert got.error == error
+        if error is None:
+            _same(got.hypotheses, want)
+    assert all(rows <= sum(r["beam_size"] for r in reqs) for rows in model.calls)
+
+
+def test_requests_join_at_the_next_step_and_leave_at_once():
+    model = Seeded(5)
+    engine = Engine(model.step, beam_size=2, max_len=3)
+    a = engine.add(Seeded.init(1), BOS, EOS)
+    assert engine.step() == [] and model.calls == [1]
+    b = engine.add(Seeded.init(2), BOS, EOS, max_len=1)
+    out = engine.step()
+    assert model.calls[1] == 2 + 1  # a's two beams and b's first row in one call
+    assert [c.request_id for c in out] == [b]  # b ends at once (max_len 1)
+    assert engine.stats.joined_per_call == [1, 1]
+    assert engine.stats.left_per_call == [0, 1]
+    while not engine.idle:
+        out = engine.step()
+    assert [c.request_id for c in out] == [a]
+    assert model.calls[2] == 2  # b's rows are gone
+
+
+def test_best_running_hypothesis_for_streaming():
+    model = Seeded(5)
+    engine = Engine(model.step, beam_size=3, max_len=4, length_penalty=0.0)
+    r = engine.add(Seeded.init(7), BOS, EOS)
+    assert engine.best(r) is None  # still waiting to join
+    seen = []
+    while not engine.idle:
+        out = engine.step()
+        if not out:
+            best = engine.best(r)
+            seen.append(best)
+            assert best is not None and len(best.tokens) >= 1
+            want = sum(best.token_logprobs)
+            assert best.logprob == pytest.approx(want)
+    final = out[0].hypotheses[0]
+    assert engine.best(r) is None  # completed
+    assert final.score >= max(h.score for h in seen if h.finished) if any(h.finished for h in seen) else True
+
+
+def test_cancel_of_a_waiting_request_and_of_an_unknown_one():
+    model = Seeded(5)
+    engine = Engine(model.step, beam_size=2, max_len=5)
+    r = engine.add(Seeded.init(3), BOS, EOS)
+    assert engine.cancel(r) is True
+    assert engine.cancel(r) is False
+    out = engine.step()
+    assert [(c.request_id, c.error) for c in out] == [(r, "cancelled")]
+    assert model.calls == [] and engine.idle
+    with pytest.raises(ValueError, match="no request 5"):
+        engine.cancel(5)
+
+
+def test_a_step_function_failure_fails_the_requests_in_the_call_only():
+    calls = {"n": 0}
+    model = Seeded(5)
+
+    def flaky(state, y):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("device lost")
+        return model.step(state, y)
+
+    engine = Engine(flaky, beam_size=2, max_len=4)
+    a = engine.add(Seeded.init(1), BOS, EOS)
+    engine.step()
+    out = engine.step()
+    assert [(c.request_id, c.error) for c in out] == [(a, "RuntimeError: device lost")]
+    b = engine.add(Seeded.init(1), BOS, EOS)  # the engine goes on
+    while not engine.idle:
+        out = engine.step()
+    assert out[0].request_id == b and out[0].error is None
+    assert [h.tokens for h in out[0].hypotheses] == [
+        h.tokens for h in search_batch(Seeded(5).step, Seeded.init(1), BOS, EOS, 2, 4)[0]
+    ]
+
+
+def test_options_are_checked_when_added():
+    engine = Engine(Seeded(5).step, beam_size=2)
+    with pytest.raises(ValueError, match="max_len is needed"):
+        engine.add(Seeded.init(1), BOS, EOS)
+    with pytest.raises(TypeError, match="policy are shared"):
+        engine.add(Seeded.init(1), BOS, EOS, max_len=3, policy="pool")
+    with pytest.raises(TypeError, match="unknown request options"):
+        engine.add(Seeded.init(1), BOS, EOS, max_len=3, beams=3)
+    with pytest.raises(ValueError, match="num_return"):
+        engine.add(Seeded.init(1), BOS, EOS, max_len=3, num_return=3)
+    with pytest.raises(ValueError, match=r"init_state\[1\] has 2 rows on axis 0, expected 1"):
+        engine.add((np.zeros(1), np.zeros(2)), BOS, EOS, max_len=3)
+    with pytest.raises(ValueError, match="beam_threshold"):
+        Engine(Seeded(5).step, beam_threshold=-1.0)
+    assert engine.idle
+
+
+def test_logits_width_must_not_change():
+    widths = iter([6, 9, 9, 9])
+
+    def step(state, y):
+        return np.zeros((len(state), next(widths))), state
+
+    with pytest.raises(ValueError, match="width 9, but 6 before"):
+        search_batch(step, np.zeros(1), 0, 5, 2, 4)
+    engine = Engine(step, beam_size=2, max_len=4)
+    widths = iter([6, 3])
+    r = engine.add(np.zeros(1), 0, 5)
+    engine.step()
+    out = engine.step()
+    assert out[0].request_id == r and "width 3, but 6 before" in out[0].error
+
+
+def test_state_rows_returned_by_the_step_function_are_checked():
+    def step(state, y):
+        return np.zeros((len(y), 4)), {"h": np.zeros((len(y) + 1, 2))}
+
+    with pytest.raises(ValueError, match=r"the state step_fn returned\['h'\] has 2 rows on axis 0, expected 1"):
+        search_batch(step, {"h": np.zeros((1, 2))}, 0, 3, 2, 4)
+
+
+def test_threshold_pruning_drops_rows_and_a_huge_threshold_changes_nothing():
+    model = Seeded(8, scale=3.0)
+    kw = dict(length_penalty=0.0, policy="pool", early_stopping="never")
+    plain = search_batch(model.step, Seeded.init(11), BOS, EOS, 5, 6, **kw)[0]
+    rows_plain = sum(model.calls)
+    model.calls.clear()
+    same = search_batch(model.step, Seeded.init(11), BOS, EOS, 5, 6, beam_threshold=1e9, **kw)[0]
+    _same(same, plain)
+    model.calls.clear()
+    engine = Engine(model.step, beam_size=5, max_len=6, beam_threshold=1.0, **kw)
+    engine.add(Seeded.init(11), BOS, EOS)
+    while not engine.idle:
+        engine.step()
+    assert engine.stats.pruned > 0 and sum(model.calls) < rows_plain
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), v=st.integers(3, 4), max_len=st.integers(1, 3))
+def test_threshold_above_the_gap_never_drops_the_best_brute_force(seed, v, max_len):
+    # a beam as wide as every prefix: only the threshold prunes. Brute force gives the best output and, per step,
+    # the gap between the best candidate there is and the best output's own prefix; a threshold above every gap
+    # can never drop the best output.
+    toy = ToyModel(v, seed, scale=2.0)
+    outputs = all_outputs(toy, EOS, max_len)
+    best = max(outputs, key=lambda o: o[1])
+    gap = 0.0
+    for t in range(len(best[0])):
+        prefixes = {tuple(seq[: t + 1]) for seq, _, _ in outputs if len(seq) > t}
+        top = max(toy.path_logprob(list(p)) for p in prefixes)
+        gap = max(gap, top - toy.path_logprob(best[0][: t + 1]))
+    k = v**max_len
+    found = search_batch(toy.step, toy.init(), BOS, EOS, k, max_len, length_penalty=0.0, beam_threshold=gap + 1e-9)
+    assert found[0][0].tokens == best[0]
+    assert found[0][0].logprob == pytest.approx(best[1])
