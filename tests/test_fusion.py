@@ -344,3 +344,29 @@ def test_ngram_lm_refuses_bad_input(arpa_file):
         lm.step(lm.init_state(1), np.array([5]))
     with pytest.raises(ValueError, match="2 state rows but 1 tokens"):
         lm.step(lm.init_state(2), np.array([1]))
+
+
+def test_continuous_engine_with_a_fused_model_equals_each_request_alone(arpa_file):
+    """Requests join a running fused search mid-flight (FusedState rows at different steps are concatenated)."""
+    from beamkit import Engine
+
+    seeds = [12, 13, 14]
+    models = [ToyModel(5, seed=s) for s in seeds]
+    lm = NGramLM(arpa_file, VOCAB)
+    model = MultiToy(5, seeds)
+    fused = fuse(model.step, lm, 0.5)
+    engine = Engine(fused, beam_size=3, max_len=5)
+    init = model.init()
+    ids, done = [], {}
+    for r in range(3):
+        ids.append(engine.add(fused.init_state(init[r : r + 1], lm.init_state(1)), BOS, EOS, beam_size=2 + r))
+        for c in engine.step():
+            done[c.request_id] = c
+    while not engine.idle:
+        for c in engine.step():
+            done[c.request_id] = c
+    for r, rid in enumerate(ids):
+        alone = fuse(models[r].step, lm, 0.5)
+        want = search_batch(alone, (models[r].init(), lm.init_state(1)), BOS, EOS, 2 + r, 5)[0]
+        assert done[rid].error is None
+        same(done[rid].hypotheses, want)
