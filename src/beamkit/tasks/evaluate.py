@@ -112,13 +112,21 @@ def parse_weights(text: str) -> list[float]:
     return weights
 
 
+def _cell(entry: dict[str, Any], metric: str) -> str:
+    """A fused figure, with the examples it fixed and broke against the model alone when known."""
+    if "fixed" in entry:
+        return f"{entry[metric]:.4f} (+{entry['fixed']} / -{entry['broken']})"
+    return f"{entry[metric]:.4f}"
+
+
 def format_fusion_table(result: dict[str, Any], metric: str) -> str:
-    """A markdown table: one row per beam width, ``metric`` without the LM and with each LM weight."""
+    """A markdown table: one row per beam width, ``metric`` without the LM and with each LM weight (with the
+    examples the LM fixed / broke at that width, when the evaluation counted them)."""
     fusion = result["fusion"]
     head = "| beam | no LM | " + " | ".join(f"LM weight {w}" for w in fusion) + " |"
     rows = [head, "|---:|---:|" + "---:|" * len(fusion)]
     for k in sorted(result["beams"], key=int):
-        cells = [f"{result['beams'][k][metric]:.4f}"] + [f"{fusion[w]['beams'][k][metric]:.4f}" for w in fusion]
+        cells = [f"{result['beams'][k][metric]:.4f}"] + [_cell(fusion[w]["beams"][k], metric) for w in fusion]
         rows.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
