@@ -95,7 +95,8 @@ def evaluate(
     Words: ``n_words`` sampled with ``seed``, or the fixed split ``split_name``. With an ``lm``
     (:class:`beamkit.NGramLM` over the phonemes), each weight in ``weights`` is also decoded with shallow
     fusion. Returns ``{"beams": {"1": {"word_accuracy": ..., "mean_logprob": ...}, ...}, "n": ..., ...}`` and,
-    with an LM, ``"fusion": {"0.3": {"beams": {...}}, ...}`` (mean log-prob there is the fused score).
+    with an LM, ``"fusion": {"0.3": {"beams": {...}}, ...}`` (mean log-prob there is the fused score; ``fixed``
+    and ``broken`` count the words right only with the LM and only without it, at the same width).
     """
     from beamkit.models.g2p import G2PModel
 
@@ -105,20 +106,31 @@ def evaluate(
     result: dict[str, Any] = {"beams": {}, "n": len(words), "seed": seed, "length_penalty": length_penalty}
     if split_name is not None:
         result["split"] = split_name
+    plain = {}
     for k in beams:
-        result["beams"][str(k)] = _score(g2p.decode(words, beam_size=k, length_penalty=length_penalty), sample)
+        plain[k] = _correct(g2p.decode(words, beam_size=k, length_penalty=length_penalty), sample)
+        result["beams"][str(k)] = _entry(*plain[k])
     if lm is not None:
-        result["fusion"] = {
-            f"{w:g}": {
-                "beams": {str(k): _score(decode_fused(g2p, words, k, lm, w, length_penalty), sample) for k in beams}
-            }
-            for w in weights
-        }
+        result["fusion"] = {}
+        for w in weights:
+            entries = {}
+            for k in beams:
+                correct, logprobs = _correct(decode_fused(g2p, words, k, lm, w, length_penalty), sample)
+                entry = _entry(correct, logprobs)
+                entry["fixed"] = int(np.sum(correct & ~plain[k][0]))  # right with the LM, wrong without
+                entry["broken"] = int(np.sum(~correct & plain[k][0]))
+                entries[str(k)] = entry
+            result["fusion"][f"{w:g}"] = {"beams": entries}
     return result
 
 
-def _score(hyps: list[list[Any]], sample: list[tuple[str, list[tuple[str, ...]]]]) -> dict[str, float]:
+def _correct(hyps: list[list[Any]], sample: list[tuple[str, list[tuple[str, ...]]]]) -> tuple[np.ndarray, list]:
+    """Whether each best hypothesis is one of its word's pronunciations, and the best log-probs."""
     from beamkit.models.g2p import phonemes
 
     correct = [tuple(phonemes(h[0].tokens)) in prons for h, (_, prons) in zip(hyps, sample, strict=True)]
-    return {"word_accuracy": float(np.mean(correct)), "mean_logprob": float(np.mean([h[0].logprob for h in hyps]))}
+    return np.array(correct, dtype=bool), [h[0].logprob for h in hyps]
+
+
+def _entry(correct: np.ndarray, logprobs: list) -> dict[str, Any]:
+    return {"word_accuracy": float(np.mean(correct)), "mean_logprob": float(np.mean(logprobs))}
