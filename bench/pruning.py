@@ -117,32 +117,45 @@ def bench_task(name: str, task: Callable, args: argparse.Namespace, lm_path: str
     return out
 
 
-def plot(results: dict[str, dict], path: str, threshold: float) -> None:
-    """Accuracy against beam width per task: plain, pruned, fused, fused and pruned."""
+def plot(runs: list[tuple[float, dict[str, dict]]], path: str) -> None:
+    """Accuracy (top) and rows per model call (bottom) against beam width, per task: the model alone and with
+    the LM fused in, each without a threshold and with each run's threshold."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), dpi=120)
-    for ax, (task, res) in zip(np.atleast_1d(axes), results.items(), strict=True):
-        for label, marker in (("plain", "o"), ("fused", "s")):
-            if f"{label},beam{BEAMS[0]}" not in res:
-                continue
-            for kind, line in (("base", "-"), ("pruned", "--")):
-                values = [res[f"{label},beam{b}"][kind]["accuracy"] for b in BEAMS]
-                name = ("LM fused" if label == "fused" else "model") + (
-                    f", T={threshold:g}" if kind == "pruned" else ""
-                )
-                ax.plot(BEAMS, values, marker=marker, linestyle=line, label=name)
-        ax.set_xscale("log")
-        ax.set_xticks(BEAMS)
-        ax.set_xticklabels([str(b) for b in BEAMS])
-        ax.set_xlabel("beam width")
-        ax.set_ylabel("accuracy")
-        ax.set_title(task)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    tasks = list(dict.fromkeys(t for _, res in runs for t in res))
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 6.4), dpi=120, squeeze=False)
+    styles = ["--", ":", "-."]
+    for col, task in enumerate(tasks):
+        for row, metric in enumerate(("accuracy", "rows_per_call")):
+            ax = axes[row][col]
+            for label, marker in (("plain", "o"), ("fused", "s")):
+                name = "LM fused" if label == "fused" else "model"
+                drawn = False
+                for i, (threshold, results) in enumerate(runs):
+                    res = results.get(task, {})
+                    if f"{label},beam{BEAMS[0]}" not in res:
+                        continue
+                    if not drawn:
+                        values = [res[f"{label},beam{b}"]["base"][metric] for b in BEAMS]
+                        ax.plot(BEAMS, values, marker=marker, linestyle="-", label=name)
+                        drawn = True
+                    values = [res[f"{label},beam{b}"]["pruned"][metric] for b in BEAMS]
+                    style = styles[i % len(styles)]
+                    ax.plot(BEAMS, values, marker=marker, linestyle=style, label=f"{name}, T={threshold:g}")
+            ax.set_xscale("log")
+            if metric == "rows_per_call":
+                ax.set_yscale("log")
+            ax.minorticks_off()
+            ax.set_xticks(BEAMS)
+            ax.set_xticklabels([str(b) for b in BEAMS])
+            ax.set_xlabel("beam width")
+            ax.set_ylabel("accuracy" if metric == "accuracy" else "rows per model call")
+            ax.set_title(f"{task}: {'accuracy' if metric == 'accuracy' else 'rows per call'}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -164,8 +177,7 @@ def main() -> None:
     args = p.parse_args()
     if args.plot_from:
         saved = [json.load(open(f, encoding="utf-8")) for f in args.plot_from]
-        merged = {task: res for s in saved for task, res in s["results"].items()}
-        plot(merged, args.plot or "docs/fusion_pruning.png", saved[0]["threshold"])
+        plot([(s["threshold"], s["results"]) for s in saved], args.plot or "docs/fusion_pruning.png")
         return
     tasks = {
         "g2p": (g2p_task, args.g2p_lm, args.g2p_lm_weight),
@@ -179,7 +191,7 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"threshold": args.threshold, "n": args.n, "results": results}, fh, indent=1)
     if args.plot:
-        plot(results, args.plot, args.threshold)
+        plot([(args.threshold, results)], args.plot)
         print(f"plot written to {args.plot}")
 
 
