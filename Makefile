@@ -9,13 +9,24 @@ PEER_STAMP := $(PEER)/.installed
 
 .PHONY: demo test lint typecheck pytest peer mutation bench clean
 
-$(STAMP): pyproject.toml
+# The demo needs only the runtime extra of the shipped models (torch, safetensors, tqdm); the checks need all of dev.
+DEMO_STAMP := $(VENV)/.installed-demo
+
+$(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(STAMP): pyproject.toml $(VENV)/bin/python
+	@echo "installing beamkit[dev] into $(VENV) (every tool the checks use)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml $(VENV)/bin/python
+	@echo "installing beamkit[models] into $(VENV) (torch, safetensors, tqdm)"
+	$(BIN)/pip install -q -e ".[models]"
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/beamkit translate --beam 5 "3rd of March 1999"
 
 lint: $(STAMP)

@@ -26,28 +26,28 @@ PITFALLS = [
     (
         "1 best K tokens of each hypothesis",
         ENGINE,
-        "take = cand.rank < quota[cand.req]",
+        "take = cand.rank < (b.beam - b.count)[cand.req]",
         "take = cand.rank >= 0",
         "test_beam_never_holds_more_than_beam_size",
     ),
     (
         "2 raw logits instead of log-probs",
         ENGINE,
-        "scores, offset = logits, (-lse if all_ok else np.where(ok, -lse, -np.inf))",
-        "scores, offset = logits, 0 * lse",
+        "offset = -lse if all_ok else np.where(ok, -lse, -np.inf)",
+        "offset = 0 * lse",
         "test_logits_need_not_be_normalized",
     ),
     (
         "3 eos hypothesis keeps going",
         ENGINE,
-        "is_eos = is_stop(cand.tok, stop)\n        done",
-        "is_eos = cand.tok == -7\n        done",
+        "self._is_eos(cand.tok, cand.req), c_len, last)",
+        "cand.tok == -7, c_len, last)",
         "test_eos_finishes_and_shrinks_the_beam",
     ),
     (
         "4 live hypotheses dropped at max_len",
         ENGINE,
-        "book.add(self._hypotheses(rows, cand, surv, np.zeros(surv.size, bool), t + 1), None)",
+        "b.add(self._hypotheses(rows, cand, surv[cut], False, c_len), capped=False)",
         "pass",
         "test_max_len_returns_unfinished",
     ),
@@ -61,15 +61,15 @@ PITFALLS = [
     (
         "6 state not gathered by parent",
         ENGINE,
-        "state = select_state(state, parents)",
-        "state = state",
+        "self._state = select_state(self._state, parents)",
+        "self._state = self._state",
         "test_state_follows_parents_in_a_real_search",
     ),
     (
         "eos left out of the length",
         ENGINE,
-        "np.ones(done.size, bool), t + 1)",
-        "np.ones(done.size, bool), t)",
+        "b.add(self._hypotheses(rows, cand, done, True, c_len), capped=False)",
+        "b.add(self._hypotheses(rows, cand, done, True, c_len - 1), capped=False)",
         "test_hand_example_length_penalty",
     ),
     (
@@ -89,8 +89,8 @@ PITFALLS = [
     (
         "survivors finalized one step early",
         ENGINE,
-        "last = t + 1 == opt.max_len",
-        "last = t + 2 == opt.max_len",
+        "last = c_len >= b.max_len[cand.req]",
+        "last = c_len + 1 >= b.max_len[cand.req]",
         "test_max_len_returns_unfinished",
     ),
     (
@@ -117,8 +117,8 @@ PITFALLS = [
     (
         "model called after every hypothesis finished",
         ENGINE,
-        "if surv.size == 0 or last:",
-        "if last:",
+        "surv = np.flatnonzero(take & ~is_eos)",
+        "surv = np.flatnonzero(take)",
         "test_search_stops_when_the_last_hypothesis_finishes",
     ),
 ]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beamkit import BatchDecodeError, Engine, LengthPenalty, NoRepeatNGram, search_batch
+from beamkit import BatchDecodeError, Deterministic, Engine, LengthPenalty, NoRepeatNGram, search_batch
 from beamkit.processors import StepContext
 from tests.toy import BOS, ToyModel, all_outputs, prefix_logits
 
@@ -288,3 +288,126 @@ def test_threshold_above_the_gap_never_drops_the_best_brute_force(seed, v, max_l
     found = search_batch(toy.step, toy.init(), BOS, EOS, k, max_len, length_penalty=0.0, beam_threshold=gap + 1e-9)
     assert found[0][0].tokens == best[0]
     assert found[0][0].logprob == pytest.approx(best[1])
+
+
+class SourceAttention(Seeded):
+    """Seeded, plus attention over a source of ``1 + seed % 4`` positions (zero-padded to the widest row in the
+    call, as a model over padded sources returns it)."""
+
+    @staticmethod
+    def attn(seed: int, prefix: tuple) -> np.ndarray:
+        rng = np.random.default_rng(seed * 31 + len(prefix) * 7 + sum(prefix))
+        a = rng.random(1 + seed % 4)
+        return a / a.sum()
+
+    def step(self, state, y_prev):
+        logits, new = super().step(state, y_prev)
+        rows = [self.attn(s, p) for s, p in new]
+        width = max(len(a) for a in rows)
+        return logits, new, {"attention": np.stack([np.pad(a, (0, width - len(a))) for a in rows])}
+
+
+def test_coverage_penalty_of_requests_joining_with_other_source_lengths():
+    from beamkit import CoveragePenalty
+
+    model = SourceAttention(5)
+    shared = {"coverage_penalty": CoveragePenalty(0.4), "length_penalty": 1.0}
+    engine = Engine(model.step, beam_size=3, max_len=5, **shared)
+    seeds, ids, done = [4, 7, 2], [], {}
+    for s in seeds:  # one joins at each step, each with another source length
+        ids.append(engine.add(Seeded.init(s), BOS, EOS))
+        for c in engine.step():
+            done[c.request_id] = c
+    while not engine.idle:
+        for c in engine.step():
+            done[c.request_id] = c
+    for s, r in zip(seeds, ids, strict=True):
+        alone = search_batch(SourceAttention(5).step, Seeded.init(s), BOS, EOS, 3, 5, **shared)[0]
+        _same(done[r].hypotheses, alone)
+
+
+class PlainTopK(Deterministic):
+    """The deterministic rule under another type: the engine asks it once per run of rows at one step."""
+
+    calls = 0
+
+    def candidates(self, scores, offset, parent_key, m, ctx):
+        PlainTopK.calls += 1
+        assert ctx.tokens.shape == (scores.shape[0], ctx.step)
+        return super().candidates(scores, offset, parent_key, m, ctx)
+
+
+def test_a_selector_is_asked_per_run_of_rows_at_one_step():
+    model = Seeded(6)
+    engine = Engine(model.step, max_len=5, policy="pool", selector=PlainTopK())
+    plan = [(3, 2), (8, 4), (5, 1)]  # (seed, beam): candidate tables of other widths per run
+    ids, done = [], {}
+    for s, k in plan:
+        ids.append(engine.add(Seeded.init(s), BOS, EOS, beam_size=k))
+        for c in engine.step():
+            done[c.request_id] = c
+    while not engine.idle:
+        for c in engine.step():
+            done[c.request_id] = c
+    assert PlainTopK.calls > engine.stats.model_calls  # several runs in one call
+    for (s, k), r in zip(plan, ids, strict=True):
+        _same(done[r].hypotheses, search_batch(Seeded(6).step, Seeded.init(s), BOS, EOS, k, 5, policy="pool")[0])
+
+
+def test_best_so_far_equals_the_search_cut_at_that_length():
+    # narrow policy: after t steps the best hypothesis so far (finished or live) is the top result of the same
+    # search with max_len = t, where live hypotheses are returned unfinished and scored at their length
+    engine = Engine(Seeded(5).step, beam_size=3, max_len=6, length_penalty=1.0)
+    r = engine.add(Seeded.init(21), BOS, EOS)
+    t = 0
+    while not engine.idle:
+        if engine.step():
+            break
+        t += 1
+        want = search_batch(Seeded(5).step, Seeded.init(21), BOS, EOS, 3, t, length_penalty=1.0)[0][0]
+        got = engine.best(r)
+        assert (got.tokens, got.finished) == (want.tokens, want.finished)
+        assert got.score == pytest.approx(want.score) and got.logprob == pytest.approx(want.logprob)
+        assert got.token_logprobs == pytest.approx(want.token_logprobs)
+    assert t >= 2
+
+
+def test_add_takes_one_row_and_ids_are_checked():
+    from beamkit import beam_search, greedy_decode
+
+    engine = Engine(Seeded(5).step, beam_size=2, max_len=3)
+    two = np.empty(2, dtype=object)
+    two[0], two[1] = (1, ()), (2, ())
+    with pytest.raises(ValueError, match="has 2 rows on axis 0, expected 1"):
+        engine.add(two, BOS, EOS)
+    with pytest.raises(ValueError, match="has 2 rows on axis 0, expected 1"):
+        beam_search(Seeded(5).step, two, BOS, EOS, 2, 3)
+    assert engine.add_batch(two, BOS, EOS) == [0, 1]
+    with pytest.raises(ValueError, match="no request 2"):
+        engine.cancel(2)
+    # options reach greedy decoding: min_len keeps eos out of the first two tokens
+    assert greedy_decode(Seeded(3).step, Seeded.init(3), BOS, EOS, 4).tokens == [1, EOS]
+    assert EOS not in greedy_decode(Seeded(3).step, Seeded.init(3), BOS, EOS, 4, min_len=2).tokens[:2]
+
+
+def test_concat_state_structures():
+    from beamkit import Shared, concat_state
+
+    class Joins:
+        def __init__(self, n):
+            self.n = n
+
+        def beamkit_concat(self, others):
+            return Joins(self.n + sum(o.n for o in others))
+
+    with pytest.raises(ValueError, match="at least one state"):
+        concat_state([])
+    got = concat_state(
+        [(np.zeros(1), [np.ones(2)], {"a": np.zeros((1, 2))}), (np.ones(2), [np.zeros(1)], {"a": np.ones((3, 2))})]
+    )
+    assert got[0].tolist() == [0, 1, 1] and got[1][0].tolist() == [1, 1, 0] and got[2]["a"].shape == (4, 2)
+    assert isinstance(got, tuple) and isinstance(got[1], list)
+    assert concat_state([Joins(1), Joins(2), Joins(3)]).n == 6
+    shared = Shared(np.zeros(2))
+    assert concat_state([shared, shared]) is shared
+    assert concat_state([Shared(np.zeros(2)), Shared(np.ones(1))]).value.tolist() == [0, 0, 1]

@@ -204,6 +204,29 @@ def test_weights_that_do_not_match_the_config_fail_clearly(tmp_path):
         checkpoint.load(folder)
 
 
+@pytest.mark.parametrize(
+    ("arch", "path", "value", "message"),
+    [
+        ("seq2seq", ("hparams", "hidden"), "64", "hidden must be an integer >= 1, got '64'"),
+        ("seq2seq", ("hparams", "emb"), 2.5, "emb must be an integer >= 1, got 2.5"),
+        ("seq2seq", ("hparams", "layers"), True, "layers must be an integer >= 1, got True"),
+        ("transformer", ("hparams", "heads"), "2", "heads must be an integer >= 1, got '2'"),
+        ("transformer", ("hparams", "dropout"), "0.1", "dropout must be a finite number, got '0.1'"),
+        ("seq2seq", ("meta", "max_len"), "12", "meta.max_len must be an integer >= 1, got '12'"),
+        ("seq2seq", ("meta", "test"), {"1": "0.9"}, "meta.test must map beam widths to numbers"),
+    ],
+)
+def test_config_values_of_the_wrong_type_name_the_key(tmp_path, arch, path, value, message):
+    # a string where a number belongs used to surface as "not all arguments converted during string formatting"
+    folder = checkpoint.save(_untrained(arch), tmp_path / "ck", meta={"max_len": 12})
+    config = json.loads((folder / "config.json").read_text())
+    config[path[0]][path[1]] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as info:
+        load_model(str(folder))
+    assert message in str(info.value)
+
+
 def test_bad_inputs():
     model = _untrained("transformer")
     with pytest.raises(ValueError, match="empty input"):

@@ -11,6 +11,7 @@ from beamkit import (
     BadWords,
     ForcedPrefix,
     LengthPenalty,
+    MinLength,
     NoRepeatNGram,
     PrefixAllowedTokens,
     RepetitionPenalty,
@@ -204,3 +205,66 @@ def test_masks_are_never_chosen_in_the_pool_policy():
         assert h.logprob == pytest.approx(
             sum(log_softmax_ref(m.logits(tuple(h.tokens[:i])))[t] for i, t in enumerate(h.tokens))
         )
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (lambda: MinLength("3"), TypeError, "MinLength min_len must be an integer"),
+        (lambda: NoRepeatNGram(2.0), TypeError, "NoRepeatNGram n must be an integer"),
+        (lambda: BadWords("ab"), TypeError, "BadWords must be a sequence"),
+        (lambda: BadWords([[1, "2"]]), TypeError, "token ids must be integers"),
+        (lambda: SuppressTokens([True]), TypeError, "token ids must be integers"),
+        (lambda: SuppressTokens([1], at_step=-1), ValueError, "at_step must be >= 0"),
+        (lambda: SequenceBias([((1,), "2")]), TypeError, "SequenceBias bias must be a number"),
+        (lambda: SequenceBias([((1,), float("nan"))]), ValueError, "a bias must be a number or -inf"),
+        (lambda: SequenceBias([(1, 2, 3)]), TypeError, "(token ids, bias) pairs"),
+        (lambda: ForcedPrefix([[1], [-2]]), ValueError, "token ids must be >= 0"),
+        (lambda: RepetitionPenalty("1.2"), TypeError, "repetition penalty must be a number"),
+        (lambda: RepetitionPenalty(float("inf")), ValueError, "> 0 and finite"),
+        (lambda: Temperature(None), TypeError, "temperature must be a number"),
+        (lambda: Temperature(float("inf")), ValueError, "> 0 and finite"),
+        (lambda: NoRepeatNGram(2, prompts=[[1, None]]), TypeError, "NoRepeatNGram prompts"),
+    ],
+)
+def test_processor_arguments_of_the_wrong_type_are_refused_by_name(build, error, message):
+    with pytest.raises(error) as info:
+        build()
+    assert message in str(info.value)
+
+
+def test_processor_lists_are_normalised_to_tuples():
+    # frozen processors stay hashable and immune to the caller mutating its lists afterwards
+    bad = [[3, 4]]
+    proc = BadWords(bad)
+    bad[0].append(5)
+    assert proc.bad == ((3, 4),) and hash(proc) == hash(BadWords(((3, 4),)))
+
+
+@pytest.mark.parametrize(
+    ("proc", "message"),
+    [
+        (ForcedPrefix([[1]]), "ForcedPrefix has 1 prefixes but the batch has request 1"),
+        (ForcedPrefix([[1], [9]]), "token id 9 is outside the vocabulary of 4"),
+        (NoRepeatNGram(2, prompts=[[1]]), "prompts has 1 entries but the batch has request 1"),
+    ],
+)
+def test_processors_that_do_not_fit_the_batch_give_a_clear_error(proc, message):
+    # once an IndexError from numpy (ForcedPrefix with fewer prefixes than requests)
+    def step(state, y_prev):
+        return np.zeros((len(state), 4)), state
+
+    with pytest.raises(ValueError) as info:
+        search_batch(step, np.zeros(2), -1, 0, 2, 3, processors=[proc])
+    assert message in str(info.value)
+
+
+def test_bad_words_and_repetition_ids_past_the_vocabulary_change_nothing():
+    # a banned word ending past V can never be generated; a prompt id past V has no logit to penalise
+    def step(state, y_prev):
+        return np.log(np.array([[0.1, 0.2, 0.3, 0.4]] * len(state))), state
+
+    for proc, same in ((BadWords([[7]]), None), (RepetitionPenalty(2.0, prompts=[[9]]), RepetitionPenalty(2.0))):
+        plain = search_batch(step, np.zeros(1), -1, 0, 2, 2, processors=[same] if same else [])
+        got = search_batch(step, np.zeros(1), -1, 0, 2, 2, processors=[proc])
+        assert [(h.tokens, h.logprob) for h in got[0]] == [(h.tokens, h.logprob) for h in plain[0]]

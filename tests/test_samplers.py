@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from beamkit import search_batch
+from beamkit.hypothesis import BatchDecodeError
 from beamkit.samplers import BeamSample, GumbelTopK, Multinomial, Noise, TopK, TopP, stochastic_beam_search
 
 BOS = 99
@@ -283,3 +284,28 @@ def test_stochastic_beam_search_stops_calling_the_model() -> None:
     for samples in res:
         assert all(s.hypothesis.finished and len(s.hypothesis.tokens) <= 2 for s in samples)
         assert [s.hypothesis.tokens for s in samples] != [[2], [2]]
+
+
+def test_stochastic_beam_search_one_failing_request_keeps_the_others() -> None:
+    # request 1's logits are NaN: it fails alone, the others' samples come back in BatchDecodeError.results
+    vocab, eos, max_len, k = 3, 2, 3, 2
+    inner, logits_of = table_model(vocab, 5, max_len)
+    probs = enumerate_outputs(logits_of, vocab, eos, max_len)
+
+    def step(state, y_prev):
+        req, hist = state
+        logits, new = inner(hist, y_prev)
+        logits = np.where((req == 1)[:, None], np.nan, logits)  # shape: (rows, V)
+        return logits, (req, new)
+
+    init = (np.arange(3), np.zeros((3, 1), dtype=np.int64))
+    with pytest.raises(BatchDecodeError) as info:
+        stochastic_beam_search(step, init, BOS, eos, k, max_len, seed=3)
+    assert set(info.value.errors) == {1} and "request 1" in str(info.value)
+    results = info.value.results
+    assert len(results) == 3 and results[1] == []
+    for r in (0, 2):
+        seqs = [tuple(s.hypothesis.tokens) for s in results[r]]
+        assert len(seqs) == k and len(set(seqs)) == k
+        for s in results[r]:
+            assert s.hypothesis.logprob == pytest.approx(np.log(probs[tuple(s.hypothesis.tokens)]), abs=1e-9)

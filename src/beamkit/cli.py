@@ -16,9 +16,22 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = ("beamkit.tasks.cli", "beamkit.ctc.cli", "beamkit.demo")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` after an option's help, unless the default is None or False or the help already
+    says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every feature's subcommands registered."""
-    parser = argparse.ArgumentParser(prog="beamkit", description="Beam-search decoding for any sequence model.")
+    parser = argparse.ArgumentParser(
+        prog="beamkit", description="Beam-search decoding for any sequence model.", formatter_class=HelpFormatter
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
@@ -30,14 +43,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
-    if func is None:
+    if func is None:  # no command, or a command group (eval, ctc, lm) without its subcommand
         parser.print_help()
+        where = f"beamkit {args.command}" if args.command else "beamkit"
+        print(f"{where}: error: a {'subcommand' if args.command else 'COMMAND'} is required", file=sys.stderr)
         return 2
     try:
         return int(func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError) as exc:  # bad input: a usage error
         print(f"beamkit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a folder where a file belongs, no permission, a full disk: the command failed
+        print(f"beamkit {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -106,8 +106,8 @@ class SearchOptions:
     def __post_init__(self) -> None:
         for name in ("beam_size", "max_len"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
+                raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
         if self.policy not in ("narrow", "pool", "compete"):
             raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {self.policy!r}")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):

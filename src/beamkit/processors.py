@@ -8,6 +8,7 @@ Python object per beam. Masked entries are ``-inf`` and are never chosen.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,6 +18,51 @@ import numpy as np
 from beamkit import ops
 
 NEG_INF = float("-inf")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value: Any, least: int) -> int:
+    """``value`` as an int, or a ValueError / TypeError naming ``name`` (an int >= ``least`` is expected)."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return int(value)
+
+
+def check_ids(name: str, value: Any) -> tuple[int, ...]:
+    """A sequence of token ids (ints >= 0) as a tuple, or a clear error naming ``name``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of token ids, got {value!r}")
+    ids = tuple(value)
+    if not all(_is_int(t) for t in ids):
+        raise TypeError(f"{name}: token ids must be integers, got {value!r}")
+    if any(t < 0 for t in ids):
+        raise ValueError(f"{name}: token ids must be >= 0, got {value!r}")
+    return tuple(int(t) for t in ids)
+
+
+def check_id_lists(name: str, value: Any) -> tuple[tuple[int, ...], ...]:
+    """A sequence of token-id sequences as a tuple of tuples, or a clear error naming ``name``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of token-id sequences, got {value!r}")
+    return tuple(check_ids(name, seq) for seq in value)
+
+
+def check_number(name: str, value: Any) -> float:
+    """``value`` as a float, or a TypeError naming ``name`` (a real number is expected)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _check_prompts(self: Any) -> None:
+    """Normalise a frozen processor's ``prompts`` to a tuple of id tuples (None stays None)."""
+    if self.prompts is not None:
+        object.__setattr__(self, "prompts", check_id_lists(f"{type(self).__name__} prompts", self.prompts))
 
 
 @dataclass(frozen=True)
@@ -34,6 +80,8 @@ class StepContext:
         """Each row's prompt + generated tokens, left-padded with ``-1`` to one width ``[rows, P + step]``."""
         if not prompts:
             return self.tokens
+        if len(self.request) and int(self.request.max()) >= len(prompts):
+            raise ValueError(f"prompts has {len(prompts)} entries but the batch has request {int(self.request.max())}")
         width = max(len(p) for p in prompts)
         pad = np.full((len(prompts), width), -1, dtype=np.int64)
         for i, p in enumerate(prompts):
@@ -64,6 +112,9 @@ class MinLength:
     """Mask every stop token until ``min_len`` tokens have been generated (eos itself not counted)."""
 
     min_len: int
+
+    def __post_init__(self) -> None:
+        check_int("MinLength min_len", self.min_len, 0)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         if ctx.step >= self.min_len or not ctx.eos:
@@ -101,8 +152,8 @@ class NoRepeatNGram:
     prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"NoRepeatNGram needs n >= 1, got {self.n}")
+        check_int("NoRepeatNGram n", self.n, 1)
+        _check_prompts(self)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         rows, cols = _ngram_bans(ctx.sequences(self.prompts), self.n)
@@ -128,15 +179,16 @@ class BadWords:
     prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "bad", check_id_lists("BadWords", self.bad))
         if any(len(b) == 0 for b in self.bad):
             raise ValueError("BadWords: a banned sequence is empty")
-        if any(t < 0 for b in self.bad for t in b):
-            raise ValueError("BadWords: token ids must be >= 0")
+        _check_prompts(self)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         seq = ctx.sequences(self.prompts)
-        all_rows = [_rows_ending_with(seq, word[:-1]) for word in self.bad]
-        all_cols = [np.full_like(r, word[-1]) for r, word in zip(all_rows, self.bad, strict=True)]
+        words = [word for word in self.bad if word[-1] < scores.shape[1]]  # a last id past V cannot be generated
+        all_rows = [_rows_ending_with(seq, word[:-1]) for word in words]
+        all_cols = [np.full_like(r, word[-1]) for r, word in zip(all_rows, words, strict=True)]
         if not all_rows:
             return scores
         return ops.fill(scores, np.concatenate(all_rows), np.concatenate(all_cols), NEG_INF)
@@ -151,8 +203,9 @@ class SuppressTokens:
     at_step: int | None = None
 
     def __post_init__(self) -> None:
-        if any(t < 0 for t in self.tokens):
-            raise ValueError("SuppressTokens: token ids must be >= 0")
+        object.__setattr__(self, "tokens", check_ids("SuppressTokens", self.tokens))
+        if self.at_step is not None:
+            check_int("SuppressTokens at_step", self.at_step, 0)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         if not self.tokens or (self.at_step is not None and ctx.step != self.at_step):
@@ -173,10 +226,20 @@ class SequenceBias:
     prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.biases, (str, bytes)) or not isinstance(self.biases, Sequence):
+            raise TypeError(f"SequenceBias takes (token ids, bias) pairs, got {self.biases!r}")
+        pairs = []
+        for pair in self.biases:
+            if not isinstance(pair, Sequence) or isinstance(pair, (str, bytes)) or len(pair) != 2:
+                raise TypeError(f"SequenceBias takes (token ids, bias) pairs, got {pair!r}")
+            seq, bias = check_ids("SequenceBias", pair[0]), check_number("SequenceBias bias", pair[1])
+            if math.isnan(bias) or bias == math.inf:
+                raise ValueError(f"SequenceBias: a bias must be a number or -inf, got {bias}")
+            pairs.append((seq, bias))
+        object.__setattr__(self, "biases", tuple(pairs))
         if any(len(seq) == 0 for seq, _ in self.biases):
             raise ValueError("SequenceBias: a biased sequence is empty")
-        if any(t < 0 for seq, _ in self.biases for t in seq):
-            raise ValueError("SequenceBias: token ids must be >= 0")
+        _check_prompts(self)
 
     @property
     def raises_scores(self) -> bool:
@@ -226,13 +289,18 @@ class ForcedPrefix:
     prefixes: tuple[tuple[int, ...], ...]
 
     def __post_init__(self) -> None:
-        if any(t < 0 for p in self.prefixes for t in p):
-            raise ValueError("ForcedPrefix: token ids must be >= 0")
+        object.__setattr__(self, "prefixes", check_id_lists("ForcedPrefix", self.prefixes))
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        if len(ctx.request) and int(ctx.request.max()) >= len(self.prefixes):
+            raise ValueError(
+                f"ForcedPrefix has {len(self.prefixes)} prefixes but the batch has request {int(ctx.request.max())}"
+            )
         lengths = np.array([len(p) for p in self.prefixes], dtype=np.int64)
         rows = np.flatnonzero(lengths[ctx.request] > ctx.step)
         cols = np.array([self.prefixes[ctx.request[r]][ctx.step] for r in rows], dtype=np.int64)
+        if cols.size and int(cols.max()) >= scores.shape[1]:
+            raise ValueError(f"ForcedPrefix: token id {int(cols.max())} is outside the vocabulary of {scores.shape[1]}")
         return keep_only(scores, rows, cols)
 
 
@@ -266,12 +334,14 @@ class RepetitionPenalty:
     prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        if not self.penalty > 0:
-            raise ValueError(f"repetition penalty must be > 0, got {self.penalty}")
+        penalty = check_number("repetition penalty", self.penalty)
+        if not (penalty > 0 and math.isfinite(penalty)):
+            raise ValueError(f"repetition penalty must be > 0 and finite, got {self.penalty}")
+        _check_prompts(self)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         seq = ctx.sequences(self.prompts)
-        r, c = np.nonzero(seq >= 0)
+        r, c = np.nonzero((seq >= 0) & (seq < scores.shape[1]))  # prompt ids past V: nothing to penalise
         if r.size == 0:
             return scores
         pairs = np.unique(np.stack([r, seq[r, c]], axis=1), axis=0)
@@ -296,8 +366,9 @@ class Temperature:
     temperature: float
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        temperature = check_number("temperature", self.temperature)
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be > 0 and finite, got {self.temperature}")
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         return scores / self.temperature

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from beamkit import ops
 from beamkit.engine import BeamSearch, SearchOptions
-from beamkit.hypothesis import Hypothesis
+from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
 from beamkit.scoring import LengthPenalty, as_length_penalty
 
@@ -392,11 +392,16 @@ def stochastic_beam_search(
     so each request's result is exactly the top ``beam_size`` perturbed sequences among all outputs (finished
     ones, and unfinished ones of ``max_len`` tokens). Returns, per request, the samples ordered by key (largest
     first); ``hypothesis.score`` is the length-normalised log-probability, ``phi`` the log-probability.
+
+    A request that fails (NaN logits, no finite candidate) fails alone: the others finish and a
+    :class:`BatchDecodeError` is raised whose ``results`` hold every request's samples (an empty list for a
+    failed one) and whose ``errors`` name the failed requests.
     """
     lp = as_length_penalty(length_penalty)
     selector = GumbelTopK(seed=seed, generator=generator)
     opts = SearchOptions(beam_size=beam_size, max_len=max_len, length_penalty=lp, selector=selector, policy="compete")
     result = BeamSearch(opts).search(step_fn, init_state, bos, eos)
+    samples = [[Sample(h, h.key, h.logprob) for h in sorted(hyps, key=lambda h: -h.key)] for hyps in result.hypotheses]
     if result.errors:
-        raise ValueError("; ".join(f"request {r}: {msg}" for r, msg in sorted(result.errors.items())))
-    return [[Sample(h, h.key, h.logprob) for h in sorted(hyps, key=lambda h: -h.key)] for hyps in result.hypotheses]
+        raise BatchDecodeError(result.errors, cast(Any, samples))  # results hold Samples here, not Hypotheses
+    return samples

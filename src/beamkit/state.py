@@ -122,6 +122,9 @@ def concat_state(states: list[Any]) -> Any:
     if not states:
         raise ValueError("concat_state needs at least one state")
     first = states[0]
+    custom = getattr(first, "beamkit_concat", None)
+    if custom is not None:  # a state that knows how to join (a KV cache, a model's own state tuple)
+        return custom(states[1:])
     if isinstance(first, Shared):
         if all(s is first for s in states):
             return first
@@ -135,7 +138,4 @@ def concat_state(states: list[Any]) -> Any:
         return [concat_state([s[i] for s in states]) for i in range(len(first))]
     if isinstance(first, dict):
         return type(first)((k, concat_state([s[k] for s in states])) for k in first)
-    custom = getattr(first, "beamkit_concat", None)
-    if custom is not None:
-        return custom(states[1:])
     return first

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beamkit.progress import Progress
+
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 DEFAULT_MODEL = "dates-seq2seq"
 
@@ -68,6 +70,7 @@ def translate(
     length_penalty: float = 1.0,
     max_len: int | None = None,
     batch_size: int = 256,
+    progress: Progress | None = None,
     lm: Any = None,
     lm_weight: float = 0.0,
     **options: Any,
@@ -75,15 +78,18 @@ def translate(
     """Decode ``texts`` with ``model`` (Seq2Seq or Transformer) by beam search; return each one's n-best.
 
     Sources are encoded in batches of ``batch_size`` and each batch is one :func:`beamkit.search_batch`
-    call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError. With an
-    ``lm`` (a step function over the target ids with ``init_state(n)``, such as :class:`beamkit.NGramLM`), the
-    model is fused with it (:func:`beamkit.fuse`, ``lm_weight``); ``logprob`` is then the fused score. Other
-    ``options`` go to :func:`beamkit.search_batch`.
+    call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError.
+    ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per input, in steps as
+    each batch's search runs.
+    With an ``lm`` (a step function over the target ids with ``init_state(n)``, such as
+    :class:`beamkit.NGramLM`), the model is fused with it (:func:`beamkit.fuse`, ``lm_weight``); ``logprob`` is
+    then the fused score. Other ``options`` go to :func:`beamkit.search_batch`.
     """
     import torch
 
     from beamkit import fuse, search_batch
     from beamkit.models.common import encode_sources, pad_batch
+    from beamkit.progress import BatchTicker, Silent
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -99,8 +105,9 @@ def translate(
             if lm is not None:
                 step = fuse(model.step, lm, lm_weight)
                 state = step.init_state(state, lm.init_state(src.shape[0]))
+            ticker = BatchTicker(progress or Silent(), src.shape[0], limit)
             hyps = search_batch(
-                step,
+                ticker.wrap(step),
                 state,
                 tv.bos,
                 tv.eos,
@@ -110,6 +117,7 @@ def translate(
                 num_return=num_return,
                 **options,
             )
+            ticker.done()
             for request in hyps:
                 results.append(
                     [

@@ -7,7 +7,9 @@ with a clear error naming the file when one is missing or corrupt.
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,45 @@ def build_model(arch: str, src_symbols: list[str], tgt_symbols: list[str], hpara
     classes = {"seq2seq": Seq2Seq, "transformer": Transformer}
     if arch not in classes:
         raise ValueError(f"unknown architecture {arch!r}; expected one of {sorted(classes)}")
+    check_hparams(arch, classes[arch], hparams)
     try:
         return classes[arch](Vocab(tuple(src_symbols)), Vocab(tuple(tgt_symbols)), **hparams)
     except TypeError as exc:
         raise ValueError(f"bad hyper-parameters for {arch}: {exc}") from exc
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_hparams(arch: str, cls: type, hparams: dict[str, Any]) -> None:
+    """Refuse hyper-parameters whose type does not fit ``cls``'s signature, naming the key and the value.
+
+    Parameters annotated ``int`` (sizes, layer counts) must be integers >= 1, those annotated ``float`` finite
+    numbers; unknown keys are left to the constructor (a TypeError naming them).
+    """
+    params = inspect.signature(cls).parameters
+    for key, value in hparams.items():
+        if key not in params:
+            continue
+        ann = params[key].annotation
+        kind = ann if isinstance(ann, str) else getattr(ann, "__name__", "")
+        if kind == "int" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"bad hyper-parameter for {arch}: {key} must be an integer >= 1, got {value!r}")
+        if kind == "float" and not _is_number(value):
+            raise ValueError(f"bad hyper-parameter for {arch}: {key} must be a finite number, got {value!r}")
+
+
+def check_meta(folder: Path, meta: Any) -> None:
+    """Refuse ``config.json`` metadata that beamkit reads but that has the wrong type (``max_len``, ``test``)."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} 'meta' must be an object, got {meta!r}")
+    max_len = meta.get("max_len", 12)
+    if not (isinstance(max_len, int) and not isinstance(max_len, bool) and max_len >= 1):
+        raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} meta.max_len must be an integer >= 1, got {max_len!r}")
+    figures = meta.get("test", {})
+    if not isinstance(figures, dict) or not all(_is_number(v) for v in figures.values()):
+        raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} meta.test must map beam widths to numbers")
 
 
 def save(model: Any, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
@@ -62,6 +99,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"checkpoint {folder} has version {config.get('version')!r}; this beamkit reads {VERSION}")
     if not isinstance(config.get("arch"), str) or not isinstance(config.get("hparams"), dict):
         raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} lacks 'arch' or 'hparams'")
+    check_meta(folder, config.get("meta", {}))
     return config
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from beamkit.progress import Progress
+
 GRAPHEMES = ("<pad>", "<unk>", "</s>", *"abcdefghijklmnopqrstuvwxyz")
 # fmt: off
 PHONEMES = (
@@ -125,10 +127,19 @@ class G2PModel:
         return logits, h
 
     def decode(
-        self, words: Sequence[str], beam_size: int = 1, length_penalty: float = 1.0, batch_size: int = 512
+        self,
+        words: Sequence[str],
+        beam_size: int = 1,
+        length_penalty: float = 1.0,
+        batch_size: int = 512,
+        progress: Progress | None = None,
     ) -> list[list[Any]]:
-        """Each word's hypotheses (best first) from :func:`beamkit.search_batch`, one call per batch."""
+        """Each word's hypotheses (best first) from :func:`beamkit.search_batch`, one call per batch.
+
+        ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per word.
+        """
         from beamkit import search_batch
+        from beamkit.progress import BatchTicker, Silent
 
         if isinstance(words, str):
             raise TypeError("expected a sequence of words, got one string")
@@ -138,7 +149,10 @@ class G2PModel:
         for start in range(0, len(words), batch_size):
             chunk = list(words[start : start + batch_size])
             state = self.init_state(chunk)
-            out.extend(search_batch(self.step, state, BOS, EOS, beam_size, MAX_LEN, length_penalty=length_penalty))
+            ticker = BatchTicker(progress or Silent(), len(chunk), MAX_LEN)
+            step = ticker.wrap(self.step)
+            out.extend(search_batch(step, state, BOS, EOS, beam_size, MAX_LEN, length_penalty=length_penalty))
+            ticker.done()
         return out
 
     def predict(self, words: Sequence[str], beam_size: int = 1, length_penalty: float = 1.0) -> list[list[str]]:

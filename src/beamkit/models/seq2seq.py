@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from beamkit.models.common import join_requests
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
 
@@ -28,6 +29,19 @@ class DecoderState(NamedTuple):
     feed: Tensor  # the previous attentional vector, shape: (rows, hidden)
     req: Tensor  # the request of each row, int64, shape: (rows,)
     memory: Any  # beamkit.Shared((enc_out (B, S, H), keys (B, S, H), mask (B, S) bool))
+
+    def beamkit_concat(self, others: list[DecoderState]) -> DecoderState:
+        """Join the rows of requests added to a running search (``beamkit.concat_state``): rows concatenated,
+        the encoder memories of the requests still decoding joined (sources padded, masked), indices renumbered."""
+        parts = [self, *others]
+        req, memory = join_requests([(p.req, p.memory) for p in parts], (1, 1, 1))
+        return DecoderState(
+            tuple(torch.cat(hs) for hs in zip(*(p.h for p in parts), strict=True)),
+            tuple(torch.cat(cs) for cs in zip(*(p.c for p in parts), strict=True)),
+            torch.cat([p.feed for p in parts]),
+            req,
+            memory,
+        )
 
 
 class Seq2Seq(nn.Module):

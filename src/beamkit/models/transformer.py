@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from beamkit.models.common import join_requests, pad_axis
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
 
@@ -27,6 +28,31 @@ class TransformerState(NamedTuple):
     self_v: tuple[Tensor, ...]  # per layer, shape: (rows, heads, t, d_head)
     req: Tensor  # request of each row, int64, shape: (rows,)
     cross: Any  # Shared((k per layer (B, heads, S, d_head), v per layer, src mask (B, S) bool))
+    # positions each row holds, shape: (rows,), when rows of different lengths share the cache (requests that
+    # joined a running search): each row's keys/values are right-aligned in the t columns, padding masked.
+    # None: every row holds all t positions.
+    length: Tensor | None = None
+
+    def beamkit_concat(self, others: list[TransformerState]) -> TransformerState:
+        """Join the rows of requests added to a running search (``beamkit.concat_state``): self-attention caches
+        left-padded to the longest (``length`` records each row's own), cross-attention keys/values of the
+        requests still decoding joined (sources padded, masked), request indices renumbered."""
+        parts = [self, *others]
+        width = max(p.self_k[0].shape[2] for p in parts)
+        lengths = [
+            p.length if p.length is not None else p.req.new_full(p.req.shape, p.self_k[0].shape[2]) for p in parts
+        ]
+        layers = len(self.self_k)
+        flat = [(p.req, Shared((*p.cross.value[0], *p.cross.value[1], p.cross.value[2]))) for p in parts]
+        req, cross = join_requests(flat, (2,) * (2 * layers) + (1,))
+        length = torch.cat(lengths)
+        return TransformerState(
+            tuple(torch.cat([pad_axis(p.self_k[i], 2, width, left=True) for p in parts]) for i in range(layers)),
+            tuple(torch.cat([pad_axis(p.self_v[i], 2, width, left=True) for p in parts]) for i in range(layers)),
+            req,
+            Shared((cross.value[:layers], cross.value[layers : 2 * layers], cross.value[-1])),
+            None if bool((length == width).all()) else length,
+        )
 
 
 class _Attention(nn.Module):
@@ -186,14 +212,29 @@ class Transformer(nn.Module):
         ck, cv, mask = state.cross.value
         r = state.req
         y = torch.as_tensor(y_prev, dtype=torch.long, device=r.device)
-        t = state.self_k[0].shape[2]  # tokens already in the cache = this token's position
-        if t >= self.max_len:
+        self_k, self_v, length = state.self_k, state.self_v, state.length
+        if length is not None:  # rows of different lengths: drop columns no row uses any more
+            lead = self_k[0].shape[2] - int(length.max())
+            if lead > 0:
+                self_k = tuple(k[:, :, lead:] for k in self_k)
+                self_v = tuple(v[:, :, lead:] for v in self_v)
+            if bool((length == self_k[0].shape[2]).all()):
+                length = None
+        t = self_k[0].shape[2]  # cache columns = this token's position when every row holds all of them
+        if (t if length is None else int(length.max())) >= self.max_len:
             raise ValueError(f"decoding past the model's max_len {self.max_len}")
-        x = self.tgt_emb(y)[:, None, :] + self.tgt_pos.weight[t]  # shape: (rows, 1, D)
+        if length is None:
+            x = self.tgt_emb(y)[:, None, :] + self.tgt_pos.weight[t]  # shape: (rows, 1, D)
+            self_mask = None
+        else:
+            x = self.tgt_emb(y)[:, None, :] + self.tgt_pos(length)[:, None, :]
+            cols = torch.arange(t + 1, device=r.device)
+            self_mask = (cols[None, :] >= (t - length)[:, None])[:, None, None, :]  # shape: (rows, 1, 1, t + 1)
         new_k, new_v = [], []
         for i, layer in enumerate(self.dec):
-            x, k, v = layer(x, state.self_k[i], state.self_v[i], None, ck[i][r], cv[i][r], mask[r])
+            x, k, v = layer(x, self_k[i], self_v[i], self_mask, ck[i][r], cv[i][r], mask[r])
             new_k.append(k)
             new_v.append(v)
         logits = self.out(self.dec_ln(x[:, 0]))  # shape: (rows, V)
-        return logits, TransformerState(tuple(new_k), tuple(new_v), r, state.cross)
+        new_length = None if length is None else length + 1
+        return logits, TransformerState(tuple(new_k), tuple(new_v), r, state.cross, new_length)

