@@ -55,7 +55,16 @@ def non_ctc_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_help_lists_every_non_ctc_subcommand():
-    assert set(non_ctc_parsers()) == {"translate", "models", "train", "eval", "eval dates", "eval g2p", "demo"}
+    assert set(non_ctc_parsers()) == {
+        "translate",
+        "models",
+        "train",
+        "eval",
+        "eval dates",
+        "eval g2p",
+        "corpus",
+        "demo",
+    }
 
 
 @pytest.mark.parametrize("command", sorted(non_ctc_parsers()))

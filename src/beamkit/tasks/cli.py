@@ -319,8 +319,15 @@ def register(subparsers: Any) -> None:
             "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"
         )
         p.add_argument("--quiet", action="store_true", help="no progress bar")
-        p.add_argument("--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in")
-        p.add_argument("--lm-weight", default=None, metavar="W[,W...]", help="LM weight(s) for --lm")
+        p.add_argument(
+            "--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in (default: none)"
+        )
+        p.add_argument(
+            "--lm-weight",
+            default=None,
+            metavar="W[,W...]",
+            help="LM weight(s) for --lm (default: none; needed with --lm)",
+        )
         if task == "dates":
             p.add_argument(
                 "--model", default=None, help="shipped model name or checkpoint path (default: dates-seq2seq)"
@@ -339,7 +346,7 @@ def register(subparsers: Any) -> None:
                 "--split",
                 choices=["test", "valid"],
                 default=None,
-                help="a fixed 1000-word split held out of `beamkit corpus g2p` (instead of --words)",
+                help="a fixed 1000-word split held out of `beamkit corpus g2p` (default: none, --words sampled words)",
             )
         p.set_defaults(func=func)
 
@@ -351,5 +358,7 @@ def register(subparsers: Any) -> None:
         "targets, as space-separated characters.",
     )
     p.add_argument("task", choices=["g2p", "dates"], help="which task's corpus")
-    p.add_argument("-o", "--output", required=True, help="output text file, one sentence per line")
+    p.add_argument(
+        "-o", "--output", required=True, help="output text file, one sentence per line (required, no default)"
+    )
     p.set_defaults(func=cmd_corpus)
