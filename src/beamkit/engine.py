@@ -174,10 +174,11 @@ class _Book:
     counters (``count``, ``worst``, ``nth``).
     """
 
-    _INT = ("t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nth_n", "nret", "count")
+    _INT = ("rid", "t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nth_n", "nret", "count")
     _FLOAT = ("alpha", "worst", "nth")
 
-    t: np.ndarray  # shape: (R,) each array below is indexed by request id
+    rid: np.ndarray  # shape: (R,) each array is indexed by slot; rid: the request id in the slot
+    t: np.ndarray
     beam: np.ndarray
     max_len: np.ndarray
     min_len: np.ndarray
@@ -217,6 +218,15 @@ class _Book:
         for r in ids.tolist():
             self.pools[r] = []
         return ids
+
+    def compact(self, live: np.ndarray) -> None:
+        """Keep only the slots ``live`` (ascending), renumbered 0.. in the same order."""
+        for name in self._INT + self._FLOAT:
+            setattr(self, name, getattr(self, name)[live].copy())
+        new = {int(r): i for i, r in enumerate(live.tolist())}
+        self.pools = {new[r]: p for r, p in self.pools.items()}
+        self.errors = {new[r]: e for r, e in self.errors.items()}
+        self.size = int(live.shape[0])
 
     def add(self, found: dict[int, list[_Finished]], capped: bool) -> None:
         """Merge new finished hypotheses into their requests' pools, best score first (stable ties), each cut to
@@ -324,14 +334,14 @@ class _Rows:
             cov=None if self.cov is None else self.cov[parents],
         )
 
-    def add_coverage(self, attn: np.ndarray) -> None:
-        """Accumulate one step's attention ``[rows, S]`` (widths of requests that joined later are zero-padded)."""
-        if self.cov is None:
-            self.cov = attn
-            return
-        s = max(self.cov.shape[1], attn.shape[1])
-        pad = [np.pad(a, ((0, 0), (0, s - a.shape[1]))) if a.shape[1] < s else a for a in (self.cov, attn)]
-        self.cov = pad[0] + pad[1]
+
+def _add_coverage(cov: np.ndarray | None, attn: np.ndarray) -> np.ndarray:
+    """Accumulated attention plus one step's ``[rows, S]`` (widths of requests that joined later zero-padded)."""
+    if cov is None:
+        return attn
+    s = max(cov.shape[1], attn.shape[1])
+    pad = [np.pad(a, ((0, 0), (0, s - a.shape[1]))) if a.shape[1] < s else a for a in (cov, attn)]
+    return pad[0] + pad[1]
 
 
 class _Paths(NamedTuple):
@@ -440,8 +450,15 @@ class Engine:
     joined with :func:`beamkit.concat_state` (``[running, new...]``, rows in request order), and the new rows
     get their ``bos`` as ``y_prev``; see the README for what a step function must do to allow it.
 
-    ``on_step_error``: what happens when ``step_fn`` raises or returns something malformed (the whole call is
-    lost, so every request in it is): ``"fail"`` completes each of them with the error, ``"raise"`` re-raises.
+    ``on_step_error``: what happens when ``step_fn`` (or a processor, selector or final scorer) raises or returns
+    something malformed (the whole call is lost, so every request in it is): ``"fail"`` completes each of them
+    with the error, ``"raise"`` re-raises. ``stats_window``: keep only about that many calls in the per-call
+    lists of :attr:`stats` (a long-running server); ``None`` keeps all.
+
+    Request ids are the engine's own, counting from 0. Internally a request lives in a *slot* of the per-request
+    arrays; slots of completed requests are reclaimed (renumbered in order) when many have piled up, so a
+    long-running engine stays as large as the requests it holds. Processors and selectors see slots in
+    ``StepContext.request``: equal to the ids while no slot was reclaimed (always, for a closed batch).
     """
 
     def __init__(
@@ -450,6 +467,7 @@ class Engine:
         options: SearchOptions | None = None,
         *,
         on_step_error: Literal["fail", "raise"] = "fail",
+        stats_window: int | None = None,
         **fields: Any,
     ):
         if on_step_error not in ("fail", "raise"):
@@ -463,6 +481,7 @@ class Engine:
         self._defaults = {k: getattr(options, k) for k in REQUEST_FIELDS}
         self.step_fn = step_fn
         self.on_step_error = on_step_error
+        self.stats_window = stats_window  # keep only about this many calls in the per-call lists (a server)
         self._ordered = bool(getattr(options.selector, "ordered", False))  # see Selector
         # finish / survive / stop for one step, by policy; returns the survivors (indices into the candidates)
         self._policy_step = {"narrow": self._narrow_step, "pool": self._pool_step, "compete": self._compete_step}[
@@ -477,8 +496,12 @@ class Engine:
         self._vocab: int | None = None
         self._pending: list[_Join] = []
         self._cancel: set[int] = set()
-        self._eos: list[tuple[int, ...]] = []
-        self._lps: list[LengthPenalty] = []
+        self._eos: list[tuple[int, ...]] = []  # distinct stop-token sets, indexed by book.eos
+        self._lps: list[LengthPenalty] = []  # distinct length penalties, indexed by book.lp
+        self._index_of: dict[Any, int] = {}
+        self._ids = np.zeros(0, np.int64)  # shape: (R,) the request id of each book slot
+        self._slot: dict[int, int] = {}  # request id -> book slot, while the request is running or waiting
+        self._next_id = 0
 
     # ---------------------------------------------------------------------------------------------- requests
     def add(self, init_state: Any, bos: int, eos: int | Sequence[int] | None, **request_options: Any) -> int:
@@ -504,24 +527,50 @@ class Engine:
         check_rows(init_state, n, "init_state")
         stop = eos_ids(eos)
         bos_arr = bos_array(bos, n)
-        ids = self.book.grow(n)
+        self._reclaim()
+        ids = self.book.grow(n)  # slots
         b = self.book
+        b.rid[ids] = np.arange(self._next_id, self._next_id + n)
+        self._slot.update(zip(b.rid[ids].tolist(), ids.tolist(), strict=True))
+        self._next_id += n
         b.beam[ids] = opts.beam_size
         b.max_len[ids] = opts.max_len
         b.min_len[ids] = opts.min_len
         b.m[ids] = 2 * opts.beam_size if opts.policy == "pool" else opts.beam_size
         b.pool[ids] = opts.pool_size
         b.es[ids] = _EARLY[opts.early_stopping]
-        b.lp[ids] = _index(self._lps, opts.length_penalty)
+        b.lp[ids] = self._index(self._lps, opts.length_penalty)
         b.alpha[ids] = opts.length_penalty.alpha
-        b.eos[ids] = _index(self._eos, stop)
+        b.eos[ids] = self._index(self._eos, stop)
         b.nth_n[ids] = opts.num_return or opts.beam_size
         b.nret[ids] = opts.num_return or 0
         b.t[ids] = 0
         b.count[ids] = 0
         if n:
             self._pending.append(_Join(ids, init_state, bos_arr))
-        return ids.tolist()
+        return b.rid[ids].tolist()
+
+    def _index(self, table: list[Any], value: Any) -> int:
+        """Position of ``value`` in ``table`` (appended when new): per-request values stored as small ints."""
+        key = (id(table), value)
+        if key not in self._index_of:
+            self._index_of[key] = len(table)
+            table.append(value)
+        return self._index_of[key]
+
+    def _reclaim(self) -> None:
+        """Renumber the slots of the requests still held (in order) once completed ones dominate the arrays."""
+        b = self.book
+        if b.size < 1024 or b.size < 2 * len(b.pools):
+            return
+        live = np.array(sorted(b.pools), dtype=np.int64)
+        b.compact(live)
+        remap = np.full(int(live[-1]) + 1 if live.size else 1, -1, dtype=np.int64)
+        remap[live] = np.arange(live.shape[0])
+        self._rows = replace(self._rows, req=remap[self._rows.req], _slots=None)
+        self._pending = [j._replace(ids=remap[j.ids]) for j in self._pending]
+        self._cancel = {int(remap[r]) for r in self._cancel}
+        self._slot = {int(b.rid[i]): i for i in range(b.size)}
 
     def _request_options(self, request_options: dict[str, Any]) -> SearchOptions:
         shared = sorted(set(request_options) & set(_SHARED_FIELDS))
@@ -540,40 +589,42 @@ class Engine:
     def cancel(self, request_id: int) -> bool:
         """Cancel a waiting or running request: its rows leave before the next model call and it completes with
         the error ``"cancelled"``. Returns False when it had already completed."""
-        r = int(request_id)
-        if not 0 <= r < self.book.size:
+        rid = int(request_id)
+        if not 0 <= rid < self._next_id:
             raise ValueError(f"no request {request_id} was added to this engine")
-        if r not in self.book.pools or r in self._cancel:
+        r = self._slot.get(rid)
+        if r is None or r in self._cancel:
             return False
         self._cancel.add(r)
         return True
 
     def best(self, request_id: int) -> Hypothesis | None:
-        """The best hypothesis of a running request so far (finished or not, by score), for streaming; None
-        while it waits to join or once it has completed."""
-        r = int(request_id)
-        pool = self.book.pools.get(r)
-        rows = np.flatnonzero(self._rows.req == r)
-        if pool is None or (rows.size == 0 and not pool):
+        """The best hypothesis of a running request so far by score, finished (its pool) or running (scored at
+        its length), for streaming; None while it waits to join or once it has completed."""
+        r = self._slot.get(int(request_id))
+        if r is None:
             return None
-        found = [h.build() for h in pool[:1]]
+        b, pool = self.book, self.book.pools[r]
+        rows = np.flatnonzero(self._rows.req == r)
+        found = [max(pool, key=lambda h: h.score).build()] if pool else []
         if rows.size:
-            i = rows[:1]
-            t = int(self.book.t[r])
-            paths = self._paths(self._rows, i)
-            p_lp = float(self._rows.lp[i[0]])
+            t = int(b.t[r])
+            scores = self._penalised(self._rows.lp[rows], np.full(rows.size, max(t, 1)), np.full(rows.size, r))
+            j = int(np.argmax(scores))
+            i = int(rows[j])
+            cols = slice(self._rows.tokens.shape[1] - t, None)
             found.append(
                 Hypothesis(
-                    tokens=paths.tokens[0, paths.tokens.shape[1] - t :].tolist(),
-                    logprob=p_lp,
-                    score=float(self._lps[self.book.lp[r]](p_lp, max(t, 1))),
+                    tokens=self._rows.tokens[i, cols].tolist(),
+                    logprob=float(self._rows.lp[i]),
+                    score=float(scores[j]),
                     finished=False,
-                    token_logprobs=paths.token_lp[0, paths.tokens.shape[1] - t :].tolist(),
-                    beam_indices=paths.beam[0, paths.tokens.shape[1] - t :].tolist(),
-                    key=float(self._rows.key[i[0]]),
+                    token_logprobs=self._rows.token_lp[i, cols].tolist(),
+                    beam_indices=self._rows.beam[i, cols].tolist(),
+                    key=float(self._rows.key[i]),
                 )
             )
-        return max(found, key=lambda h: h.score)
+        return max(found, key=lambda h: h.score) if found else None
 
     @property
     def idle(self) -> bool:
@@ -590,24 +641,34 @@ class Engine:
         """One model call for all live rows of all requests; returns the requests that ended at it."""
         out: list[Completed] = []
         joined = self._admit(out)
-        rows = self._rows
-        n_rows = rows.req.shape[0]
+        n_rows = self._rows.req.shape[0]
         if n_rows == 0:
             return out
-        self.stats.joined_per_call.append(joined)
+        ended: list[Completed] = []
         try:
             logits, state, extras = self._call(n_rows)
-        except Exception as exc:
+            self._advance(logits, state, extras, ended)
+        except Exception as exc:  # the whole call is lost: every request in it fails, the engine goes on
             if self.on_step_error == "raise":
                 raise
             self._fail_all(f"{type(exc).__name__}: {exc}", out)
             return out
-        self._state = state
-        self._ref = logits
-        opt, b = self.options, self.book
-        self.stats.model_calls += 1
-        self.stats.rows_per_call.append(n_rows)
+        out += ended
+        st = self.stats
+        st.model_calls += 1
+        st.rows_per_call.append(n_rows)
+        st.joined_per_call.append(joined)
+        st.left_per_call.append(len(ended))
+        if self.stats_window is not None and len(st.rows_per_call) > 2 * self.stats_window:
+            for name in ("rows_per_call", "joined_per_call", "left_per_call"):
+                setattr(st, name, getattr(st, name)[-self.stats_window :])
+        return out
 
+    def _advance(self, logits: Any, state: Any, extras: dict[str, Any], ended: list[Completed]) -> None:
+        """Everything after the model call: normalise, process, select, rank, apply the policy, end requests,
+        then commit the new rows and state (only once nothing can fail any more)."""
+        opt, b, rows = self.options, self.book, self._rows
+        n_rows = rows.req.shape[0]
         t_row = b.t[rows.req]  # shape: (rows,) tokens generated so far by each row's request
         lse = ops.logsumexp(logits)  # shape: (rows,)
         ok = np.isfinite(lse)
@@ -642,8 +703,10 @@ class Engine:
             scores = self._mask_eos(logits, rows, masked, copy=True)
             offset = -lse if all_ok else np.where(ok, -lse, -np.inf)
         logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
+        cov = rows.cov
         if opt.coverage_penalty is not None:
-            rows.add_coverage(ops.to_numpy(extras["attention"]).astype(np.float64))  # shape: (rows, S)
+            cov = _add_coverage(cov, ops.to_numpy(extras["attention"]).astype(np.float64))  # shape: (rows, S)
+        rows = replace(rows, cov=cov)
 
         cand = _Candidates.rank_all(rows, logp, tok, key, self._ordered)
         # a row yields nothing only when some candidate was dropped (not finite)
@@ -653,53 +716,57 @@ class Engine:
                 if counts[r] == 0:
                     msg = f"no finite candidate at step {int(b.t[r])} (every continuation is masked or -inf)"
                     b.errors.setdefault(r, msg)
+        pruned = 0
         if opt.beam_threshold is not None and cand.req.shape[0]:
             first = group_starts(cand.req)
             best = np.repeat(cand.key[first], np.diff(np.append(first, cand.req.shape[0])))
             keep = cand.key >= best - opt.beam_threshold
-            self.stats.pruned += int(keep.shape[0] - np.count_nonzero(keep))
+            pruned = int(keep.shape[0] - np.count_nonzero(keep))
             cand = cand.take(keep)
         c_len = b.t[cand.req] + 1  # shape: (n,) length of each candidate
         last = c_len >= b.max_len[cand.req]
         surv = self._policy_step(rows, cand, self._is_eos(cand.tok, cand.req), c_len, last)
         if b.errors:
             surv = surv[~np.isin(cand.req[surv], np.fromiter(b.errors, np.int64))]
-
         s_req = cand.req[surv]
-        ended = np.setdiff1d(np.unique(rows.req), s_req)
-        for r in ended.tolist():
-            out.append(self._complete(r))
-        b.t[np.unique(s_req)] += 1
+        for r in np.setdiff1d(np.unique(rows.req), s_req).tolist():
+            ended.append(self._complete(r))
+
+        # commit
         parents = cand.row[surv]
-        self._rows = rows.extend(cand, surv)
+        new_rows = rows.extend(cand, surv)
+        b.t[np.unique(s_req)] += 1
         width = int(b.t[s_req].max()) if surv.size else 0
-        if width < self._rows.tokens.shape[1]:
-            self._rows = self._rows.take(np.arange(surv.shape[0]), width)
+        if width < new_rows.tokens.shape[1]:
+            new_rows = new_rows.take(np.arange(surv.shape[0]), width)
         if surv.size == 0:
-            self._state, self._ref = None, None
+            state = None
         elif not is_identity(parents, n_rows):
-            self._state = select_state(self._state, parents)
-        self._y = cand.tok[surv]
-        self.stats.left_per_call.append(len(ended))
-        return out
+            state = select_state(state, parents)
+        self._rows, self._state, self._y = new_rows, state, cand.tok[surv]
+        self._ref = None if surv.size == 0 else ops.like(self._y[:0], logits)  # library and device, not the data
+        self.stats.pruned += pruned
 
     def _admit(self, out: list[Completed]) -> int:
         """Before a call: join the waiting requests, then drop the rows of cancelled ones; returns how many
-        requests joined."""
+        requests joined. Requests whose state cannot join the running state fail alone."""
         joined = 0
         if self._pending:
             pending, self._pending = self._pending, []
-            ids = np.concatenate([j.ids for j in pending])
-            states = [j.state for j in pending]
-            if self._rows.req.shape[0]:
-                self._state = concat_state([self._state, *states])
-            else:
-                self._state = states[0] if len(states) == 1 else concat_state(states)
-                lead = first_array(states[0])
-                self._ref = lead
-            self._rows = self._rows.join(ids)
-            self._y = np.concatenate([self._y, *[j.bos for j in pending]])
-            joined = ids.shape[0]
+            try:
+                self._join(pending)
+                joined = sum(j.ids.shape[0] for j in pending)
+            except Exception:
+                if self.on_step_error == "raise":
+                    raise
+                for j in pending:  # find the ones that cannot join
+                    try:
+                        self._join([j])
+                        joined += j.ids.shape[0]
+                    except Exception as exc:
+                        for r in j.ids.tolist():
+                            self.book.errors[r] = f"cannot join the running state: {type(exc).__name__}: {exc}"
+                            out.append(self._complete(r))
         if self._cancel:
             gone = np.fromiter(self._cancel, np.int64)
             self._cancel = set()
@@ -712,6 +779,19 @@ class Engine:
                 self.book.errors[r] = "cancelled"
                 out.append(self._complete(r))
         return joined
+
+    def _join(self, pending: list[_Join]) -> None:
+        """Join waiting requests to the running rows (state first: it is the part that can fail)."""
+        states = [j.state for j in pending]
+        if self._rows.req.shape[0]:
+            state = concat_state([self._state, *states])
+        else:
+            state = states[0] if len(states) == 1 else concat_state(states)
+            self._ref = first_array(states[0])
+        ids = np.concatenate([j.ids for j in pending])
+        self._state = state
+        self._rows = self._rows.join(ids)
+        self._y = np.concatenate([self._y, *[j.bos for j in pending]])
 
     def _call(self, n_rows: int) -> tuple[Any, Any, dict[str, Any]]:
         """Run ``step_fn`` on the live rows and check what it returned."""
@@ -744,15 +824,20 @@ class Engine:
         self._state, self._ref, self._y = None, None, np.zeros(0, np.int64)
 
     def _complete(self, r: int) -> Completed:
+        """Hand out request (slot) ``r``: its ranked hypotheses or its error; the slot is free from now on."""
         pool, error = self.book.release(r)
+        rid = int(self.book.rid[r])
+        self._slot.pop(rid, None)
         steps = int(self.book.t[r]) + (0 if error == "cancelled" else 1)
-        return Completed(r, [] if error else self._rank(r, pool), error, steps)
+        return Completed(rid, [] if error else self._rank(r, pool), error, steps)
 
     def _segments(self, rows: _Rows, t_row: np.ndarray) -> list[tuple[int, int, StepContext]]:
-        """Runs of rows at the same step with the same stop tokens, each with its :class:`StepContext`."""
-        e_row = self.book.eos[rows.req]
+        """Runs of rows at the same step with the same stop tokens and candidates per row (``m``), each with its
+        :class:`StepContext`."""
+        e_row, m_row = self.book.eos[rows.req], self.book.m[rows.req]
         n = rows.req.shape[0]
-        change = np.flatnonzero((t_row[1:] != t_row[:-1]) | (e_row[1:] != e_row[:-1])) + 1
+        differ = (t_row[1:] != t_row[:-1]) | (e_row[1:] != e_row[:-1]) | (m_row[1:] != m_row[:-1])
+        change = np.flatnonzero(differ) + 1
         bounds = [0, *change.tolist(), n]
         width = rows.tokens.shape[1]
         out = []
@@ -780,6 +865,7 @@ class Engine:
         e_row = self.book.eos[rows.req[where]]
         for e in np.unique(e_row).tolist():
             stop = np.asarray(self._eos[e], dtype=np.int64)
+            stop = stop[(stop >= 0) & (stop < scores.shape[1])]  # ids out of the vocabulary fail at the call
             sel = where[e_row == e]
             if stop.size:
                 scores = ops.fill(scores, np.repeat(sel, stop.size), np.tile(stop, sel.size), float("-inf"))
@@ -788,19 +874,22 @@ class Engine:
     def _select(
         self, scores: Any, offset: np.ndarray, rows: _Rows, segments: list[tuple[int, int, StepContext]]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The selector's candidates ``[rows, m']``, asked per segment (one call when there is one segment, or for
-        the deterministic selector). With an ordered selector, each row is cut to its own request's ``m``."""
+        """The selector's candidates ``[rows, m']``, asked per run of rows (one call when there is one run; the
+        deterministic selector is asked once, each row then cut to its own request's ``m``)."""
         m_row = self.book.m[rows.req]
         m = int(m_row.max())
         sel = self.options.selector
         if len(segments) == 1 or type(sel) is Deterministic:
             logp, tok, key = sel.candidates(scores, offset, rows.key, m, segments[0][2])
         else:
-            parts = [sel.candidates(scores[lo:hi], offset[lo:hi], rows.key[lo:hi], m, ctx) for lo, hi, ctx in segments]
+            parts = [
+                sel.candidates(scores[lo:hi], offset[lo:hi], rows.key[lo:hi], int(m_row[lo]), ctx)
+                for lo, hi, ctx in segments
+            ]
             w = max(p[0].shape[1] for p in parts)
             fills = ((0, -np.inf), (1, 0), (2, -np.inf))  # logp, tok, key
             logp, tok, key = (np.concatenate([_pad_cols(p[i], w, fill) for p in parts]) for i, fill in fills)
-        if self._ordered and int(m_row.min()) < m:  # requests of other beam sizes: each row keeps its own top m
+        if type(sel) is Deterministic and int(m_row.min()) < m:  # other beam sizes: each row keeps its own top m
             beyond = np.arange(tok.shape[1]) >= m_row[:, None]  # shape: (rows, m)
             logp = np.where(beyond, -np.inf, logp)
             key = np.where(beyond, -np.inf, key)
@@ -986,15 +1075,6 @@ class Engine:
             hyps.sort(key=lambda h: -h.score)
         n = int(self.book.nret[r])
         return hyps[:n] if n else hyps
-
-
-def _index(table: list[Any], value: Any) -> int:
-    """Position of ``value`` in ``table`` (appended when new): per-request values stored as small ints."""
-    for i, v in enumerate(table):
-        if v == value:
-            return i
-    table.append(value)
-    return len(table) - 1
 
 
 def _pad_cols(a: np.ndarray, width: int, fill: float) -> np.ndarray:
