@@ -55,7 +55,18 @@ def non_ctc_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_help_lists_every_non_ctc_subcommand():
-    assert set(non_ctc_parsers()) == {"translate", "models", "train", "eval", "eval dates", "eval g2p", "demo"}
+    assert set(non_ctc_parsers()) == {
+        "translate",
+        "models",
+        "train",
+        "eval",
+        "eval dates",
+        "eval g2p",
+        "corpus",
+        "decode",
+        "demo",
+        "serve",
+    }
 
 
 @pytest.mark.parametrize("command", sorted(non_ctc_parsers()))
@@ -69,7 +80,7 @@ def test_help_has_a_description_help_for_every_option_and_shows_defaults(command
             continue
         name = "/".join(action.option_strings) or action.dest
         assert action.help, f"{command} {name}: no help"
-        if action.option_strings and action.nargs != 0:  # an option taking a value: its default is stated
+        if action.option_strings and action.nargs != 0 and not action.required:  # its default is stated
             line = parser._get_formatter()._format_action(action)
             formatted = " ".join(line.split())
             if action.default is not None:

@@ -17,7 +17,9 @@ from beamkit.engine import (
     Selector,
     search_batch,
 )
+from beamkit.fusion import Fused, fuse
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
+from beamkit.ngram import NGramLM
 from beamkit.processors import (
     BadWords,
     ForcedPrefix,
@@ -67,11 +69,13 @@ __all__ = [
     "CoveragePenalty",
     "Deterministic",
     "FinalScorer",
+    "Fused",
     "ForcedPrefix",
     "Hypothesis",
     "LengthPenalty",
     "LogitsProcessor",
     "MinLength",
+    "NGramLM",
     "NoRepeatNGram",
     "PrefixAllowedTokens",
     "RepetitionPenalty",
@@ -86,6 +90,7 @@ __all__ = [
     "Temperature",
     "beam_search",
     "concat_state",
+    "fuse",
     "greedy_decode",
     "search_batch",
     "select_state",

@@ -690,6 +690,9 @@ class Engine:
         n_rows = rows.req.shape[0]
         t_row = b.t[rows.req]  # shape: (rows,) tokens generated so far by each row's request
         lse = ops.logsumexp(logits)  # shape: (rows,)
+        raw = extras.get("log_softmax", True) is False  # the step's logits are its scores (shallow fusion)
+        if raw:
+            lse = np.where(np.isfinite(lse), 0.0, lse)
         ok = np.isfinite(lse)
         all_ok = bool(ok.all())  # else NaN / +inf rows (their requests fail) or all -inf rows (no candidate)
         bad = np.isnan(lse) | (lse == np.inf) if not all_ok else None
@@ -702,7 +705,7 @@ class Engine:
         procs = opt.processors
         if procs:
             # shape: (rows, V), edited in place by the processors: raw logits (a copy) or log-probabilities
-            scores = ops.copy(logits) if opt.process_logits else ops.log_softmax(logits)
+            scores = ops.copy(logits) if opt.process_logits or raw else ops.log_softmax(logits)
             scores = self._mask_eos(scores, rows, masked)
             for lo, hi, ctx in segments:
                 part = scores if len(segments) == 1 else scores[lo:hi]
@@ -713,7 +716,7 @@ class Engine:
                     scores = edited
                 elif edited is not part:
                     scores[lo:hi] = edited
-            if opt.process_logits:
+            if opt.process_logits and not raw:
                 plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
                 offset = np.where(np.isfinite(plse) & (True if bad is None else ~bad), -plse, -np.inf)
             else:

@@ -66,28 +66,41 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``decode`` to the ``beamkit`` command line."""
+    from beamkit.cli import HelpFormatter
+
+    about = "decode a corpus file (or a folder of CTC .npy posteriors) into JSONL; resumable, Ray-ready"
     p = subparsers.add_parser(
-        "decode", help="decode a corpus file (or a folder of CTC .npy posteriors) into JSONL; resumable, Ray-ready"
+        "decode",
+        help=about,
+        description=f"{about[0].upper()}{about[1:]}: local worker processes or Ray, output in input order.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--model", default=None, help="shipped model, checkpoint path, g2p-en or hf:DIR (default: dates)")
     p.add_argument("--input", required=True, help="text file (a source a line), .jsonl ({id, text}) or .npy folder")
     p.add_argument("--output", required=True, help="output JSONL; shards and manifest go to OUTPUT.parts/")
     p.add_argument("--beam", type=int, default=None, help="beam width (default 5; 100 for CTC)")
-    p.add_argument("--n-best", type=int, default=1, help="hypotheses per input (default 1)")
+    p.add_argument("--n-best", type=int, default=1, help="hypotheses per input")
     p.add_argument("--length-penalty", type=float, default=None, help="alpha (default: the model's, 1)")
     p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
-    p.add_argument("--batch-size", type=int, default=32, help="inputs per batched search (default 32)")
-    p.add_argument("--shard-size", type=int, default=1000, help="inputs per output shard (default 1000)")
-    p.add_argument("--workers", type=int, default=1, help="worker processes or Ray actors (default 1)")
+    p.add_argument("--batch-size", type=int, default=32, help="inputs per batched search")
+    p.add_argument("--shard-size", type=int, default=1000, help="inputs per output shard")
+    p.add_argument("--workers", type=int, default=1, help="worker processes or Ray actors")
     p.add_argument(
         "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
         help="run on Ray: the cluster at ADDRESS, or without one ray.init()'s default (RAY_ADDRESS or a local Ray)",
     )  # fmt: skip
-    p.add_argument("--labels", default=None, help="CTC: labels file (one per line) or a string of characters")
-    p.add_argument("--lm", default=None, help="CTC: ARPA or KenLM binary n-gram model")
-    p.add_argument("--lm-backend", choices=["auto", "arpa", "kenlm"], default="auto")
-    p.add_argument("--alpha", type=float, default=0.5, help="CTC: LM weight (default 0.5)")
-    p.add_argument("--beta", type=float, default=1.5, help="CTC: word insertion bonus (default 1.5)")
+    p.add_argument(
+        "--labels", default=None, help="CTC: labels file (one per line) or a string of characters (default: none)"
+    )
+    p.add_argument("--lm", default=None, help="CTC: ARPA or KenLM binary n-gram model (default: none)")
+    p.add_argument(
+        "--lm-backend",
+        choices=["auto", "arpa", "kenlm"],
+        default="auto",
+        help="CTC: n-gram reader (auto: kenlm if installed)",
+    )
+    p.add_argument("--alpha", type=float, default=0.5, help="CTC: LM weight")
+    p.add_argument("--beta", type=float, default=1.5, help="CTC: word insertion bonus")
     p.add_argument("--pyctcdecode-compat", action="store_true", help="CTC: pyctcdecode's end-of-utterance scoring")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_decode)

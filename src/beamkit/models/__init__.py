@@ -71,6 +71,9 @@ def translate(
     max_len: int | None = None,
     batch_size: int = 256,
     progress: Progress | None = None,
+    lm: Any = None,
+    lm_weight: float = 0.0,
+    **options: Any,
 ) -> list[list[Translation]]:
     """Decode ``texts`` with ``model`` (Seq2Seq or Transformer) by beam search; return each one's n-best.
 
@@ -78,10 +81,13 @@ def translate(
     call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError.
     ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per input, in steps as
     each batch's search runs.
+    With an ``lm`` (a step function over the target ids with ``init_state(n)``, such as
+    :class:`beamkit.NGramLM`), the model is fused with it (:func:`beamkit.fuse`, ``lm_weight``); ``logprob`` is
+    then the fused score. Other ``options`` go to :func:`beamkit.search_batch`.
     """
     import torch
 
-    from beamkit import search_batch
+    from beamkit import fuse, search_batch
     from beamkit.models.common import encode_sources, pad_batch
     from beamkit.progress import BatchTicker, Silent
 
@@ -95,9 +101,13 @@ def translate(
         for start in range(0, len(ids), batch_size):
             src, lengths = pad_batch(ids[start : start + batch_size], model.src_vocab.pad)
             state = model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+            step = model.step
+            if lm is not None:
+                step = fuse(model.step, lm, lm_weight)
+                state = step.init_state(state, lm.init_state(src.shape[0]))
             ticker = BatchTicker(progress or Silent(), src.shape[0], limit)
             hyps = search_batch(
-                ticker.wrap(model.step),
+                ticker.wrap(step),
                 state,
                 tv.bos,
                 tv.eos,
@@ -105,6 +115,7 @@ def translate(
                 limit,
                 length_penalty=length_penalty,
                 num_return=num_return,
+                **options,
             )
             ticker.done()
             for request in hyps:

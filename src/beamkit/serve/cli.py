@@ -53,16 +53,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``serve`` to the ``beamkit`` command line."""
-    p = subparsers.add_parser("serve", help="OpenAI-compatible completions server (continuous batching, beams)")
+    from beamkit.cli import HelpFormatter
+
+    about = "OpenAI-compatible completions server (continuous batching, beams)"
+    p = subparsers.add_parser(
+        "serve",
+        help=about,
+        description=f"{about}: one step-wise engine per process, requests join it as they arrive.",
+        formatter_class=HelpFormatter,
+    )
     p.add_argument(
         "--model", default=None, help="shipped model name, checkpoint folder, or hf:DIR (default dates-seq2seq)"
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port")
     p.add_argument(
         "--max-queue", type=int, default=64, help="requests waiting to join the engine at most; more get 503"
     )
-    p.add_argument("--max-rows", type=int, default=256, help="beam rows in the engine at most (default 256)")
+    p.add_argument("--max-rows", type=int, default=256, help="beam rows in the engine at most")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(func=cmd_serve)

@@ -1,4 +1,4 @@
-"""The ``translate``, ``models``, ``train`` and ``eval`` subcommands of the ``beamkit`` command line.
+"""The ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` subcommands of the ``beamkit`` command line.
 
 ``register(subparsers)`` adds them to the top-level parser (see :mod:`beamkit.cli`); each sets ``func``.
 """
@@ -119,12 +119,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lm_args(args: argparse.Namespace, vocab: list[str]) -> tuple[Any, list[float]]:
+    """The ``--lm`` model over ``vocab`` and the ``--lm-weight`` list, or ``(None, [])`` without ``--lm``."""
+    from beamkit.tasks.evaluate import parse_weights
+
+    if args.lm is None:
+        if args.lm_weight is not None:
+            raise ValueError("--lm-weight needs --lm (an ARPA file)")
+        return None, []
+    if args.lm_weight is None:
+        raise ValueError("--lm needs --lm-weight (one weight, or several to compare)")
+    weights = parse_weights(args.lm_weight)
+    from beamkit.ngram import NGramLM
+
+    return NGramLM(args.lm, vocab), weights
+
+
 def _eval_dates(args: argparse.Namespace) -> int:
     from beamkit.models import DEFAULT_MODEL, load_model
     from beamkit.progress import progress_enabled
+    from beamkit.tasks.dates import lm_vocab
     from beamkit.tasks.evaluate import check_plot_path, evaluate_dates, parse_beams
 
     beams = parse_beams(args.beams)
+    lm, weights = _lm_args(args, lm_vocab())
+    if lm is not None and args.search_errors:
+        raise ValueError("--search-errors counts errors of the model alone; leave out --lm")
     try:
         if args.plot:
             check_plot_path(args.plot)  # before the evaluation, so a bad path does not cost the table
@@ -135,35 +155,77 @@ def _eval_dates(args: argparse.Namespace) -> int:
     if args.length_penalty is not None:
         alphas = [args.length_penalty]
     else:
-        alphas = [1.0] if args.json else [0.0, 1.0]
+        alphas = [1.0] if args.json or lm is not None else [0.0, 1.0]
     results = {
         a: evaluate_dates(
-            model, beams, length_penalty=a, limit=args.limit, search_errors=args.search_errors, progress=progress
-        )
+            model,
+            beams,
+            length_penalty=a,
+            limit=args.limit,
+            split_name=args.split,
+            search_errors=args.search_errors,
+            progress=progress,
+            lm=lm,
+            weights=weights,
+        )  # fmt: skip
         for a in alphas
     }
-    return _report(args, results, alphas, "exact_match", f"dates, {args.model or DEFAULT_MODEL}")
+    return _report(args, results, alphas, "exact_match", f"dates ({args.split}), {args.model or DEFAULT_MODEL}")
 
 
 def _eval_g2p(args: argparse.Namespace) -> int:
+    from beamkit.models.g2p import PHONEMES
     from beamkit.progress import progress_enabled
     from beamkit.tasks.evaluate import check_plot_path, parse_beams
     from beamkit.tasks.g2p import evaluate
 
     beams = parse_beams(args.beams)
+    lm, weights = _lm_args(args, list(PHONEMES))
     alphas = [args.length_penalty if args.length_penalty is not None else 1.0]
     progress = progress_enabled(args.quiet)
     try:
         if args.plot:
             check_plot_path(args.plot)
-        results = {a: evaluate(beams, args.words, length_penalty=a, seed=args.seed, progress=progress) for a in alphas}
+        results = {
+            a: evaluate(
+                beams,
+                args.words,
+                length_penalty=a,
+                seed=args.seed,
+                split_name=args.split,
+                lm=lm,
+                weights=weights,
+                progress=progress,
+            )  # fmt: skip
+            for a in alphas
+        }
     except ImportError as exc:
         return _fail_import("eval", exc)
-    return _report(args, results, alphas, "word_accuracy", "g2p-en on cmudict")
+    title = "g2p-en on cmudict" + (f" ({args.split} split)" if args.split else "")
+    return _report(args, results, alphas, "word_accuracy", title)
+
+
+def cmd_corpus(args: argparse.Namespace) -> int:
+    """Write a task's LM training corpus (one sentence per line) for ``beamkit lm build``."""
+    if args.task == "g2p":
+        from beamkit.tasks.g2p import lm_corpus
+
+        try:
+            lines = lm_corpus()
+        except ImportError as exc:
+            return _fail_import("corpus", exc)
+    else:
+        from beamkit.tasks.dates import lm_corpus as dates_corpus
+
+        lines = dates_corpus()
+    with open(args.output, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print(f"wrote {args.output}: {len(lines)} sentences")
+    return 0
 
 
 def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[float], metric: str, title: str) -> int:
-    from beamkit.tasks.evaluate import format_table, plot
+    from beamkit.tasks.evaluate import format_fusion_table, format_table, plot
 
     if args.plot:
         try:
@@ -176,13 +238,16 @@ def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[fl
         return 0
     print(f"{title}: {main['n']} examples")
     print(format_table(results, metric))
+    if "fusion" in main:
+        print(f"with the LM (shallow fusion), {metric}:")
+        print(format_fusion_table(main, metric))
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
 
 
 def register(subparsers: Any) -> None:
-    """Add ``translate``, ``models``, ``train`` and ``eval`` to the ``beamkit`` command line."""
+    """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
     from beamkit.cli import HelpFormatter
 
     def add(sub: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
@@ -254,13 +319,21 @@ def register(subparsers: Any) -> None:
             "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"
         )
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument(
+            "--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in (default: none)"
+        )
+        p.add_argument(
+            "--lm-weight",
+            default=None,
+            metavar="W[,W...]",
+            help="LM weight(s) for --lm (default: none; needed with --lm)",
+        )
         if task == "dates":
             p.add_argument(
                 "--model", default=None, help="shipped model name or checkpoint path (default: dates-seq2seq)"
             )
-            p.add_argument(
-                "--limit", type=int, default=None, help="evaluate the first N test examples only (default: all)"
-            )
+            p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only (default: all)")
+            p.add_argument("--split", choices=["test", "valid"], default="test", help="which split")
             p.add_argument(
                 "--search-errors",
                 action="store_true",
@@ -269,4 +342,23 @@ def register(subparsers: Any) -> None:
         else:
             p.add_argument("--words", type=int, default=500, help="how many cmudict words")
             p.add_argument("--seed", type=int, default=1234, help="sampling seed")
+            p.add_argument(
+                "--split",
+                choices=["test", "valid"],
+                default=None,
+                help="a fixed 1000-word split held out of `beamkit corpus g2p` (default: none, --words sampled words)",
+            )
         p.set_defaults(func=func)
+
+    p = add(
+        subparsers,
+        "corpus",
+        "write a task's LM training corpus for `beamkit lm build`",
+        "g2p: every cmudict pronunciation except those of the two g2p evaluation splits; dates: the training "
+        "targets, as space-separated characters.",
+    )
+    p.add_argument("task", choices=["g2p", "dates"], help="which task's corpus")
+    p.add_argument(
+        "-o", "--output", required=True, help="output text file, one sentence per line (required, no default)"
+    )
+    p.set_defaults(func=cmd_corpus)

@@ -209,3 +209,16 @@ def is_ambiguous(source: str) -> bool:
         return False
     a, b = int(parts[0]), int(parts[1])
     return a != b and a <= 12 and b <= 12
+
+
+def lm_corpus() -> list[str]:
+    """The targets of the training split as space-separated characters, for a target-side ``beamkit lm build``."""
+    return [" ".join(target) for _, target in split("train")]
+
+
+def lm_vocab() -> list[str]:
+    """The LM word of each target id of the dates models: ``<bos>`` / ``<eos>`` are the LM's ``<s>`` / ``</s>``."""
+    from beamkit.models.vocab import target_vocab
+
+    names = {"<bos>": "<s>", "<eos>": "</s>"}
+    return [names.get(sym, sym) for sym in target_vocab().symbols]

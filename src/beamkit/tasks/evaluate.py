@@ -64,13 +64,18 @@ def evaluate_dates(
     split_name: str = "test",
     search_errors: bool = False,
     progress: bool = False,
+    lm: Any = None,
+    weights: Sequence[float] = (),
+    **options: Any,
 ) -> dict[str, Any]:
     """Exact match and mean best-hypothesis log-prob for each beam width on a dates split.
 
     Returns ``{"beams": {"1": {"exact_match": ..., "mean_logprob": ...}, ...}, "n": N, ...}``. With
     ``search_errors``, each beam entry also counts the inputs whose best output scores below the exact
     optimum found by :func:`beamkit.exact_search` (a search error, Stahlberg & Byrne 2019). With ``progress``,
-    a bar on standard error for the exact search and for each beam width.
+    a bar on standard error for the exact search and for each beam width. With a target-side ``lm``
+    (:class:`beamkit.NGramLM`), each weight of ``weights`` is also decoded with shallow fusion, under
+    ``"fusion"``. ``options`` go to :func:`beamkit.search_batch`.
     """
     from beamkit.models import translate
 
@@ -87,20 +92,64 @@ def evaluate_dates(
     for k in beams:
         bar = progress_bar(len(sources), f"beam {k} (lp={length_penalty:g})", enabled=progress)
         try:
-            outs = translate(model, sources, beam_size=k, length_penalty=length_penalty, progress=bar)
+            outs = translate(model, sources, beam_size=k, length_penalty=length_penalty, progress=bar, **options)
         finally:
             bar.close()
-        correct = [o[0].text == t for o, (_, t) in zip(outs, pairs, strict=True)]
-        entry: dict[str, Any] = {
-            "exact_match": float(np.mean(correct)),
-            "mean_logprob": float(np.mean([o[0].logprob for o in outs])),
-        }
+        entry = _match(outs, pairs)
         if optimum is not None:
             entry["search_errors"] = sum(
                 o[0].score < best - SEARCH_ERROR_TOL for o, best in zip(outs, optimum, strict=True)
             )
         result["beams"][str(k)] = entry
+    if lm is not None:
+        result["fusion"] = {
+            f"{w:g}": {
+                "beams": {
+                    str(k): _match(
+                        translate(model, sources, k, length_penalty=length_penalty, lm=lm, lm_weight=w, **options),
+                        pairs,
+                    )
+                    for k in beams
+                }
+            }
+            for w in weights
+        }
     return result
+
+
+def _match(outs: list[Any], pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    correct = [o[0].text == t for o, (_, t) in zip(outs, pairs, strict=True)]
+    return {"exact_match": float(np.mean(correct)), "mean_logprob": float(np.mean([o[0].logprob for o in outs]))}
+
+
+def parse_weights(text: str) -> list[float]:
+    """Parse ``"0.1,0.3"`` into LM weights (finite numbers >= 0), in the order given."""
+    try:
+        weights = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--lm-weight must be comma-separated numbers, got {text!r}") from exc
+    if not weights or any(not np.isfinite(w) or w < 0 for w in weights):
+        raise ValueError(f"--lm-weight must list finite numbers >= 0, got {text!r}")
+    return weights
+
+
+def _cell(entry: dict[str, Any], metric: str) -> str:
+    """A fused figure, with the examples it fixed and broke against the model alone when known."""
+    if "fixed" in entry:
+        return f"{entry[metric]:.4f} (+{entry['fixed']} / -{entry['broken']})"
+    return f"{entry[metric]:.4f}"
+
+
+def format_fusion_table(result: dict[str, Any], metric: str) -> str:
+    """A markdown table: one row per beam width, ``metric`` without the LM and with each LM weight (with the
+    examples the LM fixed / broke at that width, when the evaluation counted them)."""
+    fusion = result["fusion"]
+    head = "| beam | no LM | " + " | ".join(f"LM weight {w}" for w in fusion) + " |"
+    rows = [head, "|---:|---:|" + "---:|" * len(fusion)]
+    for k in sorted(result["beams"], key=int):
+        cells = [f"{result['beams'][k][metric]:.4f}"] + [_cell(fusion[w]["beams"][k], metric) for w in fusion]
+        rows.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def format_table(results: dict[float, dict[str, Any]], metric: str = "exact_match") -> str:

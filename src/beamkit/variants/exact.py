@@ -2,7 +2,8 @@
 
 The output space is every sequence of at most ``max_len`` tokens that ends in eos (finished) or has exactly
 ``max_len`` tokens and no eos (unfinished), scored like ``beam_search``: ``logprob / lp(len)``. Step
-log-probabilities are <= 0, so a prefix of ``t`` tokens with running sum ``r`` can only reach scores up to
+log-probabilities are <= 0 (so are the weighted sums of :func:`beamkit.fuse`, which the engine takes as they
+are), so a prefix of ``t`` tokens with running sum ``r`` can only reach scores up to
 ``max(r / lp(t + 1), r / lp(max_len))`` (``r / lp(max_len)`` for ``alpha >= 0``, seed 001's stopping bound).
 Prefixes are expanded best bound first, ``expand_batch`` at a time in one ``step_fn`` call, and pruned once
 their bound cannot beat the n-th best output found. Used to count search errors (Stahlberg & Byrne 2019).
@@ -109,7 +110,7 @@ def exact_search_stats(
             nodes.append(heapq.heappop(heap))
         state = _gather(states, nodes)
         y = np.array([nd.tokens[-1] if nd.tokens else bos for nd in nodes], dtype=np.int64)
-        logits, new_state, _ = unpack_step(step_fn(state, ops.like(y, ref) if ref is not None else y))
+        logits, new_state, extras = unpack_step(step_fn(state, ops.like(y, ref) if ref is not None else y))
         ops.check_logits(logits, len(nodes))
         ref = logits
         calls += 1
@@ -119,7 +120,12 @@ def exact_search_stats(
         lse = ops.logsumexp(logits)  # shape: (b,)
         if np.isnan(lse).any() or (lse == np.inf).any():
             raise ValueError("step_fn returned NaN or +inf logits")
+        raw = extras.get("log_softmax", True) is False  # the step's scores are used as they are (shallow fusion)
+        if raw:
+            lse = np.zeros_like(lse)
         logp = ops.to_numpy(logits).astype(np.float64) + (-lse)[:, None]  # shape: (b, V) as the engine sums
+        if raw and (logp > 0).any():
+            raise ValueError("exact_search needs step scores <= 0 (its bound), but step_fn returned positive ones")
         vocab = logp.shape[1]
         bid = calls
         states[bid] = new_state
