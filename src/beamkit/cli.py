@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 # Modules that contribute subcommands; each exposes ``register(subparsers) -> None``.
-COMMAND_MODULES: tuple[str, ...] = ("beamkit.tasks.cli", "beamkit.ctc.cli", "beamkit.demo")
+COMMAND_MODULES: tuple[str, ...] = ("beamkit.tasks.cli", "beamkit.ctc.cli", "beamkit.demo", "beamkit.explain")
 
 
 def build_parser() -> argparse.ArgumentParser:

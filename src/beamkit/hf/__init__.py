@@ -23,6 +23,7 @@ from beamkit.hf.step import CacheRows, DecoderOnlyStep, EncoderDecoderStep
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
 from beamkit.processors import BadWords, NoRepeatNGram, RepetitionPenalty, SequenceBias, SuppressTokens
 from beamkit.scoring import LengthPenalty
+from beamkit.trace import Trace
 
 __all__ = ["BeamOutput", "CacheRows", "DecoderOnlyStep", "EncoderDecoderStep", "ForcedTokens", "generate"]
 
@@ -299,7 +300,7 @@ def generate(
     state = step.init_state(input_ids, attention_mask.to(input_ids.device))
     stop = tuple(eos or ())
     with torch.inference_mode():  # once here, not per step
-        hyps, stats = _search(
+        hyps, stats, traces = _search(
             step,
             state,
             int(start),
@@ -318,7 +319,7 @@ def generate(
     else:  # Hugging Face's beam search fills with `pad or eos[0]` (a pad id of 0 counts as unset there)
         fill = int(pad) if pad else (eos[0] if eos is not None else -1)
     sequences, scores = build_sequences(prefix, hyps, num_return, fill)
-    return BeamOutput(sequences, scores, hyps, stats, step.forward_seconds)
+    return BeamOutput(sequences, scores, hyps, stats, step.forward_seconds, traces)
 
 
 def _search(
@@ -334,24 +335,25 @@ def _search(
     diversity: float,
     force_words: Any,
     common: dict[str, Any],
-) -> tuple[list[list[Hypothesis]], SearchStats]:
-    """Run the search ``generate`` configured: diverse, constrained or plain beam search."""
+) -> tuple[list[list[Hypothesis]], SearchStats, list[Trace | None] | None]:
+    """Run the search ``generate`` configured: diverse, constrained or plain beam search (the last alone keeps
+    traces with ``record_trace=True``)."""
     if groups > 1:
         from beamkit.variants import diverse_beam_search
 
         hyps = diverse_beam_search(
             step, state, start, stop, num_beams, max_new_tokens, groups, diversity, num_return=num_return, **common
         )
-        return hyps, SearchStats()
+        return hyps, SearchStats(), None
     if force_words:
         from beamkit.variants import constrained_beam_search
 
         found = constrained_beam_search(
             step, state, start, stop, num_beams, max_new_tokens, constraints=force_words, **common
         )
-        return [h[:num_return] for h in found], SearchStats()
+        return [h[:num_return] for h in found], SearchStats(), None
     options = make_options(num_beams, max_new_tokens, num_return=num_return, **common)
     result = BeamSearch(options).search(step, state, start, stop, batch)
     if result.errors:
         raise BatchDecodeError(result.errors, result.hypotheses)
-    return result.hypotheses, result.stats
+    return result.hypotheses, result.stats, result.trace

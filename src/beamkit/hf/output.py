@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from beamkit.hypothesis import Hypothesis, SearchStats
+from beamkit.trace import Trace
 
 
 @dataclass
@@ -19,6 +20,7 @@ class BeamOutput:
     ``sequences_scores`` ``[batch * num_return_sequences]`` (float32, as Hugging Face): length-normalised scores.
     ``hypotheses``: beamkit's per-request hypotheses (float64 scores, token log-probs, beam indices).
     ``forward_seconds``: wall time spent inside the model's forward (and encoder) calls.
+    ``trace``: each request's search tree with ``record_trace=True`` (plain beam search only), else None.
     """
 
     sequences: torch.Tensor
@@ -26,6 +28,7 @@ class BeamOutput:
     hypotheses: list[list[Hypothesis]]
     stats: SearchStats = field(default_factory=SearchStats)
     forward_seconds: float = 0.0
+    trace: list[Trace | None] | None = None
 
     def __getattr__(self, name: str) -> Any:
         """Hugging Face's per-step outputs are not kept: say so instead of a bare AttributeError."""
