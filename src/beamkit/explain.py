@@ -62,14 +62,14 @@ def explain_hf(
 ) -> Trace:
     """The trace of a Hugging Face model folder (model and tokenizer, loaded offline) generating from ``text``
     with :func:`beamkit.hf.generate`, with its greedy decode set."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"no Hugging Face model folder at {folder!r}")
     try:
         import transformers
     except ImportError as exc:
         raise ImportError(f"explain --model hf:DIR needs transformers: pip install 'beamkit[hf]' ({exc})") from exc
     from beamkit.hf import generate
 
-    if not Path(folder).is_dir():
-        raise FileNotFoundError(f"no Hugging Face model folder at {folder!r}")
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
     auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
