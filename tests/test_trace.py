@@ -274,3 +274,12 @@ def test_static_drawings_hold_every_node():
     page = to_html(trace, vocab=NAMES)
     assert page.startswith("<!DOCTYPE html>") and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
     assert "https://" not in page
+
+
+def test_jupyter_renders_the_trace():
+    """_repr_html_ is a fragment (no document wrapper) holding every node, its script scoped to its own id."""
+    _, trace = _seed000(3)
+    one, two = trace._repr_html_(), trace._repr_html_()
+    assert not one.startswith("<!DOCTYPE") and one.count('<g class="node ') == len(trace.nodes)
+    ids = [part.split('"')[0] for part in (one + two).split('class="bk-view" id="')[1:]]
+    assert len(set(ids)) == 2  # two outputs in one notebook do not share an id
