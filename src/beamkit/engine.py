@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -27,7 +27,9 @@ from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
 from beamkit.processors import LogitsProcessor, StepContext, is_stop
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.state import check_rows, concat_state, first_array, is_identity, select_state
-from beamkit.trace import Trace, TraceRecorder
+
+if TYPE_CHECKING:  # beamkit.trace is imported only when a search records one
+    from beamkit.trace import Trace, TraceRecorder
 
 StepFn = Callable[[Any, Any], Any]
 EarlyStopping = bool | Literal["never"]
@@ -488,7 +490,11 @@ class Engine:
         self._cancel: set[int] = set()
         self._eos: list[tuple[int, ...]] = []
         self._lps: list[LengthPenalty] = []
-        self._trace = TraceRecorder(self) if options.record_trace else None  # see beamkit.trace
+        self._trace: TraceRecorder | None = None
+        if options.record_trace:  # see beamkit.trace
+            from beamkit.trace import TraceRecorder
+
+            self._trace = TraceRecorder(self)
 
     # ---------------------------------------------------------------------------------------------- requests
     def add(self, init_state: Any, bos: int, eos: int | Sequence[int] | None, **request_options: Any) -> int:
