@@ -190,6 +190,7 @@ class TraceRecorder:
         self._cand_nodes: np.ndarray = np.zeros(0, np.int64)  # shape: (n,) node id of each considered candidate
         self._by_key: dict[tuple[int, int, int], int] = {}  # (request, parent slot, token) -> node id
         self._pools_before: dict[int, list[_Finished]] = {}
+        self._considered: _Candidates | None = None  # this step's candidates as ranked, before beam_threshold
 
     def _trace(self, r: int) -> Trace:
         trace = self.traces.get(r)
@@ -234,8 +235,8 @@ class TraceRecorder:
         for i, (r, row, tok, lp, tlp, key, score, rank) in enumerate(columns):
             trace = self._trace(r)
             parent = self.running[r][int(slots[row])]
-            node = TraceNode(len(trace.nodes), parent, int(step_of[r]), tok, lp, tlp, key, score, rank, "pruned")
-            node.reason = "beam"
+            t = int(step_of[r])
+            node = TraceNode(len(trace.nodes), parent, t, tok, lp, tlp, key, score, rank, "pruned", "beam")
             trace.nodes.append(node)
             ids[i] = node.id
             self._by_key[(r, int(slots[row]), tok)] = node.id
@@ -252,6 +253,7 @@ class TraceRecorder:
         """After the policy: survivors run on, pool entries in and out, threshold cuts, stopped requests."""
         b = self.engine.book
         before = self._considered
+        assert before is not None, "selected() follows considered() within one step"
         if cand is not before:  # beam_threshold cut some: the kept ones are a subset, matched by (row, token)
             width = int(max(before.tok.max(initial=0), cand.tok.max(initial=0))) + 1
             kept = np.isin(before.row * width + before.tok, cand.row * width + cand.tok)
