@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "beamkit.ctc.cli",
     "beamkit.corpus.cli",
     "beamkit.demo",
+    "beamkit.explain",
     "beamkit.serve.cli",
 )
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
 from beamkit.processors import LogitsProcessor, StepContext, is_stop
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.state import check_rows, concat_state, first_array, is_identity, select_state
+
+if TYPE_CHECKING:  # beamkit.trace is imported only when a search records one
+    from beamkit.trace import Trace, TraceRecorder
 
 StepFn = Callable[[Any, Any], Any]
 EarlyStopping = bool | Literal["never"]
@@ -85,6 +88,9 @@ class SearchOptions:
     exact_exit (pool, ``alpha == 0`` only):
         also stop once the ``num_return``-th best finished score is at least the best running log-probability:
         with raw log-probabilities nothing later can overtake it (CTranslate2's early exit).
+    record_trace:
+        keep each request's search tree (:class:`beamkit.trace.Trace`) on ``Completed.trace`` /
+        ``SearchResult.trace``; off, it costs one attribute check per step.
     """
 
     beam_size: int
@@ -102,6 +108,7 @@ class SearchOptions:
     final_scorer: FinalScorer | None = None
     selector: Selector = field(default_factory=Deterministic)
     beam_threshold: float | None = None
+    record_trace: bool = False
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "max_len"):
@@ -144,11 +151,13 @@ _EARLY = {False: 0, True: 1, "never": 2}  # early_stopping mode as a small int p
 
 @dataclass
 class SearchResult:
-    """Hypotheses per request (best first), counters, and per-request errors (empty when all went well)."""
+    """Hypotheses per request (best first), counters, and per-request errors (empty when all went well).
+    ``trace``: each request's :class:`beamkit.trace.Trace` when ``record_trace`` is on, else None."""
 
     hypotheses: list[list[Hypothesis]]
     stats: SearchStats
     errors: dict[int, str]
+    trace: list[Trace | None] | None = None
 
 
 @dataclass
@@ -156,13 +165,15 @@ class Completed:
     """A request that ended at one :meth:`Engine.step`: its hypotheses (best first), or why it failed.
 
     ``error`` is ``None`` or the message (``"cancelled"`` after :meth:`Engine.cancel`); a failed request has no
-    hypotheses. ``steps`` counts the model calls the request took part in.
+    hypotheses. ``steps`` counts the model calls the request took part in. ``trace``: its search tree when
+    ``record_trace`` is on.
     """
 
     request_id: int
     hypotheses: list[Hypothesis]
     error: str | None = None
     steps: int = 0
+    trace: Trace | None = None
 
 
 @dataclass
@@ -520,6 +531,11 @@ class Engine:
         self._ids = np.zeros(0, np.int64)  # shape: (R,) the request id of each book slot
         self._slot: dict[int, int] = {}  # request id -> book slot, while the request is running or waiting
         self._next_id = 0
+        self._trace: TraceRecorder | None = None
+        if options.record_trace:  # see beamkit.trace
+            from beamkit.trace import TraceRecorder
+
+            self._trace = TraceRecorder(self)
 
     # ---------------------------------------------------------------------------------------------- requests
     def add(self, init_state: Any, bos: int, eos: int | Sequence[int] | None, **request_options: Any) -> int:
@@ -579,7 +595,7 @@ class Engine:
     def _reclaim(self) -> None:
         """Renumber the slots of the requests still held (in order) once completed ones dominate the arrays."""
         b = self.book
-        if b.size < 1024 or b.size < 2 * len(b.pools):
+        if b.size < 1024 or b.size < 2 * len(b.pools) or self._trace is not None:  # traces are kept by slot
             return
         live = np.array(sorted(b.pools), dtype=np.int64)
         b.compact(live)
@@ -738,6 +754,8 @@ class Engine:
                 if counts[r] == 0:
                     msg = f"no finite candidate at step {int(b.t[r])} (every continuation is masked or -inf)"
                     b.errors.setdefault(r, msg)
+        if self._trace is not None:
+            self._trace.considered(rows, cand)
         pruned = 0
         if opt.beam_threshold is not None and cand.req.shape[0]:
             first = group_starts(cand.req)
@@ -750,6 +768,9 @@ class Engine:
         surv = self._policy_step(rows, cand, self._is_eos(cand.tok, cand.req), c_len, last)
         if b.errors:
             surv = surv[~np.isin(cand.req[surv], np.fromiter(b.errors, np.int64))]
+        if self._trace is not None:
+            self._trace.selected(rows, cand, surv)
+
         s_req = cand.req[surv]
         for r in np.setdiff1d(np.unique(rows.req), s_req).tolist():
             ended.append(self._complete(r))
@@ -851,7 +872,10 @@ class Engine:
         rid = int(self.book.rid[r])
         self._slot.pop(rid, None)
         steps = int(self.book.t[r]) + (0 if error == "cancelled" else 1)
-        return Completed(rid, [] if error else self._rank(r, pool), error, steps)
+        done = Completed(rid, [] if error else self._rank(r, pool), error, steps)
+        if self._trace is not None:
+            done.trace = self._trace.close(r, done)
+        return done
 
     def _segments(self, rows: _Rows, t_row: np.ndarray) -> list[tuple[int, int, StepContext]]:
         """Runs of rows at the same step with the same stop tokens and candidates per row (``m``), each with its
@@ -1136,7 +1160,8 @@ class BeamSearch:
                 done[c.request_id] = c
         results = [done[i].hypotheses for i in ids]
         errors = {n: done[i].error for n, i in enumerate(ids) if done[i].error is not None}
-        return SearchResult(results, engine.stats, errors)  # type: ignore[arg-type]
+        traces = [done[i].trace for i in ids] if self.options.record_trace else None
+        return SearchResult(results, engine.stats, errors, traces)  # type: ignore[arg-type]
 
 
 def rank_candidates(

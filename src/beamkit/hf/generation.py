@@ -85,8 +85,8 @@ def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str,
     state = step.init_state(input_ids, mask)
     seeds = request_seeds(input_ids, mask) if settings.do_sample else None
     with torch.inference_mode():  # once here, not per step
-        hyps = run_search(step, state, settings, batch, processors, seeds)
-    return build_output(settings, prefix, hyps, step.stats, step.forward_seconds)
+        hyps, traces = run_search(step, state, settings, batch, processors, seeds)
+    return build_output(settings, prefix, hyps, step.stats, step.forward_seconds, traces)
 
 
 def request_seeds(input_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:

@@ -33,6 +33,7 @@ class BeamDecoderOnlyOutput(GenerateBeamDecoderOnlyOutput):
     hypotheses: list[list[Hypothesis]] | None = None
     stats: SearchStats | None = None
     forward_seconds: float | None = None
+    trace: list[Any] | None = None  # with record_trace=True: each request's search tree (beamkit.trace.Trace)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class BeamEncoderDecoderOutput(GenerateBeamEncoderDecoderOutput):
     hypotheses: list[list[Hypothesis]] | None = None
     stats: SearchStats | None = None
     forward_seconds: float | None = None
+    trace: list[Any] | None = None  # with record_trace=True: each request's search tree (beamkit.trace.Trace)
 
 
 @dataclass
@@ -52,6 +54,7 @@ class GreedyDecoderOnlyOutput(GenerateDecoderOnlyOutput):
     hypotheses: list[list[Hypothesis]] | None = None
     stats: SearchStats | None = None
     forward_seconds: float | None = None
+    trace: list[Any] | None = None  # with record_trace=True: each request's search tree (beamkit.trace.Trace)
 
 
 @dataclass
@@ -61,6 +64,7 @@ class GreedyEncoderDecoderOutput(GenerateEncoderDecoderOutput):
     hypotheses: list[list[Hypothesis]] | None = None
     stats: SearchStats | None = None
     forward_seconds: float | None = None
+    trace: list[Any] | None = None  # with record_trace=True: each request's search tree (beamkit.trace.Trace)
 
 
 def _chosen(hyps: list[list[Hypothesis]], num_return: int) -> list[Hypothesis | None]:
@@ -115,13 +119,14 @@ def build_output(
     hyps: list[list[Hypothesis]],
     stats: SearchStats,
     forward_seconds: float,
+    trace: list[Any] | None = None,
 ) -> Any:
     """The ``sequences`` tensor, or (``return_dict_in_generate``) the output object, as Hugging Face returns."""
     s = settings
     sequences, scores = build_sequences(prefix, hyps, s.num_return, s.fill)
     if not s.return_dict:
         return sequences
-    extras: dict[str, Any] = {"hypotheses": hyps, "stats": stats, "forward_seconds": forward_seconds}
+    extras: dict[str, Any] = {"hypotheses": hyps, "stats": stats, "forward_seconds": forward_seconds, "trace": trace}
     extras["sequences"] = sequences
     if s.num_beams == 1:
         greedy = GreedyEncoderDecoderOutput if s.encoder_decoder else GreedyDecoderOnlyOutput

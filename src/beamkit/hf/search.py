@@ -39,10 +39,11 @@ def run_search(
     batch: int,
     processors: list[Any],
     request_seeds: list[Any] | None = None,
-) -> list[list[Hypothesis]]:
+) -> tuple[list[list[Hypothesis]], list[Any] | None]:
     """Hypotheses per request (best first, at most ``num_return`` each): diverse beam search with beam groups,
-    constrained beam search with forced words, else plain beam search. A failing request raises
-    :class:`beamkit.BatchDecodeError` (the others' hypotheses kept on it)."""
+    constrained beam search with forced words, else plain beam search; and the plain search's traces when it
+    records them (``record_trace=True``), else None. A failing request raises :class:`beamkit.BatchDecodeError`
+    (the others' hypotheses kept on it)."""
     s = settings
     common = search_options(s, processors, request_seeds)
     if s.do_sample and (s.groups > 1 or s.force_words):
@@ -52,19 +53,20 @@ def run_search(
     if s.groups > 1:
         from beamkit.variants import diverse_beam_search
 
-        return diverse_beam_search(
+        hyps = diverse_beam_search(
             step, state, start, stop, s.num_beams, s.max_new_tokens, s.groups, s.diversity, num_return=s.num_return,
             **common,
         )  # fmt: skip
+        return hyps, None
     if s.force_words:
         from beamkit.variants import constrained_beam_search
 
         found = constrained_beam_search(
             step, state, start, stop, s.num_beams, s.max_new_tokens, constraints=list(s.force_words), **common
         )
-        return [h[: s.num_return] for h in found]
+        return [h[: s.num_return] for h in found], None
     options = make_options(s.num_beams, s.max_new_tokens, num_return=s.num_return, **common)
     result = BeamSearch(options).search(step, state, s.start, stop, batch)
     if result.errors:
         raise BatchDecodeError(result.errors, result.hypotheses)
-    return result.hypotheses
+    return result.hypotheses, result.trace
