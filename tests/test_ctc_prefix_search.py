@@ -384,9 +384,6 @@ def test_search_helpers_equal_numpy() -> None:
                 assert got is None
             else:
                 assert got is not None and np.array_equal(got, first)
-        mask = rng.random((n, 7)) < 0.3
-        for a, b in zip(ps._nonzero_2d(mask), np.nonzero(mask), strict=True):
-            assert np.array_equal(a, b)
 
 
 def test_node_storage_reused_by_later_calls_gives_the_same_results() -> None:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .lm import HotwordScorer, LanguageModelFusion
+from .posteriors import Candidates, as_real_array, collect_candidates
 from .prefix_trie import PrefixTrie
 from .small_search import search_small
 from .vocab import Vocabulary
@@ -69,11 +70,9 @@ class CTCHypothesis:
 
 
 def to_numpy_2d_or_3d(x: Any, name: str = "log_probs", check_nan: bool = True) -> np.ndarray:
-    """Convert a numpy array, torch tensor or nested list to a float64 numpy array (2-D or 3-D); reject
-    NaN values unless ``check_nan`` is False (the caller checks)."""
-    if hasattr(x, "detach") and hasattr(x, "cpu"):
-        x = x.detach().cpu().numpy()
-    arr = np.asarray(x, dtype=np.float64)
+    """Convert a numpy array, torch tensor or nested list of real numbers to a float64 numpy array (2-D or
+    3-D); reject booleans and complex numbers (TypeError), and NaN values unless ``check_nan`` is False."""
+    arr = as_real_array(x, name)
     if arr.ndim not in (2, 3):
         raise ValueError(f"{name} must be 2-D (T, V) or 3-D (N, T, V), got shape {arr.shape}")
     if check_nan and np.isnan(arr).any():
@@ -276,9 +275,9 @@ def prefix_beam_search(
                 raise ValueError(f"lengths must lie in [0, {batch.shape[1]}]")
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
+    cands = collect_candidates((batch[i, :n] for i, n in enumerate(lens.tolist())), lens, token_min_logp, voc.blank)
     results = _search_checked(
-        batch,
-        lens,
+        cands,
         voc,
         beam_width,
         beam_prune_logp,
@@ -295,8 +294,7 @@ def prefix_beam_search(
 
 
 def _search_checked(
-    batch: np.ndarray,
-    lens: np.ndarray,
+    cands: Candidates,
     voc: Vocabulary,
     beam_width: int,
     beam_prune_logp: float,
@@ -310,17 +308,16 @@ def _search_checked(
     out_k: int,
     word_frames: bool = True,
 ) -> list[list[CTCHypothesis]]:
-    """:func:`prefix_beam_search` of a checked ``(N, T, V)`` float64 batch with its lengths (no NaN, the
-    knobs validated): one list of hypotheses per utterance, at most ``out_k`` each, without word frames
+    """:func:`prefix_beam_search` of the candidates of checked log-probabilities (no NaN, the knobs
+    validated): one list of hypotheses per utterance, at most ``out_k`` each, without word frames
     when ``word_frames`` is False."""
     history = max(1, lm.order - 1) if lm is not None else 1
     # initial node storage (grows 4x when full): new nodes per utterance and searched frame are about the beam size
-    capacity = min(1 << 22, max(1 << 15, int(lens.sum()) * min(beam_width, 16)))
+    capacity = min(1 << 22, max(1 << 15, int(cands.lens.sum()) * min(beam_width, 16)))
     trie = PrefixTrie(voc, lm, HotwordScorer(hotwords, hotword_weight), history, pyctcdecode_compat, capacity)
     try:
         return _search(
-            batch,
-            lens,
+            cands,
             trie,
             beam_width,
             beam_prune_logp,
@@ -337,8 +334,8 @@ def _search_checked(
 
 
 def _schedule(
-    batch: np.ndarray, lens: np.ndarray, token_min_logp: float, split_blank: bool, blank: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    cands: Candidates, split_blank: bool, blank: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The frames each utterance may have to search, and its candidate labels there.
 
     A frame is skipped when its only candidate is blank and every beam then ends in blank (any beam
@@ -347,49 +344,40 @@ def _schedule(
     a busy one is listed as a *merge* frame: it merges the beams of a prefix that do and do not end in
     blank, and :func:`_search` skips it too when no two beams would merge or share a history.
 
-    Returns ``(s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum)``: the listed (utterance, frame)
-    pairs, by utterance then frame; their candidate labels (label order, padded with blank) and how many there
-    are; whether each is a merge frame; listed frames per utterance; and the running sum of ``lp(blank)``
-    over blank-only frames (merge frames included, busy ones 0), so that skipping frames ``a .. b-1``
-    adds ``skip_cum[u, b] - skip_cum[u, a]``.
+    Returns ``(s_utt, s_frame, s_tok, s_lpv, s_count, s_merge, count, skip_cum)``: the listed (utterance,
+    frame) pairs, by utterance then frame; their candidate labels (label order, padded with blank) and
+    log-probabilities (padded with -inf), and how many there are; whether each is a merge frame; listed
+    frames per utterance; and the running sum of ``lp(blank)`` over blank-only frames (merge frames
+    included, busy ones 0), so that skipping frames ``a .. b-1`` adds ``skip_cum[u, b] - skip_cum[u, a]``.
     """
-    N, T, V = batch.shape
-    flat = batch.reshape(-1, V)  # shape: (N * T, V)
-    cand = flat >= token_min_logp  # shape: (N * T, V) lp >= token_min_logp, plus the argmax
-    rows, labels = _nonzero_2d(cand)  # shape: (candidates,) each, by frame then label
-    n_cand = np.bincount(rows, minlength=N * T)  # shape: (N * T,)
-    # the argmax is a candidate already unless no label reaches token_min_logp
-    empty = (n_cand == 0).nonzero()[0]
-    if len(empty):
-        cand[empty, flat[empty].argmax(axis=1)] = True
-        rows, labels = _nonzero_2d(cand)
-        n_cand = np.bincount(rows, minlength=N * T)
-    cand = cand.reshape(N, T, V)
-    n_cand = n_cand.reshape(N, T)
-    lp_blank = batch[:, :, blank]  # shape: (N, T)
+    N, T, lens = cands.n, cands.T, cands.lens
+    n_cand = cands.count.reshape(N, T)  # shape: (N, T)
+    row_start = np.cumsum(cands.count) - cands.count  # shape: (N * T,) first candidate of each row
+    first = np.full(N * T, -1, dtype=np.int64)  # shape: (N * T,) first candidate label of each row
+    busy = cands.count > 0
+    first[busy] = cands.labels[row_start[busy]]
+    lp_blank = cands.lp_blank  # shape: (N, T)
     valid = np.arange(T) < lens[:, None]  # shape: (N, T)
-    blank_only = valid & (n_cand == 1) & cand[:, :, blank] & np.isfinite(lp_blank)  # shape: (N, T)
+    blank_only = valid & (n_cand == 1) & (first.reshape(N, T) == blank) & np.isfinite(lp_blank)  # shape: (N, T)
     listed = valid & ~blank_only
     if split_blank:
         listed[:, 1:] |= listed[:, :-1] & blank_only[:, 1:]  # busy frame, then a merge frame
     s_utt, s_frame = np.nonzero(listed)  # sorted by utterance, then frame
     count = listed.sum(axis=1)  # shape: (N,)
-    s_count = n_cand[s_utt, s_frame]  # shape: (S,)
+    s_row = s_utt * T + s_frame  # shape: (S,)
+    s_count = cands.count[s_row]  # shape: (S,)
     s_merge = blank_only[s_utt, s_frame]  # shape: (S,)
-    keep = listed.ravel()[rows]  # the candidates of listed frames, by listed pair then label
-    s_row = np.repeat(np.arange(len(s_utt)), s_count)  # shape: (sum of s_count,) listed pair of each
-    s_tok = np.full((len(s_utt), int(s_count.max(initial=1))), blank, dtype=np.int64)  # shape: (S, K_max)
-    s_tok[s_row, np.arange(len(s_row)) - (np.cumsum(s_count) - s_count)[s_row]] = labels[keep]
+    K = int(s_count.max(initial=1))
+    col = np.arange(K)  # shape: (K,)
+    real = col < s_count[:, None]  # shape: (S, K)
+    src = (row_start[s_row][:, None] + col)[real]  # shape: (sum of s_count,) flat candidate index
+    s_tok = np.full((len(s_utt), K), blank, dtype=np.int64)  # shape: (S, K)
+    s_tok[real] = cands.labels[src]
+    s_lpv = np.full((len(s_utt), K), NEG_INF)  # shape: (S, K) padding (blank) yields no row
+    s_lpv[real] = cands.values[src]
     skip_cum = np.zeros((N, T + 1))  # shape: (N, T + 1)
     np.cumsum(np.where(blank_only, lp_blank, 0.0), axis=1, out=skip_cum[:, 1:])
-    return s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum
-
-
-def _nonzero_2d(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.nonzero`` of a C-contiguous 2-D boolean array (row-major order), via the flat positions (faster)."""
-    flat = np.flatnonzero(mask)
-    rows = flat // mask.shape[1]
-    return rows, flat - rows * mask.shape[1]
+    return s_utt, s_frame, s_tok, s_lpv, s_count, s_merge, count, skip_cum
 
 
 def _skip_blank_frames(
@@ -405,8 +393,7 @@ def _skip_blank_frames(
 
 
 def _search(
-    batch: np.ndarray,
-    lens: np.ndarray,
+    cands: Candidates,
     trie: PrefixTrie,
     beam_width: int,
     beam_prune_logp: float,
@@ -425,17 +412,13 @@ def _search(
     search, and a caller that only wants texts saves their bookkeeping. ``small_cells > 0`` searches a
     single utterance (with ``split_blank``) in plain Python (:func:`search_small`, same results) while
     its steps expand at most that many (beam, candidate) cells, then goes on vectorised."""
-    N, T, V = batch.shape
+    N, lens = cands.n, cands.lens
     voc = trie.vocab
     blank = voc.blank
     starts_word = voc.starts_word
     is_bpe = voc.is_bpe
-    s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum = _schedule(
-        batch, lens, token_min_logp, split_blank, blank
-    )
+    s_utt, s_frame, s_tok, s_lpv, s_count, s_merge, count, skip_cum = _schedule(cands, split_blank, blank)
     s_merge_x = np.append(s_merge, False)  # shape: (S + 1,) see _skip_merge_frames
-    s_lpv = batch[s_utt[:, None], s_frame[:, None], s_tok]  # shape: (S, K_max) lp of the candidates
-    s_lpv[np.arange(s_tok.shape[1]) >= s_count[:, None]] = NEG_INF  # padding (blank) yields no row
     end = np.cumsum(count)  # shape: (N,) end of each utterance's listed pairs
     nxt = end - count  # shape: (N,) next listed pair of each utterance
     pos = np.zeros(N, dtype=np.int64)  # shape: (N,) next frame not yet applied to the beams

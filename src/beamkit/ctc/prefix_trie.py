@@ -56,38 +56,12 @@ _MUL_INT = int(_HASH_MUL)
 _SALT_INT = int(_HASH_SALT[0])
 
 
-# one float64 scratch buffer (the decoder's normalised input batch) kept for the next call
-_SCRATCH: list[np.ndarray] = []
-
-
 def release_cached_memory() -> int:
-    """Free the node arrays and the input scratch buffer kept for the next CTC search; returns the bytes
-    released."""
+    """Free the node arrays kept for the next CTC search; returns the bytes released."""
     with _SPARE_LOCK:
         freed = sum(a.nbytes for arrays in _SPARE for a in arrays.values())
-        freed += sum(a.nbytes for a in _SCRATCH)
         _SPARE.clear()
-        _SCRATCH.clear()
     return freed
-
-
-def take_scratch(size: int) -> np.ndarray:
-    """A 1-D float64 buffer of at least ``size`` elements (contents undefined): the kept one when it is big
-    enough, else a new one. Hand it back with :func:`keep_scratch` when done."""
-    with _SPARE_LOCK:
-        if _SCRATCH and len(_SCRATCH[0]) >= size:
-            return _SCRATCH.pop()
-    return np.empty(max(size, 1))
-
-
-def keep_scratch(buf: np.ndarray) -> None:
-    """Keep ``buf`` (from :func:`take_scratch`, no longer used) for the next call, replacing a smaller kept
-    one; buffers over 256 MiB are dropped. Reused memory skips the page faults of fresh memory."""
-    if buf.nbytes > _SPARE_MAX_BYTES:
-        return
-    with _SPARE_LOCK:
-        if not _SCRATCH or len(_SCRATCH[0]) < len(buf):
-            _SCRATCH[:] = [buf]
 
 
 class CharTrie:
