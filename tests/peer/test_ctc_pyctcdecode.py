@@ -85,7 +85,7 @@ def assert_same_beams(pc_beams, bk_beams, top: int = 5) -> None:
 
 def test_agreement_without_lm() -> None:
     pc = pyctcdecode.build_ctcdecoder(LABELS)
-    bk = build_ctcdecoder(LABELS)
+    bk = build_ctcdecoder(LABELS, pyctcdecode_compat=True)
     mats = utterances(0, 25)
     assert bk.decode_batch(None, mats) == [pc.decode(m) for m in mats]
     for m in mats[:10]:
@@ -105,7 +105,9 @@ def test_agreement_with_lm(tmp_path, backend: str) -> None:
     arpa.write_text(build_arpa(corpus, order=3))
     unigrams = sorted(set(WORDS))
     pc = pyctcdecode.build_ctcdecoder(LABELS, kenlm_model_path=str(arpa), unigrams=unigrams)
-    bk = build_ctcdecoder(LABELS, kenlm_model_path=str(arpa), unigrams=unigrams, lm_backend=backend)
+    bk = build_ctcdecoder(
+        LABELS, kenlm_model_path=str(arpa), unigrams=unigrams, lm_backend=backend, pyctcdecode_compat=True
+    )
     mats = utterances(2, 25)
     assert bk.decode_batch(None, mats) == [pc.decode(m) for m in mats]
     for m in mats[:10]:
@@ -127,7 +129,7 @@ def test_batched_beam_sets_match_pyctcdecode() -> None:
     # all utterances in one search: every returned beam (not only the best ones) is pyctcdecode's; long
     # utterances keep many beams alive across skipped blank frames (an old bug left equal prefixes unmerged)
     pc = pyctcdecode.build_ctcdecoder(LABELS)
-    bk = build_ctcdecoder(LABELS)
+    bk = build_ctcdecoder(LABELS, pyctcdecode_compat=True)
     rng = np.random.default_rng(0)
     mats = [long_utterance(rng, " ".join(rng.choice(WORDS, size=int(rng.integers(4, 9))))) for _ in range(30)]
     for m, beams in zip(mats, bk.decode_beams_batch(None, mats), strict=True):

@@ -102,10 +102,10 @@ def _blank_index(labels: list[str], blank: int | str | None) -> int:
         if not found:
             raise ValueError(
                 f"no blank among the {len(labels)} labels (none is '', '<pad>' or '<blank>'): name it with "
-                "blank= (its index or label; the posterior matrix needs a column for it)"
+                "blank= (--blank on the command line): its index or label; the matrix needs a column for it"
             )
         shown = ", ".join(f"{i}: {labels[i]!r}" for i in found[:5])
-        raise ValueError(f"more than one label looks like the blank ({shown}): name it with blank=")
+        raise ValueError(f"more than one label looks like the blank ({shown}): name it with blank= (--blank)")
     if isinstance(blank, bool) or not isinstance(blank, (int, str, np.integer)):
         raise TypeError(f"blank must be a column index or a label, got {blank!r}")
     if isinstance(blank, str):
