@@ -138,3 +138,20 @@ def test_batched_beam_sets_match_pyctcdecode() -> None:
         got = {b[0]: b[3] for b in beams}
         for text, _, _, logit, _ in expected:
             assert got[text] == pytest.approx(logit, abs=1e-6)
+
+
+def test_every_beam_and_float32_inputs_as_the_readme_states() -> None:
+    # the README's compatibility statement: with pyctcdecode_compat=True every returned beam's text, rank,
+    # logit and combined score match on float64 log-probabilities; float32 inputs match in text with scores
+    # within 1e-5 (pyctcdecode normalises in the input's dtype, beamkit in float64)
+    pc = pyctcdecode.build_ctcdecoder(LABELS)
+    bk = build_ctcdecoder(LABELS, pyctcdecode_compat=True)
+    for m in utterances(4, 15):
+        expected, got = pc.decode_beams(m), bk.decode_beams(m)
+        assert [b[0] for b in got] == [b[0] for b in expected]
+        assert [b[3] for b in got] == pytest.approx([b[3] for b in expected], abs=1e-6)
+        assert [b[4] for b in got] == pytest.approx([b[4] for b in expected], abs=1e-6)
+        x = m.astype(np.float32)
+        expected, got = pc.decode_beams(x), bk.decode_beams(x)
+        assert got[0][0] == expected[0][0]
+        assert got[0][4] == pytest.approx(expected[0][4], abs=1e-5)
