@@ -120,8 +120,45 @@ def _cmd_lm_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ocr(args: argparse.Namespace) -> int:
+    from .ocr import read_lines
+
+    if args.beam < 1:
+        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    try:
+        readings = read_lines(args.images, beam=args.beam, lm=args.lm, alpha=args.alpha, beta=args.beta)
+    except ImportError as exc:  # the ocr extra is missing: a failure, not a usage error
+        print(f"beamkit ocr: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([{"image": r.image, "text": r.text, "score": r.score} for r in readings]))
+    else:
+        for r in readings:
+            print(r.text)
+    return 0
+
+
 def register(subparsers: Any) -> None:
-    """Add the ``ctc`` (``decode``) and ``lm`` (``build``) subcommands to an argparse subparsers object."""
+    """Add the ``ctc`` (``decode``), ``lm`` (``build``) and ``ocr`` subcommands to an argparse subparsers
+    object."""
+    ocr = subparsers.add_parser(
+        "ocr",
+        help="read text-line images with PP-OCRv4 and CTC beam search",
+        description="Read single text-line images with the PP-OCRv4 recognition model shipped in "
+        'rapidocr-onnxruntime (pip install "beamkit[ocr]"), decoded greedily (--beam 1: rapidocr\'s own '
+        "text) or by prefix beam search with an optional word n-gram LM. Prints one text per image, or with "
+        "--json a list of {image, text, score} (score: log-probability of the best path, or the beam's "
+        "combined score).",
+        formatter_class=_HelpFormatter,
+    )
+    ocr.add_argument("images", nargs="+", metavar="IMAGE", help="image files, one text line each")
+    ocr.add_argument("--beam", type=int, default=1, help="beam width (1: greedy)")
+    ocr.add_argument("--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model")
+    ocr.add_argument("--alpha", type=float, default=0.5, help="LM weight")
+    ocr.add_argument("--beta", type=float, default=1.5, help="word insertion bonus")
+    ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score}")
+    ocr.set_defaults(func=_cmd_ocr)
+
     ctc = subparsers.add_parser(
         "ctc",
         help="CTC decoding (greedy / prefix beam search with an n-gram LM)",
