@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # warm-up (imports, first allocations) on both sides
     pc0 = pyctcdecode.build_ctcdecoder(LABELS)
-    bk0 = build_ctcdecoder(LABELS)
+    bk0 = build_ctcdecoder(LABELS, pyctcdecode_compat=True)  # pyctcdecode's end-of-utterance rule, for the same top-1
     pc0.decode(utts[0])
     bk0.decode_batch(None, utts[:2])
     run_setting("no-lm", pc0, bk0, utts, refs, args.repeats)
@@ -210,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         unigrams = load_unigrams_from_arpa(arpa)
         pc = pyctcdecode.build_ctcdecoder(LABELS, kenlm_model_path=arpa, unigrams=unigrams)
-        bk = build_ctcdecoder(LABELS, kenlm_model_path=arpa, unigrams=unigrams, lm_backend=args.beamkit_lm)
+        bk = build_ctcdecoder(
+            LABELS, kenlm_model_path=arpa, unigrams=unigrams, lm_backend=args.beamkit_lm, pyctcdecode_compat=True
+        )
         pc.decode(utts[0])
         bk.decode_batch(None, utts[:2])
         backend = type(bk.language_model.model).__name__ if bk.language_model else "none"

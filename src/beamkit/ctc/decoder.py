@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, load_unigrams_from_arpa
+from .options import SearchOptions
 from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors
-from .prefix_search import CTCHypothesis, _check_params, _search_checked
+from .prefix_search import CTCHypothesis, _word_tuple, search_candidates
 from .vocab import Vocabulary
 
 WordFrames = tuple[str, tuple[int, int]]
@@ -106,25 +107,21 @@ class CTCDecoder:
         num_hypotheses: int | None = None,
         word_frames: bool = True,
     ) -> list[list[CTCHypothesis]]:
+        opts = SearchOptions(
+            beam_width=beam_width,
+            beam_prune_logp=beam_prune_logp,
+            token_min_logp=token_min_logp,
+            prune_history=prune_history,
+            split_blank=True,  # pyctcdecode's beam unit
+            pyctcdecode_compat=self.pyctcdecode_compat,
+            hotwords=None if hotwords is None else _word_tuple(hotwords),
+            hotword_weight=hotword_weight,
+            num_hypotheses=num_hypotheses,
+            word_frames=word_frames,
+        )
         if not logits_list:
             return []
-        _check_params(beam_width, beam_prune_logp, token_min_logp)
-        out_k = beam_width if num_hypotheses is None else min(beam_width, num_hypotheses)
-        return _search_checked(
-            self._candidates(logits_list, token_min_logp),
-            self.vocab,
-            beam_width,
-            beam_prune_logp,
-            token_min_logp,
-            self.language_model,
-            list(hotwords) if hotwords is not None else None,
-            hotword_weight,
-            prune_history,
-            True,
-            self.pyctcdecode_compat,
-            out_k,
-            word_frames,
-        )
+        return search_candidates(self._candidates(logits_list, token_min_logp), self.vocab, self.language_model, opts)
 
     def decode_beams(
         self,

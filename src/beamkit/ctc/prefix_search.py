@@ -32,13 +32,14 @@ same nodes, beams and scores) while its steps stay small, then vectorised from t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .lm import HotwordScorer, LanguageModelFusion
+from .options import SearchOptions
 from .posteriors import Candidates, as_real_array, collect_candidates
 from .prefix_trie import PrefixTrie
 from .small_search import search_small
@@ -136,14 +137,6 @@ def _as_vocab(vocab: Vocabulary | Sequence[str]) -> Vocabulary:
     return Vocabulary.from_labels(vocab)
 
 
-def _check_params(beam_width: int, beam_prune_logp: float, token_min_logp: float) -> None:
-    if isinstance(beam_width, bool) or not isinstance(beam_width, (int, np.integer)) or beam_width < 1:
-        raise ValueError(f"beam_width must be a positive integer, got {beam_width!r}")
-    for name, value in (("beam_prune_logp", beam_prune_logp), ("token_min_logp", token_min_logp)):
-        if not isinstance(value, (int, float)) or math.isnan(value) or value > 0:
-            raise ValueError(f"{name} must be a number <= 0 (or -inf), got {value!r}")
-
-
 def _stable_argsort(keys: np.ndarray) -> np.ndarray:
     """``np.argsort(keys, kind="stable")`` for non-negative int64 keys, by a faster unstable sort of the
     distinct keys ``keys * len + position`` where they fit in int64."""
@@ -239,10 +232,17 @@ def prefix_beam_search(
     ``1`` skips building text and word offsets for the others). Scores accumulate in float64.
     """
     voc = _as_vocab(vocab)
-    _check_params(beam_width, beam_prune_logp, token_min_logp)
-    if num_hypotheses is not None and (isinstance(num_hypotheses, bool) or num_hypotheses < 1):
-        raise ValueError(f"num_hypotheses must be a positive integer or None, got {num_hypotheses!r}")
-    out_k = beam_width if num_hypotheses is None else min(beam_width, int(num_hypotheses))
+    opts = SearchOptions(
+        beam_width=beam_width,
+        beam_prune_logp=beam_prune_logp,
+        token_min_logp=token_min_logp,
+        prune_history=prune_history,
+        split_blank=split_blank,
+        pyctcdecode_compat=pyctcdecode_compat,
+        hotwords=None if hotwords is None else _word_tuple(hotwords),
+        hotword_weight=hotword_weight,
+        num_hypotheses=num_hypotheses,
+    )
     if lm is not None and not isinstance(lm, LanguageModelFusion):
         raise TypeError("lm must be a LanguageModelFusion (wrap the n-gram model) or None")
     single = False
@@ -276,59 +276,29 @@ def prefix_beam_search(
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
     cands = collect_candidates((batch[i, :n] for i, n in enumerate(lens.tolist())), lens, token_min_logp, voc.blank)
-    results = _search_checked(
-        cands,
-        voc,
-        beam_width,
-        beam_prune_logp,
-        token_min_logp,
-        lm,
-        hotwords,
-        hotword_weight,
-        prune_history,
-        split_blank,
-        pyctcdecode_compat,
-        out_k,
-    )
+    results = search_candidates(cands, voc, lm, opts)
     return results[0] if single else results
 
 
-def _search_checked(
-    cands: Candidates,
-    voc: Vocabulary,
-    beam_width: int,
-    beam_prune_logp: float,
-    token_min_logp: float,
-    lm: LanguageModelFusion | None,
-    hotwords: Sequence[str] | None,
-    hotword_weight: float,
-    prune_history: bool,
-    split_blank: bool,
-    pyctcdecode_compat: bool,
-    out_k: int,
-    word_frames: bool = True,
+def _word_tuple(words: Iterable[str]) -> tuple[str, ...]:
+    """Hotwords as a tuple (one string is refused: it would be read as its characters)."""
+    if isinstance(words, str):
+        raise TypeError("hotwords must be a list of strings, not one string")
+    return tuple(words)
+
+
+def search_candidates(
+    cands: Candidates, voc: Vocabulary, lm: LanguageModelFusion | None, opts: SearchOptions
 ) -> list[list[CTCHypothesis]]:
-    """:func:`prefix_beam_search` of the candidates of checked log-probabilities (no NaN, the knobs
-    validated): one list of hypotheses per utterance, at most ``out_k`` each, without word frames
-    when ``word_frames`` is False."""
+    """Prefix beam search of the candidates of checked log-probabilities (no NaN) over ``voc`` with an
+    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each."""
     history = max(1, lm.order - 1) if lm is not None else 1
     # initial node storage (grows 4x when full): new nodes per utterance and searched frame are about the beam size
-    capacity = min(1 << 22, max(1 << 15, int(cands.lens.sum()) * min(beam_width, 16)))
-    trie = PrefixTrie(voc, lm, HotwordScorer(hotwords, hotword_weight), history, pyctcdecode_compat, capacity)
+    capacity = min(1 << 22, max(1 << 15, int(cands.lens.sum()) * min(opts.beam_width, 16)))
+    hot = HotwordScorer(opts.hotwords, opts.hotword_weight)
+    trie = PrefixTrie(voc, lm, hot, history, opts.pyctcdecode_compat, capacity)
     try:
-        return _search(
-            cands,
-            trie,
-            beam_width,
-            beam_prune_logp,
-            token_min_logp,
-            prune_history,
-            split_blank,
-            pyctcdecode_compat,
-            out_k,
-            word_frames,
-            _SMALL_CELLS,
-        )
+        return _search(cands, trie, opts, _SMALL_CELLS)
     finally:
         trie.release()
 
@@ -393,25 +363,18 @@ def _skip_blank_frames(
 
 
 def _search(
-    cands: Candidates,
-    trie: PrefixTrie,
-    beam_width: int,
-    beam_prune_logp: float,
-    token_min_logp: float,
-    prune_history: bool,
-    split_blank: bool,
-    last_rep: bool,
-    out_k: int,
-    word_frames: bool = True,
-    small_cells: int = 0,
+    cands: Candidates, trie: PrefixTrie, opts: SearchOptions, small_cells: int = 0
 ) -> list[list[CTCHypothesis]]:
     """Search all utterances together: each step searches the next listed frame (:func:`_schedule`) of
     every utterance that has one (frames between searched ones are skipped in one addition).
 
-    ``word_frames=False`` leaves the word offsets out (the hypotheses get none): they do not steer the
+    ``opts.word_frames=False`` leaves the word offsets out (the hypotheses get none): they do not steer the
     search, and a caller that only wants texts saves their bookkeeping. ``small_cells > 0`` searches a
     single utterance (with ``split_blank``) in plain Python (:func:`search_small`, same results) while
     its steps expand at most that many (beam, candidate) cells, then goes on vectorised."""
+    beam_width, beam_prune_logp, out_k = opts.beam_width, opts.beam_prune_logp, opts.out_k
+    prune_history, split_blank, word_frames = opts.prune_history, opts.split_blank, opts.word_frames
+    last_rep = opts.pyctcdecode_compat  # equal final texts are represented by their last member
     N, lens = cands.n, cands.lens
     voc = trie.vocab
     blank = voc.blank
