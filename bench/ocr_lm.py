@@ -2,7 +2,8 @@
 
 Text: sentences from the docstrings of a fixed list of Python standard-library modules (offline, the same on
 every machine with the same Python). A seeded shuffle splits them into test lines, a dev set (to pick the LM
-weights on a small grid) and LM training text; no training sentence contains a test or dev line. Lines are
+weights on a small grid) and LM training text, to which the sentences of the language reference's help
+topics (``pydoc_data.topics``) are added; no training sentence contains a test or dev line. Lines are
 rendered with DejaVu fonts (Debian's ``fonts-dejavu-core``), degraded (blur, down/up-scaling, noise, JPEG), read
 by the model one at a time, and decoded from the same posteriors by each method. CER = character edit distance
 / reference length over whitespace-normalised texts; line accuracy = exact match.
@@ -92,6 +93,17 @@ def sentences() -> list[str]:
     return out
 
 
+def reference_sentences() -> list[str]:
+    """Sentences of the Python language reference's help topics (``pydoc_data.topics``): more LM text."""
+    from pydoc_data.topics import topics
+
+    out = []
+    for text in topics.values():
+        flat = " ".join(text.split())
+        out += [s for s in re.split(r"(?<=[.!?])\s+", flat) if s.isascii() and len(s.split()) >= 3]
+    return out
+
+
 def render(text: str, font_path: str, level: Level, rng: np.random.Generator) -> np.ndarray:
     """A BGR line image of ``text``, degraded as ``level`` says."""
     font = ImageFont.truetype(font_path, 30)
@@ -149,7 +161,7 @@ def main() -> None:
     random.Random(args.seed).shuffle(pool)
     test, dev = pool[: args.lines], pool[args.lines : args.lines + args.dev]
     held = set(test) | set(dev)
-    train = [s for s in every if not any(h in s for h in held)]
+    train = [s for s in every + reference_sentences() if not any(h in s for h in held)]
     print(f"{len(every)} sentences; LM on {len(train)} ({sum(len(s.split()) for s in train)} words), "
           f"{len(test)} test lines, {len(dev)} dev lines")  # fmt: skip
     lm = ArpaLM.from_lines(build_arpa(train, order=args.order).splitlines())
