@@ -339,3 +339,25 @@ def test_cli_registers_through_the_top_level_parser(monkeypatch, tmp_path, capsy
     assert cli.main(["lm", "build", str(corpus), "--order", "2", "-o", str(tmp_path / "x.arpa")]) == 0
     assert cli.main(["lm", "build", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "y.arpa")]) == 2
     assert "corpus not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_probability_candidates_without_the_dense_log_equal_the_dense_rule(dtype) -> None:
+    # probabilities skip the log of every value: their candidates (values at and around exp(token_min_logp),
+    # frames with no candidate but their argmax, the blank column) must be the dense rule's, bit for bit
+    from beamkit.ctc.posteriors import dense_part, posterior_part
+
+    rng = np.random.default_rng(8)
+    T, V, t_min = 40, 300, -5.0
+    p = rng.dirichlet(np.full(V, 0.05), size=T)
+    edge = math.exp(t_min)
+    p[:5, 7] = [edge, np.nextafter(edge, 0), np.nextafter(edge, 1), edge * 0.999, edge * 1.001]
+    p[10] = 1.0 / V  # no candidate at all: the argmax (the first column) alone
+    p[11, :] = 0.0
+    p[11, 3] = 1e-3  # no candidate, one clear argmax
+    x = p.astype(dtype)
+    for t in (t_min, -2.0, -40.0):
+        want = dense_part(normalize_logits(x, "probs"), t, 0)
+        got = posterior_part(x, "probs", t, 0)
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype.kind == b.dtype.kind and np.array_equal(a, b)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, load_unigrams_from_arpa
 from .options import SearchOptions
-from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors
+from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors, posterior_part
 from .prefix_search import CTCHypothesis, _word_tuple, search_candidates
 from .vocab import Vocabulary
 
@@ -92,8 +92,8 @@ class CTCDecoder:
             self._check_width(shape)
             shapes.append(shape)
         lens = np.array([sh[0] for sh in shapes], dtype=np.int64)
-        mats = (normalize_posteriors(x, self.input_kind) for x in logits_list)
-        return collect_candidates(mats, lens, token_min_logp, self.vocab.blank)
+        parts = (posterior_part(x, self.input_kind, token_min_logp, self.vocab.blank) for x in logits_list)
+        return collect_candidates(parts, lens)
 
     def _search(
         self,

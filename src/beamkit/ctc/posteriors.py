@@ -138,6 +138,9 @@ class Candidates:
         return len(self.lens)
 
 
+Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # one utterance: count, labels, values, lp_blank
+
+
 def frame_candidates(lp: np.ndarray, token_min_logp: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidates of one ``(T, V)`` log-probability matrix: labels with ``lp >= token_min_logp``, or the
     argmax of a frame where none is. Returns ``(count (T,), labels (C,), values (C,))``, by frame then label."""
@@ -151,22 +154,68 @@ def frame_candidates(lp: np.ndarray, token_min_logp: float) -> tuple[np.ndarray,
     return mask.sum(axis=1), flat % V, lp.reshape(-1)[flat]
 
 
-def collect_candidates(mats: Iterable[np.ndarray], lens: np.ndarray, token_min_logp: float, blank: int) -> Candidates:
-    """:class:`Candidates` of the normalised ``(T_i, V)`` matrices ``mats`` (consumed one at a time, so a
-    generator keeps only one dense matrix alive), of lengths ``lens``."""
+def dense_part(lp: np.ndarray, token_min_logp: float, blank: int) -> Part:
+    """The candidates of one normalised ``(T, V)`` matrix and its blank column."""
+    count, labels, values = frame_candidates(lp, token_min_logp)
+    return count, labels, values, lp[:, blank].copy()
+
+
+def _log_clip(p: np.ndarray) -> np.ndarray:
+    """``log(clip(p, 1e-15, 1))`` in float64 (the probability rule, element by element)."""
+    return np.log(np.clip(p.astype(np.float64), MIN_TOKEN_CLIP_P, 1.0))
+
+
+def posterior_part(x: Any, input_kind: str, token_min_logp: float, blank: int, name: str = "logits") -> Part:
+    """The candidates of one ``(T, V)`` matrix as :func:`normalize_posteriors` would give them, without the dense
+    log of probability matrices: only values that may reach ``token_min_logp`` (and the blank column) are
+    logged, so a frame of 6,625 OCR labels costs a comparison, not a logarithm, per label."""
+    raw = as_real_array(x, name, keep_dtype=True)
+    if raw.ndim != 2 or raw.shape[0] == 0 or not reads_as_probabilities(raw, input_kind):
+        return dense_part(
+            normalize_posteriors(raw, "logits" if raw.ndim == 2 else input_kind, name), token_min_logp, blank
+        )
+    if np.isnan(raw).any():
+        raise ValueError(f"{name} contains NaN")
+    if (raw < 0).any() or (raw > 1 + _GUESS_BAND).any():
+        raise ValueError(f"{name} given as probabilities must lie in [0, 1]")
+    if token_min_logp <= math.log(MIN_TOKEN_CLIP_P):  # every label is a candidate
+        return dense_part(_log_clip(raw), token_min_logp, blank)
+    T, V = raw.shape
+    flat = np.flatnonzero(raw >= 0.99 * math.exp(token_min_logp))  # a superset in the input's dtype
+    values = _log_clip(raw.reshape(-1)[flat])
+    keep = values >= token_min_logp  # the exact rule on the logged values
+    flat, values = flat[keep], values[keep]
+    rows = flat // V
+    count = np.bincount(rows, minlength=T)
+    empty = (count == 0).nonzero()[0]
+    labels = flat - rows * V
+    if len(empty):  # frames without a candidate take their argmax
+        best = _log_clip(raw[empty])
+        arg = best.argmax(axis=1)
+        rows = np.concatenate((rows, empty))
+        labels = np.concatenate((labels, arg))
+        values = np.concatenate((values, best[np.arange(len(empty)), arg]))
+        order = np.argsort(rows, kind="stable")
+        labels, values = labels[order], values[order]
+        count[empty] = 1
+    return count, labels, values, _log_clip(raw[:, blank])
+
+
+def collect_candidates(parts: Iterable[Part], lens: np.ndarray) -> Candidates:
+    """:class:`Candidates` of the utterances' parts (:func:`dense_part`, :func:`posterior_part`; consumed one at a
+    time, so a generator keeps only one dense matrix alive), of lengths ``lens``."""
     N = len(lens)
     T = int(lens.max(initial=0))
     count = np.zeros((N, T), dtype=np.int64)  # shape: (N, T)
     lp_blank = np.zeros((N, T))  # shape: (N, T)
     labels: list[np.ndarray] = []
     values: list[np.ndarray] = []
-    for i, lp in enumerate(mats):
-        n = lp.shape[0]
+    for i, (c, lab, val, lpb) in enumerate(parts):
+        n = len(c)
         if n == 0:
             continue
-        c, lab, val = frame_candidates(lp, token_min_logp)
         count[i, :n] = c
-        lp_blank[i, :n] = lp[:, blank]
+        lp_blank[i, :n] = lpb
         labels.append(lab)
         values.append(val)
     return Candidates(

@@ -40,7 +40,7 @@ import numpy as np
 
 from .lm import HotwordScorer, LanguageModelFusion
 from .options import SearchOptions
-from .posteriors import Candidates, as_real_array, collect_candidates
+from .posteriors import Candidates, as_real_array, collect_candidates, dense_part
 from .prefix_trie import PrefixTrie
 from .small_search import search_small
 from .vocab import Vocabulary
@@ -275,7 +275,8 @@ def prefix_beam_search(
                 raise ValueError(f"lengths must lie in [0, {batch.shape[1]}]")
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
-    cands = collect_candidates((batch[i, :n] for i, n in enumerate(lens.tolist())), lens, token_min_logp, voc.blank)
+    parts = (dense_part(batch[i, :n], token_min_logp, voc.blank) for i, n in enumerate(lens.tolist()))
+    cands = collect_candidates(parts, lens)
     results = search_candidates(cands, voc, lm, opts)
     return results[0] if single else results
 
