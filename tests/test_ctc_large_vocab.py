@@ -33,8 +33,16 @@ def test_edge_map_agrees_with_a_dict() -> None:
         assert edges.get(probe).tolist() == want
         assert [edges.get_one(k) for k in probe.tolist()] == want
     assert edges.count == len(ref) and 2 * edges.count <= len(edges.keys)
+    for k in range(1 << 41, (1 << 41) + 40):  # one at a time, in plain Python
+        edges.put_one(k, k % 97)
+        ref[k] = k % 97
+    probe = np.array(list(ref), dtype=np.int64)
+    assert edges.get(probe).tolist() == list(ref.values())
+    edges.clear(probe)  # emptying only the slots of the known keys
+    assert (edges.keys == -1).all() and edges.count == 0
+    edges.put(probe[:3], np.arange(3))
     edges.clear()
-    assert edges.get(np.array(list(ref)[:5], dtype=np.int64)).tolist() == [-1] * 5
+    assert edges.get(probe[:5]).tolist() == [-1] * 5
 
 
 def bpe_vocabulary(V: int) -> list[str]:

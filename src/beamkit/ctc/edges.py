@@ -34,10 +34,28 @@ class EdgeMap:
         """Bytes held by the table."""
         return self.keys.nbytes + self.vals.nbytes
 
-    def clear(self) -> None:
-        """Remove every key (the table keeps its size)."""
-        self.keys.fill(_EMPTY)
+    def clear(self, keys: np.ndarray | None = None) -> None:
+        """Remove every key (the table keeps its size). ``keys``: all the keys in the map, when known: then only
+        their slots are emptied, which costs less than emptying a big table that holds few keys."""
+        if keys is None or 4 * len(keys) > len(self.keys):
+            self.keys.fill(_EMPTY)
+        else:
+            self.keys[self._find(keys)] = _EMPTY
         self.count = 0
+
+    def _find(self, keys: np.ndarray) -> np.ndarray:
+        """The slots of keys that are in the map."""
+        out = np.empty(len(keys), dtype=np.int64)
+        pending = np.arange(len(keys))
+        slot = self._slots(keys)
+        while len(pending):
+            s = slot[pending]
+            hit = self.keys[s] == keys[pending]
+            out[pending[hit]] = s[hit]
+            go = (~hit).nonzero()[0]
+            pending = pending[go]
+            slot[pending] = (s[go] + 1) & self.mask
+        return out
 
     def _slots(self, keys: np.ndarray) -> np.ndarray:
         """Home slot of each key (Fibonacci hashing: the top ``bits`` of ``key * golden``)."""
@@ -90,6 +108,18 @@ class EdgeMap:
             bits += 1
         self._alloc(bits)
         self._insert(keys, vals)
+
+    def put_one(self, key: int, val: int) -> None:
+        """:meth:`put` of one key that is not in the map, in plain Python (for the small-beam search)."""
+        if 2 * (self.count + 1) > len(self.keys):
+            self._grow(self.count + 1)
+        slot = ((key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> (64 - self.bits)
+        keys = self.keys
+        while keys.item(slot) != _EMPTY:
+            slot = (slot + 1) & self.mask
+        keys[slot] = key
+        self.vals[slot] = val
+        self.count += 1
 
     def get_one(self, key: int) -> int:
         """:meth:`get` of one key, in plain Python (for the small-beam search)."""

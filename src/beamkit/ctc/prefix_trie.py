@@ -302,12 +302,13 @@ class PrefixTrie:
         afterwards."""
         arrays = {name: getattr(self, name) for name in _NODE_FIELDS}
         edges = self.edges
+        edge_keys = self.parent[1 : self.n] * self.vocab.size + self.last_tok[1 : self.n]  # every node's edge
         for name in _NODE_FIELDS:
             delattr(self, name)
         del self.edges
         if sum(a.nbytes for a in arrays.values()) + edges.nbytes > _SPARE_MAX_BYTES:
             return
-        edges.clear()
+        edges.clear(edge_keys)
         with _SPARE_LOCK:
             _SPARE[:] = [(arrays, edges)]
 
@@ -476,7 +477,8 @@ class PrefixTrie:
             firsts = sorted(last.values())
             ids = self._create_list([src[j] for j in firsts], [tok[j] for j in firsts])
             made = {src[j] * V + tok[j]: i for j, i in zip(firsts, ids, strict=True)}
-            edges.put(np.fromiter(made.keys(), np.int64, len(made)), np.fromiter(made.values(), np.int64, len(made)))
+            for key, i in made.items():
+                edges.put_one(key, i)
             out = [c if c >= 0 else made[s * V + t] for c, s, t in zip(out, src, tok, strict=True)]
         return out
 
