@@ -162,7 +162,55 @@ def run_setting(name: str, pc_decoder, bk_decoder, utts: list[np.ndarray], refs:
     for a, b, r in list(zip(pc_out, bk_batch, refs, strict=False))[:200]:
         if a != b:
             print(f"  differ: ref={r!r}\n          pyctcdecode={a!r}\n          beamkit    ={b!r}")
-    return {"speedup": t_pc / t_bk_batch, "agreement": agree}
+    return {"speedup": t_pc / t_bk_batch, "agreement": agree, "single_s": t_bk_single, "out": bk_single}
+
+
+def flashlight_column(utts: list[np.ndarray], refs: list[str], bk_out: list[str], bk_single_s: float, repeats: int):
+    """flashlight-text's ``LexiconFreeDecoder`` (CTC, no LM, beam 100, threshold 10 like pyctcdecode's
+    ``beam_prune_logp=-10``, log-add merging) on the same utterances, one per call; prints its time per
+    utterance against beamkit's single-utterance ``decode`` and its agreement with beamkit."""
+    try:
+        from flashlight.lib.text.decoder import (
+            CriterionType,
+            LexiconFreeDecoder,
+            LexiconFreeDecoderOptions,
+            ZeroLM,
+        )
+    except ImportError:
+        print("flashlight-text is not installed (pip install flashlight-text): no flashlight column")
+        return
+    V = len(LABELS)
+    opts = LexiconFreeDecoderOptions(
+        beam_size=100,
+        beam_size_token=V,
+        beam_threshold=10.0,
+        lm_weight=0.0,
+        sil_score=0.0,
+        log_add=True,
+        criterion_type=CriterionType.CTC,
+    )
+    decoder = LexiconFreeDecoder(opts, ZeroLM(), LABELS.index(" "), 0, [])
+    mats = [np.ascontiguousarray(u, dtype=np.float32) for u in utts]
+
+    def text_of(tokens) -> str:
+        out, prev = [], -1
+        for t in tokens:
+            if t != prev and t != 0:
+                out.append(LABELS[t])
+            prev = t
+        return " ".join("".join(out).split())
+
+    def run():
+        return [text_of(decoder.decode(m.ctypes.data, m.shape[0], V)[0].tokens) for m in mats]
+
+    t_fl, fl_out = best_of(repeats, run)
+    t_fl /= len(utts)
+    agree = np.mean([a == b for a, b in zip(fl_out, bk_out, strict=True)]) * 100
+    wer = np.mean([a != r for a, r in zip(fl_out, refs, strict=True)]) * 100
+    print(
+        f"  flashlight-text LexiconFreeDecoder {t_fl * 1e3:.1f} ms/utt; beamkit single-utterance is "
+        f"{t_fl / bk_single_s:.2f}x its speed; agreement with beamkit {agree:.1f}%, sentence error {wer:.1f}%"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     # warm-up (imports, first allocations) on both sides
     pc0 = pyctcdecode.build_ctcdecoder(LABELS)
-    bk0 = build_ctcdecoder(LABELS)
+    bk0 = build_ctcdecoder(LABELS, pyctcdecode_compat=True)  # pyctcdecode's end-of-utterance rule, for the same top-1
     pc0.decode(utts[0])
     bk0.decode_batch(None, utts[:2])
-    run_setting("no-lm", pc0, bk0, utts, refs, args.repeats)
+    plain = run_setting("no-lm", pc0, bk0, utts, refs, args.repeats)
+    flashlight_column(utts, refs, plain["out"], plain["single_s"], args.repeats)
     if args.quick:
         return 0
     with tempfile.TemporaryDirectory() as work:
@@ -210,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         unigrams = load_unigrams_from_arpa(arpa)
         pc = pyctcdecode.build_ctcdecoder(LABELS, kenlm_model_path=arpa, unigrams=unigrams)
-        bk = build_ctcdecoder(LABELS, kenlm_model_path=arpa, unigrams=unigrams, lm_backend=args.beamkit_lm)
+        bk = build_ctcdecoder(
+            LABELS, kenlm_model_path=arpa, unigrams=unigrams, lm_backend=args.beamkit_lm, pyctcdecode_compat=True
+        )
         pc.decode(utts[0])
         bk.decode_batch(None, utts[:2])
         backend = type(bk.language_model.model).__name__ if bk.language_model else "none"

@@ -28,10 +28,6 @@ def peaky(text: str, labels: list[str], rng: np.random.Generator, frames: int = 
 def test_vocabulary_normalisation() -> None:
     v = Vocabulary.from_labels(["<pad>", "|", "a", "b"])
     assert v.blank == 0 and v.labels[1] == " " and v.space == 1 and not v.is_bpe
-    v = Vocabulary.from_labels(["_", "a"])
-    assert v.blank == 0 and v.space == -1
-    v = Vocabulary.from_labels([" ", "a"])  # no blank: appended as a new last column
-    assert v.blank == 2 and v.size == 3
     v = Vocabulary.from_labels(["a", "##b", "<pad>"])
     assert v.is_bpe and v.labels == ["▁a", "b", ""] and list(v.starts_word) == [True, False, False]
     v = Vocabulary.from_labels(["x", "y", "z"], blank=1)
@@ -44,6 +40,34 @@ def test_vocabulary_normalisation() -> None:
         Vocabulary.from_labels(["a"], blank=3)
 
 
+def test_blank_is_named_or_spelled_never_guessed() -> None:
+    # today's rule appended a blank column to labels without one, and took "_" as the blank: rapidocr's
+    # list (blank first, spelled "blank"; "_" a real character) decoded garbage silently
+    rapid = ["blank", "a", "_", "b", " "]
+    with pytest.raises(ValueError, match="no blank"):
+        Vocabulary.from_labels(rapid)
+    with pytest.raises(ValueError, match="no blank"):
+        Vocabulary.from_labels([" ", "a"])
+    with pytest.raises(ValueError, match="more than one"):
+        Vocabulary.from_labels(["", "<pad>", "a"])
+    v = Vocabulary.from_labels(rapid, blank=0)
+    assert v.blank == 0 and v.size == 5 and v.labels[2] == "_"
+    assert Vocabulary.from_labels(rapid, blank="blank").blank == 0
+    assert Vocabulary.from_labels(["a", "<blank>", "b"]).blank == 1
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        Vocabulary.from_labels(rapid, blank="<pad>")
+    with pytest.raises(TypeError, match="blank"):
+        Vocabulary.from_labels(rapid, blank=1.0)  # type: ignore[arg-type]
+    # the decoder decodes "_" as a character once the blank is named; the text is read off by hand
+    lp = np.full((5, 5), math.log(0.01))
+    for t, lab in enumerate([1, 0, 2, 0, 3]):  # a, blank, _, blank, b
+        lp[t, lab] = math.log(0.96)
+    assert build_ctcdecoder(rapid, blank=0).decode(lp) == "a_b"
+    assert build_ctcdecoder(rapid, blank="blank").decode_batch(None, [lp]) == ["a_b"]
+    with pytest.raises(ValueError, match="no blank"):
+        build_ctcdecoder(rapid)
+
+
 def test_normalize_logits_follows_pyctcdecode_rule() -> None:
     probs = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
     np.testing.assert_allclose(normalize_logits(probs), np.log(np.clip(probs, 1e-15, 1)))
@@ -54,54 +78,106 @@ def test_normalize_logits_follows_pyctcdecode_rule() -> None:
         normalize_logits(np.zeros((2, 2, 2)))
 
 
-def test_batch_normalisation_equals_normalize_logits_per_matrix(monkeypatch) -> None:
-    # the batched rule (block-wise log-softmax, NaN check on row sums) gives normalize_logits' values bit
-    # for bit, for logits and probabilities, over several blocks of rows
-    from beamkit.ctc import decoder as decoder_module
+def float32_softmax_rows_off_by(rng: np.random.Generator, T: int, V: int, excess: float) -> np.ndarray:
+    """float32 probabilities whose every row sums to ``1 + excess`` (a softmax rounded as models do)."""
+    p = rng.dirichlet(np.full(V, 0.05), size=T)
+    p[np.arange(T), p.argmax(axis=1)] += excess
+    return p.astype(np.float32)
 
-    monkeypatch.setattr(decoder_module, "_BLOCK_ROWS", 7)
+
+def test_float32_probabilities_off_by_rounding_are_read_as_probabilities() -> None:
+    # rows summing to 1.000001 in float32 failed pyctcdecode's isclose(rel_tol=1e-9) and were normalised
+    # again as logits (a second softmax flattens them): beam + LM then returned the greedy text
+    rng = np.random.default_rng(7)
+    p = float32_softmax_rows_off_by(rng, 6, 400, 1e-6)
+    want = np.log(np.clip(p.astype(np.float64), 1e-15, 1.0))
+    assert np.array_equal(normalize_logits(p), want)
+    # cast to float64 after the model's float32 softmax: read as probabilities, with a warning (a guess)
+    with pytest.warns(UserWarning, match="read as probabilities"):
+        got = normalize_logits(p.astype(np.float64))
+    assert np.array_equal(got, want)
+    # an exact float64 softmax needs no guess
+    exact = rng.dirichlet(np.ones(50), size=4)
+    import warnings as warnings_module
+
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error")
+        assert np.array_equal(normalize_logits(exact), np.log(exact))
+    # said explicitly: no detection, no warning
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error")
+        assert np.array_equal(normalize_logits(p.astype(np.float64), "probs"), want)
+        flat = normalize_logits(p, "logits")
+    assert np.allclose(np.exp(flat).sum(axis=1), 1.0) and not np.array_equal(flat, want)
+    with pytest.raises(ValueError, match="input_kind"):
+        normalize_logits(p, "softmax")
+    with pytest.raises(ValueError, match="input_kind"):
+        build_ctcdecoder(LABELS, input_kind="softmax")
+
+
+def test_float32_probabilities_keep_the_lm_in_beam_search(tmp_path) -> None:
+    # the same defect end to end: the LM must still correct a confusable character when the posteriors are
+    # float32 probabilities whose rows sum to 1 + 1e-6 (today the second softmax drowns the LM's choice)
+    arpa = tmp_path / "lm.arpa"
+    arpa.write_text(build_arpa(["the cat", "a cat", "the cat sat", "cat"] * 5 + ["the bat"], order=2))
+    labels = ["", " ", "a", "b", "c", "t", "h", "e", "s"]
+    lp = peaky("the cat", labels, np.random.default_rng(2))
+    c_frames = np.flatnonzero(np.argmax(lp, axis=1) == labels.index("c"))
+    lp[c_frames, labels.index("b")] = math.log(0.5)
+    lp[c_frames, labels.index("c")] = math.log(0.45)
+    p = np.exp(lp)
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(p)), p.argmax(axis=1)] += 1e-6
+    p32 = p.astype(np.float32)
+    assert abs(float(p32.sum(axis=1, dtype=np.float64).mean()) - 1.0) > 5e-7  # fails isclose(rel_tol=1e-9)
+    fused = build_ctcdecoder(labels, kenlm_model_path=str(arpa), alpha=1.0, beta=0.5, lm_backend="arpa")
+    assert build_ctcdecoder(labels).decode(p32) == "the bat"
+    assert fused.decode(p32) == "the cat"
+    assert fused.decode_batch(None, [p32, p32]) == ["the cat", "the cat"]
+    # the scores are those of the log-probabilities themselves (a second softmax would flatten them)
+    want = fused.decode_beams(np.log(p32.astype(np.float64)))[0]
+    got = fused.decode_beams(p32)[0]
+    assert got[0] == want[0] and got[3] == pytest.approx(want[3], abs=1e-4)  # want renormalised: 1e-6 a frame
+    assert got[4] == pytest.approx(want[4], abs=1e-4)
+
+
+def test_bool_and_complex_inputs_are_refused() -> None:
+    dec = build_ctcdecoder(LABELS)
+    for bad in (np.ones((3, len(LABELS)), dtype=bool), np.ones((3, len(LABELS)), dtype=np.complex128)):
+        with pytest.raises(TypeError, match="real numbers"):
+            dec.decode(bad)
+        with pytest.raises(TypeError, match="real numbers"):
+            dec.decode_batch(None, [bad])
+        with pytest.raises(TypeError, match="real numbers"):
+            normalize_logits(bad)
+        with pytest.raises(TypeError, match="real numbers"):
+            greedy_decode(bad, LABELS)
+
+
+def test_batched_decoding_normalises_each_matrix_alone() -> None:
+    # logits, log-probabilities and probabilities of different lengths (and an empty one) in one batch give
+    # the texts and scores of decoding each alone; bad frames are refused in every decode method
     rng = np.random.default_rng(3)
     logits = [rng.normal(0, 3, (T, len(LABELS))) for T in (5, 23, 0, 11)]
     probs = rng.dirichlet(np.ones(len(LABELS)), size=9)
-    logits[1][4, 2] = -np.inf  # a row with -inf stays finite elsewhere
-    mats = [*logits, probs]
-    batch, lens = build_ctcdecoder(LABELS)._normalize_batch(mats)
-    assert lens.tolist() == [5, 23, 0, 11, 9]
-    for m, b, n in zip(mats, batch, lens.tolist(), strict=True):
-        if n:
-            assert np.array_equal(b[:n], normalize_logits(m))
-    with_nan = logits[2:4] + [np.where(np.arange(len(LABELS)) == 3, np.nan, logits[3])]
-    with pytest.raises(ValueError, match="NaN"):
-        build_ctcdecoder(LABELS)._normalize_batch(with_nan)
-    # a frame that normalises to NaN (a +inf, or all -inf) is refused like a NaN, in every decode method
+    logits[1][4, 2] = -np.inf
+    mats = [*logits, probs, np.log(rng.dirichlet(np.ones(len(LABELS)), size=7))]
     dec = build_ctcdecoder(LABELS)
+    together = dec.decode_beams_batch(None, mats, beam_width=6)
+    for m, beams in zip(mats, together, strict=True):
+        alone = dec.decode_beams(m, beam_width=6)
+        assert [b[0] for b in beams] == [b[0] for b in alone]
+        assert [b[3] for b in beams] == pytest.approx([b[2 + 1] for b in alone], abs=1e-12)
+    with pytest.raises(ValueError, match="NaN"):
+        dec.decode_batch(None, [logits[0], np.where(np.arange(len(LABELS)) == 3, np.nan, logits[3])])
     fine = rng.normal(0, 3, (4, len(LABELS)))
     for bad_row in ([np.inf, -np.inf, 0, 0, 0, 0], [np.inf, 0, 1, 2, 3, 4], [-np.inf] * 6):
         bad = fine.copy()
         bad[1] = bad_row
-        with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
-            dec._normalize_batch([fine, bad])
-        with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
-            dec.decode(bad)
-        with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
-            dec.decode_beams(bad)
-        with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
-            dec.decode_batch(None, [fine, bad])
-    assert dec.decode(fine) == dec.decode_batch(None, [fine])[0]  # the refused calls left nothing behind
-    # rows with -inf entries, one dominant label, signed zeros: same values and signs of zero
-    odd = np.array(
-        [
-            [-np.inf, 0, 1, 2, 3, 4],
-            [800.0, 0, 0, 0, 0, 0],
-            [0.0, -0.0, 0, 0, 0, 0],
-            [-0.0, -800.0, -800.0, -800.0, -800.0, -800.0],
-        ]
-    )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        (got,), _ = build_ctcdecoder(LABELS)._normalize_batch([odd])
-        want = normalize_logits(odd)
-    assert np.array_equal(got, want, equal_nan=True)
-    assert np.array_equal(np.signbit(got), np.signbit(want))
+        for call in (dec.decode, dec.decode_beams, lambda x: dec.decode_batch(None, [fine, x])):
+            with pytest.raises(ValueError, match=r"all -inf or holds \+inf"):
+                call(bad)
+    assert dec.decode(fine) == dec.decode_batch(None, [fine])[0]
 
 
 def pyctcdecode_log_softmax(x: np.ndarray) -> np.ndarray:
@@ -117,8 +193,6 @@ def pyctcdecode_log_softmax(x: np.ndarray) -> np.ndarray:
 def test_normalize_logits_equals_pyctcdecode_rule_bit_for_bit() -> None:
     # an independent copy of pyctcdecode's steps: same values bit for bit on logits, log-probabilities (all
     # values <= 0), rows with -inf and rows that underflow to the clip
-    from beamkit.ctc.decoder import _row_max
-
     rng = np.random.default_rng(4)
     logits = rng.normal(0, 4, (300, len(LABELS)))
     log_probs = np.log(rng.dirichlet(np.full(len(LABELS), 0.3), size=200))
@@ -126,32 +200,6 @@ def test_normalize_logits_equals_pyctcdecode_rule_bit_for_bit() -> None:
     logits[9] = [50.0, -80.0, 0.0, 3.0, -400.0, 1.0]
     for x in (logits, log_probs, logits[:1], logits * 100):
         assert np.array_equal(normalize_logits(x), pyctcdecode_log_softmax(x))
-        assert np.array_equal(_row_max(x), x.max(axis=1))
-    with_nan = logits.copy()
-    with_nan[[3, 40], [1, 0]] = np.nan
-    assert np.array_equal(_row_max(with_nan), with_nan.max(axis=1), equal_nan=True)
-    assert _row_max(np.zeros((0, 4))).shape == (0,)
-
-
-def test_batch_normalisation_reuses_its_buffer_and_log_probabilities_pass_through_the_rule() -> None:
-    # decoding twice reuses the scratch buffer (a longer batch's old contents must not leak into a shorter
-    # one); log-probability matrices (never "probabilities") and probabilities mix in one batch
-    from beamkit.ctc import decoder as decoder_module
-    from beamkit.ctc import prefix_trie, release_cached_memory
-
-    rng = np.random.default_rng(5)
-    decoder = build_ctcdecoder(LABELS)
-    long = [np.log(rng.dirichlet(np.ones(len(LABELS)), size=T)) for T in (40, 3, 25)]
-    short = [rng.normal(0, 2, (T, len(LABELS))) for T in (6, 2)] + [rng.dirichlet(np.ones(len(LABELS)), size=4)]
-    for mats in (long, short, long):
-        batch, lens = decoder._normalize_batch(mats)
-        for m, b, n in zip(mats, batch, lens.tolist(), strict=True):
-            assert np.array_equal(b[:n], normalize_logits(m))
-        decoder_module._release_batch(batch)
-        assert len(prefix_trie._SCRATCH) == 1
-    first = decoder.decode_batch(None, long + short)
-    assert decoder.decode_batch(None, long + short) == first == [decoder.decode(m) for m in long + short]
-    assert release_cached_memory() > 0 and prefix_trie._SCRATCH == []
 
 
 def test_text_only_decoding_equals_the_best_beam() -> None:
@@ -223,13 +271,13 @@ def test_pyctcdecode_end_of_utterance_quirk_is_reproduced_and_optional(tmp_path)
     arpa.write_text(build_arpa(("the cat\na cat\nthe cat sat\nthe bat\n" * 3).splitlines(), order=3))
     labels = ["", " ", "a", "b", "c", "t", "h", "e", "s"]
     lp = peaky("the cat", labels, np.random.default_rng(3))
-    compat = build_ctcdecoder(labels, kenlm_model_path=str(arpa), alpha=0.5, beta=1.0, lm_backend="arpa")
+    compat = build_ctcdecoder(
+        labels, kenlm_model_path=str(arpa), alpha=0.5, beta=1.0, lm_backend="arpa", pyctcdecode_compat=True
+    )
     beams = compat.decode_beams(lp)
     assert beams[0][0] == "the bat" and beams[0][4] == pytest.approx(-7.891, abs=2e-3)
-    fixed = build_ctcdecoder(
-        labels, kenlm_model_path=str(arpa), alpha=0.5, beta=1.0, lm_backend="arpa", pyctcdecode_compat=False
-    )
-    assert fixed.decode(lp) == "the cat"
+    fixed = build_ctcdecoder(labels, kenlm_model_path=str(arpa), alpha=0.5, beta=1.0, lm_backend="arpa")
+    assert fixed.decode(lp) == "the cat"  # the default scores the end of the utterance correctly
 
 
 def _run_cli(argv: list[str]) -> int:
@@ -291,3 +339,45 @@ def test_cli_registers_through_the_top_level_parser(monkeypatch, tmp_path, capsy
     assert cli.main(["lm", "build", str(corpus), "--order", "2", "-o", str(tmp_path / "x.arpa")]) == 0
     assert cli.main(["lm", "build", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "y.arpa")]) == 2
     assert "corpus not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_probability_candidates_without_the_dense_log_equal_the_dense_rule(dtype) -> None:
+    # probabilities skip the log of every value: their candidates (values at and around exp(token_min_logp),
+    # frames with no candidate but their argmax, the blank column) must be the dense rule's, bit for bit
+    from beamkit.ctc.posteriors import dense_part, posterior_part
+
+    rng = np.random.default_rng(8)
+    T, V, t_min = 40, 300, -5.0
+    p = rng.dirichlet(np.full(V, 0.05), size=T)
+    edge = math.exp(t_min)
+    p[:5, 7] = [edge, np.nextafter(edge, 0), np.nextafter(edge, 1), edge * 0.999, edge * 1.001]
+    p[10] = 1.0 / V  # no candidate at all: the argmax (the first column) alone
+    p[11, :] = 0.0
+    p[11, 3] = 1e-3  # no candidate, one clear argmax
+    x = p.astype(dtype)
+    for t in (t_min, -2.0, -40.0):
+        want = dense_part(normalize_logits(x, "probs"), t, 0)
+        got = posterior_part(x, "probs", t, 0)
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype.kind == b.dtype.kind and np.array_equal(a, b)
+
+
+def test_blocked_normalisation_gives_each_utterance_its_own_values() -> None:
+    # logit matrices are normalised in blocks of several utterances; any block size (one row's worth, a few
+    # utterances, all) gives each utterance the parts of normalising it alone, probabilities interleaved
+    from beamkit.ctc.posteriors import dense_part, posterior_part, utterance_parts
+
+    rng = np.random.default_rng(9)
+    mats = [rng.normal(0, 3, (T, len(LABELS))) for T in (5, 1, 17, 0, 8)]
+    mats.insert(2, rng.dirichlet(np.ones(len(LABELS)), size=6))
+    want = [
+        posterior_part(m, "probs", -5.0, 0) if i == 2 else dense_part(normalize_logits(m, "logits"), -5.0, 0)
+        for i, m in enumerate(mats)
+    ]
+    for cells in (1, 40, 100, 1 << 18):
+        got = list(utterance_parts(mats, "auto", -5.0, 0, block_cells=cells))
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            for a, b in zip(g, w, strict=True):
+                assert np.array_equal(a, b)

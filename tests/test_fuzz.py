@@ -421,11 +421,6 @@ def argvs(draw, root: Path):
     return argv
 
 
-def known_failure(argv: list[str]) -> bool:
-    """Inputs with a pinned reproducer below (failures in code this file does not own)."""
-    return argv[:2] == ["ctc", "decode"] and argv[2].endswith("empty.txt")  # test_ctc_decode_of_an_empty_file
-
-
 HUGE = "99999999999999999999"
 
 
@@ -446,7 +441,6 @@ def test_cli(files):
     @settings(FUZZ, max_examples=70)
     @given(argv=argvs(files))
     def check(argv):
-        hypothesis.assume(not known_failure(argv))
         code, err = run_cli(argv)
         assert code in (0, 1, 2), (argv, code, err)
         assert "Traceback" not in err, (argv, err)
@@ -488,13 +482,11 @@ def test_state_leaves_with_different_row_counts():
     assert isinstance(out, ValueError), out  # today: a result, as if the batch had 2 requests
 
 
-@pytest.mark.xfail(strict=True, raises=EOFError, reason="ctc/cli.py: an empty .npy file is not caught")
 def test_ctc_decode_of_an_empty_file(files):
     code, err = run_cli(["ctc", "decode", str(files / "empty.txt"), "--labels", " ab"])
     assert code == 2 and "Traceback" not in err
 
 
-@pytest.mark.xfail(strict=True, reason="ctc/: complex and bool posteriors are accepted (imaginary part dropped)")
 @pytest.mark.parametrize("dtype", ["complex128", "bool"])
 def test_ctc_decoder_refuses_complex_and_bool_posteriors(dtype):
     from beamkit.ctc import build_ctcdecoder

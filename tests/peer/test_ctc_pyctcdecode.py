@@ -85,7 +85,7 @@ def assert_same_beams(pc_beams, bk_beams, top: int = 5) -> None:
 
 def test_agreement_without_lm() -> None:
     pc = pyctcdecode.build_ctcdecoder(LABELS)
-    bk = build_ctcdecoder(LABELS)
+    bk = build_ctcdecoder(LABELS, pyctcdecode_compat=True)
     mats = utterances(0, 25)
     assert bk.decode_batch(None, mats) == [pc.decode(m) for m in mats]
     for m in mats[:10]:
@@ -105,7 +105,9 @@ def test_agreement_with_lm(tmp_path, backend: str) -> None:
     arpa.write_text(build_arpa(corpus, order=3))
     unigrams = sorted(set(WORDS))
     pc = pyctcdecode.build_ctcdecoder(LABELS, kenlm_model_path=str(arpa), unigrams=unigrams)
-    bk = build_ctcdecoder(LABELS, kenlm_model_path=str(arpa), unigrams=unigrams, lm_backend=backend)
+    bk = build_ctcdecoder(
+        LABELS, kenlm_model_path=str(arpa), unigrams=unigrams, lm_backend=backend, pyctcdecode_compat=True
+    )
     mats = utterances(2, 25)
     assert bk.decode_batch(None, mats) == [pc.decode(m) for m in mats]
     for m in mats[:10]:
@@ -127,7 +129,7 @@ def test_batched_beam_sets_match_pyctcdecode() -> None:
     # all utterances in one search: every returned beam (not only the best ones) is pyctcdecode's; long
     # utterances keep many beams alive across skipped blank frames (an old bug left equal prefixes unmerged)
     pc = pyctcdecode.build_ctcdecoder(LABELS)
-    bk = build_ctcdecoder(LABELS)
+    bk = build_ctcdecoder(LABELS, pyctcdecode_compat=True)
     rng = np.random.default_rng(0)
     mats = [long_utterance(rng, " ".join(rng.choice(WORDS, size=int(rng.integers(4, 9))))) for _ in range(30)]
     for m, beams in zip(mats, bk.decode_beams_batch(None, mats), strict=True):
@@ -136,3 +138,20 @@ def test_batched_beam_sets_match_pyctcdecode() -> None:
         got = {b[0]: b[3] for b in beams}
         for text, _, _, logit, _ in expected:
             assert got[text] == pytest.approx(logit, abs=1e-6)
+
+
+def test_every_beam_and_float32_inputs_as_the_readme_states() -> None:
+    # the README's compatibility statement: with pyctcdecode_compat=True every returned beam's text, rank,
+    # logit and combined score match on float64 log-probabilities; float32 inputs match in text with scores
+    # within 1e-5 (pyctcdecode normalises in the input's dtype, beamkit in float64)
+    pc = pyctcdecode.build_ctcdecoder(LABELS)
+    bk = build_ctcdecoder(LABELS, pyctcdecode_compat=True)
+    for m in utterances(4, 15):
+        expected, got = pc.decode_beams(m), bk.decode_beams(m)
+        assert [b[0] for b in got] == [b[0] for b in expected]
+        assert [b[3] for b in got] == pytest.approx([b[3] for b in expected], abs=1e-6)
+        assert [b[4] for b in got] == pytest.approx([b[4] for b in expected], abs=1e-6)
+        x = m.astype(np.float32)
+        expected, got = pc.decode_beams(x), bk.decode_beams(x)
+        assert got[0][0] == expected[0][0]
+        assert got[0][4] == pytest.approx(expected[0][4], abs=1e-5)

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from beamkit.corpus.options import DecodeOptions
+from beamkit.ctc.cli import _parse_blank
 
 
 def _options(args: argparse.Namespace) -> DecodeOptions:
@@ -20,12 +21,12 @@ def _options(args: argparse.Namespace) -> DecodeOptions:
     if ctc:
         from beamkit.ctc.cli import _read_labels
 
-        labels = tuple(_read_labels(args.labels))
+        labels = tuple(_read_labels(argparse.Namespace(labels=args.labels, alphabet=None)))
     beam = args.beam if args.beam is not None else (100 if ctc else 5)
     return DecodeOptions(
         model=args.model, beam=beam, n_best=args.n_best, length_penalty=args.length_penalty, max_len=args.max_len,
         labels=labels, lm=args.lm, alpha=args.alpha, beta=args.beta, lm_backend=args.lm_backend,
-        pyctcdecode_compat=args.pyctcdecode_compat,
+        pyctcdecode_compat=args.pyctcdecode_compat, blank=_parse_blank(args.blank) if ctc else None,
     )  # fmt: skip
 
 
@@ -90,7 +91,7 @@ def register(subparsers: Any) -> None:
         help="run on Ray: the cluster at ADDRESS, or without one ray.init()'s default (RAY_ADDRESS or a local Ray)",
     )  # fmt: skip
     p.add_argument(
-        "--labels", default=None, help="CTC: labels file (one per line) or a string of characters (default: none)"
+        "--labels", default=None, help="CTC: labels file, one label per line, as `ctc decode` reads it (default: none)"
     )
     p.add_argument("--lm", default=None, help="CTC: ARPA or KenLM binary n-gram model (default: none)")
     p.add_argument(
@@ -98,6 +99,9 @@ def register(subparsers: Any) -> None:
         choices=["auto", "arpa", "kenlm"],
         default="auto",
         help="CTC: n-gram reader (auto: kenlm if installed)",
+    )
+    p.add_argument(
+        "--blank", default=None, help="CTC: the blank's column index or label (default: the one empty/<pad>/<blank>)"
     )
     p.add_argument("--alpha", type=float, default=0.5, help="CTC: LM weight")
     p.add_argument("--beta", type=float, default=1.5, help="CTC: word insertion bonus")

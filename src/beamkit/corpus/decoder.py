@@ -146,7 +146,7 @@ class _CTC:
         self.options = options
         self.decoder = build_ctcdecoder(
             list(options.labels or ()), kenlm_model_path=options.lm, alpha=options.alpha, beta=options.beta,
-            lm_backend=options.lm_backend, pyctcdecode_compat=options.pyctcdecode_compat,
+            lm_backend=options.lm_backend, pyctcdecode_compat=options.pyctcdecode_compat, blank=options.blank,
         )  # fmt: skip
 
     def prepare(self, item: Item) -> Any:

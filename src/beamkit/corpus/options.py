@@ -32,6 +32,7 @@ class DecodeOptions:
     beta: float = 1.5
     lm_backend: str = "auto"
     pyctcdecode_compat: bool = False
+    blank: int | str | None = None  # the CTC blank's column or label (None: the one empty / <pad> / <blank> label)
     threads: int = 1
 
     @property

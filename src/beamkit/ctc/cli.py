@@ -1,11 +1,7 @@
 """``beamkit ctc decode`` and ``beamkit lm build`` subcommands.
 
-    beamkit ctc decode logprobs.npy --labels labels.txt [--lm lm.arpa --alpha 0.5 --beta 1.5] [--beam 100]
-    beamkit lm build corpus.txt --order 3 -o lm.arpa
-
-``logprobs.npy`` holds one ``(T, V)`` matrix or a batch ``(N, T, V)`` (log-probabilities, probabilities or
-logits: normalised as pyctcdecode does). ``--labels`` is a file with one label per line (an empty line is
-the blank; ``<space>`` or ``|`` is the word delimiter) or a comma-free string of single characters.
+beamkit ctc decode logprobs.npy --labels labels.txt [--lm lm.arpa --alpha 0.5 --beta 1.5] [--beam 100]
+beamkit lm build corpus.txt --order 3 -o lm.arpa
 """
 
 from __future__ import annotations
@@ -13,46 +9,90 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
 
+from .lm import KENLM_MAX_ORDER
 
-def _read_labels(spec: str) -> list[str]:
-    if os.path.exists(spec):
-        with open(spec, encoding="utf-8") as fh:
-            lines = fh.read().split("\n")
-        if lines and lines[-1] == "":
-            lines = lines[:-1]
-        return [" " if lab in ("<space>", " ") else lab for lab in lines]
-    if not spec:
-        raise ValueError("--labels is empty")
-    return list(spec)
+LABELS_FORMAT = """\
+labels file: UTF-8 text, one label per line, line i naming column i of the matrix (as many lines as
+columns). The CTC blank is the one line that is empty, <pad> or <blank>, or the label/index given by
+--blank; a line "<space>" (or a single space) is the word delimiter, as is "|" when no space label exists.
+Labels starting with "##" or "▁" make a BPE vocabulary. --alphabet "abc..." instead gives one label per
+character of a string (then name the blank with --blank)."""
+
+INPUT_FORMAT = """\
+FILE: a .npy holding one (T, V) matrix or a batch (N, T, V) of real numbers: logits, log-probabilities or
+probabilities (detected; --input-kind says which). Output: one line per utterance, its best text; --json
+prints one JSON object per utterance with its top beams."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions kept as written, option defaults shown."""
+
+
+def _read_labels(args: argparse.Namespace) -> list[str]:
+    """The labels from ``--labels FILE`` (which must exist) or ``--alphabet STRING``."""
+    if args.alphabet is not None:
+        if not args.alphabet:
+            raise ValueError("--alphabet is empty")
+        return list(args.alphabet)
+    path = args.labels
+    if not os.path.isfile(path):
+        what = "is a directory" if os.path.isdir(path) else "not found"
+        raise FileNotFoundError(f"labels file {what}: {path} (use --alphabet for a string of characters)")
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    if lines and lines[-1] == "":
+        lines = lines[:-1]
+    return [" " if lab in ("<space>", " ") else lab for lab in lines]
+
+
+def _parse_blank(spec: str | None) -> int | str | None:
+    """``--blank``: an integer is a column index, anything else a label."""
+    if spec is None:
+        return None
+    try:
+        return int(spec)
+    except ValueError:
+        return spec
 
 
 def _cmd_ctc_decode(args: argparse.Namespace) -> int:
     from .decoder import build_ctcdecoder
+    from .posteriors import as_real_array
 
-    if not os.path.exists(args.file):
+    if args.top < 1:
+        raise ValueError(f"--top must be a positive integer, got {args.top}")
+    if args.beam < 1:
+        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    if not os.path.isfile(args.file):
         raise FileNotFoundError(f"no such file: {args.file}")
-    arr = np.load(args.file, allow_pickle=False)
+    try:
+        raw = np.load(args.file, allow_pickle=False)
+    except (EOFError, ValueError, OSError) as exc:  # empty, truncated, not an .npy, or pickled objects
+        raise ValueError(f"cannot read {args.file} as a .npy array: {exc or type(exc).__name__}") from exc
+    arr = as_real_array(raw, args.file, keep_dtype=True)
     if arr.ndim not in (2, 3):
         raise ValueError(f"{args.file} must hold a (T, V) or (N, T, V) array, got shape {arr.shape}")
-    labels = _read_labels(args.labels)
     decoder = build_ctcdecoder(
-        labels,
+        _read_labels(args),
         kenlm_model_path=args.lm,
         alpha=args.alpha,
         beta=args.beta,
         lm_backend=args.lm_backend,
         pyctcdecode_compat=args.pyctcdecode_compat,
+        blank=_parse_blank(args.blank),
+        input_kind=args.input_kind,
     )
     mats = [arr] if arr.ndim == 2 else list(arr)
     if args.greedy:
         from .decoder import normalize_logits
         from .prefix_search import greedy_decode
 
-        texts = [str(greedy_decode(normalize_logits(m), decoder.vocab)) for m in mats]
+        texts = [str(greedy_decode(normalize_logits(m, args.input_kind), decoder.vocab)) for m in mats]
         beams: list[Any] = [[(t, [], None, None)] for t in texts]
     else:
         beams = decoder.decode_beams_batch(None, mats, beam_width=args.beam, prune_history=False)
@@ -70,39 +110,132 @@ def _cmd_ctc_decode(args: argparse.Namespace) -> int:
 def _cmd_lm_build(args: argparse.Namespace) -> int:
     from .kneser_ney import write_arpa
 
-    n = write_arpa(args.corpus, args.output, order=args.order)
+    if args.order < 1:
+        raise ValueError(f"--order must be a positive integer, got {args.order}")
+    if args.order > KENLM_MAX_ORDER:
+        print(
+            f"beamkit lm build: warning: kenlm reads orders up to {KENLM_MAX_ORDER}; this order-{args.order} "
+            "model is read by beamkit's own ARPA reader (--lm-backend auto picks it for such files)",
+            file=sys.stderr,
+        )
+    show = not args.quiet and sys.stderr.isatty()
+    n = write_arpa(args.corpus, args.output, order=args.order, progress=show)
     print(f"wrote {args.output}: {n} n-grams, order {args.order}")
     return 0
 
 
+def _cmd_ocr(args: argparse.Namespace) -> int:
+    from .ocr import read_lines
+
+    if args.beam < 1:
+        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    try:
+        readings = read_lines(args.images, beam=args.beam, lm=args.lm, alpha=args.alpha, beta=args.beta)
+    except ImportError as exc:  # the ocr extra is missing: a failure, not a usage error
+        print(f"beamkit ocr: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([{"image": r.image, "text": r.text, "score": r.score} for r in readings]))
+    else:
+        for r in readings:
+            print(r.text)
+    return 0
+
+
 def register(subparsers: Any) -> None:
-    """Add the ``ctc`` (``decode``) and ``lm`` (``build``) subcommands to an argparse subparsers object."""
-    ctc = subparsers.add_parser("ctc", help="CTC decoding (greedy / prefix beam search with an n-gram LM)")
+    """Add the ``ctc`` (``decode``), ``lm`` (``build``) and ``ocr`` subcommands to an argparse subparsers
+    object."""
+    ocr = subparsers.add_parser(
+        "ocr",
+        help="read text-line images with PP-OCRv4 and CTC beam search",
+        description="Read single text-line images with the PP-OCRv4 recognition model shipped in "
+        'rapidocr-onnxruntime (pip install "beamkit[ocr]"), decoded greedily (--beam 1: rapidocr\'s own '
+        "text) or by prefix beam search with an optional word n-gram LM. Prints one text per image, or with "
+        "--json a list of {image, text, score} (score: log-probability of the best path, or the beam's "
+        "combined score).",
+        formatter_class=_HelpFormatter,
+    )
+    ocr.add_argument("images", nargs="+", metavar="IMAGE", help="image files, one text line each")
+    ocr.add_argument("--beam", type=int, default=1, help="beam width (1: greedy)")
+    ocr.add_argument("--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model")
+    ocr.add_argument("--alpha", type=float, default=0.5, help="LM weight")
+    ocr.add_argument("--beta", type=float, default=1.5, help="word insertion bonus")
+    ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score}")
+    ocr.set_defaults(func=_cmd_ocr)
+
+    ctc = subparsers.add_parser(
+        "ctc",
+        help="CTC decoding (greedy / prefix beam search with an n-gram LM)",
+        description="CTC decoding of posterior matrices saved as .npy: greedy or prefix beam search, "
+        "optionally fused with a word n-gram language model.",
+    )
     ctc_sub = ctc.add_subparsers(dest="ctc_command", metavar="SUBCOMMAND")
     ctc_sub.required = True
-    dec = ctc_sub.add_parser("decode", help="decode a .npy of (T, V) or (N, T, V) CTC log-probabilities")
-    dec.add_argument("file", help=".npy file of log-probabilities (or logits / probabilities)")
-    dec.add_argument("--labels", required=True, help="labels file (one per line) or a string of characters")
-    dec.add_argument("--lm", default=None, help="ARPA or KenLM binary n-gram model")
-    dec.add_argument("--lm-backend", choices=["auto", "arpa", "kenlm"], default="auto")
-    dec.add_argument("--alpha", type=float, default=0.5, help="LM weight (default 0.5)")
-    dec.add_argument("--beta", type=float, default=1.5, help="word insertion bonus (default 1.5)")
-    dec.add_argument("--beam", type=int, default=100, help="beam width (default 100)")
+    dec = ctc_sub.add_parser(
+        "decode",
+        help="decode a .npy of (T, V) or (N, T, V) CTC posteriors",
+        description="Decode CTC posteriors with prefix beam search (or greedy best path).\n\n"
+        + INPUT_FORMAT
+        + "\n\n"
+        + LABELS_FORMAT,
+        formatter_class=_HelpFormatter,
+    )
+    dec.add_argument("file", help=".npy file of logits, log-probabilities or probabilities")
+    labels = dec.add_mutually_exclusive_group(required=True)
+    labels.add_argument("--labels", metavar="FILE", help="labels file, one label per line (format above)")
+    labels.add_argument("--alphabet", metavar="STRING", help="one label per character of STRING")
+    dec.add_argument(
+        "--blank",
+        default=None,
+        help="the CTC blank: a column index (integer) or a label; default: the one label that is empty, "
+        "<pad> or <blank> (none or several is an error)",
+    )
+    dec.add_argument(
+        "--input-kind",
+        choices=["auto", "logits", "log_probs", "probs"],
+        default="auto",
+        help="what the matrix holds; auto reads rows in [0, 1] summing to 1 (within the dtype's rounding) as "
+        "probabilities, anything else as logits",
+    )
+    dec.add_argument("--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model")
+    dec.add_argument(
+        "--lm-backend",
+        choices=["auto", "arpa", "kenlm"],
+        default="auto",
+        help="how to read --lm: kenlm (the kenlm module; ARPA or binary), arpa (beamkit's pure-Python ARPA "
+        f"reader, any order), auto (kenlm when installed and the order is <= {KENLM_MAX_ORDER}, else arpa)",
+    )
+    dec.add_argument("--alpha", type=float, default=0.5, help="LM weight")
+    dec.add_argument("--beta", type=float, default=1.5, help="word insertion bonus")
+    dec.add_argument("--beam", type=int, default=100, help="beam width")
     dec.add_argument(
         "--pyctcdecode-compat",
         action="store_true",
-        help="reproduce pyctcdecode's end-of-utterance scoring quirk (for identical results)",
+        help="reproduce pyctcdecode 0.5.0's end-of-utterance scoring quirk (off: the correct score; the Python "
+        "build_ctcdecoder has the same default)",
     )
     dec.add_argument("--greedy", action="store_true", help="best-path decoding instead of beam search")
     dec.add_argument("--json", action="store_true", help="print JSON lines with the top beams")
-    dec.add_argument("--top", type=int, default=1, help="beams per utterance in --json output")
+    dec.add_argument("--top", type=int, default=1, help="beams per utterance in --json output (>= 1)")
     dec.set_defaults(func=_cmd_ctc_decode)
 
-    lm = subparsers.add_parser("lm", help="n-gram language models")
+    lm = subparsers.add_parser(
+        "lm",
+        help="n-gram language models",
+        description="Word n-gram language models for CTC decoding.",
+    )
     lm_sub = lm.add_subparsers(dest="lm_command", metavar="SUBCOMMAND")
     lm_sub.required = True
-    build = lm_sub.add_parser("build", help="build an interpolated modified Kneser-Ney ARPA from a corpus")
-    build.add_argument("corpus", help="text file, one sentence per line")
-    build.add_argument("--order", type=int, default=3, help="n-gram order (default 3)")
-    build.add_argument("-o", "--output", required=True, help="output ARPA path")
+    build = lm_sub.add_parser(
+        "build",
+        help="build an interpolated modified Kneser-Ney ARPA from a corpus",
+        description="Build an interpolated modified Kneser-Ney word n-gram model from a text corpus and write it "
+        f"as ARPA. kenlm reads orders up to {KENLM_MAX_ORDER}; higher orders are read by beamkit's ARPA reader. "
+        "A progress bar goes to stderr when it is a terminal.",
+        formatter_class=_HelpFormatter,
+    )
+    build.add_argument("corpus", help="UTF-8 text file, one sentence per line, words separated by whitespace")
+    build.add_argument("--order", type=int, default=3, help="n-gram order")
+    build.add_argument("-o", "--output", required=True, help="output ARPA file path")
+    build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=_cmd_lm_build)

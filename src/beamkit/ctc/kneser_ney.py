@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 _FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -148,13 +149,46 @@ def _format_arpa(
     return "\n".join(lines)
 
 
-def write_arpa(corpus_path: str | os.PathLike[str], output_path: str | os.PathLike[str], order: int = 3) -> int:
-    """Build a Kneser-Ney ARPA from a text corpus (one sentence per line); return the number of n-grams."""
+def write_arpa(
+    corpus_path: str | os.PathLike[str], output_path: str | os.PathLike[str], order: int = 3, progress: bool = False
+) -> int:
+    """Build a Kneser-Ney ARPA from a text corpus (one sentence per line); return the number of n-grams.
+
+    ``progress``: show a tqdm bar (bytes read, rate, ETA) on stderr while the corpus is counted (needs
+    ``tqdm``; without it no bar is shown)."""
     corpus_path = os.fspath(corpus_path)
+    output_path = os.fspath(output_path)
+    if os.path.isdir(corpus_path):
+        raise ValueError(f"corpus is a directory, not a text file: {corpus_path}")
     if not os.path.exists(corpus_path):
         raise FileNotFoundError(f"corpus not found: {corpus_path}")
+    if os.path.isdir(output_path) or output_path.endswith(("/", os.sep)):
+        raise ValueError(f"output must be a file path, not a directory: {output_path}")
+    out_dir = os.path.dirname(output_path)
+    if out_dir and not os.path.isdir(out_dir):
+        raise FileNotFoundError(f"output directory not found: {out_dir}")
     with open(corpus_path, encoding="utf-8") as fh:
-        text = build_arpa((line for line in fh), order=order)
-    with open(os.fspath(output_path), "w", encoding="utf-8") as fh:
+        text = build_arpa(_read_lines(fh, os.path.getsize(corpus_path), progress), order=order)
+    with open(output_path, "w", encoding="utf-8") as fh:
         fh.write(text)
     return sum(int(line.split("=")[1]) for line in text.splitlines()[: order + 1] if line.startswith("ngram "))
+
+
+def _read_lines(fh: Iterable[str], size: int, progress: bool) -> Iterator[str]:
+    """The lines of ``fh`` (``size`` bytes), with a tqdm bar on stderr when ``progress`` (and tqdm is there)."""
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            progress = False
+        else:
+            bar = tqdm(total=size, unit="B", unit_scale=True, desc="counting n-grams", file=sys.stderr)
+    try:
+        for line in fh:
+            if bar is not None:
+                bar.update(len(line.encode("utf-8")))
+            yield line
+    finally:
+        if bar is not None:
+            bar.close()

@@ -14,13 +14,16 @@ All LM back-ends return base-10 log-probabilities, as ARPA files and KenLM do.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import os
-from collections.abc import Collection, Iterable, Sequence
+import sys
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 LOG10_TO_LN = math.log(10.0)
 AVG_TOKEN_LEN = 6
+KENLM_MAX_ORDER = 6  # the highest n-gram order the kenlm wheel reads (its default build)
 SPECIAL_WORDS = frozenset({"<s>", "</s>", "<unk>"})
 
 
@@ -209,7 +212,11 @@ class KenLMModel:
         if not os.path.exists(path):
             raise FileNotFoundError(f"language model file not found: {path}")
         self._kenlm = kenlm
-        self.model = kenlm.Model(path)
+        try:
+            with _quiet_stderr():  # kenlm writes loading chatter (and its own error trace) to fd 2
+                self.model = kenlm.Model(path)
+        except (OSError, RuntimeError) as exc:
+            raise ValueError(_kenlm_failure(path, exc)) from None
         self.order: int = int(self.model.order)
 
     def begin_state(self) -> Any:
@@ -257,6 +264,35 @@ class KenLMModel:
         return isinstance(word, str) and word in self.model
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for the block (C++ libraries write there directly)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr: nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _kenlm_failure(path: str, exc: BaseException) -> str:
+    """One line saying why kenlm could not read ``path``: for a text ARPA file, the line-numbered reason
+    from beamkit's ARPA reader; else the start of kenlm's message."""
+    try:
+        ArpaLM.from_file(path)
+    except (ValueError, UnicodeDecodeError) as arpa_exc:
+        return f"cannot read language model {path}: {arpa_exc}"
+    gist = " ".join(str(exc).split())
+    return f"kenlm cannot read {path}: {gist[:160]}{'...' if len(gist) > 160 else ''}"
+
+
 def kenlm_available() -> bool:
     """Whether the optional ``kenlm`` module can be imported."""
     try:
@@ -269,16 +305,34 @@ def kenlm_available() -> bool:
 def load_language_model(path: str | os.PathLike[str], backend: str = "auto") -> ArpaLM | KenLMModel:
     """Load an n-gram model: ``backend`` is ``"arpa"`` (pure Python), ``"kenlm"``, or ``"auto"``.
 
-    ``auto`` uses ``kenlm`` when it is installed (required for binary files), else the ARPA reader.
+    ``auto`` uses ``kenlm`` when it is installed (required for binary files) and the file is not an ARPA
+    of an order above what kenlm reads (6), else the ARPA reader.
     """
     path = os.fspath(path)
     if backend not in ("auto", "arpa", "kenlm"):
         raise ValueError(f"unknown LM backend {backend!r}; use 'auto', 'arpa' or 'kenlm'")
     if not os.path.exists(path):
         raise FileNotFoundError(f"language model file not found: {path}")
-    if backend == "kenlm" or (backend == "auto" and kenlm_available()):
+    if backend == "kenlm" or (backend == "auto" and kenlm_available() and _arpa_order(path) <= KENLM_MAX_ORDER):
         return KenLMModel(path)
     return ArpaLM.from_file(path)
+
+
+def _arpa_order(path: str) -> int:
+    """The highest order an ARPA file's header declares (0 for a binary or headerless file)."""
+    order = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for i, raw in enumerate(fh):
+                line = raw.strip()
+                if line.startswith("ngram ") and "=" in line:
+                    head = line[6:].split("=")[0].strip()
+                    order = max(order, int(head)) if head.isdigit() else order
+                elif line.startswith("\\1-grams") or i > 100:
+                    break
+    except (UnicodeDecodeError, OSError):
+        return 0
+    return order
 
 
 def load_unigrams_from_arpa(path: str | os.PathLike[str]) -> list[str]:

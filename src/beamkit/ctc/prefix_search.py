@@ -32,13 +32,15 @@ same nodes, beams and scores) while its steps stay small, then vectorised from t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .lm import HotwordScorer, LanguageModelFusion
+from .options import SearchOptions
+from .posteriors import Candidates, as_real_array, collect_candidates, dense_part
 from .prefix_trie import PrefixTrie
 from .small_search import search_small
 from .vocab import Vocabulary
@@ -69,11 +71,9 @@ class CTCHypothesis:
 
 
 def to_numpy_2d_or_3d(x: Any, name: str = "log_probs", check_nan: bool = True) -> np.ndarray:
-    """Convert a numpy array, torch tensor or nested list to a float64 numpy array (2-D or 3-D); reject
-    NaN values unless ``check_nan`` is False (the caller checks)."""
-    if hasattr(x, "detach") and hasattr(x, "cpu"):
-        x = x.detach().cpu().numpy()
-    arr = np.asarray(x, dtype=np.float64)
+    """Convert a numpy array, torch tensor or nested list of real numbers to a float64 numpy array (2-D or
+    3-D); reject booleans and complex numbers (TypeError), and NaN values unless ``check_nan`` is False."""
+    arr = as_real_array(x, name)
     if arr.ndim not in (2, 3):
         raise ValueError(f"{name} must be 2-D (T, V) or 3-D (N, T, V), got shape {arr.shape}")
     if check_nan and np.isnan(arr).any():
@@ -135,14 +135,6 @@ def _as_vocab(vocab: Vocabulary | Sequence[str]) -> Vocabulary:
     if isinstance(vocab, Vocabulary):
         return vocab
     return Vocabulary.from_labels(vocab)
-
-
-def _check_params(beam_width: int, beam_prune_logp: float, token_min_logp: float) -> None:
-    if isinstance(beam_width, bool) or not isinstance(beam_width, (int, np.integer)) or beam_width < 1:
-        raise ValueError(f"beam_width must be a positive integer, got {beam_width!r}")
-    for name, value in (("beam_prune_logp", beam_prune_logp), ("token_min_logp", token_min_logp)):
-        if not isinstance(value, (int, float)) or math.isnan(value) or value > 0:
-            raise ValueError(f"{name} must be a number <= 0 (or -inf), got {value!r}")
 
 
 def _stable_argsort(keys: np.ndarray) -> np.ndarray:
@@ -240,10 +232,17 @@ def prefix_beam_search(
     ``1`` skips building text and word offsets for the others). Scores accumulate in float64.
     """
     voc = _as_vocab(vocab)
-    _check_params(beam_width, beam_prune_logp, token_min_logp)
-    if num_hypotheses is not None and (isinstance(num_hypotheses, bool) or num_hypotheses < 1):
-        raise ValueError(f"num_hypotheses must be a positive integer or None, got {num_hypotheses!r}")
-    out_k = beam_width if num_hypotheses is None else min(beam_width, int(num_hypotheses))
+    opts = SearchOptions(
+        beam_width=beam_width,
+        beam_prune_logp=beam_prune_logp,
+        token_min_logp=token_min_logp,
+        prune_history=prune_history,
+        split_blank=split_blank,
+        pyctcdecode_compat=pyctcdecode_compat,
+        hotwords=None if hotwords is None else _word_tuple(hotwords),
+        hotword_weight=hotword_weight,
+        num_hypotheses=num_hypotheses,
+    )
     if lm is not None and not isinstance(lm, LanguageModelFusion):
         raise TypeError("lm must be a LanguageModelFusion (wrap the n-gram model) or None")
     single = False
@@ -276,69 +275,38 @@ def prefix_beam_search(
                 raise ValueError(f"lengths must lie in [0, {batch.shape[1]}]")
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
-    results = _search_checked(
-        batch,
-        lens,
-        voc,
-        beam_width,
-        beam_prune_logp,
-        token_min_logp,
-        lm,
-        hotwords,
-        hotword_weight,
-        prune_history,
-        split_blank,
-        pyctcdecode_compat,
-        out_k,
-    )
+    parts = (dense_part(batch[i, :n], token_min_logp, voc.blank) for i, n in enumerate(lens.tolist()))
+    cands = collect_candidates(parts, lens)
+    results = search_candidates(cands, voc, lm, opts)
     return results[0] if single else results
 
 
-def _search_checked(
-    batch: np.ndarray,
-    lens: np.ndarray,
-    voc: Vocabulary,
-    beam_width: int,
-    beam_prune_logp: float,
-    token_min_logp: float,
-    lm: LanguageModelFusion | None,
-    hotwords: Sequence[str] | None,
-    hotword_weight: float,
-    prune_history: bool,
-    split_blank: bool,
-    pyctcdecode_compat: bool,
-    out_k: int,
-    word_frames: bool = True,
+def _word_tuple(words: Iterable[str]) -> tuple[str, ...]:
+    """Hotwords as a tuple (one string is refused: it would be read as its characters)."""
+    if isinstance(words, str):
+        raise TypeError("hotwords must be a list of strings, not one string")
+    return tuple(words)
+
+
+def search_candidates(
+    cands: Candidates, voc: Vocabulary, lm: LanguageModelFusion | None, opts: SearchOptions
 ) -> list[list[CTCHypothesis]]:
-    """:func:`prefix_beam_search` of a checked ``(N, T, V)`` float64 batch with its lengths (no NaN, the
-    knobs validated): one list of hypotheses per utterance, at most ``out_k`` each, without word frames
-    when ``word_frames`` is False."""
+    """Prefix beam search of the candidates of checked log-probabilities (no NaN) over ``voc`` with an
+    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each."""
     history = max(1, lm.order - 1) if lm is not None else 1
     # initial node storage (grows 4x when full): new nodes per utterance and searched frame are about the beam size
-    capacity = min(1 << 22, max(1 << 15, int(lens.sum()) * min(beam_width, 16)))
-    trie = PrefixTrie(voc, lm, HotwordScorer(hotwords, hotword_weight), history, pyctcdecode_compat, capacity)
+    capacity = min(1 << 22, max(1 << 15, int(cands.lens.sum()) * min(opts.beam_width, 16)))
+    hot = HotwordScorer(opts.hotwords, opts.hotword_weight)
+    trie = PrefixTrie(voc, lm, hot, history, opts.pyctcdecode_compat, capacity)
     try:
-        return _search(
-            batch,
-            lens,
-            trie,
-            beam_width,
-            beam_prune_logp,
-            token_min_logp,
-            prune_history,
-            split_blank,
-            pyctcdecode_compat,
-            out_k,
-            word_frames,
-            _SMALL_CELLS,
-        )
+        return _search(cands, trie, opts, _SMALL_CELLS)
     finally:
         trie.release()
 
 
 def _schedule(
-    batch: np.ndarray, lens: np.ndarray, token_min_logp: float, split_blank: bool, blank: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    cands: Candidates, split_blank: bool, blank: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The frames each utterance may have to search, and its candidate labels there.
 
     A frame is skipped when its only candidate is blank and every beam then ends in blank (any beam
@@ -347,49 +315,40 @@ def _schedule(
     a busy one is listed as a *merge* frame: it merges the beams of a prefix that do and do not end in
     blank, and :func:`_search` skips it too when no two beams would merge or share a history.
 
-    Returns ``(s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum)``: the listed (utterance, frame)
-    pairs, by utterance then frame; their candidate labels (label order, padded with blank) and how many there
-    are; whether each is a merge frame; listed frames per utterance; and the running sum of ``lp(blank)``
-    over blank-only frames (merge frames included, busy ones 0), so that skipping frames ``a .. b-1``
-    adds ``skip_cum[u, b] - skip_cum[u, a]``.
+    Returns ``(s_utt, s_frame, s_tok, s_lpv, s_count, s_merge, count, skip_cum)``: the listed (utterance,
+    frame) pairs, by utterance then frame; their candidate labels (label order, padded with blank) and
+    log-probabilities (padded with -inf), and how many there are; whether each is a merge frame; listed
+    frames per utterance; and the running sum of ``lp(blank)`` over blank-only frames (merge frames
+    included, busy ones 0), so that skipping frames ``a .. b-1`` adds ``skip_cum[u, b] - skip_cum[u, a]``.
     """
-    N, T, V = batch.shape
-    flat = batch.reshape(-1, V)  # shape: (N * T, V)
-    cand = flat >= token_min_logp  # shape: (N * T, V) lp >= token_min_logp, plus the argmax
-    rows, labels = _nonzero_2d(cand)  # shape: (candidates,) each, by frame then label
-    n_cand = np.bincount(rows, minlength=N * T)  # shape: (N * T,)
-    # the argmax is a candidate already unless no label reaches token_min_logp
-    empty = (n_cand == 0).nonzero()[0]
-    if len(empty):
-        cand[empty, flat[empty].argmax(axis=1)] = True
-        rows, labels = _nonzero_2d(cand)
-        n_cand = np.bincount(rows, minlength=N * T)
-    cand = cand.reshape(N, T, V)
-    n_cand = n_cand.reshape(N, T)
-    lp_blank = batch[:, :, blank]  # shape: (N, T)
+    N, T, lens = cands.n, cands.T, cands.lens
+    n_cand = cands.count.reshape(N, T)  # shape: (N, T)
+    row_start = np.cumsum(cands.count) - cands.count  # shape: (N * T,) first candidate of each row
+    first = np.full(N * T, -1, dtype=np.int64)  # shape: (N * T,) first candidate label of each row
+    busy = cands.count > 0
+    first[busy] = cands.labels[row_start[busy]]
+    lp_blank = cands.lp_blank  # shape: (N, T)
     valid = np.arange(T) < lens[:, None]  # shape: (N, T)
-    blank_only = valid & (n_cand == 1) & cand[:, :, blank] & np.isfinite(lp_blank)  # shape: (N, T)
+    blank_only = valid & (n_cand == 1) & (first.reshape(N, T) == blank) & np.isfinite(lp_blank)  # shape: (N, T)
     listed = valid & ~blank_only
     if split_blank:
         listed[:, 1:] |= listed[:, :-1] & blank_only[:, 1:]  # busy frame, then a merge frame
     s_utt, s_frame = np.nonzero(listed)  # sorted by utterance, then frame
     count = listed.sum(axis=1)  # shape: (N,)
-    s_count = n_cand[s_utt, s_frame]  # shape: (S,)
+    s_row = s_utt * T + s_frame  # shape: (S,)
+    s_count = cands.count[s_row]  # shape: (S,)
     s_merge = blank_only[s_utt, s_frame]  # shape: (S,)
-    keep = listed.ravel()[rows]  # the candidates of listed frames, by listed pair then label
-    s_row = np.repeat(np.arange(len(s_utt)), s_count)  # shape: (sum of s_count,) listed pair of each
-    s_tok = np.full((len(s_utt), int(s_count.max(initial=1))), blank, dtype=np.int64)  # shape: (S, K_max)
-    s_tok[s_row, np.arange(len(s_row)) - (np.cumsum(s_count) - s_count)[s_row]] = labels[keep]
+    K = int(s_count.max(initial=1))
+    col = np.arange(K)  # shape: (K,)
+    real = col < s_count[:, None]  # shape: (S, K)
+    src = (row_start[s_row][:, None] + col)[real]  # shape: (sum of s_count,) flat candidate index
+    s_tok = np.full((len(s_utt), K), blank, dtype=np.int64)  # shape: (S, K)
+    s_tok[real] = cands.labels[src]
+    s_lpv = np.full((len(s_utt), K), NEG_INF)  # shape: (S, K) padding (blank) yields no row
+    s_lpv[real] = cands.values[src]
     skip_cum = np.zeros((N, T + 1))  # shape: (N, T + 1)
     np.cumsum(np.where(blank_only, lp_blank, 0.0), axis=1, out=skip_cum[:, 1:])
-    return s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum
-
-
-def _nonzero_2d(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.nonzero`` of a C-contiguous 2-D boolean array (row-major order), via the flat positions (faster)."""
-    flat = np.flatnonzero(mask)
-    rows = flat // mask.shape[1]
-    return rows, flat - rows * mask.shape[1]
+    return s_utt, s_frame, s_tok, s_lpv, s_count, s_merge, count, skip_cum
 
 
 def _skip_blank_frames(
@@ -405,37 +364,25 @@ def _skip_blank_frames(
 
 
 def _search(
-    batch: np.ndarray,
-    lens: np.ndarray,
-    trie: PrefixTrie,
-    beam_width: int,
-    beam_prune_logp: float,
-    token_min_logp: float,
-    prune_history: bool,
-    split_blank: bool,
-    last_rep: bool,
-    out_k: int,
-    word_frames: bool = True,
-    small_cells: int = 0,
+    cands: Candidates, trie: PrefixTrie, opts: SearchOptions, small_cells: int = 0
 ) -> list[list[CTCHypothesis]]:
     """Search all utterances together: each step searches the next listed frame (:func:`_schedule`) of
     every utterance that has one (frames between searched ones are skipped in one addition).
 
-    ``word_frames=False`` leaves the word offsets out (the hypotheses get none): they do not steer the
+    ``opts.word_frames=False`` leaves the word offsets out (the hypotheses get none): they do not steer the
     search, and a caller that only wants texts saves their bookkeeping. ``small_cells > 0`` searches a
     single utterance (with ``split_blank``) in plain Python (:func:`search_small`, same results) while
     its steps expand at most that many (beam, candidate) cells, then goes on vectorised."""
-    N, T, V = batch.shape
+    beam_width, beam_prune_logp, out_k = opts.beam_width, opts.beam_prune_logp, opts.out_k
+    prune_history, split_blank, word_frames = opts.prune_history, opts.split_blank, opts.word_frames
+    last_rep = opts.pyctcdecode_compat  # equal final texts are represented by their last member
+    N, lens = cands.n, cands.lens
     voc = trie.vocab
     blank = voc.blank
     starts_word = voc.starts_word
     is_bpe = voc.is_bpe
-    s_utt, s_frame, s_tok, s_count, s_merge, count, skip_cum = _schedule(
-        batch, lens, token_min_logp, split_blank, blank
-    )
+    s_utt, s_frame, s_tok, s_lpv, s_count, s_merge, count, skip_cum = _schedule(cands, split_blank, blank)
     s_merge_x = np.append(s_merge, False)  # shape: (S + 1,) see _skip_merge_frames
-    s_lpv = batch[s_utt[:, None], s_frame[:, None], s_tok]  # shape: (S, K_max) lp of the candidates
-    s_lpv[np.arange(s_tok.shape[1]) >= s_count[:, None]] = NEG_INF  # padding (blank) yields no row
     end = np.cumsum(count)  # shape: (N,) end of each utterance's listed pairs
     nxt = end - count  # shape: (N,) next listed pair of each utterance
     pos = np.zeros(N, dtype=np.int64)  # shape: (N,) next frame not yet applied to the beams

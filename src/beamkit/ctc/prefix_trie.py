@@ -1,8 +1,8 @@
 """Prefix store for the vectorised CTC search: integer nodes with array attributes.
 
 A node is a normalised prefix: completed words plus a partial word. Nodes form a tree (parent, last label)
-with a dense child table (``child[node * V + label]``, 0: no child yet), so finding the child of a
-(node, label) pair is one gather; the children a frame asks for that do not exist yet are created in bulk
+with its edges in a hash map keyed by (node, label) (:class:`~beamkit.ctc.edges.EdgeMap`: memory O(nodes),
+whatever the vocabulary size); the children a frame asks for that do not exist yet are created in bulk
 with numpy, and kept for the rest of the call (one node per prefix: equal prefixes always share an id).
 Strings are never built on the hot path: a partial word is identified by a 64-bit hash of its labels, a
 completed-word sequence by a hash chain, and partial-word scores come from walking character tries kept
@@ -11,7 +11,7 @@ as dense transition tables or sorted key arrays (:class:`CharTrie`): one for the
 batch (the words' strings are kept per node with an LM); text is rebuilt from the parent chains for the
 final hypotheses.
 
-Node storage is reused: :meth:`PrefixTrie.release` keeps the arrays (child table cleared) for the next
+Node storage is reused: :meth:`PrefixTrie.release` keeps the arrays (and the cleared edge map) for the next
 trie of the same shape, since first touches of fresh memory (page faults) cost more than a search step. One
 set of at most 256 MiB is kept between calls; :func:`release_cached_memory` frees it.
 """
@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .edges import EdgeMap
 from .lm import AVG_TOKEN_LEN, HotwordScorer, LanguageModelFusion
 from .vocab import Vocabulary
 
@@ -43,9 +44,8 @@ _NODE_FIELDS = (
     "thash",
     "hhash",
 )
-_STORAGE_FIELDS = (*_NODE_FIELDS, "child")
 # node arrays released by a finished trie, for the next one (one set, up to _SPARE_MAX_BYTES)
-_SPARE: list[dict[str, np.ndarray]] = []
+_SPARE: list[tuple[dict[str, np.ndarray], EdgeMap]] = []
 _SPARE_LOCK = threading.Lock()
 _SPARE_MAX_BYTES = 1 << 28
 _HASH_MUL = np.uint64(0x100000001B3)
@@ -56,38 +56,12 @@ _MUL_INT = int(_HASH_MUL)
 _SALT_INT = int(_HASH_SALT[0])
 
 
-# one float64 scratch buffer (the decoder's normalised input batch) kept for the next call
-_SCRATCH: list[np.ndarray] = []
-
-
 def release_cached_memory() -> int:
-    """Free the node arrays and the input scratch buffer kept for the next CTC search; returns the bytes
-    released."""
+    """Free the node arrays kept for the next CTC search; returns the bytes released."""
     with _SPARE_LOCK:
-        freed = sum(a.nbytes for arrays in _SPARE for a in arrays.values())
-        freed += sum(a.nbytes for a in _SCRATCH)
+        freed = sum(sum(a.nbytes for a in arrays.values()) + edges.nbytes for arrays, edges in _SPARE)
         _SPARE.clear()
-        _SCRATCH.clear()
     return freed
-
-
-def take_scratch(size: int) -> np.ndarray:
-    """A 1-D float64 buffer of at least ``size`` elements (contents undefined): the kept one when it is big
-    enough, else a new one. Hand it back with :func:`keep_scratch` when done."""
-    with _SPARE_LOCK:
-        if _SCRATCH and len(_SCRATCH[0]) >= size:
-            return _SCRATCH.pop()
-    return np.empty(max(size, 1))
-
-
-def keep_scratch(buf: np.ndarray) -> None:
-    """Keep ``buf`` (from :func:`take_scratch`, no longer used) for the next call, replacing a smaller kept
-    one; buffers over 256 MiB are dropped. Reused memory skips the page faults of fresh memory."""
-    if buf.nbytes > _SPARE_MAX_BYTES:
-        return
-    with _SPARE_LOCK:
-        if not _SCRATCH or len(_SCRATCH[0]) < len(buf):
-            _SCRATCH[:] = [buf]
 
 
 class CharTrie:
@@ -264,7 +238,7 @@ class PrefixTrie:
         self.hot_trie = CharTrie(hotwords.words, alphabet) if hotwords else None
         self._small_ok = all(t.table is not None for t in (self.uni_trie, self.hot_trie) if t is not None)
         # node arrays: every field of a node is written when the node is created (zero-filling storage
-        # that is mostly never used costs more than the search); the child table must start at 0
+        # that is mostly never used costs more than the search)
         cap = max(1 << 10, int(capacity))
         self.n = 0
         if not self._reuse_storage(cap):
@@ -309,31 +283,34 @@ class PrefixTrie:
         self.wkey = np.empty(cap, dtype=np.uint64)  # key of the last words (see _words_key)
         self.thash = np.empty(cap, dtype=np.uint64)  # hash chain of all completed words
         self.hhash = np.empty(cap, dtype=np.uint64)  # history-pruning key (see _history_key)
-        self.child = np.zeros(cap * self.vocab.size, dtype=np.int32)  # child id + 1 per (node, label); 0: none
+        self.edges = EdgeMap(cap)  # (node, label) -> child node
 
     def _reuse_storage(self, cap: int) -> bool:
         """Take released node arrays of this trie's shape holding at least ``cap`` nodes, if there are any."""
         with _SPARE_LOCK:
-            for i, arrays in enumerate(_SPARE):
-                fits = len(arrays["parent"]) >= cap and arrays["whist"].shape[1] == self.history
-                if fits and len(arrays["child"]) == len(arrays["parent"]) * self.vocab.size:
-                    for name in _STORAGE_FIELDS:
+            for i, (arrays, edges) in enumerate(_SPARE):
+                if len(arrays["parent"]) >= cap and arrays["whist"].shape[1] == self.history:
+                    for name in _NODE_FIELDS:
                         setattr(self, name, arrays[name])
+                    self.edges = edges
                     del _SPARE[i]
                     return True
         return False
 
     def release(self) -> None:
-        """Hand the node arrays over to the next trie (the used part of the child table cleared); this trie
-        must not be used afterwards."""
-        arrays = {name: getattr(self, name) for name in _STORAGE_FIELDS}
-        for name in _STORAGE_FIELDS:
+        """Hand the node arrays and the (cleared) edge map over to the next trie; this trie must not be used
+        afterwards."""
+        arrays = {name: getattr(self, name) for name in _NODE_FIELDS}
+        edges = self.edges
+        edge_keys = self.parent[1 : self.n] * self.vocab.size + self.last_tok[1 : self.n]  # every node's edge
+        for name in _NODE_FIELDS:
             delattr(self, name)
-        if sum(a.nbytes for a in arrays.values()) > _SPARE_MAX_BYTES:
+        del self.edges
+        if sum(a.nbytes for a in arrays.values()) + edges.nbytes > _SPARE_MAX_BYTES:
             return
-        arrays["child"][: self.n * self.vocab.size] = 0
+        edges.clear(edge_keys)
         with _SPARE_LOCK:
-            _SPARE[:] = [arrays]
+            _SPARE[:] = [(arrays, edges)]
 
     def _alloc(self, m: int) -> np.ndarray:
         """Ids for ``m`` new nodes (storage grown when full)."""
@@ -347,15 +324,11 @@ class PrefixTrie:
         if need > cap:
             while cap < need:
                 cap *= 4
-            V = self.vocab.size
             for name in _NODE_FIELDS:
                 arr = getattr(self, name)
                 new = np.empty((cap, *arr.shape[1:]), dtype=arr.dtype)
                 new[: self.n] = arr[: self.n]
                 setattr(self, name, new)
-            child = np.zeros(cap * V, dtype=np.int32)
-            child[: self.n * V] = self.child[: self.n * V]
-            self.child = child
         lo = self.n
         self.n = need
         return lo
@@ -456,24 +429,25 @@ class PrefixTrie:
     # ------------------------------------------------------------------ children
     def children(self, src: np.ndarray, tok: np.ndarray) -> np.ndarray:
         """Child node of each (``src``, ``tok``) row (``tok`` never blank): ``src`` itself for a delimiter that
-        changes nothing, else the node stored for the pair, created (once per distinct pair) when missing
-        (int32 ids)."""
+        changes nothing, else the node stored for the pair, created (once per distinct pair) when missing.
+        New nodes are numbered in the order of the last row asking for each pair (as
+        :meth:`children_list` does)."""
         key = src * self.vocab.size + tok
-        out = self.child[key] - 1  # int32
+        out = self.edges.get(key)
         loop = (self.loop_tok[tok] & (self.plen[src] == 0)).nonzero()[0]
         out[loop] = src[loop]
         miss = (out < 0).nonzero()[0]
         if len(miss):
-            # number the distinct missing pairs: mark each slot with a row that asks for it (duplicates read
-            # back one winner), create a node per winner, then store the real ids
             mkey = key[miss]
-            self.child[mkey] = -1 - np.arange(len(miss), dtype=np.int32)
-            winner = -1 - self.child[mkey].astype(np.int64)
-            is_first = winner == np.arange(len(miss))
-            first = miss[is_first]
-            new = self._create(src[first], tok[first])
-            self.child[key[first]] = new + 1
-            out[miss] = new if len(first) == len(miss) else new[(np.cumsum(is_first) - 1)[winner]]
+            distinct, rev_first = np.unique(mkey[::-1], return_index=True)  # shape: (d,) each
+            last = len(mkey) - 1 - rev_first  # shape: (d,) last row (within miss) asking for each pair
+            order = np.argsort(last)
+            rows = miss[last[order]]  # the rows that create the nodes, in row order
+            new = self._create(src[rows], tok[rows])
+            self.edges.put(key[rows], new)
+            ids = np.empty(len(distinct), dtype=np.int64)
+            ids[order] = new
+            out[miss] = ids[np.searchsorted(distinct, mkey)]
         return out
 
     def small_path_ok(self) -> bool:
@@ -484,7 +458,7 @@ class PrefixTrie:
         """:meth:`children` of a few rows as lists, in plain Python: the same nodes, created in the same
         order with the same fields (see :meth:`_create_list`), so a search may mix both."""
         V = self.vocab.size
-        child = self.child
+        edges = self.edges
         plen = self.plen
         loop = self.loop_list
         out: list[int] = []
@@ -494,7 +468,7 @@ class PrefixTrie:
                 out.append(s)
                 continue
             key = s * V + t
-            c = child.item(key) - 1
+            c = edges.get_one(key)
             if c < 0:
                 last[key] = j
             out.append(c)
@@ -503,9 +477,8 @@ class PrefixTrie:
             firsts = sorted(last.values())
             ids = self._create_list([src[j] for j in firsts], [tok[j] for j in firsts])
             made = {src[j] * V + tok[j]: i for j, i in zip(firsts, ids, strict=True)}
-            child = self.child  # _create_list may have grown the storage (new arrays)
             for key, i in made.items():
-                child[key] = i + 1
+                edges.put_one(key, i)
             out = [c if c >= 0 else made[s * V + t] for c, s, t in zip(out, src, tok, strict=True)]
         return out
 

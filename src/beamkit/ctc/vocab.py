@@ -3,9 +3,9 @@
 A :class:`Vocabulary` maps the ``V`` columns of a CTC posterior matrix to strings and tells the prefix
 search which column is the blank, which one (if any) is the word delimiter, and which pieces start a word.
 
-* Character vocabularies: one label per column, the blank is ``""`` (or ``<pad>``/``_`` when no ``""`` is
-  present, as in pyctcdecode), the word delimiter is ``" "`` (``"|"`` is mapped to ``" "`` when no space
-  exists, the wav2vec2 convention).
+* Character vocabularies: one label per column, the blank is named (``blank=``) or is the one label spelled
+  ``""``, ``<pad>`` or ``<blank>`` (anything else is refused, never guessed), the word delimiter is
+  ``" "`` (``"|"`` is mapped to ``" "`` when no space exists, the wav2vec2 convention).
 * BPE vocabularies (detected when any label starts with ``▁`` or ``##``): a piece starting with ``▁`` starts
   a new word; ``##x`` pieces are converted to the ``▁`` convention (``##x`` continues, ``x`` starts a word).
 """
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 BPE_TOKEN = "▁"
-_BLANK_PATTERN = re.compile(r"^[<\[]pad[>\]]$", flags=re.IGNORECASE)
+_BLANK_PATTERN = re.compile(r"^[<\[](pad|blank)[>\]]$", flags=re.IGNORECASE)
 _SPECIAL_PATTERN = re.compile(r"^[<\[].+[>\]]$")
 
 
@@ -56,39 +56,32 @@ class Vocabulary:
             self.starts_word[self.space] = True
 
     @classmethod
-    def from_labels(cls, labels: Sequence[str], blank: int | None = None) -> Vocabulary:
-        """Normalise ``labels`` the way pyctcdecode does and return a vocabulary.
+    def from_labels(cls, labels: Sequence[str], blank: int | str | None = None) -> Vocabulary:
+        """Normalise ``labels`` (one per column of the posterior matrix) and return a vocabulary.
 
-        ``blank`` is the index of the CTC blank; when None it is found (``""``, ``<pad>``/``[pad]``, or ``_``
-        for character vocabularies) or, failing that, appended as a new last column (which the posterior
-        matrix must then have). BPE style is detected from ``▁``/``##`` pieces.
+        ``blank`` names the CTC blank: its column index, or its label (which must occur once). When None
+        it is found: the one label spelled ``""``, ``<pad>``/``[pad]`` or ``<blank>``/``[blank]``. No such
+        label, or more than one, is refused with a ValueError (name the blank with ``blank=``): guessing
+        (pyctcdecode appends a blank column, or takes ``_``) silently decodes garbage when the guess is
+        wrong. BPE style is detected from ``▁``/``##`` pieces; ``|`` is the word delimiter when no ``" "``
+        label exists.
         """
         if isinstance(labels, str):
             raise TypeError("labels must be a sequence of strings, not one string")
-        labs = [str(x) for x in labels]
         if not all(isinstance(x, str) for x in labels):
             raise TypeError("labels must all be strings")
+        labs = list(labels)
+        if not labs:
+            raise ValueError("vocabulary is empty")
+        index = _blank_index(labs, blank)
+        labs[index] = ""
         is_bpe = any(s.startswith("##") for s in labs) or any(s.startswith(BPE_TOKEN) for s in labs)
-        if blank is not None:
-            if not 0 <= blank < len(labs):
-                raise ValueError(f"blank index {blank} out of range for {len(labs)} labels")
-            labs[blank] = ""
         if is_bpe:
             if any(s.startswith("##") for s in labs):
                 labs = [_convert_wordpiece(s) for s in labs]
-        else:
-            if "|" in labs and " " not in labs:
-                labs[labs.index("|")] = " "
-        if blank is None:
-            for i, lab in enumerate(labs):
-                if _BLANK_PATTERN.match(lab):
-                    labs[i] = ""
-            if not is_bpe and "_" in labs and "" not in labs:
-                labs[labs.index("_")] = ""
-            if "" not in labs:
-                labs.append("")
-            blank = labs.index("")
-        return cls(labs, blank, is_bpe)
+        elif "|" in labs and " " not in labs:
+            labs[labs.index("|")] = " "
+        return cls(labs, index, is_bpe)
 
     def __len__(self) -> int:
         """Number of columns (blank included)."""
@@ -97,6 +90,32 @@ class Vocabulary:
     def __repr__(self) -> str:
         kind = "bpe" if self.is_bpe else "char"
         return f"Vocabulary({kind}, size={self.size}, blank={self.blank})"
+
+
+def _blank_index(labels: list[str], blank: int | str | None) -> int:
+    """The blank's column: ``blank`` checked (an index or a label occurring once), or the single label
+    spelled as a blank (see :meth:`Vocabulary.from_labels`)."""
+    if blank is None:
+        found = [i for i, lab in enumerate(labels) if lab == "" or _BLANK_PATTERN.match(lab)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise ValueError(
+                f"no blank among the {len(labels)} labels (none is '', '<pad>' or '<blank>'): name it with "
+                "blank= (--blank on the command line): its index or label; the matrix needs a column for it"
+            )
+        shown = ", ".join(f"{i}: {labels[i]!r}" for i in found[:5])
+        raise ValueError(f"more than one label looks like the blank ({shown}): name it with blank= (--blank)")
+    if isinstance(blank, bool) or not isinstance(blank, (int, str, np.integer)):
+        raise TypeError(f"blank must be a column index or a label, got {blank!r}")
+    if isinstance(blank, str):
+        hits = [i for i, lab in enumerate(labels) if lab == blank]
+        if len(hits) != 1:
+            raise ValueError(f"blank label {blank!r} occurs {len(hits)} times in the labels; it must occur once")
+        return hits[0]
+    if not 0 <= int(blank) < len(labels):
+        raise ValueError(f"blank index {blank} out of range for {len(labels)} labels")
+    return int(blank)
 
 
 def _convert_wordpiece(token: str) -> str:
