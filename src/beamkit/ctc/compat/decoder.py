@@ -173,6 +173,16 @@ class BeamSearchDecoderCTC:
         )
         return [(text, frames, logit_score, lm_score) for text, _, frames, logit_score, lm_score in beams]
 
+    def _pool_map(self, pool: Any, logits_list: Sequence[Any], knobs: tuple[Any, ...]) -> Any:
+        """Each matrix's beams without LM states through ``pool.map`` (``knobs``: the arguments of
+        :meth:`_decode_beams_mp_safe` after the logits); None when ``pool`` is None or a spawn pool."""
+        valid = _valid_pool(pool)
+        if valid is None:
+            return None
+        for logits in logits_list:
+            self._check_logits_dimension(logits)
+        return list(valid.map(functools.partial(_mp_safe_beams, self, knobs), logits_list))
+
     def decode_beams_batch(
         self,
         pool: Any,
@@ -187,20 +197,10 @@ class BeamSearchDecoderCTC:
         """:meth:`decode_beams` of each matrix without LM states; through ``pool.map`` when a (fork) pool is
         given, else in one vectorised search."""
         hot = _hotword_list(hotwords)
-        valid = _valid_pool(pool)
-        if valid is not None:
-            for logits in logits_list:
-                self._check_logits_dimension(logits)
-            work = functools.partial(
-                self._decode_beams_mp_safe,
-                beam_width=beam_width,
-                beam_prune_logp=beam_prune_logp,
-                token_min_logp=token_min_logp,
-                prune_history=prune_history,
-                hotwords=hot,
-                hotword_weight=hotword_weight,
-            )
-            return list(valid.map(work, logits_list))
+        knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
+        mapped = self._pool_map(pool, logits_list, knobs)
+        if mapped is not None:
+            return mapped
         lps = [self._prepared(x) for x in logits_list]
         return self._decoder().decode_beams_batch(
             None, lps, beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight
@@ -235,17 +235,10 @@ class BeamSearchDecoderCTC:
         """:meth:`decode` of each matrix; through ``pool.map`` when a (fork) pool is given, else in one
         vectorised search."""
         hot = _hotword_list(hotwords)
-        valid = _valid_pool(pool)
-        if valid is not None:
-            work = functools.partial(
-                self.decode,
-                beam_width=beam_width,
-                beam_prune_logp=beam_prune_logp,
-                token_min_logp=token_min_logp,
-                hotwords=hot,
-                hotword_weight=hotword_weight,
-            )
-            return list(valid.map(work, logits_list))
+        knobs = (beam_width, beam_prune_logp, token_min_logp, True, hot, hotword_weight)
+        mapped = self._pool_map(pool, logits_list, knobs)
+        if mapped is not None:
+            return [beams[0][0] for beams in mapped]
         lps = [self._prepared(x) for x in logits_list]
         return self._decoder().decode_batch(None, lps, beam_width, beam_prune_logp, token_min_logp, hot, hotword_weight)
 
@@ -301,6 +294,11 @@ class BeamSearchDecoderCTC:
             ) from None
         cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "pyctcdecode")
         return cls.load_from_dir(snapshot_download(model_id, cache_dir=cache_dir, **kwargs))
+
+
+def _mp_safe_beams(decoder: BeamSearchDecoderCTC, knobs: tuple[Any, ...], logits: Any) -> list[OutputBeamMPSafe]:
+    """``decoder._decode_beams_mp_safe(logits, *knobs)`` (a module-level function: it pickles into workers)."""
+    return decoder._decode_beams_mp_safe(logits, *knobs)
 
 
 def _hotword_list(hotwords: Iterable[str] | None) -> list[str] | None:
