@@ -29,9 +29,15 @@ class SearchLM(LanguageModelFusion):
         self.score_boundary = first.score_boundary
         self.unk_score_offset = sum(m.unk_score_offset for m in members) / len(members)
         self._start = start
-        cached = getattr(first, "_char_trie_cache", None)
-        if cached is not None:
-            self._char_trie_cache = cached
+
+    @property
+    def _char_trie_cache(self) -> Any:
+        """The search's unigram trie, kept on the first member so that it outlives this per-call object."""
+        return getattr(self.members[0], "_char_trie_cache", None)
+
+    @_char_trie_cache.setter
+    def _char_trie_cache(self, value: Any) -> None:
+        self.members[0]._char_trie_cache = value  # type: ignore[attr-defined]
 
     @property
     def order(self) -> int:
