@@ -415,3 +415,62 @@ def test_model_container_and_cleanup(arpa: str) -> None:
         return n, left, len(cls.model_container), outcome(lambda _m: a.decode(utterances(1, 1)[0]), m)
 
     same(program)
+
+
+def test_language_model_directory_both_ways(arpa: str, tmp_path) -> None:
+    for writer, reader in [("pyctcdecode", "beamkit"), ("beamkit", "pyctcdecode")]:
+        where = tmp_path / writer
+        where.mkdir()
+        lm = MODULES[writer].LanguageModel(kenlm.Model(arpa), WORDS[:10], alpha=0.4, beta=2.0, score_boundary=False)
+        lm.save_to_dir(str(where))
+        loaded = MODULES[reader].LanguageModel.load_from_dir(str(where))
+        assert (loaded.alpha, loaded.beta, loaded.unk_score_offset, loaded.score_boundary) == (0.4, 2.0, -10.0, False)
+        start = loaded.get_start_state()
+        assert loaded.score(start, "cat")[0] == pytest.approx(lm.score(lm.get_start_state(), "cat")[0], abs=1e-9)
+        assert [loaded.score_partial_token(p) for p in ["ca", "zz"]] == [
+            lm.score_partial_token(p) for p in ["ca", "zz"]
+        ]
+    (tmp_path / "beamkit" / "stray.txt").write_text("x")
+    same(lambda m: m.LanguageModel.load_from_dir(str(tmp_path / "beamkit")))
+
+
+def test_hotword_scorer_from_a_pygtrie(arpa: str) -> None:
+    import re
+
+    import pygtrie
+
+    def program(m: Any) -> Any:
+        scorer = m.language_model.HotwordScorer(
+            re.compile(r"(?<!\S)cat(?!\S)"), pygtrie.CharTrie.fromkeys(["cat"]), 2.5
+        )
+        return scorer.score("a cat cat"), scorer.score_partial_token("ca"), "c" in scorer, "x" in scorer
+
+    same(program)
+
+
+def test_abstract_and_custom_language_models(arpa: str) -> None:
+    same(lambda m: m.language_model.AbstractLanguageModel())
+
+    def program(m: Any) -> Any:
+        lms = [m.LanguageModel(kenlm.Model(arpa), WORDS), m.LanguageModel(kenlm.Model(arpa), WORDS, alpha=0.2)]
+        multi = m.language_model.MultiLanguageModel(lms)
+        dec = m.BeamSearchDecoderCTC(m.Alphabet.build_alphabet(LABELS), multi)
+        dec.reset_params(alpha=3.0)  # no effect on a MultiLanguageModel in pyctcdecode
+        return [dec.decode(x) for x in utterances(12, 4)], outcome(lambda _m: multi.save_to_dir("unused"), m)
+
+    same(program)
+
+    class Custom(compat.language_model.AbstractLanguageModel):
+        order = 2
+
+        def get_start_state(self) -> Any:
+            return None
+
+        def score_partial_token(self, partial_token: str) -> float:
+            return 0.0
+
+        def score(self, prev_state: Any, word: str, is_last_word: bool = False) -> tuple[float, Any]:
+            return 0.0, None
+
+    with pytest.raises(TypeError, match="Custom is not supported"):
+        compat.BeamSearchDecoderCTC(compat.Alphabet.build_alphabet(LABELS), Custom())
