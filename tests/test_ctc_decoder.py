@@ -361,3 +361,23 @@ def test_probability_candidates_without_the_dense_log_equal_the_dense_rule(dtype
         got = posterior_part(x, "probs", t, 0)
         for a, b in zip(got, want, strict=True):
             assert a.dtype.kind == b.dtype.kind and np.array_equal(a, b)
+
+
+def test_blocked_normalisation_gives_each_utterance_its_own_values() -> None:
+    # logit matrices are normalised in blocks of several utterances; any block size (one row's worth, a few
+    # utterances, all) gives each utterance the parts of normalising it alone, probabilities interleaved
+    from beamkit.ctc.posteriors import dense_part, posterior_part, utterance_parts
+
+    rng = np.random.default_rng(9)
+    mats = [rng.normal(0, 3, (T, len(LABELS))) for T in (5, 1, 17, 0, 8)]
+    mats.insert(2, rng.dirichlet(np.ones(len(LABELS)), size=6))
+    want = [
+        posterior_part(m, "probs", -5.0, 0) if i == 2 else dense_part(normalize_logits(m, "logits"), -5.0, 0)
+        for i, m in enumerate(mats)
+    ]
+    for cells in (1, 40, 100, 1 << 18):
+        got = list(utterance_parts(mats, "auto", -5.0, 0, block_cells=cells))
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            for a, b in zip(g, w, strict=True):
+                assert np.array_equal(a, b)

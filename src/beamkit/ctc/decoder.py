@@ -19,7 +19,7 @@ import numpy as np
 
 from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, load_unigrams_from_arpa
 from .options import SearchOptions
-from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors, posterior_part
+from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors, utterance_parts
 from .prefix_search import CTCHypothesis, _word_tuple, search_candidates
 from .vocab import Vocabulary
 
@@ -82,8 +82,8 @@ class CTCDecoder:
             )
 
     def _candidates(self, logits_list: Sequence[Any], token_min_logp: float) -> Candidates:
-        """The candidates (:class:`~beamkit.ctc.posteriors.Candidates`) of every matrix, each normalised
-        (:func:`normalize_logits`) one at a time: only one dense matrix is alive at any moment."""
+        """The candidates (:class:`~beamkit.ctc.posteriors.Candidates`) of every matrix, normalised as
+        :func:`normalize_logits` does, in blocks of a few hundred thousand values (:func:`utterance_parts`)."""
         shapes = []
         for x in logits_list:
             shape = np.shape(x) if not hasattr(x, "shape") else tuple(x.shape)
@@ -92,8 +92,7 @@ class CTCDecoder:
             self._check_width(shape)
             shapes.append(shape)
         lens = np.array([sh[0] for sh in shapes], dtype=np.int64)
-        parts = (posterior_part(x, self.input_kind, token_min_logp, self.vocab.blank) for x in logits_list)
-        return collect_candidates(parts, lens)
+        return collect_candidates(utterance_parts(logits_list, self.input_kind, token_min_logp, self.vocab.blank), lens)
 
     def _search(
         self,
