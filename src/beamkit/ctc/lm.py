@@ -219,6 +219,19 @@ class KenLMModel:
             raise ValueError(_kenlm_failure(path, exc)) from None
         self.order: int = int(self.model.order)
 
+    @classmethod
+    def from_model(cls, model: Any) -> KenLMModel:
+        """Wrap an already-loaded ``kenlm.Model`` (or ``kenlm.LanguageModel``)."""
+        import kenlm
+
+        if not isinstance(model, kenlm.Model):
+            raise TypeError(f"expected a kenlm.Model, got {type(model).__name__}")
+        self = cls.__new__(cls)
+        self._kenlm = kenlm
+        self.model = model
+        self.order = int(model.order)
+        return self
+
     def begin_state(self) -> Any:
         """State after ``<s>``."""
         state = self._kenlm.State()

@@ -1,0 +1,90 @@
+"""The fusion object the search reads, built from compat language models (one or averaged several), with an
+optional given start state (``lm_start_state``: streaming across chunks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..lm import LanguageModelFusion
+from .language_model import AbstractLanguageModel, LanguageModel, MultiLanguageModel
+
+
+class SearchLM(LanguageModelFusion):
+    """The mean of the members' fused scores (one member: its own), starting from ``start`` when given.
+
+    Members must share their known words, so the mean partial-word penalty is the mean ``unk_score_offset``
+    applied to one known-word test (as pyctcdecode's mean of the members' partial scores)."""
+
+    def __init__(self, members: Sequence[LanguageModelFusion], start: Any = None) -> None:  # noqa: D107
+        first = members[0]
+        for other in members[1:]:
+            if other.unigrams != first.unigrams or (other.prefix_index is None) != (first.prefix_index is None):
+                raise ValueError("the language models of a MultiLanguageModel must share their unigrams")
+        self.members = list(members)
+        self.model = first.model
+        self.unigrams = first.unigrams
+        self.prefix_index = first.prefix_index
+        self.alpha, self.beta = first.alpha, first.beta
+        self.score_boundary = first.score_boundary
+        self.unk_score_offset = sum(m.unk_score_offset for m in members) / len(members)
+        self._start = start
+
+    @property
+    def _char_trie_cache(self) -> Any:
+        """The search's unigram trie, kept on the first member so that it outlives this per-call object."""
+        return getattr(self.members[0], "_char_trie_cache", None)
+
+    @_char_trie_cache.setter
+    def _char_trie_cache(self, value: Any) -> None:
+        self.members[0]._char_trie_cache = value  # type: ignore[attr-defined]
+
+    @property
+    def order(self) -> int:
+        """The highest member order."""
+        return max(m.order for m in self.members)
+
+    def start_state(self) -> Any:
+        """The given start state, else the members' (a list for several)."""
+        if self._start is not None:
+            return self._start
+        states = [m.start_state() for m in self.members]
+        return states[0] if len(states) == 1 else states
+
+    def score_words(self, states: Sequence[Any], words: Sequence[str]) -> tuple[list[float], list[Any]]:
+        """Mean fused word scores and new states."""
+        if len(self.members) == 1:
+            return self.members[0].score_words(states, words)
+        total = [0.0] * len(words)
+        per_member = []
+        for i, m in enumerate(self.members):
+            scores, new = m.score_words([s[i] for s in states], words)
+            total = [a + b for a, b in zip(total, scores, strict=True)]
+            per_member.append(new)
+        n = len(self.members)
+        return [t / n for t in total], [list(col) for col in zip(*per_member, strict=True)]
+
+    def score_eos_many(self, states: Sequence[Any]) -> list[float]:
+        """Mean end-of-utterance scores."""
+        if len(self.members) == 1:
+            return self.members[0].score_eos_many(states)
+        n = len(self.members)
+        cols = [m.score_eos_many([s[i] for s in states]) for i, m in enumerate(self.members)]
+        return [sum(v) / n for v in zip(*cols, strict=True)]
+
+
+def search_lm(language_model: AbstractLanguageModel | None, start: Any = None) -> SearchLM | None:
+    """The fusion object for ``language_model`` (None without one); other model classes: TypeError."""
+    if language_model is None:
+        return None
+    if isinstance(language_model, LanguageModel):
+        return SearchLM([language_model._fusion], start)
+    if isinstance(language_model, MultiLanguageModel):
+        members = language_model._language_models
+        if not all(isinstance(m, LanguageModel) for m in members):
+            raise TypeError("a MultiLanguageModel must hold LanguageModel objects")
+        return SearchLM([m._fusion for m in members], start)
+    raise TypeError(
+        f"{type(language_model).__name__} is not supported: beamkit's search fuses LanguageModel or "
+        "MultiLanguageModel objects (the scores are computed inside the vectorised search)"
+    )
