@@ -128,15 +128,26 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``explain`` subcommand."""
-    p = subparsers.add_parser("explain", help="draw the search tree of one decode (HTML, SVG, DOT or JSON)")
+    from beamkit.cli import HelpFormatter
+
+    about = "draw the search tree of one decode (HTML, SVG, DOT or JSON)"
+    p = subparsers.add_parser(
+        "explain",
+        help=about,
+        description="Draw the search tree of one decode: every candidate considered, which ran on, which were "
+        "pruned, which finished, and the greedy path (HTML opens offline in a browser).",
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("text", help="the input, e.g. '3rd of March 1999'")
     p.add_argument(
         "--model", default=None, help="dates model name or checkpoint path (default dates-seq2seq), or hf:DIR"
     )
-    p.add_argument("--beam", type=int, default=5, help="beam width (default 5)")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha (default 1)")
+    p.add_argument("--beam", type=int, default=5, help="beam width")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha")
     p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's; hf: 20)")
-    p.add_argument("--policy", choices=["narrow", "pool", "compete"], default="narrow", help="dates models only")
-    p.add_argument("--format", choices=FORMATS, default="html", help="output format (default html)")
+    p.add_argument(
+        "--policy", choices=["narrow", "pool", "compete"], default="narrow", help="search policy (dates models only)"
+    )
+    p.add_argument("--format", choices=FORMATS, default="html", help="output format")
     p.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
     p.set_defaults(func=run)
