@@ -6,6 +6,7 @@ fresh clone would see it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def planned(target: str, tmp_path: Path) -> list[str]:
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
-    done = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    # as a fresh top-level make: run under `make test`, an inherited MAKELEVEL / MAKEFLAGS would add
+    # "make[1]: Entering directory" lines and flags of the outer make
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
+    done = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
