@@ -411,3 +411,31 @@ def test_concat_state_structures():
     shared = Shared(np.zeros(2))
     assert concat_state([shared, shared]) is shared
     assert concat_state([Shared(np.zeros(2)), Shared(np.ones(1))]).value.tolist() == [0, 0, 1]
+
+
+def test_a_long_running_engine_reclaims_slots_and_keeps_ids():
+    # 1,200 requests through one engine, a few running at a time: request ids stay the ones add() returned,
+    # results equal each request alone, and the per-request arrays stay as large as the requests held
+    model = Seeded(4)
+    engine = Engine(model.step, beam_size=2, max_len=3, stats_window=50)
+    ids, done = {}, {}
+    for i in range(1200):
+        ids[engine.add(Seeded.init(i % 7), BOS, EOS)] = i % 7  # request id -> its seed
+        if i == 600:
+            keep = engine.add(Seeded.init(3), BOS, EOS, max_len=520, min_len=500)  # runs while slots are reclaimed
+            ids[keep] = 3
+        for c in engine.step():
+            done[c.request_id] = c
+    while not engine.idle:
+        for c in engine.step():
+            done[c.request_id] = c
+    assert sorted(done) == sorted(ids) == list(range(1201))
+    assert engine.book.pools == {} and engine.book.size < 1024  # slots were reclaimed
+    assert len(engine.stats.rows_per_call) <= 100 and engine.stats.model_calls > 1200
+    for rid in (0, 1, 599, 600, 602, 1200, keep):
+        opts = {"max_len": 520, "min_len": 500} if rid == keep else {"max_len": 3}
+        want = search_batch(Seeded(4).step, Seeded.init(ids[rid]), BOS, EOS, 2, **opts)[0]
+        _same(done[rid].hypotheses, want)
+    assert engine.cancel(5) is False
+    with pytest.raises(ValueError, match="no request 1201"):
+        engine.cancel(1201)
