@@ -439,3 +439,63 @@ def test_a_long_running_engine_reclaims_slots_and_keeps_ids():
     assert engine.cancel(5) is False
     with pytest.raises(ValueError, match="no request 1201"):
         engine.cancel(1201)
+
+
+def test_requests_with_other_stop_tokens_share_the_engine():
+    # each request has its own eos set (one id, two ids, none) and min_len: both are per request
+    model = Seeded(6)
+    plan = [(3, 0, 0), (8, (1, 2), 2), (5, None, 0), (9, (0, 5), 1)]  # (seed, eos, min_len)
+    engine = Engine(model.step, beam_size=3, max_len=5, policy="pool")
+    ids, done = [], {}
+    for seed, eos, min_len in plan:
+        ids.append(engine.add(Seeded.init(seed), BOS, eos, min_len=min_len))
+        for c in engine.step():
+            done[c.request_id] = c
+    while not engine.idle:
+        for c in engine.step():
+            done[c.request_id] = c
+    for (seed, eos, min_len), r in zip(plan, ids, strict=True):
+        want = search_batch(Seeded(6).step, Seeded.init(seed), BOS, eos, 3, 5, policy="pool", min_len=min_len)[0]
+        _same(done[r].hypotheses, want)
+        stops = () if eos is None else ((eos,) if isinstance(eos, int) else eos)
+        assert all(t not in stops for h in done[r].hypotheses for t in h.tokens[:min_len])
+
+
+def test_completed_counts_the_calls_a_request_took_part_in():
+    model = Seeded(5)
+    engine = Engine(model.step, beam_size=2, max_len=4)
+    a = engine.add(Seeded.init(1), BOS, EOS, min_len=4)  # runs all 4 steps
+    engine.step()
+    b = engine.add(Seeded.init(2), BOS, EOS, max_len=2, min_len=2)  # joins at the second call, runs 2
+    steps = {}
+    while not engine.idle:
+        for c in engine.step():
+            steps[c.request_id] = c.steps
+    assert steps == {a: 4, b: 2}
+    c = engine.add(Seeded.init(3), BOS, EOS)
+    engine.cancel(c)
+    assert [(x.request_id, x.steps) for x in engine.step()] == [(c, 0)]
+
+
+class Weighed(np.ndarray):
+    """An object-array state that reports the bytes of a pretend cache: 100 per row."""
+
+    def kv_bytes(self) -> int:
+        return 100 * len(self)
+
+
+def test_engine_stats_read_kv_bytes_from_the_state():
+    model = Seeded(5)
+
+    def step(state, y):
+        logits, new = model.step(state, y)
+        return logits, new.view(Weighed)
+
+    engine = Engine(step, beam_size=3, max_len=4, min_len=4)
+    engine.add(Seeded.init(4), BOS, EOS)
+    seen = []
+    while not engine.idle:
+        engine.step()
+        seen.append(engine.stats.kv_bytes)
+    assert seen == [100 * r for r in engine.stats.rows_per_call]
+    assert engine.stats.kv_peak_bytes == max(seen) == 300
