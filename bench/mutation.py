@@ -61,8 +61,8 @@ PITFALLS = [
     (
         "6 state not gathered by parent",
         ENGINE,
-        "self._state = select_state(self._state, parents)",
-        "self._state = self._state",
+        "            state = select_state(state, parents)\n",
+        "            state = state\n",
         "test_state_follows_parents_in_a_real_search",
     ),
     (
