@@ -199,11 +199,11 @@ class _Book:
 
     Options per request (``beam``, ``max_len``, ``min_len``, ``m`` candidates per row, ``pool`` size, early
     stopping mode ``es``, length penalty ``lp`` (index into the engine's list) and its ``alpha``, stop tokens
-    ``eos`` (index), ``nth_n``: the n of the nth-best score), the tokens generated so far ``t``, and the pool
+    ``eos`` (index), ``nret``: ``num_return`` or 0), the tokens generated so far ``t``, and the pool
     counters (``count``, ``worst``, ``nth``).
     """
 
-    _INT = ("rid", "t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nth_n", "nret", "count")
+    _INT = ("rid", "t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nret", "count")
     _FLOAT = ("alpha", "worst", "nth")
 
     rid: np.ndarray  # shape: (R,) each array is indexed by slot; rid: the request id in the slot
@@ -216,7 +216,6 @@ class _Book:
     es: np.ndarray
     lp: np.ndarray
     eos: np.ndarray
-    nth_n: np.ndarray
     nret: np.ndarray
     count: np.ndarray
     alpha: np.ndarray
@@ -274,7 +273,7 @@ class _Book:
             self.worst[r] = -np.inf
         else:
             self.worst[r] = pool[-1].score if by_score else min(h.score for h in pool)
-        n = int(self.nth_n[r])
+        n = int(self.nret[r] or self.beam[r])  # the nth best: num_return, else beam_size
         self.nth[r] = pool[n - 1].score if len(pool) >= n else -np.inf
 
     def release(self, r: int) -> tuple[list[_Finished], str | None]:
@@ -576,7 +575,6 @@ class Engine:
         b.lp[ids] = self._index(self._lps, opts.length_penalty)
         b.alpha[ids] = opts.length_penalty.alpha
         b.eos[ids] = self._index(self._eos, stop)
-        b.nth_n[ids] = opts.num_return or opts.beam_size
         b.nret[ids] = opts.num_return or 0
         b.t[ids] = 0
         b.count[ids] = 0
