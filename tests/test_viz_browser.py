@@ -9,6 +9,7 @@ skips, except in CI (``CI`` or ``BEAMKIT_CI`` set), where it fails.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -148,12 +150,13 @@ def _trace() -> Trace:
         return traces[0].with_vocab([NAMES.get(i, str(i)) for i in range(5)])
 
 
-@pytest.mark.slow
-def test_search_tree_page_in_headless_chromium(tmp_path):
+@contextlib.contextmanager
+def open_page(tmp_path: Path, html: str) -> Iterator[tuple[DevTools, Path]]:
+    """Write ``html`` to a file and load it in a fresh headless Chromium (1400x900): the DevTools session on the
+    loaded page and the page's path. Chromium is ended by its PID on the way out."""
     binary = _chromium()
-    trace = _trace()
-    page = tmp_path / "search.html"
-    page.write_text(to_html(trace), encoding="utf-8")
+    page = tmp_path / "page.html"
+    page.write_text(html, encoding="utf-8")
     proc, address = _launch(binary, tmp_path / "profile")
     try:
         dt = DevTools(address)
@@ -164,35 +167,7 @@ def test_search_tree_page_in_headless_chromium(tmp_path):
         dt.send("Emulation.setDeviceMetricsOverride", width=1400, height=900, deviceScaleFactor=1, mobile=False)
         dt.send("Page.navigate", url=page.as_uri())
         dt.wait_for("Page.loadEventFired")
-        nodes = dt.evaluate("document.querySelectorAll('svg.bk-tree g.node').length")
-        rendered = dt.evaluate("document.querySelector('.bk-view').getAttribute('data-rendered')")
-        assert nodes == len(trace.nodes) and rendered == str(len(trace.nodes))  # the script ran to its end
-        # fold: only the pruned nodes disappear
-        visible = "[...document.querySelectorAll('g.node')].filter(g => getComputedStyle(g).display !== 'none')"
-        assert dt.evaluate(f"{visible}.length") == len(trace.nodes)
-        dt.evaluate("document.querySelector('input.fold').click()")
-        assert dt.evaluate(f"{visible}.length") == sum(1 for n in trace.nodes if n.status != "pruned")
-        dt.evaluate("document.querySelector('input.fold').click()")
-        # hover: the info box shows the node's prefix and log-probability
-        best = trace.result[0]
-        info = dt.evaluate(
-            f"document.querySelector('g.node[data-id=\"{best}\"]').dispatchEvent(new MouseEvent('mouseenter'));"
-            "document.querySelector('.bk-view .info').textContent"
-        )
-        assert f"logprob {trace.nodes[best].logprob:.4f}" in info
-        shot = base64.b64decode(dt.send("Page.captureScreenshot", format="png")["data"])
-        (tmp_path / "search.png").write_bytes(shot)
-        errors = [
-            ev
-            for ev in dt.events
-            if ev.get("method") == "Runtime.exceptionThrown"
-            or (ev.get("method") == "Runtime.consoleAPICalled" and ev["params"]["type"] in ("error", "assert"))
-            or (ev.get("method") == "Log.entryAdded" and ev["params"]["entry"]["level"] == "error")
-        ]
-        assert errors == []
-        sent = [ev for ev in dt.events if ev.get("method") == "Network.requestWillBeSent"]
-        requests = [ev["params"]["request"]["url"] for ev in sent]
-        assert requests and all(u == page.as_uri() for u in requests), requests  # nothing fetched but the page
+        yield dt, page
         dt.ws.close()
     finally:
         proc.terminate()
@@ -201,6 +176,52 @@ def test_search_tree_page_in_headless_chromium(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def assert_clean_offline_load(dt: DevTools, page: Path) -> None:
+    """No exception, console error/assert or log error; no request but the page's own file."""
+    errors = [
+        ev
+        for ev in dt.events
+        if ev.get("method") == "Runtime.exceptionThrown"
+        or (ev.get("method") == "Runtime.consoleAPICalled" and ev["params"]["type"] in ("error", "assert"))
+        or (ev.get("method") == "Log.entryAdded" and ev["params"]["entry"]["level"] == "error")
+    ]
+    assert errors == []
+    sent = [ev for ev in dt.events if ev.get("method") == "Network.requestWillBeSent"]
+    requests = [ev["params"]["request"]["url"] for ev in sent]
+    assert requests and all(u == page.as_uri() for u in requests), requests  # nothing fetched but the page
+
+
+VISIBLE = "[...document.querySelectorAll('g.node')].filter(g => getComputedStyle(g).display !== 'none')"
+
+
+def hover(dt: DevTools, node: int) -> str:
+    """Hover node ``node`` and return the info box's text."""
+    return dt.evaluate(
+        f"document.querySelector('g.node[data-id=\"{node}\"]').dispatchEvent(new MouseEvent('mouseenter'));"
+        "document.querySelector('.bk-view .info').textContent"
+    )
+
+
+@pytest.mark.slow
+def test_search_tree_page_in_headless_chromium(tmp_path):
+    trace = _trace()
+    with open_page(tmp_path, to_html(trace)) as (dt, page):
+        nodes = dt.evaluate("document.querySelectorAll('svg.bk-tree g.node').length")
+        rendered = dt.evaluate("document.querySelector('.bk-view').getAttribute('data-rendered')")
+        assert nodes == len(trace.nodes) and rendered == str(len(trace.nodes))  # the script ran to its end
+        # fold: only the pruned nodes disappear
+        assert dt.evaluate(f"{VISIBLE}.length") == len(trace.nodes)
+        dt.evaluate("document.querySelector('input.fold').click()")
+        assert dt.evaluate(f"{VISIBLE}.length") == sum(1 for n in trace.nodes if n.status != "pruned")
+        dt.evaluate("document.querySelector('input.fold').click()")
+        # hover: the info box shows the node's prefix and log-probability
+        best = trace.result[0]
+        assert f"logprob {trace.nodes[best].logprob:.4f}" in hover(dt, best)
+        shot = base64.b64decode(dt.send("Page.captureScreenshot", format="png")["data"])
+        (tmp_path / "search.png").write_bytes(shot)
+        assert_clean_offline_load(dt, page)
     assert shot[:8] == b"\x89PNG\r\n\x1a\n"
     image = pytest.importorskip("PIL.Image").open(io.BytesIO(shot)).convert("RGB")
     pixels = np.asarray(image)

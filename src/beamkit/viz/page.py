@@ -5,9 +5,12 @@ from __future__ import annotations
 import itertools
 import math
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from beamkit.trace import Trace
+
+if TYPE_CHECKING:
+    from beamkit.ctc.trace import CTCTrace
 from beamkit.viz.layout import greedy_path
 from beamkit.viz.render import CSS, to_svg
 
@@ -34,24 +37,17 @@ _JS = """
   var info = root.querySelector('.info');
   var nodes = svg.querySelectorAll('g.node');
   var byId = {};
-  var parent = {};
   var edgeOf = {};
   nodes.forEach(function (g) { byId[g.getAttribute('data-id')] = g; });
   svg.querySelectorAll('path.edge[data-child]').forEach(function (p) {
     edgeOf[p.getAttribute('data-child')] = p;
   });
-  var data = JSON.parse(root.querySelector('script.bk-data').textContent);
-  data.nodes.forEach(function (n) { parent[n.id] = n.parent; });
-  function ancestors(id) {
-    var out = [];
-    while (id !== null && id !== undefined) { out.push(String(id)); id = parent[id]; }
-    return out;
-  }
   function mark(id, on) {
-    ancestors(id).forEach(function (a) {
-      byId[a].classList.toggle('hl', on);
-      if (edgeOf[a]) { edgeOf[a].classList.toggle('hl', on); }
-    });
+    while (id) {
+      byId[id].classList.toggle('hl', on);
+      if (edgeOf[id]) { edgeOf[id].classList.toggle('hl', on); }
+      id = byId[id].getAttribute('data-parent');
+    }
   }
   nodes.forEach(function (g) {
     var title = g.querySelector('title');
@@ -59,25 +55,30 @@ _JS = """
     g.addEventListener('mouseenter', function () { info.textContent = text; mark(g.getAttribute('data-id'), true); });
     g.addEventListener('mouseleave', function () { mark(g.getAttribute('data-id'), false); });
   });
-  function place(folded) {
-    var key = folded ? 'data-fold' : 'data-full';
-    svg.classList.toggle('folded', folded);
-    svg.querySelectorAll('g.node, g.ghost').forEach(function (g) {
-      var at = g.getAttribute(key);
+  var fold = root.querySelector('input.fold');
+  var quiet = root.querySelector('input.quiet');
+  function show(el, on) { el.style.display = on ? '' : 'none'; }
+  function place() {
+    var mode = (fold.checked ? 'fold' : 'full') + (quiet && quiet.checked ? '-q' : '');
+    svg.classList.toggle('folded', fold.checked);
+    svg.querySelectorAll('g.node, g.ghost, g.hdr-col').forEach(function (g) {
+      var at = g.getAttribute('data-' + mode);
       if (at) { g.setAttribute('transform', 'translate(' + at + ')'); }
+      show(g, !!at);
     });
     svg.querySelectorAll('path.edge').forEach(function (p) {
-      var d = p.getAttribute(folded ? 'data-d-fold' : 'data-d-full');
+      var d = p.getAttribute('data-d-' + mode);
       if (d) { p.setAttribute('d', d); }
+      show(p, !!d);
     });
-    var size = svg.getAttribute(folded ? 'data-fold-size' : 'data-full-size').split(' ');
+    var size = svg.getAttribute('data-' + mode + '-size').split(' ');
     svg.setAttribute('width', size[0]);
     svg.setAttribute('height', size[1]);
     svg.setAttribute('viewBox', '0 0 ' + size[0] + ' ' + size[1]);
   }
-  var fold = root.querySelector('input.fold');
-  fold.addEventListener('change', function () { place(fold.checked); });
-  place(fold.checked);
+  fold.addEventListener('change', place);
+  if (quiet) { quiet.addEventListener('change', place); }
+  place();
   root.setAttribute('data-rendered', String(nodes.length));
 })();
 """
@@ -116,35 +117,80 @@ def _summary(trace: Trace) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
-def to_html(trace: Trace, vocab: Any = None, standalone: bool = True, title: str | None = None) -> str:
+def to_html(trace: Trace | CTCTrace, vocab: Any = None, standalone: bool = True, title: str | None = None) -> str:
     """The interactive search tree of ``trace`` as HTML: one column per step, nodes for the candidates with their
     tokens, edges to their parents, distinct styles for running / pruned / finished / cut / evicted nodes, the
     returned n-best and the greedy path highlighted, numbers on hover, a control to fold pruned branches.
 
-    ``vocab`` (a list of strings, a mapping, a beamkit Vocab or a tokenizer) maps token ids to text.
-    ``standalone``: a whole page (``<!DOCTYPE html>``...); else a fragment (Jupyter). Everything is inline.
+    A :class:`beamkit.ctc.trace.CTCTrace` is drawn the same way: one column per frame, a node per prefix entry
+    (kept, or pruned by threshold / beam width / history), edges to the source beam, p_b / p_nb / LM / total /
+    merged count on hover, plus a control to compress runs of blank-only frames (see :mod:`beamkit.viz.ctc`).
+
+    ``vocab`` (a list of strings, a mapping, a beamkit Vocab or a tokenizer) maps token ids to text (search
+    traces only: a CTC trace carries its labels). ``standalone``: a whole page (``<!DOCTYPE html>``...); else a
+    fragment (Jupyter). Everything is inline.
     """
+    if not isinstance(trace, Trace):
+        return _ctc_html(as_ctc_trace(trace), standalone, title)
     if vocab is not None:
         trace.with_vocab(vocab)
-    uid = f"bk-trace-{next(_ids)}"
-    data = trace.to_json().replace("</", "<\\/")
     head = escape(title or (f"search tree: {trace.source}" if trace.source else "search tree"))
     params = (
         f"policy {trace.policy}, beam {trace.beam_size}, max_len {trace.max_len}, length penalty alpha "
         f"{trace.alpha:g}; {len(trace.nodes) - 1} candidates over {len(trace.steps)} steps"
     )
-    legend = "".join(
-        f'<span><i style="background:{bg};border-color:{fg}"></i>{escape(txt)}</span>' for _, bg, fg, txt in _LEGEND
+    meta = [params, f"stopped: {trace.stop_reason or '-'}"]
+    controls = '<label><input type="checkbox" class="fold"> fold pruned branches</label>'
+    hint = "hover a node for its prefix, log-probability, score and fate"
+    return _page(
+        trace.to_json(),
+        head,
+        meta,
+        _summary(trace),
+        _LEGEND,
+        controls,
+        hint,
+        to_svg(trace, style=False),
+        "",
+        standalone,
+    )
+
+
+def as_ctc_trace(trace: Any) -> CTCTrace:
+    """``trace`` itself when it is a CTC trace; else a TypeError naming what the drawings take."""
+    from beamkit.ctc.trace import CTCTrace
+
+    if not isinstance(trace, CTCTrace):
+        raise TypeError(f"expected a beamkit.trace.Trace or a beamkit.ctc.trace.CTCTrace, got {type(trace).__name__}")
+    return trace
+
+
+def _page(
+    data: str,
+    head: str,
+    meta: list[str],
+    summary: str,
+    legend: tuple[tuple[str, str, str, str], ...],
+    controls: str,
+    hint: str,
+    svg: str,
+    css: str,
+    standalone: bool,
+) -> str:
+    """The page around a drawing: title, parameters, summary table, legend, controls, hover box, the SVG, the
+    trace's JSON and the inline style and script."""
+    uid = f"bk-trace-{next(_ids)}"
+    data = data.replace("</", "<\\/")  # no "</script>" inside the JSON
+    keys = "".join(
+        f'<span><i style="background:{bg};border-color:{fg}"></i>{escape(txt)}</span>' for _, bg, fg, txt in legend
     )
     body = (
-        f'<div class="bk-view" id="{uid}"><h1>{head}</h1><div class="meta">{escape(params)}</div>'
-        f'<div class="meta">stopped: {escape(trace.stop_reason or "-")}</div>{_summary(trace)}'
-        f'<div class="legend">{legend}</div>'
-        f'<label><input type="checkbox" class="fold"> fold pruned branches</label>'
-        f'<div class="info">hover a node for its prefix, log-probability, score and fate</div>'
-        f'<div class="tree">{to_svg(trace, style=False)}</div>'
+        f'<div class="bk-view" id="{uid}"><h1>{head}</h1>'
+        + "".join(f'<div class="meta">{escape(m)}</div>' for m in meta)
+        + f'{summary}<div class="legend">{keys}</div>{controls}<div class="info">{escape(hint)}</div>'
+        f'<div class="tree">{svg}</div>'
         f'<script type="application/json" class="bk-data">{data}</script>'
-        f"<style>{CSS}{_PAGE_CSS}</style><script>{_JS % {'id': repr(uid)}}</script></div>"
+        f"<style>{CSS}{css}{_PAGE_CSS}</style><script>{_JS % {'id': repr(uid)}}</script></div>"
     )
     if not standalone:
         return body
@@ -152,3 +198,47 @@ def to_html(trace: Trace, vocab: Any = None, standalone: bool = True, title: str
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{head}</title></head><body>{body}</body></html>\n"
     )
+
+
+_CTC_LEGEND = (
+    ("kept", "#dbe9ff", "#2b6cd1", "kept beam"),
+    ("threshold", "#f6f6f6", "#bbb", "pruned: threshold"),
+    ("beam", "#f9eeee", "#c77c7c", "pruned: beam width"),
+    ("history", "#fff3dc", "#d98c1a", "pruned: history"),
+    ("quiet", "#eef3fa", "#2b6cd1", "blank-only frame"),
+    ("result", "#fff", "#b8860b", "returned hypotheses"),
+    ("greedy", "#fff", "#8e44ad", "greedy (best path) prefix"),
+)
+
+
+def _ctc_summary(trace: CTCTrace, leaves: int | None) -> str:
+    rows = []
+    for rank, h in enumerate(trace.hypotheses, 1):
+        rows.append(
+            f"<tr><td>#{rank}</td><td>{escape(h.text) or '∅'}</td><td>score {_num(h.score)}</td>"
+            f"<td>logit {_num(h.logit_score)}</td><td>LM {_num(h.lm_score)}</td></tr>"
+        )
+    where = "a beam prefix at every frame" if leaves is None else f"no entry holds its prefix from frame {leaves}"
+    rows.append(f"<tr><td>greedy</td><td>{escape(trace.greedy) or '∅'}</td><td colspan=3>({where})</td></tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _ctc_html(trace: CTCTrace, standalone: bool, title: str | None) -> str:
+    from beamkit.viz.ctc import CTC_CSS, ctc_layout, ctc_svg
+
+    lay = ctc_layout(trace)
+    what = f"CTC prefix search: {trace.source}" if trace.source else "CTC prefix search"
+    head = escape(title or (what if trace.utterance == 0 else f"{what} (utterance {trace.utterance})"))
+    kept = max((len(f.kept) for f in trace.frames), default=0)
+    meta = [
+        f"{len(trace.frames)} frames ({sum(lay.quiet)} blank-only), {trace.n_entries} entries, at most {kept} "
+        f"beams per frame; {len(trace.labels)} labels"
+    ]
+    controls = (
+        '<label><input type="checkbox" class="fold"> fold pruned branches</label> '
+        '<label><input type="checkbox" class="quiet" checked> compress runs of blank-only frames</label>'
+    )
+    hint = "hover a node for its prefix, p_b, p_nb, LM score, total, merged count and fate"
+    svg = ctc_svg(trace, style=False, lay=lay)
+    summary = _ctc_summary(trace, lay.greedy_leaves)
+    return _page(trace.to_json(), head, meta, summary, _CTC_LEGEND, controls, hint, svg, CTC_CSS, standalone)

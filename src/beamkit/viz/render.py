@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 from html import escape
+from typing import TYPE_CHECKING
 
 from beamkit.trace import Trace, TraceNode
 from beamkit.viz.layout import BOX_H, BOX_W, COL_W, MARGIN, Layout, greedy_path, layout
+
+if TYPE_CHECKING:
+    from beamkit.ctc.trace import CTCTrace
 
 # distinct styles per status; the HTML page uses the same sheet
 CSS = """
@@ -73,20 +77,30 @@ def _classes(trace: Trace, node: TraceNode, lay: Layout, on_result: set[int]) ->
     return " ".join(out)
 
 
-def _edge(a: tuple[float, float], b: tuple[float, float]) -> str:
+def _parent(node: TraceNode) -> str:
+    return "" if node.parent is None else str(node.parent)
+
+
+def edge_path(a: tuple[float, float], b: tuple[float, float]) -> str:
+    """An SVG path from the right side of the box at ``a`` to the left side of the box at ``b``."""
     x1, y1 = a[0] + BOX_W, a[1] + BOX_H / 2
     x2, y2 = b[0], b[1] + BOX_H / 2
     mid = (x1 + x2) / 2
     return f"M{x1:.1f},{y1:.1f} C{mid:.1f},{y1:.1f} {mid:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
 
 
-def to_svg(trace: Trace, style: bool = True) -> str:
+def to_svg(trace: Trace | CTCTrace, style: bool = True) -> str:
     """The search tree as an SVG document (with its style sheet unless ``style=False``).
 
-    Every node is a ``<g class="node s-STATUS">`` carrying ``data-id``, its two positions (``data-full``,
-    ``data-fold``) and a ``<title>`` with its numbers; the greedy path's nodes outside the tree are
-    ``<g class="ghost">``.
+    Every node is a ``<g class="node s-STATUS">`` carrying ``data-id``, ``data-parent``, its two positions
+    (``data-full``, ``data-fold``) and a ``<title>`` with its numbers; the greedy path's nodes outside the tree are
+    ``<g class="ghost">``. A CTC trace is drawn by :func:`beamkit.viz.ctc.ctc_svg`.
     """
+    if not isinstance(trace, Trace):
+        from beamkit.viz.ctc import ctc_svg
+        from beamkit.viz.page import as_ctc_trace
+
+        return ctc_svg(as_ctc_trace(trace), style=style)
     lay = layout(trace)
     on_result = {i for r in trace.result for i in trace.path(r)}
     best = set(trace.path(trace.result[0])) if trace.result else set()
@@ -114,9 +128,9 @@ def to_svg(trace: Trace, style: bool = True) -> str:
             cls.append("result")
         if n.id in lay.greedy:
             cls.append("greedy")
-        fold = _edge(fa, fb) if fa is not None and fb is not None else ""
+        fold = edge_path(fa, fb) if fa is not None and fb is not None else ""
         parts.append(
-            f'<path class="{" ".join(cls)}" data-child="{n.id}" d="{_edge(a, b)}" data-d-full="{_edge(a, b)}" '
+            f'<path class="{" ".join(cls)}" data-child="{n.id}" d="{edge_path(a, b)}" data-d-full="{edge_path(a, b)}" '
             f'data-d-fold="{fold}"/>'
         )
     for g, (gf, gd) in enumerate(zip(lay.ghost_full, lay.ghost_folded, strict=True)):
@@ -126,8 +140,8 @@ def to_svg(trace: Trace, style: bool = True) -> str:
         else:
             pa, pd = lay.ghost_full[-ghost.parent - 1], lay.ghost_folded[-ghost.parent - 1]
         parts.append(
-            f'<path class="edge greedy ghost-edge" d="{_edge(pa, gf)}" data-d-full="{_edge(pa, gf)}" '
-            f'data-d-fold="{_edge(pd, gd)}"/>'
+            f'<path class="edge greedy ghost-edge" d="{edge_path(pa, gf)}" data-d-full="{edge_path(pa, gf)}" '
+            f'data-d-fold="{edge_path(pd, gd)}"/>'
         )
     parts.append('</g><g class="nodes">')
     for n in trace.nodes:
@@ -135,7 +149,8 @@ def to_svg(trace: Trace, style: bool = True) -> str:
         at = lay.folded[n.id]
         fold_attr = f"{at[0]:.1f},{at[1]:.1f}" if at is not None else ""
         parts.append(
-            f'<g class="{_classes(trace, n, lay, on_result)}" data-id="{n.id}" transform="translate({x:.1f},{y:.1f})" '
+            f'<g class="{_classes(trace, n, lay, on_result)}" data-id="{n.id}" data-parent="{_parent(n)}" '
+            f'transform="translate({x:.1f},{y:.1f})" '
             f'data-full="{x:.1f},{y:.1f}" data-fold="{fold_attr}"><title>{escape(describe(trace, n))}</title>'
             f'<rect width="{BOX_W}" height="{BOX_H}" rx="3"/>'
             f'<text x="4" y="{BOX_H / 2 + 1}">{escape(label(trace, n))}</text></g>'
@@ -161,19 +176,22 @@ _DOT_STYLE = {
 }
 
 
-def _dot_str(text: str) -> str:
+def dot_string(text: str) -> str:
+    """``text`` as a quoted DOT string."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def to_dot(trace: Trace) -> str:
-    """The search tree as Graphviz DOT (left to right, one rank per step, statuses as fill colours)."""
+def to_dot(trace: Trace | CTCTrace) -> str:
+    """The search tree as Graphviz DOT (left to right, one rank per step, statuses as fill colours); a CTC
+    trace is drawn by :func:`beamkit.viz.ctc.ctc_dot`."""
+    if not isinstance(trace, Trace):
+        from beamkit.viz.ctc import ctc_dot
+        from beamkit.viz.page import as_ctc_trace
+
+        return ctc_dot(as_ctc_trace(trace))
     on_result = {i for r in trace.result for i in trace.path(r)}
     greedy, _ = greedy_path(trace)
-    lines = [
-        "digraph search {",
-        "  rankdir=LR;",
-        '  node [shape=box style=filled fontname="DejaVu Sans Mono" fontsize=10];',
-    ]
+    lines = dot_head("search")
     for n in trace.nodes:
         extra = ""
         if n.evicted is not None:
@@ -181,7 +199,7 @@ def to_dot(trace: Trace) -> str:
         if n.id in on_result:
             extra += ' penwidth=3 color="#b8860b"'
         lines.append(
-            f"  n{n.id} [label={_dot_str(label(trace, n))} tooltip={_dot_str(describe(trace, n))} "
+            f"  n{n.id} [label={dot_string(label(trace, n))} tooltip={dot_string(describe(trace, n))} "
             f"{_DOT_STYLE[n.status]}{extra}];"
         )
     for n in trace.nodes:
@@ -190,10 +208,24 @@ def to_dot(trace: Trace) -> str:
             if n.id in greedy:
                 attrs = 'color="#8e44ad" penwidth=2'
             lines.append(f"  n{n.parent} -> n{n.id} [{attrs}];")
-    by_step: dict[int, list[int]] = {}
-    for n in trace.nodes:
-        by_step.setdefault(n.step, []).append(n.id)
-    for ids in by_step.values():
+    return dot_end(lines, [(n.step, n.id) for n in trace.nodes])
+
+
+def dot_head(name: str) -> list[str]:
+    """The first lines of a left-to-right DOT graph of boxes."""
+    return [
+        f"digraph {name} {{",
+        "  rankdir=LR;",
+        '  node [shape=box style=filled fontname="DejaVu Sans Mono" fontsize=10];',
+    ]
+
+
+def dot_end(lines: list[str], columns: list[tuple[int, int]]) -> str:
+    """The DOT text of ``lines`` closed with one ``rank=same`` group per column (``(column, node id)`` pairs)."""
+    by_column: dict[int, list[int]] = {}
+    for col, i in columns:
+        by_column.setdefault(col, []).append(i)
+    for ids in by_column.values():
         lines.append("  { rank=same; " + " ".join(f"n{i};" for i in ids) + " }")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,332 @@
+"""CTC prefix-search traces: the recorder, the trace's JSON, its drawings, and ``beamkit ctc explain``.
+
+Oracles: a prefix beam search worked by hand on 3 frames (numbers in the comments below), the best path read off
+the posterior matrix with numpy, and brute-force enumeration of every label path for tiny inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from beamkit.ctc.trace import CTCTrace, CTCTraceRecorder, collapse, join_labels
+from beamkit.viz import to_dot, to_html, to_svg
+from beamkit.viz.ctc import ctc_layout, quiet_frames
+
+LABELS = ["", "a", "b"]  # blank, a, b
+BLANK = 0
+LN = math.log
+NEG = -math.inf
+
+
+class FrameSnapshot(NamedTuple):
+    """The search's per-frame record, field for field as in the CTC trace contract."""
+
+    t: int
+    cand_labels: np.ndarray
+    cand_lp: np.ndarray
+    prefix: np.ndarray
+    source: np.ndarray
+    label: np.ndarray
+    ends_in_blank: np.ndarray
+    p_b: np.ndarray
+    p_nb: np.ndarray
+    lm: np.ndarray
+    total: np.ndarray
+    merged: np.ndarray
+    fate: np.ndarray
+
+
+class Hyp(NamedTuple):
+    text: str
+    score: float
+    logit_score: float
+    lm_score: float
+
+
+# ---------------------------------------------------------------------------------------------- worked by hand
+# Posteriors (columns blank, a, b), beam width 2, beam_prune_logp = ln 0.1 (drop beams below best / 10),
+# token_min_logp = ln 0.09 (a frame's candidates: labels with p >= 0.09), no LM, p_b / p_nb as probabilities:
+P = np.array([[0.5, 0.4, 0.1], [0.6, 0.05, 0.35], [0.2, 0.7, 0.1]])
+BEAM, PRUNE, MIN_LP = 2, LN(0.1), LN(0.09)
+# frame 0, candidates blank a b, from the root (empty prefix, p_b 1):
+#   ""  p_b .5                                    total .5   kept
+#   "a" p_nb .4                                   total .4   kept
+#   "b" p_nb .1                                   total .1   pruned by the beam width (.1 >= .5 / 10)
+# frame 1, candidates blank .6 and b .35 (a .05 < .09 is no candidate):
+#   ""  p_b .5 x .6 = .30           (from "")     kept
+#   "a" p_b .4 x .6 = .24           (from "a")    kept
+#   "b" p_nb .5 x .35 = .175        (from "")     beam width
+#   "ab" p_nb .4 x .35 = .14        (from "a")    beam width (threshold .03)
+# frame 2, candidates blank .2, a .7, b .1; beams "" (p_b .30) and "a" (p_b .24, p_nb 0):
+#   "a"  p_nb "" + a: .30 x .7 = .21; p_b "a" + blank: .24 x .2 = .048   total .258   kept, best row "" + a
+#   "aa" p_nb "a" + a (after a blank): .24 x .7 = .168                   total .168   kept
+#   ""   p_b .30 x .2 = .06                                              beam width
+#   "b"  p_nb .30 x .1 = .03                                             beam width (threshold .0258)
+#   "ab" p_nb .24 x .1 = .024                                            below the threshold .0258
+# returned: "a" (ln .258), "aa" (ln .168).
+# Each entry: text, source (index into the previous frame's kept beams), label added (-1: none), p_b, p_nb, merged
+# rows, fate; the search ranks kept entries best first (pruned ones follow in any order).
+HAND = [
+    [
+        ("", 0, -1, 0.5, 0.0, 1, "kept"),
+        ("a", 0, 1, 0.0, 0.4, 1, "kept"),
+        ("b", 0, 2, 0.0, 0.1, 1, "beam"),
+    ],
+    [
+        ("", 0, -1, 0.30, 0.0, 1, "kept"),
+        ("a", 1, -1, 0.24, 0.0, 1, "kept"),
+        ("b", 0, 2, 0.0, 0.175, 1, "beam"),
+        ("ab", 1, 2, 0.0, 0.14, 1, "beam"),
+    ],
+    [
+        ("a", 0, 1, 0.048, 0.21, 2, "kept"),
+        ("aa", 1, 1, 0.0, 0.168, 1, "kept"),
+        ("", 0, -1, 0.06, 0.0, 1, "beam"),
+        ("b", 0, 2, 0.0, 0.03, 1, "beam"),
+        ("ab", 1, 2, 0.0, 0.024, 1, "threshold"),
+    ],
+]
+HAND_CANDS = [[0, 1, 2], [0, 2], [0, 1, 2]]
+HAND_HYPS = [("a", 0.258), ("aa", 0.168)]
+FATE_CODE = {"kept": 0, "threshold": 1, "beam": 2, "history": 3}
+
+
+def _ln(p: float) -> float:
+    return LN(p) if p > 0 else NEG
+
+
+def hand_snapshots(ids: dict[str, int]) -> list[FrameSnapshot]:
+    """The worked frames as the search's snapshots (prefix ids from ``ids``, new texts get new ids)."""
+    out = []
+    for t, (rows, cands) in enumerate(zip(HAND, HAND_CANDS, strict=True)):
+        for text, *_ in rows:
+            ids.setdefault(text, len(ids))
+        p_b = np.array([_ln(r[3]) for r in rows])
+        p_nb = np.array([_ln(r[4]) for r in rows])
+        out.append(
+            FrameSnapshot(
+                t=t,
+                cand_labels=np.array(cands, np.int64),
+                cand_lp=np.log(P[t, cands]),
+                prefix=np.array([ids[r[0]] for r in rows], np.int64),
+                source=np.array([r[1] for r in rows], np.int64),
+                label=np.array([r[2] for r in rows], np.int64),
+                ends_in_blank=p_nb == NEG,
+                p_b=p_b,
+                p_nb=p_nb,
+                lm=np.zeros(len(rows)),
+                total=np.logaddexp(p_b, p_nb),
+                merged=np.array([r[5] for r in rows], np.int64),
+                fate=np.array([FATE_CODE[r[6]] for r in rows], np.int8),
+            )
+        )
+    return out
+
+
+def hand_trace() -> CTCTrace:
+    """The worked example recorded from hand-made snapshots (the recorder alone, no search)."""
+    ids = {"": 0}
+    snaps = hand_snapshots(ids)
+    texts = {v: k for k, v in ids.items()}
+    rec = CTCTraceRecorder(LABELS, BLANK)
+    rec.begin(0, len(snaps), texts.__getitem__)
+    for s in snaps:
+        rec.frame(0, s)
+    rec.end(0, [Hyp(t, LN(p), LN(p), 0.0) for t, p in HAND_HYPS], [ids[t] for t, _ in HAND_HYPS])
+    return rec.traces()[0]
+
+
+def assert_hand_numbers(trace: CTCTrace) -> None:
+    """``trace`` holds exactly the worked entries: texts, sources, labels, p_b, p_nb, totals, fates (pruned
+    entries compared as a set per frame, their order being free)."""
+    assert len(trace.frames) == 3
+    for t, rows in enumerate(HAND):
+        f = trace.frames[t]
+        assert sorted(c.label for c in f.candidates) == HAND_CANDS[t]
+        assert len(f.entries) == len(rows), [e.text for e in f.entries]
+        kept = [r for r in rows if r[6] == "kept"]
+        assert [e.text for e in f.kept] == [r[0] for r in kept]  # kept first, best first
+        by_text = {e.text: e for e in f.entries}
+        for text, source, label, pb, pnb, _merged, fate in rows:
+            e = by_text[text]
+            assert (e.fate, e.label) == (fate, label), text
+            if fate == "kept":
+                assert e.source == source, text
+            assert e.p_b == pytest.approx(_ln(pb), abs=1e-12) if pb else e.p_b == NEG
+            assert e.p_nb == pytest.approx(_ln(pnb), abs=1e-12) if pnb else e.p_nb == NEG
+            assert e.total == pytest.approx(LN(pb + pnb), abs=1e-12)
+            assert e.lm == 0.0
+    assert [(h.text, round(math.exp(h.logit_score), 12)) for h in trace.hypotheses] == HAND_HYPS
+    assert [h.entries for h in trace.hypotheses] == [[0], [1]]
+
+
+def test_recorder_keeps_the_worked_frames():
+    trace = hand_trace()
+    assert_hand_numbers(trace)
+    f2 = trace.frames[2]
+    assert [e.merged for e in f2.entries] == [2, 1, 1, 1, 1]
+    assert [e.label_text for e in f2.entries] == ["a", "a", "", "b", "b"]
+    assert trace.frames[0].candidates[0].text == "ε" and trace.label_text(2) == "b"
+    assert trace.n_entries == 12
+
+
+def test_recorder_refuses_frames_out_of_order_and_missing_frames():
+    rec = CTCTraceRecorder(LABELS, BLANK)
+    snaps = hand_snapshots({"": 0})
+    rec.begin(0, 3, str)
+    with pytest.raises(ValueError, match="frame 1 recorded after 0 frames"):
+        rec.frame(0, snaps[1])
+    rec.frame(0, snaps[0])
+    with pytest.raises(ValueError, match="1 frames recorded, 3 announced"):
+        rec.end(0, [], [])
+    with pytest.raises(ValueError, match="blank index 3"):
+        CTCTraceRecorder(LABELS, 3)
+    with pytest.raises(TypeError, match="sequence of strings"):
+        CTCTraceRecorder("ab", 0)
+
+
+def test_greedy_is_the_best_path_of_the_posteriors():
+    trace = hand_trace()
+    assert trace.best_path() == np.argmax(P, axis=1).tolist() == [0, 0, 1]
+    assert trace.greedy_labels == [1] and trace.greedy == "a"
+    assert trace.greedy_prefixes() == ["", "", "a"]
+    assert collapse([1, 1, 0, 1, 2, 2, 0], 0) == [1, 1, 2]
+    assert join_labels(["", "▁he", "llo", "▁w"], [1, 2, 3]) == "hello w"
+
+
+def test_json_round_trip():
+    trace = hand_trace()
+    text = trace.to_json()
+    raw = json.loads(text)
+    assert raw["frames"][0]["entries"][0]["p_nb"] == "-inf" and raw["greedy"] == "a"
+    back = CTCTrace.from_json(text)
+    assert back == trace
+    assert CTCTrace.from_json(raw) == trace
+
+
+# ---------------------------------------------------------------------------------------------- drawings
+def test_svg_has_one_node_per_entry_with_its_fate_and_an_edge_to_its_source():
+    trace = hand_trace()
+    svg = ET.fromstring(to_svg(trace))
+    ns = "{http://www.w3.org/2000/svg}"
+    nodes = [g for g in svg.iter(f"{ns}g") if "node" in g.get("class", "").split()]
+    assert len(nodes) == trace.n_entries + 1  # and the root
+    fates = [e.fate for f in trace.frames for e in f.entries]
+    classes = [g.get("class", "").split() for g in nodes[1:]]
+    assert [f"f-{fate}" in c for fate, c in zip(fates, classes, strict=True)] == [True] * len(fates)
+    # parents: frame 0 from the root, later frames from the previous frame's kept entry named by `source`
+    titles = {g.get("data-id"): g.find(f"{ns}title").text for g in nodes}  # type: ignore[union-attr]
+    child = nodes[1 + 3 + 4]  # frame 2, entry 0: "a" from "" + a
+    assert child.get("data-parent") == "4" and "\"\" + 'a'" in titles[child.get("data-id")]
+    assert "p_b -3.0366" in titles["8"] and "2 extensions merged" in titles["8"]  # ln .048
+    # the returned hypotheses' beams and their ancestors are marked; the greedy prefix "a" at frame 2 too
+    result = {g.get("data-id") for g in nodes if "result" in g.get("class", "")}
+    assert result == {"0", "1", "2", "4", "5", "8", "9"}
+    assert {g.get("data-id") for g in nodes if "greedy" in g.get("class", "")} == {"0", "1", "4", "8"}
+    edges = [p for p in svg.iter(f"{ns}path") if p.get("data-child")]
+    assert len(edges) == trace.n_entries
+
+
+def test_dot_draws_every_entry_and_edge():
+    trace = hand_trace()
+    dot = to_dot(trace)
+    assert dot.startswith("digraph ctc_search {")
+    assert sum(1 for line in dot.splitlines() if "[label=" in line) == trace.n_entries + 1
+    assert sum(1 for line in dot.splitlines() if "->" in line) == trace.n_entries
+    assert "n4 -> n8" in dot  # frame 2's "a" from frame 1's ""
+
+
+def test_html_is_self_contained_and_carries_the_trace():
+    trace = hand_trace()
+    page = to_html(trace)
+    offline = page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert page.startswith("<!DOCTYPE html>") and "http://" not in offline
+    assert "https://" not in page and "compress runs of blank-only frames" in page
+    assert trace._repr_html_().startswith('<div class="bk-view"')
+    with pytest.raises(TypeError, match="CTCTrace"):
+        to_html(object())  # type: ignore[arg-type]
+
+
+def _quiet_trace() -> CTCTrace:
+    """Frames: a, then three blank-only frames, then b (the beams after 'a': "a" and "")."""
+    ids = {"": 0, "a": 1, "b": 2, "ab": 3}
+    rec = CTCTraceRecorder(LABELS, BLANK)
+    rec.begin(0, 5, {v: k for k, v in ids.items()}.__getitem__)
+
+    def snap(t, cands, rows):
+        p_b = np.array([r[3] for r in rows], float)
+        p_nb = np.array([r[4] for r in rows], float)
+        return FrameSnapshot(
+            t,
+            np.array(cands),
+            np.log([1.0] if len(cands) == 1 else [0.4, 0.6]),  # the last candidate is the frame's best
+            np.array([ids[r[0]] for r in rows]),
+            np.array([r[1] for r in rows]),
+            np.array([r[2] for r in rows]),
+            p_nb == NEG,
+            p_b,
+            p_nb,
+            np.zeros(len(rows)),
+            np.logaddexp(p_b, p_nb),
+            np.ones(len(rows), np.int64),
+            np.array([0] * len(rows), np.int8),
+        )
+
+    rec.frame(0, snap(0, [0, 1], [("a", 0, 1, NEG, -0.7), ("", 0, -1, -0.7, NEG)]))
+    rec.frame(0, snap(1, [0], [("a", 0, -1, -0.7, NEG), ("", 1, -1, -0.7, NEG)]))  # the label end turns blank
+    rec.frame(0, snap(2, [0], [("a", 0, -1, -0.7, NEG), ("", 1, -1, -0.7, NEG)]))  # quiet
+    rec.frame(0, snap(3, [0], [("a", 0, -1, -0.7, NEG), ("", 1, -1, -0.7, NEG)]))  # quiet
+    rec.frame(0, snap(4, [0, 2], [("ab", 0, 2, NEG, -1.4), ("b", 1, 2, NEG, -1.4)]))
+    rec.end(0, [Hyp("ab", -1.4, -1.4, 0.0)], [3])
+    return rec.traces()[0]
+
+
+def test_blank_only_frames_are_compressed():
+    trace = _quiet_trace()
+    assert quiet_frames(trace) == [False, False, True, True, False]
+    lay = ctc_layout(trace)
+    assert lay.column["full"] == [112.0, 208.0, 304.0, 400.0, 496.0]
+    assert lay.column["full-q"] == [112.0, 208.0, None, 304.0, 400.0]  # frame 2 folded into frame 3's column
+    # frame 4's "ab" hangs, when compressed, under frame 3's "a" (its source chain through frame 2 hidden)
+    ab = 1 + 2 * 4
+    assert lay.nodes[ab].parent == 7 and lay.pos["full-q"][5] is None and lay.pos["full-q"][7] is not None
+    svg = to_svg(trace)
+    assert "(t 2-3: ε)" in svg
+    assert lay.greedy_leaves is None and lay.result == lay.greedy == {0, 1, 3, 5, 7, ab}
+    assert trace.greedy == "ab" == trace.hypotheses[0].text
+
+
+# ---------------------------------------------------------------------------------------------- in a browser
+def browser_trace() -> CTCTrace:
+    """A trace with kept and pruned entries and a run of blank-only frames."""
+    return _quiet_trace()
+
+
+@pytest.mark.slow
+def test_ctc_page_in_headless_chromium(tmp_path):
+    from tests.test_viz_browser import VISIBLE, assert_clean_offline_load, hover, open_page
+
+    trace = browser_trace()
+    quiet = quiet_frames(trace)
+    hidden = sum(len(f.entries) for t, f in enumerate(trace.frames[:-1]) if quiet[t] and quiet[t + 1])
+    kept = sum(len(f.kept) for f in trace.frames)
+    with open_page(tmp_path, to_html(trace)) as (dt, page):
+        nodes = dt.evaluate("document.querySelectorAll('svg.bk-tree g.node').length")
+        rendered = dt.evaluate("document.querySelector('.bk-view').getAttribute('data-rendered')")
+        assert nodes == trace.n_entries + 1 and rendered == str(nodes)  # every entry and the root; script ran
+        assert dt.evaluate(f"{VISIBLE}.length") == nodes - hidden  # quiet runs compressed by default
+        dt.evaluate("document.querySelector('input.quiet').click()")
+        assert dt.evaluate(f"{VISIBLE}.length") == nodes
+        dt.evaluate("document.querySelector('input.fold').click()")
+        assert dt.evaluate(f"{VISIBLE}.length") == kept + 1
+        last = trace.n_entries  # the last frame's last entry
+        e = trace.frames[-1].entries[-1]
+        info = hover(dt, last)
+        assert f"p_nb {e.p_nb:.4f}" in info and f"total {e.total:.4f}" in info and "merged" in info
+        assert_clean_offline_load(dt, page)
