@@ -196,6 +196,10 @@ def test_greedy_is_the_best_path_of_the_posteriors():
     assert trace.best_path() == np.argmax(P, axis=1).tolist() == [0, 0, 1]
     assert trace.greedy_labels == [1] and trace.greedy == "a"
     assert trace.greedy_prefixes() == ["", "", "a"]
+    tied = CTCTrace.from_json(trace.to_json())
+    for c in tied.frames[1].candidates:
+        c.logprob = LN(0.5)  # blank and b tie at frame 1: numpy's argmax takes the lower id
+    assert tied.best_path() == np.argmax([[0.5, 0.4, 0.1], [0.5, 0.0, 0.5], [0.2, 0.7, 0.1]], axis=1).tolist()
     assert collapse([1, 1, 0, 1, 2, 2, 0], 0) == [1, 1, 2]
     assert join_labels(["", "▁he", "llo", "▁w"], [1, 2, 3]) == "hello w"
 
