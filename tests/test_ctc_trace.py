@@ -325,10 +325,21 @@ def test_ctc_page_in_headless_chromium(tmp_path):
         rendered = dt.evaluate("document.querySelector('.bk-view').getAttribute('data-rendered')")
         assert nodes == trace.n_entries + 1 and rendered == str(nodes)  # every entry and the root; script ran
         assert dt.evaluate(f"{VISIBLE}.length") == nodes - hidden  # quiet runs compressed by default
+        edges = "[...document.querySelectorAll('path.edge')].filter(p => getComputedStyle(p).display !== 'none')"
         dt.evaluate("document.querySelector('input.quiet').click()")
         assert dt.evaluate(f"{VISIBLE}.length") == nodes
+        assert dt.evaluate(f"{edges}.length") == nodes - 1  # an edge to every entry, redrawn by the script
         dt.evaluate("document.querySelector('input.fold').click()")
         assert dt.evaluate(f"{VISIBLE}.length") == kept + 1
+        assert dt.evaluate(f"{edges}.length") == kept
+        # the redrawn edge of the last frame's first entry ends at that entry's box
+        first = trace.n_entries - len(trace.frames[-1].entries) + 1
+        end = dt.evaluate(
+            f"document.querySelector('path.edge[data-child=\"{first}\"]').getAttribute('d').split(' ').pop()"
+        )
+        box = dt.evaluate(f"document.querySelector('g.node[data-id=\"{first}\"]').getAttribute('transform')")
+        x, y = (float(v) for v in box[len("translate(") : -1].split(","))
+        assert [float(v) for v in end.split(",")] == [x, y + 17 / 2]
         last = trace.n_entries  # the last frame's last entry
         e = trace.frames[-1].entries[-1]
         info = hover(dt, last)

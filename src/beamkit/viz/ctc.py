@@ -284,7 +284,8 @@ def ctc_svg(trace: CTCTrace, style: bool = True, lay: CTCLayout | None = None) -
     """The prefix search as an SVG document, compressed quiet runs (see the module docstring).
 
     Every node is a ``<g class="node ...">`` with ``data-id``, ``data-parent``, its position in each mode
-    (``data-full``, ``data-fold``, ``data-full-q``, ``data-fold-q``; empty: hidden) and a ``<title>``.
+    (``data-full``, ``data-fold``, ``data-full-q``, ``data-fold-q``; empty: hidden) and a ``<title>``; edges
+    (``data-child``) are drawn for the default mode, and the page's script redraws them from the nodes.
     ``lay``: the layout when already computed."""
     lay = lay if lay is not None else ctc_layout(trace)
     mode = DEFAULT_MODE
@@ -292,7 +293,7 @@ def ctc_svg(trace: CTCTrace, style: bool = True, lay: CTCLayout | None = None) -
     sizes = " ".join(f'data-{m}-size="{lay.size[m][0]:.0f} {lay.size[m][1]:.0f}"' for m in MODES)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="bk-tree bk-ctc" width="{w:.0f}" height="{h:.0f}" '
-        f'viewBox="0 0 {w:.0f} {h:.0f}" {sizes}>'
+        f'viewBox="0 0 {w:.0f} {h:.0f}" {sizes} data-box="{BOX_W} {BOX_H}">'
     ]
     if style:
         parts.append(f"<style>{CSS}{CTC_CSS}</style>")
@@ -315,20 +316,18 @@ def ctc_svg(trace: CTCTrace, style: bool = True, lay: CTCLayout | None = None) -
     for node in lay.nodes[1:]:
         e = node.entry
         assert e is not None
-        ds = {}
-        for m in MODES:
-            b = lay.pos[m][node.id]
-            p = _visible_parent(lay.nodes, lay.pos[m], node.id)
-            a = lay.pos[m][p] if p is not None else None
-            ds[m] = edge_path(a, b) if a is not None and b is not None else ""
+        b = lay.pos[mode][node.id]
+        p = _visible_parent(lay.nodes, lay.pos[mode], node.id)
+        a = lay.pos[mode][p] if p is not None else None
+        d = edge_path(a, b) if a is not None and b is not None else ""
         cls = ["edge", "s-kept" if e.fate == "kept" else "s-pruned"]
         if node.id in lay.best:
             cls.append("result")
         if node.id in lay.greedy and node.parent in lay.greedy:
             cls.append("greedy")
-        attrs = " ".join(f'data-d-{m}="{ds[m]}"' for m in MODES)
-        hide = ' style="display:none"' if not ds[mode] else ""
-        parts.append(f'<path class="{" ".join(cls)}" data-child="{node.id}" d="{ds[mode] or "M0,0"}" {attrs}{hide}/>')
+        hide = ' style="display:none"' if not d else ""
+        # the page's script redraws edges from the node positions when the layout changes
+        parts.append(f'<path class="{" ".join(cls)}" data-child="{node.id}" d="{d or "M0,0"}"{hide}/>')
     parts.append('</g><g class="nodes">')
     for node in lay.nodes:
         at0 = lay.pos[mode][node.id]

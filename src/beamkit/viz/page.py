@@ -58,6 +58,25 @@ _JS = """
   var fold = root.querySelector('input.fold');
   var quiet = root.querySelector('input.quiet');
   function show(el, on) { el.style.display = on ? '' : 'none'; }
+  var box = (svg.getAttribute('data-box') || '64 17').split(' ').map(Number);
+  function at(id, mode) {
+    var v = byId[id].getAttribute('data-' + mode);
+    return v ? v.split(',').map(Number) : null;
+  }
+  // an edge without stored paths: from the nearest placed ancestor to the child, in this mode
+  function curve(child, mode) {
+    var b = at(child, mode);
+    var up = byId[child].getAttribute('data-parent');
+    var a = null;
+    while (b && up) {
+      a = at(up, mode);
+      if (a) { break; }
+      up = byId[up].getAttribute('data-parent');
+    }
+    if (!a || !b) { return ''; }
+    var x1 = a[0] + box[0], y1 = a[1] + box[1] / 2, x2 = b[0], y2 = b[1] + box[1] / 2, mid = (x1 + x2) / 2;
+    return 'M' + x1 + ',' + y1 + ' C' + mid + ',' + y1 + ' ' + mid + ',' + y2 + ' ' + x2 + ',' + y2;
+  }
   function place() {
     var mode = (fold.checked ? 'fold' : 'full') + (quiet && quiet.checked ? '-q' : '');
     svg.classList.toggle('folded', fold.checked);
@@ -68,6 +87,7 @@ _JS = """
     });
     svg.querySelectorAll('path.edge').forEach(function (p) {
       var d = p.getAttribute('data-d-' + mode);
+      if (d === null && p.hasAttribute('data-child')) { d = curve(p.getAttribute('data-child'), mode); }
       if (d) { p.setAttribute('d', d); }
       show(p, !!d);
     });
@@ -178,9 +198,10 @@ def _page(
     standalone: bool,
 ) -> str:
     """The page around a drawing: title, parameters, summary table, legend, controls, hover box, the SVG, the
-    trace's JSON and the inline style and script."""
+    trace's JSON (when ``data`` is not empty) and the inline style and script."""
     uid = f"bk-trace-{next(_ids)}"
     data = data.replace("</", "<\\/")  # no "</script>" inside the JSON
+    embedded = f'<script type="application/json" class="bk-data">{data}</script>' if data else ""
     keys = "".join(
         f'<span><i style="background:{bg};border-color:{fg}"></i>{escape(txt)}</span>' for _, bg, fg, txt in legend
     )
@@ -189,7 +210,7 @@ def _page(
         + "".join(f'<div class="meta">{escape(m)}</div>' for m in meta)
         + f'{summary}<div class="legend">{keys}</div>{controls}<div class="info">{escape(hint)}</div>'
         f'<div class="tree">{svg}</div>'
-        f'<script type="application/json" class="bk-data">{data}</script>'
+        f"{embedded}"
         f"<style>{CSS}{css}{_PAGE_CSS}</style><script>{_JS % {'id': repr(uid)}}</script></div>"
     )
     if not standalone:
@@ -241,4 +262,5 @@ def _ctc_html(trace: CTCTrace, standalone: bool, title: str | None) -> str:
     hint = "hover a node for its prefix, p_b, p_nb, LM score, total, merged count and fate"
     svg = ctc_svg(trace, style=False, lay=lay)
     summary = _ctc_summary(trace, lay.greedy_leaves)
-    return _page(trace.to_json(), head, meta, summary, _CTC_LEGEND, controls, hint, svg, CTC_CSS, standalone)
+    # no embedded JSON: the drawing carries every number, and traces get large (beamkit ctc explain --format json)
+    return _page("", head, meta, summary, _CTC_LEGEND, controls, hint, svg, CTC_CSS, standalone)
