@@ -255,6 +255,8 @@ def test_html_is_self_contained_and_carries_the_trace():
     assert trace._repr_html_().startswith('<div class="bk-view"')
     with pytest.raises(TypeError, match="CTCTrace"):
         to_html(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="carries its labels"):
+        to_html(trace, vocab=["x"])
 
 
 def _quiet_trace() -> CTCTrace:

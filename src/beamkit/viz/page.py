@@ -151,6 +151,8 @@ def to_html(trace: Trace | CTCTrace, vocab: Any = None, standalone: bool = True,
     fragment (Jupyter). Everything is inline.
     """
     if not isinstance(trace, Trace):
+        if vocab is not None:
+            raise TypeError("vocab= is for search traces: a CTC trace carries its labels")
         return _ctc_html(as_ctc_trace(trace), standalone, title)
     if vocab is not None:
         trace.with_vocab(vocab)
