@@ -13,36 +13,48 @@ import numpy as np
 import pytest
 
 from beamkit.ctc import Vocabulary, build_arpa, build_ctcdecoder, prefix_beam_search, release_cached_memory
-from beamkit.ctc.edges import EdgeMap
+from beamkit.ctc.kernel import clear_edges, rehash_edges
+from beamkit.ctc.nodes import NODE, edge_find
 from beamkit.ctc.lm import ArpaLM, LanguageModelFusion
 
 
 def test_edge_map_agrees_with_a_dict() -> None:
+    # the search's open-addressing edge map (find a slot, put, grow by rehashing, clear the known keys)
+    # against a Python dict
     rng = np.random.default_rng(0)
-    edges = EdgeMap(4)
+    ek = np.full(16, -1, dtype=np.int64)
+    ev = np.full(16, -1, dtype=np.int64)
     ref: dict[int, int] = {}
+
+    def put(key: int, val: int) -> None:
+        nonlocal ek, ev
+        if 2 * (len(ref) + 1) > len(ek):  # the search grows the map before it is half full
+            new_k, new_v = np.full(4 * len(ek), -1, dtype=np.int64), np.full(4 * len(ek), -1, dtype=np.int64)
+            rehash_edges(ek, ev, new_k, new_v)
+            ek, ev = new_k, new_v
+        slot = edge_find(ek, key)
+        ek[slot], ev[slot] = key, val
+        ref[key] = val
+
+    def get(key: int) -> int:
+        slot = edge_find(ek, key)
+        return int(ev[slot]) if ek[slot] == key else -1
+
     for _ in range(30):
-        fresh = np.unique(rng.integers(0, 1 << 40, int(rng.integers(1, 300))))
-        fresh = np.array([k for k in fresh.tolist() if k not in ref], dtype=np.int64)
-        rng.shuffle(fresh)
-        vals = rng.integers(0, 1 << 30, len(fresh))
-        edges.put(fresh, vals)
-        ref.update(zip(fresh.tolist(), vals.tolist(), strict=True))
-        probe = np.concatenate([np.array(list(ref), dtype=np.int64)[:50], rng.integers(0, 1 << 40, 50)])
-        want = [ref.get(k, -1) for k in probe.tolist()]
-        assert edges.get(probe).tolist() == want
-        assert [edges.get_one(k) for k in probe.tolist()] == want
-    assert edges.count == len(ref) and 2 * edges.count <= len(edges.keys)
-    for k in range(1 << 41, (1 << 41) + 40):  # one at a time, in plain Python
-        edges.put_one(k, k % 97)
-        ref[k] = k % 97
-    probe = np.array(list(ref), dtype=np.int64)
-    assert edges.get(probe).tolist() == list(ref.values())
-    edges.clear(probe)  # emptying only the slots of the known keys
-    assert (edges.keys == -1).all() and edges.count == 0
-    edges.put(probe[:3], np.arange(3))
-    edges.clear()
-    assert edges.get(probe[:5]).tolist() == [-1] * 5
+        for key in rng.integers(0, 1 << 40, int(rng.integers(1, 300))).tolist():
+            if key not in ref:
+                put(key, int(rng.integers(0, 1 << 30)))
+        probe = list(ref)[:50] + rng.integers(0, 1 << 40, 50).tolist()
+        assert [get(k) for k in probe] == [ref.get(k, -1) for k in probe]
+    assert int((ek != -1).sum()) == len(ref) and 2 * len(ref) <= len(ek)
+    # clearing the edges of a node table: nodes 1.. with (parent, last) = divmod(key, V)
+    V = 1 << 20
+    keys = [k for k in ref if k // V < (1 << 40) // V]
+    nodes = np.zeros(len(keys) + 1, dtype=NODE)
+    nodes["parent"][1:] = [k // V for k in keys]
+    nodes["last"][1:] = [k % V for k in keys]
+    clear_edges(nodes, len(nodes), ek, ev, V)
+    assert int((ek != -1).sum()) == len(ref) - len(keys) and all(get(k) == -1 for k in keys)
 
 
 def bpe_vocabulary(V: int) -> list[str]:

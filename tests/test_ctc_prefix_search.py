@@ -24,7 +24,7 @@ from beamkit.ctc import (
     release_cached_memory,
 )
 from beamkit.ctc.lm import HotwordScorer
-from beamkit.ctc.prefix_trie import CharTrie, PrefixTrie
+from beamkit.ctc.chartrie import CharTrie, walk
 
 WIDE = {"beam_width": 10_000, "beam_prune_logp": -math.inf, "token_min_logp": -math.inf}
 
@@ -296,7 +296,7 @@ def test_history_pruning_at_merge_frames_equals_frame_by_frame_search(seed: int)
 
 @pytest.mark.parametrize("dense_limit", [0, 1 << 22])
 def test_char_trie_walk_follows_the_word_list(dense_limit: int) -> None:
-    # both walks (searchsorted over sorted keys; dense table) against Python prefix sets
+    # both walks (binary search over sorted keys; dense table) against Python prefix sets
     words = ["cat", "car", "cart", "dog", "do", "a", "zebra's"]
     alphabet = {c: i for i, c in enumerate("acdgortz")}  # a partial word never holds 'e', 'b' or "'"
     trie = CharTrie(words, alphabet, dense_limit=dense_limit)
@@ -308,10 +308,12 @@ def test_char_trie_walk_follows_the_word_list(dense_limit: int) -> None:
     chars = np.full((len(strings), width), -1, dtype=np.int64)  # -1: no character (state kept)
     for i, s in enumerate(strings):
         chars[i, : len(s)] = [alphabet.get(c, -2) for c in s]  # -2: outside the alphabet
-    state = np.zeros(len(strings), dtype=np.int64)
-    for j in range(width):
-        state = trie.walk(state, chars[:, j])
-    for s, st in zip(strings, state.tolist(), strict=True):
+    table = trie.table if trie.table is not None else np.zeros(0, dtype=np.int64)
+    state = [0] * len(strings)
+    for i in range(len(strings)):
+        for j in range(width):
+            state[i] = walk(table, trie.width, trie.keys, trie.values, trie.alphabet_size, state[i], int(chars[i, j]))
+    for s, st in zip(strings, state, strict=True):
         in_alphabet = all(c in alphabet for c in s)  # else the walk leaves the trie
         below = [w for w in words if w.startswith(s)] if in_alphabet else []
         assert (st >= 0) == bool(below), s
@@ -321,82 +323,17 @@ def test_char_trie_walk_follows_the_word_list(dense_limit: int) -> None:
             assert trie.string(st) == s  # the state spells the walked characters
 
 
-def test_texts_rebuild_prefixes_from_the_parent_chain() -> None:
-    # node texts (gathered up the parents for all nodes at once) against the hypotheses' own texts
-    rng = np.random.default_rng(9)
-    labels = ["", " ", "a", "b", "c"]
-    hyps = prefix_beam_search(random_log_probs(rng, 12, 5, peaky=0.5), labels, beam_width=30)
-    vocab = Vocabulary.from_labels(labels)
-    trie = PrefixTrie(vocab, None, HotwordScorer(), 1)
-    node = np.full(len(hyps), trie.root)
-    for i, h in enumerate(hyps):
-        for ch in " " + h.text + " " if i % 2 else h.text:  # leading and trailing spaces collapse
-            node[i] = trie.children(node[i : i + 1], np.array([labels.index(ch)]))[0]
-    assert len(hyps) > 4 and trie.texts(node) == [h.text for h in hyps]
-    assert trie.texts(np.array([trie.root, trie.root])) == ["", ""]
-    for i in range(0, len(hyps), 3):  # a few nodes: walked one by one in Python
-        assert trie.texts(node[i : i + 3]) == [h.text for h in hyps[i : i + 3]]
-
-
-@pytest.mark.parametrize("bpe", [False, True])
-def test_partial_words_rebuilt_from_the_parent_chain(bpe: bool) -> None:
-    # partial words (walked up the parents, for LM queries) against the words of the nodes' texts
-    labels = ["", "▁a", "▁b", "a", "b", "c"] if bpe else ["", " ", "a", "b", "c"]
-    vocab = Vocabulary.from_labels(labels)
-    fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"])
-    trie = PrefixTrie(vocab, fusion, HotwordScorer(), 2)
-    rng = np.random.default_rng(11)
-    nodes = [trie.root]
-    for _ in range(300):  # random label paths; blank is never a child label
-        nodes.append(int(trie.children(np.array([rng.choice(nodes)]), np.array([rng.integers(1, len(labels))]))[0]))
-    node = np.array(nodes)
-    texts = trie.texts(node)
-    hashes = trie.word_hash(node).tolist()
-    for i, (nd, text) in enumerate(zip(nodes, texts, strict=True)):
-        want = text.split()[-1] if trie.plen[nd] > 0 else ""
-        assert trie.partial_word(nd, hashes[i]) == want, text
-    trie.word_text.clear()  # and walked afresh, in another order
-    for i in reversed(range(len(nodes))):
-        want = texts[i].split()[-1] if trie.plen[nodes[i]] > 0 else ""
-        assert trie.partial_word(nodes[i], hashes[i]) == want
-
-
-def test_search_helpers_equal_numpy() -> None:
-    # the faster sorts and nonzero against numpy's own, below and above the size that switches paths
-    from beamkit.ctc import prefix_search as ps
-
-    rng = np.random.default_rng(12)
-    for n in (0, 1, 5, ps._SMALL_SORT - 1, ps._SMALL_SORT, 300, ps._UNSTABLE_SORT_MIN - 1, ps._UNSTABLE_SORT_MIN, 3000):
-        for ints in (rng.integers(0, 9, n), rng.integers(0, 1 << 40, n), rng.integers(0, 1 << 62, n)):
-            assert np.array_equal(ps._stable_argsort(ints), ints.argsort(kind="stable"))
-        distinct = rng.random(n) * 50
-        ties = np.floor(rng.random(n) * 7)
-        signed_zeros = np.where(rng.random(n) < 0.5, 0.0, -0.0)
-        odd = distinct.copy()
-        odd[: n // 3] = np.inf
-        negative = distinct - 25
-        for keys in (distinct, ties, signed_zeros, odd, negative):
-            assert np.array_equal(ps._stable_argsort_float(keys), keys.argsort(kind="stable"))
-        for keys in (rng.integers(0, 1 << 62, n).astype(np.uint64), rng.integers(0, 20, n).astype(np.uint64)):
-            got = ps._first_occurrences(keys)
-            first = np.sort(np.unique(keys, return_index=True)[1])
-            if len(first) == n:
-                assert got is None
-            else:
-                assert got is not None and np.array_equal(got, first)
-
-
 def test_node_storage_reused_by_later_calls_gives_the_same_results() -> None:
-    # a finished search hands its node arrays (child table cleared) to the next one of the same shape
-    from beamkit.ctc import prefix_trie
+    # a finished search hands its storage (edge map cleared) to the next one
+    from beamkit.ctc import search
 
     rng = np.random.default_rng(11)
     labels = ["", " ", "a", "b", "c"]
     small = [random_log_probs(rng, 20, 5, peaky=0.3) for _ in range(3)]
     big = [random_log_probs(rng, 60, 5, peaky=0.3) for _ in range(6)]
-    prefix_trie._SPARE.clear()
+    search._SPARE.clear()
     first = prefix_beam_search(small, labels, beam_width=16)
-    assert len(prefix_trie._SPARE) == 1
+    assert len(search._SPARE) == 1
     prefix_beam_search(big, labels, beam_width=64)  # takes the arrays, fills many more nodes
     for _ in range(2):
         again = prefix_beam_search(small, labels, beam_width=16)  # on the arrays the big search used
@@ -410,7 +347,7 @@ def test_node_storage_reused_by_later_calls_gives_the_same_results() -> None:
         np.testing.assert_allclose([got[t] for t in expected], list(expected.values()), atol=1e-9)
     from beamkit.ctc import release_cached_memory
 
-    assert release_cached_memory() > 0 and prefix_trie._SPARE == []
+    assert release_cached_memory() > 0 and search._SPARE == []
     assert release_cached_memory() == 0
 
 
@@ -565,122 +502,3 @@ def _quantised_log_probs(rng: np.random.Generator, T: int, V: int) -> np.ndarray
     w[np.arange(T), rng.integers(0, V, T)] += 30
     with np.errstate(divide="ignore"):
         return np.log(w / w.sum(axis=1, keepdims=True))
-
-
-def _hyp_tuples(hyps: list) -> list[tuple]:
-    return [(h.text, h.score, h.logit_score, h.lm_score, h.word_frames, h.lm_state) for h in hyps]
-
-
-@pytest.mark.parametrize("bpe", [False, True])
-@pytest.mark.parametrize("with_lm", [False, True])
-def test_small_beam_python_search_equals_vectorised_search(monkeypatch, bpe: bool, with_lm: bool) -> None:
-    # one utterance searched in plain Python (small beams), vectorised, and handed over from one to the
-    # other part-way: the same hypotheses, scores, word frames and LM states, bit for bit, on random and
-    # tie-heavy inputs, with history pruning, hotwords and both end-of-utterance rules
-    from beamkit.ctc import prefix_search as ps
-
-    labels = ["▁a", "b", "", "▁b", "a", "▁"] if bpe else ["", " ", "a", "b", "c"]
-    vocab = Vocabulary.from_labels(labels)
-    fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"], unk_score_offset=-3.0) if with_lm else None
-    rng = np.random.default_rng(200 + 2 * bpe + with_lm)
-    checked = 0
-    for case in range(36):
-        T = int(rng.integers(1, 30))
-        lp = _quantised_log_probs(rng, T, len(labels)) if case % 2 else random_log_probs(rng, T, len(labels), 0.3)
-        knobs = {
-            "beam_width": int(rng.integers(1, 7)),
-            "beam_prune_logp": float(rng.choice([-2.0, -6.0, -np.inf])),
-            "token_min_logp": float(rng.choice([-3.0, -6.0])),
-            "prune_history": bool(case % 3),
-            "pyctcdecode_compat": bool(case % 4 < 2),
-            "hotwords": ["ab"] if case % 5 == 0 else None,
-            "lm": fusion,
-            "split_blank": True,
-        }
-        got = {}
-        for name, cells in (("vectorised", 0), ("python", 10**9), ("handover", 3)):
-            monkeypatch.setattr(ps, "_SMALL_CELLS", cells)
-            got[name] = _hyp_tuples(prefix_beam_search(lp, vocab, **knobs))
-        assert got["python"] == got["vectorised"] == got["handover"], (case, knobs)
-        checked += len(got["python"])
-    assert checked > 60
-
-
-def test_small_beam_search_survives_node_storage_growing(monkeypatch) -> None:
-    # one long noisy utterance from fresh (smallest default) storage: the plain-Python search creates enough
-    # nodes that the trie's arrays are replaced part-way; it must read the new ones, and equal the vectorised
-    # search
-    from beamkit.ctc import prefix_search as ps
-
-    labels = ["", " "] + list("abcdefghi")
-    rng = np.random.default_rng(0)
-    lp = log_softmax(rng.normal(0.0, 0.5, (700, len(labels))), axis=1)  # flat rows: many live prefixes
-    got = {}
-    for name, cells in (("python", 10**9), ("vectorised", 0)):
-        release_cached_memory()
-        monkeypatch.setattr(ps, "_SMALL_CELLS", cells)
-        got[name] = _hyp_tuples(prefix_beam_search(lp, labels, beam_width=10, split_blank=True))
-    assert got["python"] == got["vectorised"] and len(got["python"]) == 10
-
-
-def test_small_beam_logaddexp_equals_numpy() -> None:
-    from beamkit.ctc.small_search import logaddexp
-
-    rng = np.random.default_rng(13)
-    xs = np.concatenate([rng.normal(0, 30, 500), [0.0, -0.0, -np.inf, np.inf, 1e-300, -745.0, 709.0]])
-    for x in xs.tolist():
-        for y in rng.choice(xs, 12).tolist() + [x, -np.inf]:
-            want = float(np.logaddexp(x, y))
-            assert logaddexp(x, y) == want or (math.isnan(want) and math.isnan(logaddexp(x, y))), (x, y)
-    # the short cut for beams that end either in blank or in a label, signs of zero included
-    from beamkit.ctc.small_search import _total
-
-    for x in xs.tolist():
-        for y in (-np.inf, 0.0, -0.0):
-            for a, b in ((x, y), (y, x)):
-                want = float(np.logaddexp(a, b))
-                got = _total(a, b)
-                assert (got == want and math.copysign(1, got) == math.copysign(1, want)) or math.isnan(want), (a, b)
-
-
-@pytest.mark.parametrize("bpe", [False, True])
-@pytest.mark.parametrize("grow", [False, True])
-def test_children_list_makes_the_same_nodes_as_children(bpe: bool, grow: bool) -> None:
-    # the plain-Python node maker against the vectorised one on random rows (repeated pairs, delimiters
-    # after words and at the root, LM and hotword scores): same ids, same order, same fields; ``grow``:
-    # from the smallest storage, which fills and is replaced by bigger arrays part-way
-    labels = ["▁a", "b", "", "▁b", "a", "▁"] if bpe else ["", " ", "a", "b", "c"]
-    vocab = Vocabulary.from_labels(labels)
-    fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"], unk_score_offset=-3.0)
-    release_cached_memory()  # no spare storage: the tries start at ``capacity``
-    capacity = 1 << 10 if grow else 1 << 15
-    tries = [PrefixTrie(vocab, fusion, HotwordScorer(["ab", "ba"], 2.5), 2, True, capacity) for _ in range(2)]
-    vec, py = tries
-    rng = np.random.default_rng(21 + bpe)
-    non_blank = [i for i in range(len(labels)) if i != vocab.blank]
-    nodes = [vec.root]
-    for _ in range(800 if grow else 80):
-        k = int(rng.integers(1, 7))
-        src = [int(x) for x in rng.choice(nodes, size=k)]
-        tok = [int(x) for x in rng.choice(non_blank, size=k)]
-        if k > 2:
-            src[-1], tok[-1] = src[0], tok[0]  # a repeated pair
-        got_vec = vec.children(np.array(src), np.array(tok)).tolist()
-        assert py.children_list(src, tok) == got_vec
-        nodes = sorted(set(nodes) | set(got_vec))
-    assert vec.n == py.n > (1 << 10 if grow else 100)
-    n, V = vec.n, vocab.size
-    # a pair asked again finds the node made for it (its link survived the storage growing)
-    again = [(p, t) for p, t in zip(py.parent[1:n].tolist(), py.last_tok[1:n].tolist(), strict=True)]
-    assert py.children_list([p for p, _ in again], [t for _, t in again]) == list(range(1, n))
-    assert py.n == n
-    for name in ("parent", "last_tok", "plen", "phash", "uni", "hotst", "tscore", "score", "sid", "whist", "wkey"):
-        assert np.array_equal(getattr(vec, name)[:n], getattr(py, name)[:n]), name
-    for name in ("thash", "hhash"):
-        assert np.array_equal(getattr(vec, name)[:n], getattr(py, name)[:n]), name
-    for trie in (vec, py):  # every node is found under its (parent, label) edge, and no other edge exists
-        keys = trie.parent[1:n] * V + trie.last_tok[1:n]
-        assert np.array_equal(trie.edges.get(keys), np.arange(1, n)) and trie.edges.count == n - 1
-    assert vec.states == py.states and np.array_equal(vec.deltas[: len(vec.states)], py.deltas[: len(py.states)])
-    for trie in tries:
-        trie.release()

@@ -16,7 +16,7 @@ from .lm import (
     load_unigrams_from_arpa,
 )
 from .prefix_search import CTCHypothesis, greedy_decode, labels_to_text, log_softmax, prefix_beam_search
-from .prefix_trie import release_cached_memory
+from .search import release_cached_memory
 from .vocab import Vocabulary
 
 __all__ = [

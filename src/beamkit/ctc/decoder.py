@@ -20,7 +20,8 @@ import numpy as np
 from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, load_unigrams_from_arpa
 from .options import SearchOptions
 from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors, utterance_parts
-from .prefix_search import CTCHypothesis, _word_tuple, search_candidates
+from .prefix_search import _word_tuple
+from .search import CTCHypothesis, search_candidates
 from .vocab import Vocabulary
 
 WordFrames = tuple[str, tuple[int, int]]

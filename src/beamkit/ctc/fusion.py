@@ -1,0 +1,307 @@
+"""Every rule of LM and hotword fusion in the CTC search, in one place (pyctcdecode's rules).
+
+A prefix's fused score is the score of its completed words plus the score of its partial word:
+
+* completed word ``w`` after LM context ``h``: ``alpha * ln(10) * (log10 p(w | h) + unk) + beta`` (``unk`` is
+  the unknown-word offset for a word outside the unigram list), see
+  :meth:`~beamkit.ctc.lm.LanguageModelFusion.score_words`; plus ``hotword_weight`` when ``w`` is a hotword;
+* partial word ``s``: ``hotword_weight * len(s) / len(shortest hotword starting with s)`` when a hotword
+  starts with ``s``; else, with an LM, the unknown-word offset (scaled by ``len(s) / 6`` beyond 6
+  characters) when no unigram starts with ``s``; else 0;
+* end of utterance: the partial word is scored as a completed word (an empty one too with
+  ``pyctcdecode_compat``), then ``alpha * ln(10) * log10 p(</s> | h)``.
+
+The compiled search reads these rules from arrays (:class:`Static`) and from a table of (LM context, word)
+pairs already scored (:class:`LMCache`, kept across calls). A word whose pair is not in the table is a
+*pending* query: the search stops, :meth:`Fusion.resolve` asks the LM (in Python, one batch), and the search
+takes up the frame again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .chartrie import CharTrie, walk
+from .jit import njit, records
+from .lm import AVG_TOKEN_LEN, HotwordScorer, LanguageModelFusion
+from .vocab import Vocabulary
+
+# Static.flags
+SCORED, HAS_LM, HAS_HOT, HAS_UNI = 0, 1, 2, 3
+# Static.floats
+UNK, HOT_WEIGHT = 0, 1
+
+WORD = np.dtype(
+    [
+        ("sid", np.int64),  # LM context id (-1: an empty slot)
+        ("whash", np.uint64),  # the word's hash
+        ("nsid", np.int64),  # the context id after the word
+        ("delta", np.float64),  # the word's fused LM score
+    ]
+)
+PENDING = np.dtype([("sid", np.int64), ("node", np.int64), ("whash", np.uint64)])  # node: the word is its partial word
+_EMPTY_I = np.zeros(0, dtype=np.int64)
+_EMPTY_F = np.zeros(0, dtype=np.float64)
+_EMPTY_B = np.zeros(0, dtype=np.bool_)
+_SALT = np.uint64(0x9E3779B97F4A7C15)
+_MAX_CACHED_STATES = 1 << 20  # an LM cache that grows past this many contexts starts afresh
+
+
+class Static(NamedTuple):
+    """What the compiled search reads about labels and fusion (fixed for one search)."""
+
+    starts_word: np.ndarray  # shape: (V,) bool: the label starts a word (the delimiter, a BPE "▁" piece)
+    loop_tok: np.ndarray  # shape: (V,) bool: leaves a prefix without a partial word unchanged
+    piece_len: np.ndarray  # shape: (V,) int64: characters the label adds to the partial word
+    piece_chars: np.ndarray  # shape: (V, L) int64: those characters as alphabet codes (-1: padding)
+    piece_codes: np.ndarray  # shape: (V, L) uint64: the codes as hash inputs
+    uni_table: np.ndarray  # unigram trie (see beamkit.ctc.chartrie): dense table, or empty
+    uni_keys: np.ndarray  # ... or sorted keys and values
+    uni_values: np.ndarray
+    hot_table: np.ndarray  # hotword trie, the same way
+    hot_keys: np.ndarray
+    hot_values: np.ndarray
+    hot_min_len: np.ndarray  # shape: (states,) float64: shortest hotword below each state
+    hot_is_word: np.ndarray  # shape: (states,) bool: a hotword ends there
+    flags: np.ndarray  # shape: (4,) bool: SCORED (LM or hotwords), HAS_LM, HAS_HOT, HAS_UNI
+    sizes: np.ndarray  # shape: (4,) int64: unigram trie width and alphabet size, hotword trie the same
+    floats: np.ndarray  # shape: (2,) float64: unknown-word offset, hotword weight
+
+
+@njit
+def word_lookup(st: Static, wt: np.ndarray, sid: int, wh: np.uint64) -> int:
+    """Slot of (context ``sid``, word hash ``wh``) in the word table, or -1 when it is not there."""
+    mask = len(wt) - 1
+    s = int((wh ^ (np.uint64(sid) * _SALT)) * _SALT >> np.uint64(32)) & mask
+    while wt[s].sid != -1:
+        if wt[s].sid == sid and wt[s].whash == wh:
+            return s
+        s = (s + 1) & mask
+    return -1
+
+
+@njit
+def word_store(wt: np.ndarray, sid: int, wh: np.uint64, nsid: int, delta: float) -> None:
+    """Put a scored (context, word) pair into the word table (which has a free slot)."""
+    mask = len(wt) - 1
+    s = int((wh ^ (np.uint64(sid) * _SALT)) * _SALT >> np.uint64(32)) & mask
+    while wt[s].sid != -1:
+        if wt[s].sid == sid and wt[s].whash == wh:
+            return
+        s = (s + 1) & mask
+    wt[s].sid = sid
+    wt[s].whash = wh
+    wt[s].nsid = nsid
+    wt[s].delta = delta
+
+
+@njit
+def word_rehash(old: np.ndarray, new: np.ndarray) -> None:
+    """Move every pair of ``old`` into the (larger, empty) table ``new``."""
+    for s in range(len(old)):
+        if old[s].sid != -1:
+            word_store(new, old[s].sid, old[s].whash, old[s].nsid, old[s].delta)
+
+
+@njit
+def complete_word(st: Static, wt: np.ndarray, src_hot: int, slot: int, n: Any) -> bool:
+    """Score a word the new node ``n`` completes (``n.tscore`` and ``n.sid`` hold the source's): the hotword
+    bonus (``src_hot``: the hotword state of the word), then the LM score found at ``slot`` of the word
+    table. Returns False (``n.sid`` = -1) when the LM has not scored the pair yet."""
+    if st.flags[HAS_HOT] and src_hot >= 0 and st.hot_is_word[src_hot]:
+        n.tscore = n.tscore + st.floats[HOT_WEIGHT]
+    if st.flags[HAS_LM]:
+        if slot < 0:
+            n.sid = -1
+            return False
+        n.sid = wt[slot].nsid
+        n.tscore = n.tscore + wt[slot].delta
+    return True
+
+
+@njit
+def partial_score(st: Static, n: Any, uni: int, hot: int, t: int) -> None:
+    """Walk the partial word's tries by label ``t``'s characters from states ``uni`` / ``hot`` and set
+    ``n.score`` = ``n.tscore`` + the partial word's score."""
+    plen = n.plen
+    partial = 0.0
+    n.uni = -1
+    if st.flags[HAS_LM]:
+        if st.flags[HAS_UNI]:
+            for j in range(st.piece_chars.shape[1]):
+                uni = walk(
+                    st.uni_table, st.sizes[0], st.uni_keys, st.uni_values, st.sizes[1], uni, st.piece_chars[t, j]
+                )
+            n.uni = uni
+        if plen > 0 and n.uni < 0:
+            scale = plen / AVG_TOKEN_LEN if plen > AVG_TOKEN_LEN else 1.0
+            partial = st.floats[UNK] * scale
+    n.hot = 0
+    if st.flags[HAS_HOT]:
+        for j in range(st.piece_chars.shape[1]):
+            hot = walk(st.hot_table, st.sizes[2], st.hot_keys, st.hot_values, st.sizes[3], hot, st.piece_chars[t, j])
+        n.hot = hot
+        if plen > 0 and hot >= 0:
+            partial = st.floats[HOT_WEIGHT] * plen / st.hot_min_len[hot]
+    n.score = n.tscore + partial
+
+
+class LMCache:
+    """Scored (LM context, word) pairs and end-of-utterance scores of one fused LM over one alphabet, kept
+    across searches (the LM is deterministic): contexts are ids into :attr:`states`."""
+
+    def __init__(self, lm: LanguageModelFusion, trie: CharTrie | None) -> None:
+        """An empty cache holding the start context (id 0)."""
+        self.lm = lm
+        self.trie = trie
+        self.states: list[Any] = [lm.start_state()]
+        self.table = records(1 << 12, WORD)
+        self.table["sid"] = -1
+        self.count = 0
+        self.eos: dict[int, float] = {}
+        self.lock = threading.Lock()
+
+    def store(self, sids: Sequence[int], hashes: Sequence[int], words: Sequence[str]) -> None:
+        """Score the distinct new (context, word) pairs with the LM in one batch and put them in the table."""
+        states = self.states
+        deltas, new_states = self.lm.score_words([states[s] for s in sids], list(words))
+        if 2 * (self.count + len(sids)) > len(self.table):
+            size = len(self.table)
+            while 2 * (self.count + len(sids)) > size:
+                size *= 4
+            grown = records(size, WORD)
+            grown["sid"] = -1
+            word_rehash(self.table, grown)
+            self.table = grown
+        base = len(states)
+        states.extend(new_states)
+        for j, (sid, h, d) in enumerate(zip(sids, hashes, deltas, strict=True)):
+            word_store(self.table, sid, np.uint64(h), base + j, d)
+        self.count += len(sids)
+
+    def eos_scores(self, sids: np.ndarray) -> np.ndarray:
+        """End-of-utterance fused scores of the contexts ``sids``."""
+        eos = self.eos
+        missing = sorted({s for s in sids.tolist() if s not in eos})
+        if missing:
+            eos.update(zip(missing, self.lm.score_eos_many([self.states[s] for s in missing]), strict=True))
+        return np.array([eos[s] for s in sids.tolist()], dtype=np.float64)
+
+
+_CACHES_LOCK = threading.Lock()
+
+
+def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int]) -> LMCache:
+    """The cache of ``lm`` for ``alphabet`` (made afresh when the LM's weights changed or it grew too big)."""
+    key = (tuple(sorted(alphabet.items())), id(lm.model), lm.alpha, lm.beta, lm.unk_score_offset, lm.score_boundary)
+    with _CACHES_LOCK:
+        got = getattr(lm, "_beamkit_cache", None)
+        if got is None or got[0] != key or len(got[1].states) > _MAX_CACHED_STATES:
+            trie = CharTrie(lm.unigrams, alphabet) if lm.prefix_index is not None else None
+            if got is not None and got[0][0] == key[0]:
+                trie = got[1].trie  # same alphabet: the unigram trie still holds
+            got = (key, LMCache(lm, trie))
+            lm._beamkit_cache = got  # type: ignore[attr-defined]
+    return got[1]
+
+
+def _trie_arrays(trie: CharTrie | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """(dense table or empty, keys, values, width, alphabet size) of a character trie."""
+    if trie is None:
+        return _EMPTY_I, _EMPTY_I, _EMPTY_I, 0, 0
+    table = trie.table if trie.table is not None else _EMPTY_I
+    return table, trie.keys, trie.values, trie.width, trie.alphabet_size
+
+
+class Fusion:
+    """The fusion side of one search: the :class:`Static` arrays, the LM cache, and the Python work the
+    compiled search hands over (LM queries, end-of-utterance scores)."""
+
+    def __init__(self, vocab: Vocabulary, lm: LanguageModelFusion | None, hotwords: HotwordScorer) -> None:
+        """Prepare the label pieces, the character tries and the LM cache."""
+        self.vocab = vocab
+        self.lm = lm
+        self.hotwords = hotwords
+        labels = vocab.labels
+        starts = vocab.starts_word
+        # per-label pieces that extend the partial word
+        self.clean = [
+            (lab[1:] if vocab.is_bpe else "") if starts[i] else ("" if i == vocab.blank else lab)
+            for i, lab in enumerate(labels)
+        ]
+        alphabet: dict[str, int] = {}
+        for piece in self.clean:
+            for ch in piece:
+                alphabet.setdefault(ch, len(alphabet))
+        width = max([len(p) for p in self.clean] + [1])
+        piece_chars = np.full((vocab.size, width), -1, dtype=np.int64)  # shape: (V, L)
+        for i, piece in enumerate(self.clean):
+            for j, ch in enumerate(piece):
+                piece_chars[i, j] = alphabet[ch]
+        piece_len = np.array([len(p) for p in self.clean], dtype=np.int64)  # shape: (V,)
+        self.cache = lm_cache(lm, alphabet) if lm is not None else None
+        uni = _trie_arrays(self.cache.trie if self.cache is not None else None)
+        hot_trie = CharTrie(hotwords.words, alphabet) if hotwords else None
+        hot = _trie_arrays(hot_trie)
+        flags = np.array([lm is not None or hot_trie is not None, lm is not None, hot_trie is not None, uni[3] > 0])
+        self.static = Static(
+            starts_word=np.asarray(starts, dtype=np.bool_),
+            loop_tok=np.asarray(starts & (piece_len == 0), dtype=np.bool_),
+            piece_len=piece_len,
+            piece_chars=piece_chars,
+            piece_codes=(piece_chars + 1).astype(np.uint64) * _SALT,
+            uni_table=uni[0],
+            uni_keys=uni[1],
+            uni_values=uni[2],
+            hot_table=hot[0],
+            hot_keys=hot[1],
+            hot_values=hot[2],
+            hot_min_len=hot_trie.min_len if hot_trie is not None else _EMPTY_F,
+            hot_is_word=hot_trie.is_word if hot_trie is not None else _EMPTY_B,
+            flags=flags.astype(np.bool_),
+            sizes=np.array([uni[3], uni[4], hot[3], hot[4]], dtype=np.int64),
+            floats=np.array([lm.unk_score_offset if lm is not None else 0.0, hotwords.weight]),
+        )
+        # text pieces per label (a word-starting label opens a new word)
+        self.text_piece = [(" " + p if starts[i] else p) for i, p in enumerate(self.clean)]
+
+    @property
+    def table(self) -> np.ndarray:
+        """The word table the compiled search reads (a dummy one slot table without an LM)."""
+        if self.cache is None:
+            return _NO_WORDS
+        return self.cache.table
+
+    def partial_word(self, nodes: np.ndarray, node: int) -> str:
+        """The partial word of ``node`` as a string (label pieces up to the label that started it)."""
+        pieces: list[str] = []
+        starts = self.static.starts_word
+        while node > 0:
+            tok = int(nodes[node]["last"])
+            pieces.append(self.clean[tok])
+            if starts[tok]:
+                break
+            node = int(nodes[node]["parent"])
+        return "".join(reversed(pieces))
+
+    def resolve(self, nodes: np.ndarray, pending: np.ndarray) -> None:
+        """Ask the LM for the pending (context, word) pairs (``pending``: :data:`PENDING` records)."""
+        cache = self.cache
+        assert cache is not None
+        seen: dict[tuple[int, int], int] = {}
+        for rec in pending.tolist():
+            sid, node, wh = int(rec[0]), int(rec[1]), int(rec[2])
+            if (sid, wh) not in seen:
+                seen[(sid, wh)] = node
+        sids = [k[0] for k in seen]
+        hashes = [k[1] for k in seen]
+        words = [self.partial_word(nodes, nd) for nd in seen.values()]
+        cache.store(sids, hashes, words)
+
+
+_NO_WORDS = records(1, WORD)
+_NO_WORDS["sid"] = -1

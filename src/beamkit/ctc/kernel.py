@@ -1,0 +1,545 @@
+"""The frame loop of the CTC prefix beam search (Hannun 2017), compiled by :mod:`beamkit.ctc.jit`.
+
+A beam (:data:`BEAM`) is a prefix (a node of :mod:`beamkit.ctc.nodes`) with two log-probabilities, of all
+alignments producing it that end in blank (``pb``) or in its last label (``pnb``). Each frame extends every
+beam by each candidate label of the frame (:data:`ROW`):
+
+* blank: same prefix, ``pb' += pb + pnb + lp(blank)``;
+* the prefix's last label ``c`` again: same prefix, ``pnb' += pnb + lp(c)`` (repeats collapse), and the
+  prefix + ``c`` gets ``pb + lp(c)`` (a repeat needs a blank in between);
+* any other label: prefix + label gets ``(pb + pnb) + lp(label)``.
+
+Rows of equal prefixes merge by log-sum-exp in row order (:data:`MERGED`; with ``split_blank``, pyctcdecode's
+beam unit, a prefix ending in blank and the same prefix ending in a label are separate beams). Merged beams
+rank by ``logaddexp(pb, pnb)`` plus the prefix's fused score, best first, ties to the lower (node, ends in a
+label) key; those below ``best + beam_prune_logp`` go, then all past ``beam_width``, then (``prune_history``)
+any beam sharing its last words and partial word with a better one. A frame whose only candidate is blank,
+where no two beams share a prefix (or a history), only adds ``lp(blank)``: it is applied without re-ranking.
+
+:func:`run_frames` runs frames until the utterance ends, or stops early and says why (storage to grow, LM
+queries to answer, a frame to record); the caller then calls it again for the same frame.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .fusion import PENDING, Static
+from .jit import njit
+from .nodes import EDGE_FREE, EDGE_MAKING, edge_find, make_node, slot_of, word_hash
+
+BEAM = np.dtype(
+    [
+        ("node", np.int64),  # the prefix
+        ("pb", np.float64),  # log-prob of its alignments ending in blank
+        ("pnb", np.float64),  # ... ending in its last label
+        ("ps", np.int64),  # first frame of the partial word (-1: none)
+        ("pe", np.int64),  # frame after its last label
+        ("wf", np.int64),  # last completed word's frames in the word records (-1: none)
+    ]
+)
+ROW = np.dtype(
+    [
+        ("src", np.int64),  # the beam extended
+        ("tok", np.int64),  # by this label
+        ("node", np.int64),  # giving this prefix
+        ("val", np.float64),  # with this log-prob
+        ("stay", np.bool_),  # the prefix stayed (blank, or the last label repeated)
+        ("nb", np.bool_),  # the alignment ends in a label
+    ]
+)
+MERGED = np.dtype(
+    [
+        ("rep", np.int64),  # the most probable row (the first on ties): the beam's history
+        ("node", np.int64),
+        ("nb", np.bool_),  # with split_blank: the beam ends in a label
+        ("pb", np.float64),
+        ("pnb", np.float64),
+        ("total", np.float64),  # logaddexp(pb, pnb) + the prefix's fused score
+        ("best", np.float64),  # the rep row's log-prob
+        ("n", np.int64),  # rows merged
+        ("fate", np.int8),  # KEPT, or the pruning that dropped it
+        ("slot", np.int64),  # its slot in the merge table
+        ("label", np.int64),  # the label the rep row added (-1: the prefix stayed)
+    ]
+)
+RECORD = np.dtype([("start", np.int64), ("end", np.int64), ("prev", np.int64)])  # a completed word's frames
+
+# fates
+KEPT, BY_THRESHOLD, BY_WIDTH, BY_HISTORY = 0, 1, 2, 3
+# run_frames results
+DONE, NEED_LM, NEED_NODES, NEED_EDGES, NEED_RECORDS, FRAME = 0, 1, 2, 3, 4, 5
+# counters
+N_NODES, N_EDGES, N_RECORDS, N_PENDING, N_BEAMS, N_MERGED, N_KEPT = 0, 1, 2, 3, 4, 5, 6
+# int params
+P_WIDTH, P_BLANK, P_V, P_SPLIT, P_HISTORY, P_FRAMES, P_BPE, P_TRACE = 0, 1, 2, 3, 4, 5, 6, 7
+
+NEG_INF = -math.inf
+LOGE2 = math.log(2.0)
+
+
+@njit
+def lse(x: float, y: float) -> float:
+    """``np.logaddexp`` of two floats (numpy's formula)."""
+    if x == y:
+        return x + LOGE2
+    tmp = x - y
+    if tmp > 0:
+        return x + math.log1p(math.exp(-tmp))
+    if tmp <= 0:
+        return y + math.log1p(math.exp(tmp))
+    return tmp
+
+
+@njit
+def _blank_frame_is_trivial(beams: np.ndarray, n: int, nodes: np.ndarray, mslot: np.ndarray, history: bool) -> bool:
+    """Whether a blank-only frame changes nothing but adding ``lp(blank)``: no two beams share a prefix
+    (or, with ``history``, a history key), so nothing merges and ranks stay."""
+    every_blank = True
+    for e in range(n):
+        if beams[e].pnb > NEG_INF:
+            every_blank = False
+            break
+    if every_blank:  # beams were merged by (prefix, ends in blank) and deduplicated by history
+        return True
+    mask = len(mslot) - 1
+    trivial = True
+    written = np.empty(n, dtype=np.int64)
+    used = 0
+    for e in range(n):
+        key = np.int64(nodes[beams[e].node].hkey) if history else beams[e].node
+        s = slot_of(key, mask)
+        while mslot[s] != -1:
+            other = beams[mslot[s]].node
+            okey = np.int64(nodes[other].hkey) if history else other
+            if okey == key:
+                trivial = False
+                break
+            s = (s + 1) & mask
+        if not trivial:
+            break
+        mslot[s] = e
+        written[used] = s
+        used += 1
+    for i in range(used):
+        mslot[written[i]] = -1
+    return trivial
+
+
+@njit
+def _expand(
+    beams: np.ndarray, n_beams: int, nodes: np.ndarray, rows: np.ndarray, labs: np.ndarray, lps: np.ndarray, blank: int
+) -> int:
+    """Write the rows of a frame: every beam by every candidate (beam-major, candidates in label order),
+    then the rows repeating a beam's last label onto the same prefix. Returns the row count."""
+    n = 0
+    K = len(labs)
+    for e in range(n_beams):
+        b = beams[e]
+        tot = lse(b.pb, b.pnb)
+        last = nodes[b.node].last
+        for k in range(K):
+            tok = labs[k]
+            v = (b.pb if tok == last else tot) + lps[k]
+            if v > NEG_INF:
+                r = rows[n]
+                r.src = e
+                r.tok = tok
+                r.node = b.node
+                r.val = v
+                r.stay = tok == blank
+                r.nb = tok != blank
+                n += 1
+    for e in range(n_beams):
+        b = beams[e]
+        if b.pnb > NEG_INF:
+            last = nodes[b.node].last
+            for k in range(K):
+                if labs[k] == last:
+                    r = rows[n]
+                    r.src = e
+                    r.tok = last
+                    r.node = b.node
+                    r.val = b.pnb + lps[k]
+                    r.stay = True
+                    r.nb = True
+                    n += 1
+    return n
+
+
+@njit
+def _children(
+    st: Static,
+    nodes: np.ndarray,
+    whist: np.ndarray,
+    ek: np.ndarray,
+    ev: np.ndarray,
+    wt: np.ndarray,
+    rows: np.ndarray,
+    n: int,
+    beams: np.ndarray,
+    V: int,
+    pend: np.ndarray,
+    cnt: np.ndarray,
+    made: np.ndarray,
+) -> None:
+    """Point every extending row at its child prefix, making the missing ones (numbered in the order of the
+    last row asking for each); LM pairs not yet scored go to ``pend``."""
+    n_made = 0
+    for j in range(n - 1, -1, -1):  # backwards: the first row met for a new pair is the last to ask
+        r = rows[j]
+        if r.stay:
+            continue
+        s = r.node
+        if st.loop_tok[r.tok] and nodes[s].plen == 0:
+            continue  # a delimiter after a completed word changes nothing
+        key = s * V + r.tok
+        slot = edge_find(ek, key)
+        if ek[slot] == EDGE_FREE:
+            ek[slot] = key
+            ev[slot] = EDGE_MAKING
+            cnt[N_EDGES] += 1
+            made[n_made] = key
+            n_made += 1
+        elif ev[slot] >= 0 and nodes[ev[slot]].sid == -1:  # made before its LM query was answered
+            child = ev[slot]
+            if not make_node(st, nodes, whist, wt, child, s, r.tok):
+                _pend(nodes, pend, cnt, s)
+    for q in range(n_made - 1, -1, -1):
+        key = made[q]
+        s = key // V
+        tok = key - s * V
+        i = cnt[N_NODES]
+        cnt[N_NODES] += 1
+        ev[edge_find(ek, key)] = i
+        if not make_node(st, nodes, whist, wt, i, s, tok):
+            _pend(nodes, pend, cnt, s)
+    for j in range(n):
+        r = rows[j]
+        if r.stay:
+            continue
+        s = r.node
+        if st.loop_tok[r.tok] and nodes[s].plen == 0:
+            continue
+        r.node = ev[edge_find(ek, s * V + r.tok)]
+
+
+@njit
+def _pend(nodes: np.ndarray, pend: np.ndarray, cnt: np.ndarray, s: int) -> None:
+    """Queue the LM query for the partial word of node ``s`` in its context."""
+    p = pend[cnt[N_PENDING]]
+    p.sid = nodes[s].sid
+    p.node = s
+    p.whash = word_hash(nodes, s)
+    cnt[N_PENDING] += 1
+
+
+@njit
+def _merge(rows: np.ndarray, n: int, nodes: np.ndarray, merged: np.ndarray, mslot: np.ndarray, split: bool) -> int:
+    """Merge rows of equal (prefix[, ends in a label]) by log-sum-exp in row order. Returns the count."""
+    mask = len(mslot) - 1
+    M = 0
+    for j in range(n):
+        r = rows[j]
+        nb = r.nb and split
+        key = r.node * 2 + (1 if nb else 0)
+        s = slot_of(key, mask)
+        while mslot[s] != -1 and not (merged[mslot[s]].node == r.node and merged[mslot[s]].nb == nb):
+            s = (s + 1) & mask
+        m = mslot[s]
+        if m == -1:
+            m = M
+            M += 1
+            mslot[s] = m
+            g = merged[m]
+            g.rep = j
+            g.node = r.node
+            g.nb = nb
+            g.pb = NEG_INF
+            g.pnb = NEG_INF
+            g.best = r.val
+            g.n = 0
+            g.slot = s
+        g = merged[m]
+        g.n += 1
+        if r.val > g.best:
+            g.best = r.val
+            g.rep = j
+        if r.nb:
+            g.pnb = lse(g.pnb, r.val)
+        else:
+            g.pb = lse(g.pb, r.val)
+    for m in range(M):
+        g = merged[m]
+        mslot[g.slot] = -1
+        g.total = lse(g.pb, g.pnb) + nodes[g.node].score
+    return M
+
+
+@njit
+def _rank(
+    merged: np.ndarray,
+    M: int,
+    nodes: np.ndarray,
+    order: np.ndarray,
+    mslot: np.ndarray,
+    width: int,
+    prune_logp: float,
+    history: bool,
+    split: bool,
+) -> int:
+    """Write the merged beams' ranking into ``order`` (kept first, best first, then the pruned ones) and
+    their fates. Returns the number kept."""
+    best = NEG_INF
+    for m in range(M):
+        if merged[m].total > best:
+            best = merged[m].total
+    P = 0
+    keys = np.empty(M, dtype=np.int64)
+    cand = np.empty(M, dtype=np.int64)
+    for m in range(M):
+        g = merged[m]
+        if g.total >= best + prune_logp and g.total > NEG_INF:
+            cand[P] = m
+            keys[P] = g.node * 2 + (1 if g.nb else 0)
+            P += 1
+        else:
+            g.fate = BY_THRESHOLD
+    by_key = cand[:P][np.argsort(keys[:P])]
+    neg = np.empty(P, dtype=np.float64)
+    for i in range(P):
+        neg[i] = -merged[by_key[i]].total
+    ranked = by_key[np.argsort(neg, kind="mergesort")]
+    kept = 0
+    dropped = 0
+    tail = np.empty(M, dtype=np.int64)
+    mask = len(mslot) - 1
+    for i in range(P):
+        m = ranked[i]
+        g = merged[m]
+        if i >= width:
+            g.fate = BY_WIDTH
+            tail[dropped] = m
+            dropped += 1
+            continue
+        if history:
+            flag = 1 if (split and g.pb == NEG_INF) else 0
+            hk = np.int64(nodes[g.node].hkey ^ np.uint64(flag))
+            s = slot_of(hk, mask)
+            dup = False
+            while mslot[s] != -1:
+                o = merged[mslot[s]]
+                oflag = 1 if (split and o.pb == NEG_INF) else 0
+                if np.int64(nodes[o.node].hkey ^ np.uint64(oflag)) == hk:
+                    dup = True
+                    break
+                s = (s + 1) & mask
+            if dup:
+                g.fate = BY_HISTORY
+                tail[dropped] = m
+                dropped += 1
+                continue
+            mslot[s] = m
+            g.slot = s
+        g.fate = KEPT
+        order[kept] = m
+        kept += 1
+    if history:
+        for i in range(kept):
+            mslot[merged[order[i]].slot] = -1
+    for i in range(dropped):
+        order[kept + i] = tail[i]
+    w = kept + dropped
+    for m in range(M):
+        if merged[m].fate == BY_THRESHOLD:
+            order[w] = m
+            w += 1
+    return kept
+
+
+@njit
+def _advance(
+    st: Static,
+    merged: np.ndarray,
+    order: np.ndarray,
+    kept: int,
+    rows: np.ndarray,
+    beams: np.ndarray,
+    nxt: np.ndarray,
+    nodes: np.ndarray,
+    recs: np.ndarray,
+    cnt: np.ndarray,
+    t: int,
+    frames: bool,
+    bpe: bool,
+) -> None:
+    """Make the kept merged beams the beams (their word offsets follow their most probable row)."""
+    for i in range(kept):
+        g = merged[order[i]]
+        r = rows[g.rep]
+        ob = beams[r.src]
+        b = nxt[i]
+        b.node = g.node
+        b.pb = g.pb
+        b.pnb = g.pnb
+        b.ps = ob.ps
+        b.pe = ob.pe
+        b.wf = ob.wf
+        if frames:
+            is_ext = not r.stay
+            sw = is_ext and st.starts_word[r.tok]
+            if is_ext:
+                if sw:
+                    b.ps = t if bpe else -1
+                elif ob.ps < 0:
+                    b.ps = t
+            if r.nb:
+                b.pe = -1 if (sw and not bpe) else t + 1
+            if sw and nodes[ob.node].plen > 0:  # the label closes a word: record its frames
+                k = cnt[N_RECORDS]
+                cnt[N_RECORDS] += 1
+                recs[k].start = ob.ps
+                recs[k].end = ob.pe
+                recs[k].prev = ob.wf
+                b.wf = k
+    for i in range(kept):
+        beams[i] = nxt[i]
+    cnt[N_BEAMS] = kept
+
+
+@njit
+def _label_of_rep(merged: np.ndarray, M: int, rows: np.ndarray, beams: np.ndarray) -> None:
+    """For a trace: the label each merged beam's rep row added (-1 when the prefix stayed)."""
+    for m in range(M):
+        g = merged[m]
+        r = rows[g.rep]
+        g.label = -1 if (r.stay or g.node == beams[r.src].node) else r.tok
+
+
+@njit
+def run_frames(
+    st: Static,
+    ip: np.ndarray,
+    prune_logp: float,
+    nodes: np.ndarray,
+    whist: np.ndarray,
+    ek: np.ndarray,
+    ev: np.ndarray,
+    wt: np.ndarray,
+    recs: np.ndarray,
+    pend: np.ndarray,
+    cnt: np.ndarray,
+    beams: np.ndarray,
+    nxt: np.ndarray,
+    rows: np.ndarray,
+    merged: np.ndarray,
+    mslot: np.ndarray,
+    order: np.ndarray,
+    made: np.ndarray,
+    c_off: np.ndarray,
+    c_lab: np.ndarray,
+    c_val: np.ndarray,
+    row0: int,
+    t: int,
+    T: int,
+) -> tuple[int, int]:
+    """Search frames ``t .. T-1`` of one utterance (frame ``f``'s candidates: ``c_lab/c_val[c_off[row0 + f]
+    : c_off[row0 + f + 1]]``). Returns ``(DONE, T)``, or ``(reason, frame)`` to be called again from
+    ``frame`` once the reason is dealt with (``FRAME``: a frame was searched and may be recorded)."""
+    width, blank, V = ip[P_WIDTH], ip[P_BLANK], ip[P_V]
+    split, history, frames, bpe, trace = (
+        ip[P_SPLIT] != 0,
+        ip[P_HISTORY] != 0,
+        ip[P_FRAMES] != 0,
+        ip[P_BPE] != 0,
+        ip[P_TRACE] != 0,
+    )
+    while t < T:
+        n_beams = cnt[N_BEAMS]
+        if n_beams == 0:
+            return DONE, T
+        lo, hi = c_off[row0 + t], c_off[row0 + t + 1]
+        K = hi - lo
+        need = n_beams * (K + 1)
+        if cnt[N_NODES] + need > len(nodes):
+            return NEED_NODES, t
+        if 2 * (cnt[N_EDGES] + need) > len(ek):
+            return NEED_EDGES, t
+        if frames and cnt[N_RECORDS] + width > len(recs):
+            return NEED_RECORDS, t
+        if (
+            K == 1
+            and c_lab[lo] == blank
+            and c_val[lo] > NEG_INF
+            and _blank_frame_is_trivial(beams, n_beams, nodes, mslot, history)
+        ):
+            lp = c_val[lo]
+            for e in range(n_beams):
+                b = beams[e]
+                if trace:
+                    g = merged[e]
+                    g.rep = e
+                    g.node = b.node
+                    g.nb = False
+                    g.n = 1
+                    g.fate = KEPT
+                    g.label = -1
+                    order[e] = e
+                    r = rows[e]
+                    r.src = e
+                b.pb = lse(b.pb, b.pnb) + lp
+                b.pnb = NEG_INF
+                if trace:
+                    g = merged[e]
+                    g.pb = b.pb
+                    g.pnb = NEG_INF
+                    g.total = b.pb + nodes[b.node].score
+            cnt[N_MERGED] = n_beams
+            cnt[N_KEPT] = n_beams
+            t += 1
+            if trace:
+                return FRAME, t
+            continue
+        n = _expand(beams, n_beams, nodes, rows, c_lab[lo:hi], c_val[lo:hi], blank)
+        cnt[N_PENDING] = 0
+        _children(st, nodes, whist, ek, ev, wt, rows, n, beams, V, pend, cnt, made)
+        if cnt[N_PENDING] > 0:
+            return NEED_LM, t
+        M = _merge(rows, n, nodes, merged, mslot, split)
+        kept = _rank(merged, M, nodes, order, mslot, width, prune_logp, history, split)
+        if trace:
+            _label_of_rep(merged, M, rows, beams)
+        _advance(st, merged, order, kept, rows, beams, nxt, nodes, recs, cnt, t, frames, bpe)
+        cnt[N_MERGED] = M
+        cnt[N_KEPT] = kept
+        t += 1
+        if trace:
+            return FRAME, t
+    return DONE, T
+
+
+@njit
+def clear_edges(nodes: np.ndarray, n: int, ek: np.ndarray, ev: np.ndarray, V: int) -> None:
+    """Empty the edge map of the ``n`` nodes' edges (faster than clearing the whole table): every slot is
+    found first, then all are freed (freeing while probing would cut other keys' probe runs)."""
+    slots = np.empty(max(n - 1, 0), dtype=np.int64)
+    for i in range(1, n):
+        slots[i - 1] = edge_find(ek, nodes[i].parent * V + nodes[i].last)
+    for s in slots:
+        ek[s] = EDGE_FREE
+        ev[s] = EDGE_FREE
+
+
+@njit
+def rehash_edges(ek: np.ndarray, ev: np.ndarray, new_k: np.ndarray, new_v: np.ndarray) -> None:
+    """Move every edge into the larger, empty map ``new_k / new_v``."""
+    for s in range(len(ek)):
+        if ek[s] != EDGE_FREE:
+            slot = edge_find(new_k, ek[s])
+            new_k[slot] = ek[s]
+            new_v[slot] = ev[s]
+
+
+__all__ = ["BEAM", "MERGED", "PENDING", "RECORD", "ROW", "run_frames"]

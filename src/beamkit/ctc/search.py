@@ -1,0 +1,433 @@
+"""The CTC prefix beam search as begin / frames / end, one utterance after another.
+
+:func:`search_candidates` runs the compiled frame loop (:func:`beamkit.ctc.kernel.run_frames`) over each
+utterance's candidate labels and does in Python what it hands back: growing storage, answering LM queries
+(:meth:`beamkit.ctc.fusion.Fusion.resolve`), recording frames for a trace. The end of an utterance is here
+too: beams with the same final text merge by log-sum-exp, the end-of-utterance LM scores are added, and the
+hypotheses are ranked and spelled.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from . import kernel as K
+from .fusion import PENDING, Fusion, Static, word_lookup
+from .jit import COMPILED, njit, records, warn_if_interpreted
+from .lm import HotwordScorer, LanguageModelFusion
+from .nodes import NODE, final_key, init_root, node_labels, word_hash
+from .options import SearchOptions
+from .posteriors import Candidates
+from .vocab import Vocabulary
+
+NEG_INF = -np.inf
+
+
+@dataclass
+class CTCHypothesis:
+    """One decoded hypothesis.
+
+    ``text``: whitespace-normalised output; ``score``: combined score (logit + LM + hotwords);
+    ``logit_score``: log-probability of the prefix under the CTC model (sum over the kept alignments);
+    ``lm_score``: ``score - logit_score``; ``word_frames``: ``(word, (start_frame, end_frame))`` per word
+    along the best alignment; ``lm_state``: the LM state after the last word (None without an LM).
+    """
+
+    text: str
+    score: float
+    logit_score: float
+    lm_score: float
+    word_frames: list[tuple[str, tuple[int, int]]] = field(default_factory=list)
+    lm_state: Any = None
+
+
+class FrameSnapshot(NamedTuple):
+    """What one frame of a traced search did (see ``beamkit.ctc.trace``): the frame's candidates, and every
+    merged beam, kept ones first (best first), then the pruned ones."""
+
+    t: int  # the frame
+    cand_labels: np.ndarray  # shape: (K,) int64 candidate labels of the frame
+    cand_lp: np.ndarray  # shape: (K,) float64 their log-probabilities
+    prefix: np.ndarray  # shape: (M,) int64 prefix id (0: the empty prefix)
+    source: np.ndarray  # shape: (M,) int64 the previous frame's kept beam behind the most probable row
+    label: np.ndarray  # shape: (M,) int64 the label that row added (-1: the prefix stayed)
+    ends_in_blank: np.ndarray  # shape: (M,) bool
+    p_b: np.ndarray  # shape: (M,) float64
+    p_nb: np.ndarray  # shape: (M,) float64
+    lm: np.ndarray  # shape: (M,) float64 the prefix's fused LM + hotword score
+    total: np.ndarray  # shape: (M,) float64 logaddexp(p_b, p_nb) + lm
+    merged: np.ndarray  # shape: (M,) int64 rows merged into the beam
+    fate: np.ndarray  # shape: (M,) int8 0 kept, 1 threshold, 2 beam width, 3 history
+
+
+class Recorder(Protocol):
+    """What a traced search tells a recorder (``beamkit.ctc.trace.CTCTraceRecorder``)."""
+
+    def begin(self, utt: int, n_frames: int, text_of: Callable[[int], str]) -> None: ...
+
+    def frame(self, utt: int, snap: FrameSnapshot) -> None: ...
+
+    def end(self, utt: int, hyps: list[CTCHypothesis], prefix_ids: list[int]) -> None: ...
+
+
+class Workspace:
+    """Storage of a search (nodes, edges, word records, beams, rows), grown when the frame loop asks and
+    reused from one utterance, and one call, to the next."""
+
+    def __init__(self, history: int, nodes: int, width: int, rows: int) -> None:
+        """Room for ``nodes`` nodes and frames of ``rows`` rows with ``width`` beams."""
+        self.history = history
+        self.nodes = records(nodes, NODE)
+        self.whist = np.empty((nodes, history), dtype=np.uint64)
+        self.ek = np.full(_pow2(4 * nodes), -1, dtype=np.int64)
+        self.ev = np.full(len(self.ek), -1, dtype=np.int64)
+        self.recs = records(max(1024, 4 * width), K.RECORD)
+        self.cnt = np.zeros(8, dtype=np.int64)
+        self.width = 0
+        self.rows_cap = 0
+        self.fit(width, rows)
+
+    def fit(self, width: int, rows: int) -> None:
+        """Make the per-frame arrays hold ``width`` beams and ``rows`` rows."""
+        if width > self.width:
+            self.width = width
+            self.beams = records(width, K.BEAM)
+            self.nxt = records(width, K.BEAM)
+        if rows > self.rows_cap:
+            self.rows_cap = rows
+            self.rows = records(rows, K.ROW)
+            self.merged = records(rows, K.MERGED)
+            self.order = np.empty(rows, dtype=np.int64)
+            self.made = np.empty(rows, dtype=np.int64)
+            self.pend = records(rows, PENDING)
+            self.mslot = np.full(_pow2(2 * rows), -1, dtype=np.int64)
+
+    def grow(self, reason: int) -> None:
+        """Grow what the frame loop ran out of (nodes 4x, edges 4x, word records 4x)."""
+        if reason == K.NEED_NODES:
+            n = len(self.nodes)
+            nodes = records(4 * n, NODE)
+            nodes[:n] = self.nodes
+            whist = np.empty((4 * n, self.history), dtype=np.uint64)
+            whist[:n] = self.whist
+            self.nodes, self.whist = nodes, whist
+        elif reason == K.NEED_EDGES:
+            ek = np.full(4 * len(self.ek), -1, dtype=np.int64)
+            ev = np.full(len(ek), -1, dtype=np.int64)
+            K.rehash_edges(self.ek, self.ev, ek, ev)
+            self.ek, self.ev = ek, ev
+        else:
+            recs = records(4 * len(self.recs), K.RECORD)
+            recs[: len(self.recs)] = self.recs
+            self.recs = recs
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        arrays = (self.nodes, self.whist, self.ek, self.ev, self.recs, self.beams, self.rows, self.merged)
+        return sum(a.nbytes for a in arrays)
+
+
+def _pow2(n: int) -> int:
+    """The smallest power of two >= ``n``."""
+    return 1 << max(4, int(n - 1).bit_length())
+
+
+_SPARE: list[Workspace] = []  # one workspace kept between calls (first touches of fresh memory are slow)
+_SPARE_LOCK = threading.Lock()
+_SPARE_MAX_BYTES = 1 << 28
+
+
+def release_cached_memory() -> int:
+    """Free the storage kept for the next CTC search; returns the bytes released."""
+    with _SPARE_LOCK:
+        freed = sum(ws.nbytes for ws in _SPARE)
+        _SPARE.clear()
+    return freed
+
+
+def _take_workspace(history: int, nodes: int, width: int, rows: int) -> Workspace:
+    with _SPARE_LOCK:
+        for i, ws in enumerate(_SPARE):
+            if ws.history == history:
+                del _SPARE[i]
+                ws.fit(width, rows)
+                return ws
+    return Workspace(history, nodes, width, rows)
+
+
+def _give_back(ws: Workspace) -> None:
+    if ws.nbytes <= _SPARE_MAX_BYTES:
+        with _SPARE_LOCK:
+            _SPARE[:] = [ws]
+
+
+def search_candidates(
+    cands: Candidates,
+    voc: Vocabulary,
+    lm: LanguageModelFusion | None,
+    opts: SearchOptions,
+    recorder: Recorder | None = None,
+) -> list[list[CTCHypothesis]]:
+    """Prefix beam search of the candidates of checked log-probabilities (no NaN) over ``voc`` with an
+    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each. A
+    ``recorder`` is told every frame (the search then stops after each frame)."""
+    warn_if_interpreted()
+    fusion = Fusion(voc, lm, HotwordScorer(opts.hotwords, opts.hotword_weight))
+    history = max(1, lm.order - 1) if lm is not None else 1
+    N, T = cands.n, cands.T
+    counts = cands.count.reshape(N, T) if N else np.zeros((0, 0), dtype=np.int64)  # shape: (N, T)
+    c_off = np.zeros(N * T + 1, dtype=np.int64)  # shape: (N * T + 1,)
+    np.cumsum(cands.count, out=c_off[1:])
+    width = int(opts.beam_width)
+    k_max = int(counts.max(initial=1))
+    rows = max(16, width * (k_max + 1))
+    nodes = min(1 << 22, max(1 << 12, int(cands.lens.sum(initial=0)) * min(width, 16) // max(N, 1)))
+    ws = _take_workspace(history, nodes, width, rows)
+    ip = np.array(
+        [width, voc.blank, voc.size, opts.split_blank, opts.prune_history, opts.word_frames, voc.is_bpe,
+         recorder is not None, 0],
+        dtype=np.int64,
+    )  # fmt: skip
+    lock = fusion.cache.lock if fusion.cache is not None else nullcontext()
+    results: list[list[CTCHypothesis]] = []
+    with lock, np.errstate(over="ignore"):  # hashes wrap around (interpreted: numpy scalars would warn)
+        try:
+            for u in range(N):
+                n_frames = int(cands.lens[u])
+                _begin(ws, voc)
+                if recorder is not None:
+                    recorder.begin(u, n_frames, lambda node: _texts(ws, fusion, np.array([node]))[0])
+                _frames(ws, fusion, ip, opts, cands, c_off, u * T, n_frames, recorder, u)
+                hyps, finals = _end(ws, fusion, opts)
+                if recorder is not None:
+                    recorder.end(u, hyps, finals)
+                results.append(hyps)
+        finally:
+            _clear(ws, voc.size)
+            _give_back(ws)
+    return results
+
+
+def _clear(ws: Workspace, V: int) -> None:
+    """Empty the edge map of the nodes made over a vocabulary of ``V`` labels."""
+    if ws.cnt[K.N_NODES] > 1:
+        K.clear_edges(ws.nodes, int(ws.cnt[K.N_NODES]), ws.ek, ws.ev, V)
+    ws.cnt[:] = 0
+
+
+def _begin(ws: Workspace, voc: Vocabulary) -> None:
+    """Reset the workspace to the root beam of a new utterance."""
+    _clear(ws, voc.size)
+    cnt = ws.cnt
+    init_root(ws.nodes, ws.whist, voc.space)
+    cnt[K.N_NODES] = 1
+    b = ws.beams
+    b[0] = (0, 0.0, NEG_INF, -1, -1, -1)
+    cnt[K.N_BEAMS] = 1
+
+
+def _frames(
+    ws: Workspace,
+    fusion: Fusion,
+    ip: np.ndarray,
+    opts: SearchOptions,
+    cands: Candidates,
+    c_off: np.ndarray,
+    row0: int,
+    n_frames: int,
+    recorder: Recorder | None,
+    utt: int,
+) -> None:
+    """Run the frame loop over the utterance's frames, dealing with each reason it stops for."""
+    t = 0
+    prune = float(opts.beam_prune_logp)
+    static = fusion.static
+    while True:
+        status, t = K.run_frames(
+            static, ip, prune, ws.nodes, ws.whist, ws.ek, ws.ev, fusion.table, ws.recs, ws.pend, ws.cnt,
+            ws.beams, ws.nxt, ws.rows, ws.merged, ws.mslot, ws.order, ws.made, c_off, cands.labels,
+            cands.values, row0, t, n_frames,
+        )  # fmt: skip
+        if status == K.DONE:
+            return
+        if status == K.NEED_LM:
+            fusion.resolve(ws.nodes, ws.pend[: ws.cnt[K.N_PENDING]])
+        elif status == K.FRAME:
+            assert recorder is not None
+            recorder.frame(utt, _snapshot(ws, cands, c_off, row0, t - 1))
+        else:
+            ws.grow(status)
+
+
+def _snapshot(ws: Workspace, cands: Candidates, c_off: np.ndarray, row0: int, t: int) -> FrameSnapshot:
+    """The record of frame ``t``, just searched."""
+    M = int(ws.cnt[K.N_MERGED])
+    g = ws.merged[ws.order[:M]]
+    lo, hi = int(c_off[row0 + t]), int(c_off[row0 + t + 1])
+    pb, pnb = g["pb"].copy(), g["pnb"].copy()
+    return FrameSnapshot(
+        t=t,
+        cand_labels=cands.labels[lo:hi].copy(),
+        cand_lp=cands.values[lo:hi].copy(),
+        prefix=g["node"].copy(),
+        source=ws.rows["src"][g["rep"]].copy(),
+        label=g["label"].copy(),
+        ends_in_blank=pnb == NEG_INF,
+        p_b=pb,
+        p_nb=pnb,
+        lm=ws.nodes["score"][g["node"]].copy(),
+        total=g["total"].copy(),
+        merged=g["n"].copy(),
+        fate=g["fate"].copy(),
+    )
+
+
+@njit
+def _final_words(
+    st: Static, wt: np.ndarray, nodes: np.ndarray, reps: np.ndarray, need: np.ndarray, pend: np.ndarray
+) -> int:
+    """LM table slots of the final words of ``reps`` (where ``need``), written into ``pend.node``
+    (-1 when the pair is not scored yet: those are listed first, as pending queries). Returns the count
+    of pending queries."""
+    n_pend = 0
+    for j in range(len(reps)):
+        if not need[j]:
+            continue
+        i = reps[j]
+        wh = word_hash(nodes, i)
+        if word_lookup(st, wt, nodes[i].sid, wh) < 0:
+            p = pend[n_pend]
+            p.sid = nodes[i].sid
+            p.node = i
+            p.whash = wh
+            n_pend += 1
+    return n_pend
+
+
+@njit
+def _final_scores(
+    st: Static, wt: np.ndarray, nodes: np.ndarray, reps: np.ndarray, need: np.ndarray, has_lm: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fused end-of-utterance scores (before the LM's end-of-sentence score) and LM contexts of ``reps``:
+    the partial word counts as a completed word (hotword bonus, LM score where ``need``)."""
+    score = np.empty(len(reps), dtype=np.float64)
+    sid = np.empty(len(reps), dtype=np.int64)
+    for j in range(len(reps)):
+        i = reps[j]
+        s = nodes[i].tscore
+        c = nodes[i].sid
+        if st.flags[2] and nodes[i].plen > 0 and nodes[i].hot >= 0 and st.hot_is_word[nodes[i].hot]:
+            s = s + st.floats[1]
+        if has_lm and need[j]:
+            slot = word_lookup(st, wt, c, word_hash(nodes, i))
+            s = s + wt[slot].delta
+            c = wt[slot].nsid
+        score[j] = s
+        sid[j] = c
+    return score, sid
+
+
+@njit
+def _final_keys(nodes: np.ndarray, beams: np.ndarray, n: int) -> np.ndarray:
+    """The final-text key of each beam's prefix."""
+    out = np.empty(n, dtype=np.uint64)
+    for e in range(n):
+        out[e] = final_key(nodes, beams[e].node)
+    return out
+
+
+def _end(ws: Workspace, fusion: Fusion, opts: SearchOptions) -> tuple[list[CTCHypothesis], list[int]]:
+    """Merge the beams by final text (in beam order: best first; a group is represented by its first
+    member, its last with ``pyctcdecode_compat``), add the end-of-utterance scores, rank, prune by
+    ``beam_prune_logp``, keep ``opts.out_k``, and spell them. Returns the hypotheses and their prefixes."""
+    n = int(ws.cnt[K.N_BEAMS])
+    if n == 0:
+        return [], []
+    beams = ws.beams[:n]
+    logit = np.logaddexp(beams["pb"], beams["pnb"])  # shape: (n,)
+    keys = _final_keys(ws.nodes, ws.beams, n).tolist()
+    groups: dict[int, list[int]] = {}
+    for e, k in enumerate(keys):
+        groups.setdefault(k, []).append(e)
+    members = list(groups.values())  # in first-occurrence order
+    g_logit = np.empty(len(members))
+    rep_beam = np.empty(len(members), dtype=np.int64)
+    last = opts.pyctcdecode_compat
+    for j, mem in enumerate(members):
+        acc = logit[mem[0]]
+        for e in mem[1:]:
+            acc = np.logaddexp(acc, logit[e])
+        g_logit[j] = acc
+        rep_beam[j] = mem[-1] if last else mem[0]
+    reps = beams["node"][rep_beam]
+    nodes = ws.nodes
+    lm = fusion.lm
+    static = fusion.static
+    if lm is not None:
+        need = np.ones(len(reps), dtype=np.bool_) if opts.pyctcdecode_compat else nodes["plen"][reps] > 0
+        ws.fit(ws.width, len(reps))
+        n_pend = _final_words(static, fusion.table, nodes, reps, need, ws.pend)
+        if n_pend:
+            fusion.resolve(nodes, ws.pend[:n_pend])
+    else:
+        need = np.zeros(len(reps), dtype=np.bool_)
+    f_score, f_sid = _final_scores(static, fusion.table, nodes, reps, need, lm is not None)
+    if lm is not None:
+        assert fusion.cache is not None
+        f_score = f_score + fusion.cache.eos_scores(f_sid)
+    totals = g_logit + f_score
+    go = np.argsort(-totals, kind="stable")  # groups are in first-occurrence order already
+    go = go[totals[go] >= totals[go[0]] + opts.beam_prune_logp][: opts.out_k]
+    out_nodes = reps[go]
+    texts = _texts(ws, fusion, out_nodes)
+    states = fusion.cache.states if fusion.cache is not None else None
+    hyps: list[CTCHypothesis] = []
+    for j, text in zip(go.tolist(), texts, strict=True):
+        frames: list[tuple[int, int]] = []
+        if opts.word_frames:
+            b = beams[rep_beam[j]]
+            frames = _word_frames(ws.recs, int(b["wf"]))
+            if nodes["plen"][reps[j]] > 0:
+                frames.append((int(b["ps"]), int(b["pe"])))
+        tot, gl = float(totals[j]), float(g_logit[j])
+        hyps.append(
+            CTCHypothesis(
+                text=text,
+                score=tot,
+                logit_score=gl,
+                lm_score=tot - gl,
+                word_frames=list(zip(text.split(), frames, strict=False)),
+                lm_state=states[int(f_sid[j])] if states is not None else None,
+            )
+        )
+    return hyps, out_nodes.tolist()
+
+
+def _word_frames(recs: np.ndarray, pointer: int) -> list[tuple[int, int]]:
+    """The completed words' frames along a record chain, first word first."""
+    out: list[tuple[int, int]] = []
+    while pointer >= 0:
+        r = recs[pointer]
+        out.append((int(r["start"]), int(r["end"])))
+        pointer = int(r["prev"])
+    out.reverse()
+    return out
+
+
+def _texts(ws: Workspace, fusion: Fusion, targets: np.ndarray) -> list[str]:
+    """The whitespace-normalised text of each target node."""
+    labels, offsets = node_labels(ws.nodes, targets.astype(np.int64), 0)
+    piece = fusion.text_piece
+    flat = [piece[i] for i in labels.tolist()]
+    bounds = offsets.tolist()
+    return [" ".join("".join(flat[a:b]).split()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+__all__ = ["COMPILED", "CTCHypothesis", "FrameSnapshot", "Recorder", "release_cached_memory", "search_candidates"]
