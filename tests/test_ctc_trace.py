@@ -1,11 +1,14 @@
 """CTC prefix-search traces: the recorder, the trace's JSON, its drawings, and ``beamkit ctc explain``.
 
-Oracles: a prefix beam search worked by hand on 3 frames (numbers in the comments below), the best path read off
-the posterior matrix with numpy, and brute-force enumeration of every label path for tiny inputs.
+Oracles: a prefix beam search worked by hand on 3 frames (numbers in the comments below), one frame of prefix
+beam search expanded in plain Python from the previous frame's recorded beams, the best path read off the
+posterior matrix with numpy, brute-force enumeration of every label path for tiny inputs, and ``ctc decode``'s
+own output for the command line.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -14,7 +17,12 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
+from beamkit import cli
+from beamkit.ctc.options import SearchOptions
+from beamkit.ctc.posteriors import collect_candidates, dense_part
+from beamkit.ctc.search import FrameSnapshot, search_candidates
 from beamkit.ctc.trace import CTCTrace, CTCTraceRecorder, collapse, join_labels
+from beamkit.ctc.vocab import Vocabulary
 from beamkit.viz import to_dot, to_html, to_svg
 from beamkit.viz.ctc import ctc_layout, quiet_frames
 
@@ -24,25 +32,9 @@ LN = math.log
 NEG = -math.inf
 
 
-class FrameSnapshot(NamedTuple):
-    """The search's per-frame record, field for field as in the CTC trace contract."""
-
-    t: int
-    cand_labels: np.ndarray
-    cand_lp: np.ndarray
-    prefix: np.ndarray
-    source: np.ndarray
-    label: np.ndarray
-    ends_in_blank: np.ndarray
-    p_b: np.ndarray
-    p_nb: np.ndarray
-    lm: np.ndarray
-    total: np.ndarray
-    merged: np.ndarray
-    fate: np.ndarray
-
-
 class Hyp(NamedTuple):
+    """What the recorder reads of a returned hypothesis."""
+
     text: str
     score: float
     logit_score: float
@@ -255,8 +247,6 @@ def test_html_is_self_contained_and_carries_the_trace():
     assert trace._repr_html_().startswith('<div class="bk-view"')
     with pytest.raises(TypeError, match="CTCTrace"):
         to_html(object())  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="carries its labels"):
-        to_html(trace, vocab=["x"])
 
 
 def _quiet_trace() -> CTCTrace:
@@ -347,3 +337,286 @@ def test_ctc_page_in_headless_chromium(tmp_path):
         info = hover(dt, last)
         assert f"p_nb {e.p_nb:.4f}" in info and f"total {e.total:.4f}" in info and "merged" in info
         assert_clean_offline_load(dt, page)
+
+
+# ---------------------------------------------------------------------------------------------- the real search
+def traced(mats, labels, lm=None, **knobs):
+    """The search's hypotheses and the recorded traces of ``mats`` (log-probabilities, one (T, V) each)."""
+    voc = Vocabulary.from_labels(labels)
+    opts = SearchOptions(**knobs)
+    lens = np.array([m.shape[0] for m in mats], np.int64)
+    cands = collect_candidates([dense_part(m, opts.token_min_logp, voc.blank) for m in mats], lens)
+    rec = CTCTraceRecorder(voc.labels, voc.blank)
+    hyps = search_candidates(cands, voc, lm, opts, rec)
+    plain = search_candidates(
+        collect_candidates([dense_part(m, opts.token_min_logp, voc.blank) for m in mats], lens), voc, lm, opts
+    )
+    return hyps, plain, rec.traces()
+
+
+def test_the_search_records_the_worked_example():
+    hyps, _, (trace,) = traced([np.log(P)], LABELS, beam_width=BEAM, beam_prune_logp=PRUNE, token_min_logp=MIN_LP)
+    assert_hand_numbers(trace)
+    # rows merged: frame 2's "a" = "" + a and "a" + blank ("a" + a adds nothing: "a" has no alignment ending in a)
+    assert [e.merged for e in trace.frames[2].entries[:2]] == [2, 1]
+    assert [h.text for h in hyps[0]] == ["a", "aa"]
+
+
+def _posteriors(rng, T, V, peak=2.5):
+    """Log-probabilities of T frames over V labels, peaky (a random favourite per frame)."""
+    x = rng.standard_normal((T, V)) * peak
+    return x - np.logaddexp.reduce(x, axis=1, keepdims=True)
+
+
+def _expand(kept, cands, blank):
+    """One frame of prefix beam search by hand (no LM, beam unit = prefix): prefix labels -> [p_b, p_nb,
+    contributions, best contribution, its beam, its label]."""
+    out = {}
+
+    def add(prefix, end, value, beam, label):
+        if value == NEG:
+            return
+        e = out.setdefault(prefix, [NEG, NEG, 0, NEG, -1, -1])
+        e[end] = np.logaddexp(e[end], value)
+        e[2] += 1
+        if value > e[3]:
+            e[3:] = [value, beam, label]
+
+    for j, (pre, pb, pnb) in enumerate(kept):
+        for lab, lp in cands:
+            if lab == blank:
+                add(pre, 0, np.logaddexp(pb, pnb) + lp, j, -1)
+            elif pre and pre[-1] == lab:
+                add(pre, 1, pnb + lp, j, -1)
+                add(pre + (lab,), 1, pb + lp, j, lab)
+            else:
+                add(pre + (lab,), 1, np.logaddexp(pb, pnb) + lp, j, lab)
+    return out
+
+
+CHARS = ["", "a", "b", "c"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_frame_equals_a_hand_expansion_of_the_previous_beams(seed):
+    rng = np.random.default_rng(seed)
+    T, beam = int(rng.integers(1, 7)), int(rng.integers(1, 5))
+    lp = _posteriors(rng, T, len(CHARS))
+    prune, min_lp = float(-rng.uniform(1, 8)), float(-rng.uniform(1, 6))
+    hyps, plain, (trace,) = traced([lp], CHARS, beam_width=beam, beam_prune_logp=prune, token_min_logp=min_lp)
+    code = {c: i for i, c in enumerate(CHARS)}
+    kept = [((), 0.0, NEG)]
+    for t, f in enumerate(trace.frames):
+        # candidates: lp >= token_min_logp, or the argmax alone when none is
+        want = [i for i in range(len(CHARS)) if lp[t, i] >= min_lp] or [int(np.argmax(lp[t]))]
+        assert sorted(c.label for c in f.candidates) == want
+        cands = [(c.label, lp[t, c.label]) for c in f.candidates]
+        expected = _expand(kept, cands, 0)
+        got = {tuple(code[ch] for ch in e.text): e for e in f.entries}
+        assert set(got) == set(expected), t
+        for pre, (pb, pnb, n, _, beam_j, lab) in expected.items():
+            e = got[pre]
+            assert e.p_b == pytest.approx(pb, abs=1e-9) and e.p_nb == pytest.approx(pnb, abs=1e-9), (t, pre)
+            assert (e.merged, e.source, e.label) == (n, beam_j, lab), (t, pre)
+            assert e.total == pytest.approx(np.logaddexp(pb, pnb), abs=1e-9) and e.lm == 0.0
+        # fates: below best + beam_prune_logp is the threshold's; the best `beam` of the rest are kept
+        totals = sorted((e.total for e in f.entries), reverse=True)
+        floor = totals[0] + prune
+        n_kept = min(beam, sum(1 for x in totals if x >= floor))
+        assert [e.total for e in f.kept] == pytest.approx(totals[:n_kept])
+        for e in f.entries[n_kept:]:
+            assert e.fate == ("threshold" if e.total < floor else "beam")
+        kept = [(tuple(code[ch] for ch in e.text), e.p_b, e.p_nb) for e in f.kept]
+    assert _texts(hyps[0]) == _texts(plain[0])
+
+
+def _texts(hyps):
+    return [(h.text, round(h.score, 9)) for h in hyps]
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_trace_properties_on_random_inputs(seed):
+    """Split beam units, history pruning, several utterances: what the trace says the search kept is what it
+    returned."""
+    rng = np.random.default_rng(100 + seed)
+    labels = ["", "a", "b", " "]
+    mats = [_posteriors(rng, int(rng.integers(0, 8)), len(labels)) for _ in range(int(rng.integers(1, 4)))]
+    knobs = dict(
+        beam_width=int(rng.integers(1, 5)),
+        beam_prune_logp=float(-rng.uniform(1, 10)),
+        token_min_logp=float(-rng.uniform(1, 6)),
+        split_blank=bool(rng.integers(2)),
+        prune_history=bool(rng.integers(2)),
+    )
+    hyps, plain, traces = traced(mats, labels, **knobs)
+    assert len(traces) == len(mats) and [t.utterance for t in traces] == list(range(len(mats)))
+    for m, h, p, trace in zip(mats, hyps, plain, traces, strict=True):
+        assert len(trace.frames) == m.shape[0]
+        assert _texts(h) == _texts(p)  # tracing changes nothing
+        prev_kept = 1
+        for f in trace.frames:
+            assert 1 <= len(f.kept) <= knobs["beam_width"]
+            assert all(0 <= e.source < prev_kept for e in f.entries)  # pruned entries are never sources
+            for e in f.kept:
+                assert e.total == pytest.approx(np.logaddexp(e.p_b, e.p_nb) + e.lm, abs=1e-9)
+            if not knobs["split_blank"]:
+                assert all(e.ends_in_blank == (e.p_nb == NEG) for e in f.entries)
+            if not knobs["prune_history"]:
+                assert all(e.fate != "history" for e in f.entries)
+            prev_kept = len(f.kept)
+        assert [x.text for x in trace.hypotheses] == [x.text for x in h]
+        last = trace.frames[-1].kept if trace.frames else []
+        for x in trace.hypotheses:
+            if trace.frames:
+                assert x.entries == [j for j, e in enumerate(last) if e.prefix == x.prefix] != []
+                # the final ranking sums the last beams whose text reads the same (split beam units included)
+                same = [e.logit for e in last if " ".join(e.text.split()) == x.text]
+                assert x.logit_score == pytest.approx(np.logaddexp.reduce(same), abs=1e-9)
+            assert " ".join(x.prefix_text.split()) == x.text
+        assert CTCTrace.from_json(trace.to_json()) == trace
+
+
+def _brute_force(lp, labels):
+    """log P(text) summed over every label path of the matrix (T x V small)."""
+    T, V = lp.shape
+    totals = {}
+    for path in itertools.product(range(V), repeat=T):
+        text = join_labels(labels, collapse(path, 0))
+        totals[text] = np.logaddexp(totals.get(text, NEG), sum(lp[t, k] for t, k in enumerate(path)))
+    return totals
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_best_hypothesis_equals_brute_force_without_pruning(seed):
+    rng = np.random.default_rng(200 + seed)
+    T = int(rng.integers(1, 5))
+    lp = _posteriors(rng, T, len(CHARS))
+    exact = _brute_force(lp, CHARS)
+    hyps, _, (trace,) = traced([lp], CHARS, beam_width=len(CHARS) ** T, beam_prune_logp=NEG, token_min_logp=NEG)
+    best = max(exact, key=exact.__getitem__)
+    assert trace.hypotheses[0].text == best == hyps[0][0].text
+    for h in trace.hypotheses:
+        assert h.logit_score == pytest.approx(exact[h.text], abs=1e-9)
+    assert len(trace.hypotheses) == len(exact)
+
+
+def test_lm_scores_are_recorded():
+    from beamkit.ctc import ArpaLM, LanguageModelFusion, build_arpa
+
+    rng = np.random.default_rng(7)
+    labels = ["", "a", "b", " "]
+    lm = LanguageModelFusion(ArpaLM.from_lines(build_arpa(["a b", "b a", "a a b"] * 3, order=2).splitlines()))
+    lp = _posteriors(rng, 9, len(labels), peak=1.5)
+    hyps, plain, (trace,) = traced([lp], labels, lm=lm, beam_width=4, split_blank=True)
+    assert _texts(hyps[0]) == _texts(plain[0])
+    lms = [e.lm for f in trace.frames for e in f.entries]
+    assert any(x != 0.0 for x in lms)
+    for f in trace.frames:
+        for e in f.entries:
+            assert e.total == pytest.approx(np.logaddexp(e.p_b, e.p_nb) + e.lm, abs=1e-9)
+            if not e.text.strip():
+                assert e.lm == 0.0  # no word yet: nothing scored
+    best = trace.hypotheses[0]
+    assert best.score == pytest.approx(best.logit_score + best.lm_score)
+
+
+# ---------------------------------------------------------------------------------------------- beamkit ctc explain
+CLI_LABELS = ["", " ", "a", "b", "c", "t"]
+
+
+@pytest.fixture
+def ctc_cli(monkeypatch, capsys, tmp_path):
+    """Run ``beamkit`` with only the CTC commands: (exit code, stdout, stderr); and the input files: a labels
+    file and a (2, T, V) .npy of peaky log-probabilities spelling "a cat" / "at a" with some doubt."""
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.ctc.cli",))
+    rng = np.random.default_rng(5)
+    mats = []
+    for text in ("a cat", "at a "):
+        path = [k for ch in text for k in (CLI_LABELS.index(ch),) * 2 + (0,) * 3]
+        lp = np.log(rng.dirichlet(np.full(len(CLI_LABELS), 0.5), size=len(path)) * 0.3)
+        lp[np.arange(len(path)), path] = math.log(0.7)
+        mats.append(lp - np.logaddexp.reduce(lp, axis=1, keepdims=True))
+    (tmp_path / "labels.txt").write_text("\n".join(["", "<space>", *CLI_LABELS[2:]]) + "\n")
+    np.save(tmp_path / "lp.npy", np.stack(mats))
+    np.save(tmp_path / "one.npy", mats[0])
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        rc = cli.main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run, tmp_path
+
+
+def test_ctc_explain_json_is_the_search_ctc_decode_ran(ctc_cli):
+    run, d = ctc_cli
+    labels = ("--labels", d / "labels.txt")
+    for utt in (0, 1):
+        rc, out, err = run("ctc", "explain", d / "lp.npy", *labels, "--utterance", utt, "--beam", 4, "--format", "json")
+        assert rc == 0, err
+        trace = CTCTrace.from_json(out)
+        assert len(trace.frames) == 25 and trace.source == f"lp.npy [{utt}]"
+        rc, out, _ = run("ctc", "decode", d / "lp.npy", *labels, "--beam", 4, "--json", "--top", 4)
+        beams = json.loads(out.splitlines()[utt])["beams"]
+        assert [(h.text, h.score) for h in trace.hypotheses] == [(b["text"], b["score"]) for b in beams]
+        rc, out, _ = run("ctc", "decode", d / "lp.npy", *labels, "--greedy")
+        assert trace.greedy == out.splitlines()[utt]
+
+
+@pytest.mark.parametrize("fmt", ["html", "svg", "dot"])
+def test_ctc_explain_drawings(ctc_cli, fmt):
+    run, d = ctc_cli
+    out_file = d / f"search.{fmt}"
+    rc, out, err = run("ctc", "explain", d / "one.npy", "--labels", d / "labels.txt", "--format", fmt, "-o", out_file)
+    assert rc == 0 and err == "", err
+    rc, raw, _ = run("ctc", "explain", d / "one.npy", "--labels", d / "labels.txt", "--format", "json")
+    trace = CTCTrace.from_json(raw)
+    assert f"wrote {out_file}: {trace.n_entries} entries over 25 frames; best: 'a cat'" in out
+    text = out_file.read_text(encoding="utf-8")
+    if fmt == "dot":
+        assert sum(1 for line in text.splitlines() if "[label=" in line) == trace.n_entries + 1
+    else:
+        assert text.count('<g class="node ') == trace.n_entries + 1
+        assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--beam", "0"), "--beam must be a positive integer"),
+        (("--utterance", "2"), "--utterance must lie in [0, 1]"),
+        (("--token-min-logp", "1"), "--token-min-logp must be a number <= 0"),
+        (("--blank", "9"), "blank index 9 out of range"),
+        (("--alphabet", "_abc", "--blank", "0"), "has 6 columns but there are 4 labels"),
+    ],
+)
+def test_ctc_explain_usage_errors_are_one_line_and_exit_2(ctc_cli, args, needle):
+    run, d = ctc_cli
+    labels = () if "--alphabet" in args else ("--labels", d / "labels.txt")
+    rc, out, err = run("ctc", "explain", d / "lp.npy", *labels, *args)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert needle in lines[-1] and (len(lines) == 1 or lines[0].startswith("usage:")), err
+    rc, _, err = run("ctc", "explain", d / "missing.npy", "--labels", d / "labels.txt")
+    assert rc == 2 and err.strip() == f"beamkit ctc: error: no such file: {d / 'missing.npy'}"
+
+
+def test_ctc_explain_argparse_errors_exit_2(ctc_cli, capsys):
+    run, d = ctc_cli
+    with pytest.raises(SystemExit) as stop:
+        run("ctc", "explain", d / "lp.npy", "--labels", d / "labels.txt", "--format", "png")
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith("invalid choice: 'png' (choose from 'html', 'svg', 'dot', 'json')")
+
+
+def test_ctc_explain_help_describes_every_option():
+    parser = cli.build_parser()
+    sub = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    exp = sub["ctc"]._subparsers._group_actions[0].choices["explain"]  # type: ignore[union-attr]
+    flat = " ".join(exp.format_help().split())
+    assert exp.description and "one column per frame" in flat and "one label per line" in flat
+    for action in exp._actions:
+        assert action.help, action.dest
+    assert "(default: 10)" in flat and "{html,svg,dot,json}" in flat and "(default: html)" in flat

@@ -1,6 +1,7 @@
-"""``beamkit ctc decode`` and ``beamkit lm build`` subcommands.
+"""``beamkit ctc decode``, ``beamkit ctc explain`` and ``beamkit lm build`` subcommands.
 
 beamkit ctc decode logprobs.npy --labels labels.txt [--lm lm.arpa --alpha 0.5 --beta 1.5] [--beam 100]
+beamkit ctc explain logprobs.npy --labels labels.txt [--beam 10] [--format html|svg|dot|json] -o search.html
 beamkit lm build corpus.txt --order 3 -o lm.arpa
 """
 
@@ -10,11 +11,15 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .lm import KENLM_MAX_ORDER
+
+if TYPE_CHECKING:
+    from .trace import CTCTrace
 
 LABELS_FORMAT = """\
 labels file: UTF-8 text, one label per line, line i naming column i of the matrix (as many lines as
@@ -60,24 +65,27 @@ def _parse_blank(spec: str | None) -> int | str | None:
         return spec
 
 
-def _cmd_ctc_decode(args: argparse.Namespace) -> int:
-    from .decoder import build_ctcdecoder
+def _load_matrices(path: str) -> list[np.ndarray]:
+    """The ``(T, V)`` matrices of a .npy file holding one matrix or a batch ``(N, T, V)`` (checked)."""
     from .posteriors import as_real_array
 
-    if args.top < 1:
-        raise ValueError(f"--top must be a positive integer, got {args.top}")
-    if args.beam < 1:
-        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
-    if not os.path.isfile(args.file):
-        raise FileNotFoundError(f"no such file: {args.file}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such file: {path}")
     try:
-        raw = np.load(args.file, allow_pickle=False)
+        raw = np.load(path, allow_pickle=False)
     except (EOFError, ValueError, OSError) as exc:  # empty, truncated, not an .npy, or pickled objects
-        raise ValueError(f"cannot read {args.file} as a .npy array: {exc or type(exc).__name__}") from exc
-    arr = as_real_array(raw, args.file, keep_dtype=True)
+        raise ValueError(f"cannot read {path} as a .npy array: {exc or type(exc).__name__}") from exc
+    arr = as_real_array(raw, path, keep_dtype=True)
     if arr.ndim not in (2, 3):
-        raise ValueError(f"{args.file} must hold a (T, V) or (N, T, V) array, got shape {arr.shape}")
-    decoder = build_ctcdecoder(
+        raise ValueError(f"{path} must hold a (T, V) or (N, T, V) array, got shape {arr.shape}")
+    return [arr] if arr.ndim == 2 else list(arr)
+
+
+def _build_decoder(args: argparse.Namespace) -> Any:
+    """The decoder the input arguments (labels, blank, input kind, LM) describe."""
+    from .decoder import build_ctcdecoder
+
+    return build_ctcdecoder(
         _read_labels(args),
         kenlm_model_path=args.lm,
         alpha=args.alpha,
@@ -87,7 +95,15 @@ def _cmd_ctc_decode(args: argparse.Namespace) -> int:
         blank=_parse_blank(args.blank),
         input_kind=args.input_kind,
     )
-    mats = [arr] if arr.ndim == 2 else list(arr)
+
+
+def _cmd_ctc_decode(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise ValueError(f"--top must be a positive integer, got {args.top}")
+    if args.beam < 1:
+        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    mats = _load_matrices(args.file)
+    decoder = _build_decoder(args)
     if args.greedy:
         from .decoder import normalize_logits
         from .prefix_search import greedy_decode
@@ -104,6 +120,63 @@ def _cmd_ctc_decode(args: argparse.Namespace) -> int:
             print(json.dumps({"utterance": i, "beams": top}))
         else:
             print(utt_beams[0][0] if utt_beams else "")
+    return 0
+
+
+EXPLAIN_FORMATS = ("html", "svg", "dot", "json")
+
+
+def _trace_matrix(decoder: Any, mat: np.ndarray, args: argparse.Namespace) -> CTCTrace:
+    """The recorded prefix search of one ``(T, V)`` matrix with the decoder's vocabulary, LM and beam unit."""
+    from .options import SearchOptions
+    from .posteriors import collect_candidates, utterance_parts
+    from .search import search_candidates
+    from .trace import CTCTraceRecorder
+
+    opts = SearchOptions(
+        beam_width=args.beam,
+        beam_prune_logp=args.beam_prune_logp,
+        token_min_logp=args.token_min_logp,
+        prune_history=args.prune_history,
+        split_blank=True,  # the decoder's beam unit
+        pyctcdecode_compat=decoder.pyctcdecode_compat,
+    )
+    voc = decoder.vocab
+    if mat.shape[1] != voc.size:
+        raise ValueError(f"{args.file} has {mat.shape[1]} columns but there are {voc.size} labels")
+    recorder = CTCTraceRecorder(voc.labels, voc.blank)
+    parts = utterance_parts([mat], decoder.input_kind, opts.token_min_logp, voc.blank)
+    cands = collect_candidates(parts, np.array([mat.shape[0]], dtype=np.int64))
+    search_candidates(cands, voc, decoder.language_model, opts, recorder)
+    return recorder.traces()[0]
+
+
+def _cmd_ctc_explain(args: argparse.Namespace) -> int:
+    from beamkit.viz import to_dot, to_html, to_svg
+
+    if args.beam < 1:
+        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    for name in ("beam_prune_logp", "token_min_logp"):
+        if not getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a number <= 0, got {getattr(args, name)}")
+    mats = _load_matrices(args.file)
+    if not 0 <= args.utterance < len(mats):
+        raise ValueError(f"--utterance must lie in [0, {len(mats) - 1}] for {args.file}, got {args.utterance}")
+    decoder = _build_decoder(args)
+    trace = _trace_matrix(decoder, mats[args.utterance], args)
+    trace.source = os.path.basename(args.file) + (f" [{args.utterance}]" if len(mats) > 1 else "")
+    draw: dict[str, Callable[[CTCTrace], str]] = {"html": to_html, "svg": to_svg, "dot": to_dot}
+    page = trace.to_json(indent=1) + "\n" if args.format == "json" else draw[args.format](trace)
+    if args.output is None:
+        sys.stdout.write(page)
+        return 0
+    with open(args.output, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    best = trace.hypotheses[0].text if trace.hypotheses else ""
+    print(
+        f"wrote {args.output}: {trace.n_entries} entries over {len(trace.frames)} frames; best: {best!r}, "
+        f"greedy: {trace.greedy!r}"
+    )
     return 0
 
 
@@ -142,8 +215,47 @@ def _cmd_ocr(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_input_arguments(p: argparse.ArgumentParser, beam: int) -> None:
+    """The arguments ``ctc decode`` and ``ctc explain`` share: the .npy file, labels, blank, input kind, LM,
+    beam width (default ``beam``) and scoring mode."""
+    p.add_argument("file", help=".npy file of logits, log-probabilities or probabilities")
+    labels = p.add_mutually_exclusive_group(required=True)
+    labels.add_argument("--labels", metavar="FILE", help="labels file, one label per line (format above)")
+    labels.add_argument("--alphabet", metavar="STRING", help="one label per character of STRING")
+    p.add_argument(
+        "--blank",
+        default=None,
+        help="the CTC blank: a column index (integer) or a label; default: the one label that is empty, "
+        "<pad> or <blank> (none or several is an error)",
+    )
+    p.add_argument(
+        "--input-kind",
+        choices=["auto", "logits", "log_probs", "probs"],
+        default="auto",
+        help="what the matrix holds; auto reads rows in [0, 1] summing to 1 (within the dtype's rounding) as "
+        "probabilities, anything else as logits",
+    )
+    p.add_argument("--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model")
+    p.add_argument(
+        "--lm-backend",
+        choices=["auto", "arpa", "kenlm"],
+        default="auto",
+        help="how to read --lm: kenlm (the kenlm module; ARPA or binary), arpa (beamkit's pure-Python ARPA "
+        f"reader, any order), auto (kenlm when installed and the order is <= {KENLM_MAX_ORDER}, else arpa)",
+    )
+    p.add_argument("--alpha", type=float, default=0.5, help="LM weight")
+    p.add_argument("--beta", type=float, default=1.5, help="word insertion bonus")
+    p.add_argument("--beam", type=int, default=beam, help="beam width")
+    p.add_argument(
+        "--pyctcdecode-compat",
+        action="store_true",
+        help="reproduce pyctcdecode 0.5.0's end-of-utterance scoring quirk (off: the correct score; the Python "
+        "build_ctcdecoder has the same default)",
+    )
+
+
 def register(subparsers: Any) -> None:
-    """Add the ``ctc`` (``decode``), ``lm`` (``build``) and ``ocr`` subcommands to an argparse subparsers
+    """Add the ``ctc`` (``decode``, ``explain``), ``lm`` (``build``) and ``ocr`` subcommands to an argparse subparsers
     object."""
     ocr = subparsers.add_parser(
         "ocr",
@@ -180,44 +292,37 @@ def register(subparsers: Any) -> None:
         + LABELS_FORMAT,
         formatter_class=_HelpFormatter,
     )
-    dec.add_argument("file", help=".npy file of logits, log-probabilities or probabilities")
-    labels = dec.add_mutually_exclusive_group(required=True)
-    labels.add_argument("--labels", metavar="FILE", help="labels file, one label per line (format above)")
-    labels.add_argument("--alphabet", metavar="STRING", help="one label per character of STRING")
-    dec.add_argument(
-        "--blank",
-        default=None,
-        help="the CTC blank: a column index (integer) or a label; default: the one label that is empty, "
-        "<pad> or <blank> (none or several is an error)",
-    )
-    dec.add_argument(
-        "--input-kind",
-        choices=["auto", "logits", "log_probs", "probs"],
-        default="auto",
-        help="what the matrix holds; auto reads rows in [0, 1] summing to 1 (within the dtype's rounding) as "
-        "probabilities, anything else as logits",
-    )
-    dec.add_argument("--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model")
-    dec.add_argument(
-        "--lm-backend",
-        choices=["auto", "arpa", "kenlm"],
-        default="auto",
-        help="how to read --lm: kenlm (the kenlm module; ARPA or binary), arpa (beamkit's pure-Python ARPA "
-        f"reader, any order), auto (kenlm when installed and the order is <= {KENLM_MAX_ORDER}, else arpa)",
-    )
-    dec.add_argument("--alpha", type=float, default=0.5, help="LM weight")
-    dec.add_argument("--beta", type=float, default=1.5, help="word insertion bonus")
-    dec.add_argument("--beam", type=int, default=100, help="beam width")
-    dec.add_argument(
-        "--pyctcdecode-compat",
-        action="store_true",
-        help="reproduce pyctcdecode 0.5.0's end-of-utterance scoring quirk (off: the correct score; the Python "
-        "build_ctcdecoder has the same default)",
-    )
+    _add_input_arguments(dec, beam=100)
     dec.add_argument("--greedy", action="store_true", help="best-path decoding instead of beam search")
     dec.add_argument("--json", action="store_true", help="print JSON lines with the top beams")
     dec.add_argument("--top", type=int, default=1, help="beams per utterance in --json output (>= 1)")
     dec.set_defaults(func=_cmd_ctc_decode)
+
+    exp = ctc_sub.add_parser(
+        "explain",
+        help="draw the prefix search of one utterance (HTML, SVG, DOT or JSON)",
+        description="Decode one utterance with prefix beam search, recording every frame, and draw the search: "
+        "one column per frame, a node per prefix entry (kept, or pruned by the threshold, the beam width or the "
+        "history rule) with its p_b / p_nb / LM score / total / merged count on hover, edges to the beam it "
+        "extends, the returned hypotheses and the greedy (best-path) prefixes highlighted. Runs of blank-only "
+        "frames are compressed (a checkbox in the page). The HTML is one self-contained file that opens offline."
+        "\n\n" + INPUT_FORMAT.split("Output:")[0].rstrip() + " --utterance picks one of a batch.\n\n" + LABELS_FORMAT,
+        formatter_class=_HelpFormatter,
+    )
+    _add_input_arguments(exp, beam=10)
+    exp.add_argument("--utterance", type=int, default=0, help="which utterance of an (N, T, V) file")
+    exp.add_argument(
+        "--beam-prune-logp", type=float, default=-10.0, help="prune beams scoring below best + this (<= 0)"
+    )
+    exp.add_argument(
+        "--token-min-logp", type=float, default=-5.0, help="a frame's candidates: labels with lp >= this (<= 0)"
+    )
+    exp.add_argument(
+        "--prune-history", action="store_true", help="keep one beam per LM history (as the decoder's decode does)"
+    )
+    exp.add_argument("--format", choices=EXPLAIN_FORMATS, default="html", help="output format")
+    exp.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    exp.set_defaults(func=_cmd_ctc_explain)
 
     lm = subparsers.add_parser(
         "lm",
