@@ -298,47 +298,6 @@ def test_blank_only_frames_are_compressed():
     assert trace.greedy == "ab" == trace.hypotheses[0].text
 
 
-# ---------------------------------------------------------------------------------------------- in a browser
-def browser_trace() -> CTCTrace:
-    """A trace with kept and pruned entries and a run of blank-only frames."""
-    return _quiet_trace()
-
-
-@pytest.mark.slow
-def test_ctc_page_in_headless_chromium(tmp_path):
-    from tests.test_viz_browser import VISIBLE, assert_clean_offline_load, hover, open_page
-
-    trace = browser_trace()
-    quiet = quiet_frames(trace)
-    hidden = sum(len(f.entries) for t, f in enumerate(trace.frames[:-1]) if quiet[t] and quiet[t + 1])
-    kept = sum(len(f.kept) for f in trace.frames)
-    with open_page(tmp_path, to_html(trace)) as (dt, page):
-        nodes = dt.evaluate("document.querySelectorAll('svg.bk-tree g.node').length")
-        rendered = dt.evaluate("document.querySelector('.bk-view').getAttribute('data-rendered')")
-        assert nodes == trace.n_entries + 1 and rendered == str(nodes)  # every entry and the root; script ran
-        assert dt.evaluate(f"{VISIBLE}.length") == nodes - hidden  # quiet runs compressed by default
-        edges = "[...document.querySelectorAll('path.edge')].filter(p => getComputedStyle(p).display !== 'none')"
-        dt.evaluate("document.querySelector('input.quiet').click()")
-        assert dt.evaluate(f"{VISIBLE}.length") == nodes
-        assert dt.evaluate(f"{edges}.length") == nodes - 1  # an edge to every entry, redrawn by the script
-        dt.evaluate("document.querySelector('input.fold').click()")
-        assert dt.evaluate(f"{VISIBLE}.length") == kept + 1
-        assert dt.evaluate(f"{edges}.length") == kept
-        # the redrawn edge of the last frame's first entry ends at that entry's box
-        first = trace.n_entries - len(trace.frames[-1].entries) + 1
-        end = dt.evaluate(
-            f"document.querySelector('path.edge[data-child=\"{first}\"]').getAttribute('d').split(' ').pop()"
-        )
-        box = dt.evaluate(f"document.querySelector('g.node[data-id=\"{first}\"]').getAttribute('transform')")
-        x, y = (float(v) for v in box[len("translate(") : -1].split(","))
-        assert [float(v) for v in end.split(",")] == [x, y + 17 / 2]
-        last = trace.n_entries  # the last frame's last entry
-        e = trace.frames[-1].entries[-1]
-        info = hover(dt, last)
-        assert f"p_nb {e.p_nb:.4f}" in info and f"total {e.total:.4f}" in info and "merged" in info
-        assert_clean_offline_load(dt, page)
-
-
 # ---------------------------------------------------------------------------------------------- the real search
 def traced(mats, labels, lm=None, **knobs):
     """The search's hypotheses and the recorded traces of ``mats`` (log-probabilities, one (T, V) each)."""
@@ -620,3 +579,53 @@ def test_ctc_explain_help_describes_every_option():
     for action in exp._actions:
         assert action.help, action.dest
     assert "(default: 10)" in flat and "{html,svg,dot,json}" in flat and "(default: html)" in flat
+
+
+# ---------------------------------------------------------------------------------------------- in a browser
+def browser_trace() -> CTCTrace:
+    """The search's trace of "a cat" spoken with doubt between letters and long silences (runs of blank-only
+    frames), split beam units, beam 4."""
+    rng = np.random.default_rng(11)
+    path = [0] * 4 + [2, 2, 0, 1, 1, 0, 0, 0, 0, 4, 4, 0, 2, 0, 5, 5] + [0] * 5
+    lp = np.log(rng.dirichlet(np.full(len(CLI_LABELS), 0.5), size=len(path)) * 0.2)
+    lp[np.arange(len(path)), path] = np.log(0.8)
+    lp[[0, 1, 2, 3, 10, 11, 21, 22, 23, 24], 1:] = np.log(0.001)  # silence: blank alone is a candidate
+    lp -= np.logaddexp.reduce(lp, axis=1, keepdims=True)
+    _, _, (trace,) = traced([lp], CLI_LABELS, beam_width=4, split_blank=True, token_min_logp=-4.0)
+    return trace
+
+
+@pytest.mark.slow
+def test_ctc_page_in_headless_chromium(tmp_path):
+    from tests.test_viz_browser import VISIBLE, assert_clean_offline_load, hover, open_page
+
+    trace = browser_trace()
+    quiet = quiet_frames(trace)
+    hidden = sum(len(f.entries) for t, f in enumerate(trace.frames[:-1]) if quiet[t] and quiet[t + 1])
+    kept = sum(len(f.kept) for f in trace.frames)
+    assert hidden > 0 and kept < trace.n_entries and trace.hypotheses[0].text == "a cat"
+    with open_page(tmp_path, to_html(trace)) as (dt, page):
+        nodes = dt.evaluate("document.querySelectorAll('svg.bk-tree g.node').length")
+        rendered = dt.evaluate("document.querySelector('.bk-view').getAttribute('data-rendered')")
+        assert nodes == trace.n_entries + 1 and rendered == str(nodes)  # every entry and the root; script ran
+        assert dt.evaluate(f"{VISIBLE}.length") == nodes - hidden  # quiet runs compressed by default
+        edges = "[...document.querySelectorAll('path.edge')].filter(p => getComputedStyle(p).display !== 'none')"
+        dt.evaluate("document.querySelector('input.quiet').click()")
+        assert dt.evaluate(f"{VISIBLE}.length") == nodes
+        assert dt.evaluate(f"{edges}.length") == nodes - 1  # an edge to every entry, redrawn by the script
+        dt.evaluate("document.querySelector('input.fold').click()")
+        assert dt.evaluate(f"{VISIBLE}.length") == kept + 1
+        assert dt.evaluate(f"{edges}.length") == kept
+        # the redrawn edge of the last frame's first entry ends at that entry's box
+        first = trace.n_entries - len(trace.frames[-1].entries) + 1
+        end = dt.evaluate(
+            f"document.querySelector('path.edge[data-child=\"{first}\"]').getAttribute('d').split(' ').pop()"
+        )
+        box = dt.evaluate(f"document.querySelector('g.node[data-id=\"{first}\"]').getAttribute('transform')")
+        x, y = (float(v) for v in box[len("translate(") : -1].split(","))
+        assert [float(v) for v in end.split(",")] == [x, y + 17 / 2]
+        last = trace.n_entries  # the last frame's last entry
+        e = trace.frames[-1].entries[-1]
+        info = hover(dt, last)
+        assert f"p_nb {e.p_nb:.4f}" in info and f"total {e.total:.4f}" in info and "merged" in info
+        assert_clean_offline_load(dt, page)
