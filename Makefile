@@ -43,7 +43,7 @@ pytest: $(STAMP)
 $(PEER_STAMP): pyproject.toml
 	$(PY) -m venv $(PEER)
 	$(PEER)/bin/pip install -q --upgrade pip
-	$(PEER)/bin/pip install -q "numpy<2" pyctcdecode==0.5.0 kenlm==0.3.0 wordsegment==1.3.1 flashlight-text==0.0.7 pytest
+	$(PEER)/bin/pip install -q "numpy<2" pyctcdecode==0.5.0 kenlm==0.3.0 numba==0.68.1 wordsegment==1.3.1 flashlight-text==0.0.7 pytest
 	$(PEER)/bin/pip install -q -e . --no-deps
 	touch $(PEER_STAMP)
 

@@ -1,12 +1,12 @@
 """A pyctcdecode-shaped front end: ``build_ctcdecoder(labels, kenlm_model_path, ...)`` and ``.decode(...)``.
 
 The decoder follows pyctcdecode's behaviour (beam unit, pruning knobs, LM fusion rules, ``decode`` pruning
-beams by shared history) on top of the vectorised prefix beam search, so code written for pyctcdecode can
-switch by changing the import. Three things differ by default, each for correctness: the blank must be
-named or spelled as one (never guessed), probabilities are detected with a tolerance that fits the dtype,
-and the end of an utterance is scored correctly (``pyctcdecode_compat=True`` restores pyctcdecode's quirk).
-``decode_batch`` decodes all utterances together in one vectorised search (the ``pool`` argument is
-accepted and ignored).
+beams by shared history) on top of beamkit's compiled prefix beam search (:mod:`beamkit.ctc.search`), so code
+written for pyctcdecode can switch by changing the import. Three things differ by default, each for
+correctness: the blank must be named or spelled as one (never guessed), probabilities are detected with a
+tolerance that fits the dtype, and the end of an utterance is scored correctly (``pyctcdecode_compat=True``
+restores pyctcdecode's quirk). ``decode_batch`` decodes the utterances one after another in one call, sharing
+the LM cache and storage (the ``pool`` argument is accepted and ignored).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, lo
 from .options import SearchOptions
 from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors, utterance_parts
 from .prefix_search import _word_tuple
-from .search import CTCHypothesis, search_candidates
+from .search import CTCHypothesis, Recorder, search_candidates
 from .vocab import Vocabulary
 
 WordFrames = tuple[str, tuple[int, int]]
@@ -106,6 +106,7 @@ class CTCDecoder:
         hotword_weight: float,
         num_hypotheses: int | None = None,
         word_frames: bool = True,
+        recorder: Recorder | None = None,
     ) -> list[list[CTCHypothesis]]:
         opts = SearchOptions(
             beam_width=beam_width,
@@ -121,7 +122,8 @@ class CTCDecoder:
         )
         if not logits_list:
             return []
-        return search_candidates(self._candidates(logits_list, token_min_logp), self.vocab, self.language_model, opts)
+        cands = self._candidates(logits_list, token_min_logp)
+        return search_candidates(cands, self.vocab, self.language_model, opts, recorder)
 
     def decode_beams(
         self,
@@ -132,13 +134,28 @@ class CTCDecoder:
         prune_history: bool = False,
         hotwords: Iterable[str] | None = None,
         hotword_weight: float = 10.0,
-    ) -> list[OutputBeam]:
+        record_trace: bool = False,
+    ) -> Any:
         """Decode one ``(T, V)`` matrix; return beams ``(text, lm_state, word_frames, logit_score,
-        combined_score)``, best first, as pyctcdecode does."""
+        combined_score)``, best first, as pyctcdecode does. ``record_trace=True`` returns ``(beams, trace)``
+        (:class:`beamkit.ctc.trace.CTCTrace`: the search as it ran, frame by frame)."""
+        recorder = None
+        if record_trace:
+            from .trace import CTCTraceRecorder
+
+            recorder = CTCTraceRecorder(self.vocab.labels, self.vocab.blank)
         hyps = self._search(
-            [logits], beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight
+            [logits],
+            beam_width,
+            beam_prune_logp,
+            token_min_logp,
+            prune_history,
+            hotwords,
+            hotword_weight,
+            recorder=recorder,
         )[0]
-        return [(h.text, h.lm_state, h.word_frames, h.logit_score, h.score) for h in hyps]
+        beams = [(h.text, h.lm_state, h.word_frames, h.logit_score, h.score) for h in hyps]
+        return (beams, recorder.traces()[0]) if recorder is not None else beams
 
     def decode(
         self,
@@ -165,7 +182,7 @@ class CTCDecoder:
         hotwords: Iterable[str] | None = None,
         hotword_weight: float = 10.0,
     ) -> list[str]:
-        """Decode several utterances (possibly of different lengths) in one vectorised search.
+        """Decode several utterances (possibly of different lengths) in one call.
 
         ``pool`` exists for pyctcdecode compatibility and is ignored."""
         del pool

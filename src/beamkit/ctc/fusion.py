@@ -162,7 +162,7 @@ class LMCache:
         self.table = records(1 << 12, WORD)
         self.table["sid"] = -1
         self.count = 0
-        self.eos: dict[int, float] = {}
+        self.eos = np.full(1 << 10, np.nan)  # shape: (contexts,) end-of-utterance scores (NaN: not asked yet)
         self.lock = threading.Lock()
 
     def store(self, sids: Sequence[int], hashes: Sequence[int], words: Sequence[str]) -> None:
@@ -185,19 +185,25 @@ class LMCache:
 
     def eos_scores(self, sids: np.ndarray) -> np.ndarray:
         """End-of-utterance fused scores of the contexts ``sids``."""
-        eos = self.eos
-        missing = sorted({s for s in sids.tolist() if s not in eos})
-        if missing:
-            eos.update(zip(missing, self.lm.score_eos_many([self.states[s] for s in missing]), strict=True))
-        return np.array([eos[s] for s in sids.tolist()], dtype=np.float64)
+        if len(self.eos) < len(self.states):
+            grown = np.full(max(len(self.states), 2 * len(self.eos)), np.nan)
+            grown[: len(self.eos)] = self.eos
+            self.eos = grown
+        got = self.eos[sids]
+        if np.isnan(got).any():
+            missing = np.unique(sids[np.isnan(got)])
+            self.eos[missing] = self.lm.score_eos_many([self.states[s] for s in missing.tolist()])
+            got = self.eos[sids]
+        return got
 
 
 _CACHES_LOCK = threading.Lock()
 
 
-def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int]) -> LMCache:
-    """The cache of ``lm`` for ``alphabet`` (made afresh when the LM's weights changed or it grew too big)."""
-    key = (tuple(sorted(alphabet.items())), id(lm.model), lm.alpha, lm.beta, lm.unk_score_offset, lm.score_boundary)
+def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> LMCache:
+    """The cache of ``lm`` for ``alphabet`` (of key ``alphabet_key``; made afresh when the LM's weights changed
+    or it grew too big)."""
+    key = (alphabet_key, id(lm.model), lm.alpha, lm.beta, lm.unk_score_offset, lm.score_boundary)
     with _CACHES_LOCK:
         got = getattr(lm, "_beamkit_cache", None)
         if got is None or got[0] != key or len(got[1].states) > _MAX_CACHED_STATES:
@@ -217,43 +223,75 @@ def _trie_arrays(trie: CharTrie | None) -> tuple[np.ndarray, np.ndarray, np.ndar
     return table, trie.keys, trie.values, trie.width, trie.alphabet_size
 
 
-class Fusion:
-    """The fusion side of one search: the :class:`Static` arrays, the LM cache, and the Python work the
-    compiled search hands over (LM queries, end-of-utterance scores)."""
+class LabelTables:
+    """What the search needs to know about each label (built once per vocabulary, kept on it)."""
 
-    def __init__(self, vocab: Vocabulary, lm: LanguageModelFusion | None, hotwords: HotwordScorer) -> None:
-        """Prepare the label pieces, the character tries and the LM cache."""
-        self.vocab = vocab
-        self.lm = lm
-        self.hotwords = hotwords
-        labels = vocab.labels
+    def __init__(self, vocab: Vocabulary) -> None:
+        """Split every label into the characters it adds to a partial word."""
         starts = vocab.starts_word
         # per-label pieces that extend the partial word
         self.clean = [
             (lab[1:] if vocab.is_bpe else "") if starts[i] else ("" if i == vocab.blank else lab)
-            for i, lab in enumerate(labels)
+            for i, lab in enumerate(vocab.labels)
         ]
-        alphabet: dict[str, int] = {}
+        self.alphabet: dict[str, int] = {}
         for piece in self.clean:
             for ch in piece:
-                alphabet.setdefault(ch, len(alphabet))
+                self.alphabet.setdefault(ch, len(self.alphabet))
         width = max([len(p) for p in self.clean] + [1])
-        piece_chars = np.full((vocab.size, width), -1, dtype=np.int64)  # shape: (V, L)
+        self.piece_chars = np.full((vocab.size, width), -1, dtype=np.int64)  # shape: (V, L)
         for i, piece in enumerate(self.clean):
             for j, ch in enumerate(piece):
-                piece_chars[i, j] = alphabet[ch]
-        piece_len = np.array([len(p) for p in self.clean], dtype=np.int64)  # shape: (V,)
-        self.cache = lm_cache(lm, alphabet) if lm is not None else None
-        uni = _trie_arrays(self.cache.trie if self.cache is not None else None)
-        hot_trie = CharTrie(hotwords.words, alphabet) if hotwords else None
+                self.piece_chars[i, j] = self.alphabet[ch]
+        self.piece_len = np.array([len(p) for p in self.clean], dtype=np.int64)  # shape: (V,)
+        self.starts_word = np.asarray(starts, dtype=np.bool_)  # shape: (V,)
+        self.loop_tok = self.starts_word & (self.piece_len == 0)  # shape: (V,)
+        self.piece_codes = (self.piece_chars + 1).astype(np.uint64) * _SALT  # shape: (V, L)
+        # text pieces per label (a word-starting label opens a new word)
+        self.text_piece = [(" " + p if starts[i] else p) for i, p in enumerate(self.clean)]
+        self.alphabet_key = tuple(sorted(self.alphabet.items()))
+        self._hot: tuple[frozenset[str], CharTrie | None] = (frozenset(), None)
+        self._fusion: tuple[Any, Fusion] | None = None  # the last search's fusion, for the next one
+
+    def hot_trie(self, words: frozenset[str]) -> CharTrie | None:
+        """The character trie of ``words`` (the last one is kept)."""
+        if not words:
+            return None
+        if self._hot[0] != words:
+            self._hot = (words, CharTrie(words, self.alphabet))
+        return self._hot[1]
+
+    @staticmethod
+    def of(vocab: Vocabulary) -> LabelTables:
+        """The tables of ``vocab``, made on first use."""
+        got = vocab.__dict__.get("_beamkit_label_tables")
+        if got is None:
+            got = vocab.__dict__["_beamkit_label_tables"] = LabelTables(vocab)
+        return got  # type: ignore[no-any-return]
+
+
+class Fusion:
+    """The fusion side of one search: the :class:`Static` arrays, the LM cache, and the Python work the
+    compiled search hands over (LM queries, end-of-utterance scores)."""
+
+    def __init__(
+        self, labels: LabelTables, lm: LanguageModelFusion | None, cache: LMCache | None, hotwords: HotwordScorer
+    ) -> None:
+        """Gather the label tables, the character tries and the LM cache (see :meth:`of`)."""
+        self.lm = lm
+        self.clean = labels.clean
+        self.starts_word = labels.starts_word
+        self.text_piece = labels.text_piece
+        self.cache = cache
+        uni = _trie_arrays(cache.trie if cache is not None else None)
+        hot_trie = labels.hot_trie(hotwords.words)
         hot = _trie_arrays(hot_trie)
-        flags = np.array([lm is not None or hot_trie is not None, lm is not None, hot_trie is not None, uni[3] > 0])
         self.static = Static(
-            starts_word=np.asarray(starts, dtype=np.bool_),
-            loop_tok=np.asarray(starts & (piece_len == 0), dtype=np.bool_),
-            piece_len=piece_len,
-            piece_chars=piece_chars,
-            piece_codes=(piece_chars + 1).astype(np.uint64) * _SALT,
+            starts_word=labels.starts_word,
+            loop_tok=labels.loop_tok,
+            piece_len=labels.piece_len,
+            piece_chars=labels.piece_chars,
+            piece_codes=labels.piece_codes,
             uni_table=uni[0],
             uni_keys=uni[1],
             uni_values=uni[2],
@@ -262,12 +300,22 @@ class Fusion:
             hot_values=hot[2],
             hot_min_len=hot_trie.min_len if hot_trie is not None else _EMPTY_F,
             hot_is_word=hot_trie.is_word if hot_trie is not None else _EMPTY_B,
-            flags=flags.astype(np.bool_),
+            flags=np.array([lm is not None or hot_trie is not None, lm is not None, hot_trie is not None, uni[3] > 0]),
             sizes=np.array([uni[3], uni[4], hot[3], hot[4]], dtype=np.int64),
             floats=np.array([lm.unk_score_offset if lm is not None else 0.0, hotwords.weight]),
         )
-        # text pieces per label (a word-starting label opens a new word)
-        self.text_piece = [(" " + p if starts[i] else p) for i, p in enumerate(self.clean)]
+
+    @staticmethod
+    def of(
+        vocab: Vocabulary, lm: LanguageModelFusion | None, hotwords: tuple[str, ...] | None, weight: float
+    ) -> Fusion:
+        """The fusion of a search over ``vocab`` (the previous search's when nothing changed)."""
+        labels = LabelTables.of(vocab)
+        cache = lm_cache(lm, labels.alphabet, labels.alphabet_key) if lm is not None else None
+        key = (id(lm), id(cache), hotwords, weight)
+        if labels._fusion is None or labels._fusion[0] != key:
+            labels._fusion = (key, Fusion(labels, lm, cache, HotwordScorer(hotwords, weight)))
+        return labels._fusion[1]
 
     @property
     def table(self) -> np.ndarray:
@@ -279,7 +327,7 @@ class Fusion:
     def partial_word(self, nodes: np.ndarray, node: int) -> str:
         """The partial word of ``node`` as a string (label pieces up to the label that started it)."""
         pieces: list[str] = []
-        starts = self.static.starts_word
+        starts = self.starts_word
         while node > 0:
             tok = int(nodes[node]["last"])
             pieces.append(self.clean[tok])

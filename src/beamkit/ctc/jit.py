@@ -12,6 +12,7 @@ import numpy as np
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_numba: Any
 try:  # numba is in the ``ctc`` extra
     import numba as _numba
 except ImportError:  # pragma: no cover - exercised where numba is absent
@@ -27,7 +28,7 @@ def njit(fn: F) -> F:
     if not COMPILED:
         return fn
     assert _numba is not None
-    return _numba.njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return]
+    return _numba.njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return,return-value]
 
 
 def records(n: int, dtype: np.dtype) -> np.ndarray:

@@ -94,7 +94,9 @@ def lse(x: float, y: float) -> float:
 
 
 @njit
-def _blank_frame_is_trivial(beams: np.ndarray, n: int, nodes: np.ndarray, mslot: np.ndarray, history: bool) -> bool:
+def _blank_frame_is_trivial(
+    beams: np.ndarray, n: int, nodes: np.ndarray, mslot: np.ndarray, written: np.ndarray, history: bool
+) -> bool:
     """Whether a blank-only frame changes nothing but adding ``lp(blank)``: no two beams share a prefix
     (or, with ``history``, a history key), so nothing merges and ranks stay."""
     every_blank = True
@@ -106,7 +108,6 @@ def _blank_frame_is_trivial(beams: np.ndarray, n: int, nodes: np.ndarray, mslot:
         return True
     mask = len(mslot) - 1
     trivial = True
-    written = np.empty(n, dtype=np.int64)
     used = 0
     for e in range(n):
         key = np.int64(nodes[beams[e].node].hkey) if history else beams[e].node
@@ -279,12 +280,44 @@ def _merge(rows: np.ndarray, n: int, nodes: np.ndarray, merged: np.ndarray, mslo
 
 
 @njit
+def _before(merged: np.ndarray, a: int, b: int) -> bool:
+    """Whether merged beam ``a`` ranks before ``b``: higher total, then the lower (node, ends in a label)."""
+    ta, tb = merged[a].total, merged[b].total
+    if ta != tb:
+        return ta > tb
+    return merged[a].node * 2 + merged[a].nb < merged[b].node * 2 + merged[b].nb
+
+
+@njit
+def _sort_ranked(merged: np.ndarray, cand: np.ndarray, P: int) -> None:
+    """Sort ``cand[:P]`` (merged beam indices) best first in place (see :func:`_before`)."""
+    if P <= 48:  # insertion sort: no allocation, fast for the few beams an LM leaves
+        for i in range(1, P):
+            m = cand[i]
+            j = i - 1
+            while j >= 0 and _before(merged, m, cand[j]):
+                cand[j + 1] = cand[j]
+                j -= 1
+            cand[j + 1] = m
+        return
+    keys = np.empty(P, dtype=np.int64)
+    for i in range(P):
+        keys[i] = merged[cand[i]].node * 2 + merged[cand[i]].nb
+    by_key = cand[:P][np.argsort(keys)]
+    neg = np.empty(P, dtype=np.float64)
+    for i in range(P):
+        neg[i] = -merged[by_key[i]].total
+    cand[:P] = by_key[np.argsort(neg, kind="mergesort")]
+
+
+@njit
 def _rank(
     merged: np.ndarray,
     M: int,
     nodes: np.ndarray,
     order: np.ndarray,
     mslot: np.ndarray,
+    scratch: np.ndarray,
     width: int,
     prune_logp: float,
     history: bool,
@@ -296,28 +329,22 @@ def _rank(
     for m in range(M):
         if merged[m].total > best:
             best = merged[m].total
+    cand = scratch[1]
+    tail = scratch[2]
     P = 0
-    keys = np.empty(M, dtype=np.int64)
-    cand = np.empty(M, dtype=np.int64)
     for m in range(M):
         g = merged[m]
         if g.total >= best + prune_logp and g.total > NEG_INF:
             cand[P] = m
-            keys[P] = g.node * 2 + (1 if g.nb else 0)
             P += 1
         else:
             g.fate = BY_THRESHOLD
-    by_key = cand[:P][np.argsort(keys[:P])]
-    neg = np.empty(P, dtype=np.float64)
-    for i in range(P):
-        neg[i] = -merged[by_key[i]].total
-    ranked = by_key[np.argsort(neg, kind="mergesort")]
+    _sort_ranked(merged, cand, P)
     kept = 0
     dropped = 0
-    tail = np.empty(M, dtype=np.int64)
     mask = len(mslot) - 1
     for i in range(P):
-        m = ranked[i]
+        m = cand[i]
         g = merged[m]
         if i >= width:
             g.fate = BY_WIDTH
@@ -437,7 +464,7 @@ def run_frames(
     merged: np.ndarray,
     mslot: np.ndarray,
     order: np.ndarray,
-    made: np.ndarray,
+    scratch: np.ndarray,
     c_off: np.ndarray,
     c_lab: np.ndarray,
     c_val: np.ndarray,
@@ -473,7 +500,7 @@ def run_frames(
             K == 1
             and c_lab[lo] == blank
             and c_val[lo] > NEG_INF
-            and _blank_frame_is_trivial(beams, n_beams, nodes, mslot, history)
+            and _blank_frame_is_trivial(beams, n_beams, nodes, mslot, scratch[1], history)
         ):
             lp = c_val[lo]
             for e in range(n_beams):
@@ -504,11 +531,11 @@ def run_frames(
             continue
         n = _expand(beams, n_beams, nodes, rows, c_lab[lo:hi], c_val[lo:hi], blank)
         cnt[N_PENDING] = 0
-        _children(st, nodes, whist, ek, ev, wt, rows, n, beams, V, pend, cnt, made)
+        _children(st, nodes, whist, ek, ev, wt, rows, n, beams, V, pend, cnt, scratch[0])
         if cnt[N_PENDING] > 0:
             return NEED_LM, t
         M = _merge(rows, n, nodes, merged, mslot, split)
-        kept = _rank(merged, M, nodes, order, mslot, width, prune_logp, history, split)
+        kept = _rank(merged, M, nodes, order, mslot, scratch, width, prune_logp, history, split)
         if trace:
             _label_of_rep(merged, M, rows, beams)
         _advance(st, merged, order, kept, rows, beams, nxt, nodes, recs, cnt, t, frames, bpe)

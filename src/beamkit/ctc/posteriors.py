@@ -98,7 +98,7 @@ def normalize_posteriors(x: Any, input_kind: str = "auto", name: str = "logits")
     raw = as_real_array(x, name, keep_dtype=True)
     if raw.ndim != 2:
         raise ValueError(f"{name} must be 2-D (time, vocabulary), got shape {raw.shape}")
-    if np.isnan(raw).any():
+    if input_kind != "logits" and np.isnan(raw).any():  # logits: found below, by the row maxima
         raise ValueError(f"{name} contains NaN")
     if reads_as_probabilities(raw, input_kind):
         if (raw < 0).any() or (raw > 1 + _GUESS_BAND).any():
@@ -107,8 +107,10 @@ def normalize_posteriors(x: Any, input_kind: str = "auto", name: str = "logits")
     out = np.array(raw, dtype=np.float64, order="C")  # shape: (T, V) a copy, normalised in place
     if out.shape[0] == 0:
         return out
-    m = out.max(axis=1, keepdims=True)  # shape: (T, 1)
-    if not np.isfinite(m).all() or (out == np.inf).any():
+    m = out.max(axis=1, keepdims=True)  # shape: (T, 1) NaN where a row holds NaN, +inf where it holds +inf
+    if not np.isfinite(m).all():
+        if np.isnan(m).any():
+            raise ValueError(f"{name} contains NaN")
         raise ValueError(f"{name} has a frame that is all -inf or holds +inf (it normalises to NaN)")
     out -= m
     with np.errstate(divide="ignore"):
@@ -228,7 +230,7 @@ def utterance_parts(
     for x in xs:
         raw = as_real_array(x, "logits", keep_dtype=True)
         if raw.ndim == 2 and raw.shape[0] > 0 and not reads_as_probabilities(raw, input_kind):
-            pending.append(raw.astype(np.float64))
+            pending.append(raw)  # normalize_posteriors copies it to float64
             cells += raw.size
             if cells >= block_cells:
                 yield from flush()

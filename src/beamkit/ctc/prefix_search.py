@@ -16,7 +16,7 @@ import numpy as np
 from .lm import LanguageModelFusion
 from .options import SearchOptions
 from .posteriors import as_real_array, collect_candidates, dense_part
-from .search import CTCHypothesis, Recorder, search_candidates
+from .search import CTCHypothesis, search_candidates
 from .vocab import Vocabulary
 
 __all__ = ["CTCHypothesis", "greedy_decode", "labels_to_text", "log_softmax", "prefix_beam_search"]
@@ -103,7 +103,8 @@ def prefix_beam_search(
     split_blank: bool = False,
     pyctcdecode_compat: bool = False,
     num_hypotheses: int | None = None,
-) -> list[CTCHypothesis] | list[list[CTCHypothesis]]:
+    record_trace: bool = False,
+) -> Any:
     """CTC prefix beam search over ``(T, V)`` log-probabilities, or a batch of utterances.
 
     ``log_probs``: one ``(T, V)`` matrix (returns one list of hypotheses, best first), or a ``(N, T, V)``
@@ -120,6 +121,8 @@ def prefix_beam_search(
     and an utterance ending on a delimiter has an empty word scored by the LM (an unknown word).
     ``num_hypotheses`` limits the hypotheses returned per utterance (default: all, up to ``beam_width``;
     ``1`` skips building text and word offsets for the others). Scores accumulate in float64.
+    ``record_trace=True`` returns ``(hypotheses, trace)`` instead: the search as it ran, frame by frame
+    (:class:`beamkit.ctc.trace.CTCTrace`; a list of them for a batch).
     """
     voc = _as_vocab(vocab)
     opts = SearchOptions(
@@ -167,8 +170,15 @@ def prefix_beam_search(
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
     parts = (dense_part(batch[i, :n], token_min_logp, voc.blank) for i, n in enumerate(lens.tolist()))
     cands = collect_candidates(parts, lens)
-    results = search_candidates(cands, voc, lm, opts)
-    return results[0] if single else results
+    if not record_trace:
+        results = search_candidates(cands, voc, lm, opts)
+        return results[0] if single else results
+    from .trace import CTCTraceRecorder
+
+    recorder = CTCTraceRecorder(voc.labels, voc.blank)
+    results = search_candidates(cands, voc, lm, opts, recorder)
+    traces = recorder.traces()
+    return (results[0], traces[0]) if single else (results, traces)
 
 
 def _word_tuple(words: Iterable[str]) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ import numpy as np
 from . import kernel as K
 from .fusion import PENDING, Fusion, Static, word_lookup
 from .jit import COMPILED, njit, records, warn_if_interpreted
-from .lm import HotwordScorer, LanguageModelFusion
+from .lm import LanguageModelFusion
 from .nodes import NODE, final_key, init_root, node_labels, word_hash
 from .options import SearchOptions
 from .posteriors import Candidates
@@ -104,7 +104,7 @@ class Workspace:
             self.rows = records(rows, K.ROW)
             self.merged = records(rows, K.MERGED)
             self.order = np.empty(rows, dtype=np.int64)
-            self.made = np.empty(rows, dtype=np.int64)
+            self.scratch = np.empty((3, rows), dtype=np.int64)
             self.pend = records(rows, PENDING)
             self.mslot = np.full(_pow2(2 * rows), -1, dtype=np.int64)
 
@@ -179,7 +179,7 @@ def search_candidates(
     optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each. A
     ``recorder`` is told every frame (the search then stops after each frame)."""
     warn_if_interpreted()
-    fusion = Fusion(voc, lm, HotwordScorer(opts.hotwords, opts.hotword_weight))
+    fusion = Fusion.of(voc, lm, opts.hotwords, opts.hotword_weight)
     history = max(1, lm.order - 1) if lm is not None else 1
     N, T = cands.n, cands.T
     counts = cands.count.reshape(N, T) if N else np.zeros((0, 0), dtype=np.int64)  # shape: (N, T)
@@ -197,7 +197,8 @@ def search_candidates(
     )  # fmt: skip
     lock = fusion.cache.lock if fusion.cache is not None else nullcontext()
     results: list[list[CTCHypothesis]] = []
-    with lock, np.errstate(over="ignore"):  # hashes wrap around (interpreted: numpy scalars would warn)
+    quiet = nullcontext() if COMPILED else np.errstate(over="ignore")  # hashes wrap; numpy scalars would warn
+    with lock, quiet:
         try:
             for u in range(N):
                 n_frames = int(cands.lens[u])
@@ -252,7 +253,7 @@ def _frames(
     while True:
         status, t = K.run_frames(
             static, ip, prune, ws.nodes, ws.whist, ws.ek, ws.ev, fusion.table, ws.recs, ws.pend, ws.cnt,
-            ws.beams, ws.nxt, ws.rows, ws.merged, ws.mslot, ws.order, ws.made, c_off, cands.labels,
+            ws.beams, ws.nxt, ws.rows, ws.merged, ws.mslot, ws.order, ws.scratch, c_off, cands.labels,
             cands.values, row0, t, n_frames,
         )  # fmt: skip
         if status == K.DONE:
@@ -335,12 +336,39 @@ def _final_scores(
 
 
 @njit
-def _final_keys(nodes: np.ndarray, beams: np.ndarray, n: int) -> np.ndarray:
-    """The final-text key of each beam's prefix."""
-    out = np.empty(n, dtype=np.uint64)
+def _final_groups(
+    nodes: np.ndarray, beams: np.ndarray, n: int, mslot: np.ndarray, last: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Group the beams by final text, in order of first occurrence: each group's log-sum-exp of its beams'
+    log-probs (in beam order) and the beam representing it (the first, or the ``last``)."""
+    mask = len(mslot) - 1
+    logit = np.empty(n, dtype=np.float64)
+    rep = np.empty(n, dtype=np.int64)
+    keys = np.empty(n, dtype=np.int64)
+    slots = np.empty(n, dtype=np.int64)
+    G = 0
     for e in range(n):
-        out[e] = final_key(nodes, beams[e].node)
-    return out
+        v = K.lse(beams[e].pb, beams[e].pnb)
+        key = np.int64(final_key(nodes, beams[e].node))
+        s = K.slot_of(key, mask)
+        while mslot[s] != -1 and keys[mslot[s]] != key:
+            s = (s + 1) & mask
+        g = mslot[s]
+        if g == -1:
+            g = G
+            G += 1
+            mslot[s] = g
+            slots[g] = s
+            keys[g] = key
+            logit[g] = v
+            rep[g] = e
+        else:
+            logit[g] = K.lse(logit[g], v)
+            if last:
+                rep[g] = e
+    for g in range(G):
+        mslot[slots[g]] = -1
+    return logit[:G], rep[:G]
 
 
 def _end(ws: Workspace, fusion: Fusion, opts: SearchOptions) -> tuple[list[CTCHypothesis], list[int]]:
@@ -350,38 +378,21 @@ def _end(ws: Workspace, fusion: Fusion, opts: SearchOptions) -> tuple[list[CTCHy
     n = int(ws.cnt[K.N_BEAMS])
     if n == 0:
         return [], []
-    beams = ws.beams[:n]
-    logit = np.logaddexp(beams["pb"], beams["pnb"])  # shape: (n,)
-    keys = _final_keys(ws.nodes, ws.beams, n).tolist()
-    groups: dict[int, list[int]] = {}
-    for e, k in enumerate(keys):
-        groups.setdefault(k, []).append(e)
-    members = list(groups.values())  # in first-occurrence order
-    g_logit = np.empty(len(members))
-    rep_beam = np.empty(len(members), dtype=np.int64)
-    last = opts.pyctcdecode_compat
-    for j, mem in enumerate(members):
-        acc = logit[mem[0]]
-        for e in mem[1:]:
-            acc = np.logaddexp(acc, logit[e])
-        g_logit[j] = acc
-        rep_beam[j] = mem[-1] if last else mem[0]
-    reps = beams["node"][rep_beam]
+    g_logit, rep_beam = _final_groups(ws.nodes, ws.beams, n, ws.mslot, opts.pyctcdecode_compat)
+    reps = ws.beams["node"][rep_beam]
     nodes = ws.nodes
     lm = fusion.lm
     static = fusion.static
     if lm is not None:
         need = np.ones(len(reps), dtype=np.bool_) if opts.pyctcdecode_compat else nodes["plen"][reps] > 0
-        ws.fit(ws.width, len(reps))
         n_pend = _final_words(static, fusion.table, nodes, reps, need, ws.pend)
         if n_pend:
             fusion.resolve(nodes, ws.pend[:n_pend])
     else:
         need = np.zeros(len(reps), dtype=np.bool_)
     f_score, f_sid = _final_scores(static, fusion.table, nodes, reps, need, lm is not None)
-    if lm is not None:
-        assert fusion.cache is not None
-        f_score = f_score + fusion.cache.eos_scores(f_sid)
+    if fusion.cache is not None:
+        f_score += fusion.cache.eos_scores(f_sid)
     totals = g_logit + f_score
     go = np.argsort(-totals, kind="stable")  # groups are in first-occurrence order already
     go = go[totals[go] >= totals[go[0]] + opts.beam_prune_logp][: opts.out_k]
@@ -392,7 +403,7 @@ def _end(ws: Workspace, fusion: Fusion, opts: SearchOptions) -> tuple[list[CTCHy
     for j, text in zip(go.tolist(), texts, strict=True):
         frames: list[tuple[int, int]] = []
         if opts.word_frames:
-            b = beams[rep_beam[j]]
+            b = ws.beams[rep_beam[j]]
             frames = _word_frames(ws.recs, int(b["wf"]))
             if nodes["plen"][reps[j]] > 0:
                 frames.append((int(b["ps"]), int(b["pe"])))

@@ -44,7 +44,7 @@ class Vocabulary:
         self.is_bpe: bool = is_bpe
         self.size: int = len(labels)
         self.space: int = -1 if is_bpe or " " not in labels else labels.index(" ")
-        # shape: (V,) per-column flags used by the vectorised search
+        # shape: (V,) per-column flags used by the search
         self.is_blank = np.zeros(self.size, dtype=bool)
         self.is_blank[blank] = True
         self.starts_word = np.zeros(self.size, dtype=bool)

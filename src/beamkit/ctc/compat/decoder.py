@@ -195,7 +195,7 @@ class BeamSearchDecoderCTC:
         hotword_weight: float = DEFAULT_HOTWORD_WEIGHT,
     ) -> list[list[OutputBeamMPSafe]]:
         """:meth:`decode_beams` of each matrix without LM states; through ``pool.map`` when a (fork) pool is
-        given, else in one vectorised search."""
+        given, else in one search call."""
         hot = _hotword_list(hotwords)
         knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
         mapped = self._pool_map(pool, logits_list, knobs)
@@ -233,7 +233,7 @@ class BeamSearchDecoderCTC:
         hotword_weight: float = DEFAULT_HOTWORD_WEIGHT,
     ) -> list[str]:
         """:meth:`decode` of each matrix; through ``pool.map`` when a (fork) pool is given, else in one
-        vectorised search."""
+        search call."""
         hot = _hotword_list(hotwords)
         knobs = (beam_width, beam_prune_logp, token_min_logp, True, hot, hotword_weight)
         mapped = self._pool_map(pool, logits_list, knobs)

@@ -86,5 +86,5 @@ def search_lm(language_model: AbstractLanguageModel | None, start: Any = None) -
         return SearchLM([m._fusion for m in members], start)
     raise TypeError(
         f"{type(language_model).__name__} is not supported: beamkit's search fuses LanguageModel or "
-        "MultiLanguageModel objects (the scores are computed inside the vectorised search)"
+        "MultiLanguageModel objects (the scores are computed inside the compiled search)"
     )
