@@ -18,11 +18,9 @@ import numpy as np
 import pytest
 
 from beamkit import cli
-from beamkit.ctc.options import SearchOptions
-from beamkit.ctc.posteriors import collect_candidates, dense_part
-from beamkit.ctc.search import FrameSnapshot, search_candidates
+from beamkit.ctc import prefix_beam_search
+from beamkit.ctc.search import FrameSnapshot
 from beamkit.ctc.trace import CTCTrace, CTCTraceRecorder, collapse, join_labels
-from beamkit.ctc.vocab import Vocabulary
 from beamkit.viz import to_dot, to_html, to_svg
 from beamkit.viz.ctc import ctc_layout, quiet_frames
 
@@ -300,17 +298,11 @@ def test_blank_only_frames_are_compressed():
 
 # ---------------------------------------------------------------------------------------------- the real search
 def traced(mats, labels, lm=None, **knobs):
-    """The search's hypotheses and the recorded traces of ``mats`` (log-probabilities, one (T, V) each)."""
-    voc = Vocabulary.from_labels(labels)
-    opts = SearchOptions(**knobs)
-    lens = np.array([m.shape[0] for m in mats], np.int64)
-    cands = collect_candidates([dense_part(m, opts.token_min_logp, voc.blank) for m in mats], lens)
-    rec = CTCTraceRecorder(voc.labels, voc.blank)
-    hyps = search_candidates(cands, voc, lm, opts, rec)
-    plain = search_candidates(
-        collect_candidates([dense_part(m, opts.token_min_logp, voc.blank) for m in mats], lens), voc, lm, opts
-    )
-    return hyps, plain, rec.traces()
+    """``prefix_beam_search`` of ``mats`` (log-probabilities, one (T, V) each) with ``record_trace=True``: its
+    hypotheses, the same search's hypotheses without tracing, and the traces."""
+    hyps, traces = prefix_beam_search(list(mats), labels, lm=lm, record_trace=True, **knobs)
+    plain = prefix_beam_search(list(mats), labels, lm=lm, **knobs)
+    return hyps, plain, traces
 
 
 def test_the_search_records_the_worked_example():
@@ -547,7 +539,7 @@ def test_ctc_explain_drawings(ctc_cli, fmt):
         (("--utterance", "2"), "--utterance must lie in [0, 1]"),
         (("--token-min-logp", "1"), "--token-min-logp must be a number <= 0"),
         (("--blank", "9"), "blank index 9 out of range"),
-        (("--alphabet", "_abc", "--blank", "0"), "has 6 columns but there are 4 labels"),
+        (("--alphabet", "_abc", "--blank", "0"), "but the vocabulary has 4 labels"),
     ],
 )
 def test_ctc_explain_usage_errors_are_one_line_and_exit_2(ctc_cli, args, needle):

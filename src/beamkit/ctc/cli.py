@@ -127,28 +127,16 @@ EXPLAIN_FORMATS = ("html", "svg", "dot", "json")
 
 
 def _trace_matrix(decoder: Any, mat: np.ndarray, args: argparse.Namespace) -> CTCTrace:
-    """The recorded prefix search of one ``(T, V)`` matrix with the decoder's vocabulary, LM and beam unit."""
-    from .options import SearchOptions
-    from .posteriors import collect_candidates, utterance_parts
-    from .search import search_candidates
-    from .trace import CTCTraceRecorder
-
-    opts = SearchOptions(
+    """The recorded prefix search of one ``(T, V)`` matrix by ``decoder`` (its vocabulary, LM and beam unit)."""
+    _, trace = decoder.decode_beams(
+        mat,
         beam_width=args.beam,
         beam_prune_logp=args.beam_prune_logp,
         token_min_logp=args.token_min_logp,
         prune_history=args.prune_history,
-        split_blank=True,  # the decoder's beam unit
-        pyctcdecode_compat=decoder.pyctcdecode_compat,
+        record_trace=True,
     )
-    voc = decoder.vocab
-    if mat.shape[1] != voc.size:
-        raise ValueError(f"{args.file} has {mat.shape[1]} columns but there are {voc.size} labels")
-    recorder = CTCTraceRecorder(voc.labels, voc.blank)
-    parts = utterance_parts([mat], decoder.input_kind, opts.token_min_logp, voc.blank)
-    cands = collect_candidates(parts, np.array([mat.shape[0]], dtype=np.int64))
-    search_candidates(cands, voc, decoder.language_model, opts, recorder)
-    return recorder.traces()[0]
+    return trace  # type: ignore[no-any-return]
 
 
 def _cmd_ctc_explain(args: argparse.Namespace) -> int:
