@@ -2,8 +2,10 @@
 
 One column per frame, a node per entry (merged candidate beam: kept, or pruned by threshold / beam width /
 history), an edge from each entry to its source beam in the previous frame, the root (the empty prefix before
-frame 0) on the left. Returned hypotheses (and the beams they descend from) and the greedy decoding's prefixes are
-highlighted; hovering shows p_b, p_nb, LM score, total and merged count.
+frame 0) on the left. In each column the frame's beams come first, best first, then the pruned entries next to
+the beam they extend. A box shows the prefix's tail, marked ``ε`` when all its alignments end in blank (with split
+beams a prefix can hold two entries). Returned hypotheses (and the beams they descend from) and the greedy
+decoding's prefixes are highlighted; hovering shows p_b, p_nb, LM score, total and merged count.
 
 Quiet frames: a frame where every beam only absorbs a blank (no new prefix, nothing pruned, every entry kept in
 the order of the previous frame's beams) changes nothing but the numbers. A run of such frames can be compressed
@@ -150,11 +152,15 @@ def ctc_layout(trace: CTCTrace) -> CTCLayout:
         for t in range(n):
             ids = by_frame.get(t, [])
 
-            keys = {}
+            # the frame's beams on top in rank order, then the pruned entries next to the beam they extend
+            keys: dict[int, tuple[bool, float, int]] = {}
             for i in ids:
+                e = nodes[i].entry
+                assert e is not None
                 p = _visible_parent(nodes, at, i)
                 placed = at[p] if p is not None else None
-                keys[i] = (placed[1] if placed is not None else 0.0, nodes[i].index)
+                y = 0.0 if e.fate == "kept" or placed is None else placed[1]
+                keys[i] = (e.fate != "kept", y, nodes[i].index)
             ids.sort(key=keys.__getitem__)
             for j, i in enumerate(ids):
                 at[i] = (cols[t], float(MARGIN + _TOP + j * ROW_H))  # type: ignore[assignment]
@@ -195,11 +201,14 @@ def _show(text: str) -> str:
 
 
 def box_text(node: CTCNode) -> str:
-    """A node's box text: the tail of its prefix (spaces as ␣, the empty prefix as ∅)."""
+    """A node's box text: the tail of its prefix (spaces as ␣, the empty prefix as ∅), then ``ε`` when the
+    entry's alignments all end in blank (with split beams the same prefix may also end in its label)."""
     if node.entry is None:
         return "root"
     text = _show(node.entry.text)
-    return text if len(text) <= 8 else "…" + text[-7:]
+    mark = "ε" if node.entry.ends_in_blank else ""
+    room = 8 - len(mark)
+    return (text if len(text) <= room else "…" + text[-(room - 1) :]) + mark
 
 
 _FATE_TEXT = {
