@@ -20,7 +20,8 @@ takes up the frame again.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -150,6 +151,36 @@ def partial_score(st: Static, n: Any, uni: int, hot: int, t: int) -> None:
     n.score = n.tscore + partial
 
 
+class SharedLock:
+    """Many readers (compiled searches reading the word table) or one writer (adding pairs to it)."""
+
+    def __init__(self) -> None:
+        """An unlocked lock."""
+        self._cond = threading.Condition()
+        self._readers = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the lock with other readers."""
+        with self._cond:
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the lock alone."""
+        with self._cond:
+            while self._readers:
+                self._cond.wait()
+            yield
+
+
 class LMCache:
     """Scored (LM context, word) pairs and end-of-utterance scores of one fused LM over one alphabet, kept
     across searches (the LM is deterministic): contexts are ids into :attr:`states`."""
@@ -163,10 +194,15 @@ class LMCache:
         self.table["sid"] = -1
         self.count = 0
         self.eos = np.full(1 << 10, np.nan)  # shape: (contexts,) end-of-utterance scores (NaN: not asked yet)
-        self.lock = threading.Lock()
+        self.lock = SharedLock()
 
     def store(self, sids: Sequence[int], hashes: Sequence[int], words: Sequence[str]) -> None:
-        """Score the distinct new (context, word) pairs with the LM in one batch and put them in the table."""
+        """Score the distinct new (context, word) pairs with the LM in one batch and put them in the table
+        (while no search reads it)."""
+        with self.lock.exclusive():
+            self._store(sids, hashes, words)
+
+    def _store(self, sids: Sequence[int], hashes: Sequence[int], words: Sequence[str]) -> None:
         states = self.states
         deltas, new_states = self.lm.score_words([states[s] for s in sids], list(words))
         if 2 * (self.count + len(sids)) > len(self.table):
@@ -185,6 +221,10 @@ class LMCache:
 
     def eos_scores(self, sids: np.ndarray) -> np.ndarray:
         """End-of-utterance fused scores of the contexts ``sids``."""
+        with self.lock.exclusive():
+            return self._eos_scores(sids)
+
+    def _eos_scores(self, sids: np.ndarray) -> np.ndarray:
         if len(self.eos) < len(self.states):
             grown = np.full(max(len(self.states), 2 * len(self.eos)), np.nan)
             grown[: len(self.eos)] = self.eos

@@ -9,8 +9,10 @@ hypotheses are ranked and spelled.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -174,10 +176,15 @@ def search_candidates(
     lm: LanguageModelFusion | None,
     opts: SearchOptions,
     recorder: Recorder | None = None,
+    threads: int | None = None,
 ) -> list[list[CTCHypothesis]]:
     """Prefix beam search of the candidates of checked log-probabilities (no NaN) over ``voc`` with an
-    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each. A
-    ``recorder`` is told every frame (the search then stops after each frame)."""
+    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each.
+
+    Utterances are searched one after another by each of ``threads`` threads (default: one per CPU core
+    available, at most one per :data:`UTTERANCES_PER_THREAD` utterances); the compiled frame loop runs
+    without the GIL, and the results do not depend on the thread count. A ``recorder`` is told every frame
+    (one thread; the search stops after each frame)."""
     warn_if_interpreted()
     fusion = Fusion.of(voc, lm, opts.hotwords, opts.hotword_weight)
     history = max(1, lm.order - 1) if lm is not None else 1
@@ -186,34 +193,53 @@ def search_candidates(
     c_off = np.zeros(N * T + 1, dtype=np.int64)  # shape: (N * T + 1,)
     np.cumsum(cands.count, out=c_off[1:])
     width = int(opts.beam_width)
-    k_max = int(counts.max(initial=1))
-    rows = max(16, width * (k_max + 1))
+    rows = max(16, width * (int(counts.max(initial=1)) + 1))
     nodes = min(1 << 22, max(1 << 12, int(cands.lens.sum(initial=0)) * min(width, 16) // max(N, 1)))
-    ws = _take_workspace(history, nodes, width, rows)
     ip = np.array(
         [width, voc.blank, voc.size, opts.split_blank, opts.prune_history, opts.word_frames, voc.is_bpe,
          recorder is not None, 0],
         dtype=np.int64,
     )  # fmt: skip
-    lock = fusion.cache.lock if fusion.cache is not None else nullcontext()
-    results: list[list[CTCHypothesis]] = []
-    quiet = nullcontext() if COMPILED else np.errstate(over="ignore")  # hashes wrap; numpy scalars would warn
-    with lock, quiet:
+    results: list[list[CTCHypothesis]] = [[] for _ in range(N)]
+
+    def work(utts: range) -> None:
+        ws = _take_workspace(history, nodes, width, rows)
+        quiet = nullcontext() if COMPILED else np.errstate(over="ignore")  # hashes wrap; numpy scalars warn
         try:
-            for u in range(N):
-                n_frames = int(cands.lens[u])
-                _begin(ws, voc)
-                if recorder is not None:
-                    recorder.begin(u, n_frames, lambda node: _texts(ws, fusion, np.array([node]))[0])
-                _frames(ws, fusion, ip, opts, cands, c_off, u * T, n_frames, recorder, u)
-                hyps, finals = _end(ws, fusion, opts)
-                if recorder is not None:
-                    recorder.end(u, hyps, finals)
-                results.append(hyps)
+            with quiet:
+                for u in utts:
+                    n_frames = int(cands.lens[u])
+                    _begin(ws, voc)
+                    if recorder is not None:
+                        recorder.begin(u, n_frames, lambda node: _texts(ws, fusion, np.array([node]))[0])
+                    _frames(ws, fusion, ip, opts, cands, c_off, u * T, n_frames, recorder, u)
+                    results[u], finals = _end(ws, fusion, opts)
+                    if recorder is not None:
+                        recorder.end(u, results[u], finals)
         finally:
             _clear(ws, voc.size)
             _give_back(ws)
+
+    n_threads = 1 if recorder is not None or not COMPILED else _thread_count(threads, N)
+    if n_threads == 1:
+        work(range(N))
+    else:
+        with ThreadPoolExecutor(n_threads) as pool:
+            list(pool.map(work, [range(i, N, n_threads) for i in range(n_threads)]))
     return results
+
+
+UTTERANCES_PER_THREAD = 8  # fewer utterances than this per thread are not worth a thread
+
+
+def _thread_count(threads: int | None, n: int) -> int:
+    """Threads for ``n`` utterances (``threads``: asked for; None: one per available core)."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        return min(threads, max(n, 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, n // UTTERANCES_PER_THREAD))
 
 
 def _clear(ws: Workspace, V: int) -> None:
@@ -250,12 +276,14 @@ def _frames(
     t = 0
     prune = float(opts.beam_prune_logp)
     static = fusion.static
+    reading = fusion.cache.lock.shared if fusion.cache is not None else nullcontext
     while True:
-        status, t = K.run_frames(
-            static, ip, prune, ws.nodes, ws.whist, ws.ek, ws.ev, fusion.table, ws.recs, ws.pend, ws.cnt,
-            ws.beams, ws.nxt, ws.rows, ws.merged, ws.mslot, ws.order, ws.scratch, c_off, cands.labels,
-            cands.values, row0, t, n_frames,
-        )  # fmt: skip
+        with reading():
+            status, t = K.run_frames(
+                static, ip, prune, ws.nodes, ws.whist, ws.ek, ws.ev, fusion.table, ws.recs, ws.pend, ws.cnt,
+                ws.beams, ws.nxt, ws.rows, ws.merged, ws.mslot, ws.order, ws.scratch, c_off, cands.labels,
+                cands.values, row0, t, n_frames,
+            )  # fmt: skip
         if status == K.DONE:
             return
         if status == K.NEED_LM:
@@ -385,12 +413,16 @@ def _end(ws: Workspace, fusion: Fusion, opts: SearchOptions) -> tuple[list[CTCHy
     static = fusion.static
     if lm is not None:
         need = np.ones(len(reps), dtype=np.bool_) if opts.pyctcdecode_compat else nodes["plen"][reps] > 0
-        n_pend = _final_words(static, fusion.table, nodes, reps, need, ws.pend)
+        assert fusion.cache is not None
+        with fusion.cache.lock.shared():
+            n_pend = _final_words(static, fusion.table, nodes, reps, need, ws.pend)
         if n_pend:
             fusion.resolve(nodes, ws.pend[:n_pend])
+        with fusion.cache.lock.shared():
+            f_score, f_sid = _final_scores(static, fusion.table, nodes, reps, need, True)
     else:
         need = np.zeros(len(reps), dtype=np.bool_)
-    f_score, f_sid = _final_scores(static, fusion.table, nodes, reps, need, lm is not None)
+        f_score, f_sid = _final_scores(static, fusion.table, nodes, reps, need, False)
     if fusion.cache is not None:
         f_score += fusion.cache.eos_scores(f_sid)
     totals = g_logit + f_score
