@@ -23,7 +23,6 @@ from beamkit.ctc import (
     prefix_beam_search,
     release_cached_memory,
 )
-from beamkit.ctc.lm import HotwordScorer
 from beamkit.ctc.chartrie import CharTrie, walk
 
 WIDE = {"beam_width": 10_000, "beam_prune_logp": -math.inf, "token_min_logp": -math.inf}
@@ -345,7 +344,6 @@ def test_node_storage_reused_by_later_calls_gives_the_same_results() -> None:
         expected = oracle(lp, ["", "a", "b"], 0)
         assert got.keys() == expected.keys()
         np.testing.assert_allclose([got[t] for t in expected], list(expected.values()), atol=1e-9)
-    from beamkit.ctc import release_cached_memory
 
     assert release_cached_memory() > 0 and search._SPARE == []
     assert release_cached_memory() == 0
@@ -543,7 +541,11 @@ def test_interpreted_search_equals_compiled() -> None:
     for name, extra in (("compiled", {}), ("interpreted", {"BEAMKIT_NO_JIT": "1"})):
         env = {**os.environ, **extra}
         done = subprocess.run(
-            [sys.executable, "-W", "ignore", "-c", _INTERPRETED_CASES], env=env, capture_output=True, text=True, check=True
+            [sys.executable, "-W", "ignore", "-c", _INTERPRETED_CASES],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         runs[name] = json.loads(done.stdout)
     assert sum(len(c) for c in runs["compiled"]) > 20
@@ -565,9 +567,7 @@ def test_threaded_batch_equals_one_thread(threads: int) -> None:
     vocab = Vocabulary.from_labels(labels)
     rng = np.random.default_rng(40 + threads)
     mats = [random_log_probs(rng, int(rng.integers(1, 40)), 5, peaky=0.4) for _ in range(40)]
-    cands = collect_candidates(
-        (dense_part(m, -6.0, 0) for m in mats), np.array([len(m) for m in mats], dtype=np.int64)
-    )
+    cands = collect_candidates((dense_part(m, -6.0, 0) for m in mats), np.array([len(m) for m in mats], dtype=np.int64))
     opts = SearchOptions(beam_width=6, token_min_logp=-6.0, prune_history=True, split_blank=True, hotwords=("ab",))
     runs = []
     for n in (1, threads):
