@@ -20,6 +20,7 @@ takes up the frame again.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -220,7 +221,12 @@ class LMCache:
         self.count += len(sids)
 
     def eos_scores(self, sids: np.ndarray) -> np.ndarray:
-        """End-of-utterance fused scores of the contexts ``sids``."""
+        """End-of-utterance fused scores of the contexts ``sids`` (asked of the LM, alone, when missing)."""
+        eos = self.eos  # scores only ever go from NaN to their value, and a grown array keeps them
+        if len(eos) >= len(self.states):
+            got = eos[sids]
+            if not np.isnan(got).any():
+                return got
         with self.lock.exclusive():
             return self._eos_scores(sids)
 
@@ -238,6 +244,9 @@ class LMCache:
 
 
 _CACHES_LOCK = threading.Lock()
+# caches kept beside (not on) the LM and vocabulary objects, which stay picklable for process pools
+_LM_CACHES: weakref.WeakKeyDictionary[LanguageModelFusion, tuple[Any, LMCache]] = weakref.WeakKeyDictionary()
+_LABEL_TABLES: weakref.WeakKeyDictionary[Vocabulary, LabelTables] = weakref.WeakKeyDictionary()
 
 
 def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> LMCache:
@@ -245,13 +254,12 @@ def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tu
     or it grew too big)."""
     key = (alphabet_key, id(lm.model), lm.alpha, lm.beta, lm.unk_score_offset, lm.score_boundary)
     with _CACHES_LOCK:
-        got = getattr(lm, "_beamkit_cache", None)
+        got = _LM_CACHES.get(lm)
         if got is None or got[0] != key or len(got[1].states) > _MAX_CACHED_STATES:
             trie = CharTrie(lm.unigrams, alphabet) if lm.prefix_index is not None else None
             if got is not None and got[0][0] == key[0]:
                 trie = got[1].trie  # same alphabet: the unigram trie still holds
-            got = (key, LMCache(lm, trie))
-            lm._beamkit_cache = got  # type: ignore[attr-defined]
+            got = _LM_CACHES[lm] = (key, LMCache(lm, trie))
     return got[1]
 
 
@@ -304,10 +312,11 @@ class LabelTables:
     @staticmethod
     def of(vocab: Vocabulary) -> LabelTables:
         """The tables of ``vocab``, made on first use."""
-        got = vocab.__dict__.get("_beamkit_label_tables")
-        if got is None:
-            got = vocab.__dict__["_beamkit_label_tables"] = LabelTables(vocab)
-        return got  # type: ignore[no-any-return]
+        with _CACHES_LOCK:
+            got = _LABEL_TABLES.get(vocab)
+            if got is None:
+                got = _LABEL_TABLES[vocab] = LabelTables(vocab)
+        return got
 
 
 class Fusion:
