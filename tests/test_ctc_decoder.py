@@ -264,6 +264,26 @@ def test_lm_corrects_a_confusable_character(tmp_path) -> None:
     assert fused.decode(lp, hotwords=["bat"], hotword_weight=5.0) == "the bat"
 
 
+def test_decoder_pickles_after_use_and_the_copy_decodes_the_same(tmp_path) -> None:
+    # process pools pickle the decoder: the search's caches (label tables, the LM's scored words, locks)
+    # are kept beside the decoder's objects, not on them; a copy decodes as the original did, and after
+    # ``reset_params`` neither keeps scores made with the old weights
+    import pickle
+
+    arpa = tmp_path / "lm.arpa"
+    arpa.write_text(build_arpa(["the cat", "a cat", "the cat sat", "cat"] * 5 + ["the bat"], order=2))
+    labels = ["", " ", "a", "b", "c", "t", "h", "e", "s"]
+    lp = peaky("the cat", labels, np.random.default_rng(2))
+    decoder = build_ctcdecoder(labels, kenlm_model_path=str(arpa), alpha=1.0, beta=0.5, lm_backend="arpa")
+    first = decoder.decode_beams(lp)
+    copy = pickle.loads(pickle.dumps(decoder))
+    assert copy.decode_beams(lp) == first
+    decoder.reset_params(alpha=0.3, beta=2.0)
+    fresh = build_ctcdecoder(labels, kenlm_model_path=str(arpa), alpha=0.3, beta=2.0, lm_backend="arpa")
+    assert decoder.decode_beams(lp) == fresh.decode_beams(lp) != first
+    assert copy.decode_beams(lp) == first
+
+
 def test_pyctcdecode_end_of_utterance_quirk_is_reproduced_and_optional(tmp_path) -> None:
     # pyctcdecode 0.5.0 returns "the bat" (combined -7.891) on this input: the faint alignment ending in a
     # space makes it score an empty word for "the cat" (checked against pyctcdecode in the peer venv)

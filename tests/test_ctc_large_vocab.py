@@ -14,8 +14,8 @@ import pytest
 
 from beamkit.ctc import Vocabulary, build_arpa, build_ctcdecoder, prefix_beam_search, release_cached_memory
 from beamkit.ctc.kernel import clear_edges, rehash_edges
-from beamkit.ctc.nodes import NODE, edge_find
 from beamkit.ctc.lm import ArpaLM, LanguageModelFusion
+from beamkit.ctc.nodes import NODE, edge_find
 
 
 def test_edge_map_agrees_with_a_dict() -> None:

@@ -23,7 +23,6 @@ from beamkit.ctc import (
     prefix_beam_search,
     release_cached_memory,
 )
-from beamkit.ctc.lm import HotwordScorer
 from beamkit.ctc.chartrie import CharTrie, walk
 
 WIDE = {"beam_width": 10_000, "beam_prune_logp": -math.inf, "token_min_logp": -math.inf}
@@ -345,7 +344,6 @@ def test_node_storage_reused_by_later_calls_gives_the_same_results() -> None:
         expected = oracle(lp, ["", "a", "b"], 0)
         assert got.keys() == expected.keys()
         np.testing.assert_allclose([got[t] for t in expected], list(expected.values()), atol=1e-9)
-    from beamkit.ctc import release_cached_memory
 
     assert release_cached_memory() > 0 and search._SPARE == []
     assert release_cached_memory() == 0
@@ -502,3 +500,81 @@ def _quantised_log_probs(rng: np.random.Generator, T: int, V: int) -> np.ndarray
     w[np.arange(T), rng.integers(0, V, T)] += 30
     with np.errstate(divide="ignore"):
         return np.log(w / w.sum(axis=1, keepdims=True))
+
+
+_INTERPRETED_CASES = r"""
+import json, sys
+import numpy as np
+from beamkit.ctc import ArpaLM, LanguageModelFusion, build_arpa, log_softmax, prefix_beam_search
+corpus = ["a b", "a a b", "b a", "a b b", "b", "a b a b"] * 2 + ["ab ba", "a ab"]
+lm = LanguageModelFusion(ArpaLM.from_lines(build_arpa(corpus, order=2).splitlines()), unigrams=["a", "b", "ab"])
+rng = np.random.default_rng(5)
+out = []
+for case in range(12):
+    bpe = case % 4 == 3
+    labels = ["<pad>", "\u2581a", "\u2581b", "a", "b", "\u2581"] if bpe else ["", " ", "a", "b", "c"]
+    lp = log_softmax(rng.normal(0, 2.5, (int(rng.integers(1, 14)), len(labels))))
+    hyps = prefix_beam_search(
+        lp, labels, beam_width=int(rng.integers(1, 8)), split_blank=bool(case % 2), prune_history=case % 3 == 0,
+        pyctcdecode_compat=case % 5 == 0, lm=None if bpe or case % 2 else lm,
+        hotwords=["ab"] if case % 3 == 1 else None,
+    )
+    out.append([(h.text, h.score, h.logit_score, h.word_frames) for h in hyps])
+json.dump(out, sys.stdout)
+"""
+
+
+def test_interpreted_search_equals_compiled() -> None:
+    # the same search code run as plain Python (BEAMKIT_NO_JIT=1: what a machine without numba runs) and
+    # compiled by numba: the same hypotheses, scores and word frames, with an LM, hotwords, BPE pieces,
+    # both beam units and history pruning
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from beamkit.ctc.jit import COMPILED
+
+    if not COMPILED:
+        pytest.skip("numba is not installed: only the interpreted search exists here")
+    runs = {}
+    for name, extra in (("compiled", {}), ("interpreted", {"BEAMKIT_NO_JIT": "1"})):
+        env = {**os.environ, **extra}
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", _INTERPRETED_CASES],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        runs[name] = json.loads(done.stdout)
+    assert sum(len(c) for c in runs["compiled"]) > 20
+    for got, want in zip(runs["interpreted"], runs["compiled"], strict=True):
+        assert [h[0] for h in got] == [h[0] for h in want]
+        assert [h[3] for h in got] == [h[3] for h in want]
+        np.testing.assert_allclose([h[1:3] for h in got], [h[1:3] for h in want], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [2, 5])
+def test_threaded_batch_equals_one_thread(threads: int) -> None:
+    # utterances spread over threads (each with its own storage, one shared LM cache filled as they go)
+    # give what one thread gives, utterance by utterance: texts, scores, word frames and LM states
+    from beamkit.ctc.options import SearchOptions
+    from beamkit.ctc.posteriors import collect_candidates, dense_part
+    from beamkit.ctc.search import search_candidates
+
+    labels = ["", " ", "a", "b", "c"]
+    vocab = Vocabulary.from_labels(labels)
+    rng = np.random.default_rng(40 + threads)
+    mats = [random_log_probs(rng, int(rng.integers(1, 40)), 5, peaky=0.4) for _ in range(40)]
+    cands = collect_candidates((dense_part(m, -6.0, 0) for m in mats), np.array([len(m) for m in mats], dtype=np.int64))
+    opts = SearchOptions(beam_width=6, token_min_logp=-6.0, prune_history=True, split_blank=True, hotwords=("ab",))
+    runs = []
+    for n in (1, threads):
+        fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"], unk_score_offset=-3.0)  # a fresh cache
+        runs.append([_hyps_of(h) for h in search_candidates(cands, vocab, fusion, opts, threads=n)])
+    assert runs[0] == runs[1] and sum(len(h) for h in runs[0]) > 60
+
+
+def _hyps_of(hyps: list) -> list[tuple]:
+    return [(h.text, h.score, h.logit_score, h.word_frames, h.lm_state) for h in hyps]

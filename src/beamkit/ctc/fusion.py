@@ -20,7 +20,9 @@ takes up the frame again.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -150,6 +152,36 @@ def partial_score(st: Static, n: Any, uni: int, hot: int, t: int) -> None:
     n.score = n.tscore + partial
 
 
+class SharedLock:
+    """Many readers (compiled searches reading the word table) or one writer (adding pairs to it)."""
+
+    def __init__(self) -> None:
+        """An unlocked lock."""
+        self._cond = threading.Condition()
+        self._readers = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the lock with other readers."""
+        with self._cond:
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the lock alone."""
+        with self._cond:
+            while self._readers:
+                self._cond.wait()
+            yield
+
+
 class LMCache:
     """Scored (LM context, word) pairs and end-of-utterance scores of one fused LM over one alphabet, kept
     across searches (the LM is deterministic): contexts are ids into :attr:`states`."""
@@ -163,10 +195,15 @@ class LMCache:
         self.table["sid"] = -1
         self.count = 0
         self.eos = np.full(1 << 10, np.nan)  # shape: (contexts,) end-of-utterance scores (NaN: not asked yet)
-        self.lock = threading.Lock()
+        self.lock = SharedLock()
 
     def store(self, sids: Sequence[int], hashes: Sequence[int], words: Sequence[str]) -> None:
-        """Score the distinct new (context, word) pairs with the LM in one batch and put them in the table."""
+        """Score the distinct new (context, word) pairs with the LM in one batch and put them in the table
+        (while no search reads it)."""
+        with self.lock.exclusive():
+            self._store(sids, hashes, words)
+
+    def _store(self, sids: Sequence[int], hashes: Sequence[int], words: Sequence[str]) -> None:
         states = self.states
         deltas, new_states = self.lm.score_words([states[s] for s in sids], list(words))
         if 2 * (self.count + len(sids)) > len(self.table):
@@ -184,7 +221,16 @@ class LMCache:
         self.count += len(sids)
 
     def eos_scores(self, sids: np.ndarray) -> np.ndarray:
-        """End-of-utterance fused scores of the contexts ``sids``."""
+        """End-of-utterance fused scores of the contexts ``sids`` (asked of the LM, alone, when missing)."""
+        eos = self.eos  # scores only ever go from NaN to their value, and a grown array keeps them
+        if len(eos) >= len(self.states):
+            got = eos[sids]
+            if not np.isnan(got).any():
+                return got
+        with self.lock.exclusive():
+            return self._eos_scores(sids)
+
+    def _eos_scores(self, sids: np.ndarray) -> np.ndarray:
         if len(self.eos) < len(self.states):
             grown = np.full(max(len(self.states), 2 * len(self.eos)), np.nan)
             grown[: len(self.eos)] = self.eos
@@ -198,6 +244,9 @@ class LMCache:
 
 
 _CACHES_LOCK = threading.Lock()
+# caches kept beside (not on) the LM and vocabulary objects, which stay picklable for process pools
+_LM_CACHES: weakref.WeakKeyDictionary[LanguageModelFusion, tuple[Any, LMCache]] = weakref.WeakKeyDictionary()
+_LABEL_TABLES: weakref.WeakKeyDictionary[Vocabulary, LabelTables] = weakref.WeakKeyDictionary()
 
 
 def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> LMCache:
@@ -205,13 +254,12 @@ def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tu
     or it grew too big)."""
     key = (alphabet_key, id(lm.model), lm.alpha, lm.beta, lm.unk_score_offset, lm.score_boundary)
     with _CACHES_LOCK:
-        got = getattr(lm, "_beamkit_cache", None)
+        got = _LM_CACHES.get(lm)
         if got is None or got[0] != key or len(got[1].states) > _MAX_CACHED_STATES:
             trie = CharTrie(lm.unigrams, alphabet) if lm.prefix_index is not None else None
             if got is not None and got[0][0] == key[0]:
                 trie = got[1].trie  # same alphabet: the unigram trie still holds
-            got = (key, LMCache(lm, trie))
-            lm._beamkit_cache = got  # type: ignore[attr-defined]
+            got = _LM_CACHES[lm] = (key, LMCache(lm, trie))
     return got[1]
 
 
@@ -264,10 +312,11 @@ class LabelTables:
     @staticmethod
     def of(vocab: Vocabulary) -> LabelTables:
         """The tables of ``vocab``, made on first use."""
-        got = vocab.__dict__.get("_beamkit_label_tables")
-        if got is None:
-            got = vocab.__dict__["_beamkit_label_tables"] = LabelTables(vocab)
-        return got  # type: ignore[no-any-return]
+        with _CACHES_LOCK:
+            got = _LABEL_TABLES.get(vocab)
+            if got is None:
+                got = _LABEL_TABLES[vocab] = LabelTables(vocab)
+        return got
 
 
 class Fusion:

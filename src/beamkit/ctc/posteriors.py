@@ -22,7 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from .jit import njit
+
 MIN_TOKEN_CLIP_P = 1e-15
+_LOG_MIN_P = math.log(MIN_TOKEN_CLIP_P)
 INPUT_KINDS = ("auto", "logits", "log_probs", "probs")
 _GUESS_BAND = 1e-2  # rows summing to 1 within this (but not within the dtype's tolerance): probabilities, warned
 
@@ -104,9 +107,18 @@ def normalize_posteriors(x: Any, input_kind: str = "auto", name: str = "logits")
         if (raw < 0).any() or (raw > 1 + _GUESS_BAND).any():
             raise ValueError(f"{name} given as probabilities must lie in [0, 1]")
         return np.log(np.clip(raw.astype(np.float64), MIN_TOKEN_CLIP_P, 1.0))
-    out = np.array(raw, dtype=np.float64, order="C")  # shape: (T, V) a copy, normalised in place
+    out, lse = _shifted_logits(raw, name)
+    out -= lse
+    np.maximum(out, math.log(MIN_TOKEN_CLIP_P), out=out)
+    return out
+
+
+def _shifted_logits(raw: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(x - max, log(sum(exp(x - max))))`` per row of a logit matrix in float64 (the log-softmax is their
+    difference); refuses NaN and rows that normalise to NaN."""
+    out = np.array(raw, dtype=np.float64, order="C")  # shape: (T, V) a copy, shifted in place
     if out.shape[0] == 0:
-        return out
+        return out, np.zeros((0, 1))
     m = out.max(axis=1, keepdims=True)  # shape: (T, 1) NaN where a row holds NaN, +inf where it holds +inf
     if not np.isfinite(m).all():
         if np.isnan(m).any():
@@ -114,9 +126,42 @@ def normalize_posteriors(x: Any, input_kind: str = "auto", name: str = "logits")
         raise ValueError(f"{name} has a frame that is all -inf or holds +inf (it normalises to NaN)")
     out -= m
     with np.errstate(divide="ignore"):
-        out -= np.log(np.sum(np.exp(out), axis=1, keepdims=True))
-    np.maximum(out, math.log(MIN_TOKEN_CLIP_P), out=out)
-    return out
+        lse = np.log(np.sum(np.exp(out), axis=1, keepdims=True))  # shape: (T, 1)
+    return out, lse
+
+
+@njit
+def _cut_shifted(
+    shifted: np.ndarray, lse: np.ndarray, floor: float, token_min_logp: float, blank: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`frame_candidates` of ``max(shifted - lse, floor)`` (the normalised matrix, never built) and its
+    blank column, in one pass."""
+    T, V = shifted.shape
+    count = np.zeros(T, dtype=np.int64)
+    labels = np.empty(T * V, dtype=np.int64)
+    values = np.empty(T * V, dtype=np.float64)
+    lp_blank = np.empty(T, dtype=np.float64)
+    n = 0
+    for t in range(T):
+        c = lse[t, 0]
+        best, arg = -np.inf, 0
+        for j in range(V):
+            v = max(shifted[t, j] - c, floor)
+            if j == blank:
+                lp_blank[t] = v
+            if v > best:
+                best, arg = v, j
+            if v >= token_min_logp:
+                labels[n] = j
+                values[n] = v
+                n += 1
+                count[t] += 1
+        if count[t] == 0:  # no candidate: the frame's argmax (the first of equal values)
+            labels[n] = arg
+            values[n] = best
+            n += 1
+            count[t] = 1
+    return count, labels[:n], values[:n], lp_blank
 
 
 @dataclass(frozen=True)
@@ -216,14 +261,14 @@ def utterance_parts(
         if not pending:
             return
         block = np.concatenate(pending) if len(pending) > 1 else pending[0]  # shape: (rows, V)
-        lp = normalize_posteriors(block, "logits")  # shape: (rows, V)
-        count, labels, values = frame_candidates(lp, token_min_logp)
+        shifted, lse = _shifted_logits(block, "logits")  # shape: (rows, V), (rows, 1)
+        count, labels, values, lp_blank = _cut_shifted(shifted, lse, _LOG_MIN_P, token_min_logp, blank)
         c_end = np.concatenate(([0], np.cumsum(count)))  # shape: (rows + 1,) candidates before each row
         start = 0
         for m in pending:
             end = start + len(m)
             lo, hi = int(c_end[start]), int(c_end[end])
-            yield count[start:end], labels[lo:hi], values[lo:hi], lp[start:end, blank].copy()
+            yield count[start:end], labels[lo:hi], values[lo:hi], lp_blank[start:end]
             start = end
         pending.clear()
 

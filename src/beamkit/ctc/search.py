@@ -9,8 +9,10 @@ hypotheses are ranked and spelled.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -174,10 +176,15 @@ def search_candidates(
     lm: LanguageModelFusion | None,
     opts: SearchOptions,
     recorder: Recorder | None = None,
+    threads: int | None = None,
 ) -> list[list[CTCHypothesis]]:
     """Prefix beam search of the candidates of checked log-probabilities (no NaN) over ``voc`` with an
-    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each. A
-    ``recorder`` is told every frame (the search then stops after each frame)."""
+    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each.
+
+    Utterances are searched one after another by each of ``threads`` threads (default: one per CPU core
+    available, at most one per :data:`UTTERANCES_PER_THREAD` utterances); the compiled frame loop runs
+    without the GIL, and the results do not depend on the thread count. A ``recorder`` is told every frame
+    (one thread; the search stops after each frame)."""
     warn_if_interpreted()
     fusion = Fusion.of(voc, lm, opts.hotwords, opts.hotword_weight)
     history = max(1, lm.order - 1) if lm is not None else 1
@@ -186,34 +193,53 @@ def search_candidates(
     c_off = np.zeros(N * T + 1, dtype=np.int64)  # shape: (N * T + 1,)
     np.cumsum(cands.count, out=c_off[1:])
     width = int(opts.beam_width)
-    k_max = int(counts.max(initial=1))
-    rows = max(16, width * (k_max + 1))
+    rows = max(16, width * (int(counts.max(initial=1)) + 1))
     nodes = min(1 << 22, max(1 << 12, int(cands.lens.sum(initial=0)) * min(width, 16) // max(N, 1)))
-    ws = _take_workspace(history, nodes, width, rows)
     ip = np.array(
         [width, voc.blank, voc.size, opts.split_blank, opts.prune_history, opts.word_frames, voc.is_bpe,
          recorder is not None, 0],
         dtype=np.int64,
     )  # fmt: skip
-    lock = fusion.cache.lock if fusion.cache is not None else nullcontext()
-    results: list[list[CTCHypothesis]] = []
-    quiet = nullcontext() if COMPILED else np.errstate(over="ignore")  # hashes wrap; numpy scalars would warn
-    with lock, quiet:
+    results: list[list[CTCHypothesis]] = [[] for _ in range(N)]
+
+    def work(utts: range) -> None:
+        ws = _take_workspace(history, nodes, width, rows)
+        quiet = nullcontext() if COMPILED else np.errstate(over="ignore")  # hashes wrap; numpy scalars warn
         try:
-            for u in range(N):
-                n_frames = int(cands.lens[u])
-                _begin(ws, voc)
-                if recorder is not None:
-                    recorder.begin(u, n_frames, lambda node: _texts(ws, fusion, np.array([node]))[0])
-                _frames(ws, fusion, ip, opts, cands, c_off, u * T, n_frames, recorder, u)
-                hyps, finals = _end(ws, fusion, opts)
-                if recorder is not None:
-                    recorder.end(u, hyps, finals)
-                results.append(hyps)
+            with quiet:
+                for u in utts:
+                    n_frames = int(cands.lens[u])
+                    _begin(ws, voc)
+                    if recorder is not None:
+                        recorder.begin(u, n_frames, lambda node: _texts(ws, fusion, np.array([node]))[0])
+                    _frames(ws, fusion, ip, opts, cands, c_off, u * T, n_frames, recorder, u)
+                    results[u], finals = _end(ws, fusion, opts)
+                    if recorder is not None:
+                        recorder.end(u, results[u], finals)
         finally:
             _clear(ws, voc.size)
             _give_back(ws)
+
+    n_threads = 1 if recorder is not None or not COMPILED else _thread_count(threads, N)
+    if n_threads == 1:
+        work(range(N))
+    else:
+        with ThreadPoolExecutor(n_threads) as pool:
+            list(pool.map(work, [range(i, N, n_threads) for i in range(n_threads)]))
     return results
+
+
+UTTERANCES_PER_THREAD = 8  # fewer utterances than this per thread are not worth a thread
+
+
+def _thread_count(threads: int | None, n: int) -> int:
+    """Threads for ``n`` utterances (``threads``: asked for; None: one per available core)."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        return min(threads, max(n, 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, n // UTTERANCES_PER_THREAD))
 
 
 def _clear(ws: Workspace, V: int) -> None:
@@ -250,12 +276,14 @@ def _frames(
     t = 0
     prune = float(opts.beam_prune_logp)
     static = fusion.static
+    reading = fusion.cache.lock.shared if fusion.cache is not None else nullcontext
     while True:
-        status, t = K.run_frames(
-            static, ip, prune, ws.nodes, ws.whist, ws.ek, ws.ev, fusion.table, ws.recs, ws.pend, ws.cnt,
-            ws.beams, ws.nxt, ws.rows, ws.merged, ws.mslot, ws.order, ws.scratch, c_off, cands.labels,
-            cands.values, row0, t, n_frames,
-        )  # fmt: skip
+        with reading():
+            status, t = K.run_frames(
+                static, ip, prune, ws.nodes, ws.whist, ws.ek, ws.ev, fusion.table, ws.recs, ws.pend, ws.cnt,
+                ws.beams, ws.nxt, ws.rows, ws.merged, ws.mslot, ws.order, ws.scratch, c_off, cands.labels,
+                cands.values, row0, t, n_frames,
+            )  # fmt: skip
         if status == K.DONE:
             return
         if status == K.NEED_LM:
@@ -288,51 +316,6 @@ def _snapshot(ws: Workspace, cands: Candidates, c_off: np.ndarray, row0: int, t:
         merged=g["n"].copy(),
         fate=g["fate"].copy(),
     )
-
-
-@njit
-def _final_words(
-    st: Static, wt: np.ndarray, nodes: np.ndarray, reps: np.ndarray, need: np.ndarray, pend: np.ndarray
-) -> int:
-    """LM table slots of the final words of ``reps`` (where ``need``), written into ``pend.node``
-    (-1 when the pair is not scored yet: those are listed first, as pending queries). Returns the count
-    of pending queries."""
-    n_pend = 0
-    for j in range(len(reps)):
-        if not need[j]:
-            continue
-        i = reps[j]
-        wh = word_hash(nodes, i)
-        if word_lookup(st, wt, nodes[i].sid, wh) < 0:
-            p = pend[n_pend]
-            p.sid = nodes[i].sid
-            p.node = i
-            p.whash = wh
-            n_pend += 1
-    return n_pend
-
-
-@njit
-def _final_scores(
-    st: Static, wt: np.ndarray, nodes: np.ndarray, reps: np.ndarray, need: np.ndarray, has_lm: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Fused end-of-utterance scores (before the LM's end-of-sentence score) and LM contexts of ``reps``:
-    the partial word counts as a completed word (hotword bonus, LM score where ``need``)."""
-    score = np.empty(len(reps), dtype=np.float64)
-    sid = np.empty(len(reps), dtype=np.int64)
-    for j in range(len(reps)):
-        i = reps[j]
-        s = nodes[i].tscore
-        c = nodes[i].sid
-        if st.flags[2] and nodes[i].plen > 0 and nodes[i].hot >= 0 and st.hot_is_word[nodes[i].hot]:
-            s = s + st.floats[1]
-        if has_lm and need[j]:
-            slot = word_lookup(st, wt, c, word_hash(nodes, i))
-            s = s + wt[slot].delta
-            c = wt[slot].nsid
-        score[j] = s
-        sid[j] = c
-    return score, sid
 
 
 @njit
@@ -371,43 +354,111 @@ def _final_groups(
     return logit[:G], rep[:G]
 
 
+@njit
+def _rank_final(
+    st: Static,
+    wt: np.ndarray,
+    eos: np.ndarray,
+    nodes: np.ndarray,
+    beams: np.ndarray,
+    n: int,
+    mslot: np.ndarray,
+    pend: np.ndarray,
+    compat: bool,
+    prune_logp: float,
+    out_k: int,
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The end of an utterance: beams grouped by final text (:func:`_final_groups`), each group scored as
+    a finished text (the partial word as a completed word: hotword bonus, LM score; with an LM the
+    end-of-sentence score ``eos[context]``), ranked best first (ties: first occurrence), pruned by
+    ``prune_logp`` below the best, cut to ``out_k``.
+
+    Returns ``(pending, rep_beam, logit, total, context)`` for the kept groups, best first; ``pending > 0``
+    means LM queries were written to ``pend`` instead (a word: its node; an end-of-sentence score: node -1):
+    answer them and call again."""
+    logit, rep = _final_groups(nodes, beams, n, mslot, compat)
+    G = len(logit)
+    has_lm = st.flags[1]
+    score = np.empty(G, dtype=np.float64)
+    sid = np.empty(G, dtype=np.int64)
+    n_pend = 0
+    for g in range(G):
+        i = beams[rep[g]].node
+        s = nodes[i].tscore
+        c = nodes[i].sid
+        if st.flags[2] and nodes[i].plen > 0 and nodes[i].hot >= 0 and st.hot_is_word[nodes[i].hot]:
+            s = s + st.floats[1]
+        if has_lm and (compat or nodes[i].plen > 0):  # the partial (with compat: even an empty) word
+            wh = word_hash(nodes, i)
+            slot = word_lookup(st, wt, c, wh)
+            if slot < 0:
+                p = pend[n_pend]
+                p.sid = c
+                p.node = i
+                p.whash = wh
+                n_pend += 1
+                continue
+            s = s + wt[slot].delta
+            c = wt[slot].nsid
+        if has_lm:
+            if c >= len(eos) or np.isnan(eos[c]):
+                p = pend[n_pend]
+                p.sid = c
+                p.node = -1
+                p.whash = 0
+                n_pend += 1
+                continue
+            s = s + eos[c]
+        score[g] = s
+        sid[g] = c
+    if n_pend:
+        return n_pend, rep[:0], logit[:0], score[:0], sid[:0]
+    total = logit + score
+    order = np.argsort(-total, kind="mergesort")  # ties keep first-occurrence order
+    k = 0
+    best = total[order[0]]
+    while k < G and k < out_k and total[order[k]] >= best + prune_logp:
+        k += 1
+    order = order[:k]
+    return 0, rep[order], logit[order], total[order], sid[order]
+
+
 def _end(ws: Workspace, fusion: Fusion, opts: SearchOptions) -> tuple[list[CTCHypothesis], list[int]]:
-    """Merge the beams by final text (in beam order: best first; a group is represented by its first
-    member, its last with ``pyctcdecode_compat``), add the end-of-utterance scores, rank, prune by
-    ``beam_prune_logp``, keep ``opts.out_k``, and spell them. Returns the hypotheses and their prefixes."""
+    """Finish an utterance (:func:`_rank_final`) and spell its hypotheses. Returns them and their prefixes."""
     n = int(ws.cnt[K.N_BEAMS])
     if n == 0:
         return [], []
-    g_logit, rep_beam = _final_groups(ws.nodes, ws.beams, n, ws.mslot, opts.pyctcdecode_compat)
-    reps = ws.beams["node"][rep_beam]
-    nodes = ws.nodes
-    lm = fusion.lm
-    static = fusion.static
-    if lm is not None:
-        need = np.ones(len(reps), dtype=np.bool_) if opts.pyctcdecode_compat else nodes["plen"][reps] > 0
-        n_pend = _final_words(static, fusion.table, nodes, reps, need, ws.pend)
-        if n_pend:
-            fusion.resolve(nodes, ws.pend[:n_pend])
-    else:
-        need = np.zeros(len(reps), dtype=np.bool_)
-    f_score, f_sid = _final_scores(static, fusion.table, nodes, reps, need, lm is not None)
-    if fusion.cache is not None:
-        f_score += fusion.cache.eos_scores(f_sid)
-    totals = g_logit + f_score
-    go = np.argsort(-totals, kind="stable")  # groups are in first-occurrence order already
-    go = go[totals[go] >= totals[go[0]] + opts.beam_prune_logp][: opts.out_k]
-    out_nodes = reps[go]
+    cache = fusion.cache
+    ws.fit(ws.width, n)
+    while True:
+        eos = cache.eos if cache is not None else _NO_EOS
+        with cache.lock.shared() if cache is not None else nullcontext():
+            n_pend, rep_beam, logit, totals, sids = _rank_final(
+                fusion.static, fusion.table, eos, ws.nodes, ws.beams, n, ws.mslot, ws.pend,
+                opts.pyctcdecode_compat, float(opts.beam_prune_logp), opts.out_k,
+            )  # fmt: skip
+        if not n_pend:
+            break
+        assert cache is not None
+        pend = ws.pend[:n_pend]
+        words = pend[pend["node"] >= 0]
+        if len(words):
+            fusion.resolve(ws.nodes, words)
+        if len(words) < n_pend:
+            cache.eos_scores(pend["sid"][pend["node"] < 0])
+    out_nodes = ws.beams["node"][rep_beam]
     texts = _texts(ws, fusion, out_nodes)
-    states = fusion.cache.states if fusion.cache is not None else None
+    states = cache.states if cache is not None else None
+    plen = ws.nodes["plen"]
     hyps: list[CTCHypothesis] = []
-    for j, text in zip(go.tolist(), texts, strict=True):
+    for j, text in enumerate(texts):
         frames: list[tuple[int, int]] = []
         if opts.word_frames:
             b = ws.beams[rep_beam[j]]
             frames = _word_frames(ws.recs, int(b["wf"]))
-            if nodes["plen"][reps[j]] > 0:
+            if plen[out_nodes[j]] > 0:
                 frames.append((int(b["ps"]), int(b["pe"])))
-        tot, gl = float(totals[j]), float(g_logit[j])
+        tot, gl = float(totals[j]), float(logit[j])
         hyps.append(
             CTCHypothesis(
                 text=text,
@@ -415,10 +466,13 @@ def _end(ws: Workspace, fusion: Fusion, opts: SearchOptions) -> tuple[list[CTCHy
                 logit_score=gl,
                 lm_score=tot - gl,
                 word_frames=list(zip(text.split(), frames, strict=False)),
-                lm_state=states[int(f_sid[j])] if states is not None else None,
+                lm_state=states[int(sids[j])] if states is not None else None,
             )
         )
     return hyps, out_nodes.tolist()
+
+
+_NO_EOS = np.zeros(0, dtype=np.float64)
 
 
 def _word_frames(recs: np.ndarray, pointer: int) -> list[tuple[int, int]]:
