@@ -500,9 +500,15 @@ def ctc_cli(monkeypatch, capsys, tmp_path):
     return run, tmp_path
 
 
-def test_ctc_explain_json_is_the_search_ctc_decode_ran(ctc_cli):
+@pytest.mark.parametrize("with_lm", [False, True])
+def test_ctc_explain_json_is_the_search_ctc_decode_ran(ctc_cli, with_lm):
+    from beamkit.ctc import build_arpa
+
     run, d = ctc_cli
-    labels = ("--labels", d / "labels.txt")
+    labels: tuple = ("--labels", d / "labels.txt")
+    if with_lm:
+        (d / "lm.arpa").write_text(build_arpa(["a cat", "at a cat", "a bat"] * 3, order=2))
+        labels += ("--lm", d / "lm.arpa", "--lm-backend", "arpa")
     for utt in (0, 1):
         rc, out, err = run("ctc", "explain", d / "lp.npy", *labels, "--utterance", utt, "--beam", 4, "--format", "json")
         assert rc == 0, err
@@ -513,6 +519,7 @@ def test_ctc_explain_json_is_the_search_ctc_decode_ran(ctc_cli):
         assert [(h.text, h.score) for h in trace.hypotheses] == [(b["text"], b["score"]) for b in beams]
         rc, out, _ = run("ctc", "decode", d / "lp.npy", *labels, "--greedy")
         assert trace.greedy == out.splitlines()[utt]
+        assert any(e.lm != 0.0 for f in trace.frames for e in f.entries) == with_lm
 
 
 @pytest.mark.parametrize("fmt", ["html", "svg", "dot"])
