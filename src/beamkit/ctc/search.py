@@ -195,9 +195,9 @@ def search_candidates(
     width = int(opts.beam_width)
     rows = max(16, width * (int(counts.max(initial=1)) + 1))
     nodes = min(1 << 22, max(1 << 12, int(cands.lens.sum(initial=0)) * min(width, 16) // max(N, 1)))
-    ip = np.array(
+    ip = np.array(  # the int knobs, indexed by kernel.P_*
         [width, voc.blank, voc.size, opts.split_blank, opts.prune_history, opts.word_frames, voc.is_bpe,
-         recorder is not None, 0],
+         recorder is not None],
         dtype=np.int64,
     )  # fmt: skip
     results: list[list[CTCHypothesis]] = [[] for _ in range(N)]
