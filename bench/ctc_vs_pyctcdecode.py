@@ -14,9 +14,9 @@ pruning; the ARPA is read by kenlm on both sides when kenlm is installed (``--be
 beamkit use its pure-Python reader).
 
 Prints, per setting, ``ctc-speedup[no-lm]: 12.3x, agreement 99.6%`` where the speedup compares
-pyctcdecode's ``decode`` per utterance with beamkit's ``decode_batch`` (all utterances in one vectorised
-search), plus the single-utterance ``decode`` figures. Every timing is the best of ``--repeats`` runs
-(default 3), each run starting after a full garbage collection.
+pyctcdecode's ``decode`` per utterance with beamkit's ``decode_batch`` (all utterances in one call, spread over
+one thread per core), plus ``decode_batch`` on one thread and the single-utterance ``decode`` figures. Every
+timing is the best of ``--repeats`` runs (default 3), each run starting after a full garbage collection.
 """
 
 from __future__ import annotations
@@ -141,20 +141,29 @@ def best_of(repeats: int, run):
     return best, out
 
 
+def _threads(n: int) -> int:
+    """Threads ``decode_batch`` uses for ``n`` utterances by default."""
+    from beamkit.ctc.search import _thread_count
+
+    return _thread_count(None, n)
+
+
 def run_setting(name: str, pc_decoder, bk_decoder, utts: list[np.ndarray], refs: list[str], repeats: int = 3) -> dict:
     """Time both decoders on ``utts`` (best of ``repeats`` runs each); return figures and print the
     summary line."""
     t_pc, pc_out = best_of(repeats, lambda: [pc_decoder.decode(x, beam_width=100) for x in utts])
     t_bk_batch, bk_batch = best_of(repeats, lambda: bk_decoder.decode_batch(None, utts, beam_width=100))
+    t_bk_one, _ = best_of(repeats, lambda: bk_decoder.decode_batch(None, utts, beam_width=100, threads=1))
     t_bk_single, bk_single = best_of(repeats, lambda: [bk_decoder.decode(x, beam_width=100) for x in utts])
-    t_pc, t_bk_batch, t_bk_single = (t / len(utts) for t in (t_pc, t_bk_batch, t_bk_single))
+    t_pc, t_bk_batch, t_bk_one, t_bk_single = (t / len(utts) for t in (t_pc, t_bk_batch, t_bk_one, t_bk_single))
     agree = np.mean([a == b for a, b in zip(pc_out, bk_batch, strict=False)]) * 100
     agree_single = np.mean([a == b for a, b in zip(pc_out, bk_single, strict=False)]) * 100
     wer_pc = np.mean([a != r for a, r in zip(pc_out, refs, strict=False)]) * 100
     wer_bk = np.mean([a != r for a, r in zip(bk_batch, refs, strict=False)]) * 100
     print(f"ctc-speedup[{name}]: {t_pc / t_bk_batch:.1f}x, agreement {agree:.1f}%")
     print(
-        f"  pyctcdecode {t_pc * 1e3:.1f} ms/utt; beamkit batched {t_bk_batch * 1e3:.2f} ms/utt, "
+        f"  pyctcdecode {t_pc * 1e3:.1f} ms/utt; beamkit batched {t_bk_batch * 1e3:.2f} ms/utt "
+        f"({_threads(len(utts))} threads; one thread {t_bk_one * 1e3:.2f} ms/utt, {t_pc / t_bk_one:.1f}x), "
         f"single-utterance {t_bk_single * 1e3:.1f} ms/utt ({t_pc / t_bk_single:.1f}x, "
         f"agreement {agree_single:.1f}%); sentence error vs reference: pyctcdecode {wer_pc:.1f}%, "
         f"beamkit {wer_bk:.1f}%"

@@ -401,3 +401,15 @@ def test_blocked_normalisation_gives_each_utterance_its_own_values() -> None:
         for g, w in zip(got, want, strict=True):
             for a, b in zip(g, w, strict=True):
                 assert np.array_equal(a, b)
+
+
+def test_decode_batch_threads_give_the_same_texts_and_bad_counts_are_refused() -> None:
+    rng = np.random.default_rng(8)
+    labels = ["", " ", "a", "b", "c", "t", "h", "e", "s"]
+    mats = [peaky(text, labels, rng) for text in ("the cat", "a bat", "the hat", "sat") * 5]
+    decoder = build_ctcdecoder(labels)
+    alone = [decoder.decode(m) for m in mats]
+    assert decoder.decode_batch(None, mats, threads=1) == alone == decoder.decode_batch(None, mats, threads=3)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="threads must be a positive integer or None"):
+            decoder.decode_batch(None, mats, threads=bad)

@@ -107,6 +107,7 @@ class CTCDecoder:
         num_hypotheses: int | None = None,
         word_frames: bool = True,
         recorder: Recorder | None = None,
+        threads: int | None = None,
     ) -> list[list[CTCHypothesis]]:
         opts = SearchOptions(
             beam_width=beam_width,
@@ -123,7 +124,7 @@ class CTCDecoder:
         if not logits_list:
             return []
         cands = self._candidates(logits_list, token_min_logp)
-        return search_candidates(cands, self.vocab, self.language_model, opts, recorder)
+        return search_candidates(cands, self.vocab, self.language_model, opts, recorder, threads)
 
     def decode_beams(
         self,
@@ -181,14 +182,17 @@ class CTCDecoder:
         token_min_logp: float = -5.0,
         hotwords: Iterable[str] | None = None,
         hotword_weight: float = 10.0,
+        threads: int | None = None,
     ) -> list[str]:
-        """Decode several utterances (possibly of different lengths) in one call.
+        """Decode several utterances (possibly of different lengths) in one call, spread over ``threads``
+        threads (default: one per available core, at least 8 utterances each; the results do not depend on it).
 
         ``pool`` exists for pyctcdecode compatibility and is ignored."""
         del pool
         results = self._search(
-            list(logits_list), beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1, False
-        )
+            list(logits_list), beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1, False,
+            threads=threads,
+        )  # fmt: skip
         return [hyps[0].text if hyps else "" for hyps in results]
 
     def decode_beams_batch(
@@ -201,12 +205,15 @@ class CTCDecoder:
         prune_history: bool = False,
         hotwords: Iterable[str] | None = None,
         hotword_weight: float = 10.0,
+        threads: int | None = None,
     ) -> list[list[OutputBeamMPSafe]]:
-        """Beams ``(text, word_frames, logit_score, combined_score)`` for each utterance; ``pool`` is ignored."""
+        """Beams ``(text, word_frames, logit_score, combined_score)`` for each utterance; ``pool`` is ignored,
+        ``threads`` as in :meth:`decode_batch`."""
         del pool
         results = self._search(
-            list(logits_list), beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight
-        )
+            list(logits_list), beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight,
+            threads=threads,
+        )  # fmt: skip
         return [[(h.text, h.word_frames, h.logit_score, h.score) for h in hyps] for hyps in results]
 
 
