@@ -578,3 +578,22 @@ def test_threaded_batch_equals_one_thread(threads: int) -> None:
 
 def _hyps_of(hyps: list) -> list[tuple]:
     return [(h.text, h.score, h.logit_score, h.word_frames, h.lm_state) for h in hyps]
+
+
+def test_kernel_logaddexp_equals_numpy_bit_for_bit() -> None:
+    # the search's scalar log-sum-exp (with its short cut for a -inf side) against np.logaddexp, signs of
+    # zero, infinities and NaN included
+    from beamkit.ctc.kernel import lse
+
+    rng = np.random.default_rng(13)
+    xs = np.concatenate([rng.normal(0, 30, 300), [0.0, -0.0, -np.inf, np.inf, np.nan, 1e-300, -745.0, 709.0]])
+    for x in xs.tolist():
+        for y in [*rng.choice(xs, 12).tolist(), x, -np.inf, 0.0, -0.0]:
+            for a, b in ((x, y), (y, x)):
+                with np.errstate(invalid="ignore"):
+                    want = float(np.logaddexp(a, b))
+                got = lse(a, b)
+                if math.isnan(want):
+                    assert math.isnan(got), (a, b)
+                else:
+                    assert got == want and math.copysign(1, got) == math.copysign(1, want), (a, b)

@@ -82,7 +82,12 @@ LOGE2 = math.log(2.0)
 
 @njit
 def lse(x: float, y: float) -> float:
-    """``np.logaddexp`` of two floats (numpy's formula)."""
+    """``np.logaddexp`` of two floats (numpy's formula; with one side ``-inf`` it is the other plus 0.0, which is
+    what the formula computes, without its ``exp`` and ``log1p``)."""
+    if y == NEG_INF:
+        return x + 0.0
+    if x == NEG_INF:
+        return y + 0.0
     if x == y:
         return x + LOGE2
     tmp = x - y
