@@ -143,9 +143,9 @@ def best_of(repeats: int, run):
 
 def _threads(n: int) -> int:
     """Threads ``decode_batch`` uses for ``n`` utterances by default."""
-    from beamkit.ctc.search import _thread_count
+    from beamkit.ctc.search import thread_count
 
-    return _thread_count(None, n)
+    return thread_count(None, n)
 
 
 def run_setting(name: str, pc_decoder, bk_decoder, utts: list[np.ndarray], refs: list[str], repeats: int = 3) -> dict:

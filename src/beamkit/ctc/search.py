@@ -220,7 +220,7 @@ def search_candidates(
             _clear(ws, voc.size)
             _give_back(ws)
 
-    n_threads = 1 if recorder is not None or not COMPILED else _thread_count(threads, N)
+    n_threads = 1 if recorder is not None else thread_count(threads, N)
     if n_threads == 1:
         work(range(N))
     else:
@@ -232,12 +232,15 @@ def search_candidates(
 UTTERANCES_PER_THREAD = 8  # fewer utterances than this per thread are not worth a thread
 
 
-def _thread_count(threads: int | None, n: int) -> int:
-    """Threads for ``n`` utterances (``threads``: asked for; None: one per available core)."""
+def thread_count(threads: int | None, n: int) -> int:
+    """Threads for ``n`` utterances (``threads``: asked for; None: one per available core, at least
+    :data:`UTTERANCES_PER_THREAD` utterances each); 1 when the search runs interpreted."""
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
-        return min(threads, max(n, 1))
+        return min(threads, max(n, 1)) if COMPILED else 1
+    if not COMPILED:
+        return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, n // UTTERANCES_PER_THREAD))
 
