@@ -413,3 +413,17 @@ def test_decode_batch_threads_give_the_same_texts_and_bad_counts_are_refused() -
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="threads must be a positive integer or None"):
             decoder.decode_batch(None, mats, threads=bad)
+
+
+def test_decoding_never_writes_into_the_callers_matrices() -> None:
+    # logits are normalised in place in blocks: only copies may be written, for one matrix or many
+    rng = np.random.default_rng(9)
+    labels = ["", " ", "a", "b", "c", "t", "h", "e", "s"]
+    mats = [rng.normal(0, 3, (int(rng.integers(1, 30)), len(labels))) for _ in range(12)]
+    kept = [m.copy() for m in mats]
+    decoder = build_ctcdecoder(labels)
+    decoder.decode_batch(None, mats)
+    decoder.decode_batch(None, mats[:1])
+    decoder.decode(mats[0])
+    decoder.decode_beams_batch(None, mats)
+    assert all(np.array_equal(a, b) for a, b in zip(mats, kept, strict=True))

@@ -67,8 +67,11 @@ def reads_as_probabilities(arr: np.ndarray, input_kind: str = "auto") -> bool:
         return input_kind == "probs"
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         return False
-    lo, hi = float(arr.min()), float(arr.max())
-    if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
+    lo = float(arr.min())
+    if not lo >= 0.0:  # logits and log-probabilities stop here, after one pass (NaN too)
+        return False
+    hi = float(arr.max())
+    if not hi <= 1.0:
         return False
     sums = arr.sum(axis=1, dtype=np.float64)  # shape: (T,)
     off = float(np.abs(sums - 1.0).max())
@@ -113,10 +116,11 @@ def normalize_posteriors(x: Any, input_kind: str = "auto", name: str = "logits")
     return out
 
 
-def _shifted_logits(raw: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _shifted_logits(raw: np.ndarray, name: str, own: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(x - max, log(sum(exp(x - max))))`` per row of a logit matrix in float64 (the log-softmax is their
-    difference); refuses NaN and rows that normalise to NaN."""
-    out = np.array(raw, dtype=np.float64, order="C")  # shape: (T, V) a copy, shifted in place
+    difference); refuses NaN and rows that normalise to NaN. ``own``: ``raw`` may be shifted in place."""
+    # shape: (T, V) shifted in place (a copy unless ``raw`` is ours and already float64)
+    out = np.asarray(raw, dtype=np.float64, order="C") if own else np.array(raw, dtype=np.float64, order="C")
     if out.shape[0] == 0:
         return out, np.zeros((0, 1))
     m = out.max(axis=1, keepdims=True)  # shape: (T, 1) NaN where a row holds NaN, +inf where it holds +inf
@@ -261,7 +265,7 @@ def utterance_parts(
         if not pending:
             return
         block = np.concatenate(pending) if len(pending) > 1 else pending[0]  # shape: (rows, V)
-        shifted, lse = _shifted_logits(block, "logits")  # shape: (rows, V), (rows, 1)
+        shifted, lse = _shifted_logits(block, "logits", own=len(pending) > 1)  # shape: (rows, V), (rows, 1)
         count, labels, values, lp_blank = _cut_shifted(shifted, lse, _LOG_MIN_P, token_min_logp, blank)
         c_end = np.concatenate(([0], np.cumsum(count)))  # shape: (rows + 1,) candidates before each row
         start = 0
