@@ -28,7 +28,10 @@ def njit(fn: F) -> F:
     if not COMPILED:
         return fn
     assert _numba is not None
-    return _numba.njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return,return-value]
+    try:
+        return _numba.njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return,return-value]
+    except RuntimeError:  # no writable place for numba's cache (a read-only install, no home): compile each run
+        return _numba.njit(nogil=True)(fn)  # type: ignore[no-any-return,return-value]
 
 
 def records(n: int, dtype: np.dtype) -> np.ndarray:
