@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from .fusion import PENDING, Static
+from .fusion import Static
 from .jit import njit
 from .nodes import EDGE_FREE, EDGE_MAKING, edge_find, make_node, slot_of, word_hash
 
@@ -574,4 +574,4 @@ def rehash_edges(ek: np.ndarray, ev: np.ndarray, new_k: np.ndarray, new_v: np.nd
             new_v[slot] = ev[s]
 
 
-__all__ = ["BEAM", "MERGED", "PENDING", "RECORD", "ROW", "run_frames"]
+__all__ = ["BEAM", "MERGED", "RECORD", "ROW", "run_frames"]

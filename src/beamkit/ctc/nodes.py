@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fusion import SCORED, Static, complete_word, partial_score, word_lookup
+from .fusion import HAS_LM, SCORED, Static, complete_word, partial_score, word_lookup
 from .jit import njit
 
 NODE = np.dtype(
@@ -136,7 +136,7 @@ def make_node(st: Static, nodes: np.ndarray, whist: np.ndarray, wt: np.ndarray, 
         n.wkey = key
         n.thash = mix(n.thash, wh)
         if scored:
-            slot = word_lookup(st, wt, n.sid, wh) if st.flags[1] else -1
+            slot = word_lookup(st, wt, n.sid, wh) if st.flags[HAS_LM] else -1
             ok = complete_word(st, wt, nodes[s].hot, slot, n)
     plen = (0 if sw else sp) + st.piece_len[t]
     n.plen = plen

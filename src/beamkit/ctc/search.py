@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from . import kernel as K
-from .fusion import PENDING, Fusion, Static, word_lookup
+from .fusion import HAS_HOT, HAS_LM, HOT_WEIGHT, PENDING, Fusion, Static, word_lookup
 from .jit import COMPILED, njit, records, warn_if_interpreted
 from .lm import LanguageModelFusion
 from .nodes import NODE, final_key, init_root, node_labels, word_hash
@@ -381,7 +381,7 @@ def _rank_final(
     answer them and call again."""
     logit, rep = _final_groups(nodes, beams, n, mslot, compat)
     G = len(logit)
-    has_lm = st.flags[1]
+    has_lm = st.flags[HAS_LM]
     score = np.empty(G, dtype=np.float64)
     sid = np.empty(G, dtype=np.int64)
     n_pend = 0
@@ -389,8 +389,8 @@ def _rank_final(
         i = beams[rep[g]].node
         s = nodes[i].tscore
         c = nodes[i].sid
-        if st.flags[2] and nodes[i].plen > 0 and nodes[i].hot >= 0 and st.hot_is_word[nodes[i].hot]:
-            s = s + st.floats[1]
+        if st.flags[HAS_HOT] and nodes[i].plen > 0 and nodes[i].hot >= 0 and st.hot_is_word[nodes[i].hot]:
+            s = s + st.floats[HOT_WEIGHT]
         if has_lm and (compat or nodes[i].plen > 0):  # the partial (with compat: even an empty) word
             wh = word_hash(nodes, i)
             slot = word_lookup(st, wt, c, wh)
