@@ -16,6 +16,7 @@ results of decoding each alone.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
@@ -262,17 +263,13 @@ class _Book:
         for r, hyps in found.items():
             pool = self.pools[r] + hyps
             pool.sort(key=_neg_score)
-            self.set(r, pool[: self.pool[r]] if capped else pool, by_score=True)
+            self.set(r, pool[: self.pool[r]] if capped else pool)
 
-    def set(self, r: int, pool: list[_Finished], by_score: bool = False) -> None:
-        """Replace request r's pool (kept in the order given; ``by_score``: it is best score first) and its
-        counters."""
+    def set(self, r: int, pool: list[_Finished]) -> None:
+        """Replace request r's pool (kept in the order given) and its counters."""
         self.pools[r] = pool
         self.count[r] = len(pool)
-        if not pool:
-            self.worst[r] = -np.inf
-        else:
-            self.worst[r] = pool[-1].score if by_score else min(h.score for h in pool)
+        self.worst[r] = min((h.score for h in pool), default=-np.inf)
         n = int(self.nret[r] or self.beam[r])  # the nth best: num_return, else beam_size
         self.nth[r] = pool[n - 1].score if len(pool) >= n else -np.inf
 
@@ -315,7 +312,7 @@ class _Rows:
     def slots(self) -> np.ndarray:
         """Each row's beam slot: its rank within its request (computed once per step)."""
         if self._slots is None:
-            self._slots = np.arange(self.req.shape[0]) - self.req.searchsorted(self.req, side="left")
+            self._slots = np.arange(self.req.shape[0]) - self.req.searchsorted(self.req)
         return self._slots
 
     def take(self, idx: np.ndarray, width: int | None = None) -> _Rows:
@@ -368,7 +365,7 @@ def _add_coverage(cov: np.ndarray | None, attn: np.ndarray) -> np.ndarray:
     if cov is None:
         return attn
     s = max(cov.shape[1], attn.shape[1])
-    pad = [np.pad(a, ((0, 0), (0, s - a.shape[1]))) if a.shape[1] < s else a for a in (cov, attn)]
+    pad = [np.pad(a, ((0, 0), (0, s - a.shape[1]))) for a in (cov, attn)]
     return pad[0] + pad[1]
 
 
@@ -446,7 +443,7 @@ class _Candidates:
     def rank_among(self, sel: np.ndarray) -> np.ndarray:
         """Rank of each selected candidate among the selected ones of its request."""
         r = self.req[sel]
-        return np.arange(sel.shape[0]) - np.searchsorted(r, r, side="left")
+        return np.arange(sel.shape[0]) - np.searchsorted(r, r)
 
 
 class _Join(NamedTuple):
@@ -638,7 +635,7 @@ class Engine:
             return None
         b, pool = self.book, self.book.pools[r]
         rows = np.flatnonzero(self._rows.req == r)
-        found = [max(pool, key=lambda h: h.score).build()] if pool else []
+        found = [min(pool, key=_neg_score).build()] if pool else []
         if rows.size:
             t = int(b.t[r])
             scores = self._penalised(self._rows.lp[rows], np.full(rows.size, max(t, 1)), np.full(rows.size, r))
@@ -861,7 +858,7 @@ class Engine:
         for r in np.unique(self._rows.req).tolist():
             self.book.errors[r] = message
             out.append(self._complete(r))
-        self._rows = self._rows.take(np.zeros(0, np.int64), 0)
+        self._rows = self._rows.take(np.zeros(0, np.int64))
         self._state, self._ref, self._y = None, None, np.zeros(0, np.int64)
 
     def _complete(self, r: int) -> Completed:
@@ -952,9 +949,7 @@ class Engine:
 
     def _penalised(self, logprob: np.ndarray, length: np.ndarray, req: np.ndarray) -> np.ndarray:
         """Length-penalised scores, each with its request's penalty."""
-        ids = self.book.lp[req]
-        if ids.size == 0:
-            return np.zeros(0)
+        ids = self.book.lp[req]  # never empty: callers score at least one hypothesis
         if ids.min() == ids.max():
             return self._lps[int(ids[0])](logprob, length)
         out = np.empty(ids.shape[0])
@@ -989,27 +984,17 @@ class Engine:
         sel: np.ndarray,
         finished: bool | np.ndarray,
         length: np.ndarray,
-        scores: np.ndarray | None = None,
     ) -> dict[int, list[_Finished]]:
-        """Pool entries for the candidates ``sel`` (scored at ``length`` unless ``scores`` are given), by request."""
+        """Pool entries for the candidates ``sel`` scored at ``length``, by request."""
         found: dict[int, list[_Finished]] = {}
         if sel.size == 0:
             return found
-        if scores is None:
-            scores = self._scores(rows, cand, sel, length)
-        fin = np.broadcast_to(np.asarray(finished, dtype=bool), sel.shape)
+        scores = self._scores(rows, cand, sel, length).tolist()
+        fin = np.broadcast_to(finished, sel.shape).tolist()
         paths = self._paths(rows, cand.row[sel])
-        columns = zip(
-            cand.req[sel].tolist(),
-            scores.tolist(),
-            cand.key[sel].tolist(),
-            cand.lp[sel].tolist(),
-            fin.tolist(),
-            cand.tok[sel].tolist(),
-            strict=True,
-        )
-        for i, (r, score, key, logprob, f, tok) in enumerate(columns):
-            found.setdefault(r, []).append(_Finished(score, key, logprob, f, paths, i, tok))
+        key, logprob, tok = cand.key[sel].tolist(), cand.lp[sel].tolist(), cand.tok[sel].tolist()
+        for i, r in enumerate(cand.req[sel].tolist()):
+            found.setdefault(r, []).append(_Finished(scores[i], key[i], logprob[i], fin[i], paths, i, tok[i]))
         return found
 
     # ---------------------------------------------------------------------------------------------- policies
@@ -1036,15 +1021,8 @@ class Engine:
         b = self.book
         k = b.beam[cand.req]  # shape: (n,)
         hits = is_eos | last
-        admit = hits & (cand.rank < k)
-        admit &= (b.es[cand.req] != 1) | (b.count[cand.req] < b.pool[cand.req])  # early_stopping=True: full = shut
-        adm = np.flatnonzero(admit)
-        if adm.size:
-            score = self._scores(rows, cand, adm, c_len)
-            a_req = cand.req[adm]
-            fits = (b.count[a_req] < b.pool[a_req]) | (score > b.worst[a_req])  # a full pool takes better only
-            adm, score = adm[fits], score[fits]
-            b.add(self._hypotheses(rows, cand, adm, is_eos[adm], c_len, score), capped=True)
+        adm = np.flatnonzero(hits & (cand.rank < k))  # a full pool keeps the better ones (add cuts it)
+        b.add(self._hypotheses(rows, cand, adm, is_eos[adm], c_len), capped=True)
         if hits.any():
             cont = np.flatnonzero(~hits)
             among = cand.rank_among(cont)  # shape: (cont,) rank among the request's non-ending candidates
@@ -1063,17 +1041,16 @@ class Engine:
         """Kool et al.: a request's finished hypotheses and new candidates compete by key for its k slots."""
         b = self.book
         keep = np.zeros(cand.req.shape[0], dtype=bool)
-        starts = group_starts(cand.req)
-        ends = starts[1:].tolist() + [cand.req.shape[0]] if starts.size else []
-        for lo, hi in zip(starts.tolist(), ends, strict=True):
+        bounds = [*group_starts(cand.req).tolist(), cand.req.shape[0]]
+        for lo, hi in itertools.pairwise(bounds):
             r = int(cand.req[lo])
             k = int(b.beam[r])
-            pk = np.array([h.key for h in b.pools[r]], dtype=np.float64)  # descending
+            pk = np.array([h.key for h in b.pools[r]])  # descending, float64
             ck = cand.key[lo:hi]  # descending
             # overall rank = own rank + entries of the other side ranked above (finished ones win ties)
             keep[lo:hi] = np.arange(hi - lo) + np.searchsorted(-pk, -ck, side="right") < k
-            stay = np.arange(pk.size) + np.searchsorted(-ck, -pk, side="left") < k
-            b.set(r, [h for h, s in zip(b.pools[r], stay, strict=True) if s])
+            stay = np.arange(pk.size) + np.searchsorted(-ck, -pk) < k
+            b.set(r, list(itertools.compress(b.pools[r], stay)))
         done = np.flatnonzero(keep & is_eos)
         surv = np.flatnonzero(keep & ~is_eos)
         by_key = self._hypotheses(rows, cand, done, True, c_len)
@@ -1114,8 +1091,8 @@ class Engine:
             new = list(opt.final_scorer(hyps))
             if len(new) != len(hyps):
                 raise ValueError("final_scorer must return one score per hypothesis")
-            for h, s in zip(hyps, new, strict=True):
-                h.score = float(s)
+            for i, h in enumerate(hyps):  # as many as hyps (checked above)
+                h.score = float(new[i])
             hyps.sort(key=lambda h: -h.score)
         n = int(self.book.nret[r])
         return hyps[:n] if n else hyps
@@ -1125,7 +1102,7 @@ def _pad_cols(a: np.ndarray, width: int, fill: float) -> np.ndarray:
     """``a`` ``[rows, w]`` padded on the right to ``width`` columns with ``fill``."""
     if a.shape[1] == width:
         return a
-    return np.concatenate([a, np.full((a.shape[0], width - a.shape[1]), fill, dtype=a.dtype)], axis=1)
+    return np.concatenate([a, np.full((a.shape[0], width - a.shape[1]), fill)], axis=1)
 
 
 class BeamSearch:
@@ -1185,7 +1162,7 @@ def rank_candidates(
     if not every:
         order = order[finite[order]]
     sorted_req = req[order]
-    return order, np.arange(order.shape[0]) - sorted_req.searchsorted(sorted_req, side="left")
+    return order, np.arange(order.shape[0]) - sorted_req.searchsorted(sorted_req)
 
 
 def eos_ids(eos: int | Sequence[int] | None) -> tuple[int, ...]:
@@ -1209,12 +1186,7 @@ def unpack_step(out: Any) -> tuple[Any, Any, dict[str, Any]]:
 
 def group_starts(sorted_ids: np.ndarray) -> np.ndarray:
     """Indices where a new value begins in a sorted 1-D array (the first index of each group)."""
-    if sorted_ids.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    change = np.empty(sorted_ids.shape[0], dtype=bool)
-    change[0] = True
-    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=change[1:])
-    return np.flatnonzero(change)
+    return np.unique(sorted_ids, return_index=True)[1]
 
 
 def bos_array(bos: int | Sequence[int], n_req: int) -> np.ndarray:
