@@ -1,0 +1,255 @@
+"""The engine's rules at their edges, each against hand-worked numbers or a brute force.
+
+Ties between a finished hypothesis and a new candidate, the pool's stopping rules at the step they fire (counted in
+model calls), patience under the narrow policy, the streaming ``best`` under a selector whose key is not the
+log-probability, and the messages of the errors the search core raises.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from beamkit import BeamSearch, Engine, concat_state, search_batch, select_state
+from beamkit.engine import make_options
+from beamkit.processors import StepContext
+from tests.toy import BOS, ToyModel, all_outputs
+
+EOS = 0
+NEG = -np.inf
+
+
+class Table:
+    """Logits by prefix (``default`` for prefixes not in ``table``); ``raw``: the logits are the step scores
+    themselves (``extras={"log_softmax": False}``), so sums of small integers tie exactly."""
+
+    def __init__(self, table: dict, default: list[float], raw: bool = False):
+        self.table, self.default, self.raw = table, default, raw
+        self.calls: list[int] = []
+        self.y_kinds: list[str] = []
+
+    def init(self) -> np.ndarray:
+        state = np.empty(1, dtype=object)
+        state[0] = ()
+        return state
+
+    def step(self, state, y_prev):
+        y = np.asarray(y_prev)
+        self.y_kinds.append(y.dtype.kind)
+        new = np.empty(len(state), dtype=object)
+        for i, (p, t) in enumerate(zip(state, y.tolist(), strict=True)):
+            new[i] = p if t == BOS else p + (t,)
+        self.calls.append(len(state))
+        logits = np.array([self.table.get(p, self.default) for p in new], dtype=np.float64)
+        return (logits, new, {"log_softmax": False}) if self.raw else (logits, new)
+
+
+def logs(*probs: float, v: int) -> list[float]:
+    """Log-probabilities ``probs`` padded with -inf (probability 0) to ``v`` tokens."""
+    out = [math.log(p) if p > 0 else NEG for p in probs]
+    return out + [NEG] * (v - len(out))
+
+
+def test_compete_finished_hypotheses_win_key_ties():
+    # raw scores: step 1 keeps eos (-1, finished) and token 1 (-2); step 2 offers (1, 1) and (1, 2), both at
+    # -2 + 1 = -1, tied with the finished eos. Two slots: the finished one wins the tie, then (1, 1) (lower token).
+    m = Table({(): [-1.0, -2.0, -5.0], (1,): [NEG, 1.0, 1.0]}, [NEG, 0.0, 0.0], raw=True)
+    res = search_batch(m.step, m.init(), BOS, EOS, 2, 2, policy="compete", length_penalty=0.0)[0]
+    assert [h.tokens for h in res] == [[EOS], [1, 1]]
+    assert [h.finished for h in res] == [True, False]
+    assert [h.logprob for h in res] == [-1.0, -1.0]
+    assert m.calls == [1, 1]
+
+
+def pool_stop_model() -> Table:
+    # V = 9, eos = 0. Probabilities of the prefixes the search visits; any other prefix: 1/8 on each of 1..8.
+    v = 9
+    table = {
+        (): logs(0.3, 0.5, 0.2, v=v),
+        (1,): logs(0.6, 0.4, v=v),
+        (2,): logs(0.0, 0.5, 0.5, v=v),
+        (1, 1): logs(0.0, 0.3, *[0.1] * 7, v=v),
+    }
+    return Table(table, logs(0.0, *[1 / 8] * 8, v=v))
+
+
+def test_pool_heuristic_stops_at_the_first_step_its_bound_fails():
+    # pool policy, beam 2 (pool of 2), length penalty 1, early_stopping=False (stop once the best running beam,
+    # scored at the current length, cannot beat the pool's worst). Worked by hand:
+    # step 1: [1] -0.693, [0] -1.204 (eos, pool), [2] -1.609                     pool not full
+    # step 2: [1 0] -1.204 (eos, pool: full, worst ln .3 = -1.204), [1 1] -1.609: -1.609 / 2 = -0.805 > worst
+    # step 3: no eos at all. [1 1 1] -2.813: / 3 = -0.938 > worst (the second, [1 1 2], would be -1.304)
+    # step 4: no eos at all. [1 1 1 x] -4.892: / 4 = -1.223 <= worst: stop after 4 calls (max_len is 6)
+    m = pool_stop_model()
+    res = search_batch(m.step, m.init(), BOS, EOS, 2, 6, policy="pool", early_stopping=False, length_penalty=1.0)[0]
+    assert [h.tokens for h in res] == [[1, EOS], [EOS]]
+    np.testing.assert_allclose([h.logprob for h in res], [math.log(0.5 * 0.6), math.log(0.3)], rtol=1e-12)
+    np.testing.assert_allclose([h.score for h in res], [math.log(0.5 * 0.6) / 2, math.log(0.3)], rtol=1e-12)
+    assert m.calls == [1, 2, 2, 2]
+
+
+def test_pool_heuristic_stops_when_the_bound_ties_the_worst():
+    # raw scores, beam 1 (pool of 1), alpha 0: eos and token 1 both score -1 at step 1; eos (lower id) fills the
+    # pool, and the running beam can at best tie it: the search stops after one call
+    m = Table({(): [-1.0, -1.0, -3.0]}, [-1.0, -1.0, -1.0], raw=True)
+    res = search_batch(m.step, m.init(), BOS, EOS, 1, 3, policy="pool", length_penalty=0.0)[0]
+    assert [(h.tokens, h.logprob, h.finished) for h in res] == [([EOS], -1.0, True)]
+    assert m.calls == [1]
+
+
+def test_exact_exit_fires_when_the_nth_finished_ties_the_best_running():
+    # raw scores, beam 2 (pool of 2, not full after step 1), num_return 1: eos at -1 is the 1st best finished and
+    # the best running beam is at -1 too; with raw log-probabilities <= 0 nothing can overtake it: stop
+    m = Table({(): [-1.0, -1.0, -3.0]}, [-1.0, -1.0, -1.0], raw=True)
+    kw = dict(policy="pool", length_penalty=0.0, exact_exit=True, num_return=1)
+    res = search_batch(m.step, m.init(), BOS, EOS, 2, 3, **kw)[0]
+    assert [(h.tokens, h.logprob) for h in res] == [([EOS], -1.0)]
+    assert m.calls == [1]
+    plain = Table({(): [-1.0, -1.0, -3.0]}, [-1.0, -1.0, -1.0], raw=True)
+    kw["exact_exit"] = False
+    assert [h.tokens for h in search_batch(plain.step, plain.init(), BOS, EOS, 2, 3, **kw)[0]] == [[EOS]]
+    assert len(plain.calls) > 1  # without the exit the pool is not full yet
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_narrow_policy_returns_every_finished_hypothesis_whatever_the_patience(seed):
+    # patience sizes the pool of the pool policy only: an exhaustive narrow beam still returns all 15 outputs
+    m = ToyModel(3, seed=seed, scale=1.0)
+    outs = all_outputs(m, EOS, 3)
+    assert len(outs) == 15
+    want = sorted(((lp / len(s), s, f) for s, lp, f in outs), key=lambda x: -x[0])
+    res = search_batch(m.step, m.init(), BOS, EOS, 27, 3, patience=0.1)[0]  # a pool of 3, were it the pool policy
+    assert [h.tokens for h in res] == [s for _, s, _ in want]
+    assert [h.finished for h in res] == [f for _, _, f in want]
+    np.testing.assert_allclose([h.score for h in res], [sc for sc, _, _ in want], atol=1e-9)
+
+
+class Nudged:
+    """A selector whose key is not the log-probability: each token's fixed bonus is added to the key only, so rows
+    come in another order than their log-probabilities."""
+
+    BONUS = np.array([0.0, 1.3, -0.4, 0.9, -1.1, 0.2])
+
+    def candidates(self, scores, offset, parent_key, m, ctx: StepContext):
+        logp = np.asarray(scores, dtype=np.float64) + offset[:, None]  # shape: (rows, V)
+        key = parent_key[:, None] + logp + self.BONUS[: logp.shape[1]]
+        tok = np.argsort(-key, axis=1, kind="stable")[:, :m]
+        return np.take_along_axis(logp, tok, 1), tok, np.take_along_axis(key, tok, 1)
+
+
+def _fields(h):
+    return (h.tokens, h.finished, h.token_logprobs, h.beam_indices)
+
+
+def test_best_so_far_under_a_selector_keyed_otherwise_with_a_longer_request_running():
+    # the oracle: the same request decoded alone with max_len = t returns, best first, what the engine holds after
+    # t steps (narrow policy: the pool, and the live rows returned unfinished and scored at length t)
+    from tests.test_engine import Seeded
+
+    shared = dict(selector=Nudged(), length_penalty=1.0)
+    engine = Engine(Seeded(6).step, beam_size=3, max_len=6, **shared)
+    long = engine.add(Seeded.init(5), BOS, EOS, min_len=6)  # runs every step, so its history is the widest
+    engine.step()
+    engine.step()
+    r = engine.add(Seeded.init(12), BOS, EOS)
+    t, checked = 0, 0
+    while engine.running == 2:
+        engine.step()
+        t += 1
+        got = engine.best(r)
+        if got is None:
+            break
+        want = search_batch(Seeded(6).step, Seeded.init(12), BOS, EOS, 3, t, **shared)[0][0]
+        assert _fields(got) == _fields(want)
+        assert got.logprob == pytest.approx(want.logprob) and got.score == pytest.approx(want.score)
+        assert got.key == pytest.approx(want.key)
+        checked += 1
+    assert checked >= 3 and engine.best(long) is None  # both ran to the end
+
+
+def test_step_function_gets_int64_tokens_after_a_failed_call():
+    # a failed call empties the engine; the next request's first call still gets integer y_prev of one row
+    m = Table({}, [0.0, 1.0, 2.0])
+    fail = {"at": 2}
+
+    def step(state, y):
+        fail["at"] -= 1
+        if fail["at"] == 0:
+            raise RuntimeError("lost")
+        return m.step(state, y)
+
+    engine = Engine(step, beam_size=2, max_len=3)
+    a = engine.add(m.init(), BOS, EOS)
+    engine.step()
+    assert [(c.request_id, c.error) for c in engine.step()] == [(a, "RuntimeError: lost")]
+    b = engine.add(m.init(), BOS, EOS)
+    out = []
+    while not engine.idle:
+        out += engine.step()
+    assert [(c.request_id, c.error) for c in out] == [(b, None)]
+    assert set(m.y_kinds) == {"i"} and m.calls[1:] == [1, 2, 2]
+
+
+def test_requests_with_other_length_penalties_in_one_call():
+    # every call holds rows of the three requests: each is scored with its own penalty (oracle: each alone)
+    from tests.test_engine import Seeded, _same
+
+    lps = [0.0, 1.0, 2.0]
+    engine = Engine(Seeded(5).step, beam_size=3, max_len=5)
+    ids = [engine.add(Seeded.init(s), BOS, EOS, length_penalty=a) for s, a in zip((3, 4, 6), lps, strict=True)]
+    done = {}
+    while not engine.idle:
+        done.update((c.request_id, c) for c in engine.step())
+    for r, s, a in zip(ids, (3, 4, 6), lps, strict=True):
+        _same(done[r].hypotheses, search_batch(Seeded(5).step, Seeded.init(s), BOS, EOS, 3, 5, length_penalty=a)[0])
+        for h in done[r].hypotheses:
+            assert h.score == pytest.approx(h.logprob / len(h.tokens) ** a)
+
+
+class Pair(NamedTuple):
+    h: np.ndarray
+    c: list
+
+
+def test_concat_state_keeps_named_tuples_and_names_its_error():
+    got = concat_state([Pair(np.zeros(1), [np.ones(1)]), Pair(np.ones(2), [np.zeros(2)])])
+    assert type(got) is Pair
+    assert got.h.tolist() == [0, 1, 1] and got.c[0].tolist() == [1, 0, 0]
+    with pytest.raises(ValueError, match=r"^concat_state needs at least one state$"):
+        concat_state([])
+
+
+def test_select_state_refuses_sets_by_name():
+    with pytest.raises(TypeError, match=r"^select_state: a set has no order, so its rows cannot be gathered; use a"):
+        select_state({np.zeros(2).tobytes()}, np.array([0]))
+
+
+def test_final_scorer_must_return_one_score_per_hypothesis():
+    m = ToyModel(4, seed=1)
+    with pytest.raises(ValueError, match=r"^final_scorer must return one score per hypothesis$"):
+        search_batch(m.step, m.init(), BOS, EOS, 2, 3, final_scorer=lambda hyps: [0.0])
+
+
+def test_make_options_takes_a_list_of_processors():
+    from beamkit import NoRepeatNGram
+
+    p = NoRepeatNGram(2)
+    assert make_options(2, 3, processors=[p]).processors == (p,)  # a tuple: the options stay hashable
+
+
+def test_search_result_traces_only_when_asked():
+    # the hand example of the contract: beam 2, max_len 2 returns [B, eos] then [A, B] after two calls
+    from tests.test_contract import A, B, hand_model
+
+    m = hand_model()
+    traced = BeamSearch(make_options(2, 2, length_penalty=0.0, record_trace=True)).search(m.step, m.init(), BOS, EOS)
+    assert traced.trace is not None and len(traced.trace) == 1
+    trace = traced.trace[0]
+    assert [trace.tokens(n) for n in trace.result] == [[B, EOS], [A, B]]
+    assert len(trace.steps) == 2
+    plain = BeamSearch(make_options(2, 2, length_penalty=0.0)).search(m.step, m.init(), BOS, EOS)
+    assert plain.trace is None
+    assert [h.tokens for h in plain.hypotheses[0]] == [[B, EOS], [A, B]]
