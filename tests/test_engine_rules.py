@@ -253,3 +253,24 @@ def test_search_result_traces_only_when_asked():
     plain = BeamSearch(make_options(2, 2, length_penalty=0.0)).search(m.step, m.init(), BOS, EOS)
     assert plain.trace is None
     assert [h.tokens for h in plain.hypotheses[0]] == [[B, EOS], [A, B]]
+
+
+class ByTokenId:
+    """An ordered selector whose key ignores the scores: the first m token ids of each row, lowest id first."""
+
+    ordered = True
+
+    def candidates(self, scores, offset, parent_key, m, ctx: StepContext):
+        logp = np.asarray(scores, dtype=np.float64) + offset[:, None]  # shape: (rows, V)
+        tok = np.tile(np.arange(m), (logp.shape[0], 1))
+        return logp[:, :m], tok, parent_key[:, None] - tok
+
+
+def test_a_masked_token_is_never_chosen_even_when_its_key_is_finite():
+    # min_len 2 masks eos (id 0) at the first two steps; the selector still ranks it first by key, so only the
+    # engine's own check of the log-probability keeps it out
+    m = ToyModel(4, seed=3)
+    res = search_batch(m.step, m.init(), BOS, EOS, 2, 3, min_len=2, selector=ByTokenId())[0]
+    assert res and all(np.isfinite(h.logprob) for h in res)
+    assert all(EOS not in h.tokens[:2] for h in res)
+    assert sorted(h.tokens for h in res) == [[1, 1, 0], [1, 1, 1]]  # ids 1 then 0/1 by key, eos allowed at step 3

@@ -419,17 +419,15 @@ class _Candidates:
     rank: np.ndarray  # shape: (n,) rank within the request
 
     @classmethod
-    def rank_all(
-        cls, rows: _Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, ordered: bool = False
-    ) -> _Candidates:
+    def rank_all(cls, rows: _Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, ordered: bool) -> _Candidates:
         """Flatten the per-row tables ``[rows, m]``, drop non-finite candidates, rank within each request.
 
         ``ordered``: each row's candidates already come by key descending, equal keys by token ascending, so
         the flat row-major order breaks ties as the engine does and a stable sort by (request, key) suffices.
         """
         c_row = np.repeat(np.arange(tok.shape[0]), tok.shape[1])  # shape: (rows * m,)
-        c_tok, c_key = tok.reshape(-1), key.reshape(-1)
-        c_lp = rows.lp[c_row] + logp.reshape(-1)
+        c_tok, c_key = tok.ravel(), key.ravel()
+        c_lp = rows.lp[c_row] + logp.ravel()
         c_req = rows.req[c_row]
         order, rank = rank_candidates(c_req, c_key, c_row, c_tok, np.isfinite(c_lp), ordered)
         return cls(c_row[order], c_tok[order], c_lp[order], c_key[order], c_req[order], rank)
@@ -939,8 +937,6 @@ class Engine:
     def _is_eos(self, tok: np.ndarray, req: np.ndarray) -> np.ndarray:
         """Whether each candidate token is one of its request's stop tokens."""
         e = self.book.eos[req]
-        if e.size == 0 or e.min() == e.max():
-            return is_stop(tok, self._eos[int(e[0])] if e.size else ())
         out = np.zeros(tok.shape[0], dtype=bool)
         for i in np.unique(e).tolist():
             sel = e == i
