@@ -274,3 +274,62 @@ def test_a_masked_token_is_never_chosen_even_when_its_key_is_finite():
     assert res and all(np.isfinite(h.logprob) for h in res)
     assert all(EOS not in h.tokens[:2] for h in res)
     assert sorted(h.tokens for h in res) == [[1, 1, 0], [1, 1, 1]]  # ids 1 then 0/1 by key, eos allowed at step 3
+
+
+class Faulty:
+    """Rows are (request seed, prefix). Seed 1: NaN logits once its prefix has one token; seed 2: +inf at the
+    first step; seed 3: every logit -inf at the first step; other seeds: a plain prefix-dependent table."""
+
+    v = 5
+
+    def step(self, state, y_prev):
+        new = np.empty(len(state), dtype=object)
+        for i, ((s, p), t) in enumerate(zip(state, np.asarray(y_prev).tolist(), strict=True)):
+            new[i] = (s, p if t == BOS else p + (t,))
+        logits = np.stack([ToyModel(self.v, seed=s, scale=1.0).logits(p) for s, p in new])
+        for i, (s, p) in enumerate(new):
+            if s == 1 and len(p) == 1:
+                logits[i] = np.nan
+            elif s == 2:
+                logits[i, 2] = np.inf
+            elif s == 3:
+                logits[i] = -np.inf
+        return logits, new
+
+    @staticmethod
+    def init(seed: int) -> np.ndarray:
+        state = np.empty(1, dtype=object)
+        state[0] = (seed, ())
+        return state
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf in the +inf row
+def test_each_failure_completes_its_request_alone_with_its_message():
+    engine = Engine(Faulty().step, beam_size=2, max_len=3)
+    plan = {1: EOS, 2: EOS, 3: EOS, 4: EOS, 5: 7}  # seed -> eos (7 is outside the vocabulary of 5)
+    ids = {engine.add(Faulty.init(s), BOS, eos): s for s, eos in plan.items()}
+    done = {}
+    while not engine.idle:
+        done.update((ids[c.request_id], c) for c in engine.step())
+    assert {s: c.error for s, c in done.items()} == {
+        1: "step_fn returned NaN logits at step 1",
+        2: "step_fn returned +inf logits at step 0",
+        3: "no finite candidate at step 0 (every continuation is masked or -inf)",
+        4: None,
+        5: "eos=[7] is not a token id of the model's vocabulary of 5",
+    }
+    assert all(c.hypotheses == [] for s, c in done.items() if s != 4)
+    toy = ToyModel(5, seed=4, scale=1.0)
+    alone = search_batch(lambda st, y: Faulty().step(st, y), Faulty.init(4), BOS, EOS, 2, 3)[0]
+    assert [h.tokens for h in done[4].hypotheses] == [h.tokens for h in alone]
+    np.testing.assert_allclose([h.logprob for h in done[4].hypotheses], [toy.path_logprob(h.tokens) for h in alone])
+
+
+def test_threshold_keeps_a_candidate_exactly_at_the_threshold():
+    # raw scores: the best candidate is -1; with beam_threshold 1 the one at -2 is kept (>=), the one at -3 is not
+    m = Table({(): [-5.0, -1.0, -2.0, -3.0]}, [0.0, 0.0, 0.0, 0.0], raw=True)
+    engine = Engine(m.step, beam_size=3, max_len=1, beam_threshold=1.0, length_penalty=0.0)
+    engine.add(m.init(), BOS, EOS)
+    out = engine.step()
+    assert [(h.tokens, h.logprob, h.finished) for h in out[0].hypotheses] == [([1], -1.0, False), ([2], -2.0, False)]
+    assert engine.stats.pruned == 1
