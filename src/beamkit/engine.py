@@ -257,7 +257,7 @@ class _Book:
         self.errors = {new[r]: e for r, e in self.errors.items()}
         self.size = int(live.shape[0])
 
-    def add(self, found: dict[int, list[_Finished]], capped: bool) -> None:
+    def add(self, found: dict[int, list[_Finished]], capped: bool = False) -> None:
         """Merge new finished hypotheses into their requests' pools, best score first (stable ties), each cut to
         its request's pool size when ``capped``."""
         for r, hyps in found.items():
@@ -364,9 +364,10 @@ def _add_coverage(cov: np.ndarray | None, attn: np.ndarray) -> np.ndarray:
     """Accumulated attention plus one step's ``[rows, S]`` (widths of requests that joined later zero-padded)."""
     if cov is None:
         return attn
-    s = max(cov.shape[1], attn.shape[1])
-    pad = [np.pad(a, ((0, 0), (0, s - a.shape[1]))) for a in (cov, attn)]
-    return pad[0] + pad[1]
+    out = np.zeros((attn.shape[0], max(cov.shape[1], attn.shape[1])))  # shape: (rows, S)
+    out[:, : cov.shape[1]] = cov
+    out[:, : attn.shape[1]] += attn
+    return out
 
 
 class _Paths(NamedTuple):
@@ -1002,10 +1003,10 @@ class Engine:
         take = cand.rank < (b.beam - b.count)[cand.req]
         done = np.flatnonzero(take & is_eos)
         surv = np.flatnonzero(take & ~is_eos)
-        b.add(self._hypotheses(rows, cand, done, True, c_len), capped=False)
+        b.add(self._hypotheses(rows, cand, done, True, c_len))
         if last.any():  # live hypotheses at max_len are returned unfinished
             cut = last[surv]
-            b.add(self._hypotheses(rows, cand, surv[cut], False, c_len), capped=False)
+            b.add(self._hypotheses(rows, cand, surv[cut], False, c_len))
             surv = surv[~cut]
         return surv
 
