@@ -333,3 +333,21 @@ def test_threshold_keeps_a_candidate_exactly_at_the_threshold():
     out = engine.step()
     assert [(h.tokens, h.logprob, h.finished) for h in out[0].hypotheses] == [([1], -1.0, False), ([2], -2.0, False)]
     assert engine.stats.pruned == 1
+
+
+def test_token_tables_shrink_to_the_longest_running_history():
+    # memory: once the long request leaves, the rows' history tables are as wide as the short one's history
+    from tests.test_engine import Seeded
+
+    engine = Engine(Seeded(5).step, beam_size=2, max_len=6)
+    engine.add(Seeded.init(1), BOS, EOS, min_len=6)  # runs all 6 steps
+    for _ in range(3):
+        engine.step()
+    short = engine.add(Seeded.init(2), BOS, EOS, min_len=5, max_len=5)  # joins at step 3, 5 steps
+    widths = []
+    while not engine.idle:
+        engine.step()
+        if engine.running:
+            widths.append(engine._rows.tokens.shape[1])
+    assert widths == [4, 5, 3, 4]  # the long one's 4 and 5 tokens, then the short one's 3 and 4 alone
+    assert engine.best(short) is None
