@@ -351,3 +351,21 @@ def test_token_tables_shrink_to_the_longest_running_history():
             widths.append(engine._rows.tokens.shape[1])
     assert widths == [4, 5, 3, 4]  # the long one's 4 and 5 tokens, then the short one's 3 and 4 alone
     assert engine.best(short) is None
+
+
+def test_pool_rows_keep_only_their_own_2k_candidates_beside_a_wider_beam():
+    # request A: beam 2 (2k = 4 candidates per row), eos = {0, 1, 2, 3}, patience 2 (a pool of 4). Its first row's
+    # four best tokens are all stop tokens: two enter the pool, nothing runs on, A ends after one call with
+    # [0] and [1]. Beside request B (beam 4: 8 candidates per row) in the same calls, A must still see only 4.
+    logits = [4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0]
+    m = Table({}, logits)
+    engine = Engine(m.step, max_len=3, policy="pool", length_penalty=0.0)
+    a = engine.add(m.init(), BOS, (0, 1, 2, 3), beam_size=2, patience=2.0)
+    b = engine.add(m.init(), BOS, EOS, beam_size=4)
+    done = {}
+    while not engine.idle:
+        done.update((c.request_id, c) for c in engine.step())
+    lp = [x - math.log(sum(math.exp(y) for y in logits)) for x in logits]  # plain-Python log-softmax
+    assert [(h.tokens, h.finished) for h in done[a].hypotheses] == [([0], True), ([1], True)]
+    np.testing.assert_allclose([h.logprob for h in done[a].hypotheses], lp[:2], rtol=1e-12)
+    assert done[a].steps == 1 and done[b].steps > 1

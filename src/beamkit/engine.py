@@ -931,8 +931,7 @@ class Engine:
             logp, tok, key = (np.concatenate([_pad_cols(p[i], w, fill) for p in parts]) for i, fill in fills)
         if type(sel) is Deterministic and int(m_row.min()) < m:  # other beam sizes: each row keeps its own top m
             beyond = np.arange(tok.shape[1]) >= m_row[:, None]  # shape: (rows, m)
-            logp = np.where(beyond, -np.inf, logp)
-            key = np.where(beyond, -np.inf, key)
+            key = np.where(beyond, -np.inf, key)  # a -inf key drops the candidate (rank_all)
         return logp, tok, key
 
     def _is_eos(self, tok: np.ndarray, req: np.ndarray) -> np.ndarray:
