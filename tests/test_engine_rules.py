@@ -369,3 +369,28 @@ def test_pool_rows_keep_only_their_own_2k_candidates_beside_a_wider_beam():
     assert [(h.tokens, h.finished) for h in done[a].hypotheses] == [([0], True), ([1], True)]
     np.testing.assert_allclose([h.logprob for h in done[a].hypotheses], lp[:2], rtol=1e-12)
     assert done[a].steps == 1 and done[b].steps > 1
+
+
+def test_a_failing_final_scorer_fails_its_call_and_the_engine_goes_on():
+    # the scorer runs when a request completes, inside the step: the error completes the call's requests
+    m = ToyModel(4, seed=2)
+    calls = {"n": 0}
+
+    def scorer(hyps):
+        calls["n"] += 1
+        return [0.0] * len(hyps) if calls["n"] > 1 else [0.0]
+
+    engine = Engine(m.step, beam_size=2, max_len=2, final_scorer=scorer)
+    a = engine.add(m.init(), BOS, EOS)
+    out = []
+    while not engine.idle:
+        out += engine.step()
+    assert [(c.request_id, c.error, c.hypotheses) for c in out] == [
+        (a, "ValueError: final_scorer must return one score per hypothesis", [])
+    ]
+    b = engine.add(m.init(), BOS, EOS)
+    while not engine.idle:
+        out += engine.step()
+    assert out[-1].request_id == b and out[-1].error is None
+    alone = search_batch(m.step, m.init(), BOS, EOS, 2, 2)[0]  # equal scores keep the order: same ranking
+    assert [h.tokens for h in out[-1].hypotheses] == [h.tokens for h in alone]
