@@ -394,3 +394,68 @@ def test_a_failing_final_scorer_fails_its_call_and_the_engine_goes_on():
     assert out[-1].request_id == b and out[-1].error is None
     alone = search_batch(m.step, m.init(), BOS, EOS, 2, 2)[0]  # equal scores keep the order: same ranking
     assert [h.tokens for h in out[-1].hypotheses] == [h.tokens for h in alone]
+
+
+def _opts(**kw):
+    from beamkit import LengthPenalty, SearchOptions
+
+    kw.setdefault("beam_size", 2)
+    kw.setdefault("max_len", 3)
+    if "alpha" in kw:
+        kw["length_penalty"] = LengthPenalty(kw.pop("alpha"))
+    return SearchOptions(**kw)
+
+
+BIG = 2**31
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(beam_size=0), "beam_size must be an integer between 1 and 2**31 - 1, got 0"),
+        (dict(beam_size=BIG), f"beam_size must be an integer between 1 and 2**31 - 1, got {BIG}"),
+        (dict(beam_size=True), "beam_size must be an integer between 1 and 2**31 - 1, got True"),
+        (dict(beam_size=2.0), "beam_size must be an integer between 1 and 2**31 - 1, got 2.0"),
+        (dict(max_len=0), "max_len must be an integer between 1 and 2**31 - 1, got 0"),
+        (dict(max_len=BIG), f"max_len must be an integer between 1 and 2**31 - 1, got {BIG}"),
+        (dict(policy="wide"), "policy must be 'narrow', 'pool' or 'compete', got 'wide'"),
+        (dict(early_stopping=1), "early_stopping must be True, False or 'never', got 1"),
+        (dict(early_stopping="always"), "early_stopping must be True, False or 'never', got 'always'"),
+        (dict(patience=0), "patience must be > 0, got 0"),
+        (dict(patience=True), "patience must be > 0, got True"),
+        (dict(patience="2"), "patience must be > 0, got 2"),
+        (dict(num_return=0), "num_return must be between 1 and beam_size=2, got 0"),
+        (dict(num_return=3), "num_return must be between 1 and beam_size=2, got 3"),
+        (dict(min_len=-1), "min_len must be >= 0, got -1"),
+        (dict(min_len=True), "min_len must be >= 0, got True"),
+        (dict(min_len=1.0), "min_len must be >= 0, got 1.0"),
+        (dict(exact_exit=True, alpha=0.0), "exact_exit needs policy='pool' and length penalty alpha == 0"),
+        (dict(exact_exit=True, policy="pool"), "exact_exit needs policy='pool' and length penalty alpha == 0"),
+        (dict(beam_threshold=-0.5), "beam_threshold must be a finite number >= 0 or None, got -0.5"),
+        (dict(beam_threshold=math.inf), "beam_threshold must be a finite number >= 0 or None, got inf"),
+        (dict(beam_threshold=True), "beam_threshold must be a finite number >= 0 or None, got True"),
+        (dict(beam_threshold="1"), "beam_threshold must be a finite number >= 0 or None, got '1'"),
+    ],
+)
+def test_search_options_name_each_bad_value(kw, message):
+    import re
+
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        _opts(**kw)
+
+
+def test_search_options_accept_the_edges():
+    from beamkit import SequenceBias
+
+    assert _opts(beam_size=BIG - 1, max_len=BIG - 1).beam_size == BIG - 1
+    assert _opts(beam_size=np.int64(1), max_len=np.int64(1)).max_len == 1
+    assert _opts(num_return=1).num_return == 1 and _opts(num_return=2).num_return == 2
+    assert _opts(min_len=0).min_len == 0 and _opts(min_len=np.int64(2)).min_len == 2
+    assert _opts(beam_threshold=0).beam_threshold == 0 and _opts(beam_threshold=2.5).beam_threshold == 2.5
+    assert _opts(patience=0.01).pool_size == 1 and _opts(beam_size=4, patience=1.5).pool_size == 6
+    assert _opts(early_stopping="never").early_stopping == "never"
+    lower = SequenceBias((((1,), -0.5),))
+    assert _opts(exact_exit=True, policy="pool", alpha=0.0, processors=(lower,)).exact_exit
+    higher = SequenceBias((((1,), 0.5),))
+    with pytest.raises(ValueError, match=r"^exact_exit needs step scores <= 0, but \['SequenceBias'\] may raise them$"):
+        _opts(exact_exit=True, policy="pool", alpha=0.0, processors=(lower, higher))
