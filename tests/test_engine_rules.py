@@ -16,7 +16,7 @@ import pytest
 from beamkit import BeamSearch, Engine, concat_state, search_batch, select_state
 from beamkit.engine import make_options
 from beamkit.processors import StepContext
-from tests.toy import BOS, ToyModel, all_outputs
+from tests.toy import BOS, ToyModel, all_outputs, log_softmax_ref, prefix_logits
 
 EOS = 0
 NEG = -np.inf
@@ -277,8 +277,8 @@ def test_a_masked_token_is_never_chosen_even_when_its_key_is_finite():
 
 
 class Faulty:
-    """Rows are (request seed, prefix). Seed 1: NaN logits once its prefix has one token; seed 2: +inf at the
-    first step; seed 3: every logit -inf at the first step; other seeds: a plain prefix-dependent table."""
+    """Rows are (request seed, prefix). Seed 1: NaN logits once its prefix has one token; seed 2: one +inf logit
+    at that same step; seed 3: every logit -inf at the first step; other seeds: a plain prefix-dependent table."""
 
     v = 5
 
@@ -290,7 +290,7 @@ class Faulty:
         for i, (s, p) in enumerate(new):
             if s == 1 and len(p) == 1:
                 logits[i] = np.nan
-            elif s == 2:
+            elif s == 2 and len(p) == 1:
                 logits[i, 2] = np.inf
             elif s == 3:
                 logits[i] = -np.inf
@@ -313,7 +313,7 @@ def test_each_failure_completes_its_request_alone_with_its_message():
         done.update((ids[c.request_id], c) for c in engine.step())
     assert {s: c.error for s, c in done.items()} == {
         1: "step_fn returned NaN logits at step 1",
-        2: "step_fn returned +inf logits at step 0",
+        2: "step_fn returned +inf logits at step 1",  # in the same call as seed 1's NaN rows
         3: "no finite candidate at step 0 (every continuation is masked or -inf)",
         4: None,
         5: "eos=[7] is not a token id of the model's vocabulary of 5",
@@ -459,3 +459,40 @@ def test_search_options_accept_the_edges():
     higher = SequenceBias((((1,), 0.5),))
     with pytest.raises(ValueError, match=r"^exact_exit needs step scores <= 0, but \['SequenceBias'\] may raise them$"):
         _opts(exact_exit=True, policy="pool", alpha=0.0, processors=(lower, higher))
+
+
+class Boost:
+    """A processor that returns a new table: token 1 gains ``by`` nats (a shift of one column, not a mask)."""
+
+    def __init__(self, by: float):
+        self.by = by
+
+    def __call__(self, scores, ctx: StepContext):
+        out = np.array(scores, dtype=np.float64)
+        out[:, 1] += self.by
+        return out
+
+
+def test_a_processor_returning_a_new_table_edits_every_run_of_rows():
+    # requests at different steps are different runs of rows in one call; the processor's result (a new array)
+    # must land in each run. Oracle: each request decoded alone (one run), and brute force for the first.
+    from tests.test_engine import Seeded, _same
+
+    proc = Boost(3.0)
+    engine = Engine(Seeded(4).step, beam_size=2, max_len=4, min_len=3, processors=[proc])
+    ids = [engine.add(Seeded.init(8), BOS, EOS)]
+    engine.step()
+    ids.append(engine.add(Seeded.init(9), BOS, EOS))  # joins one step later: two runs per call
+    done = {}
+    while not engine.idle:
+        done.update((c.request_id, c) for c in engine.step())
+    for r, seed in zip(ids, (8, 9), strict=True):
+        alone = search_batch(Seeded(4).step, Seeded.init(seed), BOS, EOS, 2, 4, min_len=3, processors=[proc])[0]
+        _same(done[r].hypotheses, alone)
+    # the first hypothesis' log-probability: the log-probabilities with token 1 shifted (not renormalised, as
+    # processors on log-probabilities are), summed along its path
+    best = done[ids[0]].hypotheses[0]
+    steps = [log_softmax_ref(prefix_logits(8, tuple(best.tokens[:i]), 4, 1.5)) for i in range(len(best.tokens))]
+    want = sum(lp[t] + (3.0 if t == 1 else 0.0) for lp, t in zip(steps, best.tokens, strict=True))
+    assert best.tokens.count(1) >= 2  # the boost decides the path
+    assert best.logprob == pytest.approx(want, abs=1e-9)
