@@ -496,3 +496,16 @@ def test_a_processor_returning_a_new_table_edits_every_run_of_rows():
     want = sum(lp[t] + (3.0 if t == 1 else 0.0) for lp, t in zip(steps, best.tokens, strict=True))
     assert best.tokens.count(1) >= 2  # the boost decides the path
     assert best.logprob == pytest.approx(want, abs=1e-9)
+
+
+def test_a_cancelled_request_returns_no_hypotheses_even_with_finished_ones():
+    # eos is the best first token: after one call the request holds a finished [0] in its pool and one running
+    # row; cancelled then, it completes with the error and no hypotheses (a failed request has none)
+    m = Table({(): [3.0, 1.0, 0.0]}, [0.0, 0.0, 0.0])
+    engine = Engine(m.step, beam_size=2, max_len=4)
+    r = engine.add(m.init(), BOS, EOS)
+    assert engine.step() == []
+    assert engine.best(r).tokens == [EOS]  # the finished one is held
+    assert engine.cancel(r)
+    assert [(c.request_id, c.error, c.hypotheses, c.steps) for c in engine.step()] == [(r, "cancelled", [], 1)]
+    assert m.calls == [1] and engine.idle

@@ -927,11 +927,11 @@ class Engine:
                 for lo, hi, ctx in segments
             ]
             w = max(p[0].shape[1] for p in parts)
-            fills = ((0, -np.inf), (1, 0), (2, -np.inf))  # logp, tok, key
+            fills = ((0, np.nan), (1, 0), (2, np.nan))  # logp, tok, key: NaN is not finite, so rank_all drops it
             logp, tok, key = (np.concatenate([_pad_cols(p[i], w, fill) for p in parts]) for i, fill in fills)
         if type(sel) is Deterministic and int(m_row.min()) < m:  # other beam sizes: each row keeps its own top m
             beyond = np.arange(tok.shape[1]) >= m_row[:, None]  # shape: (rows, m)
-            key = np.where(beyond, -np.inf, key)  # a -inf key drops the candidate (rank_all)
+            key = np.where(beyond, np.nan, key)  # a key that is not finite drops the candidate (rank_all)
         return logp, tok, key
 
     def _is_eos(self, tok: np.ndarray, req: np.ndarray) -> np.ndarray:
@@ -1152,10 +1152,9 @@ def rank_candidates(
     beam search) rank with this same function.
     """
     finite = np.isfinite(key) & valid
-    every = bool(finite.all())
-    neg_key = -key if every else -np.where(finite, key, -np.inf)
+    neg_key = -key  # non-finite keys may sort anywhere (NaN last): they are dropped right after
     order = np.lexsort((neg_key, req) if ordered else (tok, row, neg_key, req))
-    if not every:
+    if not finite.all():
         order = order[finite[order]]
     sorted_req = req[order]
     return order, np.arange(order.shape[0]) - sorted_req.searchsorted(sorted_req)
