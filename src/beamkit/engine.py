@@ -700,16 +700,14 @@ class Engine:
         n_rows = rows.req.shape[0]
         t_row = b.t[rows.req]  # shape: (rows,) tokens generated so far by each row's request
         lse = ops.logsumexp(logits)  # shape: (rows,)
-        raw = extras.get("log_softmax", True) is False  # the step's logits are its scores (shallow fusion)
+        raw = extras.get("log_softmax") is False  # the step's logits are its scores (shallow fusion)
         if raw:
             lse = np.where(np.isfinite(lse), 0.0, lse)
         ok = np.isfinite(lse)
-        all_ok = bool(ok.all())  # else NaN / +inf rows (their requests fail) or all -inf rows (no candidate)
-        bad = np.isnan(lse) | (lse == np.inf) if not all_ok else None
-        if bad is not None:
-            for r in np.unique(rows.req[bad]).tolist():
-                what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
-                b.errors[r] = f"step_fn returned {what} logits at step {int(b.t[r])}"
+        bad = np.isnan(lse) | (lse == np.inf)  # shape: (rows,) their requests fail; all -inf rows: no candidate
+        for r in np.unique(rows.req[bad]).tolist():
+            what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
+            b.errors[r] = f"step_fn returned {what} logits at step {int(b.t[r])}"
         segments = self._segments(rows, t_row)
         masked = t_row < b.min_len[rows.req]  # shape: (rows,) eos is masked until min_len
         procs = opt.processors
@@ -718,7 +716,7 @@ class Engine:
             scores = ops.copy(logits) if opt.process_logits or raw else ops.log_softmax(logits)
             scores = self._mask_eos(scores, rows, masked)
             for lo, hi, ctx in segments:
-                part = scores if len(segments) == 1 else scores[lo:hi]
+                part = scores[lo:hi]
                 edited = part
                 for proc in procs:
                     edited = proc(edited, ctx)
@@ -728,12 +726,12 @@ class Engine:
                     scores[lo:hi] = edited
             if opt.process_logits and not raw:
                 plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
-                offset = np.where(np.isfinite(plse) & (True if bad is None else ~bad), -plse, -np.inf)
+                offset = np.where(np.isfinite(plse) & ~bad, -plse, -np.inf)
             else:
-                offset = np.zeros(n_rows) if bad is None else np.where(bad, -np.inf, 0.0)
+                offset = np.where(bad, -np.inf, 0.0)
         else:
             scores = self._mask_eos(logits, rows, masked, copy=True)
-            offset = -lse if all_ok else np.where(ok, -lse, -np.inf)
+            offset = np.where(ok, -lse, -np.inf)
         logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
         cov = rows.cov
         if opt.coverage_penalty is not None:
@@ -881,7 +879,7 @@ class Engine:
         bounds = [0, *change.tolist(), n]
         width = rows.tokens.shape[1]
         out = []
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        for lo, hi in itertools.pairwise(bounds):
             t = int(t_row[lo])
             whole = lo == 0 and hi == n
             ctx = StepContext(
@@ -904,7 +902,7 @@ class Engine:
         where = np.flatnonzero(masked)
         e_row = self.book.eos[rows.req[where]]
         for e in np.unique(e_row).tolist():
-            stop = np.asarray(self._eos[e], dtype=np.int64)
+            stop = np.asarray(self._eos[e])  # ints (float when empty: then skipped)
             stop = stop[(stop >= 0) & (stop < scores.shape[1])]  # ids out of the vocabulary fail at the call
             sel = where[e_row == e]
             if stop.size:
