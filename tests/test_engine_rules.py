@@ -509,3 +509,17 @@ def test_a_cancelled_request_returns_no_hypotheses_even_with_finished_ones():
     assert engine.cancel(r)
     assert [(c.request_id, c.error, c.hypotheses, c.steps) for c in engine.step()] == [(r, "cancelled", [], 1)]
     assert m.calls == [1] and engine.idle
+
+
+def test_the_engine_never_writes_into_the_logits_it_was_given():
+    # min_len masks eos: the mask goes into a copy, never into the step function's own array
+    kept: list[np.ndarray] = []
+
+    def step(state, y):
+        logits = np.tile(np.array([2.0, 1.0, 0.5]), (len(state), 1))
+        kept.append(logits)
+        return logits, state
+
+    res = search_batch(step, np.zeros(1), 0, EOS, 2, 3, min_len=2)[0]
+    assert all(h.tokens[:2].count(EOS) == 0 for h in res)
+    assert all((a == np.array([2.0, 1.0, 0.5])).all() for a in kept)
