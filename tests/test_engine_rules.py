@@ -319,6 +319,7 @@ def test_each_failure_completes_its_request_alone_with_its_message():
         5: "eos=[7] is not a token id of the model's vocabulary of 5",
     }
     assert all(c.hypotheses == [] for s, c in done.items() if s != 4)
+    assert {s: c.steps for s, c in done.items() if s != 4} == {1: 2, 2: 2, 3: 1, 5: 1}  # each ends at its failure
     toy = ToyModel(5, seed=4, scale=1.0)
     alone = search_batch(lambda st, y: Faulty().step(st, y), Faulty.init(4), BOS, EOS, 2, 3)[0]
     assert [h.tokens for h in done[4].hypotheses] == [h.tokens for h in alone]
@@ -333,6 +334,25 @@ def test_threshold_keeps_a_candidate_exactly_at_the_threshold():
     out = engine.step()
     assert [(h.tokens, h.logprob, h.finished) for h in out[0].hypotheses] == [([1], -1.0, False), ([2], -2.0, False)]
     assert engine.stats.pruned == 1
+    plain = Engine(m.step, beam_size=3, max_len=1, length_penalty=0.0)
+    plain.add(m.init(), BOS, EOS)
+    assert len(plain.step()[0].hypotheses) == 3 and plain.stats.pruned == 0
+
+
+def test_threshold_prunes_each_request_against_its_own_best():
+    # two requests in the same calls whose best keys differ by more than the threshold: each request is pruned
+    # against its own best, so each keeps what it keeps alone
+    from tests.test_engine import Seeded, _same
+
+    kw = dict(beam_size=4, max_len=4, beam_threshold=1.0, policy="pool")
+    engine = Engine(Seeded(6, scale=3.0).step, **kw)
+    ids = [engine.add(Seeded.init(s), BOS, EOS) for s in (0, 7)]
+    done = {}
+    while not engine.idle:
+        done.update((c.request_id, c) for c in engine.step())
+    for r, s in zip(ids, (0, 7), strict=True):
+        _same(done[r].hypotheses, search_batch(Seeded(6, scale=3.0).step, Seeded.init(s), BOS, EOS, **kw)[0])
+    assert engine.stats.pruned > 0
 
 
 def test_token_tables_shrink_to_the_longest_running_history():
