@@ -327,13 +327,17 @@ def test_each_failure_completes_its_request_alone_with_its_message():
 
 
 def test_threshold_keeps_a_candidate_exactly_at_the_threshold():
-    # raw scores: the best candidate is -1; with beam_threshold 1 the one at -2 is kept (>=), the one at -3 is not
-    m = Table({(): [-5.0, -1.0, -2.0, -3.0]}, [0.0, 0.0, 0.0, 0.0], raw=True)
-    engine = Engine(m.step, beam_size=3, max_len=1, beam_threshold=1.0, length_penalty=0.0)
+    # raw scores, every prefix [-5, -1, -2, -3], beam 3, beam_threshold 1, two steps, worked by hand:
+    # step 1: [1] -1, [2] -2 (exactly 1 below: kept), [3] -3 pruned                                   pruned 1
+    # step 2: [1 1] -2, [1 2] -3 and [2 1] -3 (exactly 1 below: kept), [1 3] -4, [2 2] -4, [2 3] -5   pruned 3
+    m = Table({}, [-5.0, -1.0, -2.0, -3.0], raw=True)
+    engine = Engine(m.step, beam_size=3, max_len=2, beam_threshold=1.0, length_penalty=0.0)
     engine.add(m.init(), BOS, EOS)
-    out = engine.step()
-    assert [(h.tokens, h.logprob, h.finished) for h in out[0].hypotheses] == [([1], -1.0, False), ([2], -2.0, False)]
-    assert engine.stats.pruned == 1
+    out = []
+    while not engine.idle:
+        out += engine.step()
+    assert [(h.tokens, h.logprob) for h in out[0].hypotheses] == [([1, 1], -2.0), ([1, 2], -3.0), ([2, 1], -3.0)]
+    assert engine.stats.pruned == 4
     plain = Engine(m.step, beam_size=3, max_len=1, length_penalty=0.0)
     plain.add(m.init(), BOS, EOS)
     assert len(plain.step()[0].hypotheses) == 3 and plain.stats.pruned == 0
@@ -543,3 +547,20 @@ def test_the_engine_never_writes_into_the_logits_it_was_given():
     res = search_batch(step, np.zeros(1), 0, EOS, 2, 3, min_len=2)[0]
     assert all(h.tokens[:2].count(EOS) == 0 for h in res)
     assert all((a == np.array([2.0, 1.0, 0.5])).all() for a in kept)
+
+
+def test_rows_with_other_stop_tokens_are_processed_as_their_own_run():
+    # two requests at the same step with the same beam, eos 0 and eos 1: a MinLength processor masks each one's
+    # own stop token (it reads ctx.eos), so each equals itself alone and never stops before two tokens
+    from beamkit import MinLength
+
+    m = ToyModel(4, seed=5, scale=1.0, eos_bias=3.0)
+    engine = Engine(m.step, beam_size=2, max_len=3, processors=[MinLength(2)])
+    ids = [engine.add(m.init(), BOS, eos) for eos in (0, 1)]
+    done = {}
+    while not engine.idle:
+        done.update((c.request_id, c) for c in engine.step())
+    for r, eos in zip(ids, (0, 1), strict=True):
+        alone = search_batch(m.step, m.init(), BOS, eos, 2, 3, processors=[MinLength(2)])[0]
+        assert [h.tokens for h in done[r].hypotheses] == [h.tokens for h in alone]
+        assert all(eos not in h.tokens[:2] for h in done[r].hypotheses)
