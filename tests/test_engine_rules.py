@@ -564,3 +564,65 @@ def test_rows_with_other_stop_tokens_are_processed_as_their_own_run():
         alone = search_batch(m.step, m.init(), BOS, eos, 2, 3, processors=[MinLength(2)])[0]
         assert [h.tokens for h in done[r].hypotheses] == [h.tokens for h in alone]
         assert all(eos not in h.tokens[:2] for h in done[r].hypotheses)
+
+
+def _exactly(message: str) -> str:
+    import re
+
+    return "^" + re.escape(message) + "$"
+
+
+def test_engine_api_errors_name_the_problem_exactly():
+    m = ToyModel(3)
+    with pytest.raises(ValueError, match=_exactly("on_step_error must be 'fail' or 'raise', got 'skip'")):
+        Engine(m.step, max_len=2, on_step_error="skip")
+    with pytest.raises(TypeError, match=_exactly("give Engine either options= or keyword fields, not both")):
+        Engine(m.step, make_options(2, 3), beam_size=2)
+    engine = Engine(m.step, beam_size=2)
+    with pytest.raises(ValueError, match=_exactly("max_len is needed: give it to Engine() or to add()")):
+        engine.add(m.init(), BOS, EOS)
+    with pytest.raises(
+        TypeError, match=_exactly("policy, selector are shared by every request: give them to Engine(), not add()")
+    ):
+        engine.add(m.init(), BOS, EOS, max_len=3, selector=None, policy="pool")
+    unknown = "unknown request options ['beams']; per-request options are ['beam_size', 'max_len', 'min_len', "
+    unknown += "'num_return', 'length_penalty', 'early_stopping', 'patience']"
+    with pytest.raises(TypeError, match=_exactly(unknown)):
+        engine.add(m.init(), BOS, EOS, max_len=3, beams=3)
+    with pytest.raises(ValueError, match=_exactly("the number of requests must be an integer >= 0, got -1")):
+        engine.add_batch(m.init(), BOS, EOS, -1, max_len=3)
+    with pytest.raises(ValueError, match=_exactly("no request 0 was added to this engine")):
+        engine.cancel(0)
+    with pytest.raises(TypeError, match=_exactly("eos must be an int, a sequence of ints or None, got 'x'")):
+        engine.add(m.init(), BOS, "x", max_len=3)
+    with pytest.raises(TypeError, match=_exactly("bos must be an int or a sequence of ints, got dtype float64")):
+        engine.add(m.init(), 1.5, EOS, max_len=3)
+    with pytest.raises(ValueError, match=_exactly("bos must be an int or one id per request (1), got shape (2,)")):
+        engine.add(m.init(), [1, 2], EOS, max_len=3)
+    assert engine.idle and engine.running == 0
+
+
+def test_step_function_errors_name_the_problem_exactly():
+    m = ToyModel(3)
+    shapes = {"w": 3}
+
+    def changing(state, y):
+        logits, new = m.step(state, y)
+        return np.zeros((len(state), shapes["w"])) + logits[:, :1], new
+
+    engine = Engine(changing, beam_size=2, max_len=3)
+    a = engine.add(m.init(), BOS, EOS)
+    engine.step()
+    shapes["w"] = 4
+    width = "ValueError: step_fn returned logits of width 4, but 3 before: the vocabulary must not change"
+    assert [(c.request_id, c.error) for c in engine.step()] == [(a, width)]
+    engine = Engine(lambda s, y: (np.zeros((len(s), 3)),), beam_size=2, max_len=3)
+    b = engine.add(m.init(), BOS, EOS)
+    unpack = "TypeError: step_fn must return (logits, new_state) or (logits, new_state, extras)"
+    assert [(c.request_id, c.error) for c in engine.step()] == [(b, unpack)]
+    from beamkit import CoveragePenalty
+
+    engine = Engine(m.step, beam_size=2, max_len=3, coverage_penalty=CoveragePenalty(0.2))
+    c = engine.add(m.init(), BOS, EOS)
+    cov = "ValueError: coverage_penalty needs step_fn to return extras={'attention': [rows, S]}"
+    assert [(x.request_id, x.error) for x in engine.step()] == [(c, cov)]
