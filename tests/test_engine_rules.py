@@ -174,6 +174,11 @@ def test_step_function_gets_int64_tokens_after_a_failed_call():
     # a failed call empties the engine; the next request's first call still gets integer y_prev of one row
     m = Table({}, [0.0, 1.0, 2.0])
     fail = {"at": 2}
+    seen: list[tuple[int, tuple]] = []
+
+    def history(scores, ctx: StepContext):
+        seen.append((ctx.step, ctx.tokens.shape))
+        return scores
 
     def step(state, y):
         fail["at"] -= 1
@@ -181,16 +186,18 @@ def test_step_function_gets_int64_tokens_after_a_failed_call():
             raise RuntimeError("lost")
         return m.step(state, y)
 
-    engine = Engine(step, beam_size=2, max_len=3)
+    engine = Engine(step, beam_size=2, max_len=3, processors=[history])
     a = engine.add(m.init(), BOS, EOS)
     engine.step()
     assert [(c.request_id, c.error) for c in engine.step()] == [(a, "RuntimeError: lost")]
+    seen.clear()
     b = engine.add(m.init(), BOS, EOS)
     out = []
     while not engine.idle:
         out += engine.step()
     assert [(c.request_id, c.error) for c in out] == [(b, None)]
     assert set(m.y_kinds) == {"i"} and m.calls[1:] == [1, 2, 2]
+    assert seen == [(0, (1, 0)), (1, (2, 1)), (2, (2, 2))]  # the new request's own history, no padding
 
 
 def test_requests_with_other_length_penalties_in_one_call():
@@ -306,8 +313,8 @@ class Faulty:
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf in the +inf row
 def test_each_failure_completes_its_request_alone_with_its_message():
     engine = Engine(Faulty().step, beam_size=2, max_len=3)
-    plan = {1: EOS, 2: EOS, 3: EOS, 4: EOS, 5: 7}  # seed -> eos (7 is outside the vocabulary of 5)
-    ids = {engine.add(Faulty.init(s), BOS, eos): s for s, eos in plan.items()}
+    plan = {1: EOS, 2: EOS, 3: EOS, 4: EOS, 5: 5}  # seed -> eos (5 is just outside the vocabulary of 5)
+    ids = {engine.add(Faulty.init(s), BOS, eos, min_len=1 if s == 5 else 0): s for s, eos in plan.items()}
     done = {}
     while not engine.idle:
         done.update((ids[c.request_id], c) for c in engine.step())
@@ -316,7 +323,7 @@ def test_each_failure_completes_its_request_alone_with_its_message():
         2: "step_fn returned +inf logits at step 1",  # in the same call as seed 1's NaN rows
         3: "no finite candidate at step 0 (every continuation is masked or -inf)",
         4: None,
-        5: "eos=[7] is not a token id of the model's vocabulary of 5",
+        5: "eos=[5] is not a token id of the model's vocabulary of 5",  # min_len 1 masks it: no index error
     }
     assert all(c.hypotheses == [] for s, c in done.items() if s != 4)
     assert {s: c.steps for s, c in done.items() if s != 4} == {1: 2, 2: 2, 3: 1, 5: 1}  # each ends at its failure
@@ -626,3 +633,19 @@ def test_step_function_errors_name_the_problem_exactly():
     c = engine.add(m.init(), BOS, EOS)
     cov = "ValueError: coverage_penalty needs step_fn to return extras={'attention': [rows, S]}"
     assert [(x.request_id, x.error) for x in engine.step()] == [(c, cov)]
+
+
+def test_processors_see_each_rows_running_logprob_and_its_requests_finished_count():
+    # the contract's hand example, beam 2: step 1 keeps A (.5) and B (.4); step 2 finishes [B eos] (.36) and keeps
+    # [A B] (.35); so the third call sees one row, log .35, whose request holds one finished hypothesis
+    from tests.test_contract import hand_model
+
+    seen = []
+
+    def spy(scores, ctx: StepContext):
+        seen.append((ctx.step, np.exp(ctx.logprob).round(12).tolist(), ctx.finished.tolist()))
+        return scores
+
+    m = hand_model()
+    search_batch(m.step, m.init(), BOS, EOS, 2, 3, processors=[spy])
+    assert seen == [(0, [1.0], [0]), (1, [0.5, 0.4], [0, 0]), (2, [0.35], [1])]
