@@ -649,3 +649,42 @@ def test_processors_see_each_rows_running_logprob_and_its_requests_finished_coun
     m = hand_model()
     search_batch(m.step, m.init(), BOS, EOS, 2, 3, processors=[spy])
     assert seen == [(0, [1.0], [0]), (1, [0.5, 0.4], [0, 0]), (2, [0.35], [1])]
+
+
+def _rows_of(n: int) -> np.ndarray:
+    state = np.empty(n, dtype=object)
+    for i in range(n):
+        state[i] = ()
+    return state
+
+
+def test_slots_are_reclaimed_with_requests_waiting_cancelled_and_running():
+    # cancelled requests complete without a model call, so slots pile up cheaply. Reclaiming renumbers the slots of
+    # a running request (X), a waiting one (R) and a waiting cancelled one (P); each ends as it would alone.
+    m = Table({(): [0.0, 1.0, 0.5]}, [0.2, 0.0, 1.0])
+    engine = Engine(m.step, beam_size=2, max_len=4)
+    first = engine.add_batch(_rows_of(1030), BOS, EOS)
+    for r in first:
+        engine.cancel(r)
+    assert [c.error for c in engine.step()] == ["cancelled"] * 1030 and m.calls == []
+    x = engine.add(m.init(), BOS, EOS, max_len=6, min_len=6)  # reclaims 1030 slots of which none is held
+    assert engine.book.size == 1
+    engine.step()
+    for r in engine.add_batch(_rows_of(1021), BOS, EOS):
+        engine.cancel(r)
+    done = {c.request_id: c for c in engine.step()}
+    assert len(done) == 1021 and engine.book.size == 1022
+    r_id = engine.add(m.init(), BOS, EOS)
+    p_id = engine.add(m.init(), BOS, EOS)
+    engine.cancel(p_id)
+    assert engine.book.size == 1024
+    q_id = engine.add(m.init(), BOS, EOS, max_len=2)  # 1024 slots, 3 held: reclaimed before Q takes one
+    assert engine.book.size == 4
+    while not engine.idle:
+        done.update((c.request_id, c) for c in engine.step())
+    assert (done[p_id].error, done[p_id].hypotheses, done[p_id].steps) == ("cancelled", [], 0)
+    for rid, kw in ((x, dict(max_len=6, min_len=6)), (r_id, dict(max_len=4)), (q_id, dict(max_len=2))):
+        assert done[rid].error is None
+        alone = search_batch(m.step, m.init(), BOS, EOS, 2, **kw)[0]
+        assert [(h.tokens, h.logprob) for h in done[rid].hypotheses] == [(h.tokens, h.logprob) for h in alone]
+    assert (x, r_id, p_id, q_id) == (1030, 2052, 2053, 2054) and engine.running == 0
