@@ -688,3 +688,37 @@ def test_slots_are_reclaimed_with_requests_waiting_cancelled_and_running():
         alone = search_batch(m.step, m.init(), BOS, EOS, 2, **kw)[0]
         assert [(h.tokens, h.logprob) for h in done[rid].hypotheses] == [(h.tokens, h.logprob) for h in alone]
     assert (x, r_id, p_id, q_id) == (1030, 2052, 2053, 2054) and engine.running == 0
+
+
+def test_a_request_whose_state_cannot_join_fails_alone():
+    m = Table({}, [0.0, 1.0, 0.5])
+    engine = Engine(m.step, beam_size=2, max_len=2)
+    a = engine.add(m.init(), BOS, EOS)
+    b = engine.add({"h": np.zeros((1, 2))}, BOS, EOS)  # another structure than a's object array
+    c = engine.add(m.init(), BOS, EOS)
+    out = engine.step()
+    assert [x.request_id for x in out] == [b] and out[0].error.startswith("cannot join the running state: ")
+    assert out[0].hypotheses == [] and engine.stats.joined_per_call == [2] and m.calls == [2]
+    while not engine.idle:
+        out += engine.step()
+    alone = [h.tokens for h in search_batch(m.step, m.init(), BOS, EOS, 2, 2)[0]]
+    assert [x.request_id for x in out[1:]] == [a, c]
+    assert [[h.tokens for h in x.hypotheses] for x in out[1:]] == [alone, alone]
+    raising = Engine(m.step, beam_size=2, max_len=2, on_step_error="raise")
+    raising.add(m.init(), BOS, EOS)
+    raising.add({"h": np.zeros((1, 2))}, BOS, EOS)
+    with pytest.raises(Exception):  # noqa: B017 - whatever concat_state raises for the mismatch
+        raising.step()
+
+
+def test_stats_window_keeps_the_latest_calls():
+    # stats_window 3: the per-call lists are cut back to the last 3 whenever they exceed 6 entries
+    m = Table({}, [0.0, 1.0, 0.5])
+    engine = Engine(m.step, beam_size=2, max_len=10, min_len=10, stats_window=3)
+    engine.add(m.init(), BOS, EOS)
+    lengths = []
+    while not engine.idle:
+        engine.step()
+        lengths.append(len(engine.stats.rows_per_call))
+    assert lengths == [1, 2, 3, 4, 5, 6, 3, 4, 5, 6]
+    assert engine.stats.rows_per_call == [2] * 6 and engine.stats.model_calls == 10  # the 1-row first call is gone
