@@ -722,3 +722,39 @@ def test_stats_window_keeps_the_latest_calls():
         lengths.append(len(engine.stats.rows_per_call))
     assert lengths == [1, 2, 3, 4, 5, 6, 3, 4, 5, 6]
     assert engine.stats.rows_per_call == [2] * 6 and engine.stats.model_calls == 10  # the 1-row first call is gone
+
+
+class Held(NamedTuple):
+    h: np.ndarray
+    c: list
+
+
+def test_row_checks_name_the_leaf_by_its_path():
+    from beamkit.state import check_rows
+
+    def bad(extra_h: int, extra_c1: int):
+        def step(state, y):
+            n = len(y)
+            return np.zeros((n, 3)), Held(np.zeros((n + extra_h, 2)), [np.zeros(n), np.zeros(n + extra_c1)])
+
+        return step
+
+    init = Held(np.zeros((1, 2)), [np.zeros(1), np.zeros(1)])
+    expected = "the state step_fn returned.h has 2 rows on axis 0, expected 1 (one per live row)"
+    with pytest.raises(ValueError, match=_exactly(expected)):
+        search_batch(bad(1, 0), init, 0, EOS, 2, 3)
+    expected = "the state step_fn returned.c[1] has 3 rows on axis 0, expected 1 (one per live row)"
+    with pytest.raises(ValueError, match=_exactly(expected)):
+        search_batch(bad(0, 2), init, 0, EOS, 2, 3)
+    with pytest.raises(ValueError, match=_exactly("state has 2 rows on axis 0, expected 1 (one per live row)")):
+        check_rows(np.zeros((2, 3)), 1)
+
+
+def test_add_batch_counts_the_rows_of_a_dict_state():
+    engine = Engine(lambda s, y: (np.zeros((len(y), 3)), s), beam_size=2, max_len=2)
+    assert engine.add_batch({"h": np.zeros((3, 2))}, 0, EOS) == [0, 1, 2]
+    assert engine.add_batch({"n": 7, "h": [np.zeros((2, 2))]}, 0, EOS) == [3, 4]  # the first array leaf counts
+
+
+def test_exact_exit_accepts_processors_that_do_not_say_they_raise_scores():
+    assert _opts(exact_exit=True, policy="pool", alpha=0.0, processors=(Boost(-1.0),)).exact_exit
