@@ -16,6 +16,7 @@ results of decoding each alone.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
@@ -256,23 +257,19 @@ class _Book:
         self.errors = {new[r]: e for r, e in self.errors.items()}
         self.size = int(live.shape[0])
 
-    def add(self, found: dict[int, list[_Finished]], capped: bool) -> None:
+    def add(self, found: dict[int, list[_Finished]], capped: bool = False) -> None:
         """Merge new finished hypotheses into their requests' pools, best score first (stable ties), each cut to
         its request's pool size when ``capped``."""
         for r, hyps in found.items():
             pool = self.pools[r] + hyps
             pool.sort(key=_neg_score)
-            self.set(r, pool[: self.pool[r]] if capped else pool, by_score=True)
+            self.set(r, pool[: self.pool[r]] if capped else pool)
 
-    def set(self, r: int, pool: list[_Finished], by_score: bool = False) -> None:
-        """Replace request r's pool (kept in the order given; ``by_score``: it is best score first) and its
-        counters."""
+    def set(self, r: int, pool: list[_Finished]) -> None:
+        """Replace request r's pool (kept in the order given) and its counters."""
         self.pools[r] = pool
         self.count[r] = len(pool)
-        if not pool:
-            self.worst[r] = -np.inf
-        else:
-            self.worst[r] = pool[-1].score if by_score else min(h.score for h in pool)
+        self.worst[r] = min((h.score for h in pool), default=-np.inf)
         n = int(self.nret[r] or self.beam[r])  # the nth best: num_return, else beam_size
         self.nth[r] = pool[n - 1].score if len(pool) >= n else -np.inf
 
@@ -315,7 +312,7 @@ class _Rows:
     def slots(self) -> np.ndarray:
         """Each row's beam slot: its rank within its request (computed once per step)."""
         if self._slots is None:
-            self._slots = np.arange(self.req.shape[0]) - self.req.searchsorted(self.req, side="left")
+            self._slots = np.arange(self.req.shape[0]) - self.req.searchsorted(self.req)
         return self._slots
 
     def take(self, idx: np.ndarray, width: int | None = None) -> _Rows:
@@ -367,9 +364,10 @@ def _add_coverage(cov: np.ndarray | None, attn: np.ndarray) -> np.ndarray:
     """Accumulated attention plus one step's ``[rows, S]`` (widths of requests that joined later zero-padded)."""
     if cov is None:
         return attn
-    s = max(cov.shape[1], attn.shape[1])
-    pad = [np.pad(a, ((0, 0), (0, s - a.shape[1]))) if a.shape[1] < s else a for a in (cov, attn)]
-    return pad[0] + pad[1]
+    out = np.zeros((attn.shape[0], max(cov.shape[1], attn.shape[1])))  # shape: (rows, S)
+    out[:, : cov.shape[1]] = cov
+    out[:, : attn.shape[1]] += attn
+    return out
 
 
 class _Paths(NamedTuple):
@@ -422,17 +420,15 @@ class _Candidates:
     rank: np.ndarray  # shape: (n,) rank within the request
 
     @classmethod
-    def rank_all(
-        cls, rows: _Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, ordered: bool = False
-    ) -> _Candidates:
+    def rank_all(cls, rows: _Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, ordered: bool) -> _Candidates:
         """Flatten the per-row tables ``[rows, m]``, drop non-finite candidates, rank within each request.
 
         ``ordered``: each row's candidates already come by key descending, equal keys by token ascending, so
         the flat row-major order breaks ties as the engine does and a stable sort by (request, key) suffices.
         """
         c_row = np.repeat(np.arange(tok.shape[0]), tok.shape[1])  # shape: (rows * m,)
-        c_tok, c_key = tok.reshape(-1), key.reshape(-1)
-        c_lp = rows.lp[c_row] + logp.reshape(-1)
+        c_tok, c_key = tok.ravel(), key.ravel()
+        c_lp = rows.lp[c_row] + logp.ravel()
         c_req = rows.req[c_row]
         order, rank = rank_candidates(c_req, c_key, c_row, c_tok, np.isfinite(c_lp), ordered)
         return cls(c_row[order], c_tok[order], c_lp[order], c_key[order], c_req[order], rank)
@@ -446,7 +442,7 @@ class _Candidates:
     def rank_among(self, sel: np.ndarray) -> np.ndarray:
         """Rank of each selected candidate among the selected ones of its request."""
         r = self.req[sel]
-        return np.arange(sel.shape[0]) - np.searchsorted(r, r, side="left")
+        return np.arange(sel.shape[0]) - np.searchsorted(r, r)
 
 
 class _Join(NamedTuple):
@@ -638,7 +634,7 @@ class Engine:
             return None
         b, pool = self.book, self.book.pools[r]
         rows = np.flatnonzero(self._rows.req == r)
-        found = [max(pool, key=lambda h: h.score).build()] if pool else []
+        found = [min(pool, key=_neg_score).build()] if pool else []
         if rows.size:
             t = int(b.t[r])
             scores = self._penalised(self._rows.lp[rows], np.full(rows.size, max(t, 1)), np.full(rows.size, r))
@@ -704,16 +700,14 @@ class Engine:
         n_rows = rows.req.shape[0]
         t_row = b.t[rows.req]  # shape: (rows,) tokens generated so far by each row's request
         lse = ops.logsumexp(logits)  # shape: (rows,)
-        raw = extras.get("log_softmax", True) is False  # the step's logits are its scores (shallow fusion)
+        raw = extras.get("log_softmax") is False  # the step's logits are its scores (shallow fusion)
         if raw:
             lse = np.where(np.isfinite(lse), 0.0, lse)
         ok = np.isfinite(lse)
-        all_ok = bool(ok.all())  # else NaN / +inf rows (their requests fail) or all -inf rows (no candidate)
-        bad = np.isnan(lse) | (lse == np.inf) if not all_ok else None
-        if bad is not None:
-            for r in np.unique(rows.req[bad]).tolist():
-                what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
-                b.errors[r] = f"step_fn returned {what} logits at step {int(b.t[r])}"
+        bad = np.isnan(lse) | (lse == np.inf)  # shape: (rows,) their requests fail; all -inf rows: no candidate
+        for r in np.unique(rows.req[bad]).tolist():
+            what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
+            b.errors[r] = f"step_fn returned {what} logits at step {int(b.t[r])}"
         segments = self._segments(rows, t_row)
         masked = t_row < b.min_len[rows.req]  # shape: (rows,) eos is masked until min_len
         procs = opt.processors
@@ -722,7 +716,7 @@ class Engine:
             scores = ops.copy(logits) if opt.process_logits or raw else ops.log_softmax(logits)
             scores = self._mask_eos(scores, rows, masked)
             for lo, hi, ctx in segments:
-                part = scores if len(segments) == 1 else scores[lo:hi]
+                part = scores[lo:hi]
                 edited = part
                 for proc in procs:
                     edited = proc(edited, ctx)
@@ -732,12 +726,12 @@ class Engine:
                     scores[lo:hi] = edited
             if opt.process_logits and not raw:
                 plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
-                offset = np.where(np.isfinite(plse) & (True if bad is None else ~bad), -plse, -np.inf)
+                offset = np.where(np.isfinite(plse) & ~bad, -plse, -np.inf)
             else:
-                offset = np.zeros(n_rows) if bad is None else np.where(bad, -np.inf, 0.0)
+                offset = np.where(bad, -np.inf, 0.0)
         else:
             scores = self._mask_eos(logits, rows, masked, copy=True)
-            offset = -lse if all_ok else np.where(ok, -lse, -np.inf)
+            offset = np.where(ok, -lse, -np.inf)
         logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
         cov = rows.cov
         if opt.coverage_penalty is not None:
@@ -861,7 +855,7 @@ class Engine:
         for r in np.unique(self._rows.req).tolist():
             self.book.errors[r] = message
             out.append(self._complete(r))
-        self._rows = self._rows.take(np.zeros(0, np.int64), 0)
+        self._rows = self._rows.take(np.zeros(0, np.int64))
         self._state, self._ref, self._y = None, None, np.zeros(0, np.int64)
 
     def _complete(self, r: int) -> Completed:
@@ -885,7 +879,7 @@ class Engine:
         bounds = [0, *change.tolist(), n]
         width = rows.tokens.shape[1]
         out = []
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        for lo, hi in itertools.pairwise(bounds):
             t = int(t_row[lo])
             whole = lo == 0 and hi == n
             ctx = StepContext(
@@ -908,7 +902,7 @@ class Engine:
         where = np.flatnonzero(masked)
         e_row = self.book.eos[rows.req[where]]
         for e in np.unique(e_row).tolist():
-            stop = np.asarray(self._eos[e], dtype=np.int64)
+            stop = np.asarray(self._eos[e])  # ints (float when empty: then skipped)
             stop = stop[(stop >= 0) & (stop < scores.shape[1])]  # ids out of the vocabulary fail at the call
             sel = where[e_row == e]
             if stop.size:
@@ -931,19 +925,16 @@ class Engine:
                 for lo, hi, ctx in segments
             ]
             w = max(p[0].shape[1] for p in parts)
-            fills = ((0, -np.inf), (1, 0), (2, -np.inf))  # logp, tok, key
+            fills = ((0, np.nan), (1, 0), (2, np.nan))  # logp, tok, key: NaN is not finite, so rank_all drops it
             logp, tok, key = (np.concatenate([_pad_cols(p[i], w, fill) for p in parts]) for i, fill in fills)
         if type(sel) is Deterministic and int(m_row.min()) < m:  # other beam sizes: each row keeps its own top m
             beyond = np.arange(tok.shape[1]) >= m_row[:, None]  # shape: (rows, m)
-            logp = np.where(beyond, -np.inf, logp)
-            key = np.where(beyond, -np.inf, key)
+            key = np.where(beyond, np.nan, key)  # a key that is not finite drops the candidate (rank_all)
         return logp, tok, key
 
     def _is_eos(self, tok: np.ndarray, req: np.ndarray) -> np.ndarray:
         """Whether each candidate token is one of its request's stop tokens."""
         e = self.book.eos[req]
-        if e.size == 0 or e.min() == e.max():
-            return is_stop(tok, self._eos[int(e[0])] if e.size else ())
         out = np.zeros(tok.shape[0], dtype=bool)
         for i in np.unique(e).tolist():
             sel = e == i
@@ -952,9 +943,7 @@ class Engine:
 
     def _penalised(self, logprob: np.ndarray, length: np.ndarray, req: np.ndarray) -> np.ndarray:
         """Length-penalised scores, each with its request's penalty."""
-        ids = self.book.lp[req]
-        if ids.size == 0:
-            return np.zeros(0)
+        ids = self.book.lp[req]  # never empty: callers score at least one hypothesis
         if ids.min() == ids.max():
             return self._lps[int(ids[0])](logprob, length)
         out = np.empty(ids.shape[0])
@@ -989,27 +978,17 @@ class Engine:
         sel: np.ndarray,
         finished: bool | np.ndarray,
         length: np.ndarray,
-        scores: np.ndarray | None = None,
     ) -> dict[int, list[_Finished]]:
-        """Pool entries for the candidates ``sel`` (scored at ``length`` unless ``scores`` are given), by request."""
+        """Pool entries for the candidates ``sel`` scored at ``length``, by request."""
         found: dict[int, list[_Finished]] = {}
         if sel.size == 0:
             return found
-        if scores is None:
-            scores = self._scores(rows, cand, sel, length)
-        fin = np.broadcast_to(np.asarray(finished, dtype=bool), sel.shape)
+        scores = self._scores(rows, cand, sel, length).tolist()
+        fin = np.broadcast_to(finished, sel.shape).tolist()
         paths = self._paths(rows, cand.row[sel])
-        columns = zip(
-            cand.req[sel].tolist(),
-            scores.tolist(),
-            cand.key[sel].tolist(),
-            cand.lp[sel].tolist(),
-            fin.tolist(),
-            cand.tok[sel].tolist(),
-            strict=True,
-        )
-        for i, (r, score, key, logprob, f, tok) in enumerate(columns):
-            found.setdefault(r, []).append(_Finished(score, key, logprob, f, paths, i, tok))
+        key, logprob, tok = cand.key[sel].tolist(), cand.lp[sel].tolist(), cand.tok[sel].tolist()
+        for i, r in enumerate(cand.req[sel].tolist()):
+            found.setdefault(r, []).append(_Finished(scores[i], key[i], logprob[i], fin[i], paths, i, tok[i]))
         return found
 
     # ---------------------------------------------------------------------------------------------- policies
@@ -1021,10 +1000,10 @@ class Engine:
         take = cand.rank < (b.beam - b.count)[cand.req]
         done = np.flatnonzero(take & is_eos)
         surv = np.flatnonzero(take & ~is_eos)
-        b.add(self._hypotheses(rows, cand, done, True, c_len), capped=False)
+        b.add(self._hypotheses(rows, cand, done, True, c_len))
         if last.any():  # live hypotheses at max_len are returned unfinished
             cut = last[surv]
-            b.add(self._hypotheses(rows, cand, surv[cut], False, c_len), capped=False)
+            b.add(self._hypotheses(rows, cand, surv[cut], False, c_len))
             surv = surv[~cut]
         return surv
 
@@ -1036,15 +1015,8 @@ class Engine:
         b = self.book
         k = b.beam[cand.req]  # shape: (n,)
         hits = is_eos | last
-        admit = hits & (cand.rank < k)
-        admit &= (b.es[cand.req] != 1) | (b.count[cand.req] < b.pool[cand.req])  # early_stopping=True: full = shut
-        adm = np.flatnonzero(admit)
-        if adm.size:
-            score = self._scores(rows, cand, adm, c_len)
-            a_req = cand.req[adm]
-            fits = (b.count[a_req] < b.pool[a_req]) | (score > b.worst[a_req])  # a full pool takes better only
-            adm, score = adm[fits], score[fits]
-            b.add(self._hypotheses(rows, cand, adm, is_eos[adm], c_len, score), capped=True)
+        adm = np.flatnonzero(hits & (cand.rank < k))  # a full pool keeps the better ones (add cuts it)
+        b.add(self._hypotheses(rows, cand, adm, is_eos[adm], c_len), capped=True)
         if hits.any():
             cont = np.flatnonzero(~hits)
             among = cand.rank_among(cont)  # shape: (cont,) rank among the request's non-ending candidates
@@ -1063,17 +1035,16 @@ class Engine:
         """Kool et al.: a request's finished hypotheses and new candidates compete by key for its k slots."""
         b = self.book
         keep = np.zeros(cand.req.shape[0], dtype=bool)
-        starts = group_starts(cand.req)
-        ends = starts[1:].tolist() + [cand.req.shape[0]] if starts.size else []
-        for lo, hi in zip(starts.tolist(), ends, strict=True):
+        bounds = [*group_starts(cand.req).tolist(), cand.req.shape[0]]
+        for lo, hi in itertools.pairwise(bounds):
             r = int(cand.req[lo])
             k = int(b.beam[r])
-            pk = np.array([h.key for h in b.pools[r]], dtype=np.float64)  # descending
+            pk = np.array([h.key for h in b.pools[r]])  # descending, float64
             ck = cand.key[lo:hi]  # descending
             # overall rank = own rank + entries of the other side ranked above (finished ones win ties)
             keep[lo:hi] = np.arange(hi - lo) + np.searchsorted(-pk, -ck, side="right") < k
-            stay = np.arange(pk.size) + np.searchsorted(-ck, -pk, side="left") < k
-            b.set(r, [h for h, s in zip(b.pools[r], stay, strict=True) if s])
+            stay = np.arange(pk.size) + np.searchsorted(-ck, -pk) < k
+            b.set(r, list(itertools.compress(b.pools[r], stay)))
         done = np.flatnonzero(keep & is_eos)
         surv = np.flatnonzero(keep & ~is_eos)
         by_key = self._hypotheses(rows, cand, done, True, c_len)
@@ -1114,8 +1085,8 @@ class Engine:
             new = list(opt.final_scorer(hyps))
             if len(new) != len(hyps):
                 raise ValueError("final_scorer must return one score per hypothesis")
-            for h, s in zip(hyps, new, strict=True):
-                h.score = float(s)
+            for i, h in enumerate(hyps):  # as many as hyps (checked above)
+                h.score = float(new[i])
             hyps.sort(key=lambda h: -h.score)
         n = int(self.book.nret[r])
         return hyps[:n] if n else hyps
@@ -1125,7 +1096,7 @@ def _pad_cols(a: np.ndarray, width: int, fill: float) -> np.ndarray:
     """``a`` ``[rows, w]`` padded on the right to ``width`` columns with ``fill``."""
     if a.shape[1] == width:
         return a
-    return np.concatenate([a, np.full((a.shape[0], width - a.shape[1]), fill, dtype=a.dtype)], axis=1)
+    return np.concatenate([a, np.full((a.shape[0], width - a.shape[1]), fill)], axis=1)
 
 
 class BeamSearch:
@@ -1179,13 +1150,12 @@ def rank_candidates(
     beam search) rank with this same function.
     """
     finite = np.isfinite(key) & valid
-    every = bool(finite.all())
-    neg_key = -key if every else -np.where(finite, key, -np.inf)
+    neg_key = -key  # non-finite keys may sort anywhere (NaN last): they are dropped right after
     order = np.lexsort((neg_key, req) if ordered else (tok, row, neg_key, req))
-    if not every:
+    if not finite.all():
         order = order[finite[order]]
     sorted_req = req[order]
-    return order, np.arange(order.shape[0]) - sorted_req.searchsorted(sorted_req, side="left")
+    return order, np.arange(order.shape[0]) - sorted_req.searchsorted(sorted_req)
 
 
 def eos_ids(eos: int | Sequence[int] | None) -> tuple[int, ...]:
@@ -1209,12 +1179,7 @@ def unpack_step(out: Any) -> tuple[Any, Any, dict[str, Any]]:
 
 def group_starts(sorted_ids: np.ndarray) -> np.ndarray:
     """Indices where a new value begins in a sorted 1-D array (the first index of each group)."""
-    if sorted_ids.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    change = np.empty(sorted_ids.shape[0], dtype=bool)
-    change[0] = True
-    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=change[1:])
-    return np.flatnonzero(change)
+    return np.unique(sorted_ids, return_index=True)[1]
 
 
 def bos_array(bos: int | Sequence[int], n_req: int) -> np.ndarray:

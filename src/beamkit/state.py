@@ -56,7 +56,7 @@ def select_state(state: Any, idx: Any) -> Any:
     wrapped key/value cache) are asked to gather themselves. Non-array leaves and :class:`Shared` values are
     passed through; a set raises TypeError.
     """
-    index = ops.to_numpy(idx).astype(np.int64, copy=False).reshape(-1)
+    index = ops.to_numpy(idx).astype(np.int64).ravel()
 
     def gather(leaf: Any) -> Any:
         if ops.is_array(leaf):
