@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, lo
 from .options import SearchOptions
 from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors, utterance_parts
 from .prefix_search import _word_tuple
-from .search import CTCHypothesis, Recorder, search_candidates, thread_count
+from .search import CTCHypothesis, Recorder, search_candidates, spread
 from .vocab import Vocabulary
 
 WordFrames = tuple[str, tuple[int, int]]
@@ -124,23 +123,13 @@ class CTCDecoder:
         )
         if not logits_list:
             return []
-        n_threads = 1 if recorder is not None else thread_count(threads, len(logits_list))
-        if n_threads == 1:
-            cands = self._candidates(logits_list, token_min_logp)
-            return search_candidates(cands, self.vocab, self.language_model, opts, recorder, 1)
-        # each thread normalises and searches every n-th matrix (numpy and the compiled loop release the GIL)
-        parts = [range(i, len(logits_list), n_threads) for i in range(n_threads)]
 
+        # each thread normalises and searches every n-th matrix (numpy and the compiled loop release the GIL)
         def run(part: range) -> list[list[CTCHypothesis]]:
             cands = self._candidates([logits_list[j] for j in part], token_min_logp)
-            return search_candidates(cands, self.vocab, self.language_model, opts, None, 1)
+            return search_candidates(cands, self.vocab, self.language_model, opts, recorder, 1)
 
-        results: list[list[CTCHypothesis]] = [[] for _ in logits_list]
-        with ThreadPoolExecutor(n_threads) as pool:
-            for part, got in zip(parts, pool.map(run, parts), strict=True):
-                for j, hyps in zip(part, got, strict=True):
-                    results[j] = hyps
-        return results
+        return spread(len(logits_list), 1 if recorder is not None else threads, run)
 
     def decode_beams(
         self,

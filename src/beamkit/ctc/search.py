@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -200,11 +200,11 @@ def search_candidates(
          recorder is not None],
         dtype=np.int64,
     )  # fmt: skip
-    results: list[list[CTCHypothesis]] = [[] for _ in range(N)]
 
-    def work(utts: range) -> None:
+    def work(utts: range) -> list[list[CTCHypothesis]]:
         ws = _take_workspace(history, nodes, width, rows)
         quiet = nullcontext() if COMPILED else np.errstate(over="ignore")  # hashes wrap; numpy scalars warn
+        out: list[list[CTCHypothesis]] = []
         try:
             with quiet:
                 for u in utts:
@@ -213,20 +213,34 @@ def search_candidates(
                     if recorder is not None:
                         recorder.begin(u, n_frames, lambda node: _texts(ws, fusion, np.array([node]))[0])
                     _frames(ws, fusion, ip, opts, cands, c_off, u * T, n_frames, recorder, u)
-                    results[u], finals = _end(ws, fusion, opts)
+                    hyps, finals = _end(ws, fusion, opts)
                     if recorder is not None:
-                        recorder.end(u, results[u], finals)
+                        recorder.end(u, hyps, finals)
+                    out.append(hyps)
         finally:
             _clear(ws, voc.size)
             _give_back(ws)
+        return out
 
-    n_threads = 1 if recorder is not None else thread_count(threads, N)
-    if n_threads == 1:
-        work(range(N))
-    else:
-        with ThreadPoolExecutor(n_threads) as pool:
-            list(pool.map(work, [range(i, N, n_threads) for i in range(n_threads)]))
-    return results
+    return spread(N, 1 if recorder is not None else threads, work)
+
+
+R = TypeVar("R")
+
+
+def spread(n: int, threads: int | None, run: Callable[[range], list[R]]) -> list[R]:
+    """``run`` over items ``0 .. n-1`` dealt round-robin to :func:`thread_count` threads (``run`` gets a range
+    of item indices and returns one result per index); the results in item order."""
+    k = thread_count(threads, n)
+    if k == 1:
+        return run(range(n))
+    parts = [range(i, n, k) for i in range(k)]
+    out: list[R | None] = [None] * n
+    with ThreadPoolExecutor(k) as pool:
+        for part, got in zip(parts, pool.map(run, parts), strict=True):
+            for j, r in zip(part, got, strict=True):
+                out[j] = r
+    return out  # type: ignore[return-value]
 
 
 UTTERANCES_PER_THREAD = 8  # fewer utterances than this per thread are not worth a thread
