@@ -138,8 +138,10 @@ def _shifted_logits(raw: np.ndarray, name: str, own: bool = False) -> tuple[np.n
 def _cut_shifted(
     shifted: np.ndarray, lse: np.ndarray, floor: float, token_min_logp: float, blank: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`frame_candidates` of ``max(shifted - lse, floor)`` (the normalised matrix, never built) and its
-    blank column, in one pass."""
+    """The candidates of ``max(shifted - lse, floor)`` (a normalised matrix, never built; ``lse`` per row) and
+    its blank column, in one pass: per frame the labels with a value ``>= token_min_logp``, in label order, or
+    the frame's argmax (the first of equal values) when there is none. Returns ``(count (T,), labels (C,),
+    values (C,), blank values (T,))``."""
     T, V = shifted.shape
     count = np.zeros(T, dtype=np.int64)
     labels = np.empty(T * V, dtype=np.int64)
@@ -195,14 +197,9 @@ Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # one utterance: c
 def frame_candidates(lp: np.ndarray, token_min_logp: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidates of one ``(T, V)`` log-probability matrix: labels with ``lp >= token_min_logp``, or the
     argmax of a frame where none is. Returns ``(count (T,), labels (C,), values (C,))``, by frame then label."""
-    mask = lp >= token_min_logp  # shape: (T, V)
-    empty = ~mask.any(axis=1)
-    if empty.any():
-        rows = empty.nonzero()[0]
-        mask[rows, lp[rows].argmax(axis=1)] = True
-    flat = np.flatnonzero(mask)
-    V = lp.shape[1]
-    return mask.sum(axis=1), flat % V, lp.reshape(-1)[flat]
+    lp = np.ascontiguousarray(lp, dtype=np.float64)  # shape: (T, V)
+    count, labels, values, _ = _cut_shifted(lp, np.zeros((len(lp), 1)), -math.inf, token_min_logp, 0)
+    return count, labels, values
 
 
 def dense_part(lp: np.ndarray, token_min_logp: float, blank: int) -> Part:
