@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEER := .venv-peer
 PEER_STAMP := $(PEER)/.installed
 
-.PHONY: demo test lint typecheck pytest peer mutation bench clean
+.PHONY: demo test lint typecheck pytest peer docs mutation bench clean
 
 # The demo needs only the runtime extra of the shipped models (torch, safetensors, tqdm); the checks need all of dev.
 DEMO_STAMP := $(VENV)/.installed-demo
@@ -50,7 +50,11 @@ $(PEER_STAMP): pyproject.toml
 peer: $(PEER_STAMP)
 	$(PEER)/bin/python -m pytest tests/peer
 
-test: lint typecheck pytest peer
+# The documentation site, built strictly: a broken link, a missing page or a bad reference fails it.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet --site-dir site
+
+test: lint typecheck pytest peer docs
 
 mutation: $(STAMP)
 	$(BIN)/python bench/mutation.py
@@ -62,4 +66,4 @@ bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python bench/paged_kv.py
 
 clean:
-	rm -rf $(VENV) $(PEER) mutants .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEER) site mutants .pytest_cache .mypy_cache .ruff_cache
