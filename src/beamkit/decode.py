@@ -1,4 +1,7 @@
-"""The seed-000 entry points: one request, narrow beam, greedy as a beam of one. Thin wrappers over the engine."""
+"""The entry points of the exact beam-search contract: one request, narrow beam, greedy as a beam of one.
+
+Thin wrappers over the engine.
+"""
 
 from __future__ import annotations
 

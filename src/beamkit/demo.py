@@ -1,4 +1,4 @@
-"""``beamkit demo``: the worked example of seed 000, beam against greedy, as a small table."""
+"""``beamkit demo``: the worked example of the exact beam-search contract, beam against greedy, as a small table."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser(
         "demo",
-        help="the seed-000 worked example: beam search beats greedy",
-        description="The seed-000 worked example: greedy commits to 'a' and ends with 'a b' (P = 0.35); "
+        help="a worked example: beam search beats greedy",
+        description="A worked example of beam search against greedy decoding: greedy commits to 'a' and ends "
+        "with 'a b' (P = 0.35); "
         "a beam of two finds 'b eos' (P = 0.36). No options.",
         formatter_class=HelpFormatter,
     )

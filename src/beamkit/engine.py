@@ -71,9 +71,9 @@ class SearchOptions:
     """Everything that configures a search (frozen, like whisper's ``DecodingOptions``).
 
     policy:
-        ``"narrow"`` (seed 000): a finished hypothesis keeps its slot, the beam narrows; live hypotheses at
-        ``max_len`` are returned unfinished. ``"pool"`` (fairseq / Hugging Face): ``beam_size`` running beams
-        are kept from the top ``2 * beam_size`` candidates; eos candidates ranked within the top
+        ``"narrow"`` (the exact beam-search contract): a finished hypothesis keeps its slot, the beam narrows;
+        live hypotheses at ``max_len`` are returned unfinished. ``"pool"`` (fairseq / Hugging Face): ``beam_size``
+        running beams are kept from the top ``2 * beam_size`` candidates; eos candidates ranked within the top
         ``beam_size`` go to a finished pool of ``round(beam_size * patience)``; at ``max_len`` the top
         candidates are added to the pool unfinished. ``"compete"`` (Kool et al.'s stochastic beam search): the
         finished hypotheses and the new candidates of a request compete by key for its ``beam_size`` slots
@@ -995,7 +995,7 @@ class Engine:
     def _narrow_step(
         self, rows: _Rows, cand: _Candidates, is_eos: np.ndarray, c_len: np.ndarray, last: np.ndarray
     ) -> np.ndarray:
-        """Seed 000: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
+        """The exact contract: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
         b = self.book
         take = cand.rank < (b.beam - b.count)[cand.req]
         done = np.flatnonzero(take & is_eos)

@@ -15,9 +15,10 @@ from beamkit.hypothesis import Hypothesis
 class LengthPenalty:
     """``score = logprob / lp(n)`` with ``lp(n) = ((shift + n) / (shift + 1)) ** alpha``; n counts eos.
 
-    ``shift = 0`` is the power penalty ``n ** alpha`` (Hugging Face, seed 000); ``shift = 5`` is GNMT's
-    ``((5 + n) / 6) ** alpha``; another shift ``m`` is the ``((m + 1) / (m + n)) ** alpha`` factor of seed 003
-    (written as a divisor). ``alpha = 0`` ranks by raw log-probability.
+    ``shift = 0`` is the power penalty ``n ** alpha`` (Hugging Face, and the exact beam-search contract);
+    ``shift = 5`` is GNMT's ``((5 + n) / 6) ** alpha``; another shift ``m`` is the ``((m + 1) / (m + n)) ** alpha``
+    factor of a batched Transformer decoder's length normalisation (written as a divisor). ``alpha = 0`` ranks by
+    raw log-probability.
     """
 
     alpha: float = 1.0
@@ -35,7 +36,7 @@ class LengthPenalty:
 
     @classmethod
     def shifted(cls, alpha: float, min_length: float) -> LengthPenalty:
-        """Seed 003: ``logP * ((min_length + 1) / (min_length + n)) ** alpha``."""
+        """A batched Transformer decoder's normalisation: ``logP * ((min_length + 1) / (min_length + n)) ** alpha``."""
         return cls(alpha, float(min_length))
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ The output space is every sequence of at most ``max_len`` tokens that ends in eo
 ``max_len`` tokens and no eos (unfinished), scored like ``beam_search``: ``logprob / lp(len)``. Step
 log-probabilities are <= 0 (so are the weighted sums of :func:`beamkit.fuse`, which the engine takes as they
 are), so a prefix of ``t`` tokens with running sum ``r`` can only reach scores up to
-``max(r / lp(t + 1), r / lp(max_len))`` (``r / lp(max_len)`` for ``alpha >= 0``, seed 001's stopping bound).
+``max(r / lp(t + 1), r / lp(max_len))`` (``r / lp(max_len)`` for ``alpha >= 0``, the best-first stopping bound).
 Prefixes are expanded best bound first, ``expand_batch`` at a time in one ``step_fn`` call, and pruned once
 their bound cannot beat the n-th best output found. Used to count search errors (Stahlberg & Byrne 2019).
 """
