@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed
 PEER := .venv-peer
 PEER_STAMP := $(PEER)/.installed
 
-.PHONY: demo test lint typecheck pytest peer docs mutation bench clean
+.PHONY: demo test lint typecheck pytest peer docs numerics wheel-check mutation bench clean
 
-# The demo needs only the runtime extra of the shipped models (torch, safetensors, tqdm); the checks need all of dev.
+# The demo needs beamkit alone (numpy: the shipped models run on it); the checks need all of dev.
 DEMO_STAMP := $(VENV)/.installed-demo
 
 $(VENV)/bin/python:
@@ -22,11 +22,12 @@ $(STAMP): pyproject.toml $(VENV)/bin/python
 	touch $(STAMP) $(DEMO_STAMP)
 
 $(DEMO_STAMP): pyproject.toml $(VENV)/bin/python
-	@echo "installing beamkit[models] into $(VENV) (torch, safetensors, tqdm)"
-	$(BIN)/pip install -q -e ".[models]"
+	@echo "installing beamkit into $(VENV) (numpy only)"
+	$(BIN)/pip install -q -e .
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
+	$(BIN)/beamkit demo
 	$(BIN)/beamkit translate --beam 5 "3rd of March 1999"
 
 lint: $(STAMP)
@@ -56,6 +57,20 @@ docs: $(STAMP)
 
 test: lint typecheck pytest peer docs
 
+# The modules whose figures come from floating-point kernels, run again with the CPU's vector instructions
+# switched off (torch, MKL, oneDNN, numpy) and other thread counts (torch and BLAS on one thread, the modules that
+# pin torch to one thread on three): an assertion that holds only for one SIMD path, BLAS blocking or thread
+# count fails here. .ci/run calls it after `make test`.
+NUMERIC_TESTS := tests/test_kv_paged.py tests/test_engine_models.py tests/test_models.py tests/test_dates.py \
+	tests/test_numpy_models.py tests/test_batch.py tests/test_hf.py tests/test_hf_dropin.py tests/test_hf_join.py \
+	tests/test_hf_sample.py tests/test_samplers.py tests/test_fusion.py tests/test_g2p.py tests/test_serve_models.py
+OTHER_CPU = BEAMKIT_TEST_TORCH_THREADS=3 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default \
+	MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41 NPY_DISABLE_CPU_FEATURES="$(NPY_VECTOR)"
+# numpy's vector paths above its baseline that this CPU has (numpy refuses to switch off the baseline)
+NPY_VECTOR = $(shell $(BIN)/python -c "from numpy._core._multiarray_umath import __cpu_features__ as f, __cpu_dispatch__ as d; print(' '.join(k for k in d if f.get(k)))")
+numerics: $(STAMP)
+	$(OTHER_CPU) $(BIN)/python -m pytest $(wildcard $(NUMERIC_TESTS))
+
 mutation: $(STAMP)
 	$(BIN)/python bench/mutation.py
 
@@ -64,6 +79,9 @@ bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python bench/hf_vs_beamkit.py
 	$(PEER)/bin/python bench/ctc_vs_pyctcdecode.py
 	$(BIN)/python bench/paged_kv.py
+
+wheel-check:
+	bash .ci/wheel-check
 
 clean:
 	rm -rf $(VENV) $(PEER) site mutants .pytest_cache .mypy_cache .ruff_cache

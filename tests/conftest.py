@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# `make numerics` sets this to run the modules that pin torch to one thread on another thread count (so that
+# no assertion leans on one way of splitting a reduction over threads).
+THREADS_VAR = "BEAMKIT_TEST_TORCH_THREADS"
+
+
+def pinned_threads() -> int:
+    """The torch thread count of :func:`one_torch_thread`: 1, or the positive integer in BEAMKIT_TEST_TORCH_THREADS."""
+    raw = os.environ.get(THREADS_VAR, "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{THREADS_VAR} must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 @pytest.fixture(scope="module")
 def one_torch_thread():
-    """One torch thread for a module's tiny models: faster, and immune to oversubscription on a shared CPU.
+    """One torch thread for a module's tiny models: faster, and immune to oversubscription on a shared CPU
+    (``make numerics`` runs them again on another count, see :func:`pinned_threads`).
 
     The previous thread count is restored afterwards; without torch this does nothing.
     """
@@ -17,6 +32,6 @@ def one_torch_thread():
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(pinned_threads())
     yield
     torch.set_num_threads(before)

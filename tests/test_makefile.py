@@ -1,4 +1,4 @@
-"""``make demo`` installs only the runtime extra it needs; ``make test`` still installs every dev tool.
+"""``make demo`` installs beamkit alone (numpy); ``make test`` still installs every dev tool.
 
 Checked with ``make -n`` (print the commands, run nothing) on a copy of the Makefile in an empty folder, as a
 fresh clone would see it.
@@ -28,11 +28,10 @@ def planned(target: str, tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-def test_make_demo_installs_only_the_models_extra(tmp_path):
+def test_make_demo_installs_beamkit_alone(tmp_path):
     lines = planned("demo", tmp_path)
     installs = [line for line in lines if "pip install" in line and "-e" in line]
-    assert installs == [line for line in installs if '".[models]"' in line] and len(installs) == 1, installs
-    assert not any("[dev]" in line for line in installs)
+    assert [line.split()[-1] for line in installs] == ["."], installs  # no extras: numpy is all the demo needs
     assert any(line.startswith("echo ") for line in lines)  # it says what it installs instead of a silent wait
     assert lines[-1].endswith('beamkit translate --beam 5 "3rd of March 1999"')
 
@@ -42,3 +41,38 @@ def test_make_test_still_installs_the_dev_tools(tmp_path):
     lines = planned("test", tmp_path)
     assert any('pip install -q -e ".[dev]"' in line for line in lines)
     assert any("pytest tests" in line for line in lines)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_numerics_reruns_on_other_threads_without_vector_instructions(tmp_path):
+    line = planned("numerics", tmp_path)[-1]
+    for setting in (
+        "BEAMKIT_TEST_TORCH_THREADS=3",
+        "OMP_NUM_THREADS=1",
+        "MKL_NUM_THREADS=1",
+        "OPENBLAS_NUM_THREADS=1",
+        "ATEN_CPU_CAPABILITY=default",
+        "ONEDNN_MAX_CPU_ISA=SSE41",
+        "MKL_ENABLE_INSTRUCTIONS=SSE4_2",
+        "NPY_DISABLE_CPU_FEATURES=",
+    ):
+        assert setting in line, (setting, line)
+    assert "-m pytest" in line
+
+
+def test_ci_runs_the_tests_then_the_numerics_then_the_wheel():
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert lines.index("make test") < lines.index("make numerics") < lines.index("make wheel-check")
+
+
+def test_the_pinned_thread_count_is_one_unless_told(monkeypatch):
+    from tests.conftest import THREADS_VAR, pinned_threads
+
+    monkeypatch.delenv(THREADS_VAR, raising=False)
+    assert pinned_threads() == 1
+    monkeypatch.setenv(THREADS_VAR, "3")
+    assert pinned_threads() == 3
+    for bad in ("0", "-1", "two", ""):
+        monkeypatch.setenv(THREADS_VAR, bad)
+        with pytest.raises(ValueError, match=THREADS_VAR):
+            pinned_threads()
