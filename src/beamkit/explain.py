@@ -30,20 +30,18 @@ def explain_dates(
 ) -> Trace:
     """The trace of a dates model (a shipped name, a checkpoint path or a loaded model) decoding ``text``, with
     the greedy decode's tokens and the target vocabulary set."""
-    import torch
-
     from beamkit.engine import BeamSearch, make_options
     from beamkit.models import load_model
-    from beamkit.models.common import encode_sources, pad_batch
+    from beamkit.models.common import encode_sources, inference, model_inputs, pad_batch
 
     net = model if model is not None and not isinstance(model, (str, Path)) else load_model(model)
     limit = int(max_len if max_len is not None else getattr(net, "meta", {}).get("max_len", 12))
     src, lengths = pad_batch(encode_sources(net.src_vocab, [text]), net.src_vocab.pad)
     tv = net.tgt_vocab
     runs = []
-    with torch.inference_mode():
+    with inference(net):
         for beam, trace in ((beam_size, True), (1, False)):
-            state = net.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+            state = net.init_state(*model_inputs(net, src, lengths))
             opts = make_options(beam, limit, length_penalty=length_penalty, policy=policy, record_trace=trace)
             result = BeamSearch(opts).search(net.step, state, tv.bos, tv.eos)
             if result.errors:

@@ -1,5 +1,6 @@
-"""Real models for the engine: a Seq2Seq with Luong attention and a small Transformer (torch), and a numpy
-loader for the pretrained g2p-en GRU. The trained dates checkpoints ship inside the package (``shipped/``).
+"""Real models for the engine: a Seq2Seq with Luong attention and a small Transformer (torch, with numpy twins
+for inference), and a numpy loader for the pretrained g2p-en GRU. The trained dates checkpoints ship inside the
+package (``shipped/``); :func:`load_model` runs them with torch when it is installed, else with numpy.
 
 Everything here decodes through :func:`beamkit.search_batch`: one call per batch of sentences.
 """
@@ -37,18 +38,44 @@ def resolve_model(name_or_path: str | Path | None) -> Path:
     return path
 
 
-def load_model(name_or_path: str | Path | None = None) -> Any:
-    """Load a shipped model by name or any saved checkpoint folder by path; requires torch and safetensors."""
+BACKENDS = ("auto", "numpy", "torch")
+
+
+def torch_available() -> bool:
+    """True when torch and safetensors both import (the ``models`` extra is installed)."""
     try:
         import safetensors  # noqa: F401
         import torch  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            f"the dates models need torch and safetensors: pip install 'beamkit[models]' ({exc})"
-        ) from exc
+    except ImportError:
+        return False
+    return True
+
+
+def load_model(name_or_path: str | Path | None = None, backend: str = "auto") -> Any:
+    """Load a shipped model by name or any saved checkpoint folder by path.
+
+    ``backend``: "torch" (the ``torch.nn`` modules, for training, GPUs, the paged KV cache and speed; needs
+    ``pip install "beamkit[models]"``), "numpy" (inference-only numpy twins from the same weights; numpy is
+    all they need), or "auto" (the default: torch when torch and safetensors are installed, else numpy).
+    Both backends decode with the same interface and give the same outputs up to float32 rounding.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
     from beamkit.models.checkpoint import load
 
-    return load(resolve_model(name_or_path))
+    path = resolve_model(name_or_path)
+    if backend == "auto":
+        backend = "torch" if torch_available() else "numpy"
+    elif backend == "torch":
+        try:
+            import safetensors  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(
+                f'the torch backend needs torch and safetensors: pip install "beamkit[models]" ({exc}); '
+                "or use the numpy backend"
+            ) from exc
+    return load(path, backend=backend)
 
 
 @dataclass
@@ -75,7 +102,8 @@ def translate(
     lm_weight: float = 0.0,
     **options: Any,
 ) -> list[list[Translation]]:
-    """Decode ``texts`` with ``model`` (Seq2Seq or Transformer) by beam search; return each one's n-best.
+    """Decode ``texts`` with ``model`` (Seq2Seq or Transformer, torch or numpy) by beam search; return each
+    one's n-best.
 
     Sources are encoded in batches of ``batch_size`` and each batch is one :func:`beamkit.search_batch`
     call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError.
@@ -85,10 +113,8 @@ def translate(
     :class:`beamkit.NGramLM`), the model is fused with it (:func:`beamkit.fuse`, ``lm_weight``); ``logprob`` is
     then the fused score. Other ``options`` go to :func:`beamkit.search_batch`.
     """
-    import torch
-
     from beamkit import fuse, search_batch
-    from beamkit.models.common import encode_sources, pad_batch
+    from beamkit.models.common import encode_sources, inference, model_inputs, pad_batch
     from beamkit.progress import BatchTicker, Silent
 
     if batch_size < 1:
@@ -97,10 +123,10 @@ def translate(
     limit = int(max_len if max_len is not None else getattr(model, "meta", {}).get("max_len", 12))
     tv = model.tgt_vocab
     results: list[list[Translation]] = []
-    with torch.inference_mode():
+    with inference(model):
         for start in range(0, len(ids), batch_size):
             src, lengths = pad_batch(ids[start : start + batch_size], model.src_vocab.pad)
-            state = model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+            state = model.init_state(*model_inputs(model, src, lengths))
             step = model.step
             if lm is not None:
                 step = fuse(model.step, lm, lm_weight)

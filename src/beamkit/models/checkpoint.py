@@ -18,18 +18,45 @@ VERSION = 1
 WEIGHTS, CONFIG, VOCAB = "model.safetensors", "config.json", "vocab.json"
 
 
-def build_model(arch: str, src_symbols: list[str], tgt_symbols: list[str], hparams: dict[str, Any]) -> Any:
-    """Construct an untrained model of architecture ``arch`` ("seq2seq" or "transformer")."""
+BACKENDS = ("torch", "numpy")
+
+
+def model_classes(backend: str = "torch") -> dict[str, type]:
+    """The model class of each architecture for ``backend``: torch modules, or their numpy inference twins."""
+    if backend == "numpy":
+        from beamkit.models.numpy_seq2seq import NumpySeq2Seq
+        from beamkit.models.numpy_transformer import NumpyTransformer
+
+        return {"seq2seq": NumpySeq2Seq, "transformer": NumpyTransformer}
+    if backend != "torch":
+        raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
     from beamkit.models.seq2seq import Seq2Seq
     from beamkit.models.transformer import Transformer
-    from beamkit.models.vocab import Vocab
 
-    classes = {"seq2seq": Seq2Seq, "transformer": Transformer}
+    return {"seq2seq": Seq2Seq, "transformer": Transformer}
+
+
+def _model_class(arch: str, hparams: dict[str, Any], backend: str) -> type:
+    """The class of ``arch`` for ``backend`` once ``hparams`` passed :func:`check_hparams` (same rules for both)."""
+    classes = model_classes(backend)
     if arch not in classes:
         raise ValueError(f"unknown architecture {arch!r}; expected one of {sorted(classes)}")
-    check_hparams(arch, classes[arch], hparams)
+    cls = classes[arch]
+    check_hparams(arch, cls, hparams)
+    known = set(inspect.signature(cls).parameters) - {"src_vocab", "tgt_vocab", "params"}
+    unknown = sorted(set(hparams) - known)
+    if unknown:
+        raise ValueError(f"bad hyper-parameters for {arch}: unknown {unknown}; expected some of {sorted(known)}")
+    return cls
+
+
+def build_model(arch: str, src_symbols: list[str], tgt_symbols: list[str], hparams: dict[str, Any]) -> Any:
+    """Construct an untrained torch model of architecture ``arch`` ("seq2seq" or "transformer")."""
+    from beamkit.models.vocab import Vocab
+
+    cls = _model_class(arch, hparams, "torch")
     try:
-        return classes[arch](Vocab(tuple(src_symbols)), Vocab(tuple(tgt_symbols)), **hparams)
+        return cls(Vocab(tuple(src_symbols)), Vocab(tuple(tgt_symbols)), **hparams)
     except TypeError as exc:
         raise ValueError(f"bad hyper-parameters for {arch}: {exc}") from exc
 
@@ -112,20 +139,47 @@ def _read_json(file: Path) -> Any:
         raise ValueError(f"corrupt checkpoint file {file}: {exc}") from exc
 
 
-def load(path: str | Path) -> Any:
-    """Load the checkpoint folder ``path``; return the model in eval mode, with ``model.meta`` set."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    folder = Path(path)
-    config = read_config(folder)
+def _read_vocab(folder: Path) -> dict[str, Any]:
     vocab = _read_json(folder / VOCAB)
     if not isinstance(vocab, dict) or not all(isinstance(vocab.get(k), list) for k in ("source", "target")):
         raise ValueError(f"corrupt checkpoint file {folder / VOCAB}: expected 'source' and 'target' lists")
-    model = build_model(config["arch"], vocab["source"], vocab["target"], config["hparams"])
+    return vocab
+
+
+def load(path: str | Path, backend: str = "torch") -> Any:
+    """Load the checkpoint folder ``path``; return the model (torch: in eval mode), with ``model.meta`` set.
+
+    ``backend`` "torch" builds the torch module (needs torch and safetensors); "numpy" its numpy inference twin
+    (:mod:`beamkit.models.numpy_seq2seq`, :mod:`beamkit.models.numpy_transformer`) from the same weights, read by
+    :mod:`beamkit.models.weights`. Both check the config, the vocabulary and the weights the same way and fail
+    with the same errors.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+    folder = Path(path)
+    config = read_config(folder)
+    vocab = _read_vocab(folder)
+    if backend == "numpy":
+        model = _load_numpy(folder, config, vocab)
+    else:
+        model = _load_torch(folder, config, vocab)
+    model.meta = config.get("meta", {})
+    return model
+
+
+def _weights_file(folder: Path) -> Path:
     weights = folder / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"checkpoint file missing: {weights}")
+    return weights
+
+
+def _load_torch(folder: Path, config: dict[str, Any], vocab: dict[str, Any]) -> Any:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    model = build_model(config["arch"], vocab["source"], vocab["target"], config["hparams"])
+    weights = _weights_file(folder)
     try:
         state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -135,5 +189,23 @@ def load(path: str | Path) -> Any:
     except RuntimeError as exc:
         raise ValueError(f"checkpoint {folder}: weights do not match its config: {exc}") from exc
     model.eval()
-    model.meta = config.get("meta", {})
     return model
+
+
+def _load_numpy(folder: Path, config: dict[str, Any], vocab: dict[str, Any]) -> Any:
+    from beamkit.models import weights as safetensors_numpy
+    from beamkit.models.numpy_nn import Params
+    from beamkit.models.vocab import Vocab
+
+    arch, hparams = config["arch"], config["hparams"]
+    cls = _model_class(arch, hparams, "numpy")
+    src_vocab, tgt_vocab = Vocab(tuple(vocab["source"])), Vocab(tuple(vocab["target"]))
+    weights = _weights_file(folder)
+    try:
+        state = safetensors_numpy.load_file(weights)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"corrupt checkpoint file {weights}: {exc}") from exc
+    try:
+        return cls(src_vocab, tgt_vocab, Params(state, folder), **hparams)
+    except TypeError as exc:
+        raise ValueError(f"bad hyper-parameters for {arch}: {exc}") from exc

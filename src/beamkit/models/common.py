@@ -1,12 +1,15 @@
-"""Helpers shared by the model modules: batching source strings, joining per-request state."""
+"""Helpers shared by the model modules: batching source strings, joining per-request state, running a torch or
+a numpy model."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from beamkit import ops
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
 
@@ -39,14 +42,17 @@ def encode_sources(vocab: Vocab, texts: Sequence[str]) -> list[list[int]]:
 
 
 def pad_axis(x: Any, axis: int, size: int, value: float | bool = 0, left: bool = False) -> Any:
-    """Tensor ``x`` padded with ``value`` along ``axis`` to ``size`` (on the right, or on the ``left``)."""
-    import torch
-
+    """Array ``x`` (numpy or torch) padded with ``value`` along ``axis`` to ``size`` (on the right, or the ``left``)."""
     extra = size - x.shape[axis]
     if extra <= 0:
         return x
     shape = list(x.shape)
     shape[axis] = extra
+    if not ops.is_torch(x):
+        fill = np.full(shape, value, dtype=x.dtype)
+        return np.concatenate([fill, x] if left else [x, fill], axis=axis)
+    import torch
+
     fill = x.new_full(shape, value)
     return torch.cat([fill, x] if left else [x, fill], dim=axis)
 
@@ -54,11 +60,14 @@ def pad_axis(x: Any, axis: int, size: int, value: float | bool = 0, left: bool =
 def join_requests(parts: Sequence[tuple[Any, Shared]], source_axes: Sequence[int]) -> tuple[Any, Shared]:
     """Join the per-request data of states whose rows are concatenated (requests joining a running search).
 
-    Each part is ``(req, Shared(values))``: the request index of each row and a flat tuple of per-request tensors
-    (axis 0 = request; ``source_axes[i]`` = the source-length axis of ``values[i]``, padded with zeros / False to
-    the longest source: masks keep padded positions out of attention). Only the requests some row still reads
-    are kept (finished requests' memory is dropped), and the rows' indices are renumbered.
+    Each part is ``(req, Shared(values))``: the request index of each row and a flat tuple of per-request arrays
+    (numpy or torch, as ``req``; axis 0 = request; ``source_axes[i]`` = the source-length axis of ``values[i]``,
+    padded with zeros / False to the longest source: masks keep padded positions out of attention). Only the
+    requests some row still reads are kept (finished requests' memory is dropped), and the rows' indices are
+    renumbered.
     """
+    if not ops.is_torch(parts[0][0]):
+        return _join_numpy(parts, source_axes)
     import torch
 
     reqs: list[Any] = []
@@ -75,3 +84,48 @@ def join_requests(parts: Sequence[tuple[Any, Shared]], source_axes: Sequence[int
         size = max(int(v.shape[axis]) for v in col)
         values.append(torch.cat([pad_axis(v, axis, size) for v in col], dim=0))
     return torch.cat(reqs), Shared(tuple(values))
+
+
+def _join_numpy(parts: Sequence[tuple[Any, Shared]], source_axes: Sequence[int]) -> tuple[np.ndarray, Shared]:
+    """:func:`join_requests` for numpy states (the same rule: used requests kept, sources padded, renumbered)."""
+    reqs: list[np.ndarray] = []
+    columns: list[list[np.ndarray]] = [[] for _ in source_axes]
+    offset = 0
+    for req, shared in parts:
+        used, local = np.unique(np.asarray(req), return_inverse=True)
+        reqs.append(local.reshape(-1).astype(np.int64) + offset)
+        offset += int(used.shape[0])
+        for i, v in enumerate(shared.value):
+            columns[i].append(v[used])
+    values = []
+    for axis, col in zip(source_axes, columns, strict=True):
+        size = max(int(v.shape[axis]) for v in col)
+        values.append(np.concatenate([pad_axis(v, axis, size) for v in col], axis=0))
+    return np.concatenate(reqs), Shared(tuple(values))
+
+
+def is_numpy_model(model: Any) -> bool:
+    """True for the numpy inference models (``backend == "numpy"``); any other model is taken to be torch."""
+    return getattr(model, "backend", "torch") == "numpy"
+
+
+@contextmanager
+def inference(model: Any) -> Iterator[None]:
+    """The context a model decodes in: ``torch.inference_mode()`` for a torch model, nothing for a numpy one
+    (torch is then never imported)."""
+    if is_numpy_model(model):
+        yield
+        return
+    import torch
+
+    with torch.inference_mode():
+        yield
+
+
+def model_inputs(model: Any, *arrays: np.ndarray) -> tuple[Any, ...]:
+    """Host int arrays (padded ids, lengths) as ``model.init_state`` takes them: numpy as they are, else tensors."""
+    if is_numpy_model(model):
+        return arrays
+    import torch
+
+    return tuple(torch.as_tensor(a) for a in arrays)

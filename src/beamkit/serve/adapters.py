@@ -106,12 +106,18 @@ class DatesAdapter(ModelAdapter):
 
     def init_state(self, prompts: list[list[int]]) -> Any:
         """Encode the source sentences as one padded batch, as ``translate`` encodes its texts."""
-        import torch
-
-        from beamkit.models.common import pad_batch
+        from beamkit.models.common import model_inputs, pad_batch
 
         src, lengths = pad_batch(prompts, self.model.src_vocab.pad)  # shape: (B, S), (B,)
-        return self.model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+        return self.model.init_state(*model_inputs(self.model, src, lengths))
+
+    @contextlib.contextmanager
+    def step_context(self) -> Iterator[None]:
+        """What every model call runs under: torch's inference mode for a torch model, nothing for numpy."""
+        from beamkit.models.common import inference
+
+        with inference(self.model):
+            yield
 
     def decode(self, tokens: list[int]) -> str:
         """Target ids to text, stopping at eos."""

@@ -45,7 +45,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if not 1 <= n_best <= args.beam:
         raise ValueError(f"--n-best must be between 1 and --beam ({args.beam}), got {n_best}")
     try:
-        model = load_model(args.model)
+        model = load_model(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("translate", exc)
     bar = progress_bar(len(texts), "translate", enabled=progress_enabled(args.quiet))
@@ -148,7 +148,7 @@ def _eval_dates(args: argparse.Namespace) -> int:
     try:
         if args.plot:
             check_plot_path(args.plot)  # before the evaluation, so a bad path does not cost the table
-        model = load_model(args.model)
+        model = load_model(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("eval", exc)
     progress = progress_enabled(args.quiet)
@@ -246,6 +246,16 @@ def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[fl
     return 0
 
 
+def add_backend(parser: argparse.ArgumentParser) -> None:
+    """Add ``--backend auto|numpy|torch`` (how :func:`beamkit.models.load_model` runs the dates model)."""
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "numpy", "torch"],
+        default="auto",
+        help="run the model with torch or numpy (auto: torch when installed, else numpy)",
+    )
+
+
 def register(subparsers: Any) -> None:
     """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
     from beamkit.cli import HelpFormatter
@@ -276,6 +286,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
     p.add_argument("--json", action="store_true", help="print the n-best as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_backend(p)
     p.set_defaults(func=cmd_translate)
 
     p = add(subparsers, "models", "list the checkpoints shipped with beamkit", "Sizes are in KiB (1024 bytes).")
@@ -334,6 +345,7 @@ def register(subparsers: Any) -> None:
             )
             p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only (default: all)")
             p.add_argument("--split", choices=["test", "valid"], default="test", help="which split")
+            add_backend(p)
             p.add_argument(
                 "--search-errors",
                 action="store_true",

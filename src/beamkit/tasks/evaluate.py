@@ -34,20 +34,18 @@ def exact_scores(
 
     ``progress`` advances by one per source.
     """
-    import torch
-
     from beamkit import exact_search, select_state
-    from beamkit.models.common import encode_sources, pad_batch
+    from beamkit.models.common import encode_sources, inference, model_inputs, pad_batch
 
     ids = encode_sources(model.src_vocab, sources)
     max_len = int(getattr(model, "meta", {}).get("max_len", 12))
     tv = model.tgt_vocab
     bar = progress or Silent()
     out: list[float] = []
-    with torch.inference_mode():
+    with inference(model):
         for start in range(0, len(ids), batch_size):
             src, lengths = pad_batch(ids[start : start + batch_size], model.src_vocab.pad)
-            state = model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+            state = model.init_state(*model_inputs(model, src, lengths))
             for r in range(src.shape[0]):
                 one = select_state(state, np.array([r], dtype=np.int64))  # one request: its req row only
                 best = exact_search(model.step, one, tv.bos, tv.eos, max_len, length_penalty)
