@@ -62,14 +62,15 @@ test: lint typecheck pytest peer docs
 # pin torch to one thread on three): an assertion that holds only for one SIMD path, BLAS blocking or thread
 # count fails here. .ci/run calls it after `make test`.
 NUMERIC_TESTS := tests/test_kv_paged.py tests/test_engine_models.py tests/test_models.py tests/test_dates.py \
-	tests/test_numpy_models.py tests/test_batch.py tests/test_hf.py tests/test_hf_dropin.py tests/test_hf_join.py \
-	tests/test_hf_sample.py tests/test_samplers.py tests/test_fusion.py tests/test_g2p.py tests/test_serve_models.py
+	tests/test_numpy_models.py tests/test_weights.py tests/test_batch.py tests/test_hf.py tests/test_hf_dropin.py \
+	tests/test_hf_join.py tests/test_hf_sample.py tests/test_samplers.py tests/test_fusion.py tests/test_g2p.py \
+	tests/test_serve_models.py
 OTHER_CPU = BEAMKIT_TEST_TORCH_THREADS=3 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default \
 	MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41 NPY_DISABLE_CPU_FEATURES="$(NPY_VECTOR)"
 # numpy's vector paths above its baseline that this CPU has (numpy refuses to switch off the baseline)
 NPY_VECTOR = $(shell $(BIN)/python -c "from numpy._core._multiarray_umath import __cpu_features__ as f, __cpu_dispatch__ as d; print(' '.join(k for k in d if f.get(k)))")
 numerics: $(STAMP)
-	$(OTHER_CPU) $(BIN)/python -m pytest $(wildcard $(NUMERIC_TESTS))
+	$(OTHER_CPU) $(BIN)/python -m pytest $(NUMERIC_TESTS)
 
 mutation: $(STAMP)
 	$(BIN)/python bench/mutation.py

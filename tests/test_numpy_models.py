@@ -364,6 +364,27 @@ def test_models_and_eval_run_without_torch():
     assert json.loads(ev.stdout)["n"] == 40
 
 
+def test_demo_and_corpus_decoding_run_without_torch(tmp_path):
+    demo = _run_without_torch("demo")
+    assert demo.returncode == 0, demo.stderr
+    assert "b eos" in demo.stdout
+    src = tmp_path / "dates.txt"
+    src.write_text("3rd of March 1999\n03/04/99\n")
+    out = tmp_path / "out.jsonl"
+    done = _run_without_torch("decode", "--model", "dates-seq2seq", "--input", str(src), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["n_best"][0]["text"] for r in records] == translated(["3rd of March 1999", "03/04/99"])
+
+
+def translated(texts: list[str]) -> list[str]:
+    """The best output of ``beamkit translate --backend numpy --json`` for each text, run in this process."""
+    from beamkit.models import load_model, translate
+
+    model = load_model("dates-seq2seq", backend="numpy")
+    return [out[0].text for out in translate(model, texts, beam_size=5)]
+
+
 def test_importing_beamkit_does_not_import_torch():
     code = "import sys, beamkit, beamkit.cli, beamkit.demo, beamkit.models, beamkit.tasks.cli; "
     code += "from beamkit.models import numpy_seq2seq, numpy_transformer, weights, checkpoint; "

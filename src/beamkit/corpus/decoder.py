@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import HF_PREFIX, DecodeOptions
+from beamkit.models import torch_available
 
 
 class Scored(NamedTuple):
@@ -172,13 +173,20 @@ class _CTC:
 _KINDS: dict[str, Callable[[DecodeOptions], _Model]] = {"dates": _Dates, "g2p": _G2P, "hf": _HF, "ctc": _CTC}
 
 
+def uses_torch(options: DecodeOptions) -> bool:
+    """True when the model ``options`` names runs on torch: Hugging Face models, and the dates models where torch
+    is installed (without it they run on numpy)."""
+    return options.kind == "hf" or (options.kind == "dates" and torch_available())
+
+
 class Decoder:
     """A model loaded once (per process or Ray actor) and the batched decoding of corpus items."""
 
     def __init__(self, options: DecodeOptions) -> None:
-        """Load the model ``options`` names; torch (when used) runs ``options.threads`` threads."""
+        """Load the model ``options`` names; torch (when installed: the dates models otherwise run on numpy) runs
+        ``options.threads`` threads."""
         options.check()
-        if options.kind in ("dates", "hf"):
+        if uses_torch(options):
             import torch
 
             torch.set_num_threads(options.threads)

@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import contextmanager
 from typing import Any
 
-from beamkit.corpus.decoder import Decoder
+from beamkit.corpus.decoder import Decoder, uses_torch
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import DecodeOptions
 
@@ -66,7 +66,7 @@ def _in_process(
 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """One worker: the driver decodes; torch's thread count is put back afterwards."""
     torch: Any = None
-    if options.kind in ("dates", "hf"):
+    if uses_torch(options):
         import torch
     before = torch.get_num_threads() if torch is not None else None
     try:

@@ -1,8 +1,8 @@
 """``beamkit ctc decode``, ``beamkit ctc explain`` and ``beamkit lm build`` subcommands::
 
-    beamkit ctc decode logprobs.npy --labels labels.txt [--lm lm.arpa --alpha 0.5 --beta 1.5] [--beam 100]
-    beamkit ctc explain logprobs.npy --labels labels.txt [--beam 10] [--format html|svg|dot|json] -o search.html
-    beamkit lm build corpus.txt --order 3 -o lm.arpa
+beamkit ctc decode logprobs.npy --labels labels.txt [--lm lm.arpa --alpha 0.5 --beta 1.5] [--beam 100]
+beamkit ctc explain logprobs.npy --labels labels.txt [--beam 10] [--format html|svg|dot|json] -o search.html
+beamkit lm build corpus.txt --order 3 -o lm.arpa
 """
 
 from __future__ import annotations
