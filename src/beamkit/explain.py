@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from beamkit.extras import install_hint
 from beamkit.trace import Trace
 
 FORMATS = ("html", "svg", "dot", "json")
@@ -65,7 +66,7 @@ def explain_hf(
     try:
         import transformers
     except ImportError as exc:
-        raise ImportError(f"explain --model hf:DIR needs transformers: pip install 'beamkit[hf]' ({exc})") from exc
+        raise ImportError(f"explain --model hf:DIR needs transformers: {install_hint('hf')} ({exc})") from exc
     from beamkit.hf import generate
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)

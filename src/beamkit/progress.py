@@ -44,7 +44,7 @@ def progress_enabled(quiet: bool) -> bool:
 def progress_bar(total: int, desc: str, unit: str = "input", enabled: bool = True) -> Progress:
     """A tqdm bar on standard error (``desc: 40%|####  | 4/10 [00:01<00:02, 3.2input/s]``), or a silent one.
 
-    Silent when ``enabled`` is False or tqdm is not installed (it comes with ``beamkit[models]``).
+    Silent when ``enabled`` is False or tqdm is not installed (it comes with the ``models`` extra).
     """
     if not enabled:
         return Silent()

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import HF_PREFIX, DecodeOptions
+from beamkit.extras import install_hint
 from beamkit.models import torch_available
 
 
@@ -101,7 +102,7 @@ class _HF:
         try:
             from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(f"hf: models need transformers: pip install 'beamkit[hf]' ({exc})") from exc
+            raise ImportError(f"hf: models need transformers: {install_hint('hf')} ({exc})") from exc
         folder = str(options.model)[len(HF_PREFIX) :]
         self.options = options
         config = AutoConfig.from_pretrained(folder)

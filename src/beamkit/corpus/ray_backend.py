@@ -17,6 +17,7 @@ import numpy as np
 from beamkit.corpus.decoder import Decoder
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import DecodeOptions
+from beamkit.extras import install_hint
 
 
 def import_ray() -> Any:
@@ -25,7 +26,7 @@ def import_ray() -> Any:
         import ray
         import ray.data  # noqa: F401
     except ImportError as exc:
-        raise ImportError(f"the Ray back-end needs ray[data]: pip install 'beamkit[ray]' ({exc})") from exc
+        raise ImportError(f"the Ray back-end needs ray[data]: {install_hint('ray')} ({exc})") from exc
     return ray
 
 

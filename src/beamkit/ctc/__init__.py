@@ -1,7 +1,7 @@
 """CTC decoding: greedy, prefix beam search with word n-gram fusion, and a pyctcdecode-shaped API.
 
-The search is compiled by numba (``pip install "beamkit[ctc]"``); without it the same code runs as plain Python,
-much slower. ``kenlm`` is used when installed (optional), otherwise ARPA files are read in Python.
+The search is compiled by numba (the ``ctc`` extra: ``pip install ".[ctc]"``); without it the same code runs as
+plain Python, much slower. ``kenlm`` is used when installed (optional), otherwise ARPA files are read in Python.
 """
 
 from .decoder import CTCDecoder, build_ctcdecoder, normalize_logits

@@ -249,7 +249,7 @@ def register(subparsers: Any) -> None:
         "ocr",
         help="read text-line images with PP-OCRv4 and CTC beam search",
         description="Read single text-line images with the PP-OCRv4 recognition model shipped in "
-        'rapidocr-onnxruntime (pip install "beamkit[ocr]"), decoded greedily (--beam 1: rapidocr\'s own '
+        "rapidocr-onnxruntime (the ocr extra), decoded greedily (--beam 1: rapidocr's own "
         "text) or by prefix beam search with an optional word n-gram LM. Prints one text per image, or with "
         "--json a list of {image, text, score} (score: log-probability of the best path, or the beam's "
         "combined score).",

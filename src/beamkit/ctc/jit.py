@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from beamkit.extras import install_hint
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _numba: Any
@@ -48,7 +50,7 @@ def warn_if_interpreted() -> None:
         _warned = True
         warnings.warn(
             "the CTC search runs as plain Python, 100x slower: numba is not installed "
-            '(pip install "beamkit[ctc]") or BEAMKIT_NO_JIT is set',
+            f"({install_hint('ctc')}) or BEAMKIT_NO_JIT is set",
             RuntimeWarning,
             stacklevel=3,
         )

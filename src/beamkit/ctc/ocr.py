@@ -6,8 +6,8 @@ probabilities, ``T = width / 8``, over ``V = 6,625`` labels: rapidocr's blank fi
 model's ``character`` metadata, then a space. Images are run one at a time (rapidocr's batching pads them
 to a common width, which changes the outputs).
 
-Needs ``pip install "beamkit[ocr]"`` (onnxruntime, rapidocr-onnxruntime for its model file, pillow; rapidocr
-brings opencv for the resize). Nothing is downloaded: the model ships in the wheel.
+Needs the ``ocr`` extra, ``pip install ".[ocr]"`` (onnxruntime, rapidocr-onnxruntime for its model file, pillow;
+rapidocr brings opencv for the resize). Nothing is downloaded: the model ships in the wheel.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from beamkit.extras import install_hint
+
 REC_HEIGHT = 48
 REC_MIN_WIDTH = 320
-_EXTRA = 'pip install "beamkit[ocr]"'
+_EXTRA = install_hint("ocr")
 
 
 def _require(module: str) -> Any:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beamkit.extras import install_hint
 from beamkit.progress import Progress
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
@@ -55,7 +56,7 @@ def load_model(name_or_path: str | Path | None = None, backend: str = "auto") ->
     """Load a shipped model by name or any saved checkpoint folder by path.
 
     ``backend``: "torch" (the ``torch.nn`` modules, for training, GPUs, the paged KV cache and speed; needs
-    ``pip install "beamkit[models]"``), "numpy" (inference-only numpy twins from the same weights; numpy is
+    the ``models`` extra), "numpy" (inference-only numpy twins from the same weights; numpy is
     all they need), or "auto" (the default: torch when torch and safetensors are installed, else numpy).
     Both backends decode with the same interface and give the same outputs up to float32 rounding.
     """
@@ -72,7 +73,7 @@ def load_model(name_or_path: str | Path | None = None, backend: str = "auto") ->
             import torch  # noqa: F401
         except ImportError as exc:
             raise ImportError(
-                f'the torch backend needs torch and safetensors: pip install "beamkit[models]" ({exc}); '
+                f"the torch backend needs torch and safetensors: {install_hint('models')} ({exc}); "
                 "or use the numpy backend"
             ) from exc
     return load(path, backend=backend)

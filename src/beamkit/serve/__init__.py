@@ -1,6 +1,6 @@
 """``beamkit serve``: an OpenAI-compatible completions server on one continuous-batching engine.
 
-Needs the ``serve`` extra (FastAPI, uvicorn): ``pip install "beamkit[serve]"``. The application itself is
+Needs the ``serve`` extra (FastAPI, uvicorn): ``pip install ".[serve]"``. The application itself is
 :func:`beamkit.serve.app.create_app` (importing it imports FastAPI).
 """
 

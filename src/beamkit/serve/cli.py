@@ -10,6 +10,8 @@ import signal
 import sys
 from typing import Any
 
+from beamkit.extras import install_hint
+
 
 def run_server(app: Any, host: str, port: int, log_level: str = "warning") -> int:
     """Serve ``app`` with uvicorn until SIGTERM / SIGINT: stop accepting, finish the running requests, return 0."""
@@ -40,7 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         adapter = load_adapter(args.model)
     except ImportError as exc:
-        print(f"beamkit serve: error: {exc} (pip install 'beamkit[serve]')", file=sys.stderr)
+        print(f"beamkit serve: error: {exc} ({install_hint('serve')})", file=sys.stderr)
         return 2
     if args.threads is not None:
         import torch
