@@ -6,6 +6,14 @@ import os
 
 import pytest
 
+try:  # no property test may fail for being slow on a loaded or slower machine: timing is not a test oracle
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("beamkit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("beamkit")
+except ImportError:  # pragma: no cover - hypothesis comes with the dev extra
+    pass
+
 # `make numerics` sets this to run the modules that pin torch to one thread on another thread count (so that
 # no assertion leans on one way of splitting a reduction over threads).
 THREADS_VAR = "BEAMKIT_TEST_TORCH_THREADS"
