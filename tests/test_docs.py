@@ -1,4 +1,5 @@
-"""The README and the documentation pages cannot rot: every ```python block runs, and the prose stays readable.
+"""The README and the documentation pages cannot rot: every ```python block runs, every `beamkit` command they
+show parses, the quick start prints what it shows, and the prose stays readable.
 
 Pages checked: ``README.md``, ``CHANGELOG.md`` and every ``docs/**/*.md`` (pages added later are checked too).
 Blocks are found with a plain scan of the Markdown (a line that is exactly ```python opens one, the next line
@@ -17,6 +18,7 @@ import contextlib
 import importlib.util
 import io
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,79 @@ def test_the_jargon_check_catches_internal_shorthand():
 def test_no_internal_jargon(page):
     found = jargon(page.read_text())
     assert not found, f"{rel(page)} uses internal shorthand a reader cannot decode: {found}"
+
+
+# ---------------------------------------------------------------------------------------------- command lines
+def command_lines(text: str) -> list[tuple[int, list[str]]]:
+    """``(line number, argv)`` of every concrete ``beamkit ...`` command in the fenced ```bash blocks and the
+    ``$ beamkit ...`` lines of ```text blocks (synopses with ``[OPTION]`` brackets are not commands); the words
+    after ``beamkit``, with ``# comments`` dropped and ``&&`` chains split."""
+    found: list[tuple[int, list[str]]] = []
+    fence = None
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = stripped[3:] if fence is None else None
+            continue
+        if fence == "text" and not stripped.startswith("$ "):
+            continue
+        if fence not in ("bash", "text") or stripped.endswith("\\"):
+            continue
+        while number >= 2 and lines[number - 2].rstrip().endswith("\\"):  # a continued command: its first line
+            number -= 1
+            stripped = lines[number - 1].strip()[:-1] + " " + stripped
+        if "beamkit" not in stripped:
+            continue
+        words = shlex.split(stripped.removeprefix("$ "), comments=True)
+        command: list[str] = []
+        for word in [*words, "&&"]:
+            if word != "&&":
+                command.append(word)
+                continue
+            if command[:1] == ["beamkit"]:
+                found.append((number, command[1:]))
+            command = []
+    return found
+
+
+COMMANDS = [(page, line, argv) for page in PAGES for line, argv in command_lines(page.read_text())]
+
+
+def test_the_command_scan_finds_commands():
+    text = '```bash\nbeamkit demo  # a comment\nls && beamkit models\n```\n```text\n$ beamkit translate "a b"\n'
+    text += "beamkit translate [--beam 5]\n```\n"
+    text += "```bash\nbeamkit decode --input a \\\n    --output b\n```\n"
+    want = [
+        (2, ["demo"]),
+        (3, ["models"]),
+        (6, ["translate", "a b"]),
+        (10, ["decode", "--input", "a", "--output", "b"]),
+    ]
+    assert command_lines(text) == want
+    assert len(COMMANDS) >= 20  # the quick start and the guides' examples
+
+
+@pytest.mark.parametrize(("page", "line", "argv"), COMMANDS, ids=[f"{rel(p)}:{n}" for p, n, _ in COMMANDS])
+def test_every_documented_command_parses(page, line, argv, capsys):
+    """Each command a page shows is one the command line accepts: its subcommand, option names and values."""
+    from beamkit.cli import build_parser
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        pytest.fail(f"{rel(page)}:{line}: `beamkit {shlex.join(argv)}` is refused: {capsys.readouterr().err}")
+        raise AssertionError from exc
+    assert getattr(args, "func", None) is not None, f"{rel(page)}:{line}: no command runs"
+
+
+def test_the_readme_quick_start_prints_what_it_shows(capsys):
+    """The README's translate output is the command's real output (its first lines, as shown)."""
+    from beamkit.cli import main
+
+    text = README.read_text()
+    shown = text[text.index('$ beamkit translate --beam 5 "3rd of March 1999"') :].splitlines()[1:4]
+    assert shown[0] == "3rd of March 1999"
+    assert main(["translate", "--beam", "5", "--quiet", "3rd of March 1999"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:3] == shown
