@@ -97,15 +97,13 @@ def read_inputs(path: str | Path) -> list[Item]:
 
 
 def input_digest(path: str | Path) -> str:
-    """SHA-256 of a file's bytes, or of a folder's ``.npy`` names, sizes and modification times."""
+    """SHA-256 of a file's bytes, or of a folder's ``.npy`` files (names and contents), read in chunks."""
+    from beamkit.corpus.shards import file_sha256
+
     src = Path(path)
+    if not src.is_dir():
+        return file_sha256(src)
     digest = hashlib.sha256()
-    if src.is_dir():
-        for p in sorted(src.glob("*.npy")):
-            st = p.stat()
-            digest.update(f"{p.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        return digest.hexdigest()
-    with src.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+    for p in sorted(q for q in src.glob("*.npy") if q.is_file()):
+        digest.update(f"{p.name}\0{file_sha256(p)}\n".encode())
     return digest.hexdigest()

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from beamkit.processors import check_int
+
 G2P_MODEL = "g2p-en"
 HF_PREFIX = "hf:"
+LM_BACKENDS = ("auto", "arpa", "kenlm")
+
+
+def _flag(field: str) -> str:
+    """A field as users see it on both sides: ``n_best (--n-best)``."""
+    return f"{field} (--{field.replace('_', '-')})"
+
+
+def check_finite(field: str, value: object) -> float:
+    """``value`` as a float, or a TypeError / ValueError naming ``field`` (a finite number is expected)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{_flag(field)} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{_flag(field)} must be a finite number, got {value}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -47,15 +65,25 @@ class DecodeOptions:
         return "dates"
 
     def check(self) -> None:
-        """Raise ValueError / FileNotFoundError for settings no worker could run (checked before any starts)."""
-        if self.beam < 1:
-            raise ValueError(f"--beam must be >= 1, got {self.beam}")
-        if not 1 <= self.n_best <= self.beam:
-            raise ValueError(f"--n-best must be between 1 and --beam ({self.beam}), got {self.n_best}")
-        if self.max_len is not None and self.max_len < 1:
-            raise ValueError(f"--max-len must be >= 1, got {self.max_len}")
-        if self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        """Raise TypeError / ValueError / FileNotFoundError, naming the field, for settings no worker could run
+        (checked before any starts)."""
+        if self.model is not None and not isinstance(self.model, str):
+            raise TypeError(f"{_flag('model')} must be a string, got {self.model!r}")
+        check_int(_flag("beam"), self.beam, 1)
+        check_int(_flag("n_best"), self.n_best, 1)
+        if self.n_best > self.beam:
+            raise ValueError(f"{_flag('n_best')} must be between 1 and --beam ({self.beam}), got {self.n_best}")
+        if self.max_len is not None:
+            check_int(_flag("max_len"), self.max_len, 1)
+        check_int("threads", self.threads, 1)
+        if self.length_penalty is not None:
+            check_finite("length_penalty", self.length_penalty)
+        check_finite("alpha", self.alpha)
+        check_finite("beta", self.beta)
+        if self.lm_backend not in LM_BACKENDS:
+            raise ValueError(f"{_flag('lm_backend')} must be one of {', '.join(LM_BACKENDS)}, got {self.lm_backend!r}")
+        if self.labels is not None and not all(isinstance(lab, str) for lab in self.labels):
+            raise TypeError(f"{_flag('labels')} must be strings, got {self.labels!r}")
         kind = self.kind
         if kind == "ctc":
             if self.model is not None:
@@ -78,6 +106,24 @@ class DecodeOptions:
             from beamkit.models import resolve_model
 
             resolve_model(self.model)
+
+    def files(self) -> dict[str, Path | None]:
+        """The files whose contents, besides the input, determine the output: the model's checkpoint (a folder
+        or file; None for CTC) and the CTC language model (None without one)."""
+        kind = self.kind
+        if kind == "ctc":
+            model = None
+        elif kind == "hf":
+            model = Path(str(self.model)[len(HF_PREFIX) :])
+        elif kind == "g2p":
+            from beamkit.models.g2p import checkpoint_path
+
+            model = checkpoint_path()
+        else:
+            from beamkit.models import resolve_model
+
+            model = resolve_model(self.model)
+        return {"model": model, "lm": Path(self.lm) if self.lm is not None else None}
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The settings that change the output (everything but the thread count), for the run's manifest."""

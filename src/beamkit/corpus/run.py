@@ -11,7 +11,8 @@ from typing import Any
 
 from beamkit.corpus.inputs import Item, input_digest, read_inputs
 from beamkit.corpus.options import DecodeOptions
-from beamkit.corpus.shards import ShardPlan, ShardStore
+from beamkit.corpus.shards import ShardPlan, ShardStore, path_sha256
+from beamkit.processors import check_int
 
 _CLEAN_END = b'"error": null}\n'
 
@@ -64,17 +65,26 @@ def decode_corpus(
 
     ``workers`` processes (or, with ``ray`` set, Ray actors: ``""`` for ``ray.init()``'s default, else a cluster
     address) each load the model once. Shards of ``shard_size`` inputs are written to ``OUTPUT.parts/`` as they
-    finish; rerunning the same call decodes only the missing ones. Bad inputs become records with ``error``.
+    finish; rerunning the same call decodes only the missing ones (and any whose SHA-256 no longer matches the
+    manifest's); a changed input, model file, LM or option is refused as a different run. Every argument is
+    checked (TypeError / ValueError naming it) before anything is written. Bad inputs become records with
+    ``error``.
     ``progress`` shows a tqdm bar on stderr; ``on_batch(n)`` is called as each batch of ``n`` inputs arrives.
     """
+    if not isinstance(options, DecodeOptions):
+        raise TypeError(f"options must be a DecodeOptions, got {options!r}")
     options.check()
     for name, value in (("workers", workers), ("batch_size", batch_size), ("shard_size", shard_size)):
-        if value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        check_int(f"{name} (--{name.replace('_', '-')})", value, 1)
+    if ray is not None and not isinstance(ray, str):
+        raise TypeError(f"ray must be a cluster address (a string) or None, got {ray!r}")
     began = time.perf_counter()
     items = read_inputs(input)
     plan = ShardPlan(len(items), shard_size)
-    run = {"input": input_digest(input), "options": options.fingerprint_fields(), "batch_size": batch_size}
+    files = {name: None if path is None else path_sha256(path) for name, path in options.files().items()}
+    run = {
+        "input": input_digest(input), **files, "options": options.fingerprint_fields(), "batch_size": batch_size,
+    }  # fmt: skip
     store = ShardStore(output, plan, run)
     done = store.open()
     pending = [s for s in range(plan.shards) if s not in set(done)]
@@ -101,7 +111,7 @@ def decode_corpus(
                 if on_batch is not None:
                     on_batch(len(records))
                 if sum(len(r) for r in got.values()) == len(plan.span(shard)):
-                    store.finish_shard(shard, [r for s in sorted(got) for r in got[s]], done)
+                    store.finish_shard(shard, [r for s in sorted(got) for r in got[s]])
                     done.append(shard)
                     del partial[shard]
         finally:

@@ -1,8 +1,10 @@
 """Resumable sharded output: ``OUT.parts/`` holds a manifest and one JSONL file per finished shard.
 
 Every file is written to a temporary name and renamed into place, so a reader (or a rerun) sees a shard either
-complete or not at all. The manifest names the run (input digest and decoding options); a rerun of the same
-command keeps the finished shards and decodes the rest; a different input or option is refused.
+complete or not at all. The manifest names the run (the SHA-256 of the input, the model's files and the LM, and
+the decoding options) and each finished shard's SHA-256; a rerun of the same command keeps the shards that still
+verify and decodes the rest; a different run (or a manifest of another format) is refused. The folder and the
+manifest are created when the first shard is written, so a run that fails before that leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -14,7 +16,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FORMAT = "beamkit-corpus/1"
+FORMAT = "beamkit-corpus/2"
+CHUNK = 1 << 20
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def path_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, or of a folder's files (every file below it: relative path and contents)."""
+    src = Path(path)
+    if not src.is_dir():
+        return file_sha256(src)
+    digest = hashlib.sha256()
+    for p in sorted(q for q in src.rglob("*") if q.is_file()):
+        digest.update(f"{p.relative_to(src).as_posix()}\0{file_sha256(p)}\n".encode())
+    return digest.hexdigest()
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -59,54 +82,70 @@ class ShardStore:
         self.plan = plan
         self.run = {"format": FORMAT, **run, "inputs": plan.count, "shard_size": plan.size}
         self.manifest_path = self.folder / "manifest.json"
+        self.checksums: dict[int, str] = {}
 
     def shard_path(self, shard: int) -> Path:
         """Where shard ``shard`` lives once finished."""
         return self.folder / f"shard-{shard:05d}.jsonl"
 
     def open(self) -> list[int]:
-        """Create the folder and manifest, or check an existing one is this run; return the finished shards.
+        """Check an existing manifest is this run's; return the finished shards that still verify.
 
-        Temporary files a killed run left behind (never visible as shards) are removed."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        Nothing is created here (the first finished shard creates the folder and the manifest). Shards the
+        manifest does not list, or whose SHA-256 differs from the one it records, are not finished. Temporary
+        files a killed run left behind (never visible as shards) are removed."""
+        if not self.manifest_path.exists():
+            self._remove_leftovers()
+            return []
+        try:
+            old = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            run, files = old["run"], old["files"]
+            fmt = run.get("format")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{self.manifest_path} is unreadable ({exc}); delete {self.folder}") from exc
+        if fmt != FORMAT:
+            raise ValueError(
+                f"{self.folder} was written by another version of beamkit (manifest format {fmt!r}, this one "
+                f"writes {FORMAT!r}); delete it or choose another --output"
+            )
+        if run != self.run:
+            raise ValueError(
+                f"{self.folder} holds shards of a different run (input, model, LM or options changed); delete it "
+                "or choose another --output"
+            )
+        self._remove_leftovers()
+        for shard in range(self.plan.shards):
+            entry = files.get(str(shard)) if isinstance(files, dict) else None
+            path = self.shard_path(shard)
+            if isinstance(entry, dict) and path.is_file() and file_sha256(path) == entry.get("sha256"):
+                self.checksums[shard] = entry["sha256"]
+        return sorted(self.checksums)
+
+    def _remove_leftovers(self) -> None:
         stale = [*self.folder.glob(".*.tmp"), *self.output.parent.glob(f".{self.output.name}.*.tmp")]
         for leftover in stale:
             leftover.unlink(missing_ok=True)
-        if self.manifest_path.exists():
-            try:
-                old = json.loads(self.manifest_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"{self.manifest_path} is unreadable ({exc}); delete {self.folder}") from exc
-            if old.get("run") != self.run:
-                raise ValueError(
-                    f"{self.folder} holds shards of a different run (input or options changed); delete it or "
-                    "choose another --output"
-                )
-        done = [s for s in range(self.plan.shards) if self._complete(s)]
-        self._write_manifest(done)
-        return done
 
-    def _complete(self, shard: int) -> bool:
-        path = self.shard_path(shard)
-        if not path.is_file():
-            return False
-        return path.read_bytes().count(b"\n") == len(self.plan.span(shard))
-
-    def _write_manifest(self, done: list[int]) -> None:
+    def _write_manifest(self) -> None:
         body = {
             "run": self.run,
             "shards": self.plan.shards,
-            "done": sorted(done),
-            "files": {s: self.shard_path(s).name for s in sorted(done)},
+            "done": sorted(self.checksums),
+            "files": {
+                str(s): {"name": self.shard_path(s).name, "sha256": self.checksums[s]} for s in sorted(self.checksums)
+            },
         }
         write_atomic(self.manifest_path, (json.dumps(body, indent=1) + "\n").encode("utf-8"))
 
-    def finish_shard(self, shard: int, records: list[dict[str, Any]], done: list[int]) -> None:
-        """Write shard ``shard`` (its records in input order) and record it, with ``done``, in the manifest."""
+    def finish_shard(self, shard: int, records: list[dict[str, Any]]) -> None:
+        """Write shard ``shard`` (its records in input order) and record it and its SHA-256 in the manifest."""
         if len(records) != len(self.plan.span(shard)):
             raise RuntimeError(f"shard {shard}: {len(records)} records for {len(self.plan.span(shard))} inputs")
-        write_atomic(self.shard_path(shard), encode_records(records))
-        self._write_manifest([*done, shard])
+        data = encode_records(records)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.checksums[shard] = hashlib.sha256(data).hexdigest()
+        self._write_manifest()  # first: a shard visible in the folder is always one the manifest lists
+        write_atomic(self.shard_path(shard), data)
 
     def assemble(self) -> str:
         """Concatenate the shards into the output file (temporary name, then rename); return its SHA-256."""
