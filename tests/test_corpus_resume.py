@@ -186,6 +186,14 @@ def test_a_run_that_fails_its_checks_writes_nothing(tmp_path, corpus):
     assert out.read_bytes() == fresh(tmp_path, *args)
 
 
+def test_an_empty_corpus_into_a_new_folder(tmp_path):
+    src = tmp_path / "empty.txt"
+    src.write_text("")
+    out = tmp_path / "new" / "out.jsonl"
+    assert decode("--input", str(src), "--output", str(out)) == 0
+    assert out.read_bytes() == b""
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_a_non_finite_length_penalty_is_refused_up_front(tmp_path, corpus, capsys, value):
     out = tmp_path / "out.jsonl"

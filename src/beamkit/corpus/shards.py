@@ -150,6 +150,7 @@ class ShardStore:
     def assemble(self) -> str:
         """Concatenate the shards into the output file (temporary name, then rename); return its SHA-256."""
         digest = hashlib.sha256()
+        self.output.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.output.with_name(f".{self.output.name}.{os.getpid()}.tmp")
         with tmp.open("wb") as out:
             for shard in range(self.plan.shards):
