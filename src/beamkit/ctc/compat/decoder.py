@@ -179,8 +179,8 @@ class BeamSearchDecoderCTC:
         valid = _valid_pool(pool)
         if valid is None:
             return None
-        for logits in logits_list:
-            self._check_logits_dimension(logits)
+        for i, logits in enumerate(logits_list):
+            _naming_utterance(i, self._check_logits_dimension, logits)
         return list(valid.map(functools.partial(_mp_safe_beams, self, knobs), logits_list))
 
     def decode_beams_batch(
@@ -201,7 +201,7 @@ class BeamSearchDecoderCTC:
         mapped = self._pool_map(pool, logits_list, knobs)
         if mapped is not None:
             return mapped
-        lps = [self._prepared(x) for x in logits_list]
+        lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
         return self._decoder().decode_beams_batch(
             None, lps, beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight
         )
@@ -239,7 +239,7 @@ class BeamSearchDecoderCTC:
         mapped = self._pool_map(pool, logits_list, knobs)
         if mapped is not None:
             return [beams[0][0] for beams in mapped]
-        lps = [self._prepared(x) for x in logits_list]
+        lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
         return self._decoder().decode_batch(None, lps, beam_width, beam_prune_logp, token_min_logp, hot, hotword_weight)
 
     # ------------------------------------------------------------------ saving and loading
@@ -294,6 +294,14 @@ class BeamSearchDecoderCTC:
             ) from None
         cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "pyctcdecode")
         return cls.load_from_dir(snapshot_download(model_id, cache_dir=cache_dir, **kwargs))
+
+
+def _naming_utterance(index: int, fn: Any, logits: Any) -> Any:
+    """``fn(logits)``; a ValueError (pyctcdecode raises for a bad matrix of a batch too) names the utterance."""
+    try:
+        return fn(logits)
+    except ValueError as exc:
+        raise ValueError(f"utterance {index} of the batch: {exc}") from exc
 
 
 def _mp_safe_beams(decoder: BeamSearchDecoderCTC, knobs: tuple[Any, ...], logits: Any) -> list[OutputBeamMPSafe]:

@@ -1,0 +1,66 @@
+"""Bad input to the CTC decoder, its pyctcdecode-shaped API and the ``ctc``/``lm``/``ocr`` commands: a clear
+error naming the problem, never a traceback, a silent wrong answer, a lost result or an overwritten file."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import beamkit.ctc.compat as compat
+from beamkit import cli
+from beamkit.ctc import build_arpa, build_ctcdecoder
+from beamkit.hypothesis import BatchDecodeError
+
+LABELS = ["", " ", "a", "b", "c", "t"]
+
+
+def peaky(text: str, seed: int = 0) -> np.ndarray:
+    """Log-probabilities whose best path spells ``text`` (2 frames a character, a blank after each)."""
+    path: list[int] = []
+    for ch in text:
+        path += [LABELS.index(ch)] * 2 + [0]
+    lp = np.log(np.random.default_rng(seed).dirichlet(np.full(len(LABELS), 0.5), size=len(path)) * 0.05)
+    lp[np.arange(len(path)), path] = math.log(0.9)
+    return lp
+
+
+@pytest.fixture
+def arpa(tmp_path) -> str:
+    path = tmp_path / "lm.arpa"
+    path.write_text(build_arpa(["the cat", "a cat", "the cat sat", "cat", "a bat"] * 3, order=2))
+    return str(path)
+
+
+@pytest.fixture
+def run(monkeypatch, capsys):
+    """Run the top-level CLI with only the CTC commands; return (exit code, stdout, stderr)."""
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.ctc.cli",))
+
+    def _run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        rc = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return _run
+
+
+def test_one_bad_matrix_keeps_the_other_results() -> None:
+    dec = build_ctcdecoder(LABELS)
+    good, other = peaky("a cat"), peaky("bat", 1)
+    bad = good.copy()
+    bad[2, 3] = np.nan
+    with pytest.raises(BatchDecodeError) as info:
+        dec.decode_batch(None, [good, bad, other])
+    assert set(info.value.errors) == {1} and "NaN" in info.value.errors[1] and "utterance 1" in str(info.value)
+    assert info.value.results == ["a cat", "", "bat"]
+    with pytest.raises(BatchDecodeError) as info:
+        dec.decode_beams_batch(None, [bad, other, np.zeros((3, 4))])
+    assert set(info.value.errors) == {0, 2} and "shape" in info.value.errors[2]
+    assert info.value.results[0] == [] and info.value.results[2] == []
+    assert info.value.results[1][0][0] == "bat"
+    # compat keeps pyctcdecode's return type and raises, naming the utterance
+    with pytest.raises(ValueError, match="utterance 1"):
+        compat.build_ctcdecoder(LABELS).decode_batch(None, [good, bad])
