@@ -64,3 +64,34 @@ def test_one_bad_matrix_keeps_the_other_results() -> None:
     # compat keeps pyctcdecode's return type and raises, naming the utterance
     with pytest.raises(ValueError, match="utterance 1"):
         compat.build_ctcdecoder(LABELS).decode_batch(None, [good, bad])
+
+
+@pytest.mark.parametrize(
+    "name, value", [("alpha", math.nan), ("alpha", math.inf), ("beta", math.inf), ("beta", -math.inf),
+                    ("unk_score_offset", math.nan), ("unk_score_offset", math.inf)]
+)  # fmt: skip
+def test_meaningless_weights_are_refused(arpa: str, name: str, value: float) -> None:
+    dec = build_ctcdecoder(LABELS, arpa, lm_backend="arpa")
+    with pytest.raises(ValueError, match=name):
+        dec.reset_params(**{name: value})
+    with pytest.raises(ValueError, match=name):
+        setattr(dec.language_model, name, value)
+    with pytest.raises(ValueError, match=name):
+        build_ctcdecoder(LABELS, arpa, lm_backend="arpa", **{name: value})
+    assert dec.decode(peaky("a cat")) == "a cat"  # the decoder still works with its old weights
+
+
+def test_unknown_words_are_forbidden_with_minus_infinity(arpa: str) -> None:
+    lp = np.concatenate([peaky("a cat"), peaky(" tab", 2)])  # "tab" is not a word of the LM
+    dec = build_ctcdecoder(LABELS, arpa, lm_backend="arpa", unk_score_offset=-math.inf)
+    words = {"the", "cat", "sat", "a", "bat"}
+    beams = dec.decode_beams(lp, beam_width=16)
+    assert beams and all(set(text.split()) <= words for text, *_ in beams)
+    assert all(math.isfinite(score) for *_, score in beams)
+    dec.reset_params(unk_score_offset=-10.0)
+    assert dec.decode(lp) == "a cat tab"
+    dec.reset_params(unk_score_offset=-math.inf)
+    assert set(dec.decode(lp).split()) <= words
+    assert math.isfinite(dec.decode_beams(peaky("a cat"))[0][-1])
+    pdec = compat.build_ctcdecoder(LABELS)
+    assert pdec.decode(lp) == "a cat tab"

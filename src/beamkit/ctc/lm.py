@@ -385,6 +385,17 @@ class UnigramPrefixIndex:
         return i < len(self._words) and self._words[i].startswith(prefix)
 
 
+def fusion_weight(name: str, value: Any, minus_inf: bool = False) -> float:
+    """``value`` as a float: a number (else TypeError) that is finite, or -inf when ``minus_inf`` (else
+    ValueError naming ``name``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if math.isnan(value) or (math.isinf(value) and not (minus_inf and value < 0)):
+        allowed = "a finite number or -inf" if minus_inf else "a finite number"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return float(value)
+
+
 class LanguageModelFusion:
     """Shallow fusion of a word n-gram model, with pyctcdecode's scoring rules.
 
@@ -405,13 +416,10 @@ class LanguageModelFusion:
         score_boundary: bool = True,
     ) -> None:
         """Wrap ``model``; ``unigrams`` (filtered to words the model knows) drive the partial-word check."""
-        for name, value in (("alpha", alpha), ("beta", beta), ("unk_score_offset", unk_score_offset)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise TypeError(f"{name} must be a finite number, got {value!r}")
         self.model = model
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.unk_score_offset = float(unk_score_offset)
+        self.alpha = alpha
+        self.beta = beta
+        self.unk_score_offset = unk_score_offset
         self.score_boundary = bool(score_boundary)
         if unigrams is None:
             self.unigrams: frozenset[str] = frozenset()
@@ -421,6 +429,33 @@ class LanguageModelFusion:
                 raise TypeError("unigrams must be a collection of words, not one string")
             self.unigrams = frozenset(w for w in unigrams if w in model)
             self.prefix_index = UnigramPrefixIndex(self.unigrams)
+
+    @property
+    def alpha(self) -> float:
+        """LM weight (a finite number)."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self._alpha = fusion_weight("alpha", value)
+
+    @property
+    def beta(self) -> float:
+        """Word insertion bonus (a finite number)."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = fusion_weight("beta", value)
+
+    @property
+    def unk_score_offset(self) -> float:
+        """log10 offset for an unknown word (finite, or -inf: unknown words are never output)."""
+        return self._unk_score_offset
+
+    @unk_score_offset.setter
+    def unk_score_offset(self, value: float) -> None:
+        self._unk_score_offset = fusion_weight("unk_score_offset", value, minus_inf=True)
 
     @property
     def order(self) -> int:
@@ -438,7 +473,7 @@ class LanguageModelFusion:
             logp += self.unk_score_offset
         if is_last and self.score_boundary:
             logp += self.model.eos_score(new_state)
-        return self.alpha * logp * LOG10_TO_LN + self.beta, new_state
+        return (self.alpha * logp * LOG10_TO_LN if self.alpha else 0.0) + self.beta, new_state
 
     def score_words(self, states: Sequence[Any], words: Sequence[str]) -> tuple[list[float], list[Any]]:
         """:meth:`score_word` (``is_last=False``) of each (state, word) pair in one call: the fused scores
@@ -453,6 +488,8 @@ class LanguageModelFusion:
         alpha, beta, unk = self.alpha, self.beta, self.unk_score_offset
         # the unigrams are words of the model (see __init__), so this is score_word's unknown-word test
         known = self.unigrams or model
+        if not alpha:  # the LM is off (and 0 * -inf, an unknown word under unk_score_offset=-inf, is no score)
+            return [beta] * len(words), new_states
         out = [
             alpha * (logp if word in known else logp + unk) * LOG10_TO_LN + beta
             for logp, word in zip(logps, words, strict=True)

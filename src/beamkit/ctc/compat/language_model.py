@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -21,7 +20,7 @@ from re import Pattern
 from typing import Any
 
 from ..lm import HotwordScorer as _Hotwords
-from ..lm import KenLMModel, LanguageModelFusion
+from ..lm import KenLMModel, LanguageModelFusion, fusion_weight
 from .constants import (
     AVG_TOKEN_LEN,
     DEFAULT_ALPHA,
@@ -139,11 +138,13 @@ class AbstractLanguageModel(abc.ABC):
         del params
 
 
-def _finite(name: str, value: Any) -> float:
-    """``value`` as a float; non-numbers and non-finite numbers: ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number. Got {value!r}.")
-    return float(value)
+def _finite(name: str, value: Any, minus_inf: bool = False) -> float:
+    """``value`` as a float; non-numbers, NaN and infinities (but -inf when ``minus_inf``): ValueError naming
+    ``name``."""
+    try:
+        return fusion_weight(name, value, minus_inf)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class LanguageModel(AbstractLanguageModel):
@@ -172,7 +173,7 @@ class LanguageModel(AbstractLanguageModel):
             None if unigrams is None else list(unigrams),
             alpha=_finite("alpha", alpha),
             beta=_finite("beta", beta),
-            unk_score_offset=_finite("unk_score_offset", unk_score_offset),
+            unk_score_offset=_finite("unk_score_offset", unk_score_offset, minus_inf=True),
             score_boundary=bool(score_boundary),
         )
         self._unigram_set = set(self._fusion.unigrams)
@@ -203,7 +204,7 @@ class LanguageModel(AbstractLanguageModel):
 
     @unk_score_offset.setter
     def unk_score_offset(self, value: float) -> None:
-        self._fusion.unk_score_offset = _finite("unk_score_offset", value)
+        self._fusion.unk_score_offset = _finite("unk_score_offset", value, minus_inf=True)
 
     @property
     def score_boundary(self) -> bool:
