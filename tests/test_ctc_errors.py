@@ -95,3 +95,27 @@ def test_unknown_words_are_forbidden_with_minus_infinity(arpa: str) -> None:
     assert math.isfinite(dec.decode_beams(peaky("a cat"))[0][-1])
     pdec = compat.build_ctcdecoder(LABELS)
     assert pdec.decode(lp) == "a cat tab"
+
+
+def test_hotwords_must_be_strings() -> None:
+    lp = peaky("a cat")
+    for dec in (build_ctcdecoder(LABELS), compat.build_ctcdecoder(LABELS)):
+        with pytest.raises(TypeError, match="hotwords"):
+            dec.decode(lp, hotwords=[5])
+
+
+def test_labels_must_be_a_list_of_strings() -> None:
+    for build in (build_ctcdecoder, compat.build_ctcdecoder):
+        with pytest.raises(TypeError, match="labels must be a list of strings"):
+            build(None)
+
+
+def test_hotword_scorer_answers_trie_node_queries() -> None:
+    scorer = compat.HotwordScorer.build_scorer(["tyrion lannister", "hodor", "U.S.A."])
+    trie = scorer._char_trie
+    assert trie.has_node("hod") > 0 and trie.has_node("hodor") > 0 and trie.has_node("lann") > 0
+    assert trie.has_node("U.S") > 0 and not trie.has_node("dor")
+    assert trie.has_node("hodor") & 1 and not trie.has_node("hod") & 1  # a whole hotword holds a value
+    assert "hodor" in trie and "hod" not in trie and sorted(trie.keys())[0] == "U.S.A."
+    assert scorer._match_ptn.findall("we can match tyrion only") == ["tyrion"]
+    assert scorer._match_ptn.findall("do not match hodor, or anything") == []

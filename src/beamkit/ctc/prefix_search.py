@@ -185,4 +185,8 @@ def _word_tuple(words: Iterable[str]) -> tuple[str, ...]:
     """Hotwords as a tuple (one string is refused: it would be read as its characters)."""
     if isinstance(words, str):
         raise TypeError("hotwords must be a list of strings, not one string")
-    return tuple(words)
+    out = tuple(words)
+    bad = [w for w in out if not isinstance(w, str)]
+    if bad:
+        raise TypeError(f"hotwords must be a list of strings, got {bad[0]!r} among them")
+    return out

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..decoder import CTCDecoder
+from ..prefix_search import _word_tuple
 from .alphabet import Alphabet, verify_alphabet_coverage
 from .constants import (
     DEFAULT_ALPHA,
@@ -315,7 +316,7 @@ def _hotword_list(hotwords: Iterable[str] | None) -> list[str] | None:
         return None
     if isinstance(hotwords, str):
         raise TypeError("hotwords must be a list of strings, not one string")
-    words = [s.strip() for s in hotwords if len(s.strip()) > 0]
+    words = [s.strip() for s in _word_tuple(hotwords) if len(s.strip()) > 0]
     return words or None
 
 
