@@ -119,3 +119,34 @@ def test_hotword_scorer_answers_trie_node_queries() -> None:
     assert "hodor" in trie and "hod" not in trie and sorted(trie.keys())[0] == "U.S.A."
     assert scorer._match_ptn.findall("we can match tyrion only") == ["tyrion"]
     assert scorer._match_ptn.findall("do not match hodor, or anything") == []
+
+
+def test_corrupt_arpa_names_the_file_and_line(arpa: str, tmp_path) -> None:
+    lines = open(arpa).read().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("-"))
+    lines[at] = "x" + lines[at][1:]
+    bad = tmp_path / "bad.arpa"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=rf"bad\.arpa, line {at + 1}"):
+        build_ctcdecoder(LABELS, str(bad), lm_backend="arpa")
+
+
+def test_blank_index_where_the_labels_already_spell_a_blank(run, tmp_path) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(["", "<space>", *LABELS[2:]]) + "\n")
+    npy = tmp_path / "lp.npy"
+    np.save(npy, peaky("a cat"))
+    rc, _, err = run("ctc", "decode", str(npy), "--labels", str(labels), "--blank", "2")
+    assert rc == 2 and "duplicate" not in err and "--blank" in err and "label 0" in err, err
+
+
+def test_text_file_named_npy_is_not_a_numpy_file(run, tmp_path) -> None:
+    text = tmp_path / "lp.npy"
+    text.write_text("0.1 0.2\n")
+    rc, _, err = run("ctc", "decode", str(text), "--alphabet", "ab", "--blank", "0")
+    assert rc == 2 and "not a numpy array file" in err and "allow_pickle" not in err, err
+
+
+def test_ocr_on_a_folder_says_it_is_a_folder(run, tmp_path) -> None:
+    rc, _, err = run("ocr", str(tmp_path))
+    assert rc == 2 and "is a folder" in err, err

@@ -70,7 +70,11 @@ def _load_matrices(path: str) -> list[np.ndarray]:
     from .posteriors import as_real_array
 
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no such file: {path}")
+        what = "is a folder, not a .npy file" if os.path.isdir(path) else "no such file"
+        raise FileNotFoundError(f"{what}: {path}")
+    with open(path, "rb") as fh:
+        if fh.read(6) != b"\x93NUMPY":
+            raise ValueError(f"{path} is not a numpy array file (.npy, as numpy.save writes it)")
     try:
         raw = np.load(path, allow_pickle=False)
     except (EOFError, ValueError, OSError) as exc:  # empty, truncated, not an .npy, or pickled objects

@@ -48,6 +48,11 @@ class NGramModel(Protocol):
         """Whether ``word`` is in the model's vocabulary (not ``<unk>``)."""
 
 
+def _line_at(source: str | None, lineno: int) -> str:
+    """Where a line is, for a message: ``FILE, line N`` (``line N`` without a file name)."""
+    return f"{source}, line {lineno}" if source else f"line {lineno}"
+
+
 class ArpaLM:
     """An ARPA back-off n-gram model held in dictionaries; scoring follows KenLM.
 
@@ -84,18 +89,19 @@ class ArpaLM:
             import gzip
 
             with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return cls.from_lines(fh)
+                return cls.from_lines(fh, source=path)
         with open(path, encoding="utf-8") as fh:
-            return cls.from_lines(fh)
+            return cls.from_lines(fh, source=path)
 
     @classmethod
-    def from_lines(cls, lines: Iterable[str]) -> ArpaLM:
-        """Parse ARPA text given as an iterable of lines."""
+    def from_lines(cls, lines: Iterable[str], source: str | None = None) -> ArpaLM:
+        """Parse ARPA text given as an iterable of lines (a malformed line: ValueError naming its number, and
+        the file ``source`` when given)."""
         declared: dict[int, int] = {}
         levels: list[dict[tuple[str, ...], tuple[float, float]]] = []
         section = "preamble"
         current = 0
-        for raw in lines:
+        for lineno, raw in enumerate(lines, 1):
             line = raw.strip()
             if not line:
                 continue
@@ -109,7 +115,7 @@ class ArpaLM:
                 try:
                     current = int(line[1:-7])
                 except ValueError as exc:
-                    raise ValueError(f"bad ARPA section header: {line!r}") from exc
+                    raise ValueError(f"{_line_at(source, lineno)}: bad ARPA section header: {line!r}") from exc
                 while len(levels) < current:
                     levels.append({})
                 section = "grams"
@@ -117,16 +123,24 @@ class ArpaLM:
             if section == "data":
                 if line.startswith("ngram "):
                     key, _, value = line[6:].partition("=")
-                    declared[int(key)] = int(value)
+                    try:
+                        declared[int(key)] = int(value)
+                    except ValueError:
+                        raise ValueError(f"{_line_at(source, lineno)}: bad ARPA count line: {line!r}") from None
                 continue
             if section != "grams":
                 continue
             parts = line.split()
             if len(parts) < current + 1:
-                raise ValueError(f"bad {current}-gram line: {line!r}")
-            logp = float(parts[0])
+                raise ValueError(f"{_line_at(source, lineno)}: bad {current}-gram line: {line!r}")
+            try:
+                logp = float(parts[0])
+                bow = float(parts[1 + current]) if len(parts) > current + 1 else 0.0
+            except ValueError:
+                raise ValueError(
+                    f"{_line_at(source, lineno)}: a {current}-gram line needs numbers, got {line!r}"
+                ) from None
             words = tuple(parts[1 : 1 + current])
-            bow = float(parts[1 + current]) if len(parts) > current + 1 else 0.0
             levels[current - 1][words] = (logp, bow)
         if section == "preamble" and not levels:
             raise ValueError("not an ARPA file: no \\data\\ section")

@@ -77,6 +77,12 @@ class Vocabulary:
         if not labs:
             raise ValueError("vocabulary is empty")
         index = _blank_index(labs, blank)
+        others = [i for i, lab in enumerate(labs) if lab == "" and i != index]
+        if others:
+            raise ValueError(
+                f"the blank is given as column {index} ({labs[index]!r}), but label {others[0]} is empty, which "
+                "also spells the blank: give that column with blank= (--blank), or fix the labels"
+            )
         labs[index] = ""
         is_bpe = any(s.startswith("##") for s in labs) or any(s.startswith(BPE_TOKEN) for s in labs)
         if is_bpe:
