@@ -150,3 +150,33 @@ def test_text_file_named_npy_is_not_a_numpy_file(run, tmp_path) -> None:
 def test_ocr_on_a_folder_says_it_is_a_folder(run, tmp_path) -> None:
     rc, _, err = run("ocr", str(tmp_path))
     assert rc == 2 and "is a folder" in err, err
+
+
+def test_lm_build_refuses_to_write_over_its_corpus(run, tmp_path) -> None:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat\n")
+    rc, _, err = run("lm", "build", str(corpus), "-o", str(corpus))
+    assert rc == 2 and "corpus" in err and corpus.read_text() == "the cat\n", err
+
+
+def test_options_that_cannot_apply_are_usage_errors(run, tmp_path, arpa) -> None:
+    npy = tmp_path / "lp.npy"
+    np.save(npy, peaky("a cat"))
+    base = ("ctc", "decode", str(npy), "--alphabet", "_ abct", "--blank", "0")
+    rc, _, err = run(*base, "--greedy", "--lm", arpa)
+    assert rc == 2 and "--greedy" in err and "--lm" in err, err
+    for opt in ("--alpha", "--beta"):
+        rc, _, err = run(*base, opt, "0.7")
+        assert rc == 2 and opt in err and "--lm" in err, err
+    rc, out, _ = run(*base)
+    assert rc == 0 and out.strip() == "a cat"
+
+
+def test_explain_refuses_a_matrix_above_the_frame_limit(run, tmp_path, monkeypatch) -> None:
+    from beamkit.ctc import cli as ctc_cli
+
+    npy = tmp_path / "long.npy"
+    np.save(npy, np.zeros((5001, 3), dtype=np.float32))
+    monkeypatch.setattr(ctc_cli, "_trace_matrix", lambda *a: pytest.fail("the search ran"))
+    rc, _, err = run("ctc", "explain", str(npy), "--alphabet", "_ab", "--blank", "0")
+    assert rc == 2 and "5001" in err and "5000" in err and "--max-frames" in err, err
