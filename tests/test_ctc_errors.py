@@ -93,6 +93,9 @@ def test_unknown_words_are_forbidden_with_minus_infinity(arpa: str) -> None:
     dec.reset_params(unk_score_offset=-math.inf)
     assert set(dec.decode(lp).split()) <= words
     assert math.isfinite(dec.decode_beams(peaky("a cat"))[0][-1])
+    dec.reset_params(alpha=0.0)  # a forbidden word stays forbidden with the LM weight at 0 (not 0 * -inf)
+    beams = dec.decode_beams(lp, beam_width=16)
+    assert all(set(text.split()) <= words and math.isfinite(score) for text, *_, score in beams)
     pdec = compat.build_ctcdecoder(LABELS)
     assert pdec.decode(lp) == "a cat tab"
 

@@ -399,6 +399,14 @@ class UnigramPrefixIndex:
         return i < len(self._words) and self._words[i].startswith(prefix)
 
 
+def _weighted(alpha: float, logp10: float) -> float:
+    """``alpha * ln(10) * logp10``, where a word forbidden by ``unk_score_offset=-inf`` (``logp10`` is -inf)
+    stays forbidden when ``alpha`` is 0 (instead of 0 * -inf, which is NaN)."""
+    if not alpha:
+        return 0.0 if logp10 > -math.inf else -math.inf
+    return alpha * logp10 * LOG10_TO_LN
+
+
 def fusion_weight(name: str, value: Any, minus_inf: bool = False) -> float:
     """``value`` as a float: a number (else TypeError) that is finite, or -inf when ``minus_inf`` (else
     ValueError naming ``name``)."""
@@ -487,7 +495,7 @@ class LanguageModelFusion:
             logp += self.unk_score_offset
         if is_last and self.score_boundary:
             logp += self.model.eos_score(new_state)
-        return (self.alpha * logp * LOG10_TO_LN if self.alpha else 0.0) + self.beta, new_state
+        return _weighted(self.alpha, logp) + self.beta, new_state
 
     def score_words(self, states: Sequence[Any], words: Sequence[str]) -> tuple[list[float], list[Any]]:
         """:meth:`score_word` (``is_last=False``) of each (state, word) pair in one call: the fused scores
@@ -502,12 +510,16 @@ class LanguageModelFusion:
         alpha, beta, unk = self.alpha, self.beta, self.unk_score_offset
         # the unigrams are words of the model (see __init__), so this is score_word's unknown-word test
         known = self.unigrams or model
-        if not alpha:  # the LM is off (and 0 * -inf, an unknown word under unk_score_offset=-inf, is no score)
-            return [beta] * len(words), new_states
-        out = [
-            alpha * (logp if word in known else logp + unk) * LOG10_TO_LN + beta
-            for logp, word in zip(logps, words, strict=True)
-        ]
+        if alpha:
+            out = [
+                alpha * (logp if word in known else logp + unk) * LOG10_TO_LN + beta
+                for logp, word in zip(logps, words, strict=True)
+            ]
+        else:  # 0 * -inf is NaN: see _weighted
+            out = [
+                _weighted(0.0, logp if word in known else logp + unk) + beta
+                for logp, word in zip(logps, words, strict=True)
+            ]
         return out, new_states
 
     def score_eos(self, state: Any) -> float:
