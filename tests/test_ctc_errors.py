@@ -10,7 +10,7 @@ import pytest
 
 import beamkit.ctc.compat as compat
 from beamkit import cli
-from beamkit.ctc import build_arpa, build_ctcdecoder
+from beamkit.ctc import build_arpa, build_ctcdecoder, prefix_beam_search
 from beamkit.hypothesis import BatchDecodeError
 
 LABELS = ["", " ", "a", "b", "c", "t"]
@@ -61,6 +61,9 @@ def test_one_bad_matrix_keeps_the_other_results() -> None:
     assert set(info.value.errors) == {0, 2} and "shape" in info.value.errors[2]
     assert info.value.results[0] == [] and info.value.results[2] == []
     assert info.value.results[1][0][0] == "bat"
+    with pytest.raises(BatchDecodeError) as info:
+        prefix_beam_search(np.stack([bad, good]), LABELS, beam_width=4)
+    assert set(info.value.errors) == {0} and info.value.results[1][0].text == "a cat"
     # compat keeps pyctcdecode's return type and raises, naming the utterance
     with pytest.raises(ValueError, match="utterance 1"):
         compat.build_ctcdecoder(LABELS).decode_batch(None, [good, bad])
