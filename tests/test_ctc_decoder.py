@@ -11,6 +11,7 @@ import pytest
 
 from beamkit.ctc import Vocabulary, build_arpa, build_ctcdecoder, greedy_decode, normalize_logits
 from beamkit.ctc import cli as ctc_cli
+from beamkit.hypothesis import BatchDecodeError
 
 LABELS = ["", " ", "a", "b", "c", "t"]
 
@@ -146,7 +147,7 @@ def test_bool_and_complex_inputs_are_refused() -> None:
     for bad in (np.ones((3, len(LABELS)), dtype=bool), np.ones((3, len(LABELS)), dtype=np.complex128)):
         with pytest.raises(TypeError, match="real numbers"):
             dec.decode(bad)
-        with pytest.raises(TypeError, match="real numbers"):
+        with pytest.raises(BatchDecodeError, match="utterance 0: .*real numbers"):
             dec.decode_batch(None, [bad])
         with pytest.raises(TypeError, match="real numbers"):
             normalize_logits(bad)

@@ -4,7 +4,7 @@ The search is compiled by numba (the ``ctc`` extra: ``pip install ".[ctc]"``); w
 plain Python, much slower. ``kenlm`` is used when installed (optional), otherwise ARPA files are read in Python.
 """
 
-from .decoder import CTCDecoder, build_ctcdecoder, normalize_logits
+from .decoder import CTCBatchDecodeError, CTCDecoder, build_ctcdecoder, normalize_logits
 from .kneser_ney import build_arpa, write_arpa
 from .lm import (
     ArpaLM,
@@ -22,6 +22,7 @@ from .vocab import Vocabulary
 
 __all__ = [
     "ArpaLM",
+    "CTCBatchDecodeError",
     "CTCDecoder",
     "CTCHypothesis",
     "HotwordScorer",

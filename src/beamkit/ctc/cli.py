@@ -38,6 +38,25 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
     """Descriptions kept as written, option defaults shown."""
 
 
+class _StoreGiven(argparse.Action):
+    """Store the option's value and note in ``namespace.given`` that it was given (its default is not)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        """Store ``values`` and add the option to ``namespace.given``."""
+        setattr(namespace, self.dest, values)
+        namespace.given = frozenset(getattr(namespace, "given", frozenset())) | {self.option_strings[0]}
+
+
+def _check_lm_options(args: argparse.Namespace) -> None:
+    """Refuse LM weights without an LM, and an LM with greedy decoding (they would be ignored)."""
+    given = sorted(getattr(args, "given", ()))
+    if args.lm is None and given:
+        raise ValueError(f"{given[0]} is a language model weight: it needs --lm")
+    if args.lm is not None and getattr(args, "greedy", False):
+        raise ValueError("--greedy decodes without a language model: drop --lm (or --greedy for beam search)")
+
+
 def _read_labels(args: argparse.Namespace) -> list[str]:
     """The labels from ``--labels FILE`` (which must exist) or ``--alphabet STRING``."""
     if args.alphabet is not None:
@@ -70,7 +89,11 @@ def _load_matrices(path: str) -> list[np.ndarray]:
     from .posteriors import as_real_array
 
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no such file: {path}")
+        what = "is a folder, not a .npy file" if os.path.isdir(path) else "no such file"
+        raise FileNotFoundError(f"{what}: {path}")
+    with open(path, "rb") as fh:
+        if fh.read(6) != b"\x93NUMPY":
+            raise ValueError(f"{path} is not a numpy array file (.npy, as numpy.save writes it)")
     try:
         raw = np.load(path, allow_pickle=False)
     except (EOFError, ValueError, OSError) as exc:  # empty, truncated, not an .npy, or pickled objects
@@ -102,6 +125,7 @@ def _cmd_ctc_decode(args: argparse.Namespace) -> int:
         raise ValueError(f"--top must be a positive integer, got {args.top}")
     if args.beam < 1:
         raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    _check_lm_options(args)
     mats = _load_matrices(args.file)
     decoder = _build_decoder(args)
     if args.greedy:
@@ -147,9 +171,18 @@ def _cmd_ctc_explain(args: argparse.Namespace) -> int:
     for name in ("beam_prune_logp", "token_min_logp"):
         if not getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be a number <= 0, got {getattr(args, name)}")
+    if args.max_frames < 1:
+        raise ValueError(f"--max-frames must be a positive integer, got {args.max_frames}")
+    _check_lm_options(args)
     mats = _load_matrices(args.file)
     if not 0 <= args.utterance < len(mats):
         raise ValueError(f"--utterance must lie in [0, {len(mats) - 1}] for {args.file}, got {args.utterance}")
+    frames = len(mats[args.utterance])
+    if frames > args.max_frames:
+        raise ValueError(
+            f"{args.file} has {frames} frames, more than --max-frames {args.max_frames}: the recorded search "
+            "grows with every frame; explain a shorter cut of the matrix, or raise --max-frames"
+        )
     decoder = _build_decoder(args)
     trace = _trace_matrix(decoder, mats[args.utterance], args)
     trace.source = os.path.basename(args.file) + (f" [{args.utterance}]" if len(mats) > 1 else "")
@@ -173,6 +206,8 @@ def _cmd_lm_build(args: argparse.Namespace) -> int:
 
     if args.order < 1:
         raise ValueError(f"--order must be a positive integer, got {args.order}")
+    if os.path.exists(args.corpus) and os.path.exists(args.output) and os.path.samefile(args.corpus, args.output):
+        raise ValueError(f"-o {args.output} is the corpus itself: choose another output file")
     if args.order > KENLM_MAX_ORDER:
         print(
             f"beamkit lm build: warning: kenlm reads orders up to {KENLM_MAX_ORDER}; this order-{args.order} "
@@ -190,6 +225,7 @@ def _cmd_ocr(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    _check_lm_options(args)
     try:
         readings = read_lines(args.images, beam=args.beam, lm=args.lm, alpha=args.alpha, beta=args.beta)
     except ImportError as exc:  # the ocr extra is missing: a failure, not a usage error
@@ -231,8 +267,8 @@ def _add_input_arguments(p: argparse.ArgumentParser, beam: int) -> None:
         help="how to read --lm: kenlm (the kenlm module; ARPA or binary), arpa (beamkit's pure-Python ARPA "
         f"reader, any order), auto (kenlm when installed and the order is <= {KENLM_MAX_ORDER}, else arpa)",
     )
-    p.add_argument("--alpha", type=float, default=0.5, help="LM weight")
-    p.add_argument("--beta", type=float, default=1.5, help="word insertion bonus")
+    p.add_argument("--alpha", type=float, default=0.5, action=_StoreGiven, help="LM weight (needs --lm)")
+    p.add_argument("--beta", type=float, default=1.5, action=_StoreGiven, help="word insertion bonus (needs --lm)")
     p.add_argument("--beam", type=int, default=beam, help="beam width")
     p.add_argument(
         "--pyctcdecode-compat",
@@ -258,8 +294,8 @@ def register(subparsers: Any) -> None:
     ocr.add_argument("images", nargs="+", metavar="IMAGE", help="image files, one text line each")
     ocr.add_argument("--beam", type=int, default=1, help="beam width (1: greedy)")
     ocr.add_argument("--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model")
-    ocr.add_argument("--alpha", type=float, default=0.5, help="LM weight")
-    ocr.add_argument("--beta", type=float, default=1.5, help="word insertion bonus")
+    ocr.add_argument("--alpha", type=float, default=0.5, action=_StoreGiven, help="LM weight (needs --lm)")
+    ocr.add_argument("--beta", type=float, default=1.5, action=_StoreGiven, help="word insertion bonus (needs --lm)")
     ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score}")
     ocr.set_defaults(func=_cmd_ocr)
 
@@ -281,7 +317,7 @@ def register(subparsers: Any) -> None:
         formatter_class=_HelpFormatter,
     )
     _add_input_arguments(dec, beam=100)
-    dec.add_argument("--greedy", action="store_true", help="best-path decoding instead of beam search")
+    dec.add_argument("--greedy", action="store_true", help="best-path decoding instead of beam search (no --lm)")
     dec.add_argument("--json", action="store_true", help="print JSON lines with the top beams")
     dec.add_argument("--top", type=int, default=1, help="beams per utterance in --json output (>= 1)")
     dec.set_defaults(func=_cmd_ctc_decode)
@@ -307,6 +343,12 @@ def register(subparsers: Any) -> None:
     )
     exp.add_argument(
         "--prune-history", action="store_true", help="keep one beam per LM history (as the decoder's decode does)"
+    )
+    exp.add_argument(
+        "--max-frames",
+        type=int,
+        default=5000,
+        help="refuse an utterance longer than this many frames (the recorded search grows with every frame)",
     )
     exp.add_argument("--format", choices=EXPLAIN_FORMATS, default="html", help="output format")
     exp.add_argument("-o", "--output", default=None, help="output file (default: stdout)")

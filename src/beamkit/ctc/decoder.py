@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..hypothesis import BatchDecodeError
 from .lm import ArpaLM, KenLMModel, LanguageModelFusion, load_language_model, load_unigrams_from_arpa
 from .options import SearchOptions
 from .posteriors import INPUT_KINDS, Candidates, collect_candidates, normalize_posteriors, utterance_parts
@@ -34,6 +35,19 @@ def normalize_logits(logits: Any, input_kind: str = "auto") -> np.ndarray:
     are detected with a tolerance that fits the dtype, logits get a log-softmax; ``input_kind`` says which
     they are instead of detecting)."""
     return normalize_posteriors(logits, input_kind)
+
+
+class CTCBatchDecodeError(BatchDecodeError):
+    """Some utterances of a batch could not be decoded; the others' results are kept.
+
+    ``errors`` maps an utterance index to the message of what went wrong with it; ``results`` is what the
+    batch call returns, with an empty result (``""`` or ``[]``) for each failed utterance."""
+
+    def __init__(self, errors: dict[int, str], results: list[Any]) -> None:
+        """Hold ``errors`` and ``results``; the message names every failed utterance."""
+        self.errors = errors
+        self.results = results
+        ValueError.__init__(self, "; ".join(f"utterance {i}: {msg}" for i, msg in sorted(errors.items())))
 
 
 class CTCDecoder:
@@ -108,7 +122,9 @@ class CTCDecoder:
         word_frames: bool = True,
         recorder: Recorder | None = None,
         threads: int | None = None,
-    ) -> list[list[CTCHypothesis]]:
+    ) -> tuple[list[list[CTCHypothesis]], dict[int, Exception]]:
+        """The hypotheses of each matrix (none for a matrix that cannot be decoded) and, by index, what is
+        wrong with each such matrix."""
         opts = SearchOptions(
             beam_width=beam_width,
             beam_prune_logp=beam_prune_logp,
@@ -122,14 +138,36 @@ class CTCDecoder:
             word_frames=word_frames,
         )
         if not logits_list:
-            return []
+            return [], {}
+        errors: dict[int, Exception] = {}
 
         # each thread normalises and searches every n-th matrix (numpy and the compiled loop release the GIL)
         def run(part: range) -> list[list[CTCHypothesis]]:
-            cands = self._candidates([logits_list[j] for j in part], token_min_logp)
-            return search_candidates(cands, self.vocab, self.language_model, opts, recorder, 1)
+            idx = list(part)
+            try:
+                cands = self._candidates([logits_list[j] for j in idx], token_min_logp)
+            except (ValueError, TypeError):  # find the bad matrices; the others are decoded
+                for j in idx:
+                    try:
+                        self._candidates([logits_list[j]], token_min_logp)
+                    except (ValueError, TypeError) as exc:
+                        errors[j] = exc
+                idx = [j for j in idx if j not in errors]
+                if not idx:
+                    return [[] for _ in part]
+                cands = self._candidates([logits_list[j] for j in idx], token_min_logp)
+            hyps = search_candidates(cands, self.vocab, self.language_model, opts, recorder, 1)
+            found = dict(zip(idx, hyps, strict=True))
+            return [found.get(j, []) for j in part]
 
-        return spread(len(logits_list), 1 if recorder is not None else threads, run)
+        return spread(len(logits_list), 1 if recorder is not None else threads, run), errors
+
+    def _search_one(self, logits: Any, *args: Any, **kwargs: Any) -> list[CTCHypothesis]:
+        """:meth:`_search` of one matrix; what is wrong with it is raised."""
+        results, errors = self._search([logits], *args, **kwargs)
+        if errors:
+            raise errors[0]
+        return results[0]
 
     def decode_beams(
         self,
@@ -150,8 +188,8 @@ class CTCDecoder:
             from .trace import CTCTraceRecorder
 
             recorder = CTCTraceRecorder(self.vocab.labels, self.vocab.blank)
-        hyps = self._search(
-            [logits],
+        hyps = self._search_one(
+            logits,
             beam_width,
             beam_prune_logp,
             token_min_logp,
@@ -159,7 +197,7 @@ class CTCDecoder:
             hotwords,
             hotword_weight,
             recorder=recorder,
-        )[0]
+        )
         beams = [(h.text, h.lm_state, h.word_frames, h.logit_score, h.score) for h in hyps]
         return (beams, recorder.traces()[0]) if recorder is not None else beams
 
@@ -173,9 +211,9 @@ class CTCDecoder:
         hotword_weight: float = 10.0,
     ) -> str:
         """Decode one ``(T, V)`` matrix to its best text (history pruning on, as in pyctcdecode)."""
-        hyps = self._search(
-            [logits], beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1, False
-        )[0]
+        hyps = self._search_one(
+            logits, beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1, False
+        )
         return hyps[0].text if hyps else ""
 
     def decode_batch(
@@ -194,11 +232,12 @@ class CTCDecoder:
 
         ``pool`` exists for pyctcdecode compatibility and is ignored."""
         del pool
-        results = self._search(
+        results, errors = self._search(
             list(logits_list), beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, 1, False,
             threads=threads,
         )  # fmt: skip
-        return [hyps[0].text if hyps else "" for hyps in results]
+        texts = [hyps[0].text if hyps else "" for hyps in results]
+        return _checked(texts, errors)
 
     def decode_beams_batch(
         self,
@@ -215,11 +254,19 @@ class CTCDecoder:
         """Beams ``(text, word_frames, logit_score, combined_score)`` for each utterance; ``pool`` is ignored,
         ``threads`` as in :meth:`decode_batch`."""
         del pool
-        results = self._search(
+        results, errors = self._search(
             list(logits_list), beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight,
             threads=threads,
         )  # fmt: skip
-        return [[(h.text, h.word_frames, h.logit_score, h.score) for h in hyps] for hyps in results]
+        beams = [[(h.text, h.word_frames, h.logit_score, h.score) for h in hyps] for hyps in results]
+        return _checked(beams, errors)
+
+
+def _checked(results: list[Any], errors: dict[int, Exception]) -> list[Any]:
+    """``results`` when no utterance failed, else :class:`CTCBatchDecodeError` carrying them."""
+    if errors:
+        raise CTCBatchDecodeError({i: str(exc) for i, exc in errors.items()}, results)
+    return results
 
 
 def build_ctcdecoder(

@@ -48,6 +48,11 @@ class NGramModel(Protocol):
         """Whether ``word`` is in the model's vocabulary (not ``<unk>``)."""
 
 
+def _line_at(source: str | None, lineno: int) -> str:
+    """Where a line is, for a message: ``FILE, line N`` (``line N`` without a file name)."""
+    return f"{source}, line {lineno}" if source else f"line {lineno}"
+
+
 class ArpaLM:
     """An ARPA back-off n-gram model held in dictionaries; scoring follows KenLM.
 
@@ -84,18 +89,19 @@ class ArpaLM:
             import gzip
 
             with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return cls.from_lines(fh)
+                return cls.from_lines(fh, source=path)
         with open(path, encoding="utf-8") as fh:
-            return cls.from_lines(fh)
+            return cls.from_lines(fh, source=path)
 
     @classmethod
-    def from_lines(cls, lines: Iterable[str]) -> ArpaLM:
-        """Parse ARPA text given as an iterable of lines."""
+    def from_lines(cls, lines: Iterable[str], source: str | None = None) -> ArpaLM:
+        """Parse ARPA text given as an iterable of lines (a malformed line: ValueError naming its number, and
+        the file ``source`` when given)."""
         declared: dict[int, int] = {}
         levels: list[dict[tuple[str, ...], tuple[float, float]]] = []
         section = "preamble"
         current = 0
-        for raw in lines:
+        for lineno, raw in enumerate(lines, 1):
             line = raw.strip()
             if not line:
                 continue
@@ -109,7 +115,7 @@ class ArpaLM:
                 try:
                     current = int(line[1:-7])
                 except ValueError as exc:
-                    raise ValueError(f"bad ARPA section header: {line!r}") from exc
+                    raise ValueError(f"{_line_at(source, lineno)}: bad ARPA section header: {line!r}") from exc
                 while len(levels) < current:
                     levels.append({})
                 section = "grams"
@@ -117,16 +123,24 @@ class ArpaLM:
             if section == "data":
                 if line.startswith("ngram "):
                     key, _, value = line[6:].partition("=")
-                    declared[int(key)] = int(value)
+                    try:
+                        declared[int(key)] = int(value)
+                    except ValueError:
+                        raise ValueError(f"{_line_at(source, lineno)}: bad ARPA count line: {line!r}") from None
                 continue
             if section != "grams":
                 continue
             parts = line.split()
             if len(parts) < current + 1:
-                raise ValueError(f"bad {current}-gram line: {line!r}")
-            logp = float(parts[0])
+                raise ValueError(f"{_line_at(source, lineno)}: bad {current}-gram line: {line!r}")
+            try:
+                logp = float(parts[0])
+                bow = float(parts[1 + current]) if len(parts) > current + 1 else 0.0
+            except ValueError:
+                raise ValueError(
+                    f"{_line_at(source, lineno)}: a {current}-gram line needs numbers, got {line!r}"
+                ) from None
             words = tuple(parts[1 : 1 + current])
-            bow = float(parts[1 + current]) if len(parts) > current + 1 else 0.0
             levels[current - 1][words] = (logp, bow)
         if section == "preamble" and not levels:
             raise ValueError("not an ARPA file: no \\data\\ section")
@@ -385,6 +399,25 @@ class UnigramPrefixIndex:
         return i < len(self._words) and self._words[i].startswith(prefix)
 
 
+def _weighted(alpha: float, logp10: float) -> float:
+    """``alpha * ln(10) * logp10``, where a word forbidden by ``unk_score_offset=-inf`` (``logp10`` is -inf)
+    stays forbidden when ``alpha`` is 0 (instead of 0 * -inf, which is NaN)."""
+    if not alpha:
+        return 0.0 if logp10 > -math.inf else -math.inf
+    return alpha * logp10 * LOG10_TO_LN
+
+
+def fusion_weight(name: str, value: Any, minus_inf: bool = False) -> float:
+    """``value`` as a float: a number (else TypeError) that is finite, or -inf when ``minus_inf`` (else
+    ValueError naming ``name``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if math.isnan(value) or (math.isinf(value) and not (minus_inf and value < 0)):
+        allowed = "a finite number or -inf" if minus_inf else "a finite number"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return float(value)
+
+
 class LanguageModelFusion:
     """Shallow fusion of a word n-gram model, with pyctcdecode's scoring rules.
 
@@ -405,13 +438,10 @@ class LanguageModelFusion:
         score_boundary: bool = True,
     ) -> None:
         """Wrap ``model``; ``unigrams`` (filtered to words the model knows) drive the partial-word check."""
-        for name, value in (("alpha", alpha), ("beta", beta), ("unk_score_offset", unk_score_offset)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise TypeError(f"{name} must be a finite number, got {value!r}")
         self.model = model
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.unk_score_offset = float(unk_score_offset)
+        self.alpha = alpha
+        self.beta = beta
+        self.unk_score_offset = unk_score_offset
         self.score_boundary = bool(score_boundary)
         if unigrams is None:
             self.unigrams: frozenset[str] = frozenset()
@@ -421,6 +451,33 @@ class LanguageModelFusion:
                 raise TypeError("unigrams must be a collection of words, not one string")
             self.unigrams = frozenset(w for w in unigrams if w in model)
             self.prefix_index = UnigramPrefixIndex(self.unigrams)
+
+    @property
+    def alpha(self) -> float:
+        """LM weight (a finite number)."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self._alpha = fusion_weight("alpha", value)
+
+    @property
+    def beta(self) -> float:
+        """Word insertion bonus (a finite number)."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = fusion_weight("beta", value)
+
+    @property
+    def unk_score_offset(self) -> float:
+        """log10 offset for an unknown word (finite, or -inf: unknown words are never output)."""
+        return self._unk_score_offset
+
+    @unk_score_offset.setter
+    def unk_score_offset(self, value: float) -> None:
+        self._unk_score_offset = fusion_weight("unk_score_offset", value, minus_inf=True)
 
     @property
     def order(self) -> int:
@@ -438,7 +495,7 @@ class LanguageModelFusion:
             logp += self.unk_score_offset
         if is_last and self.score_boundary:
             logp += self.model.eos_score(new_state)
-        return self.alpha * logp * LOG10_TO_LN + self.beta, new_state
+        return _weighted(self.alpha, logp) + self.beta, new_state
 
     def score_words(self, states: Sequence[Any], words: Sequence[str]) -> tuple[list[float], list[Any]]:
         """:meth:`score_word` (``is_last=False``) of each (state, word) pair in one call: the fused scores
@@ -453,10 +510,16 @@ class LanguageModelFusion:
         alpha, beta, unk = self.alpha, self.beta, self.unk_score_offset
         # the unigrams are words of the model (see __init__), so this is score_word's unknown-word test
         known = self.unigrams or model
-        out = [
-            alpha * (logp if word in known else logp + unk) * LOG10_TO_LN + beta
-            for logp, word in zip(logps, words, strict=True)
-        ]
+        if alpha:
+            out = [
+                alpha * (logp if word in known else logp + unk) * LOG10_TO_LN + beta
+                for logp, word in zip(logps, words, strict=True)
+            ]
+        else:  # 0 * -inf is NaN: see _weighted
+            out = [
+                _weighted(0.0, logp if word in known else logp + unk) + beta
+                for logp, word in zip(logps, words, strict=True)
+            ]
         return out, new_states
 
     def score_eos(self, state: Any) -> float:

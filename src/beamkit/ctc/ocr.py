@@ -47,10 +47,12 @@ def default_model_path() -> str:
 
 def load_line_image(path: str | os.PathLike[str]) -> np.ndarray:
     """A text-line image file as a ``(H, W, 3)`` uint8 BGR array (the channel order the model was trained on)."""
-    image_mod = _require("PIL.Image")
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder: give the image files, one text line each")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"image not found: {path}")
+    image_mod = _require("PIL.Image")
     try:
         with image_mod.open(path) as im:
             rgb = np.asarray(im.convert("RGB"))  # shape: (H, W, 3)

@@ -109,7 +109,9 @@ def prefix_beam_search(
 
     ``log_probs``: one ``(T, V)`` matrix (returns one list of hypotheses, best first), or a ``(N, T, V)``
     array with ``lengths`` (valid frames per utterance), or a list of ``(T_i, V)`` matrices (returns one
-    list per utterance). Values are per-frame log-probabilities (use :func:`log_softmax` on logits).
+    list per utterance). Values are per-frame log-probabilities (use :func:`log_softmax` on logits). An
+    utterance of a batch holding NaN raises :class:`~beamkit.ctc.decoder.CTCBatchDecodeError` after the
+    others are searched (it carries their results).
 
     Pruning (pyctcdecode's knobs): per frame only labels with ``lp >= token_min_logp`` (plus the argmax)
     are tried; hypotheses scoring below ``best + beam_prune_logp`` are dropped; at most ``beam_width``
@@ -140,7 +142,7 @@ def prefix_beam_search(
         raise TypeError("lm must be a LanguageModelFusion (wrap the n-gram model) or None")
     single = False
     if isinstance(log_probs, (list, tuple)):
-        mats = [to_numpy_2d_or_3d(m) for m in log_probs]
+        mats = [to_numpy_2d_or_3d(m, check_nan=False) for m in log_probs]
         if any(m.ndim != 2 for m in mats):
             raise ValueError("a list of utterances must hold 2-D (T, V) matrices")
         if not mats:
@@ -154,7 +156,7 @@ def prefix_beam_search(
         if lengths is not None:
             raise ValueError("lengths must not be given with a list of matrices")
     else:
-        batch = to_numpy_2d_or_3d(log_probs)
+        batch = to_numpy_2d_or_3d(log_probs, check_nan=False)
         if batch.ndim == 2:
             single = True
             batch = batch[None]
@@ -168,15 +170,28 @@ def prefix_beam_search(
                 raise ValueError(f"lengths must lie in [0, {batch.shape[1]}]")
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
+    failed = np.flatnonzero([np.isnan(batch[i, :n]).any() for i, n in enumerate(lens.tolist())])
+    if single and len(failed):
+        raise ValueError("log_probs contains NaN")
+    lens = lens.copy()
+    lens[failed] = 0  # searched as empty; reported below, the others' results kept
     parts = (dense_part(batch[i, :n], token_min_logp, voc.blank) for i, n in enumerate(lens.tolist()))
     cands = collect_candidates(parts, lens)
-    if not record_trace:
-        results = search_candidates(cands, voc, lm, opts)
-        return results[0] if single else results
-    from .trace import CTCTraceRecorder
+    recorder = None
+    if record_trace:
+        from .trace import CTCTraceRecorder
 
-    recorder = CTCTraceRecorder(voc.labels, voc.blank)
+        recorder = CTCTraceRecorder(voc.labels, voc.blank)
     results = search_candidates(cands, voc, lm, opts, recorder)
+    if len(failed):
+        from .decoder import CTCBatchDecodeError
+
+        bad = failed.tolist()
+        for j in bad:
+            results[j] = []
+        raise CTCBatchDecodeError(dict.fromkeys(bad, "log_probs contains NaN"), results)
+    if recorder is None:
+        return results[0] if single else results
     traces = recorder.traces()
     return (results[0], traces[0]) if single else (results, traces)
 
@@ -185,4 +200,8 @@ def _word_tuple(words: Iterable[str]) -> tuple[str, ...]:
     """Hotwords as a tuple (one string is refused: it would be read as its characters)."""
     if isinstance(words, str):
         raise TypeError("hotwords must be a list of strings, not one string")
-    return tuple(words)
+    out = tuple(words)
+    bad = [w for w in out if not isinstance(w, str)]
+    if bad:
+        raise TypeError(f"hotwords must be a list of strings, got {bad[0]!r} among them")
+    return out

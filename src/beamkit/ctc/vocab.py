@@ -13,7 +13,7 @@ search which column is the blank, which one (if any) is the word delimiter, and 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -67,13 +67,22 @@ class Vocabulary:
         label exists.
         """
         if isinstance(labels, str):
-            raise TypeError("labels must be a sequence of strings, not one string")
+            raise TypeError("labels must be a list of strings, not one string")
+        if not isinstance(labels, Iterable):
+            raise TypeError(f"labels must be a list of strings, got {labels!r}")
+        labels = list(labels)
         if not all(isinstance(x, str) for x in labels):
-            raise TypeError("labels must all be strings")
+            raise TypeError("labels must be a list of strings; not all of them are strings")
         labs = list(labels)
         if not labs:
             raise ValueError("vocabulary is empty")
         index = _blank_index(labs, blank)
+        others = [i for i, lab in enumerate(labs) if lab == "" and i != index]
+        if others:
+            raise ValueError(
+                f"the blank is given as column {index} ({labs[index]!r}), but label {others[0]} is empty, which "
+                "also spells the blank: give that column with blank= (--blank), or fix the labels"
+            )
         labs[index] = ""
         is_bpe = any(s.startswith("##") for s in labs) or any(s.startswith(BPE_TOKEN) for s in labs)
         if is_bpe:

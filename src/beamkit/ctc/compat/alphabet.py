@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 from ..vocab import BPE_TOKEN, Vocabulary
 
@@ -76,7 +76,10 @@ class Alphabet:
 
     @classmethod
     def build_alphabet(cls, labels: list[str]) -> Alphabet:
-        """Normalise raw model labels as pyctcdecode does (duplicates, or a space among BPE pieces: ValueError)."""
+        """Normalise raw model labels as pyctcdecode does (duplicates, or a space among BPE pieces: ValueError;
+        not a list: TypeError)."""
+        if not isinstance(labels, Iterable):
+            raise TypeError(f"labels must be a list of strings, got {labels!r}")
         labels = list(labels)
         is_bpe = any(s.startswith("##") or s.startswith(BPE_TOKEN) for s in labels)
         if len(labels) != len(set(labels)):

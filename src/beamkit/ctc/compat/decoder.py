@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..decoder import CTCDecoder
+from ..prefix_search import _word_tuple
 from .alphabet import Alphabet, verify_alphabet_coverage
 from .constants import (
     DEFAULT_ALPHA,
@@ -179,8 +180,8 @@ class BeamSearchDecoderCTC:
         valid = _valid_pool(pool)
         if valid is None:
             return None
-        for logits in logits_list:
-            self._check_logits_dimension(logits)
+        for i, logits in enumerate(logits_list):
+            _naming_utterance(i, self._check_logits_dimension, logits)
         return list(valid.map(functools.partial(_mp_safe_beams, self, knobs), logits_list))
 
     def decode_beams_batch(
@@ -201,7 +202,7 @@ class BeamSearchDecoderCTC:
         mapped = self._pool_map(pool, logits_list, knobs)
         if mapped is not None:
             return mapped
-        lps = [self._prepared(x) for x in logits_list]
+        lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
         return self._decoder().decode_beams_batch(
             None, lps, beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight
         )
@@ -239,7 +240,7 @@ class BeamSearchDecoderCTC:
         mapped = self._pool_map(pool, logits_list, knobs)
         if mapped is not None:
             return [beams[0][0] for beams in mapped]
-        lps = [self._prepared(x) for x in logits_list]
+        lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
         return self._decoder().decode_batch(None, lps, beam_width, beam_prune_logp, token_min_logp, hot, hotword_weight)
 
     # ------------------------------------------------------------------ saving and loading
@@ -296,6 +297,14 @@ class BeamSearchDecoderCTC:
         return cls.load_from_dir(snapshot_download(model_id, cache_dir=cache_dir, **kwargs))
 
 
+def _naming_utterance(index: int, fn: Any, logits: Any) -> Any:
+    """``fn(logits)``; a ValueError (pyctcdecode raises for a bad matrix of a batch too) names the utterance."""
+    try:
+        return fn(logits)
+    except ValueError as exc:
+        raise ValueError(f"utterance {index} of the batch: {exc}") from exc
+
+
 def _mp_safe_beams(decoder: BeamSearchDecoderCTC, knobs: tuple[Any, ...], logits: Any) -> list[OutputBeamMPSafe]:
     """``decoder._decode_beams_mp_safe(logits, *knobs)`` (a module-level function: it pickles into workers)."""
     return decoder._decode_beams_mp_safe(logits, *knobs)
@@ -307,7 +316,7 @@ def _hotword_list(hotwords: Iterable[str] | None) -> list[str] | None:
         return None
     if isinstance(hotwords, str):
         raise TypeError("hotwords must be a list of strings, not one string")
-    words = [s.strip() for s in hotwords if len(s.strip()) > 0]
+    words = [s.strip() for s in _word_tuple(hotwords) if len(s.strip()) > 0]
     return words or None
 
 

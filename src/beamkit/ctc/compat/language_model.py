@@ -10,9 +10,9 @@ alike.
 from __future__ import annotations
 
 import abc
+import bisect
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -21,7 +21,7 @@ from re import Pattern
 from typing import Any
 
 from ..lm import HotwordScorer as _Hotwords
-from ..lm import KenLMModel, LanguageModelFusion
+from ..lm import KenLMModel, LanguageModelFusion, fusion_weight
 from .constants import (
     AVG_TOKEN_LEN,
     DEFAULT_ALPHA,
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "AbstractLanguageModel",
     "HotwordScorer",
+    "HotwordTrie",
     "LanguageModel",
     "MultiLanguageModel",
     "load_unigram_set_from_arpa",
@@ -63,6 +64,51 @@ def load_unigram_set_from_arpa(arpa_path: str) -> set[str]:
     return unigrams
 
 
+class HotwordTrie:
+    """The hotwords as a read-only character trie with ``pygtrie.CharTrie``'s queries (what pyctcdecode's
+    ``HotwordScorer._char_trie`` is): ``has_node(s)`` is ``HAS_VALUE`` (1) when ``s`` is a hotword, plus
+    ``HAS_SUBTRIE`` (2) when a longer hotword starts with ``s``, 0 otherwise."""
+
+    HAS_VALUE = 1
+    HAS_SUBTRIE = 2
+
+    def __init__(self, words: Iterable[str]) -> None:
+        """A trie of ``words`` (single words: phrases are split by :meth:`HotwordScorer.build_scorer`)."""
+        self._words = frozenset(words)
+        self._sorted = sorted(self._words)
+
+    @property
+    def words(self) -> frozenset[str]:
+        """The hotwords."""
+        return self._words
+
+    def has_node(self, key: str) -> int:
+        """``HAS_VALUE`` if ``key`` is a hotword, plus ``HAS_SUBTRIE`` if a longer hotword starts with it."""
+        i = bisect.bisect_right(self._sorted, key)
+        longer = i < len(self._sorted) and self._sorted[i].startswith(key)
+        return (self.HAS_VALUE if key in self._words else 0) | (self.HAS_SUBTRIE if longer else 0)
+
+    def has_key(self, key: str) -> bool:
+        """Whether ``key`` is a hotword."""
+        return key in self._words
+
+    def has_subtrie(self, key: str) -> bool:
+        """Whether a hotword longer than ``key`` starts with it."""
+        return bool(self.has_node(key) & self.HAS_SUBTRIE)
+
+    def keys(self, prefix: str | None = None) -> list[str]:
+        """The hotwords (those starting with ``prefix`` when given)."""
+        return [w for w in self._sorted if prefix is None or w.startswith(prefix)]
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is a hotword."""
+        return key in self._words
+
+    def __len__(self) -> int:
+        """The number of hotwords."""
+        return len(self._words)
+
+
 class HotwordScorer:
     """Bonus per hotword (``weight`` per whole-word match) and for partial words that start one."""
 
@@ -71,12 +117,12 @@ class HotwordScorer:
         :class:`~beamkit.ctc.lm.HotwordScorer`, or any mapping/trie whose ``keys()`` are the words)."""
         self._match_ptn = match_ptn
         self._weight = weight
-        words = char_trie.words if isinstance(char_trie, _Hotwords) else list(char_trie.keys())
-        self._char_trie = _Hotwords(words, float(weight))
+        words = char_trie.words if isinstance(char_trie, (_Hotwords, HotwordTrie)) else list(char_trie.keys())
+        self._char_trie = HotwordTrie(words)
 
     def __contains__(self, item: str) -> bool:
-        """Whether ``item`` starts some hotword."""
-        return bool(self._char_trie.words) and self._char_trie.is_prefix(item)
+        """Whether ``item`` starts some hotword (or is one)."""
+        return self._char_trie.has_node(item) > 0
 
     def score(self, text: str) -> float:
         """``weight`` times the number of hotword matches in ``text``."""
@@ -101,7 +147,7 @@ class HotwordScorer:
             pattern = re.compile("|".join(alternatives))
         else:
             pattern = re.compile(r"^\b$")  # matches nothing
-        return cls(pattern, _Hotwords(words, float(weight)), weight)
+        return cls(pattern, HotwordTrie(words), weight)
 
 
 class AbstractLanguageModel(abc.ABC):
@@ -139,11 +185,13 @@ class AbstractLanguageModel(abc.ABC):
         del params
 
 
-def _finite(name: str, value: Any) -> float:
-    """``value`` as a float; non-numbers and non-finite numbers: ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number. Got {value!r}.")
-    return float(value)
+def _finite(name: str, value: Any, minus_inf: bool = False) -> float:
+    """``value`` as a float; non-numbers, NaN and infinities (but -inf when ``minus_inf``): ValueError naming
+    ``name``."""
+    try:
+        return fusion_weight(name, value, minus_inf)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class LanguageModel(AbstractLanguageModel):
@@ -172,7 +220,7 @@ class LanguageModel(AbstractLanguageModel):
             None if unigrams is None else list(unigrams),
             alpha=_finite("alpha", alpha),
             beta=_finite("beta", beta),
-            unk_score_offset=_finite("unk_score_offset", unk_score_offset),
+            unk_score_offset=_finite("unk_score_offset", unk_score_offset, minus_inf=True),
             score_boundary=bool(score_boundary),
         )
         self._unigram_set = set(self._fusion.unigrams)
@@ -203,7 +251,7 @@ class LanguageModel(AbstractLanguageModel):
 
     @unk_score_offset.setter
     def unk_score_offset(self, value: float) -> None:
-        self._fusion.unk_score_offset = _finite("unk_score_offset", value)
+        self._fusion.unk_score_offset = _finite("unk_score_offset", value, minus_inf=True)
 
     @property
     def score_boundary(self) -> bool:
