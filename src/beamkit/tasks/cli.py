@@ -101,17 +101,20 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a dates model and save the checkpoint folder."""
-    from beamkit.tasks.train import TrainConfig, train
+    from beamkit.tasks import train as training
 
-    config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
+    config = training.TrainConfig.default(
+        args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed
+    )
     out = args.out or f"checkpoints/dates-{args.arch}"
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    training.check_out(out, force=args.force)
     try:
         import torch
 
         torch.set_num_threads(args.threads)
-        model = train(config, out=out, progress=not args.quiet)
+        model = training.train(config, out=out, progress=not args.quiet)
     except ImportError as exc:
         return _fail_import("train", exc)
     info = model.meta["train"]
@@ -301,6 +304,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--train-size", type=int, default=None, help="use only the first N training pairs (default: all)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument(
+        "--force", action="store_true", help="write into an --out folder that is not empty (never a shipped model's)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
