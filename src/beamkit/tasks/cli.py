@@ -182,6 +182,8 @@ def _eval_g2p(args: argparse.Namespace) -> int:
     from beamkit.tasks.evaluate import check_plot_path, parse_beams
     from beamkit.tasks.g2p import evaluate
 
+    if args.split is not None and args.words is not None:
+        raise ValueError("--words samples words; --split evaluates a fixed split instead: give one of them")
     beams = parse_beams(args.beams)
     lm, weights = _lm_args(args, list(PHONEMES))
     alphas = [args.length_penalty if args.length_penalty is not None else 1.0]
@@ -192,7 +194,7 @@ def _eval_g2p(args: argparse.Namespace) -> int:
         results = {
             a: evaluate(
                 beams,
-                args.words,
+                500 if args.words is None else args.words,
                 length_penalty=a,
                 seed=args.seed,
                 split_name=args.split,
@@ -358,7 +360,7 @@ def register(subparsers: Any) -> None:
                 help="also count outputs scoring below beamkit.exact_search's optimum (slower)",
             )
         else:
-            p.add_argument("--words", type=int, default=500, help="how many cmudict words")
+            p.add_argument("--words", type=int, default=None, help="how many sampled cmudict words (default: 500)")
             p.add_argument("--seed", type=int, default=1234, help="sampling seed")
             p.add_argument(
                 "--split",
