@@ -33,12 +33,26 @@ def read_texts(texts: list[str]) -> list[str]:
     return out
 
 
+def _check_dates(texts: list[str], strict: bool) -> None:
+    """Warn on stderr about each input the dates models cannot mean; with ``strict``, refuse the first."""
+    from beamkit.tasks.dates import out_of_range_reason
+
+    for text in texts:
+        reason = out_of_range_reason(text)
+        if reason is None:
+            continue
+        if strict:
+            raise ValueError(f"{text!r} is not a date the model can read: {reason}")
+        print(f"beamkit translate: warning: {text!r}: {reason}; its output is a guess", file=sys.stderr)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     """Decode each TEXT with a dates model and print its n-best with log-probabilities and scores."""
     from beamkit.models import load_model, translate
     from beamkit.progress import progress_bar, progress_enabled
 
     texts = read_texts(args.text)
+    _check_dates(texts, args.strict)
     if args.beam < 1:
         raise ValueError(f"--beam must be >= 1, got {args.beam}")
     n_best = args.beam if args.n_best is None else args.n_best
@@ -264,6 +278,7 @@ def add_backend(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
     from beamkit.cli import HelpFormatter
+    from beamkit.tasks.dates import FIRST_DAY, LAST_DAY
 
     def add(sub: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
         description = summary[0].upper() + summary[1:] + "." + (f" {more}" if more else "")
@@ -277,7 +292,9 @@ def register(subparsers: Any) -> None:
         "translate",
         "decode dates with a shipped or saved model; print the n-best",
         "All inputs are decoded in one batched search; '-' reads them from standard input, one per line. "
-        "A progress bar goes to standard error when it is a terminal.",
+        "A progress bar goes to standard error when it is a terminal. The models read dates from the years "
+        f"{FIRST_DAY.year}-{LAST_DAY.year}; an input with no date-like token (no digit, month or weekday name) or "
+        "a year outside that range gets a warning on standard error (--strict refuses it).",
     )
     p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'; '-' reads standard input")
     p.add_argument(
@@ -290,6 +307,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha")
     p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
     p.add_argument("--json", action="store_true", help="print the n-best as JSON")
+    p.add_argument(
+        "--strict", action="store_true", help="refuse an input with no date-like token or a year out of range"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend(p)
     p.set_defaults(func=cmd_translate)
