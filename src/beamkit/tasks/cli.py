@@ -16,6 +16,22 @@ def _fail_import(command: str, exc: ImportError) -> int:
     return 2
 
 
+def _stdin_lines() -> list[str]:
+    """The lines of standard input, decoded as UTF-8; bytes that are not UTF-8 raise ValueError naming the line."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # a text stream without bytes underneath (tests, embedding)
+        return list(sys.stdin)
+    lines = []
+    for number, line in enumerate(raw, 1):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"standard input, line {number}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
+    return lines
+
+
 def read_texts(texts: list[str]) -> list[str]:
     """The inputs of ``translate``: each ``-`` stands for the lines of standard input (blank lines skipped)."""
     if texts.count("-") > 1:
@@ -25,7 +41,7 @@ def read_texts(texts: list[str]) -> list[str]:
         if text != "-":
             out.append(text)
             continue
-        lines = [line.rstrip("\r\n") for line in sys.stdin]
+        lines = [line.rstrip("\r\n") for line in _stdin_lines()]
         lines = [line for line in lines if line.strip()]
         if not lines:
             raise ValueError("'-' reads the inputs from standard input, one per line, but it was empty")
