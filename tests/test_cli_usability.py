@@ -273,4 +273,4 @@ def test_an_os_error_is_one_error_line_and_exit_code_1(capsys, tmp_path, monkeyp
     monkeypatch.setattr(tasks_cli, "cmd_models", fails)
     code, out, err = run_main(capsys, "models")
     assert code == 1 and out == ""
-    assert err.count("\n") == 1 and err.startswith("beamkit models: error:") and "Is a directory" in err
+    assert err.count("\n") == 1 and err.startswith("beamkit models: error:") and f"{tmp_path} is a folder" in err

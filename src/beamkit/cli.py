@@ -60,7 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:  # bad input: a usage error
         print(f"beamkit {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # a folder where a file belongs, no permission, a full disk: the command failed
+    except IsADirectoryError as exc:  # a folder where a file belongs: say so, not the system's "Is a directory"
+        print(
+            f"beamkit {args.command}: error: {exc.filename2 or exc.filename} is a folder, not a file", file=sys.stderr
+        )
+        return 1
+    except OSError as exc:  # no permission, a full disk: the command failed
         print(f"beamkit {args.command}: error: {exc}", file=sys.stderr)
         return 1
 

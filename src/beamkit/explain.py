@@ -107,11 +107,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--beam must be >= 1, got {args.beam}")
     if args.max_len is not None and args.max_len < 1:
         raise ValueError(f"--max-len must be >= 1, got {args.max_len}")
+    hf = args.model is not None and args.model.startswith("hf:")
+    if hf and args.policy is not None:
+        raise ValueError("--policy applies to dates models only; leave it out with --model hf:DIR")
     try:
-        if args.model is not None and args.model.startswith("hf:"):
+        if hf:
             trace = explain_hf(args.text, args.model[3:], args.beam, args.length_penalty, args.max_len)
         else:
-            trace = explain_dates(args.text, args.model, args.beam, args.length_penalty, args.max_len, args.policy)
+            policy = args.policy or "narrow"
+            trace = explain_dates(args.text, args.model, args.beam, args.length_penalty, args.max_len, policy)
     except ImportError as exc:
         print(f"beamkit explain: error: {exc}", file=sys.stderr)
         return 2
@@ -145,7 +149,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha")
     p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's; hf: 20)")
     p.add_argument(
-        "--policy", choices=["narrow", "pool", "compete"], default="narrow", help="search policy (dates models only)"
+        "--policy",
+        choices=["narrow", "pool", "compete"],
+        default=None,
+        help="search policy (dates models only; default: narrow)",
     )
     p.add_argument("--format", choices=FORMATS, default="html", help="output format")
     p.add_argument("-o", "--output", default=None, help="output file (default: stdout)")

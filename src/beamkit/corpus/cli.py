@@ -30,10 +30,27 @@ def _options(args: argparse.Namespace) -> DecodeOptions:
     )  # fmt: skip
 
 
+def _check_output(args: argparse.Namespace) -> None:
+    """Refuse an ``--output`` that is the input, a folder, or an existing file that no earlier run of ``decode``
+    wrote (one without ``OUTPUT.parts/manifest.json`` next to it) unless ``--force``."""
+    output, source = args.output, args.input
+    same = os.path.abspath(output) == os.path.abspath(source)
+    if not same and os.path.exists(output) and os.path.exists(source):
+        same = os.path.samefile(output, source)
+    if same:
+        raise ValueError(f"--output {output} is the input; choose another output file")
+    if os.path.isdir(output):
+        raise ValueError(f"--output {output} is a folder; give the JSONL file to write")
+    ours = os.path.isfile(os.path.join(f"{output}.parts", "manifest.json"))
+    if os.path.exists(output) and not ours and not args.force:
+        raise ValueError(f"--output {output} exists and was not written by beamkit decode; add --force to replace it")
+
+
 def cmd_decode(args: argparse.Namespace) -> int:
     """Decode a corpus into a JSONL file; resumable (rerun the same command after an interruption)."""
     from beamkit.corpus.run import decode_corpus
 
+    _check_output(args)
     options = _options(args)
     try:
         result = decode_corpus(
@@ -106,5 +123,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--alpha", type=float, default=0.5, help="CTC: LM weight")
     p.add_argument("--beta", type=float, default=1.5, help="CTC: word insertion bonus")
     p.add_argument("--pyctcdecode-compat", action="store_true", help="CTC: pyctcdecode's end-of-utterance scoring")
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing --output file that beamkit decode did not write"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_decode)

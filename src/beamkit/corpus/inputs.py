@@ -22,12 +22,13 @@ class Item(NamedTuple):
     error: str | None = None
 
 
-def _text_item(index: int, line_no: int, raw: bytes, shown_id: Any) -> Item:
+def _text_item(index: int, line_no: int, raw: bytes, shown_id: Any, path: Path) -> Item:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         shown = raw.decode("utf-8", errors="replace")
-        return Item(index, shown_id, shown, error=f"line {line_no}: not valid UTF-8 ({exc.reason} at byte {exc.start})")
+        reason = f"{path}, line {line_no}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        return Item(index, shown_id, shown, error=reason)
     if not text.strip():
         return Item(index, shown_id, text, error=f"line {line_no}: empty input")
     return Item(index, shown_id, text)
@@ -43,7 +44,7 @@ def _lines(path: Path) -> list[bytes]:
 
 def read_text(path: Path) -> list[Item]:
     """One Item per line; its id is the line number (1-based)."""
-    return [_text_item(i, i + 1, raw, i + 1) for i, raw in enumerate(_lines(path))]
+    return [_text_item(i, i + 1, raw, i + 1, path) for i, raw in enumerate(_lines(path))]
 
 
 def read_jsonl(path: Path) -> list[Item]:
@@ -51,7 +52,7 @@ def read_jsonl(path: Path) -> list[Item]:
     items = []
     for i, raw in enumerate(_lines(path)):
         line_no = i + 1
-        first = _text_item(i, line_no, raw, line_no)
+        first = _text_item(i, line_no, raw, line_no, path)
         if first.error is not None:
             items.append(first)
             continue

@@ -8,6 +8,8 @@ each search sees exactly the batch the local back-end would give it (same result
 from __future__ import annotations
 
 import json
+import re
+import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,24 @@ def import_ray() -> Any:
     return ray
 
 
+_HOST_PORT = re.compile(r"^(?:ray://)?(\[[^\]]+\]|[^:/\[\]]+):(\d+)$")
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Raise RuntimeError naming ``address`` when it is a ``HOST:PORT`` (or ``ray://HOST:PORT``) that nothing
+    accepts a connection at within ``timeout`` seconds; ``ray.init`` would wait there for minutes. Other forms
+    (``auto``, ``local``) are left to Ray."""
+    found = _HOST_PORT.match(address.strip())
+    if found is None:
+        return
+    host, port = found.group(1).strip("[]"), int(found.group(2))
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise RuntimeError(f"no Ray cluster answers at {address} ({exc.strerror or exc})") from None
+
+
 def start_ray(address: str | None) -> bool:
     """Connect to Ray unless already connected: the cluster at ``address`` (shipping this beamkit to its workers)
     or, with None, ``ray.init()``'s default (RAY_ADDRESS, else a new local instance). Return whether we started it.
@@ -42,6 +62,7 @@ def start_ray(address: str | None) -> bool:
     import beamkit
 
     if address:
+        check_reachable(address)
         package = str(Path(beamkit.__file__).parent)
         ray.init(address=address, logging_level=logging.WARNING, runtime_env={"py_modules": [package]})
     else:

@@ -16,6 +16,22 @@ def _fail_import(command: str, exc: ImportError) -> int:
     return 2
 
 
+def _stdin_lines() -> list[str]:
+    """The lines of standard input, decoded as UTF-8; bytes that are not UTF-8 raise ValueError naming the line."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # a text stream without bytes underneath (tests, embedding)
+        return list(sys.stdin)
+    lines = []
+    for number, line in enumerate(raw, 1):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"standard input, line {number}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
+    return lines
+
+
 def read_texts(texts: list[str]) -> list[str]:
     """The inputs of ``translate``: each ``-`` stands for the lines of standard input (blank lines skipped)."""
     if texts.count("-") > 1:
@@ -25,12 +41,25 @@ def read_texts(texts: list[str]) -> list[str]:
         if text != "-":
             out.append(text)
             continue
-        lines = [line.rstrip("\r\n") for line in sys.stdin]
+        lines = [line.rstrip("\r\n") for line in _stdin_lines()]
         lines = [line for line in lines if line.strip()]
         if not lines:
             raise ValueError("'-' reads the inputs from standard input, one per line, but it was empty")
         out.extend(lines)
     return out
+
+
+def _check_dates(texts: list[str], strict: bool) -> None:
+    """Warn on stderr about each input the dates models cannot mean; with ``strict``, refuse the first."""
+    from beamkit.tasks.dates import out_of_range_reason
+
+    for text in texts:
+        reason = out_of_range_reason(text)
+        if reason is None:
+            continue
+        if strict:
+            raise ValueError(f"{text!r} is not a date the model can read: {reason}")
+        print(f"beamkit translate: warning: {text!r}: {reason}; its output is a guess", file=sys.stderr)
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -39,6 +68,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from beamkit.progress import progress_bar, progress_enabled
 
     texts = read_texts(args.text)
+    _check_dates(texts, args.strict)
     if args.beam < 1:
         raise ValueError(f"--beam must be >= 1, got {args.beam}")
     n_best = args.beam if args.n_best is None else args.n_best
@@ -101,17 +131,20 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a dates model and save the checkpoint folder."""
-    from beamkit.tasks.train import TrainConfig, train
+    from beamkit.tasks import train as training
 
-    config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
+    config = training.TrainConfig.default(
+        args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed
+    )
     out = args.out or f"checkpoints/dates-{args.arch}"
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    training.check_out(out, force=args.force)
     try:
         import torch
 
         torch.set_num_threads(args.threads)
-        model = train(config, out=out, progress=not args.quiet)
+        model = training.train(config, out=out, progress=not args.quiet)
     except ImportError as exc:
         return _fail_import("train", exc)
     info = model.meta["train"]
@@ -179,6 +212,8 @@ def _eval_g2p(args: argparse.Namespace) -> int:
     from beamkit.tasks.evaluate import check_plot_path, parse_beams
     from beamkit.tasks.g2p import evaluate
 
+    if args.split is not None and args.words is not None:
+        raise ValueError("--words samples words; --split evaluates a fixed split instead: give one of them")
     beams = parse_beams(args.beams)
     lm, weights = _lm_args(args, list(PHONEMES))
     alphas = [args.length_penalty if args.length_penalty is not None else 1.0]
@@ -189,7 +224,7 @@ def _eval_g2p(args: argparse.Namespace) -> int:
         results = {
             a: evaluate(
                 beams,
-                args.words,
+                500 if args.words is None else args.words,
                 length_penalty=a,
                 seed=args.seed,
                 split_name=args.split,
@@ -259,6 +294,7 @@ def add_backend(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
     from beamkit.cli import HelpFormatter
+    from beamkit.tasks.dates import FIRST_DAY, LAST_DAY
 
     def add(sub: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
         description = summary[0].upper() + summary[1:] + "." + (f" {more}" if more else "")
@@ -272,7 +308,9 @@ def register(subparsers: Any) -> None:
         "translate",
         "decode dates with a shipped or saved model; print the n-best",
         "All inputs are decoded in one batched search; '-' reads them from standard input, one per line. "
-        "A progress bar goes to standard error when it is a terminal.",
+        "A progress bar goes to standard error when it is a terminal. The models read dates from the years "
+        f"{FIRST_DAY.year}-{LAST_DAY.year}; an input with no date-like token (no digit, month or weekday name) or "
+        "a year outside that range gets a warning on standard error (--strict refuses it).",
     )
     p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'; '-' reads standard input")
     p.add_argument(
@@ -285,6 +323,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha")
     p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
     p.add_argument("--json", action="store_true", help="print the n-best as JSON")
+    p.add_argument(
+        "--strict", action="store_true", help="refuse an input with no date-like token or a year out of range"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend(p)
     p.set_defaults(func=cmd_translate)
@@ -301,6 +342,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--train-size", type=int, default=None, help="use only the first N training pairs (default: all)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument(
+        "--force", action="store_true", help="write into an --out folder that is not empty (never a shipped model's)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
@@ -352,7 +396,7 @@ def register(subparsers: Any) -> None:
                 help="also count outputs scoring below beamkit.exact_search's optimum (slower)",
             )
         else:
-            p.add_argument("--words", type=int, default=500, help="how many cmudict words")
+            p.add_argument("--words", type=int, default=None, help="how many sampled cmudict words (default: 500)")
             p.add_argument("--seed", type=int, default=1234, help="sampling seed")
             p.add_argument(
                 "--split",

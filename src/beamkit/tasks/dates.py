@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import random
+import re
 from collections.abc import Callable
 from functools import cache
 
@@ -222,3 +223,21 @@ def lm_vocab() -> list[str]:
 
     names = {"<bos>": "<s>", "<eos>": "</s>"}
     return [names.get(sym, sym) for sym in target_vocab().symbols]
+
+
+_DATE_WORDS = frozenset(w.lower() for name in MONTHS + WEEKDAYS for w in (name, name[:3]))
+_YEAR = re.compile(r"(?<!\d)\d{4}(?!\d)")
+
+
+def out_of_range_reason(text: str) -> str | None:
+    """Why the dates models cannot mean ``text``, or None when they can: it has no date-like token (no digit and
+    no month or weekday name), or a four-digit year outside the years they were trained on
+    (:data:`FIRST_DAY` .. :data:`LAST_DAY`)."""
+    first, last = FIRST_DAY.year, LAST_DAY.year
+    words = set(re.findall(r"[a-z]+", text.lower()))
+    if not any(ch.isdigit() for ch in text) and not words & _DATE_WORDS:
+        return "it has no date-like token (a digit, or a month or weekday name)"
+    for year in _YEAR.findall(text):
+        if not first <= int(year) <= last:
+            return f"the year {year} is outside the supported years {first}-{last}"
+    return None

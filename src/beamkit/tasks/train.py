@@ -116,15 +116,33 @@ def _tensors(pairs: Sequence[tuple[list[int], list[int]]], idx: Sequence[int]) -
     return torch.as_tensor(src), torch.as_tensor(lengths), torch.as_tensor(tgt_in), torch.as_tensor(gold)
 
 
+def check_out(out: str | Path, force: bool = False) -> None:
+    """Refuse a checkpoint folder ``out`` that training must not write: one inside the package's shipped models,
+    an existing file, or (unless ``force``) an existing non-empty folder. Raises ValueError naming ``out``."""
+    from beamkit.models import SHIPPED_DIR
+
+    path = Path(out).resolve()
+    shipped = SHIPPED_DIR.resolve()
+    if path == shipped or shipped in path.parents:
+        raise ValueError(f"--out {out} is inside beamkit's shipped models; choose a folder of your own")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out} is a file; a checkpoint is a folder")
+    if not force and path.is_dir() and any(path.iterdir()):
+        raise ValueError(f"--out {out} is a folder that is not empty; add --force to write the checkpoint into it")
+
+
 def train(config: TrainConfig, out: str | Path | None = None, progress: bool = True) -> Any:
     """Train a dates model with ``config``; save it to ``out`` when given; return the model (eval mode).
 
     Deterministic for a given seed and thread count. Prints a progress bar on stderr when ``progress``.
+    ``out`` is checked before training: never inside the shipped models, never an existing file.
     """
     import torch
 
     from beamkit.models import checkpoint
 
+    if out is not None:
+        check_out(out, force=True)
     if config.epochs < 1 or config.batch_size < 1 or config.train_size < 1:
         raise ValueError("epochs, batch_size and train_size must be >= 1")
     torch.manual_seed(config.seed)
