@@ -60,7 +60,7 @@ def assert_refused_then_redecoded(tmp_path: Path, out: Path, args: list[str], ca
     want = fresh(tmp_path, *args)
     assert want != before
     shutil.rmtree(out.with_name(out.name + ".parts"))
-    assert decode(*args, "--output", str(out)) == 0
+    assert decode(*args, "--output", str(out), "--force") == 0  # the record of the old run is gone
     assert out.read_bytes() == want
 
 
@@ -102,7 +102,9 @@ def test_shards_without_their_manifest_are_not_reused_by_other_options(tmp_path,
     args = ["--input", str(corpus), "--shard-size", "3"]
     assert decode(*args, "--output", str(out), "--beam", "3", "--n-best", "3") == 0
     (tmp_path / "out.jsonl.parts" / "manifest.json").unlink()
-    assert decode(*args, "--output", str(out)) == 0
+    # without its manifest the output is no longer known to be decode's own: replacing it needs --force
+    assert decode(*args, "--output", str(out)) == 2
+    assert decode(*args, "--output", str(out), "--force") == 0
     assert out.read_bytes() == fresh(tmp_path, *args)
 
 

@@ -197,8 +197,10 @@ def test_fusion_rules() -> None:
     assert fusion.score_partial("q") == -3.0
     assert fusion.score_partial("qqqqqqqqq") == pytest.approx(-3.0 * 9 / 6)
     assert fusion.score_eos(state) == pytest.approx(0.5 * (-0.3 - 1.5) * math.log(10))
-    with pytest.raises(TypeError, match="alpha"):
+    with pytest.raises(ValueError, match="alpha must be a finite number, got nan"):
         LanguageModelFusion(lm, alpha=float("nan"))
+    with pytest.raises(TypeError, match="alpha"):
+        LanguageModelFusion(lm, alpha="0.5")
     no_unigrams = LanguageModelFusion(lm)
     assert no_unigrams.score_partial("a") == -10.0  # pyctcdecode: every partial word is unknown
 

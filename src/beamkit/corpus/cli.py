@@ -43,7 +43,10 @@ def _check_output(args: argparse.Namespace) -> None:
         raise ValueError(f"--output {output} is a folder; give the JSONL file to write")
     ours = os.path.isfile(os.path.join(f"{output}.parts", "manifest.json"))
     if os.path.exists(output) and not ours and not args.force:
-        raise ValueError(f"--output {output} exists and was not written by beamkit decode; add --force to replace it")
+        raise ValueError(
+            f"--output {output} exists and no record of a beamkit decode run is beside it "
+            f"({output}.parts/manifest.json); add --force to replace it"
+        )
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
