@@ -51,3 +51,68 @@ def test_a_float_state_joining_int_rows_fails_alone():
     done = _drain(engine)
     assert done[a].error is None and [h.tokens for h in done[a].hypotheses] == [[1, 1], [1, 2]]
     assert "float64" in done[b].error and "int64" in done[b].error
+
+
+# -------------------------------------------------------------------------------------------- engine messages
+def test_best_of_an_unknown_request_raises_like_cancel():
+    m = ToyModel(4)
+    engine = Engine(m.step, beam_size=2, max_len=3)
+    for call in (engine.best, engine.cancel):
+        with pytest.raises(ValueError, match="no request 7 was added"):
+            call(7)
+    r = engine.add(m.init(), BOS, EOS)
+    _drain(engine)
+    assert engine.best(r) is None  # known and completed: still None
+
+
+@pytest.mark.parametrize("call", ["best", "cancel"])
+def test_request_ids_must_be_integers(call):
+    engine = Engine(ToyModel(4).step, beam_size=2, max_len=3)
+    with pytest.raises(TypeError, match=r"request_id must be an integer.*'a'"):
+        getattr(engine, call)("a")
+
+
+def test_engine_needs_a_callable_step_fn():
+    with pytest.raises(TypeError, match="step_fn must be callable.*None"):
+        Engine(None, beam_size=2, max_len=3)
+
+
+def test_a_processor_that_is_not_callable_is_named_by_position():
+    m = ToyModel(4)
+    with pytest.raises(TypeError, match=r"processors\[1\] must be callable.*None"):
+        search_batch(m.step, m.init(), BOS, EOS, 2, 3, processors=[lambda s, c: s, None])
+
+
+def test_a_processor_returning_none_is_one_clear_error():
+    m = ToyModel(4)
+    with pytest.raises(Exception) as info:
+        search_batch(m.step, m.init(), BOS, EOS, 2, 3, processors=[lambda s, c: None])
+    assert "processors[0] returned None" in str(info.value)
+
+
+def test_a_string_selector_is_refused_with_the_accepted_kinds():
+    m = ToyModel(4)
+    with pytest.raises(TypeError, match=r"selector must be a Selector object.*'topk'"):
+        search_batch(m.step, m.init(), BOS, EOS, 2, 3, selector="topk")
+
+
+def test_extras_that_are_not_a_dict_are_one_clear_error():
+    m = ToyModel(4)
+
+    def step(state, y_prev):
+        logits, new = m.step(state, y_prev)
+        return logits, new, [1]
+
+    with pytest.raises(Exception) as info:
+        search_batch(step, m.init(), BOS, EOS, 2, 3)
+    assert "extras" in str(info.value) and "dict" in str(info.value) and "list" in str(info.value)
+
+
+def test_min_len_above_max_len_is_refused():
+    m = ToyModel(4)
+    with pytest.raises(ValueError, match=r"min_len=5.*max_len=3"):
+        search_batch(m.step, m.init(), BOS, EOS, 2, 3, min_len=5)
+    engine = Engine(m.step, beam_size=2, max_len=3)
+    with pytest.raises(ValueError, match=r"min_len=4.*max_len=3"):
+        engine.add(m.init(), BOS, EOS, min_len=4)
+    assert engine.idle
