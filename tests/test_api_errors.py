@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from beamkit import Engine, search_batch
+from beamkit import Engine, LengthPenalty, SearchOptions, search_batch
 from tests.toy import BOS, ToyModel
 
 EOS = 0
@@ -116,3 +116,32 @@ def test_min_len_above_max_len_is_refused():
     with pytest.raises(ValueError, match=r"min_len=4.*max_len=3"):
         engine.add(m.init(), BOS, EOS, min_len=4)
     assert engine.idle
+
+
+# ---------------------------------------------------------------------------------------------- length penalty
+@pytest.mark.parametrize("alpha", [1e308, -700.0, -1e308, 101.0, float("inf"), float("nan")])
+def test_extreme_length_penalties_are_refused_everywhere(alpha):
+    m = ToyModel(4)
+    with pytest.raises(ValueError, match="length_penalty"):
+        search_batch(m.step, m.init(), BOS, EOS, 2, 3, length_penalty=alpha)
+    with pytest.raises(ValueError, match="length_penalty"):
+        SearchOptions(beam_size=2, max_len=3, length_penalty=alpha)
+    engine = Engine(m.step, beam_size=2, max_len=3)
+    with pytest.raises(ValueError, match="length_penalty"):
+        engine.add(m.init(), BOS, EOS, length_penalty=alpha)
+    with pytest.raises(ValueError, match="length_penalty"):
+        Engine(m.step, beam_size=2, max_len=3, length_penalty=alpha)
+
+
+def test_a_length_penalty_too_large_for_max_len_is_refused():
+    # alpha 100 at 3 tokens is 3 ** 100 (finite), at 2000 tokens 2000 ** 100 > 1e308
+    m = ToyModel(4)
+    scores = [h.score for h in search_batch(m.step, m.init(), BOS, EOS, 2, 3, length_penalty=100.0)[0]]
+    assert all(np.isfinite(s) and s < 0 for s in scores)
+    with pytest.raises(ValueError, match=r"length_penalty.*max_len=2000"):
+        SearchOptions(beam_size=2, max_len=2000, length_penalty=-100.0)
+
+
+def test_the_length_penalty_range_is_documented():
+    assert "100" in (LengthPenalty.__doc__ or "")
+    assert LengthPenalty(100.0).alpha == 100.0 and LengthPenalty(-100.0).alpha == -100.0

@@ -116,6 +116,8 @@ class SearchOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
                 raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
+        object.__setattr__(self, "length_penalty", as_length_penalty(self.length_penalty))  # a plain alpha too
+        self.length_penalty.check_max_len(int(self.max_len))
         if self.policy not in ("narrow", "pool", "compete"):
             raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {self.policy!r}")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
