@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from beamkit import Engine, LengthPenalty, SearchOptions, search_batch
+from beamkit.ngram import NGramLM
 from tests.toy import BOS, ToyModel
 
 EOS = 0
@@ -145,3 +146,30 @@ def test_a_length_penalty_too_large_for_max_len_is_refused():
 def test_the_length_penalty_range_is_documented():
     assert "100" in (LengthPenalty.__doc__ or "")
     assert LengthPenalty(100.0).alpha == 100.0 and LengthPenalty(-100.0).alpha == -100.0
+
+
+# ------------------------------------------------------------------------------------------------------ NGramLM
+VOCAB = ["<s>", "a", "b", "c", "</s>"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return NGramLM(["a b c", "b c a"], VOCAB, order=2)
+
+
+@pytest.mark.parametrize("state", [np.array([10**6]), np.array([-5]), np.array([0.5]), "abc", np.array([[1, 2]]), None])
+def test_ngram_step_refuses_a_state_it_did_not_make(lm, state):
+    with pytest.raises((ValueError, TypeError), match="NGramLM.step: state"):
+        lm.step(state, np.array([1]))
+
+
+def test_ngram_step_accepts_its_own_states(lm):
+    state = lm.init_state(2)
+    logits, state = lm.step(state, np.array([1, 2]))
+    logits2, _ = lm.step(state, np.array([3, 3]))
+    assert logits.shape == (2, 5) and np.isfinite(logits2[:, 1:]).all()
+
+
+def test_ngram_from_a_corpus_of_ints_is_one_clear_error():
+    with pytest.raises(TypeError, match=r"corpus.*strings.*\[1, 2, 3\]"):
+        NGramLM([[1, 2, 3], [2, 3]], VOCAB, order=2)
