@@ -173,3 +173,76 @@ def test_ngram_step_accepts_its_own_states(lm):
 def test_ngram_from_a_corpus_of_ints_is_one_clear_error():
     with pytest.raises(TypeError, match=r"corpus.*strings.*\[1, 2, 3\]"):
         NGramLM([[1, 2, 3], [2, 3]], VOCAB, order=2)
+
+
+# ------------------------------------------------------------------------------------------- Hugging Face bridge
+@pytest.fixture(scope="module")
+def gpt2():
+    """A tiny random GPT-2 with 16 positions (learned absolute position embeddings)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=20, n_positions=16, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def _prompt(width: int):
+    import torch
+
+    return torch.arange(3, 3 + width).remainder(17).add(3).reshape(1, width)
+
+
+def test_hf_generate_within_n_positions_runs(gpt2):
+    import beamkit.hf as bh
+
+    out = bh.generate(gpt2, _prompt(5), max_new_tokens=12, min_new_tokens=12, num_beams=2)  # 5 + 12 - 1 = 16 fed
+    assert out.shape == (1, 17)
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        (dict(max_new_tokens=13), r"max_new_tokens=13.*n_positions=16.*at most 12"),
+        (dict(max_length=30), r"max_length=30.*n_positions=16.*at most 12"),
+    ],
+)
+def test_hf_generate_past_n_positions_is_a_clear_error(gpt2, kw, named):
+    import beamkit.hf as bh
+
+    with pytest.raises(ValueError, match=named):
+        bh.generate(gpt2, _prompt(5), num_beams=2, **kw)
+
+
+def test_hf_generate_with_a_prompt_longer_than_n_positions(gpt2):
+    import beamkit.hf as bh
+
+    with pytest.raises(ValueError, match=r"prompt \(20 tokens\).*n_positions=16.*max_new_tokens"):
+        bh.generate(gpt2, _prompt(20), max_new_tokens=3, num_beams=2)
+
+
+@pytest.mark.parametrize("bad", [[5], [], [[5], 7]])
+def test_hf_bad_words_ids_must_be_a_list_of_lists_as_in_hugging_face(gpt2, bad):
+    import beamkit.hf as bh
+
+    with pytest.raises(ValueError, match=r"bad_words_ids. has to be a (non-empty list|list of lists)"):
+        gpt2.generate(_prompt(5), max_new_tokens=3, num_beams=2, bad_words_ids=bad)  # the peer raises too
+    with pytest.raises(ValueError, match=r"bad_words_ids.*list of token-id lists"):
+        bh.generate(gpt2, _prompt(5), max_new_tokens=3, num_beams=2, bad_words_ids=bad)
+
+
+def test_hf_min_new_tokens_above_max_new_tokens_is_as_hugging_face(gpt2):
+    import beamkit.hf as bh
+
+    kw = dict(max_new_tokens=4, min_new_tokens=9, num_beams=2)
+    assert bh.generate(gpt2, _prompt(5), **kw).tolist() == gpt2.generate(_prompt(5), **kw).tolist()
+
+
+@pytest.mark.parametrize("model", [None, 42])
+def test_hf_patch_needs_a_model(model):
+    pytest.importorskip("transformers")
+    import beamkit.hf as bh
+
+    with pytest.raises(TypeError, match="model must be a transformers model"):
+        bh.patch(model)
