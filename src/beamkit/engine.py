@@ -633,7 +633,8 @@ class Engine:
 
     def cancel(self, request_id: int) -> bool:
         """Cancel a waiting or running request: its rows leave before the next model call and it completes with
-        the error ``"cancelled"``. Returns False when it had already completed."""
+        the error ``"cancelled"``. Returns False when it had already completed; an id this engine never gave out
+        raises ValueError (TypeError for one that is not an integer)."""
         r = self._slot_of(request_id)
         if r is None or r in self._cancel:
             return False
