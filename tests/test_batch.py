@@ -200,7 +200,7 @@ def test_batched_equals_individual(opts, seeds, k, v, max_len):
         policy=opts["policy"],
         early_stopping=opts["early_stopping"],
         length_penalty=LengthPenalty(opts["alpha"], opts["shift"]),
-        min_len=opts["min_len"],
+        min_len=min(opts["min_len"], max_len),  # above max_len is refused
         processors=procs,
         num_return=opts["num_return"],
     )

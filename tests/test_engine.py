@@ -105,6 +105,8 @@ def test_every_request_gets_what_it_gets_alone(reqs, policy, ngram, v, threshold
     if policy != "pool":
         for r in reqs:
             r["early_stopping"], r["patience"] = False, 1.0
+    for r in reqs:  # min_len above max_len is refused; at max_len it already keeps eos out throughout
+        r["min_len"] = min(r["min_len"], r["max_len"])
     check = ContextCheck()
     procs = [check] + ([NoRepeatNGram(ngram)] if ngram else [])
     shared = {"policy": policy, "processors": procs, "beam_threshold": threshold}

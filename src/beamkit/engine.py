@@ -25,7 +25,7 @@ import numpy as np
 
 from beamkit import ops
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
-from beamkit.processors import LogitsProcessor, StepContext, is_stop
+from beamkit.processors import LogitsProcessor, StepContext, check_int, is_stop
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.state import check_rows, concat_state, first_array, is_identity, select_state
 
@@ -116,6 +116,8 @@ class SearchOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
                 raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
+        object.__setattr__(self, "length_penalty", as_length_penalty(self.length_penalty))  # a plain alpha too
+        self.length_penalty.check_max_len(int(self.max_len))
         if self.policy not in ("narrow", "pool", "compete"):
             raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {self.policy!r}")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
@@ -126,6 +128,8 @@ class SearchOptions:
             raise ValueError(f"num_return must be between 1 and beam_size={self.beam_size}, got {self.num_return}")
         if isinstance(self.min_len, bool) or not isinstance(self.min_len, (int, np.integer)) or self.min_len < 0:
             raise ValueError(f"min_len must be >= 0, got {self.min_len}")
+        if self.min_len > self.max_len:
+            raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
         if self.exact_exit and (self.policy != "pool" or self.length_penalty.alpha != 0):
             raise ValueError("exact_exit needs policy='pool' and length penalty alpha == 0")
         if self.beam_threshold is not None and (
@@ -134,6 +138,15 @@ class SearchOptions:
             or not 0 <= self.beam_threshold < float("inf")
         ):
             raise ValueError(f"beam_threshold must be a finite number >= 0 or None, got {self.beam_threshold!r}")
+        for i, proc in enumerate(self.processors):
+            if not callable(proc):
+                raise TypeError(f"processors[{i}] must be callable as processor(scores, ctx) -> scores, got {proc!r}")
+        if not callable(getattr(self.selector, "candidates", None)):
+            raise TypeError(
+                "selector must be a Selector object (one with a candidates method), such as beamkit.Deterministic(), "
+                "beamkit.TopK(k), beamkit.TopP(p), beamkit.Multinomial() or beamkit.GumbelTopK(); "
+                f"got {self.selector!r}"
+            )
         raising = [type(p).__name__ for p in self.processors if getattr(p, "raises_scores", False)]
         if self.exact_exit and raising:
             raise ValueError(f"exact_exit needs step scores <= 0, but {raising} may raise them")
@@ -494,6 +507,10 @@ class Engine:
         stats_window: int | None = None,
         **fields: Any,
     ):
+        if not callable(step_fn):
+            raise TypeError(
+                f"step_fn must be callable as step_fn(state, y_prev) -> (logits, new_state), got {step_fn!r}"
+            )
         if on_step_error not in ("fail", "raise"):
             raise ValueError(f"on_step_error must be 'fail' or 'raise', got {on_step_error!r}")
         if options is not None and fields:
@@ -616,20 +633,27 @@ class Engine:
 
     def cancel(self, request_id: int) -> bool:
         """Cancel a waiting or running request: its rows leave before the next model call and it completes with
-        the error ``"cancelled"``. Returns False when it had already completed."""
-        rid = int(request_id)
-        if not 0 <= rid < self._next_id:
-            raise ValueError(f"no request {request_id} was added to this engine")
-        r = self._slot.get(rid)
+        the error ``"cancelled"``. Returns False when it had already completed; an id this engine never gave out
+        raises ValueError (TypeError for one that is not an integer)."""
+        r = self._slot_of(request_id)
         if r is None or r in self._cancel:
             return False
         self._cancel.add(r)
         return True
 
+    def _slot_of(self, request_id: int) -> int | None:
+        """The slot of a waiting or running request, None once it has completed; an id this engine never gave
+        out raises."""
+        rid = check_int("request_id", request_id, 0)
+        if rid >= self._next_id:
+            raise ValueError(f"no request {request_id} was added to this engine")
+        return self._slot.get(rid)
+
     def best(self, request_id: int) -> Hypothesis | None:
         """The best hypothesis of a running request so far by score, finished (its pool) or running (scored at
-        its length), for streaming; None while it waits to join or once it has completed."""
-        r = self._slot.get(int(request_id))
+        its length), for streaming; None while it waits to join or once it has completed. An id this engine never
+        gave out raises ValueError, as with :meth:`cancel`."""
+        r = self._slot_of(request_id)
         if r is None:
             return None
         b, pool = self.book, self.book.pools[r]
@@ -718,8 +742,10 @@ class Engine:
             for lo, hi, ctx in segments:
                 part = scores[lo:hi]
                 edited = part
-                for proc in procs:
+                for i, proc in enumerate(procs):
                     edited = proc(edited, ctx)
+                    if edited is None:
+                        raise TypeError(f"processors[{i}] returned None: a processor returns the edited scores")
                 if len(segments) == 1:
                     scores = edited
                 elif edited is not part:
@@ -1174,7 +1200,11 @@ def unpack_step(out: Any) -> tuple[Any, Any, dict[str, Any]]:
     """Split a step function's return value into ``(logits, new_state, extras)``."""
     if not isinstance(out, tuple) or len(out) not in (2, 3):
         raise TypeError("step_fn must return (logits, new_state) or (logits, new_state, extras)")
-    return out[0], out[1], (out[2] if len(out) == 3 else {})
+    if len(out) == 2:
+        return out[0], out[1], {}
+    if not isinstance(out[2], dict):
+        raise TypeError(f"step_fn's extras (the third value it returns) must be a dict, got {type(out[2]).__name__}")
+    return out[0], out[1], out[2]
 
 
 def group_starts(sorted_ids: np.ndarray) -> np.ndarray:

@@ -64,8 +64,11 @@ class NGramLM:
         return self.step(state, y_prev)
 
     def step(self, state: Any, y_prev: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Advance each row's context by ``y_prev``; return ``ln p`` of every token ``[rows, V]`` and the state."""
-        ctx = np.asarray(ops.to_numpy(state), dtype=np.int64).reshape(-1)
+        """Advance each row's context by ``y_prev``; return ``ln p`` of every token ``[rows, V]`` and the state.
+
+        ``state`` is what :meth:`init_state` or an earlier step returned (one context id per row); anything else
+        raises TypeError / ValueError."""
+        ctx = self._contexts_of(state)
         y = np.asarray(ops.to_numpy(y_prev), dtype=np.int64).reshape(-1)
         if ctx.shape != y.shape:
             raise ValueError(f"NGramLM.step: {ctx.shape[0]} state rows but {y.shape[0]} tokens")
@@ -78,6 +81,24 @@ class NGramLM:
         for c in np.unique(new).tolist():
             self._fill(c)
         return self._table[new], new  # shape: (rows, V)
+
+    def _contexts_of(self, state: Any) -> np.ndarray:
+        """``state`` as int64 context ids ``[rows]``, checked to be ids this model gave out."""
+        raw = ops.to_numpy(state) if ops.is_array(state) else None
+        if raw is None or raw.dtype.kind not in "iu" or raw.ndim != 1:
+            what = f"{raw.dtype} array of shape {raw.shape}" if raw is not None else type(state).__name__
+            raise TypeError(
+                f"NGramLM.step: state must be a 1-D integer array of context ids (from init_state or an earlier "
+                f"step), got {what}"
+            )
+        ctx = raw.astype(np.int64)
+        bad = ctx[(ctx < 0) | (ctx >= len(self._contexts))]
+        if bad.size:
+            raise ValueError(
+                f"NGramLM.step: state holds context id {int(bad[0])}, which this model never gave out (it has "
+                f"{len(self._contexts)}); pass the state init_state or an earlier step returned"
+            )
+        return ctx
 
     def sentence_logprob(self, tokens: Sequence[int]) -> float:
         """Natural-log probability of a token sequence from the start of a sentence (an oracle for tests)."""
@@ -121,5 +142,14 @@ def _load(source: Any, order: int) -> ArpaLM:
     if isinstance(source, (str, os.PathLike)):
         return ArpaLM.from_file(source)
     if isinstance(source, Iterable):
-        return ArpaLM.from_lines(build_arpa(list(source), order=order).splitlines())
+        corpus = list(source)
+        for i, sentence in enumerate(corpus):
+            if not isinstance(sentence, str) and not (
+                isinstance(sentence, Sequence) and all(isinstance(w, str) for w in sentence)
+            ):
+                raise TypeError(
+                    "NGramLM: a corpus is a sequence of sentences, each a string or a list of word strings; "
+                    f"sentence {i} is {sentence!r}"
+                )
+        return ArpaLM.from_lines(build_arpa(corpus, order=order).splitlines())
     raise TypeError(f"NGramLM needs an ARPA path, an ArpaLM or a corpus of sentences, got {type(source).__name__}")

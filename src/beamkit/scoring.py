@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -9,6 +10,9 @@ from typing import Protocol
 import numpy as np
 
 from beamkit.hypothesis import Hypothesis
+
+MAX_ALPHA = 100.0  # |alpha| beyond this leaves the float range within a few tokens (2 ** 1024 overflows)
+_MAX_EXPONENT = 600.0  # |alpha * log(lp base)| below this keeps lp(n) and logprob / lp(n) finite and non-zero
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,11 @@ class LengthPenalty:
     ``shift = 5`` is GNMT's ``((5 + n) / 6) ** alpha``; another shift ``m`` is the ``((m + 1) / (m + n)) ** alpha``
     factor of a batched Transformer decoder's length normalisation (written as a divisor). ``alpha = 0`` ranks by
     raw log-probability.
+
+    ``alpha`` must be a finite number between -100 and 100 (``MAX_ALPHA``) and ``shift`` a finite number >= 0,
+    else ValueError. A search also refuses (:meth:`check_max_len`) an alpha whose ``lp(max_len)`` would leave the
+    float range, where every score would become ``-0`` or ``-inf``: ``|alpha * log((shift + max_len) / (shift +
+    1))|`` must stay below 600, so for example ``alpha = 100`` allows ``max_len`` up to 403 with ``shift = 0``.
     """
 
     alpha: float = 1.0
@@ -40,10 +49,25 @@ class LengthPenalty:
         return cls(alpha, float(min_length))
 
     def __post_init__(self) -> None:
-        if not np.isfinite(self.alpha):
-            raise ValueError(f"length penalty alpha must be finite, got {self.alpha}")
-        if self.shift < 0:
-            raise ValueError(f"length penalty shift must be >= 0, got {self.shift}")
+        alpha, shift = self.alpha, self.shift
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
+            raise TypeError(f"length_penalty alpha must be a number, got {alpha!r}")
+        if not -MAX_ALPHA <= alpha <= MAX_ALPHA:
+            raise ValueError(f"length_penalty alpha must be a finite number between -100 and 100, got {alpha}")
+        if isinstance(shift, bool) or not isinstance(shift, (int, float, np.integer, np.floating)):
+            raise TypeError(f"length_penalty shift must be a number, got {shift!r}")
+        if not 0 <= shift < np.inf:
+            raise ValueError(f"length_penalty shift must be a finite number >= 0, got {shift}")
+
+    def check_max_len(self, max_len: int) -> None:
+        """ValueError unless ``lp(n)`` and the scores it divides stay finite and non-zero for every length up to
+        ``max_len`` (``lp`` is monotone in ``n``, so ``max_len`` is the extreme)."""
+        base = math.log((self.shift + max_len) / (self.shift + 1.0))
+        if abs(self.alpha) * base > _MAX_EXPONENT:
+            raise ValueError(
+                f"length_penalty alpha={self.alpha} is too large for max_len={max_len}: lp(max_len) leaves the "
+                f"float range; use |alpha| <= {_MAX_EXPONENT / base:.4g} or a shorter max_len"
+            )
 
     def divisor(self, length: np.ndarray | int) -> np.ndarray:
         """``lp(n)`` for lengths ``n >= 1``, float64."""

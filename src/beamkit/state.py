@@ -111,13 +111,28 @@ def is_identity(idx: np.ndarray, rows: int) -> bool:
     return idx.shape[0] == rows and bool((idx == np.arange(rows)).all())
 
 
+def _kind(leaf: Any) -> str:
+    """The kind of an array leaf's values, as numpy names it: "f" float, "i" integer (signed or not), "b" bool,
+    "O" object."""
+    dtype = leaf.dtype
+    if isinstance(dtype, np.dtype):
+        return "i" if dtype.kind == "u" else dtype.kind
+    if dtype.is_complex:  # a torch dtype
+        return "c"
+    if dtype.is_floating_point:
+        return "f"
+    return "b" if str(dtype) == "torch.bool" else "i"
+
+
 def concat_state(states: list[Any]) -> Any:
     """Concatenate states of the same structure along axis 0 (new requests joining a running batch).
 
     Array leaves are concatenated in their own library; :class:`Shared` values of different states are
     concatenated too (their rows are requests, so a per-row request id of the joining state must be offset by
     the caller), while one Shared object found in every state (rows of the same requests) is kept as it is.
-    Other leaves must be equal and are taken from the first state.
+    Other leaves must be equal and are taken from the first state. Array leaves must hold values of one kind
+    (all floating point, all integers, all objects, ...): a TypeError names the two dtypes otherwise, since
+    joining would silently convert the running rows.
     """
     if not states:
         raise ValueError("concat_state needs at least one state")
@@ -130,6 +145,10 @@ def concat_state(states: list[Any]) -> Any:
             return first
         return Shared(concat_state([s.value for s in states]))
     if ops.is_array(first):
+        kind = _kind(first)
+        for s in states[1:]:
+            if ops.is_array(s) and _kind(s) != kind:
+                raise TypeError(f"a state leaf of dtype {s.dtype} cannot join rows of dtype {first.dtype}")
         return ops.concat_rows(list(states))
     if isinstance(first, tuple):
         items = [concat_state([s[i] for s in states]) for i in range(len(first))]

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from beamkit.hf.generation import run_generate
+from beamkit.hf.inputs import check_model
 from beamkit.hf.settings import Unsupported
 
 log = logging.getLogger("beamkit.hf")
@@ -17,6 +18,7 @@ class Patch:
     at exit. ``fallbacks`` lists the reasons logged so far (each is logged once per patch)."""
 
     def __init__(self, model: Any):
+        check_model(model)
         if getattr(getattr(model, "generate", None), "beamkit_patch", None) is not None:
             raise ValueError("model.generate is already patched by beamkit.hf")
         self.model = model

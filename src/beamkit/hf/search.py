@@ -25,7 +25,7 @@ def search_options(settings: Settings, processors: list[Any], request_seeds: lis
         "length_penalty": LengthPenalty.power(settings.length_penalty),
         "policy": "pool",
         "early_stopping": True if settings.num_beams == 1 else settings.early_stopping,
-        "min_len": settings.min_new_tokens,
+        "min_len": min(settings.min_new_tokens, settings.max_new_tokens),  # more than max: eos never comes (HF)
         "process_logits": settings.num_beams == 1,
         **extra,
         "processors": [*processors, *extra.get("processors", ())],

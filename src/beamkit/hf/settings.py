@@ -199,6 +199,24 @@ def _token_ids(value: Any, name: str) -> tuple[int, ...]:
         raise TypeError(f"{name} must be a token id or a list of token ids, got {value!r}") from err
 
 
+def _bad_words(value: Any) -> tuple[tuple[int, ...], ...]:
+    """``bad_words_ids`` (None or a non-empty list of token-id lists, as Hugging Face requires) as tuples."""
+    if value is None:
+        return ()
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or not all(isinstance(w, (list, tuple, torch.Tensor)) for w in value)
+    ):
+        raise ValueError(
+            f"bad_words_ids must be a non-empty list of token-id lists (a list of lists, such as [[5], [7, 8]]), "
+            f"got {value!r}"
+        )
+    return tuple(_token_ids(w, "bad_words_ids") for w in value)
+
+
 def _sequence_biases(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
     """Hugging Face's ``sequence_bias`` (a dict ``{(ids...): bias}`` or a list ``[[ids], bias]``) as pairs."""
     items = value.items() if isinstance(value, dict) else value
@@ -314,6 +332,9 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
             raise ValueError("encoder-decoder model without decoder_start_token_id; pass decoder_start_token_id=")
         start, prompt_len = int(_eos_list(start_id)[0]), 1
     max_new = _max_new_tokens(cfg, gc, given, prompt_len, encoder_decoder)
+    positions = getattr(cfg, "n_positions", None)  # learned absolute positions (GPT-2 style): a hard limit
+    if positions is not None and not encoder_decoder:
+        _check_positions(int(positions), prompt_len, max_new, gc, given)
     min_new = _min_new_tokens(gc, prompt_len) if eos else 0
     groups = _int(gc.num_beam_groups, "num_beam_groups", 1)
     force_words = gc.force_words_ids
@@ -346,7 +367,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         pad=None if pad is None else int(pad),
         no_repeat_ngram=_int(gc.no_repeat_ngram_size, "no_repeat_ngram_size", 0),
         repetition_penalty=float(1.0 if gc.repetition_penalty is None else gc.repetition_penalty),
-        bad_words=() if bad is None else tuple(_token_ids(w, "bad_words_ids") for w in bad),
+        bad_words=_bad_words(bad),
         suppress=suppress,
         begin_suppress=None if begin is None else _token_ids(begin, "begin_suppress_tokens"),
         sequence_bias=None if gc.sequence_bias is None else _sequence_biases(gc.sequence_bias),
@@ -414,6 +435,28 @@ def _max_new_tokens(cfg: Any, gc: Any, given: set[str], prompt_len: int, encoder
             "new tokens"
         )
     return total - prompt_len
+
+
+def _check_positions(positions: int, prompt_len: int, max_new: int, gc: Any, given: set[str]) -> None:
+    """ValueError unless the prompt and the new tokens fit the model's ``n_positions`` (the last new token is
+    never fed back, so ``prompt_len + max_new - 1`` positions are used)."""
+    if prompt_len > positions:
+        raise ValueError(
+            f"the prompt ({prompt_len} tokens) is longer than the model's n_positions={positions}: shorten it; no "
+            "max_new_tokens or max_length makes room"
+        )
+    if prompt_len + max_new - 1 <= positions:
+        return
+    fit = positions - prompt_len + 1
+    if gc.max_new_tokens is not None:
+        setting = f"{_length_setting(gc, given, 'max_new_tokens')}={max_new}"
+    else:
+        setting = f"{_length_setting(gc, given, 'max_length')}={gc.max_length}"
+    raise ValueError(
+        f"{setting} asks for {max_new} new tokens after a prompt of {prompt_len}, but the model has "
+        f"n_positions={positions}: at most {fit} new tokens fit (max_new_tokens <= {fit}, or max_length <= "
+        f"{positions + 1})"
+    )
 
 
 def _min_new_tokens(gc: Any, prompt_len: int) -> int:
