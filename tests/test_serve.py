@@ -369,3 +369,51 @@ def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--threads", "0"], "--threads"),
+        (["--log-level", "bogus"], "--log-level"),
+        (["--host", "256.0.0.1"], "256.0.0.1"),
+    ],
+)
+def test_cli_refuses_bad_server_options_in_one_line(capsys, argv, needle):
+    from beamkit.cli import main
+
+    assert main(["serve", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]
+
+
+def test_cli_port_in_use_is_one_error_line_exit_1(capsys):
+    from beamkit.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and str(port) in err[0]
+
+
+def test_cli_port_0_reports_the_bound_port():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    code = "import sys; from beamkit.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "serve", "--port", "0"]
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        reader, box = in_thread(proc.stderr.readline)
+        reader.join(60)
+        line = box.get("out", "")
+        assert "listening on http://127.0.0.1:" in line, line
+        port = int(line.rsplit(":", 1)[1])
+        assert port > 0 and _up(f"http://127.0.0.1:{port}")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -7,14 +7,44 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 from typing import Any
 
 from beamkit.extras import install_hint
+from beamkit.processors import check_int
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
-def run_server(app: Any, host: str, port: int, log_level: str = "warning") -> int:
-    """Serve ``app`` with uvicorn until SIGTERM / SIGINT: stop accepting, finish the running requests, return 0."""
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (0: any free port). ValueError for an address that does not
+    resolve, OSError (naming the address) when it cannot be bound, e.g. a port in use."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host!r} is not an address this machine can listen on ({exc.strerror})") from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """``http://HOST:PORT`` of a bound socket, with the port it really got."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run_server(app: Any, host: str, port: int, log_level: str = "warning", sock: socket.socket | None = None) -> int:
+    """Serve ``app`` with uvicorn until SIGTERM / SIGINT: stop accepting, finish the running requests, return 0.
+
+    ``sock``: an already bound socket (:func:`bind`) to serve on instead of binding ``host``:``port``."""
     import uvicorn
 
     # uvicorn re-raises the signal it caught once it has shut down; a handler here makes that a no-op, so the
@@ -23,12 +53,16 @@ def run_server(app: Any, host: str, port: int, log_level: str = "warning") -> in
         signal.signal(sig, lambda *_: None)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)
-    server.run()
+    server.run(sockets=None if sock is None else [sock])
     return 0 if server.started else 1
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the model, build the app, serve it."""
+    if args.threads is not None:
+        check_int("--threads", args.threads, 1)
+    if args.log_level not in LOG_LEVELS:
+        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
     for name in ("port", "max_queue", "max_rows"):
         value = getattr(args, name)
         low = 0 if name == "port" else 1
@@ -48,9 +82,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    sock = bind(args.host, args.port)
     app = create_app(adapter, max_queue=args.max_queue, max_rows=args.max_rows)
-    print(f"beamkit serve: {adapter.name} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    return run_server(app, args.host, args.port, args.log_level)
+    print(f"beamkit serve: {adapter.name} listening on {url_of(sock)}", file=sys.stderr, flush=True)
+    return run_server(app, args.host, args.port, args.log_level, sock=sock)
 
 
 def register(subparsers: Any) -> None:
@@ -68,11 +103,11 @@ def register(subparsers: Any) -> None:
         "--model", default=None, help="shipped model name, checkpoint folder, or hf:DIR (default dates-seq2seq)"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000, help="port")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the one taken is printed)")
     p.add_argument(
         "--max-queue", type=int, default=64, help="requests waiting to join the engine at most; more get 503"
     )
     p.add_argument("--max-rows", type=int, default=256, help="beam rows in the engine at most")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
+    p.add_argument("--log-level", default="warning", help=f"uvicorn log level: {', '.join(LOG_LEVELS)}")
     p.set_defaults(func=cmd_serve)
