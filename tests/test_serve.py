@@ -417,3 +417,66 @@ def test_cli_port_0_reports_the_bound_port():
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# ------------------------------------------------------------------------------------------------ strict JSON
+def strict_loads(text: str) -> Any:
+    """``json.loads`` that refuses NaN and Infinity, which are not JSON."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "toy", "prompt": "abc", "length_penalty": -700}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": -1e308}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": 1e308}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": 1e400}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": Infinity}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": -Infinity}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": NaN}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": -700, "stream": true}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": 1' + b"0" * 400 + b"}",
+    ],
+)
+def test_extreme_length_penalty_is_a_400_naming_the_field(body):
+    toy = ToyAdapter()
+    with serving(toy) as (url, _):
+        r = post(url, body)
+        assert r.status_code == 400, r.text
+        error = strict_loads(r.text)["error"]
+        assert error["param"] == "length_penalty" and "length_penalty" in error["message"]
+        assert len(error["message"]) < 400
+    assert toy.inits == []
+
+
+def test_non_standard_json_constants_are_refused():
+    with serving(ToyAdapter()) as (url, _):
+        r = post(url, b'{"model": "toy", "prompt": "abc", "max_tokens": NaN}')
+        assert r.status_code == 400 and "NaN" in strict_loads(r.text)["error"]["message"]
+
+
+def test_deeply_nested_json_is_a_400():
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with serving(ToyAdapter()) as (url, _):
+        for body in (deep, b'{"model": "toy", "prompt": ' + deep + b"}"):
+            r = post(url, body)
+            assert r.status_code == 400, r.text
+            assert "nested" in strict_loads(r.text)["error"]["message"]
+        assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_every_event_is_strict_json_and_non_finite_scores_are_null():
+    from beamkit.serve.app import _sse
+
+    body = {"model": "toy", "prompt": ["abc", "hgf"], "best_of": 3, "n": 2, "length_penalty": 10, "stream": True}
+    with serving(ToyAdapter()) as (url, _):
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]" and all(strict_loads(x) for x in lines[:-1])
+    event = _sse({"score": float("-inf"), "choices": [{"logprob": float("nan"), "ok": 1.5}]})
+    assert strict_loads(event[len("data: ") :]) == {"score": None, "choices": [{"logprob": None, "ok": 1.5}]}

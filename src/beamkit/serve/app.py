@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -36,7 +37,7 @@ RETRY_AFTER_S = 1  # what a 503 asks a client to wait
 
 def _error(err: ApiError, metrics: Metrics, headers: dict[str, str] | None = None) -> JSONResponse:
     metrics.response(err.status)
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    return StrictJSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 async def _disconnected(request: Request) -> None:
@@ -95,8 +96,32 @@ def _failure(done: list[Done]) -> ApiError | None:
     return ApiError(500, f"decoding failed: {errors[0]}", None, "server_error")
 
 
+def finite(payload: Any) -> Any:
+    """``payload`` with every NaN or infinite float replaced by None, so that it encodes as strict JSON."""
+    if isinstance(payload, float):
+        return payload if math.isfinite(payload) else None
+    if isinstance(payload, dict):
+        return {k: finite(v) for k, v in payload.items()}
+    if isinstance(payload, (list, tuple)):
+        return [finite(v) for v in payload]
+    return payload
+
+
+def dumps(payload: Any) -> str:
+    """Strict JSON (a non-finite score or logprob is ``null``): every body and event the server sends."""
+    return json.dumps(finite(payload), allow_nan=False)
+
+
+class StrictJSONResponse(JSONResponse):
+    """A JSON response encoded by :func:`dumps`."""
+
+    def render(self, content: Any) -> bytes:
+        """The body as strict JSON."""
+        return dumps(content).encode()
+
+
 def _sse(payload: Any) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
+    return f"data: {dumps(payload)}\n\n"
 
 
 def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) -> FastAPI:
@@ -111,7 +136,7 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
         yield
         await asyncio.to_thread(runner.close)
 
-    app = FastAPI(title="beamkit serve", lifespan=lifespan)
+    app = FastAPI(title="beamkit serve", lifespan=lifespan, default_response_class=StrictJSONResponse)
     app.state.runner = runner
     app.state.metrics = metrics
 
@@ -178,7 +203,7 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
         with metrics.lock:
             metrics.generated_tokens += body["usage"]["completion_tokens"]
         metrics.response(200)
-        return JSONResponse(body)
+        return StrictJSONResponse(body)
 
     return app
 
