@@ -399,8 +399,8 @@ def test_cli_port_in_use_is_one_error_line_exit_1(capsys):
     assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and str(port) in err[0]
 
 
-def test_cli_port_0_reports_the_bound_port():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+def test_cli_port_0_reports_the_bound_port_and_reads_the_key_from_the_environment():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "BEAMKIT_API_KEY": "k3y"}
     code = "import sys; from beamkit.cli import main; sys.exit(main(sys.argv[1:]))"
     argv = [sys.executable, "-c", code, "serve", "--port", "0"]
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -411,6 +411,9 @@ def test_cli_port_0_reports_the_bound_port():
         assert "listening on http://127.0.0.1:" in line, line
         port = int(line.rsplit(":", 1)[1])
         assert port > 0 and _up(f"http://127.0.0.1:{port}")
+        models = f"http://127.0.0.1:{port}/v1/models"
+        assert httpx.get(models, timeout=10).status_code == 401
+        assert httpx.get(models, headers={"Authorization": "Bearer k3y"}, timeout=10).status_code == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
@@ -480,3 +483,54 @@ def test_every_event_is_strict_json_and_non_finite_scores_are_null():
     assert lines[-1] == "[DONE]" and all(strict_loads(x) for x in lines[:-1])
     event = _sse({"score": float("-inf"), "choices": [{"logprob": float("nan"), "ok": 1.5}]})
     assert strict_loads(event[len("data: ") :]) == {"score": None, "choices": [{"logprob": None, "ok": 1.5}]}
+
+
+# ------------------------------------------------------------------------------------------------ authentication
+def test_api_key_is_required_except_for_health():
+    toy = ToyAdapter()
+    body = {"model": "toy", "prompt": "abc"}
+    with serving(toy, api_key="s3cret") as (url, _):
+        assert httpx.get(f"{url}/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": ""}):
+            for r in (
+                httpx.post(f"{url}/v1/completions", json=body, headers=headers),
+                httpx.get(f"{url}/v1/models", headers=headers),
+                httpx.get(f"{url}/metrics", headers=headers),
+            ):
+                assert r.status_code == 401, (headers, r.request.url)
+                error = strict_loads(r.text)["error"]
+                assert error["type"] == "invalid_request_error" and error["code"] == "invalid_api_key"
+                assert "s3cret" not in r.text
+        assert toy.inits == []
+        good = {"Authorization": "Bearer s3cret"}
+        assert httpx.post(f"{url}/v1/completions", json=body, headers=good).status_code == 200
+        assert httpx.get(f"{url}/v1/models", headers={"authorization": "bearer s3cret"}).status_code == 200
+        assert "beamkit_requests_total" in httpx.get(f"{url}/metrics", headers=good).text
+
+
+@pytest.mark.parametrize(
+    ("host", "key", "warn"),
+    [
+        ("127.0.0.1", None, False),
+        ("127.0.0.2", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+        ("0.0.0.0", None, True),
+        ("::", None, True),
+        ("192.168.1.20", None, True),
+        ("myhost.example", None, True),
+        ("0.0.0.0", "k", False),
+    ],
+)
+def test_a_reachable_address_without_a_key_is_warned_about(host, key, warn):
+    from beamkit.serve.cli import needs_key_warning
+
+    assert needs_key_warning(host, key) is warn
+
+
+def test_empty_api_key_is_refused(capsys):
+    from beamkit.cli import main
+
+    assert main(["serve", "--port", "0", "--api-key", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--api-key" in err[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import math
 import time
@@ -25,6 +26,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from beamkit.hypothesis import Hypothesis
 from beamkit.serve.adapters import ModelAdapter
@@ -120,12 +123,43 @@ class StrictJSONResponse(JSONResponse):
         return dumps(content).encode()
 
 
+class KeyCheck:
+    """ASGI middleware: every path but ``/health`` needs ``Authorization: Bearer KEY`` (compared in constant
+    time); anything else is a 401 with an OpenAI-style error object."""
+
+    OPEN = frozenset({"/health"})
+
+    def __init__(self, app: ASGIApp, key: str, metrics: Metrics):
+        self.app, self.key, self.metrics = app, key.encode(), metrics
+
+    def authorized(self, scope: Scope) -> bool:
+        """Whether the request carries the key."""
+        scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a request without the key; pass the others on."""
+        if scope["type"] != "http" or scope["path"] in self.OPEN or self.authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        err = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None)
+        if scope["path"] == "/v1/completions":
+            self.metrics.response(401)
+        response = StrictJSONResponse(err.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+
 def _sse(payload: Any) -> str:
     return f"data: {dumps(payload)}\n\n"
 
 
-def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) -> FastAPI:
-    """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan."""
+def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan.
+
+    ``api_key``: when set, every endpoint but ``/health`` needs ``Authorization: Bearer API_KEY`` (401 otherwise).
+    """
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must not be empty")
     metrics = Metrics(adapter.name)
     runner = Runner(adapter, metrics, max_queue=max_queue, max_rows=max_rows)
     started = int(time.time())
@@ -137,6 +171,8 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
         await asyncio.to_thread(runner.close)
 
     app = FastAPI(title="beamkit serve", lifespan=lifespan, default_response_class=StrictJSONResponse)
+    if api_key is not None:
+        app.add_middleware(KeyCheck, key=api_key, metrics=metrics)
     app.state.runner = runner
     app.state.metrics = metrics
 

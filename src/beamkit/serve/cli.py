@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import signal
 import socket
 import sys
@@ -14,6 +16,7 @@ from typing import Any
 from beamkit.extras import install_hint
 from beamkit.processors import check_int
 
+API_KEY_ENV = "BEAMKIT_API_KEY"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
@@ -41,6 +44,17 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def needs_key_warning(host: str, key: str | None) -> bool:
+    """Whether serving on ``host`` without ``key`` deserves a warning: an address other machines may reach
+    (anything but loopback: ``0.0.0.0``, ``::``, a LAN address, a host name other than ``localhost``)."""
+    if key is not None or host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to an address others reach
+        return True
+
+
 def run_server(app: Any, host: str, port: int, log_level: str = "warning", sock: socket.socket | None = None) -> int:
     """Serve ``app`` with uvicorn until SIGTERM / SIGINT: stop accepting, finish the running requests, return 0.
 
@@ -63,6 +77,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_int("--threads", args.threads, 1)
     if args.log_level not in LOG_LEVELS:
         raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise ValueError(f"--api-key (or {API_KEY_ENV}) must not be empty")
     for name in ("port", "max_queue", "max_rows"):
         value = getattr(args, name)
         low = 0 if name == "port" else 1
@@ -83,7 +100,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     sock = bind(args.host, args.port)
-    app = create_app(adapter, max_queue=args.max_queue, max_rows=args.max_rows)
+    app = create_app(adapter, max_queue=args.max_queue, max_rows=args.max_rows, api_key=key)
+    if needs_key_warning(args.host, key):
+        print(
+            f"beamkit serve: warning: {args.host} may be reachable from other machines and no --api-key is set: "
+            "anyone who reaches it can use the server",
+            file=sys.stderr,
+        )
     print(f"beamkit serve: {adapter.name} listening on {url_of(sock)}", file=sys.stderr, flush=True)
     return run_server(app, args.host, args.port, args.log_level, sock=sock)
 
@@ -103,6 +126,12 @@ def register(subparsers: Any) -> None:
         "--model", default=None, help="shipped model name, checkpoint folder, or hf:DIR (default dates-seq2seq)"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_ENV}, "
+        "which keeps the key out of the process list; without either, no key is required)",
+    )
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the one taken is printed)")
     p.add_argument(
         "--max-queue", type=int, default=64, help="requests waiting to join the engine at most; more get 503"

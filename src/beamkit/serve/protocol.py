@@ -47,7 +47,9 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON error object."""
-        code = {404: "model_not_found", 503: "server_busy", 500: "decoding_failed"}.get(self.status)
+        code = {401: "invalid_api_key", 404: "model_not_found", 503: "server_busy", 500: "decoding_failed"}.get(
+            self.status
+        )
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
 
 
