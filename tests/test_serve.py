@@ -534,3 +534,97 @@ def test_empty_api_key_is_refused(capsys):
     assert main(["serve", "--port", "0", "--api-key", ""]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--api-key" in err[0]
+
+
+# ------------------------------------------------------------------------------------------------ limits
+def test_a_body_over_the_limit_is_a_413_with_or_without_content_length():
+    toy = ToyAdapter()
+    big = json.dumps({"model": "toy", "prompt": "a" * 5000}).encode()
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(big), 1000):
+            yield big[i : i + 1000]
+
+    with serving(toy, max_body_bytes=4096) as (url, _):
+        r = post(url, big)
+        assert r.status_code == 413 and "4096" in strict_loads(r.text)["error"]["message"]
+        r = httpx.post(f"{url}/v1/completions", content=chunks(), timeout=60)  # chunked: no Content-Length
+        assert r.status_code == 413 and "4096" in strict_loads(r.text)["error"]["message"]
+        assert metric(url, "beamkit_requests_total", status="413") == 2
+        assert post(url, {"model": "toy", "prompt": "abc"}).status_code == 200
+    assert len(toy.inits) == 1
+
+
+def test_errors_never_echo_a_long_prompt_whole():
+    with serving(ToyAdapter(max_prompt=10**6)) as (url, _):
+        r = post(url, {"model": "toy", "prompt": "z" * 100_000})
+        assert r.status_code == 400 and strict_loads(r.text)["error"]["param"] == "prompt"
+        assert len(r.text) < 2000
+        r = post(url, {"model": "toy", "prompt": "abc", "max_tokens": "9" * 100_000})
+        assert r.status_code == 400 and len(r.text) < 2000
+
+
+def test_a_request_over_the_cost_cap_is_a_400_naming_the_numbers():
+    toy = ToyAdapter()
+    with serving(toy, max_request_cost=100) as (url, _):
+        r = post(url, {"model": "toy", "prompt": ["abc", "bad"], "best_of": 5, "max_tokens": 12})
+        assert r.status_code == 400
+        message = strict_loads(r.text)["error"]["message"]
+        assert all(f" {x} " in f" {message} ".replace("(", " ").replace(")", " ") for x in (2, 5, 12, 120, 100))
+        assert "--max-request-cost" in message
+        assert post(url, {"model": "toy", "prompt": ["abc", "bad"], "best_of": 4, "max_tokens": 12}).status_code == 200
+    assert len(toy.inits) == 2
+
+
+def test_a_small_request_behind_a_heavy_one_starts_within_a_few_steps():
+    """The engine driven one iteration at a time (no thread, no clock): a heavy request's 8 prompts fill the
+    waiting list; a small request arriving after 3 steps is done a few steps after its own length."""
+    import asyncio
+
+    from beamkit.scoring import as_length_penalty
+    from beamkit.serve.metrics import Metrics
+    from beamkit.serve.runner import Done, Job, Runner
+
+    loop = asyncio.new_event_loop()
+    got: dict[str, Done] = {}
+
+    def job(name: str, prompt: str, beam: int, length: int, request: int) -> Job:
+        options = {"beam_size": beam, "max_len": length, "min_len": length, "num_return": beam,
+                   "length_penalty": as_length_penalty(1.0), "early_stopping": False}  # fmt: skip
+
+        def deliver(event: Any) -> None:
+            if isinstance(event, Done):
+                got[name] = event
+
+        return Job(tuple(ToyAdapter().encode(prompt)), options, beam, False, deliver, loop, request=request)
+
+    try:
+        toy = ToyAdapter()
+        runner = Runner(toy, Metrics("toy"), max_queue=64, max_rows=8)
+        heavy = [job(f"heavy{i}", "abcdefgh"[i] * 3, 4, 50, request=1) for i in range(8)]
+        runner.submit(heavy)
+        for _ in range(3):
+            runner.iterate()
+            loop.run_until_complete(asyncio.sleep(0))
+        runner.submit([job("small", "bad", 2, 3, request=2)])
+        steps = 0
+        while "small" not in got and steps < 1000:
+            runner.iterate()
+            loop.run_until_complete(asyncio.sleep(0))
+            steps += 1
+        assert "small" in got and got["small"].error is None
+        assert steps <= 3 + 2  # its own 3 tokens, at most 2 steps of waiting
+        want = toy_alone("bad", 2, 2, 3, min_len=3)
+        same([(toy.decode(h.tokens), h.logprob) for h in got["small"].hypotheses], want)
+        while len(got) < 9 and steps < 2000:
+            runner.iterate()
+            loop.run_until_complete(asyncio.sleep(0))
+            steps += 1
+        assert all(got[f"heavy{i}"].error is None for i in range(8))
+        same(
+            [(toy.decode(h.tokens), h.logprob) for h in got["heavy5"].hypotheses],
+            toy_alone("fff", 4, 4, 50, min_len=50),
+        )
+        assert max(toy.calls) <= 8
+    finally:
+        loop.close()

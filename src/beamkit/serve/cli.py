@@ -15,6 +15,7 @@ from typing import Any
 
 from beamkit.extras import install_hint
 from beamkit.processors import check_int
+from beamkit.serve.protocol import MAX_BODY_BYTES, MAX_REQUEST_COST
 
 API_KEY_ENV = "BEAMKIT_API_KEY"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
@@ -80,7 +81,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     if key is not None and not key.strip():
         raise ValueError(f"--api-key (or {API_KEY_ENV}) must not be empty")
-    for name in ("port", "max_queue", "max_rows"):
+    if args.max_request_rows is not None:
+        check_int("--max-request-rows", args.max_request_rows, 1)
+    for name in ("port", "max_queue", "max_rows", "max_body_bytes", "max_request_cost"):
         value = getattr(args, name)
         low = 0 if name == "port" else 1
         if value < low or (name == "port" and value > 65535):
@@ -100,7 +103,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     sock = bind(args.host, args.port)
-    app = create_app(adapter, max_queue=args.max_queue, max_rows=args.max_rows, api_key=key)
+    app = create_app(
+        adapter,
+        max_queue=args.max_queue,
+        max_rows=args.max_rows,
+        api_key=key,
+        max_body_bytes=args.max_body_bytes,
+        max_request_cost=args.max_request_cost,
+        max_request_rows=args.max_request_rows,
+    )
     if needs_key_warning(args.host, key):
         print(
             f"beamkit serve: warning: {args.host} may be reachable from other machines and no --api-key is set: "
@@ -137,6 +148,22 @@ def register(subparsers: Any) -> None:
         "--max-queue", type=int, default=64, help="requests waiting to join the engine at most; more get 503"
     )
     p.add_argument("--max-rows", type=int, default=256, help="beam rows in the engine at most")
+    p.add_argument(
+        "--max-request-rows",
+        type=int,
+        default=None,
+        help="beam rows one request holds at most while others wait, so small requests are not held behind a "
+        "heavy one (default: half of --max-rows)",
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="request body size at most; larger gets 413"
+    )
+    p.add_argument(
+        "--max-request-cost",
+        type=int,
+        default=MAX_REQUEST_COST,
+        help="prompts x beam width x max_tokens of one request at most; more gets 400",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
     p.add_argument("--log-level", default="warning", help=f"uvicorn log level: {', '.join(LOG_LEVELS)}")
     p.set_defaults(func=cmd_serve)

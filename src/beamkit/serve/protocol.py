@@ -13,8 +13,11 @@ from typing import Any
 from beamkit.serve.adapters import ModelAdapter
 
 MAX_STOP = 4  # as OpenAI
+MAX_BODY_BYTES = 1 << 20  # a completions body of 1 MiB at most (413 beyond)
+MAX_REQUEST_COST = 64 * 16 * 256  # prompts x beam width x max_tokens of one request at most (400 beyond)
 MAX_PROMPTS = 64  # prompts in one request (each is one engine request)
 ECHO_LIMIT = 200  # characters of a client's input an error message quotes at most
+MAX_MESSAGE = 1000  # characters of an error message at most (a decoding error may quote anything)
 MAX_LENGTH_PENALTY = 10.0  # |alpha| at most: beyond it scores overflow to -inf or vanish to -0
 # fields OpenAI clients may send that change nothing for a beam search
 IGNORED = frozenset({"user", "seed", "stream_options", "echo_prompt"})
@@ -42,14 +45,19 @@ class ApiError(Exception):
     """An error answered as OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        message = message if len(message) <= MAX_MESSAGE else f"{message[:MAX_MESSAGE]}..."
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def body(self) -> dict[str, Any]:
         """The JSON error object."""
-        code = {401: "invalid_api_key", 404: "model_not_found", 503: "server_busy", 500: "decoding_failed"}.get(
-            self.status
-        )
+        code = {
+            401: "invalid_api_key",
+            404: "model_not_found",
+            413: "request_too_large",
+            503: "server_busy",
+            500: "decoding_failed",
+        }.get(self.status)
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
 
 
@@ -73,7 +81,11 @@ class Completion:
 def _shown(value: Any) -> str:
     """``value`` as JSON for an error message, cut to :data:`ECHO_LIMIT` characters: errors never echo a whole
     input back. Non-finite numbers read ``NaN`` / ``Infinity`` (the message is text, not a JSON value)."""
-    text = json.dumps(value)
+    return _cut(json.dumps(value))
+
+
+def _cut(text: str) -> str:
+    """``text`` cut to :data:`ECHO_LIMIT` characters (an error message quoting a client's input)."""
     return text if len(text) <= ECHO_LIMIT else f"{text[:ECHO_LIMIT]}... ({len(text)} characters)"
 
 
@@ -181,7 +193,7 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
         try:
             got = adapter.encode(p)
         except (ValueError, TypeError) as exc:
-            raise ApiError(400, f"'prompt': {exc}", "prompt") from exc
+            raise ApiError(400, f"'prompt': {_cut(str(exc))}", "prompt") from exc
         if len(got) > adapter.max_prompt_tokens:
             raise ApiError(
                 400, f"'prompt' has {len(got)} tokens; this model takes at most {adapter.max_prompt_tokens}", "prompt"
