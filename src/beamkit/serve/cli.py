@@ -94,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from beamkit.serve.adapters import load_adapter
         from beamkit.serve.app import create_app
 
-        adapter = load_adapter(args.model)
+        adapter = load_adapter(args.model, allow_pickle=args.allow_pickle)
     except ImportError as exc:
         print(f"beamkit serve: error: {exc} ({install_hint('serve')})", file=sys.stderr)
         return 2
@@ -135,6 +135,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--model", default=None, help="shipped model name, checkpoint folder, or hf:DIR (default dates-seq2seq)"
+    )
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="let hf:DIR load pickled weights (pytorch_model.bin), which can run code: only for a trusted folder",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument(
