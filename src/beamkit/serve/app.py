@@ -193,7 +193,7 @@ def create_app(
     ``api_key``: when set, every endpoint but ``/health`` needs ``Authorization: Bearer API_KEY`` (401 otherwise).
     ``max_body_bytes``: a larger request body is a 413. ``max_request_cost``: prompts x beam width x
     ``max_tokens`` of one request at most (400 beyond). ``max_request_rows``: beam rows one request holds at
-    most while others wait (default half of ``max_rows``).
+    most, leaving room for requests that arrive behind it (default half of ``max_rows``).
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")

@@ -157,8 +157,8 @@ def register(subparsers: Any) -> None:
         "--max-request-rows",
         type=int,
         default=None,
-        help="beam rows one request holds at most while others wait, so small requests are not held behind a "
-        "heavy one (default: half of --max-rows)",
+        help="beam rows one request holds at most, leaving room for requests that arrive behind it "
+        "(default: half of --max-rows)",
     )
     p.add_argument(
         "--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="request body size at most; larger gets 413"
