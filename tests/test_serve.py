@@ -369,3 +369,262 @@ def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--threads", "0"], "--threads"),
+        (["--log-level", "bogus"], "--log-level"),
+        (["--host", "256.0.0.1"], "256.0.0.1"),
+    ],
+)
+def test_cli_refuses_bad_server_options_in_one_line(capsys, argv, needle):
+    from beamkit.cli import main
+
+    assert main(["serve", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]
+
+
+def test_cli_port_in_use_is_one_error_line_exit_1(capsys):
+    from beamkit.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and str(port) in err[0]
+
+
+def test_cli_port_0_reports_the_bound_port_and_reads_the_key_from_the_environment():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "BEAMKIT_API_KEY": "k3y"}
+    code = "import sys; from beamkit.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "serve", "--port", "0"]
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        reader, box = in_thread(proc.stderr.readline)
+        reader.join(60)
+        line = box.get("out", "")
+        assert "listening on http://127.0.0.1:" in line, line
+        port = int(line.rsplit(":", 1)[1])
+        assert port > 0 and _up(f"http://127.0.0.1:{port}")
+        models = f"http://127.0.0.1:{port}/v1/models"
+        assert httpx.get(models, timeout=10).status_code == 401
+        assert httpx.get(models, headers={"Authorization": "Bearer k3y"}, timeout=10).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+# ------------------------------------------------------------------------------------------------ strict JSON
+def strict_loads(text: str) -> Any:
+    """``json.loads`` that refuses NaN and Infinity, which are not JSON."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "toy", "prompt": "abc", "length_penalty": -700}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": -1e308}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": 1e308}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": 1e400}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": Infinity}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": -Infinity}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": NaN}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": -700, "stream": true}',
+        b'{"model": "toy", "prompt": "abc", "length_penalty": 1' + b"0" * 400 + b"}",
+    ],
+)
+def test_extreme_length_penalty_is_a_400_naming_the_field(body):
+    toy = ToyAdapter()
+    with serving(toy) as (url, _):
+        r = post(url, body)
+        assert r.status_code == 400, r.text
+        error = strict_loads(r.text)["error"]
+        assert error["param"] == "length_penalty" and "length_penalty" in error["message"]
+        assert len(error["message"]) < 400
+    assert toy.inits == []
+
+
+def test_non_standard_json_constants_are_refused():
+    with serving(ToyAdapter()) as (url, _):
+        r = post(url, b'{"model": "toy", "prompt": "abc", "max_tokens": NaN}')
+        assert r.status_code == 400 and "NaN" in strict_loads(r.text)["error"]["message"]
+
+
+def test_deeply_nested_json_is_a_400():
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with serving(ToyAdapter()) as (url, _):
+        for body in (deep, b'{"model": "toy", "prompt": ' + deep + b"}"):
+            r = post(url, body)
+            assert r.status_code == 400, r.text
+            assert "nested" in strict_loads(r.text)["error"]["message"]
+        assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_every_event_is_strict_json_and_non_finite_scores_are_null():
+    from beamkit.serve.app import _sse
+
+    body = {"model": "toy", "prompt": ["abc", "hgf"], "best_of": 3, "n": 2, "length_penalty": 10, "stream": True}
+    with serving(ToyAdapter()) as (url, _):
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]" and all(strict_loads(x) for x in lines[:-1])
+    event = _sse({"score": float("-inf"), "choices": [{"logprob": float("nan"), "ok": 1.5}]})
+    assert strict_loads(event[len("data: ") :]) == {"score": None, "choices": [{"logprob": None, "ok": 1.5}]}
+
+
+# ------------------------------------------------------------------------------------------------ authentication
+def test_api_key_is_required_except_for_health():
+    toy = ToyAdapter()
+    body = {"model": "toy", "prompt": "abc"}
+    with serving(toy, api_key="s3cret") as (url, _):
+        assert httpx.get(f"{url}/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": ""}):
+            for r in (
+                httpx.post(f"{url}/v1/completions", json=body, headers=headers),
+                httpx.get(f"{url}/v1/models", headers=headers),
+                httpx.get(f"{url}/metrics", headers=headers),
+            ):
+                assert r.status_code == 401, (headers, r.request.url)
+                error = strict_loads(r.text)["error"]
+                assert error["type"] == "invalid_request_error" and error["code"] == "invalid_api_key"
+                assert "s3cret" not in r.text
+        assert toy.inits == []
+        good = {"Authorization": "Bearer s3cret"}
+        assert httpx.post(f"{url}/v1/completions", json=body, headers=good).status_code == 200
+        assert httpx.get(f"{url}/v1/models", headers={"authorization": "bearer s3cret"}).status_code == 200
+        assert "beamkit_requests_total" in httpx.get(f"{url}/metrics", headers=good).text
+
+
+@pytest.mark.parametrize(
+    ("host", "key", "warn"),
+    [
+        ("127.0.0.1", None, False),
+        ("127.0.0.2", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+        ("0.0.0.0", None, True),
+        ("::", None, True),
+        ("192.168.1.20", None, True),
+        ("myhost.example", None, True),
+        ("0.0.0.0", "k", False),
+    ],
+)
+def test_a_reachable_address_without_a_key_is_warned_about(host, key, warn):
+    from beamkit.serve.cli import needs_key_warning
+
+    assert needs_key_warning(host, key) is warn
+
+
+def test_empty_api_key_is_refused(capsys):
+    from beamkit.cli import main
+
+    assert main(["serve", "--port", "0", "--api-key", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--api-key" in err[0]
+
+
+# ------------------------------------------------------------------------------------------------ limits
+def test_a_body_over_the_limit_is_a_413_with_or_without_content_length():
+    toy = ToyAdapter()
+    big = json.dumps({"model": "toy", "prompt": "a" * 5000}).encode()
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(big), 1000):
+            yield big[i : i + 1000]
+
+    with serving(toy, max_body_bytes=4096) as (url, _):
+        r = post(url, big)
+        assert r.status_code == 413 and "4096" in strict_loads(r.text)["error"]["message"]
+        r = httpx.post(f"{url}/v1/completions", content=chunks(), timeout=60)  # chunked: no Content-Length
+        assert r.status_code == 413 and "4096" in strict_loads(r.text)["error"]["message"]
+        assert metric(url, "beamkit_requests_total", status="413") == 2
+        assert post(url, {"model": "toy", "prompt": "abc"}).status_code == 200
+    assert len(toy.inits) == 1
+
+
+def test_errors_never_echo_a_long_prompt_whole():
+    with serving(ToyAdapter(max_prompt=10**6)) as (url, _):
+        r = post(url, {"model": "toy", "prompt": "z" * 100_000})
+        assert r.status_code == 400 and strict_loads(r.text)["error"]["param"] == "prompt"
+        assert len(r.text) < 2000
+        r = post(url, {"model": "toy", "prompt": "abc", "max_tokens": "9" * 100_000})
+        assert r.status_code == 400 and len(r.text) < 2000
+
+
+def test_a_request_over_the_cost_cap_is_a_400_naming_the_numbers():
+    toy = ToyAdapter()
+    with serving(toy, max_request_cost=100) as (url, _):
+        r = post(url, {"model": "toy", "prompt": ["abc", "bad"], "best_of": 5, "max_tokens": 12})
+        assert r.status_code == 400
+        message = strict_loads(r.text)["error"]["message"]
+        assert all(f" {x} " in f" {message} ".replace("(", " ").replace(")", " ") for x in (2, 5, 12, 120, 100))
+        assert "--max-request-cost" in message
+        assert post(url, {"model": "toy", "prompt": ["abc", "bad"], "best_of": 4, "max_tokens": 12}).status_code == 200
+    assert len(toy.inits) == 2
+
+
+def test_a_small_request_behind_a_heavy_one_starts_within_a_few_steps():
+    """The engine driven one iteration at a time (no thread, no clock): a heavy request's 8 prompts fill the
+    waiting list; a small request arriving after 3 steps is done a few steps after its own length."""
+    import asyncio
+
+    from beamkit.scoring import as_length_penalty
+    from beamkit.serve.metrics import Metrics
+    from beamkit.serve.runner import Done, Job, Runner
+
+    loop = asyncio.new_event_loop()
+    got: dict[str, Done] = {}
+
+    def job(name: str, prompt: str, beam: int, length: int, request: int) -> Job:
+        options = {"beam_size": beam, "max_len": length, "min_len": length, "num_return": beam,
+                   "length_penalty": as_length_penalty(1.0), "early_stopping": False}  # fmt: skip
+
+        def deliver(event: Any) -> None:
+            if isinstance(event, Done):
+                got[name] = event
+
+        return Job(tuple(ToyAdapter().encode(prompt)), options, beam, False, deliver, loop, request=request)
+
+    try:
+        toy = ToyAdapter()
+        runner = Runner(toy, Metrics("toy"), max_queue=64, max_rows=8)
+        heavy = [job(f"heavy{i}", "abcdefgh"[i] * 3, 4, 50, request=1) for i in range(8)]
+        runner.submit(heavy)
+        for _ in range(3):
+            runner.iterate()
+            loop.run_until_complete(asyncio.sleep(0))
+        runner.submit([job("small", "bad", 2, 3, request=2)])
+        steps = 0
+        while "small" not in got and steps < 1000:
+            runner.iterate()
+            loop.run_until_complete(asyncio.sleep(0))
+            steps += 1
+        assert "small" in got and got["small"].error is None
+        assert steps <= 3 + 2  # its own 3 tokens, at most 2 steps of waiting
+        want = toy_alone("bad", 2, 2, 3, min_len=3)
+        same([(toy.decode(h.tokens), h.logprob) for h in got["small"].hypotheses], want)
+        while len(got) < 9 and steps < 2000:
+            runner.iterate()
+            loop.run_until_complete(asyncio.sleep(0))
+            steps += 1
+        assert all(got[f"heavy{i}"].error is None for i in range(8))
+        same(
+            [(toy.decode(h.tokens), h.logprob) for h in got["heavy5"].hypotheses],
+            toy_alone("fff", 4, 4, 50, min_len=50),
+        )
+        assert max(toy.calls) <= 8
+    finally:
+        loop.close()

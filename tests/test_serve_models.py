@@ -162,3 +162,49 @@ def test_hf_concurrent_requests_match_generate(hf_dir):
         same(texts(r), want[prompt])
         reasons |= {c["finish_reason"] for c in r.json()["choices"]}
     assert reasons == {"stop", "length"}  # eos fired in some hypotheses, others ran to max_tokens
+
+
+@pytest.fixture(scope="module")
+def pickled_dir(hf_dir, tmp_path_factory):
+    """The tiny GPT-2 again, its weights saved as a pickled ``pytorch_model.bin`` (no safetensors; written with
+    ``torch.save``, as older ``save_pretrained(safe_serialization=False)`` did)."""
+    import shutil
+
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny-gpt2-pickled")
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, folder / f.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), use_safetensors=True)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    assert (folder / "pytorch_model.bin").is_file() and not list(folder.glob("*.safetensors"))
+    return folder
+
+
+def test_hf_pickled_weights_are_refused_unless_allowed(capsys, pickled_dir):
+    with pytest.raises(ValueError, match="pytorch_model.bin.*--allow-pickle"):
+        load_adapter(f"hf:{pickled_dir}")
+    assert main(["serve", "--port", "0", "--model", f"hf:{pickled_dir}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and "--allow-pickle" in err[0]
+    adapter = load_adapter(f"hf:{pickled_dir}", allow_pickle=True)
+    assert adapter.encode("w1 w2") == [5, 6]
+
+
+def test_hf_loading_never_trusts_remote_code_and_prefers_safetensors(hf_dir, monkeypatch):
+    import transformers
+
+    seen: list[tuple[str, dict]] = []
+    for cls in (transformers.AutoTokenizer, transformers.AutoConfig, transformers.AutoModelForCausalLM):
+        real = cls.from_pretrained
+
+        def spy(*args, _real=real, _name=cls.__name__, **kwargs):
+            seen.append((_name, kwargs))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", spy)
+    load_adapter(f"hf:{hf_dir}")
+    assert {name for name, _ in seen} == {"AutoTokenizer", "AutoConfig", "AutoModelForCausalLM"}
+    assert all(kwargs.get("trust_remote_code") is False for _, kwargs in seen)
+    assert [kw.get("use_safetensors") for name, kw in seen if name == "AutoModelForCausalLM"] == [True]

@@ -15,6 +15,7 @@ from typing import Any
 
 from beamkit.scoring import LengthPenalty, as_length_penalty
 
+PICKLED = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")  # weight files that torch unpickles
 SEQ2SEQ_MAX_SOURCE = 256  # an LSTM has no position table: the server's own bound on a source sentence
 
 
@@ -134,7 +135,7 @@ class HFAdapter(ModelAdapter):
 
     owned_by = "huggingface"
 
-    def __init__(self, directory: str | Path, name: str):
+    def __init__(self, directory: str | Path, name: str, allow_pickle: bool = False):
         import torch
         import transformers
 
@@ -143,11 +144,21 @@ class HFAdapter(ModelAdapter):
         folder = Path(directory)
         if not folder.is_dir():
             raise FileNotFoundError(f"Hugging Face model directory not found: {folder}")
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
-        config = transformers.AutoConfig.from_pretrained(str(folder))
+        safe = any(folder.glob("*.safetensors"))
+        pickled = sorted(p.name for pattern in PICKLED for p in folder.glob(pattern))
+        if not safe and pickled and not allow_pickle:
+            raise ValueError(
+                f"{folder}: the weights are pickled ({pickled[0]}), and loading a pickle can run code; convert them "
+                "to safetensors, or pass --allow-pickle if you trust the folder"
+            )
+        # the folder's own Python code never runs: trust_remote_code=False, stated on every call
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+        config = transformers.AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
         if getattr(config, "is_encoder_decoder", False):
             raise ValueError(f"{folder}: beamkit serve runs decoder-only Hugging Face models (hf:DIR)")
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(folder))
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), trust_remote_code=False, use_safetensors=True if safe else None
+        )
         self.model.eval()
         self.name = name
         gc = self.model.generation_config
@@ -211,13 +222,16 @@ class HFAdapter(ModelAdapter):
         return {"early_stopping": True if beam == 1 else early_stopping}
 
 
-def load_adapter(spec: str | None) -> ModelAdapter:
-    """The adapter for ``--model``: ``hf:DIR``, a shipped model's name or a beamkit checkpoint folder."""
+def load_adapter(spec: str | None, allow_pickle: bool = False) -> ModelAdapter:
+    """The adapter for ``--model``: ``hf:DIR``, a shipped model's name or a beamkit checkpoint folder.
+
+    ``allow_pickle``: load an ``hf:DIR`` whose weights are only pickled (``pytorch_model.bin``); refused otherwise.
+    """
     if spec is not None and spec.startswith("hf:"):
         directory = spec[3:]
         if not directory:
             raise ValueError("--model hf:DIR needs a directory after 'hf:'")
-        return HFAdapter(directory, Path(directory).name or directory)
+        return HFAdapter(directory, Path(directory).name or directory, allow_pickle=allow_pickle)
     from beamkit.models import DEFAULT_MODEL, load_model
 
     return DatesAdapter(load_model(spec), Path(spec).name if spec else DEFAULT_MODEL)

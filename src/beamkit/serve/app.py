@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import itertools
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,11 +27,22 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from beamkit.hypothesis import Hypothesis
+from beamkit.processors import check_int
 from beamkit.serve.adapters import ModelAdapter
 from beamkit.serve.metrics import Metrics
-from beamkit.serve.protocol import ApiError, Completion, parse_body, parse_completion, trim_stop
+from beamkit.serve.protocol import (
+    MAX_BODY_BYTES,
+    MAX_REQUEST_COST,
+    ApiError,
+    Completion,
+    parse_body,
+    parse_completion,
+    trim_stop,
+)
 from beamkit.serve.runner import Done, Job, Progress, QueueFull, Runner, ShuttingDown
 
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait
@@ -36,7 +50,23 @@ RETRY_AFTER_S = 1  # what a 503 asks a client to wait
 
 def _error(err: ApiError, metrics: Metrics, headers: dict[str, str] | None = None) -> JSONResponse:
     metrics.response(err.status)
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    return StrictJSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to exceed ``limit`` bytes: from its Content-Length, or
+    while a chunked body arrives (the rest is never read)."""
+    too_large = ApiError(413, f"the request body exceeds this server's limit of {limit} bytes (--max-body-bytes)")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _disconnected(request: Request) -> None:
@@ -95,14 +125,83 @@ def _failure(done: list[Done]) -> ApiError | None:
     return ApiError(500, f"decoding failed: {errors[0]}", None, "server_error")
 
 
+def finite(payload: Any) -> Any:
+    """``payload`` with every NaN or infinite float replaced by None, so that it encodes as strict JSON."""
+    if isinstance(payload, float):
+        return payload if math.isfinite(payload) else None
+    if isinstance(payload, dict):
+        return {k: finite(v) for k, v in payload.items()}
+    if isinstance(payload, (list, tuple)):
+        return [finite(v) for v in payload]
+    return payload
+
+
+def dumps(payload: Any) -> str:
+    """Strict JSON (a non-finite score or logprob is ``null``): every body and event the server sends."""
+    return json.dumps(finite(payload), allow_nan=False)
+
+
+class StrictJSONResponse(JSONResponse):
+    """A JSON response encoded by :func:`dumps`."""
+
+    def render(self, content: Any) -> bytes:
+        """The body as strict JSON."""
+        return dumps(content).encode()
+
+
+class KeyCheck:
+    """ASGI middleware: every path but ``/health`` needs ``Authorization: Bearer KEY`` (compared in constant
+    time); anything else is a 401 with an OpenAI-style error object."""
+
+    OPEN = frozenset({"/health"})
+
+    def __init__(self, app: ASGIApp, key: str, metrics: Metrics):
+        self.app, self.key, self.metrics = app, key.encode(), metrics
+
+    def authorized(self, scope: Scope) -> bool:
+        """Whether the request carries the key."""
+        scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a request without the key; pass the others on."""
+        if scope["type"] != "http" or scope["path"] in self.OPEN or self.authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        err = ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", None)
+        if scope["path"] == "/v1/completions":
+            self.metrics.response(401)
+        response = StrictJSONResponse(err.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+
 def _sse(payload: Any) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
+    return f"data: {dumps(payload)}\n\n"
 
 
-def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) -> FastAPI:
-    """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan."""
+def create_app(
+    adapter: ModelAdapter,
+    max_queue: int = 64,
+    max_rows: int = 256,
+    api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_request_cost: int = MAX_REQUEST_COST,
+    max_request_rows: int | None = None,
+) -> FastAPI:
+    """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan.
+
+    ``api_key``: when set, every endpoint but ``/health`` needs ``Authorization: Bearer API_KEY`` (401 otherwise).
+    ``max_body_bytes``: a larger request body is a 413. ``max_request_cost``: prompts x beam width x
+    ``max_tokens`` of one request at most (400 beyond). ``max_request_rows``: beam rows one request holds at
+    most, leaving room for requests that arrive behind it (default half of ``max_rows``).
+    """
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must not be empty")
+    for name, value in (("max_body_bytes", max_body_bytes), ("max_request_cost", max_request_cost)):
+        check_int(name, value, 1)
     metrics = Metrics(adapter.name)
-    runner = Runner(adapter, metrics, max_queue=max_queue, max_rows=max_rows)
+    runner = Runner(adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows)
+    requests = itertools.count(1)
     started = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -111,7 +210,9 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
         yield
         await asyncio.to_thread(runner.close)
 
-    app = FastAPI(title="beamkit serve", lifespan=lifespan)
+    app = FastAPI(title="beamkit serve", lifespan=lifespan, default_response_class=StrictJSONResponse)
+    if api_key is not None:
+        app.add_middleware(KeyCheck, key=api_key, metrics=metrics)
     app.state.runner = runner
     app.state.metrics = metrics
 
@@ -131,9 +232,17 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         try:
-            c = parse_completion(parse_body(await request.body()), adapter)
+            c = parse_completion(parse_body(await _read_body(request, max_body_bytes)), adapter)
             if c.beam > max_rows:
                 raise ApiError(400, f"'best_of' ({c.beam}) exceeds the server's --max-rows {max_rows}", "best_of")
+            cost = len(c.prompt_ids) * c.beam * c.max_tokens
+            if cost > max_request_cost:
+                raise ApiError(
+                    400,
+                    f"the request asks for {len(c.prompt_ids)} prompts x {c.beam} beams ('best_of') x {c.max_tokens} "
+                    f"'max_tokens' = {cost} beam steps; this server takes at most {max_request_cost} per request "
+                    "(--max-request-cost): send fewer prompts, a narrower beam or fewer tokens",
+                )
         except ApiError as err:
             return _error(err, metrics)
         loop = asyncio.get_running_loop()
@@ -153,7 +262,11 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
             "length_penalty": adapter.length_penalty(c.length_penalty),
             **adapter.request_options(c.beam, c.early_stopping),
         }
-        jobs = [Job(ids, options, c.beam, c.stream, deliver_to(i), loop) for i, ids in enumerate(c.prompt_ids)]
+        number = next(requests)
+        jobs = [
+            Job(ids, options, c.beam, c.stream, deliver_to(i), loop, request=number)
+            for i, ids in enumerate(c.prompt_ids)
+        ]
         try:
             runner.submit(jobs)
         except QueueFull as exc:
@@ -178,7 +291,7 @@ def create_app(adapter: ModelAdapter, max_queue: int = 64, max_rows: int = 256) 
         with metrics.lock:
             metrics.generated_tokens += body["usage"]["completion_tokens"]
         metrics.response(200)
-        return JSONResponse(body)
+        return StrictJSONResponse(body)
 
     return app
 

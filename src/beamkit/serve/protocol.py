@@ -6,13 +6,19 @@ Every problem raises :class:`ApiError` naming the field (``param``) before anyth
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from beamkit.serve.adapters import ModelAdapter
 
 MAX_STOP = 4  # as OpenAI
+MAX_BODY_BYTES = 1 << 20  # a completions body of 1 MiB at most (413 beyond)
+MAX_REQUEST_COST = 64 * 16 * 256  # prompts x beam width x max_tokens of one request at most (400 beyond)
 MAX_PROMPTS = 64  # prompts in one request (each is one engine request)
+ECHO_LIMIT = 200  # characters of a client's input an error message quotes at most
+MAX_MESSAGE = 1000  # characters of an error message at most (a decoding error may quote anything)
+MAX_LENGTH_PENALTY = 10.0  # |alpha| at most: beyond it scores overflow to -inf or vanish to -0
 # fields OpenAI clients may send that change nothing for a beam search
 IGNORED = frozenset({"user", "seed", "stream_options", "echo_prompt"})
 KNOWN = frozenset(
@@ -39,12 +45,19 @@ class ApiError(Exception):
     """An error answered as OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        message = message if len(message) <= MAX_MESSAGE else f"{message[:MAX_MESSAGE]}..."
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def body(self) -> dict[str, Any]:
         """The JSON error object."""
-        code = {404: "model_not_found", 503: "server_busy", 500: "decoding_failed"}.get(self.status)
+        code = {
+            401: "invalid_api_key",
+            404: "model_not_found",
+            413: "request_too_large",
+            503: "server_busy",
+            500: "decoding_failed",
+        }.get(self.status)
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
 
 
@@ -65,15 +78,26 @@ class Completion:
     stream: bool
 
 
+def _shown(value: Any) -> str:
+    """``value`` as JSON for an error message, cut to :data:`ECHO_LIMIT` characters: errors never echo a whole
+    input back. Non-finite numbers read ``NaN`` / ``Infinity`` (the message is text, not a JSON value)."""
+    return _cut(json.dumps(value))
+
+
+def _cut(text: str) -> str:
+    """``text`` cut to :data:`ECHO_LIMIT` characters (an error message quoting a client's input)."""
+    return text if len(text) <= ECHO_LIMIT else f"{text[:ECHO_LIMIT]}... ({len(text)} characters)"
+
+
 def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"'{name}' must be an integer, got {json.dumps(value)}", name)
+        raise ApiError(400, f"'{name}' must be an integer, got {_shown(value)}", name)
     if value < low or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ApiError(400, f"'{name}' must be {bound}, got {value}", name)
+        raise ApiError(400, f"'{name}' must be {bound}, got {_shown(value)}", name)
     return value
 
 
@@ -82,7 +106,7 @@ def _bool(body: dict[str, Any], name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false, got {json.dumps(value)}", name)
+        raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", name)
     return value
 
 
@@ -97,10 +121,13 @@ def _prompts(value: Any) -> tuple[str, ...]:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 saying why not."""
+    """The request body as a JSON object, or a 400 saying why not. ``NaN`` and ``Infinity`` are read as numbers
+    (some clients send them), so that the field they are in refuses them by name."""
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError as exc:
+        raise ApiError(400, "the body is not valid JSON: it is nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
         raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
@@ -137,8 +164,12 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
     if n > beam:
         raise ApiError(400, f"'n' ({n}) must not exceed 'best_of' ({beam}), the beam width", "n")
     alpha = body.get("length_penalty", 1.0)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha != alpha:
-        raise ApiError(400, f"'length_penalty' must be a number, got {json.dumps(alpha)}", "length_penalty")
+    finite = isinstance(alpha, int) or (isinstance(alpha, float) and math.isfinite(alpha))
+    if isinstance(alpha, bool) or not finite:
+        raise ApiError(400, f"'length_penalty' must be a finite number, got {_shown(alpha)}", "length_penalty")
+    if abs(alpha) > MAX_LENGTH_PENALTY:
+        bound = f"between {-MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g}"
+        raise ApiError(400, f"'length_penalty' must be {bound}, got {_shown(alpha)}", "length_penalty")
     early = body.get("early_stopping", False)
     if not (isinstance(early, bool) or early == "never"):
         raise ApiError(400, "'early_stopping' must be true, false or \"never\"", "early_stopping")
@@ -162,7 +193,7 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
         try:
             got = adapter.encode(p)
         except (ValueError, TypeError) as exc:
-            raise ApiError(400, f"'prompt': {exc}", "prompt") from exc
+            raise ApiError(400, f"'prompt': {_cut(str(exc))}", "prompt") from exc
         if len(got) > adapter.max_prompt_tokens:
             raise ApiError(
                 400, f"'prompt' has {len(got)} tokens; this model takes at most {adapter.max_prompt_tokens}", "prompt"

@@ -2,7 +2,8 @@
 
 HTTP handlers :meth:`Runner.submit` jobs (one per prompt) into a bounded waiting list and :meth:`Runner.cancel`
 them when their client goes away. The thread admits waiting jobs into the :class:`beamkit.Engine` before each
-step (first come first served, while their beams fit in ``max_rows``), runs :meth:`beamkit.Engine.step`, and
+step (while their beams fit in ``max_rows``; requests take turns, and one request holds at most
+``request_rows`` of them, so a small request does not wait behind a heavy one), runs :meth:`beamkit.Engine.step`, and
 hands each job its events: a :class:`Progress` after each step for streaming jobs whose best text changed,
 then one :class:`Done`. Events are passed to the job's ``deliver`` callback on the job's event ``loop``, all of
 one step's events in one ``call_soon_threadsafe`` (waking the loop once per event costs more than a step).
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,7 @@ class Job:
     stream: bool
     deliver: Callable[[Progress | Done], None]
     loop: asyncio.AbstractEventLoop
+    request: int = 0  # the HTTP request the job belongs to: requests take turns for rows
     rid: int | None = None  # the engine's request id once admitted
     steps: int = 0
     last: tuple[int, ...] | None = field(default=None, repr=False)  # tokens of the last streamed best
@@ -67,14 +69,25 @@ class Job:
 
 class Runner:
     """Owns the engine and its thread. ``max_queue``: waiting jobs at most; ``max_rows``: beam rows in the
-    engine at most (a job is admitted when its ``beam`` fits next to the running ones)."""
+    engine at most (a job is admitted when its ``beam`` fits next to the running ones); ``request_rows``: rows
+    one request holds at most once it has a job running (default half of ``max_rows``)."""
 
-    def __init__(self, adapter: ModelAdapter, metrics: Metrics, max_queue: int = 64, max_rows: int = 256):
-        if max_queue < 1 or max_rows < 1:
-            raise ValueError(f"max_queue and max_rows must be >= 1, got {max_queue} and {max_rows}")
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        metrics: Metrics,
+        max_queue: int = 64,
+        max_rows: int = 256,
+        request_rows: int | None = None,
+    ):
+        request_rows = max(1, max_rows // 2) if request_rows is None else request_rows
+        if max_queue < 1 or max_rows < 1 or request_rows < 1:
+            raise ValueError(
+                f"max_queue, max_rows and request_rows must be >= 1, got {max_queue}, {max_rows} and {request_rows}"
+            )
         self.adapter = adapter
         self.metrics = metrics
-        self.max_queue, self.max_rows = max_queue, max_rows
+        self.max_queue, self.max_rows, self.request_rows = max_queue, max_rows, request_rows
         self.engine = Engine(adapter.step_fn, on_step_error="fail", **adapter.engine_options)
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -131,24 +144,30 @@ class Runner:
                     self._cond.wait()
                 if self._stop and not self._waiting and self.engine.idle:
                     return
-                cancels, self._cancel = self._cancel, []
-                for job in cancels:
-                    if job in self._waiting:
-                        self._waiting.remove(job)
-                        self._outbox.append((job, Done([], "cancelled", 0)))
-                        self.metrics.outcomes["cancelled"] += 1
-                admit = self._take_admissible()
-                self.metrics.queue_depth = len(self._waiting)
+            self.iterate()
+
+    def iterate(self) -> None:
+        """One turn of the engine thread: apply cancellations, admit waiting jobs, step, send the events. (The
+        thread calls it in a loop; a test may drive a runner that was never started with it, step by step.)"""
+        with self._cond:
+            cancels, self._cancel = self._cancel, []
             for job in cancels:
-                if job.rid is not None and job.rid in self._running:
-                    self.engine.cancel(job.rid)
-            self._admit(admit)
-            if not self.engine.idle:
-                try:
-                    self._step()
-                except Exception as exc:  # noqa: BLE001 - an engine fault fails its jobs, not the server
-                    self._reset(f"{type(exc).__name__}: {exc}")
-            self._flush()
+                if job in self._waiting:
+                    self._waiting.remove(job)
+                    self._outbox.append((job, Done([], "cancelled", 0)))
+                    self.metrics.outcomes["cancelled"] += 1
+            admit = self._take_admissible()
+            self.metrics.queue_depth = len(self._waiting)
+        for job in cancels:
+            if job.rid is not None and job.rid in self._running:
+                self.engine.cancel(job.rid)
+        self._admit(admit)
+        if not self.engine.idle:
+            try:
+                self._step()
+            except Exception as exc:  # noqa: BLE001 - an engine fault fails its jobs, not the server
+                self._reset(f"{type(exc).__name__}: {exc}")
+        self._flush()
 
     def _flush(self) -> None:
         """Send the iteration's events: one wake-up per event loop."""
@@ -163,21 +182,31 @@ class Runner:
                 pass
 
     def _take_admissible(self) -> list[Job]:
-        """Waiting jobs that join before the next step, in arrival order (called holding the lock)."""
+        """Waiting jobs that join before the next step (called holding the lock). Requests take turns: the next
+        job is the earliest one of the request holding the fewest rows, and no request holds more than
+        ``request_rows`` rows while it has a job running, so rows stay free for a request arriving behind a heavy
+        one. A job that does not fit waits, and so do the jobs behind it (none is passed over for ever)."""
         out: list[Job] = []
         if not self.adapter.joins_mid_flight and not self.engine.idle:
             return out
+        held: Counter[int] = Counter()
+        for running in self._running.values():
+            held[running.request] += running.beam
         width = None
-        while self._waiting:
-            job = self._waiting[0]
+        while True:
+            fair = [j for j in self._waiting if not held[j.request] or held[j.request] + j.beam <= self.request_rows]
+            if not fair:
+                break
+            job = min(fair, key=lambda j: held[j.request])  # the first of the least served: arrival order on ties
             if self._reserved + job.beam > self.max_rows and (self._reserved or out):
                 break
             if not self.adapter.joins_mid_flight:  # joining one idle engine together: prompts of one length
                 width = len(job.ids) if width is None else width
                 if len(job.ids) != width:
                     break
-            self._waiting.popleft()
+            self._waiting.remove(job)
             self._reserved += job.beam
+            held[job.request] += job.beam
             out.append(job)
         return out
 
