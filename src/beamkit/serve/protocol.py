@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from beamkit.scoring import LengthPenalty
 from beamkit.serve.adapters import ModelAdapter
 
 MAX_STOP = 4  # as OpenAI
@@ -18,7 +19,6 @@ MAX_REQUEST_COST = 64 * 16 * 256  # prompts x beam width x max_tokens of one req
 MAX_PROMPTS = 64  # prompts in one request (each is one engine request)
 ECHO_LIMIT = 200  # characters of a client's input an error message quotes at most
 MAX_MESSAGE = 1000  # characters of an error message at most (a decoding error may quote anything)
-MAX_LENGTH_PENALTY = 10.0  # |alpha| at most: beyond it scores overflow to -inf or vanish to -0
 # fields OpenAI clients may send that change nothing for a beam search
 IGNORED = frozenset({"user", "seed", "stream_options", "echo_prompt"})
 KNOWN = frozenset(
@@ -167,9 +167,12 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
     finite = isinstance(alpha, int) or (isinstance(alpha, float) and math.isfinite(alpha))
     if isinstance(alpha, bool) or not finite:
         raise ApiError(400, f"'length_penalty' must be a finite number, got {_shown(alpha)}", "length_penalty")
-    if abs(alpha) > MAX_LENGTH_PENALTY:
-        bound = f"between {-MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g}"
-        raise ApiError(400, f"'length_penalty' must be {bound}, got {_shown(alpha)}", "length_penalty")
+    try:  # the search's own rule: |alpha| <= 100 and lp(max_tokens) within the float range
+        LengthPenalty(float(alpha)).check_max_len(max_tokens)
+    except OverflowError as exc:  # an integer beyond any float
+        raise ApiError(400, f"'length_penalty' must be a finite number, got {_shown(alpha)}", "length_penalty") from exc
+    except ValueError as exc:
+        raise ApiError(400, f"'length_penalty': {_cut(str(exc))}", "length_penalty") from exc
     early = body.get("early_stopping", False)
     if not (isinstance(early, bool) or early == "never"):
         raise ApiError(400, "'early_stopping' must be true, false or \"never\"", "early_stopping")
