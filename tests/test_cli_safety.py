@@ -304,3 +304,19 @@ def test_check_reachable_names_the_address_and_leaves_other_forms_to_ray():
         check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout=2)
     check_reachable("auto")
     check_reachable("local")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--beam", "0"], "--beam must be >= 1"),
+        (["--max-len", "0"], "--max-len must be >= 1"),
+        (["--length-penalty", "1e308"], "length_penalty alpha must be a finite number between -100 and 100"),
+    ],
+)
+def test_translate_checks_its_options_before_warning_about_inputs(args, message, capsys):
+    from beamkit.cli import main
+
+    assert main(["translate", *args, "hello world"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

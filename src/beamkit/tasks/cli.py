@@ -10,6 +10,8 @@ import json
 import sys
 from typing import Any
 
+from beamkit.scoring import LengthPenalty
+
 
 def _fail_import(command: str, exc: ImportError) -> int:
     print(f"beamkit {command}: error: {exc}", file=sys.stderr)
@@ -68,12 +70,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from beamkit.progress import progress_bar, progress_enabled
 
     texts = read_texts(args.text)
-    _check_dates(texts, args.strict)
     if args.beam < 1:
         raise ValueError(f"--beam must be >= 1, got {args.beam}")
     n_best = args.beam if args.n_best is None else args.n_best
     if not 1 <= n_best <= args.beam:
         raise ValueError(f"--n-best must be between 1 and --beam ({args.beam}), got {n_best}")
+    if args.max_len is not None and args.max_len < 1:
+        raise ValueError(f"--max-len must be >= 1, got {args.max_len}")
+    LengthPenalty(args.length_penalty)  # a bad --length-penalty is refused before any warning about the inputs
+    _check_dates(texts, args.strict)
     try:
         model = load_model(args.model, backend=args.backend)
     except ImportError as exc:
