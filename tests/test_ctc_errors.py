@@ -174,8 +174,13 @@ def test_options_that_cannot_apply_are_usage_errors(run, tmp_path, arpa) -> None
     for opt in ("--alpha", "--beta"):
         rc, _, err = run(*base, opt, "0.7")
         assert rc == 2 and opt in err and "--lm" in err, err
+    rc, _, err = run(*base, "--greedy", "--beam", "8")
+    assert rc == 2 and "--greedy" in err and "--beam" in err, err
     rc, out, _ = run(*base)
     assert rc == 0 and out.strip() == "a cat"
+    for extra in (("--greedy",), ("--beam", "8")):  # each alone still works
+        rc, out, _ = run(*base, *extra)
+        assert rc == 0 and out.strip() == "a cat"
 
 
 def test_explain_refuses_a_matrix_above_the_frame_limit(run, tmp_path, monkeypatch) -> None:

@@ -49,12 +49,16 @@ class _StoreGiven(argparse.Action):
 
 
 def _check_lm_options(args: argparse.Namespace) -> None:
-    """Refuse LM weights without an LM, and an LM with greedy decoding (they would be ignored)."""
-    given = sorted(getattr(args, "given", ()))
-    if args.lm is None and given:
-        raise ValueError(f"{given[0]} is a language model weight: it needs --lm")
-    if args.lm is not None and getattr(args, "greedy", False):
-        raise ValueError("--greedy decodes without a language model: drop --lm (or --greedy for beam search)")
+    """Refuse LM weights without an LM, and an LM or a beam width with greedy decoding (they would be ignored)."""
+    given = getattr(args, "given", frozenset())
+    weights = sorted(given & {"--alpha", "--beta"})
+    if args.lm is None and weights:
+        raise ValueError(f"{weights[0]} is a language model weight: it needs --lm")
+    if getattr(args, "greedy", False):
+        if args.lm is not None:
+            raise ValueError("--greedy decodes without a language model: drop --lm (or --greedy for beam search)")
+        if "--beam" in given:
+            raise ValueError("--greedy keeps one path: drop --beam (or --greedy for beam search)")
 
 
 def _read_labels(args: argparse.Namespace) -> list[str]:
@@ -269,7 +273,7 @@ def _add_input_arguments(p: argparse.ArgumentParser, beam: int) -> None:
     )
     p.add_argument("--alpha", type=float, default=0.5, action=_StoreGiven, help="LM weight (needs --lm)")
     p.add_argument("--beta", type=float, default=1.5, action=_StoreGiven, help="word insertion bonus (needs --lm)")
-    p.add_argument("--beam", type=int, default=beam, help="beam width")
+    p.add_argument("--beam", type=int, default=beam, action=_StoreGiven, help="beam width")
     p.add_argument(
         "--pyctcdecode-compat",
         action="store_true",
