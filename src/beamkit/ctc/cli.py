@@ -50,7 +50,7 @@ class _StoreGiven(argparse.Action):
 
 def _check_lm_options(args: argparse.Namespace) -> None:
     """Refuse LM weights without an LM, and an LM or a beam width with greedy decoding (they would be ignored)."""
-    given = getattr(args, "given", frozenset())
+    given: frozenset[str] = getattr(args, "given", frozenset())
     weights = sorted(given & {"--alpha", "--beta"})
     if args.lm is None and weights:
         raise ValueError(f"{weights[0]} is a language model weight: it needs --lm")
