@@ -6,7 +6,6 @@ bad JSON) becomes an Item with ``error`` set, reported in the output instead of 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -99,12 +98,6 @@ def read_inputs(path: str | Path) -> list[Item]:
 
 def input_digest(path: str | Path) -> str:
     """SHA-256 of a file's bytes, or of a folder's ``.npy`` files (names and contents), read in chunks."""
-    from beamkit.corpus.shards import file_sha256
+    from beamkit.corpus.shards import path_sha256
 
-    src = Path(path)
-    if not src.is_dir():
-        return file_sha256(src)
-    digest = hashlib.sha256()
-    for p in sorted(q for q in src.glob("*.npy") if q.is_file()):
-        digest.update(f"{p.name}\0{file_sha256(p)}\n".encode())
-    return digest.hexdigest()
+    return path_sha256(path, "*.npy")

@@ -29,13 +29,14 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def path_sha256(path: str | Path) -> str:
-    """SHA-256 of a file, or of a folder's files (every file below it: relative path and contents)."""
+def path_sha256(path: str | Path, pattern: str = "**/*") -> str:
+    """SHA-256 of a file, or of the files of a folder that match ``pattern`` (default: every file below it),
+    each by relative path and contents."""
     src = Path(path)
     if not src.is_dir():
         return file_sha256(src)
     digest = hashlib.sha256()
-    for p in sorted(q for q in src.rglob("*") if q.is_file()):
+    for p in sorted(q for q in src.glob(pattern) if q.is_file()):
         digest.update(f"{p.relative_to(src).as_posix()}\0{file_sha256(p)}\n".encode())
     return digest.hexdigest()
 
