@@ -33,6 +33,17 @@ def check_int(name: str, value: Any, least: int) -> int:
     return int(value)
 
 
+def check_float(name: str, value: Any, minus_inf: bool = False) -> float:
+    """``value`` as a float: a number (else TypeError) that is finite, or -inf when ``minus_inf`` (else
+    ValueError naming ``name``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if math.isnan(value) or (math.isinf(value) and not (minus_inf and value < 0)):
+        allowed = "a finite number or -inf" if minus_inf else "a finite number"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return float(value)
+
+
 def check_ids(name: str, value: Any) -> tuple[int, ...]:
     """A sequence of token ids (ints >= 0) as a tuple, or a clear error naming ``name``."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from beamkit.processors import check_int
+from beamkit.processors import check_float, check_int
 
 G2P_MODEL = "g2p-en"
 HF_PREFIX = "hf:"
@@ -22,11 +21,7 @@ def _flag(field: str) -> str:
 
 def check_finite(field: str, value: object) -> float:
     """``value`` as a float, or a TypeError / ValueError naming ``field`` (a finite number is expected)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{_flag(field)} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{_flag(field)} must be a finite number, got {value}")
-    return float(value)
+    return check_float(_flag(field), value)
 
 
 @dataclass(frozen=True)

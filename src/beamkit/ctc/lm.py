@@ -21,6 +21,8 @@ import sys
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
+from beamkit.processors import check_float
+
 LOG10_TO_LN = math.log(10.0)
 AVG_TOKEN_LEN = 6
 KENLM_MAX_ORDER = 6  # the highest n-gram order the kenlm wheel reads (its default build)
@@ -407,17 +409,6 @@ def _weighted(alpha: float, logp10: float) -> float:
     return alpha * logp10 * LOG10_TO_LN
 
 
-def fusion_weight(name: str, value: Any, minus_inf: bool = False) -> float:
-    """``value`` as a float: a number (else TypeError) that is finite, or -inf when ``minus_inf`` (else
-    ValueError naming ``name``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if math.isnan(value) or (math.isinf(value) and not (minus_inf and value < 0)):
-        allowed = "a finite number or -inf" if minus_inf else "a finite number"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return float(value)
-
-
 class LanguageModelFusion:
     """Shallow fusion of a word n-gram model, with pyctcdecode's scoring rules.
 
@@ -459,7 +450,7 @@ class LanguageModelFusion:
 
     @alpha.setter
     def alpha(self, value: float) -> None:
-        self._alpha = fusion_weight("alpha", value)
+        self._alpha = check_float("alpha", value)
 
     @property
     def beta(self) -> float:
@@ -468,7 +459,7 @@ class LanguageModelFusion:
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._beta = fusion_weight("beta", value)
+        self._beta = check_float("beta", value)
 
     @property
     def unk_score_offset(self) -> float:
@@ -477,7 +468,7 @@ class LanguageModelFusion:
 
     @unk_score_offset.setter
     def unk_score_offset(self, value: float) -> None:
-        self._unk_score_offset = fusion_weight("unk_score_offset", value, minus_inf=True)
+        self._unk_score_offset = check_float("unk_score_offset", value, minus_inf=True)
 
     @property
     def order(self) -> int:

@@ -20,8 +20,10 @@ from collections.abc import Collection, Iterable, Sequence
 from re import Pattern
 from typing import Any
 
+from beamkit.processors import check_float
+
 from ..lm import HotwordScorer as _Hotwords
-from ..lm import KenLMModel, LanguageModelFusion, fusion_weight
+from ..lm import KenLMModel, LanguageModelFusion
 from .constants import (
     AVG_TOKEN_LEN,
     DEFAULT_ALPHA,
@@ -189,7 +191,7 @@ def _finite(name: str, value: Any, minus_inf: bool = False) -> float:
     """``value`` as a float; non-numbers, NaN and infinities (but -inf when ``minus_inf``): ValueError naming
     ``name``."""
     try:
-        return fusion_weight(name, value, minus_inf)
+        return check_float(name, value, minus_inf)
     except TypeError as exc:
         raise ValueError(str(exc)) from None
 
