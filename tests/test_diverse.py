@@ -1,4 +1,4 @@
-"""Diverse beam search against an independent slow reference (narrow and pool policies)."""
+"""Diverse beam search against an independent slow reference (narrow, pool and compete policies)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,26 @@ def reference(logits_of, req, vocab, eos, groups, per, lam, max_len, alpha, poli
                         new_live.append((seq, s))
                 if last:
                     done[g] += [(s / len(seq) ** alpha, seq, s, False) for seq, s in new_live]
+            elif policy == "compete":  # finished and new compete by running log-probability for `per` places
+                pool = sorted(done[g], key=lambda d: -d[2])
+                places = [(d[2], 0, i) for i, d in enumerate(pool)] + [(c[0], 1, j) for j, c in enumerate(cands)]
+                places.sort(key=lambda e: (-e[0], e[1], e[2]))  # a finished one wins a tie
+                top = places[:per]
+                new_done = []
+                for _, side, j in top:
+                    if side == 0:
+                        continue
+                    s, b, v = cands[j]
+                    seq = live[g][b][0] + [v]
+                    if v == eos:
+                        new_done.append((s / len(seq) ** alpha, seq, s, True))
+                    else:
+                        new_live.append((seq, s))
+                if last:
+                    new_done += [(s / len(seq) ** alpha, seq, s, False) for seq, s in new_live]
+                kept = {j for _, side, j in top if side == 0}
+                done[g] = [d for i, d in enumerate(pool) if i in kept] + new_done
+                chosen += [seq[-1] for seq, _ in new_live]
             else:  # pool: eos in the top `per` ranks finish, the first `per` others run on
                 running = []
                 for rank, (s, b, v) in enumerate(cands[: 2 * per]):
@@ -98,7 +118,7 @@ def reference(logits_of, req, vocab, eos, groups, per, lam, max_len, alpha, poli
     return merged
 
 
-@pytest.mark.parametrize("policy", ["narrow", "pool"])
+@pytest.mark.parametrize("policy", ["narrow", "pool", "compete"])
 @pytest.mark.parametrize(("groups", "per", "lam"), [(2, 1, 0.5), (2, 2, 1.5), (3, 2, 0.8), (4, 1, 3.0)])
 def test_matches_slow_reference(policy: str, groups: int, per: int, lam: float) -> None:
     vocab, eos, max_len, alpha, n_req = 5, 4, 6, 1.0, 3

@@ -6,17 +6,6 @@ One engine (:class:`Engine`, step-wise: requests join and leave at every step) r
 """
 
 from beamkit.decode import beam_search, greedy_decode
-from beamkit.engine import (
-    BeamSearch,
-    Completed,
-    Deterministic,
-    Engine,
-    EngineStats,
-    SearchOptions,
-    SearchResult,
-    Selector,
-    search_batch,
-)
 from beamkit.fusion import Fused, fuse
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
 from beamkit.ngram import NGramLM
@@ -35,6 +24,17 @@ from beamkit.processors import (
 )
 from beamkit.samplers import BeamSample, GumbelTopK, Multinomial, TopK, TopP, stochastic_beam_search
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty
+from beamkit.search import (
+    BeamSearch,
+    Completed,
+    Deterministic,
+    Engine,
+    EngineStats,
+    SearchOptions,
+    SearchResult,
+    Selector,
+    search_batch,
+)
 from beamkit.state import Shared, concat_state, select_state
 from beamkit.variants import (
     Constrained,

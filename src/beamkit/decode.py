@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from beamkit.engine import BeamSearch, StepFn, make_options
 from beamkit.hypothesis import Hypothesis
 from beamkit.scoring import LengthPenalty
+from beamkit.search import BeamSearch, StepFn, make_options
 
 
 def beam_search(

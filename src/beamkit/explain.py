@@ -31,9 +31,9 @@ def explain_dates(
 ) -> Trace:
     """The trace of a dates model (a shipped name, a checkpoint path or a loaded model) decoding ``text``, with
     the greedy decode's tokens and the target vocabulary set."""
-    from beamkit.engine import BeamSearch, make_options
     from beamkit.models import load_model
     from beamkit.models.common import encode_sources, inference, model_inputs, pad_batch
+    from beamkit.search import BeamSearch, make_options
 
     net = model if model is not None and not isinstance(model, (str, Path)) else load_model(model)
     limit = int(max_len if max_len is not None else getattr(net, "meta", {}).get("max_len", 12))

@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import StepFn, bos_array, unpack_step
 from beamkit.hypothesis import Hypothesis
+from beamkit.search import StepFn, bos_array, unpack_step
 from beamkit.state import first_array, select_state
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -56,3 +57,9 @@ class BatchDecodeError(ValueError):
         self.results = results
         detail = "; ".join(f"request {r}: {msg}" for r, msg in sorted(errors.items()))
         super().__init__(detail)
+
+    @classmethod
+    def raise_if(cls, errors: dict[int, str], results: list[Any]) -> None:
+        """Raise this error for ``errors`` (with every request's ``results``) when there is any."""
+        if errors:
+            raise cls(errors, results)

@@ -86,6 +86,8 @@ class StepContext:
     eos: tuple[int, ...]  # the stop tokens; empty: none (the search runs to max_len)
     logprob: np.ndarray | None = None  # shape: (rows,) float64, running log-probability of each row
     finished: np.ndarray | None = None  # shape: (rows,) int64, finished hypotheses of each row's request
+    # the finished pools of the requests: (request, key) of every entry, grouped by request, in pool order
+    pool: tuple[np.ndarray, np.ndarray] | None = None  # shape: (P,), (P,)
 
     def sequences(self, prompts: Sequence[Sequence[int]] | None) -> np.ndarray:
         """Each row's prompt + generated tokens, left-padded with ``-1`` to one width ``[rows, P + step]``."""

@@ -1,6 +1,6 @@
 """Selectors that sample: top-k, top-p, multinomial, Hugging Face beam sampling, Gumbel-top-k (stochastic beams).
 
-Each class implements the engine's :class:`beamkit.engine.Selector` protocol and is passed as
+Each class implements the engine's :class:`beamkit.search.Selector` protocol and is passed as
 ``SearchOptions(selector=...)`` (or ``search_batch(..., selector=...)``). Randomness comes from ``seed`` (an int:
 a fresh numpy generator per search, so the same seed gives the same result every time) or ``generator`` (a
 ``numpy.random.Generator`` or a ``torch.Generator``, advanced as it is used). Noise is drawn once per step for all
@@ -30,15 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import BeamSearch, SearchOptions
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
 from beamkit.scoring import LengthPenalty, as_length_penalty
+from beamkit.search import BeamSearch, SearchOptions
 
 NEG_INF = float("-inf")
 
@@ -466,6 +466,5 @@ def stochastic_beam_search(
     opts = SearchOptions(beam_size=beam_size, max_len=max_len, length_penalty=lp, selector=selector, policy="compete")
     result = BeamSearch(opts).search(step_fn, init_state, bos, eos)
     samples = [[Sample(h, h.key, h.logprob) for h in sorted(hyps, key=lambda h: -h.key)] for hyps in result.hypotheses]
-    if result.errors:
-        raise BatchDecodeError(result.errors, cast(Any, samples))  # results hold Samples here, not Hypotheses
+    BatchDecodeError.raise_if(result.errors, samples)  # results hold Samples here, not Hypotheses
     return samples

@@ -264,8 +264,7 @@ class CTCDecoder:
 
 def _checked(results: list[Any], errors: dict[int, Exception]) -> list[Any]:
     """``results`` when no utterance failed, else :class:`CTCBatchDecodeError` carrying them."""
-    if errors:
-        raise CTCBatchDecodeError({i: str(exc) for i, exc in errors.items()}, results)
+    CTCBatchDecodeError.raise_if({i: str(exc) for i, exc in errors.items()}, results)
     return results
 
 

@@ -189,7 +189,7 @@ def prefix_beam_search(
         bad = failed.tolist()
         for j in bad:
             results[j] = []
-        raise CTCBatchDecodeError(dict.fromkeys(bad, "log_probs contains NaN"), results)
+        CTCBatchDecodeError.raise_if(dict.fromkeys(bad, "log_probs contains NaN"), results)
     if recorder is None:
         return results[0] if single else results
     traces = recorder.traces()

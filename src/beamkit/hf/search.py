@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from beamkit.engine import BeamSearch, make_options
 from beamkit.hf.settings import Settings, Unsupported
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.samplers import HuggingFaceSample
 from beamkit.scoring import LengthPenalty
+from beamkit.search import BeamSearch, make_options
 
 
 def search_options(settings: Settings, processors: list[Any], request_seeds: list[Any] | None = None) -> dict[str, Any]:
@@ -67,6 +67,5 @@ def run_search(
         return [h[: s.num_return] for h in found], None
     options = make_options(s.num_beams, s.max_new_tokens, num_return=s.num_return, **common)
     result = BeamSearch(options).search(step, state, s.start, stop, batch)
-    if result.errors:
-        raise BatchDecodeError(result.errors, result.hypotheses)
+    BatchDecodeError.raise_if(result.errors, result.hypotheses)
     return result.hypotheses, result.trace

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from beamkit.engine import SearchOptions, eos_ids
+from beamkit.search import SearchOptions, eos_ids
 
 
 class Unsupported(ValueError):

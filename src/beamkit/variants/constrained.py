@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import BeamSearch, StepFn, make_options
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
 from beamkit.samplers import as_float64, gather_cols
+from beamkit.search import BeamSearch, StepFn, make_options
 
 Alternatives = tuple[tuple[int, ...], ...]
 ConstraintSet = tuple[Alternatives, ...]
@@ -245,6 +245,5 @@ def constrained_beam_search(
         cons = sel.of(r)
         kept = [h for h in hyps if met_matrix(np.asarray([h.tokens], dtype=np.int64), cons).all()]
         out.append(kept[:num_return] if num_return else kept)
-    if result.errors:
-        raise BatchDecodeError(result.errors, out)
+    BatchDecodeError.raise_if(result.errors, out)
     return out

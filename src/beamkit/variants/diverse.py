@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import BeamSearch, StepFn, count_requests, make_options, rank_candidates
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
 from beamkit.samplers import as_float64
+from beamkit.search import BeamSearch, StepFn, count_requests, make_options, rank_candidates, survivor_mask
 from beamkit.state import select_state
 
 
@@ -58,8 +58,8 @@ class Diverse:
             raise ValueError(f"groups must be an integer >= 1, got {self.groups!r}")
         if not np.isfinite(self.strength):
             raise ValueError(f"diversity strength must be finite, got {self.strength!r}")
-        if self.policy not in ("narrow", "pool"):
-            raise ValueError(f"policy must be 'narrow' or 'pool', got {self.policy!r}")
+        if self.policy not in ("narrow", "pool", "compete"):
+            raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {self.policy!r}")
 
     def candidates(
         self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
@@ -100,19 +100,16 @@ class Diverse:
         c_key = (parent_key[sel][:, None] + vals).reshape(-1)
         c_req = ctx.request[c_row]
         order, rank = rank_candidates(c_req, c_key, c_row, c_tok)
-        c_req, c_tok, c_row = c_req[order], c_tok[order], c_row[order]
-        starts = np.searchsorted(c_req, c_req, side="left")
+        c_req, c_tok, c_row, c_key = c_req[order], c_tok[order], c_row[order], c_key[order]
+        pool_req, pool_key = ctx.pool if ctx.pool is not None else (np.zeros(0, np.int64), np.zeros(0))
+        slots = int(max(ctx.request.max(initial=0), pool_req.max(initial=0))) + 1
+        finished = np.zeros(slots, np.int64)  # shape: (slots,) finished hypotheses of each engine request
+        if ctx.finished is not None:
+            finished[ctx.request] = ctx.finished
+        beam = np.full(slots, self.group_beams, np.int64)
+        ends = ctx.is_eos(c_tok)
+        keep = survivor_mask(self.policy, c_req, c_key, rank, ends, beam, finished, pool_req, pool_key)
         out: dict[int, list[int]] = {}
-        if self.policy == "narrow":
-            # the engine's quota: beams minus the group's finished hypotheses
-            finished = ctx.finished[c_row] if ctx.finished is not None else 0
-            keep = (rank < self.group_beams - finished) & ~ctx.is_eos(c_tok)
-        else:
-            # pool: the first group_beams non-eos candidates of each request survive
-            cont = ~ctx.is_eos(c_tok)
-            cum = np.cumsum(cont)
-            before = cum[starts] - cont[starts]
-            keep = cont & (cum - before - 1 < self.group_beams)
         for q, t in zip(c_req[keep].tolist(), c_tok[keep].tolist(), strict=True):
             out.setdefault(q // self.groups, []).append(t)
         return out
@@ -164,6 +161,5 @@ def diverse_beam_search(
             hyps.extend(result.hypotheses[q])
         hyps.sort(key=lambda h: -h.score)
         merged.append([] if r in errors else hyps[:num_return] if num_return else hyps)
-    if errors:
-        raise BatchDecodeError(errors, merged)
+    BatchDecodeError.raise_if(errors, merged)
     return merged

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.engine import StepFn, bos_array, eos_ids, search_batch, unpack_step
 from beamkit.hypothesis import Hypothesis
 from beamkit.scoring import LengthPenalty, as_length_penalty
+from beamkit.search import StepFn, bos_array, eos_ids, search_batch, unpack_step
 from beamkit.state import concat_state, first_array, select_state
 
 

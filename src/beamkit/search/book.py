@@ -1,0 +1,114 @@
+"""The per-request book of an engine: each request's options and counters as arrays indexed by slot, and every
+running request's finished pool in one :class:`~beamkit.search.records.PoolTable`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from beamkit.hypothesis import Hypothesis
+from beamkit.search.records import PoolTable
+
+
+class Book:
+    """Per-request bookkeeping: arrays indexed by request slot (grown as requests are added) and the pools.
+
+    Options per request (``beam``, ``max_len``, ``min_len``, ``m`` candidates per row, ``pool`` size, early
+    stopping mode ``es``, length penalty ``lp`` (index into the engine's list) and its ``alpha``, ``patience``,
+    stop tokens ``eos`` (index), ``nret``: ``num_return`` or 0), the tokens generated so far ``t``, and the pool
+    counters (``count``, ``worst``, ``nth``), kept in step with ``table`` by :meth:`commit`.
+    """
+
+    _INT = ("rid", "t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nret", "count")
+    _FLOAT = ("alpha", "patience", "worst", "nth")
+
+    rid: np.ndarray  # shape: (R,) each array is indexed by slot; rid: the request id in the slot
+    t: np.ndarray
+    beam: np.ndarray
+    max_len: np.ndarray
+    min_len: np.ndarray
+    m: np.ndarray
+    pool: np.ndarray
+    es: np.ndarray
+    lp: np.ndarray
+    eos: np.ndarray
+    nret: np.ndarray
+    count: np.ndarray
+    alpha: np.ndarray
+    patience: np.ndarray
+    worst: np.ndarray
+    nth: np.ndarray
+
+    def __init__(self) -> None:
+        self.size = 0
+        for name in self._INT:
+            setattr(self, name, np.zeros(0, np.int64))
+        for name in self._FLOAT:
+            setattr(self, name, np.zeros(0))
+        self.table = PoolTable.empty()
+        self.held: set[int] = set()  # slots of the requests added and not yet completed
+        self.errors: dict[int, str] = {}
+
+    @property
+    def pools(self) -> dict[int, list[Hypothesis]]:
+        """Each held request's pool as hypotheses, in pool order (a view for inspection; built on each call)."""
+        return {r: [self.table.hypothesis(int(j)) for j in self.table.of(r)] for r in sorted(self.held)}
+
+    def grow(self, n: int) -> np.ndarray:
+        """Slots for ``n`` new requests (arrays grow by doubling)."""
+        need, cap = self.size + n, self.t.shape[0]
+        if need > cap:
+            new = max(need, 2 * cap, 16)
+            for name in self._INT + self._FLOAT:
+                old = getattr(self, name)
+                out = np.zeros(new, old.dtype) if name in self._INT else np.full(new, -np.inf)
+                out[:cap] = old
+                setattr(self, name, out)
+        ids = np.arange(self.size, need)
+        self.size = need
+        self.held.update(ids.tolist())
+        return ids
+
+    def compact(self, live: np.ndarray) -> np.ndarray:
+        """Keep only the slots ``live`` (ascending), renumbered 0.. in the same order; returns the old -> new
+        map (-1 for a dropped slot)."""
+        for name in self._INT + self._FLOAT:
+            setattr(self, name, getattr(self, name)[live].copy())
+        remap = np.full(max(self.size, 1), -1, dtype=np.int64)
+        remap[live] = np.arange(live.shape[0])
+        self.table = self.table.take(np.flatnonzero(remap[self.table.req] >= 0))
+        self.table.req = remap[self.table.req]
+        self.held = {int(remap[r]) for r in self.held}
+        self.errors = {int(remap[r]): e for r, e in self.errors.items()}
+        self.size = int(live.shape[0])
+        return remap
+
+    def counters(self, table: PoolTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(count, worst, nth)`` per slot for ``table``: its entries, the lowest score, and the score of the
+        n-th entry in pool order (n = ``num_return``, else ``beam_size``; -inf when fewer)."""
+        count = np.bincount(table.req, minlength=self.size)[: self.size]  # shape: (R,)
+        worst = np.full(self.size, -np.inf)
+        nth = np.full(self.size, -np.inf)
+        if len(table):
+            reqs, starts = np.unique(table.req, return_index=True)
+            worst[reqs] = np.minimum.reduceat(table.score, starts)
+            n = np.where(self.nret[reqs] > 0, self.nret[reqs], self.beam[reqs])
+            full = count[reqs] >= n
+            nth[reqs[full]] = table.score[(starts + n - 1)[full]]
+        return count, worst, nth
+
+    def commit(self, table: PoolTable, counters: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+        """Make ``table`` the pools (``counters``: its :meth:`counters`, when already computed)."""
+        self.table = table
+        self.count[: self.size], self.worst[: self.size], self.nth[: self.size] = counters or self.counters(table)
+
+    def release(self, slots: list[int]) -> dict[int, tuple[PoolTable, str | None]]:
+        """Forget the requests ``slots``: each one's pool entries (in pool order) and error."""
+        table = self.table
+        out = {}
+        for r in slots:
+            out[r] = (table.take(table.of(r)), self.errors.pop(r, None))
+            self.held.discard(r)
+        gone = np.isin(table.req, np.asarray(slots, dtype=np.int64))
+        if gone.any():
+            self.commit(table.take(np.flatnonzero(~gone)))
+        return out

@@ -1,0 +1,68 @@
+"""Drivers of the engine over a closed batch: :class:`BeamSearch` (options once, many searches) and
+:func:`search_batch` (one call)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from beamkit.hypothesis import BatchDecodeError, Hypothesis
+from beamkit.search.engine import Engine
+from beamkit.search.inputs import StepFn
+from beamkit.search.options import SearchOptions, make_options
+from beamkit.search.records import Completed, SearchResult
+
+
+class BeamSearch:
+    """A configured search over a closed batch: ``BeamSearch(options).search(step_fn, init_state, bos, eos)``.
+
+    A thin driver of :class:`Engine`: add every request, step until idle.
+    """
+
+    def __init__(self, options: SearchOptions):
+        self.options = options
+
+    def search(
+        self,
+        step_fn: StepFn,
+        init_state: Any,
+        bos: int | Sequence[int],
+        eos: int | Sequence[int] | None,
+        batch_size: int | None = None,
+    ) -> SearchResult:
+        """Decode every request of ``init_state`` (one row each) together; results in row order.
+
+        ``eos`` is the stop token, or several (any of them finishes a hypothesis); ``None`` means no stop token:
+        every hypothesis runs to ``max_len``.
+        """
+        engine = Engine(step_fn, self.options, on_step_error="raise")
+        ids = engine.add_batch(init_state, bos, eos, batch_size)
+        done: dict[int, Completed] = {}
+        while not engine.idle:
+            for c in engine.step():
+                done[c.request_id] = c
+        results = [done[i].hypotheses for i in ids]
+        errors = {n: done[i].error for n, i in enumerate(ids) if done[i].error is not None}
+        traces = [done[i].trace for i in ids] if self.options.record_trace else None
+        return SearchResult(results, engine.stats, errors, traces)  # type: ignore[arg-type]
+
+
+def search_batch(
+    step_fn: StepFn,
+    init_state: Any,
+    bos: int | Sequence[int],
+    eos: int | Sequence[int] | None,
+    beam_size: int,
+    max_len: int,
+    **options: Any,
+) -> list[list[Hypothesis]]:
+    """Decode a batch of requests together: one ``step_fn`` call per step for all live rows.
+
+    ``init_state`` has one row per request (axis 0 of every array leaf); ``bos`` is an int or one id per
+    request. Options are the fields of :class:`SearchOptions` (``length_penalty`` may be a float). Returns each
+    request's hypotheses, best first. If some requests fail (NaN logits, nothing finite to choose), the others
+    still finish and a :class:`BatchDecodeError` carrying their results is raised.
+    """
+    result = BeamSearch(make_options(beam_size, max_len, **options)).search(step_fn, init_state, bos, eos)
+    BatchDecodeError.raise_if(result.errors, result.hypotheses)
+    return result.hypotheses

@@ -1,0 +1,267 @@
+"""The policies: who among a step's ranked candidates runs on, who enters the finished pool, and when a request
+stops. Each :class:`Policy` reads a :class:`~beamkit.search.records.StepView` and returns a
+:class:`~beamkit.search.records.StepDecision` (pure: the engine commits it). The survivor rules themselves are
+plain functions, shared with the selectors that must predict the engine's choice (diverse beam search).
+
+``narrow``   the exact contract: the first ``beam_size - finished`` candidates of a request are taken; a stop
+             token finishes and keeps its slot, so the beam narrows; live hypotheses at ``max_len`` are
+             returned unfinished.
+``pool``     Hugging Face / fairseq: stop tokens (or anything at ``max_len``) ranked in the top ``beam_size``
+             join a pool of ``round(beam_size * patience)``; the best ``beam_size`` other candidates run on; then
+             the request's stopping rule (early_stopping, patience, exact exit).
+``compete``  Kool et al.: a request's finished hypotheses and new candidates compete by key for its
+             ``beam_size`` slots, so a finished hypothesis can be displaced.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from beamkit.search.book import Book
+from beamkit.search.records import PoolTable, StepDecision, StepView, Stop, StopReason
+
+
+class Entries(Protocol):
+    """What a policy asks the engine for: pool entries for candidates, and length-penalised scores."""
+
+    def entries(self, view: StepView, sel: np.ndarray, finished: bool | np.ndarray) -> PoolTable:
+        """Pool entries for the candidates ``sel`` of ``view.cand``, in that order."""
+        ...
+
+    def penalised(self, logprob: np.ndarray, length: np.ndarray, req: np.ndarray) -> np.ndarray:
+        """Length-penalised scores, each with its request's penalty."""
+        ...
+
+
+class Policy(Protocol):
+    """One step's decision for every request at once."""
+
+    name: str
+
+    def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision: ...
+
+
+# ------------------------------------------------------------------------------------------------ survivor rules
+def narrow_take(req: np.ndarray, rank: np.ndarray, beam: np.ndarray, finished: np.ndarray) -> np.ndarray:
+    """Narrow: each request takes its first ``beam - finished`` candidates (``beam``, ``finished`` per slot)."""
+    return rank < (beam - finished)[req]
+
+
+def pool_take(req: np.ndarray, ends: np.ndarray, beam: np.ndarray) -> np.ndarray:
+    """Pool: the first ``beam`` candidates of each request that do not end run on (candidates grouped by request,
+    ranked)."""
+    cont = np.flatnonzero(~ends)
+    r = req[cont]
+    among = np.arange(cont.shape[0]) - np.searchsorted(r, r)  # rank among the request's non-ending candidates
+    out = np.zeros(req.shape[0], dtype=bool)
+    out[cont[among < beam[r]]] = True
+    return out
+
+
+def compete_take(
+    req: np.ndarray, key: np.ndarray, beam: np.ndarray, pool_req: np.ndarray, pool_key: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Compete: a request's pool entries and candidates, merged by key (an entry wins a tie, each side keeps its
+    order), take its ``beam`` best places. Both sides come grouped by request, key descending. Returns
+    ``(candidate taken, entry stays)``."""
+    n_pool = pool_req.shape[0]
+    all_req = np.concatenate([pool_req, req])
+    side = np.concatenate([np.zeros(n_pool, np.int8), np.ones(req.shape[0], np.int8)])
+    order = np.lexsort((side, -np.concatenate([pool_key, key]), all_req))  # stable: each side keeps its order
+    sorted_req = all_req[order]
+    place = np.arange(order.shape[0]) - np.searchsorted(sorted_req, sorted_req)
+    win = np.empty(order.shape[0], dtype=bool)
+    win[order] = place < beam[sorted_req]
+    return win[n_pool:], win[:n_pool]
+
+
+def survivor_mask(
+    policy: str,
+    req: np.ndarray,
+    key: np.ndarray,
+    rank: np.ndarray,
+    ends: np.ndarray,
+    beam: np.ndarray,
+    finished: np.ndarray | None = None,
+    pool_req: np.ndarray | None = None,
+    pool_key: np.ndarray | None = None,
+) -> np.ndarray:
+    """Which ranked candidates run on under ``policy`` (before ``max_len`` and the pool's stopping rule):
+    ``narrow`` needs each request's ``finished`` count, ``compete`` its pool keys (``pool_req``, ``pool_key``)."""
+    if policy == "narrow":
+        done = np.zeros_like(beam) if finished is None else finished
+        return narrow_take(req, rank, beam, done) & ~ends
+    if policy == "pool":
+        return pool_take(req, ends, beam)
+    if policy == "compete":
+        empty = np.zeros(0, np.int64)
+        p_req = empty if pool_req is None else pool_req
+        p_key = np.zeros(0) if pool_key is None else pool_key
+        return compete_take(req, key, beam, p_req, p_key)[0] & ~ends
+    raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {policy!r}")
+
+
+# ------------------------------------------------------------------------------------------------ pools
+def merge(
+    old: PoolTable, new: list[PoolTable], measure: str, cap: np.ndarray | None = None
+) -> tuple[PoolTable, np.ndarray]:
+    """``old`` plus the ``new`` entries, each request's entries by ``measure`` (``"score"`` or ``"key"``)
+    descending, equal ones in the order given (old first); ``cap``: at most ``cap[slot]`` entries per request.
+    Returns the table and the ids of the old entries that left it."""
+    new = [t for t in new if len(t)]
+    if not new:
+        return old, np.zeros(0, np.int64)
+    table = old.concat(*new)
+    table = table.take(np.lexsort((-getattr(table, measure), table.req)))  # lexsort is stable
+    if cap is None:
+        return table, np.zeros(0, np.int64)
+    place = np.arange(len(table)) - np.searchsorted(table.req, table.req)
+    keep = place < cap[table.req]
+    out = table.take(np.flatnonzero(keep))
+    gone = table.eid[~keep]
+    return out, gone[np.isin(gone, old.eid)]
+
+
+def stops_of(view: StepView, book: Book, survivors: np.ndarray, default: Stop) -> dict[int, Stop]:
+    """The requests of the step left without a survivor: ``max_len`` when they reached it, else ``default``."""
+    gone = np.setdiff1d(view.rows.req, view.cand.req[survivors])
+    out = {}
+    for r in gone.tolist():
+        if book.t[r] + 1 >= book.max_len[r]:
+            out[r] = Stop(StopReason.MAX_LEN, f"max_len ({int(book.max_len[r])} tokens)")
+        else:
+            out[r] = default
+    return out
+
+
+_BEAM_FULL = Stop(StopReason.BEAM_FULL, "every beam slot holds a finished hypothesis")
+_POOL_HOLDS = Stop(StopReason.POOL_HOLDS, "finished hypotheses hold every beam slot")
+_NO_CANDIDATE = Stop(StopReason.NO_CANDIDATE, "no candidate left to run on")
+
+
+# ------------------------------------------------------------------------------------------------ policies
+class Narrow:
+    """The exact contract: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
+
+    name = "narrow"
+
+    def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision:
+        """Take, finish, cut at ``max_len``."""
+        cand, ends = view.cand, view.ends
+        take = narrow_take(cand.req, cand.rank, book.beam, book.count)
+        done = np.flatnonzero(take & ends)
+        surv = np.flatnonzero(take & ~ends)
+        new = [scoring.entries(view, done, True)]
+        if view.last.any():  # live hypotheses at max_len are returned unfinished
+            cut = view.last[surv]
+            new.append(scoring.entries(view, surv[cut], False))
+            surv = surv[~cut]
+        pool, evicted = merge(view.pool, new, "score")
+        admitted = np.concatenate([t.cand for t in new])
+        return StepDecision(surv, pool, admitted, evicted, stops_of(view, book, surv, _BEAM_FULL))
+
+
+class Pool:
+    """Hugging Face / fairseq: endings ranked in the top k join the pool (capped); the best k others run on; then
+    each request's stopping rule."""
+
+    name = "pool"
+
+    def __init__(self, exact_exit: bool = False) -> None:
+        self.exact_exit = exact_exit
+
+    def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision:
+        """Admit, run on, stop by rule."""
+        cand, ends = view.cand, view.ends
+        k = book.beam[cand.req]  # shape: (n,)
+        hits = ends | view.last
+        adm = np.flatnonzero(hits & (cand.rank < k))  # a full pool keeps the better ones (merge cuts it)
+        new = scoring.entries(view, adm, ends[adm])
+        pool, evicted = merge(view.pool, [new], "score", cap=book.pool)
+        entered = np.isin(new.eid, pool.eid)
+        admitted, refused = new.cand[entered], new.cand[~entered & new.finished]
+        surv = np.flatnonzero(pool_take(cand.req, hits, book.beam)) if hits.any() else np.flatnonzero(cand.rank < k)
+        counters = book.counters(pool)
+        halted = np.zeros(0, np.int64)
+        stops: dict[int, Stop] = {}
+        if surv.size:
+            s_req = cand.req[surv]
+            first = np.flatnonzero(np.concatenate([[True], s_req[1:] != s_req[:-1]]))  # each request's best
+            stops = self._stops(book, counters, s_req[first], cand.lp[surv[first]], scoring)
+            if stops:
+                halt = np.isin(s_req, np.fromiter(stops, np.int64, len(stops)))
+                halted, surv = surv[halt], surv[~halt]
+        for r, s in stops_of(view, book, surv, _NO_CANDIDATE).items():
+            stops.setdefault(r, s)
+        return StepDecision(surv, pool, admitted, evicted, stops, refused, halted, counters)
+
+    def _stops(
+        self,
+        book: Book,
+        counters: tuple[np.ndarray, np.ndarray, np.ndarray],
+        reqs: np.ndarray,
+        best: np.ndarray,
+        scoring: Entries,
+    ) -> dict[int, Stop]:
+        """The requests ``reqs`` (each with its best survivor's log-probability ``best``) that stop now, and why:
+        early_stopping, patience, exact exit."""
+        count, worst, nth = (c[reqs] for c in counters)
+        full = count >= book.pool[reqs]
+        es = book.es[reqs]
+        to_max = (es == 2) & (book.alpha[reqs] > 0)
+        horizon = np.where(to_max, book.max_len[reqs], book.t[reqs] + 1)
+        stop = np.where(es == 1, full, full & (scoring.penalised(best, horizon, reqs) <= worst))
+        exit_ = nth >= best if self.exact_exit else np.zeros(reqs.shape[0], dtype=bool)
+        out: dict[int, Stop] = {}
+        for j in np.flatnonzero(stop | exit_).tolist():  # only the requests that stop: Python per request is fine
+            r = int(reqs[j])
+            size = int(book.pool[r])
+            patience = f" (patience {float(book.patience[r]):g})" if size != int(book.beam[r]) else ""
+            pool = f"pool {int(count[j])}/{size}{patience}"
+            if exit_[j]:
+                detail = f"exact exit: the n-th best finished score {nth[j]:.4f} >= best running {best[j]:.4f}"
+                out[r] = Stop(StopReason.EXACT_EXIT, detail)
+            elif es[j] == 1:
+                out[r] = Stop(StopReason.POOL_FULL, f"{pool} full (early_stopping=True)")
+            else:
+                at = "max_len" if to_max[j] else "its current length"
+                detail = f"{pool} full and bound: the best running beam scored at {at} cannot beat the pool's worst"
+                out[r] = Stop(StopReason.BOUND, detail)
+        return out
+
+
+class Compete:
+    """Kool et al.: a request's finished hypotheses and new candidates compete by key for its k slots (one
+    vectorised merge for every request)."""
+
+    name = "compete"
+
+    def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision:
+        """Merge by key, finish, cut at ``max_len``."""
+        cand, ends, old = view.cand, view.ends, view.pool
+        keep, stay = compete_take(cand.req, cand.key, book.beam, old.req, old.key)
+        done = np.flatnonzero(keep & ends)
+        surv = np.flatnonzero(keep & ~ends)
+        new = [scoring.entries(view, done, True)]
+        if view.last.any():  # live hypotheses at max_len join the result unfinished
+            cut = view.last[surv]
+            new.append(scoring.entries(view, surv[cut], False))
+            surv = surv[~cut]
+        evicted = old.eid[~stay]
+        kept = old if stay.all() else old.take(np.flatnonzero(stay))
+        pool, _ = merge(kept, new, "key")
+        admitted = np.concatenate([t.cand for t in new])
+        return StepDecision(surv, pool, admitted, evicted, stops_of(view, book, surv, _POOL_HOLDS))
+
+
+def make_policy(name: str, exact_exit: bool = False) -> Policy:
+    """The policy called ``name``."""
+    if name == "narrow":
+        return Narrow()
+    if name == "pool":
+        return Pool(exact_exit)
+    if name == "compete":
+        return Compete()
+    raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {name!r}")

@@ -1,0 +1,145 @@
+"""Recorders: what a search tells an observer at each step, as records (the candidates it considered, the
+decision its policy took, the request it completed). :class:`TraceRecorder` builds a
+:class:`beamkit.trace.Trace` per request from them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from beamkit.search.records import Completed, StepDecision, StepView, Stop
+from beamkit.trace import Trace, TraceNode, TraceStep
+
+if TYPE_CHECKING:
+    from beamkit.search.engine import Engine
+
+
+class Recorder(Protocol):
+    """What a search with ``record_trace`` tells its recorder."""
+
+    def considered(self, view: StepView) -> None:
+        """A step's ranked candidates (``view.considered``: before ``beam_threshold``)."""
+        ...
+
+    def decided(self, view: StepView, decision: StepDecision) -> None:
+        """What the policy decided at that step (survivors of failed requests already left out)."""
+        ...
+
+    def closed(self, slot: int, done: Completed, stop: Stop | None) -> Trace | None:
+        """A request completed (``stop``: why its search ended); returns its trace."""
+        ...
+
+
+class TraceRecorder:
+    """Builds the :class:`Trace` of every request an :class:`Engine` runs, from the step records alone.
+
+    Running rows are tracked as node ids per request, in slot order (the engine's row order); pool entries by
+    their entry id.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.traces: dict[int, Trace] = {}
+        self.running: dict[int, list[int]] = {}  # request -> node id of each running row, by slot
+        self.entry_node: dict[int, dict[int, int]] = {}  # request -> pool entry id -> its node id
+        self._nodes = np.zeros(0, np.int64)  # shape: (n,) node id of each considered candidate of this step
+
+    def _trace(self, r: int) -> Trace:
+        trace = self.traces.get(r)
+        if trace is None:
+            b, eng = self.engine.book, self.engine
+            root = TraceNode(0, None, -1, None, 0.0, 0.0, 0.0, 0.0, 0, "root")
+            trace = Trace(
+                request_id=r,
+                beam_size=int(b.beam[r]),
+                max_len=int(b.max_len[r]),
+                policy=eng.options.policy,
+                alpha=float(b.alpha[r]),
+                eos=list(eng.stop_tokens(r)),
+                nodes=[root],
+            )
+            self.traces[r] = trace
+            self.running[r] = [0]
+            self.entry_node[r] = {}
+        return trace
+
+    def considered(self, view: StepView) -> None:
+        """One node per considered candidate (status ``pruned`` / ``beam`` until the decision says otherwise)."""
+        rows, cand, b = view.rows, view.considered, self.engine.book
+        slots = rows.slots()
+        lengths = b.t[cand.req] + 1
+        scores = self.engine.penalised(cand.lp, lengths, cand.req) if cand.req.size else np.zeros(0)
+        parent_lp = rows.lp[cand.row]
+        ids = np.empty(cand.req.shape[0], np.int64)
+        columns = zip(
+            cand.req.tolist(),
+            cand.row.tolist(),
+            cand.tok.tolist(),
+            cand.lp.tolist(),
+            (cand.lp - parent_lp).tolist(),
+            cand.key.tolist(),
+            scores.tolist(),
+            cand.rank.tolist(),
+            strict=True,
+        )
+        for i, (r, row, tok, lp, tlp, key, score, rank) in enumerate(columns):
+            trace = self._trace(r)
+            parent = self.running[r][int(slots[row])]
+            node = TraceNode(len(trace.nodes), parent, int(b.t[r]), tok, lp, tlp, key, score, rank, "pruned", "beam")
+            trace.nodes.append(node)
+            ids[i] = node.id
+        for r in np.unique(rows.req).tolist():
+            self._trace(r).steps.append(TraceStep(int(b.t[r]), list(self.running[r]), 0, []))
+        for r, n in zip(*np.unique(cand.req, return_counts=True), strict=True):
+            self.traces[int(r)].steps[-1].candidates = int(n)
+        self._nodes = ids
+
+    def decided(self, view: StepView, decision: StepDecision) -> None:
+        """Survivors run on, pool entries in and out, threshold cuts, refused endings, halted requests."""
+        nodes = self._nodes
+        if view.kept is not None:  # beam_threshold cut some
+            cut = np.ones(nodes.shape[0], dtype=bool)
+            cut[view.kept] = False
+            for r, node in zip(view.considered.req[cut].tolist(), nodes[cut].tolist(), strict=True):
+                self.traces[r].nodes[node].reason = "threshold"
+            nodes = nodes[view.kept]
+        cand, pool = view.cand, decision.pool
+        step_reqs = np.unique(view.rows.req).tolist()
+        new_running: dict[int, list[int]] = {r: [] for r in step_reqs}
+        for r, node in zip(cand.req[decision.survivors].tolist(), nodes[decision.survivors].tolist(), strict=True):
+            n = self.traces[r].nodes[node]
+            n.status, n.reason = "running", None
+            new_running[r].append(node)
+        if decision.evicted.size:
+            owner = dict(zip(view.pool.eid.tolist(), view.pool.req.tolist(), strict=True))
+            for eid in decision.evicted.tolist():
+                trace = self.traces[owner[eid]]
+                trace.nodes[self.entry_node[owner[eid]].pop(eid)].evicted = trace.steps[-1].step
+        for j in decision.admitted_rows().tolist():
+            r, node = int(pool.req[j]), int(nodes[pool.cand[j]])
+            n = self.traces[r].nodes[node]
+            n.status = "finished" if pool.finished[j] else "unfinished"
+            n.reason, n.score = None, float(pool.score[j])
+            self.entry_node[r][int(pool.eid[j])] = node
+        for r in step_reqs:
+            known = self.entry_node[r]
+            self.traces[r].steps[-1].pool = [known[e] for e in pool.eid[pool.of(r)].tolist()]
+            self.running[r] = new_running[r]
+        for reason, which in (("pool", decision.refused), ("stopped", decision.halted)):
+            for r, node in zip(cand.req[which].tolist(), nodes[which].tolist(), strict=True):
+                self.traces[r].nodes[node].reason = reason
+        for r, stop in decision.stops.items():
+            self.traces[r].stop_reason = stop.detail
+
+    def closed(self, slot: int, done: Completed, stop: Stop | None) -> Trace:
+        """The finished trace of request ``slot``: why it stopped, the returned hypotheses as node ids."""
+        trace = self._trace(slot)
+        self.running.pop(slot, None)
+        self.entry_node.pop(slot, None)
+        if stop is not None:
+            trace.stop_reason = stop.detail
+        ends = [n.id for n in trace.nodes if n.status in ("finished", "unfinished") and n.evicted is None]
+        by_tokens = {tuple(trace.tokens(i)): i for i in ends}
+        trace.result = [by_tokens[tuple(h.tokens)] for h in done.hypotheses if tuple(h.tokens) in by_tokens]
+        return self.traces.pop(slot)
