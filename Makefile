@@ -80,6 +80,7 @@ bench: $(STAMP) $(PEER_STAMP)
 	$(BIN)/python bench/hf_vs_beamkit.py
 	$(PEER)/bin/python bench/ctc_vs_pyctcdecode.py
 	$(BIN)/python bench/paged_kv.py
+	$(BIN)/python bench/vs_olmo.py
 
 wheel-check:
 	bash .ci/wheel-check

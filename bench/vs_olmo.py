@@ -1,0 +1,281 @@
+"""Benchmark: beamkit's beam search vs OLMo's ``BeamSearch`` (AllenNLP's design) on the same step function.
+
+The model is a small seeded torch recurrence, one step function for both searches: a state ``h`` ``[rows, 64]``
+and a step counter ``t`` ``[rows]`` (both reordered by each search's backpointers), ``h' = tanh(E[y] + h @ U)``,
+``logits = h' @ W`` over V = 1000 tokens (float32) plus a bias on the end token that grows with ``t``, so that
+hypotheses end at varied steps. Each search calls it under its own contract: OLMo's step returns
+``log_softmax(logits)``, beamkit's the logits (the engine normalises them). Defaults: batch 32, beam 5, 30 steps
+(OLMo's ``max_steps``, beamkit's ``max_len``, the end token counted in both), CPU, one torch thread, raw
+log-probabilities as scores (OLMo's default ``SequenceLogProbabilityScorer``, beamkit's ``length_penalty=0.0``).
+
+OLMo keeps a finished hypothesis as a row fed end tokens at log-probability 0, so it evaluates batch x beam rows
+every step and better live candidates can displace a finished one: beamkit's ``compete`` policy is that rule,
+with only the live rows evaluated. ``narrow`` (beamkit's default, the exact contract) lets a finished hypothesis
+keep its slot while the beam narrows, so its results may differ from OLMo's. For each policy, after a checked
+run, the two searches alternate (``--repeats`` times each, the order swapped every repeat) and the medians print::
+
+    olmo-speed[compete]: 1.23x (beamkit 45.1 ms, OLMo 55.4 ms; model rows 3840 vs 4800)
+    olmo-top1[compete]: 32/32 identical
+
+``1.23x`` is OLMo's time over beamkit's; model rows are the rows each search sent to the step function.
+``identical`` counts the requests whose best hypothesis has the same tokens (OLMo's ``predictions[b, 0]`` cut
+after its first end token, as OLMo pads a finished beam with end tokens; beamkit's tokens, end token included)
+and a log-probability within a rounding bound (``logprob_tolerance``). The script exits 1 unless every request
+agrees under ``compete``.
+
+Precision: the model runs in float32 and so do its logits. OLMo accumulates running log-probabilities in the
+step's dtype, beamkit in float64, so two candidates closer than an ulp of the running sum (3.8e-6 near -44) can
+be ranked apart: a draft of this bench with a flatter model had one such near-tie (6e-7 apart, ranks 5 and 6 of
+a request at step 22), and that request's top-1 differed. ``--float64`` has the step return float64 logits (the
+model itself still in float32), so both searches rank the same float64 sums. Calls of fewer than 4 rows are
+padded to 4 inside the step (below that BLAS takes other kernels, which round differently), so a prefix gets
+bit-identical logits in OLMo's full batches and in beamkit's compact ones.
+
+OLMo's code is not part of this repository: the first run downloads the ``ai2-olmo==0.6.0`` wheel from the
+package index (``pip download --no-deps``) into ``bench/.cache/``, extracts only ``olmo/beam_search.py`` (checked
+against the wheel's RECORD; it imports only torch and the standard library), deletes the wheel, and loads that
+one module with importlib; the package and its dependencies are never installed.
+
+Run: ``.venv/bin/python bench/vs_olmo.py [--repeats 7] [--batch 32] [--beam 5] [--vocab 1000] [--steps 30]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import hashlib
+import importlib.util
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NoReturn
+
+import torch
+
+from beamkit import BeamSearch, SearchOptions, SearchResult
+
+OLMO_PACKAGE, OLMO_VERSION = "ai2-olmo", "0.6.0"
+OLMO_MEMBER = "olmo/beam_search.py"
+CACHE = Path(__file__).resolve().parent / ".cache"
+DIM, BOS, EOS = 64, 0, 1
+MIN_ROWS = 4  # smallest row count the step sends to BLAS (see the module docstring)
+# the end token's bias EOS_BIAS0 + EOS_SLOPE * t: unlikely in the first steps, then more and more likely
+EOS_BIAS0, EOS_SLOPE = -2.0, 0.35
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def fetch_olmo(cache: Path) -> ModuleType:
+    """OLMo's ``beam_search`` module, extracted from the ``ai2-olmo`` wheel (downloaded into ``cache`` once)."""
+    stem = f"{OLMO_PACKAGE.replace('-', '_')}-{OLMO_VERSION}"
+    target = cache / stem / OLMO_MEMBER
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        wheels = sorted(cache.glob(f"{stem}-*.whl"))
+        if not wheels:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet"]
+            cmd += ["--disable-pip-version-check", f"{OLMO_PACKAGE}=={OLMO_VERSION}", "-d", str(cache)]
+            print(f"downloading {OLMO_PACKAGE}=={OLMO_VERSION} (about 145 MB, once) into {cache}", flush=True)
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            wheels = sorted(cache.glob(f"{stem}-*.whl"))
+            if done.returncode != 0 or not wheels:
+                why = (done.stderr.strip().splitlines() or [f"pip exited {done.returncode}"])[-1]
+                fail(f"cannot download {OLMO_PACKAGE}=={OLMO_VERSION} from the package index ({' '.join(cmd)}): {why}")
+        with zipfile.ZipFile(wheels[-1]) as whl:
+            data = whl.read(OLMO_MEMBER)
+            record = whl.read(f"{stem}.dist-info/RECORD").decode()
+        want = next((line.split(",")[1] for line in record.splitlines() if line.startswith(OLMO_MEMBER + ",")), "")
+        got = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        if got != want:
+            fail(f"{wheels[-1].name}: {OLMO_MEMBER} does not match the wheel's RECORD ({got} != {want})")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        for whl_path in wheels:
+            whl_path.unlink()  # only the one module is kept
+    spec = importlib.util.spec_from_file_location("olmo_beam_search", target)
+    if spec is None or spec.loader is None:
+        fail(f"cannot load {target}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Model:
+    """The step computation both searches call: seeded float32 weights, deterministic, rows independent."""
+
+    def __init__(self, vocab: int, dtype: torch.dtype, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.E = torch.randn(vocab, DIM, generator=g)
+        self.U = torch.randn(DIM, DIM, generator=g) * (0.9 / math.sqrt(DIM))
+        self.W = torch.randn(DIM, vocab, generator=g) * (5.0 / math.sqrt(DIM))
+        self.eos_row = torch.zeros(vocab)
+        self.eos_row[EOS] = 1.0
+        self.dtype = dtype  # of the logits the step returns
+        self.rows = 0  # rows evaluated since the last reset
+
+    def init_state(self, batch: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(1)
+        return {"h": torch.randn(batch, DIM, generator=g), "t": torch.zeros(batch)}
+
+    def __call__(self, h: torch.Tensor, y: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``(logits [rows, V] in self.dtype, new_state)`` for the rows ``(h, y, t)``."""
+        n = y.shape[0]
+        self.rows += n
+        if n < MIN_ROWS:
+            pad = MIN_ROWS - n
+            h, y, t = (
+                torch.cat([h, h.new_zeros(pad, DIM)]),
+                torch.cat([y, y.new_zeros(pad)]),
+                torch.cat([t, t.new_zeros(pad)]),
+            )
+        h = torch.tanh(self.E[y] + h @ self.U)
+        logits = torch.addr(h @ self.W, EOS_BIAS0 + EOS_SLOPE * t, self.eos_row)  # the end token's growing bias
+        return logits[:n].to(self.dtype), {"h": h[:n], "t": t[:n] + 1.0}
+
+    def olmo_step(self, last_predictions: torch.Tensor, state: dict[str, torch.Tensor]):
+        """OLMo's contract: ``step(last_predictions, state) -> (log_probs [rows, V], state)``."""
+        logits, new = self(state["h"], last_predictions, state["t"])
+        return torch.log_softmax(logits, dim=-1), new
+
+    def beamkit_step(self, state: dict[str, torch.Tensor], y_prev: Any):
+        """beamkit's contract: ``step_fn(state, y_prev) -> (logits [rows, V], state)``, the engine normalising the
+        logits; it gathers the state's rows itself."""
+        return self(state["h"], torch.as_tensor(y_prev, dtype=torch.int64), state["t"])
+
+
+def run_olmo(olmo: ModuleType, model: Model, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """OLMo's ``(predictions [batch, beam, steps], log_probs [batch, beam])``, best first."""
+    search = olmo.BeamSearch(EOS, max_steps=args.steps, beam_size=args.beam)
+    start = torch.full((args.batch,), BOS, dtype=torch.int64)
+    return search.search(start, model.init_state(args.batch), model.olmo_step)
+
+
+def run_beamkit(model: Model, args: argparse.Namespace, policy: str) -> SearchResult:
+    opts = SearchOptions(beam_size=args.beam, max_len=args.steps, policy=policy, length_penalty=0.0)
+    return BeamSearch(opts).search(model.beamkit_step, model.init_state(args.batch), BOS, EOS)
+
+
+def cut(seq: list[int]) -> list[int]:
+    """A sequence of OLMo's cut after its first end token (OLMo pads a finished beam with end tokens)."""
+    return seq[: seq.index(EOS) + 1] if EOS in seq else seq
+
+
+def logprob_tolerance(logprob: float, length: int, vocab: int, dtype: torch.dtype) -> float:
+    """How far the two searches' log-probabilities of one path of ``length`` tokens may be apart by rounding.
+
+    Both get bit-identical logits x in ``dtype`` for a prefix; u is that dtype's unit roundoff (2**-24 for
+    float32). OLMo's step computes ``(x_i - m) - log(sum(exp(x - m)))`` in ``dtype``: |x_i - m| <= |lp_i|, the
+    cascaded sum of V exponentials is off by about (log2 V + 1) u relative and the logarithm adds u ln V, so a
+    term is within u (2 |lp_i| + ln V + log2 V + 2); OLMo then adds ``length`` terms in ``dtype``, each addition
+    off by u times the running sum (at most |logprob|, the terms being negative). beamkit subtracts the log of a
+    ``dtype`` sum of exponentials from x in float64: within u (log2 V + 2) a term. The sum of both bounds is at
+    most ``u ((length + 2) |logprob| + 2 length (ln V + log2 V + 2))``; the tolerance is twice that.
+    """
+    u = torch.finfo(dtype).eps / 2
+    per_token = math.log(vocab) + math.log2(vocab) + 2.0
+    return 2.0 * u * ((length + 2) * abs(logprob) + 2 * length * per_token)
+
+
+def compare(
+    predictions: torch.Tensor, log_probs: torch.Tensor, result: SearchResult, vocab: int, dtype: torch.dtype
+) -> tuple[int, int, float, str]:
+    """(requests whose top-1 agrees, requests whose whole n-best list has the same sequences in the same order,
+    the largest top-1 log-probability difference, the first top-1 disagreement)."""
+    same, lists, worst, first = 0, 0, 0.0, ""
+    for b, (seqs, lp) in enumerate(zip(predictions.tolist(), log_probs[:, 0].tolist(), strict=True)):
+        toks, hyps = cut(seqs[0]), result.hypotheses[b]
+        diff = abs(hyps[0].logprob - lp)
+        worst = max(worst, diff)
+        if hyps[0].tokens == toks and diff <= logprob_tolerance(lp, len(toks), vocab, dtype):
+            same += 1
+        elif not first:
+            first = f"request {b}: OLMo {toks} ({lp:.7g}), beamkit {hyps[0].tokens} ({hyps[0].logprob:.7g})"
+        lists += [cut(seq) for seq in seqs] == [h.tokens for h in hyps]
+    return same, lists, worst, first
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--vocab", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--float64", action="store_true", help="float64 logits: both searches rank float64 sums")
+    args = ap.parse_args()
+    for name in ("repeats", "batch", "beam", "vocab", "steps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1")
+    load = os.getloadavg()
+    print(f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1, 5, 15 min) on {os.cpu_count()} CPUs")
+    olmo = fetch_olmo(CACHE)
+    torch.set_num_threads(1)
+    dtype = torch.float64 if args.float64 else torch.float32
+    model = Model(args.vocab, dtype)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread; OLMo's beam_search from {OLMO_PACKAGE} "
+        f"{OLMO_VERSION}; batch {args.batch}, beam {args.beam}, V {args.vocab}, {args.steps} steps, "
+        f"{str(dtype).removeprefix('torch.')} logits"
+    )
+
+    model.rows = 0
+    predictions, log_probs = run_olmo(olmo, model, args)
+    olmo_rows = model.rows
+    seqs = [cut(s) for s in predictions.reshape(-1, predictions.shape[-1]).tolist()]
+    ends = sorted(len(s) for s in seqs if s[-1] == EOS)
+    top_ends = sum(cut(s)[-1] == EOS for s in predictions[:, 0].tolist())
+    span = f"lengths {ends[0]}..{ends[-1]}, median {statistics.median(ends):g}" if ends else "none"
+    print(
+        f"OLMo: {len(ends)}/{len(seqs)} hypotheses end with the end token ({span}); "
+        f"top-1: {top_ends}/{args.batch} end, {args.batch - top_ends} cut at {args.steps}"
+    )
+
+    failed = False
+    for policy in ("compete", "narrow"):
+        result = run_beamkit(model, args, policy)
+        rows = result.stats.rows_total
+        same, lists, worst, first = compare(predictions, log_probs, result, args.vocab, dtype)
+        runs: dict[str, Callable[[], Any]] = {
+            "olmo": functools.partial(run_olmo, olmo, model, args),
+            "beamkit": functools.partial(run_beamkit, model, args, policy),
+        }
+        times: dict[str, list[float]] = {"olmo": [], "beamkit": []}
+        for r in range(args.repeats):
+            for name in ("olmo", "beamkit") if r % 2 == 0 else ("beamkit", "olmo"):
+                times[name].append(timed(runs[name]))
+        bk, ol = statistics.median(times["beamkit"]), statistics.median(times["olmo"])
+        print(
+            f"olmo-speed[{policy}]: {ol / bk:.2f}x (beamkit {bk * 1e3:.1f} ms, OLMo {ol * 1e3:.1f} ms; "
+            f"model rows {rows} vs {olmo_rows})"
+        )
+        print(f"olmo-top1[{policy}]: {same}/{args.batch} identical")
+        note = f"; first difference: {first}" if first else ""
+        print(
+            f"  top-1 log-probabilities at most {worst:.1e} apart; all {args.beam} hypotheses the same "
+            f"for {lists}/{args.batch}{note}"
+        )
+        failed |= policy == "compete" and same != args.batch
+    if failed:
+        hint = "" if args.float64 else " (a float32 near-tie? see --float64)"
+        fail(f"beamkit's compete policy and OLMo disagree on some request's top-1 hypothesis{hint}")
+
+
+if __name__ == "__main__":
+    main()
