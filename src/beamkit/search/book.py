@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from beamkit.hypothesis import Hypothesis
+from beamkit.search.ranking import group_starts
 from beamkit.search.records import PoolTable
 
 
@@ -89,7 +90,8 @@ class Book:
         worst = np.full(self.size, -np.inf)
         nth = np.full(self.size, -np.inf)
         if len(table):
-            reqs, starts = np.unique(table.req, return_index=True)
+            starts = group_starts(table.req)
+            reqs = table.req[starts]
             worst[reqs] = np.minimum.reduceat(table.score, starts)
             n = np.where(self.nret[reqs] > 0, self.nret[reqs], self.beam[reqs])
             full = count[reqs] >= n
@@ -97,9 +99,13 @@ class Book:
         return count, worst, nth
 
     def commit(self, table: PoolTable, counters: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
-        """Make ``table`` the pools (``counters``: its :meth:`counters`, when already computed)."""
+        """Make ``table`` the pools. ``counters``: its :meth:`counters` (the pool policy computes them: ``worst``
+        and ``nth`` are its stopping rules' figures); without them only ``count`` is brought up to date."""
         self.table = table
-        self.count[: self.size], self.worst[: self.size], self.nth[: self.size] = counters or self.counters(table)
+        if counters is None:
+            self.count[: self.size] = np.bincount(table.req, minlength=self.size)[: self.size]
+        else:
+            self.count[: self.size], self.worst[: self.size], self.nth[: self.size] = counters
 
     def release(self, slots: list[int]) -> dict[int, tuple[PoolTable, str | None]]:
         """Forget the requests ``slots``: each one's pool entries (in pool order) and error."""
@@ -108,7 +114,9 @@ class Book:
         for r in slots:
             out[r] = (table.take(table.of(r)), self.errors.pop(r, None))
             self.held.discard(r)
-        gone = np.isin(table.req, np.asarray(slots, dtype=np.int64))
-        if gone.any():
-            self.commit(table.take(np.flatnonzero(~gone)))
+        mask = np.zeros(self.size, dtype=bool)  # shape: (R,)
+        mask[slots] = True
+        gone = mask[table.req]
+        if gone.any():  # the other requests' entries and counters are unchanged
+            self.table = table.take(np.flatnonzero(~gone))
         return out

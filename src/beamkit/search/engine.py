@@ -31,7 +31,7 @@ from beamkit.search.book import Book
 from beamkit.search.inputs import StepFn, bos_array, count_requests, eos_ids, unpack_step
 from beamkit.search.options import EARLY_MODES, SearchOptions, make_options, request_options
 from beamkit.search.policies import make_policy
-from beamkit.search.ranking import group_starts
+from beamkit.search.ranking import group_starts, requests_of, without
 from beamkit.search.records import (
     Candidates,
     Completed,
@@ -370,7 +370,7 @@ class Engine:
         considered = Candidates.rank_all(rows, logp, tok, key, self._ordered)
         if considered.req.shape[0] != logp.size:  # a row yields nothing only when some candidate was dropped
             counts = np.bincount(considered.req, minlength=b.size)
-            for r in np.unique(rows.req).tolist():
+            for r in requests_of(rows.req).tolist():
                 if counts[r] == 0:
                     msg = f"no finite candidate at step {int(b.t[r])} (every continuation is masked or -inf)"
                     b.errors.setdefault(r, msg)
@@ -392,12 +392,12 @@ class Engine:
         b.commit(decision.pool, decision.counters)
         surv = decision.survivors
         s_req = cand.req[surv]
-        gone = np.setdiff1d(rows.req, s_req).tolist()
+        gone = without(requests_of(rows.req), s_req, b.size).tolist()
         self._stops = decision.stops
         ended += self._complete(gone)
         parents = cand.row[surv]
         new_rows = rows.extend(cand, surv)
-        b.t[np.unique(s_req)] += 1
+        b.t[requests_of(s_req)] += 1
         width = int(b.t[s_req].max()) if surv.size else 0
         if width < new_rows.tokens.shape[1]:
             new_rows = new_rows.take(np.arange(surv.shape[0]), width)
@@ -470,7 +470,7 @@ class Engine:
         if self.options.coverage_penalty is not None and "attention" not in extras:
             raise ValueError("coverage_penalty needs step_fn to return extras={'attention': [rows, S]}")
         b = self.book
-        for r in np.unique(self._rows.req[b.t[self._rows.req] == 0]).tolist():
+        for r in requests_of(self._rows.req[b.t[self._rows.req] == 0]).tolist():
             stop = self._eos[b.eos[r]]
             if any(not 0 <= e < width for e in stop):
                 b.errors[r] = f"eos={list(stop)} is not a token id of the model's vocabulary of {width}"
@@ -478,7 +478,7 @@ class Engine:
 
     def _fail_all(self, message: str, out: list[Completed]) -> None:
         """The call failed as a whole: every request in it completes with ``message``."""
-        failed = np.unique(self._rows.req).tolist()
+        failed = requests_of(self._rows.req).tolist()
         for r in failed:
             self.book.errors[r] = message
         out += self._complete(failed)
@@ -573,6 +573,8 @@ class Engine:
 
     def _is_eos(self, tok: np.ndarray, req: np.ndarray) -> np.ndarray:
         """Whether each candidate token is one of its request's stop tokens."""
+        if len(self._eos) == 1:  # every request has the same stop tokens
+            return is_stop(tok, self._eos[0])
         e = self.book.eos[req]
         out = np.zeros(tok.shape[0], dtype=bool)
         for i in np.unique(e).tolist():

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from beamkit.search.book import Book
+from beamkit.search.ranking import group_starts, requests_of, without
 from beamkit.search.records import PoolTable, StepDecision, StepView, Stop, StopReason
 
 
@@ -67,6 +68,9 @@ def compete_take(
     order), take its ``beam`` best places. Both sides come grouped by request, key descending. Returns
     ``(candidate taken, entry stays)``."""
     n_pool = pool_req.shape[0]
+    if n_pool == 0:  # nothing finished yet: the first beam candidates of each request
+        r = np.arange(req.shape[0]) - np.searchsorted(req, req)
+        return r < beam[req], np.zeros(0, dtype=bool)
     all_req = np.concatenate([pool_req, req])
     side = np.concatenate([np.zeros(n_pool, np.int8), np.ones(req.shape[0], np.int8)])
     order = np.lexsort((side, -np.concatenate([pool_key, key]), all_req))  # stable: each side keeps its order
@@ -126,7 +130,7 @@ def merge(
 
 def stops_of(view: StepView, book: Book, survivors: np.ndarray, default: Stop) -> dict[int, Stop]:
     """The requests of the step left without a survivor: ``max_len`` when they reached it, else ``default``."""
-    gone = np.setdiff1d(view.rows.req, view.cand.req[survivors])
+    gone = without(requests_of(view.rows.req), view.cand.req[survivors], book.size)
     out = {}
     for r in gone.tolist():
         if book.t[r] + 1 >= book.max_len[r]:
@@ -188,7 +192,7 @@ class Pool:
         stops: dict[int, Stop] = {}
         if surv.size:
             s_req = cand.req[surv]
-            first = np.flatnonzero(np.concatenate([[True], s_req[1:] != s_req[:-1]]))  # each request's best
+            first = group_starts(s_req)  # each request's best survivor
             stops = self._stops(book, counters, s_req[first], cand.lp[surv[first]], scoring)
             if stops:
                 halt = np.isin(s_req, np.fromiter(stops, np.int64, len(stops)))

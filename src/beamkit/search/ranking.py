@@ -36,3 +36,15 @@ def group_starts(sorted_ids: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     change = sorted_ids[1:] != sorted_ids[:-1]
     return np.concatenate([[0], np.flatnonzero(change) + 1])
+
+
+def requests_of(sorted_req: np.ndarray) -> np.ndarray:
+    """The distinct values of a sorted 1-D array, ascending (``np.unique`` without the sort)."""
+    return sorted_req[group_starts(sorted_req)]
+
+
+def without(present: np.ndarray, taken: np.ndarray, size: int) -> np.ndarray:
+    """The values of ``present`` (distinct, ascending, each < ``size``) that are not in ``taken``."""
+    mask = np.zeros(size, dtype=bool)  # shape: (size,)
+    mask[taken] = True
+    return present[~mask[present]]
