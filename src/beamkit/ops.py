@@ -96,12 +96,43 @@ def logsumexp(x: Any) -> np.ndarray:
         x = np.asarray(x)
         if x.dtype != np.float32 and x.dtype != np.float64:
             x = x.astype(np.float64)
-        step = max(1, _CHUNK // max(1, x.shape[1]))  # rows per chunk, so the exp buffer stays small and warm
-        with np.errstate(over="ignore", invalid="ignore"):
-            if step >= x.shape[0]:
-                sums = np.exp(x).sum(axis=1)
-            else:
-                sums = np.concatenate([np.exp(x[i : i + step]).sum(axis=1) for i in range(0, x.shape[0], step)])
+        sums = _exp_sums(x)
+    return _log_of_sums(x, sums)
+
+
+_CHUNK = 1 << 18  # elements of a numpy [rows, V] table exponentiated at a time: the rows and their buffer stay in cache
+_TOP_CHUNK = 1 << 20  # elements of a numpy table whose group maxima are taken at a time (no exp buffer beside them)
+_TINY_SUM = 1e-30  # a sum of exps below this may have lost precision to underflow: redo the row with a shift
+
+
+def _chunk_rows(v: int, chunk: int | None = None) -> int:
+    """Rows of a ``[rows, v]`` numpy table per chunk of ``chunk`` elements (default ``_CHUNK``), at least one."""
+    return max(1, (_CHUNK if chunk is None else chunk) // max(1, v))
+
+
+def _exp_sums(x: np.ndarray) -> np.ndarray:
+    """Row sums of ``exp(x)`` in x's dtype (float32 / float64), no shift: chunks of rows through one buffer.
+
+    Bit for bit ``np.exp(x).sum(axis=1)``: each row is exponentiated element-wise and summed by numpy's pairwise
+    sum along the row, whatever the chunk; the chunks only keep the exp buffer in cache and skip a big temporary.
+    """
+    rows, v = x.shape
+    step = _chunk_rows(v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if step >= rows:
+            return np.exp(x).sum(axis=1)
+        buf = np.empty((step, v), dtype=x.dtype)  # shape: (step, V)
+        sums = np.empty(rows, dtype=x.dtype)  # shape: (rows,)
+        for i in range(0, rows, step):
+            part = x[i : i + step]
+            e = buf[: part.shape[0]]
+            np.exp(part, out=e)
+            np.add.reduce(e, axis=1, out=sums[i : i + step])
+    return sums
+
+
+def _log_of_sums(x: Any, sums: np.ndarray) -> np.ndarray:
+    """``log(sums)`` as float64 ``[rows]``, the rows whose unshifted sum is unusable redone from ``x`` with a shift."""
     ok = (sums >= _TINY_SUM) & (sums < np.inf)  # else overflow, underflow, NaN or +-inf in the row
     out = np.log(np.where(ok, sums, 1.0), dtype=np.float64)
     if not ok.all():
@@ -111,17 +142,22 @@ def logsumexp(x: Any) -> np.ndarray:
     return out
 
 
-_CHUNK = 1 << 20  # elements of exp computed at a time for numpy logits
-_TINY_SUM = 1e-30  # a sum of exps below this may have lost precision to underflow: redo the row with a shift
-
-
 def _shifted_logsumexp(x: np.ndarray) -> np.ndarray:
     """Row-wise log-sum-exp with the row maximum shifted out (any magnitude, NaN and +-inf rows as documented)."""
-    m = x.max(axis=1)
+    m = x.max(axis=1)  # shape: (rows,)
     finite = np.isfinite(m)
-    shift = np.where(finite, m, 0.0).astype(x.dtype, copy=False)
+    shift = np.where(finite, m, 0.0).astype(x.dtype, copy=False)  # shape: (rows,)
+    rows, v = x.shape
+    step = _chunk_rows(v)
+    sums = np.empty(rows, dtype=np.float64)  # shape: (rows,) sums of exp(x - shift)
+    buf = np.empty((min(step, rows), v), dtype=x.dtype)  # shape: (step, V)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        out = np.log(np.exp(x - shift[:, None]).sum(axis=1, dtype=np.float64)) + shift.astype(np.float64)
+        for i in range(0, rows, step):
+            e = buf[: min(step, rows - i)]
+            np.subtract(x[i : i + step], shift[i : i + step, None], out=e)
+            np.exp(e, out=e)
+            e.sum(axis=1, dtype=np.float64, out=sums[i : i + step])
+        out = np.log(sums) + shift.astype(np.float64)
     # A +inf or NaN maximum must survive (NaN propagates through max).
     return np.where(np.isnan(m) | (m == np.inf), m.astype(np.float64), out)
 
@@ -130,9 +166,30 @@ def log_softmax(x: Any) -> Any:
     """Row-wise log-softmax of ``[rows, V]`` logits, in the logits' library, device and dtype."""
     if is_torch(x):
         return x.log_softmax(dim=1)
+    if isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64) and x.ndim == 2 and x.size >= _LARGE:
+        return _chunked_log_softmax(x)
     lse = logsumexp(x)
     with np.errstate(invalid="ignore"):
         return (x - lse[:, None].astype(x.dtype, copy=False)).astype(x.dtype, copy=False)
+
+
+def _chunked_log_softmax(x: np.ndarray) -> np.ndarray:
+    """:func:`log_softmax` of a large float32 / float64 table, each chunk of rows normalised while in cache.
+
+    The same arithmetic as ``x - logsumexp(x)`` row by row (the normaliser rounded to x's dtype), one read of x.
+    """
+    rows, v = x.shape
+    step = _chunk_rows(v)
+    out = np.empty_like(x)  # shape: (rows, V)
+    buf = np.empty((min(step, rows), v), dtype=x.dtype)  # shape: (step, V) exp buffer
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, rows, step):
+            part = x[lo : lo + step]
+            e = buf[: part.shape[0]]
+            np.exp(part, out=e)
+            lse = _log_of_sums(part, np.add.reduce(e, axis=1))  # shape: (k,) float64
+            np.subtract(part, lse[:, None].astype(x.dtype), out=out[lo : lo + step])
+    return out
 
 
 def copy(x: Any) -> Any:
@@ -198,7 +255,7 @@ def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
     """
     rows, v = int(x.shape[0]), int(x.shape[1])
     m = min(m, v)
-    large = rows * v >= _LARGE and m < v and v >= 8 * m
+    large = _threshold_path(rows, v, m)
     if large:
         x = cpu_view(x)  # numpy's threshold selection beats torch's topk on big CPU tables
     if large and not is_torch(x):
@@ -214,15 +271,28 @@ def top_candidates(x: Any, m: int) -> tuple[np.ndarray, np.ndarray]:
         vals = np.take_along_axis(to_numpy(x), idx, axis=1).astype(np.float64)
     else:
         vals, idx = _partial_top(x, m)
-    # Order each row: value descending, column ascending (NaN-free: the engine rejects NaN rows first). A
-    # partial selection comes sorted by value; only rows with equal neighbours may need their columns reordered.
+    return _order_rows(vals, idx)
+
+
+_LARGE = 1 << 20  # rows * V from which the threshold selection is used
+
+
+def _threshold_path(rows: int, v: int, m: int) -> bool:
+    """Whether a ``[rows, v]`` table's top ``m`` (already cut to ``<= v``) takes the group-maximum threshold."""
+    return rows * v >= _LARGE and 1 <= m < v and v >= 8 * m
+
+
+def _order_rows(vals: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order each row of ``[rows, m]`` candidates by value descending, then column ascending.
+
+    NaN-free (the engine rejects NaN rows first). A partial selection comes sorted by value; only rows with
+    equal neighbours may need their columns reordered.
+    """
+    rows, m = vals.shape
     if rows == 0 or (m > 1 and not (vals[:, 1:] >= vals[:, :-1]).any()):
         return vals, idx
     order = np.lexsort((idx, -vals), axis=1)
     return np.take_along_axis(vals, order, axis=1), np.take_along_axis(idx, order, axis=1)
-
-
-_LARGE = 1 << 20  # rows * V from which the threshold selection is used
 
 
 def _partial_top(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -249,46 +319,98 @@ def _mend_ties(x: Any, vals: np.ndarray, idx: np.ndarray, m: int) -> tuple[np.nd
 
 
 def _top_by_block_threshold(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """numpy top-m per row without a full partition: a threshold from group maxima, then an exact sort.
+    """numpy top-m per row (``1 <= m``, ``8 m <= V``) without a full partition: a threshold, then an exact sort.
 
-    Columns are split into ``nb`` strided groups (group g holds columns ``g, g + nb, g + 2 nb, ...``). The m-th
-    largest group maximum ``tau`` is reached by at least m entries, so every entry of the exact top m (ties to
-    the lowest column included) lies in a group whose maximum is ``>= tau``, or in the tail columns; only those
-    few entries are gathered and sorted.
+    Columns are split into ``nb`` strided groups (group g holds columns ``g, g + nb, g + 2 nb, ...``), and the
+    group maxima of a row are folded in halves into ``4 m`` to ``8 m`` maxima of disjoint sets of groups. The m-th
+    largest of those, ``t``, is reached by m distinct entries, so every entry of the exact top m (ties to the
+    lowest column included) is ``>= t`` and lies in a group whose maximum is ``>= t``, or in the tail columns;
+    only those few entries are gathered and sorted. The table is read in chunks of rows, each chunk's groups
+    gathered while it is in cache. Returns ``(values float64 [rows, m], columns int64 [rows, m])``, each row
+    ordered by value descending, then column ascending.
     """
     rows, v = x.shape
     top = max(1, min(32, v // 128, v // (4 * m)))
     bs = next((b for b in range(top, max(1, top // 2) - 1, -1) if v % b == 0), top)  # columns per group
-    nb = v // bs  # number of groups, >= 2 m
-    if x.flags.c_contiguous and nb * bs == v:
+    nb = v // bs  # number of groups, >= 4 m
+    flat = x.flags.c_contiguous
+    if flat and nb * bs == v:
         view = x.reshape(rows, bs, nb)  # shape: (rows, bs, nb); group g = column g + nb * j
     else:  # the first nb * bs columns, as a view without a copy
         view = np.lib.stride_tricks.as_strided(x, (rows, bs, nb), (x.strides[0], nb * x.strides[1], x.strides[1]))
-    group_max = view.max(axis=1)  # shape: (rows, nb)
-    tau = np.partition(group_max, nb - m, axis=1)[:, nb - m]  # shape: (rows,)
-    gr, gg = np.nonzero(group_max >= tau[:, None])
-    r = np.repeat(gr, bs)
-    c = (gg[:, None] + nb * np.arange(bs)).reshape(-1)
-    if nb * bs < v:  # tail columns outside the groups
-        tail = np.arange(nb * bs, v)
-        r = np.concatenate([r, np.repeat(np.arange(rows), tail.size)])
-        c = np.concatenate([c, np.tile(tail, rows)])
-    vals = x[r, c].astype(np.float64)
-    near = vals >= tau[r]  # the top m are all >= tau; most gathered entries are not
-    r, c, vals = r[near], c[near], vals[near]
-    order = np.lexsort((c, -vals, r))
-    r, c, vals = r[order], c[order], vals[order]
-    rank = np.arange(r.shape[0]) - np.searchsorted(r, r, side="left")
+    step = _chunk_rows(v, _TOP_CHUNK)  # rows per chunk
+    in_group = nb * np.arange(bs)  # shape: (bs,) column offsets of a group's entries
+    parts_r, parts_c, parts_v = [], [], []
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, rows, step):
+            hi = min(rows, lo + step)
+            part = view[lo:hi]  # shape: (k, bs, nb)
+            group_max = part.max(axis=1)  # shape: (k, nb)
+            t = _fold_threshold(group_max, m)  # shape: (k,) m entries of each row are >= t
+            gr, gg = np.divmod(np.flatnonzero(group_max >= t[:, None]), nb)  # shape: (n,) groups that may hold one
+            # shape: (n, bs) the entries of those groups
+            vals = np.take(x[lo:hi].reshape(-1), (gr * v + gg)[:, None] + in_group) if flat else part[gr, :, gg]
+            gi, j = np.divmod(np.flatnonzero(vals >= t[gr, None]), bs)  # the top m are all >= t; most entries not
+            parts_r.append(gr[gi] + lo)
+            parts_c.append(gg[gi] + nb * j)
+            parts_v.append(vals[gi, j])
+            if nb * bs < v:  # tail columns outside the groups
+                tr, tc = np.divmod(np.flatnonzero(x[lo:hi, nb * bs :] >= t[:, None]), v - nb * bs)
+                parts_r.append(tr + lo)
+                parts_c.append(tc + nb * bs)
+                parts_v.append(x[tr + lo, tc + nb * bs])
+    r = np.concatenate(parts_r)
+    c = np.concatenate(parts_c)
+    val = np.concatenate(parts_v)
+    r, c, val = _sort_candidates(r, c, val, rows, v)
+    counts = np.bincount(r, minlength=rows)  # shape: (rows,)
+    rank = np.arange(r.shape[0]) - (np.cumsum(counts) - counts)[r]
     keep = rank < m
     out_idx = np.zeros((rows, m), dtype=np.int64)
     out_val = np.full((rows, m), np.nan)
     out_idx[r[keep], rank[keep]] = c[keep]
-    out_val[r[keep], rank[keep]] = vals[keep]
-    short = np.flatnonzero(np.bincount(r[keep], minlength=rows) < m)  # NaN rows: comparisons fail
-    for row in short:
+    out_val[r[keep], rank[keep]] = val[keep]
+    for row in np.flatnonzero(counts < m):  # NaN rows: comparisons fail
         out_idx[row] = _exact_top_row(x[row].astype(np.float64), m)
         out_val[row] = x[row, out_idx[row]]
     return out_val, out_idx
+
+
+def _fold_threshold(group_max: np.ndarray, m: int) -> np.ndarray:
+    """A value per row of ``[k, nb]`` group maxima (``nb >= 4 m``) that at least m entries of the row reach.
+
+    The maxima are folded in halves (column i with column i + h) while ``4 m`` or more columns would remain, so
+    each column is the maximum of a disjoint set of groups; the m-th largest column is the threshold.
+    """
+    folded, w = group_max, group_max.shape[1]
+    while w >= 8 * m:
+        h = w // 2
+        folded, w = np.maximum(folded[:, :h], folded[:, h : 2 * h]), h  # shape: (k, h)
+    return np.partition(folded, w - m, axis=1)[:, w - m]
+
+
+def _sort_candidates(
+    r: np.ndarray, c: np.ndarray, val: np.ndarray, rows: int, v: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Order candidate entries by row, then value descending, then column; values come back as float64.
+
+    float32 values (NaN-free, no ``-0.0``) sort as one uint64 key ``row | descending value bits | column`` when
+    that fits in 64 bits (the value decoded from its bits, exactly); else a three-key lexsort.
+    """
+    cb, rb = max(1, (v - 1).bit_length()), max(1, (rows - 1).bit_length())
+    if val.dtype == np.float32 and rb + 32 + cb <= 64:
+        bits = val.view(np.uint32)
+        if not (bits == 0x80000000).any():  # -0.0 would sort apart from +0.0 (equal values tie by column)
+            asc = np.where(bits >> 31, ~bits, bits | 0x80000000)  # uint32, increasing with the value
+            key = (r.astype(np.uint64) << (32 + cb)) | ((~asc).astype(np.uint64) << cb) | c.astype(np.uint64)
+            key.sort()
+            asc = ~((key >> cb) & 0xFFFFFFFF).astype(np.uint32)
+            bits = np.where(asc >> 31, asc & 0x7FFFFFFF, ~asc)
+            rc = (key >> (32 + cb)).astype(np.intp), (key & ((1 << cb) - 1)).astype(np.int64)
+            return rc[0], rc[1], bits.view(np.float32).astype(np.float64)
+    val = val.astype(np.float64)
+    order = np.lexsort((c, -val, r))
+    return r[order], c[order].astype(np.int64), val[order]
 
 
 def _exact_top_row(row: np.ndarray, m: int) -> np.ndarray:
