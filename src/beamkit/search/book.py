@@ -70,16 +70,15 @@ class Book:
         return ids
 
     def compact(self, live: np.ndarray) -> np.ndarray:
-        """Keep only the slots ``live`` (ascending), renumbered 0.. in the same order; returns the old -> new
-        map (-1 for a dropped slot)."""
+        """Keep only the slots ``live`` (ascending: every held request, between steps, when no error is pending),
+        renumbered 0.. in the same order; returns the old -> new map (of the live slots: the others are never
+        looked up again)."""
+        remap = np.empty(self.size, dtype=np.int64)  # shape: (R,) old slot -> new slot
+        remap[live] = np.arange(live.shape[0])
         for name in self._INT + self._FLOAT:
             setattr(self, name, getattr(self, name)[live].copy())
-        remap = np.full(max(self.size, 1), -1, dtype=np.int64)
-        remap[live] = np.arange(live.shape[0])
-        self.table = self.table.take(np.flatnonzero(remap[self.table.req] >= 0))
-        self.table.req = remap[self.table.req]
-        self.held = {int(remap[r]) for r in self.held}
-        self.errors = {int(remap[r]): e for r, e in self.errors.items()}
+        self.table.req = remap[self.table.req]  # the table holds only held requests' entries: all of them stay
+        self.held = set(range(live.shape[0]))
         self.size = int(live.shape[0])
         return remap
 

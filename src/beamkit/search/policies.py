@@ -72,7 +72,7 @@ def compete_take(
         r = np.arange(req.shape[0]) - np.searchsorted(req, req)
         return r < beam[req], np.zeros(0, dtype=bool)
     all_req = np.concatenate([pool_req, req])
-    side = np.concatenate([np.zeros(n_pool, np.int8), np.ones(req.shape[0], np.int8)])
+    side = np.arange(all_req.shape[0]) >= n_pool  # False: a pool entry, True: a candidate
     order = np.lexsort((side, -np.concatenate([pool_key, key]), all_req))  # stable: each side keeps its order
     sorted_req = all_req[order]
     place = np.arange(order.shape[0]) - np.searchsorted(sorted_req, sorted_req)
@@ -95,15 +95,13 @@ def survivor_mask(
     """Which ranked candidates run on under ``policy`` (before ``max_len`` and the pool's stopping rule):
     ``narrow`` needs each request's ``finished`` count, ``compete`` its pool keys (``pool_req``, ``pool_key``)."""
     if policy == "narrow":
-        done = np.zeros_like(beam) if finished is None else finished
-        return narrow_take(req, rank, beam, done) & ~ends
+        return narrow_take(req, rank, beam, beam * 0 if finished is None else finished) & ~ends
     if policy == "pool":
         return pool_take(req, ends, beam)
     if policy == "compete":
-        empty = np.zeros(0, np.int64)
-        p_req = empty if pool_req is None else pool_req
-        p_key = np.zeros(0) if pool_key is None else pool_key
-        return compete_take(req, key, beam, p_req, p_key)[0] & ~ends
+        if pool_req is None or pool_key is None:  # nothing finished
+            return narrow_take(req, rank, beam, beam * 0) & ~ends
+        return compete_take(req, key, beam, pool_req, pool_key)[0] & ~ends
     raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {policy!r}")
 
 
@@ -186,7 +184,7 @@ class Pool:
         pool, evicted = merge(view.pool, [new], "score", cap=book.pool)
         entered = np.isin(new.eid, pool.eid)
         admitted, refused = new.cand[entered], new.cand[~entered & new.finished]
-        surv = np.flatnonzero(pool_take(cand.req, hits, book.beam)) if hits.any() else np.flatnonzero(cand.rank < k)
+        surv = np.flatnonzero(pool_take(cand.req, hits, book.beam))
         counters = book.counters(pool)
         halted = np.zeros(0, np.int64)
         stops: dict[int, Stop] = {}
@@ -195,7 +193,7 @@ class Pool:
             first = group_starts(s_req)  # each request's best survivor
             stops = self._stops(book, counters, s_req[first], cand.lp[surv[first]], scoring)
             if stops:
-                halt = np.isin(s_req, np.fromiter(stops, np.int64, len(stops)))
+                halt = np.isin(s_req, list(stops))
                 halted, surv = surv[halt], surv[~halt]
         for r, s in stops_of(view, book, surv, _NO_CANDIDATE).items():
             stops.setdefault(r, s)
@@ -253,11 +251,9 @@ class Compete:
             cut = view.last[surv]
             new.append(scoring.entries(view, surv[cut], False))
             surv = surv[~cut]
-        evicted = old.eid[~stay]
-        kept = old if stay.all() else old.take(np.flatnonzero(stay))
-        pool, _ = merge(kept, new, "key")
+        pool, _ = merge(old.take(np.flatnonzero(stay)), new, "key")
         admitted = np.concatenate([t.cand for t in new])
-        return StepDecision(surv, pool, admitted, evicted, stops_of(view, book, surv, _POOL_HOLDS))
+        return StepDecision(surv, pool, admitted, old.eid[~stay], stops_of(view, book, surv, _POOL_HOLDS))
 
 
 def make_policy(name: str, exact_exit: bool = False) -> Policy:

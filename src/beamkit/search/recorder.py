@@ -67,32 +67,34 @@ class TraceRecorder:
     def considered(self, view: StepView) -> None:
         """One node per considered candidate (status ``pruned`` / ``beam`` until the decision says otherwise)."""
         rows, cand, b = view.rows, view.considered, self.engine.book
-        slots = rows.slots()
-        lengths = b.t[cand.req] + 1
-        scores = self.engine.penalised(cand.lp, lengths, cand.req) if cand.req.size else np.zeros(0)
-        parent_lp = rows.lp[cand.row]
-        ids = np.empty(cand.req.shape[0], np.int64)
-        columns = zip(
-            cand.req.tolist(),
-            cand.row.tolist(),
-            cand.tok.tolist(),
-            cand.lp.tolist(),
-            (cand.lp - parent_lp).tolist(),
-            cand.key.tolist(),
-            scores.tolist(),
-            cand.rank.tolist(),
-            strict=True,
-        )
-        for i, (r, row, tok, lp, tlp, key, score, rank) in enumerate(columns):
+        n = cand.req.shape[0]
+        scores = self.engine.penalised(cand.lp, b.t[cand.req] + 1, cand.req).tolist() if n else []
+        parent = rows.slots()[cand.row].tolist()
+        req, tok, lp, key, rank = (a.tolist() for a in (cand.req, cand.tok, cand.lp, cand.key, cand.rank))
+        token_lp = (cand.lp - rows.lp[cand.row]).tolist()
+        ids = np.empty(n, np.int64)
+        for i in range(n):
+            r = req[i]
             trace = self._trace(r)
-            parent = self.running[r][int(slots[row])]
-            node = TraceNode(len(trace.nodes), parent, int(b.t[r]), tok, lp, tlp, key, score, rank, "pruned", "beam")
+            node = TraceNode(
+                len(trace.nodes),
+                self.running[r][parent[i]],
+                int(b.t[r]),
+                tok[i],
+                lp[i],
+                token_lp[i],
+                key[i],
+                scores[i],
+                rank[i],
+                "pruned",
+                "beam",
+            )
             trace.nodes.append(node)
             ids[i] = node.id
         for r in np.unique(rows.req).tolist():
             self._trace(r).steps.append(TraceStep(int(b.t[r]), list(self.running[r]), 0, []))
-        for r, n in zip(*np.unique(cand.req, return_counts=True), strict=True):
-            self.traces[int(r)].steps[-1].candidates = int(n)
+        for r, count in np.column_stack(np.unique(cand.req, return_counts=True)).tolist():
+            self.traces[r].steps[-1].candidates = count
         self._nodes = ids
 
     def decided(self, view: StepView, decision: StepDecision) -> None:
@@ -101,21 +103,20 @@ class TraceRecorder:
         if view.kept is not None:  # beam_threshold cut some
             cut = np.ones(nodes.shape[0], dtype=bool)
             cut[view.kept] = False
-            for r, node in zip(view.considered.req[cut].tolist(), nodes[cut].tolist(), strict=True):
-                self.traces[r].nodes[node].reason = "threshold"
+            self._mark(view.considered.req[cut], nodes[cut], "threshold")
             nodes = nodes[view.kept]
         cand, pool = view.cand, decision.pool
         step_reqs = np.unique(view.rows.req).tolist()
         new_running: dict[int, list[int]] = {r: [] for r in step_reqs}
-        for r, node in zip(cand.req[decision.survivors].tolist(), nodes[decision.survivors].tolist(), strict=True):
+        surv = decision.survivors
+        for r, node in np.column_stack((cand.req[surv], nodes[surv])).tolist():
             n = self.traces[r].nodes[node]
             n.status, n.reason = "running", None
             new_running[r].append(node)
-        if decision.evicted.size:
-            owner = dict(zip(view.pool.eid.tolist(), view.pool.req.tolist(), strict=True))
-            for eid in decision.evicted.tolist():
-                trace = self.traces[owner[eid]]
-                trace.nodes[self.entry_node[owner[eid]].pop(eid)].evicted = trace.steps[-1].step
+        gone = np.isin(view.pool.eid, decision.evicted)
+        for eid, r in np.column_stack((view.pool.eid[gone], view.pool.req[gone])).tolist():
+            trace = self.traces[r]
+            trace.nodes[self.entry_node[r].pop(eid)].evicted = trace.steps[-1].step
         for j in decision.admitted_rows().tolist():
             r, node = int(pool.req[j]), int(nodes[pool.cand[j]])
             n = self.traces[r].nodes[node]
@@ -126,11 +127,15 @@ class TraceRecorder:
             known = self.entry_node[r]
             self.traces[r].steps[-1].pool = [known[e] for e in pool.eid[pool.of(r)].tolist()]
             self.running[r] = new_running[r]
-        for reason, which in (("pool", decision.refused), ("stopped", decision.halted)):
-            for r, node in zip(cand.req[which].tolist(), nodes[which].tolist(), strict=True):
-                self.traces[r].nodes[node].reason = reason
+        self._mark(cand.req[decision.refused], nodes[decision.refused], "pool")
+        self._mark(cand.req[decision.halted], nodes[decision.halted], "stopped")
         for r, stop in decision.stops.items():
             self.traces[r].stop_reason = stop.detail
+
+    def _mark(self, req: np.ndarray, nodes: np.ndarray, reason: str) -> None:
+        """Give the nodes ``nodes`` (of the requests ``req``) the pruning reason ``reason``."""
+        for r, node in np.column_stack((req, nodes)).tolist():
+            self.traces[r].nodes[node].reason = reason
 
     def closed(self, slot: int, done: Completed, stop: Stop | None) -> Trace:
         """The finished trace of request ``slot``: why it stopped, the returned hypotheses as node ids."""

@@ -252,12 +252,10 @@ class StepDecision:
     refused: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # shape: (f,) int64
     halted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # shape: (h,) int64
     counters: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # Book.counters(pool), when computed
-    first_new: int = -1  # entries of ``pool`` with an id >= this one entered at this step (-1: none did)
+    first_new: int = 0  # entries of ``pool`` with an id >= this one entered at this step (set by the engine)
 
     def admitted_rows(self) -> np.ndarray:
         """Indices in ``pool`` of the entries that entered it at this step."""
-        if self.first_new < 0:
-            return np.zeros(0, np.int64)
         return np.flatnonzero(self.pool.eid >= self.first_new)
 
 
