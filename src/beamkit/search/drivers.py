@@ -38,9 +38,13 @@ class BeamSearch:
         engine = Engine(step_fn, self.options, on_step_error="raise")
         ids = engine.add_batch(init_state, bos, eos, batch_size)
         done: dict[int, Completed] = {}
-        while not engine.idle:
+        for _ in range(self.options.max_len + 1):  # every request ends within max_len model calls
             for c in engine.step():
                 done[c.request_id] = c
+            if engine.idle:
+                break
+        else:
+            raise RuntimeError(f"the search did not end within max_len={self.options.max_len} steps")
         results = [done[i].hypotheses for i in ids]
         errors = {n: done[i].error for n, i in enumerate(ids) if done[i].error is not None}
         traces = [done[i].trace for i in ids] if self.options.record_trace else None
