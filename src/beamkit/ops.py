@@ -8,6 +8,7 @@ torch is imported lazily: numpy users never load it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -110,24 +111,31 @@ def _chunk_rows(v: int, chunk: int | None = None) -> int:
     return max(1, (_CHUNK if chunk is None else chunk) // max(1, v))
 
 
+def _row_chunks(x: np.ndarray) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """``(rows, part, buf)`` for each chunk of rows of a ``[rows, V]`` numpy table: the rows' slice, their view
+    ``part`` and a scratch array of its shape, one buffer reused by every chunk (so it stays in cache)."""
+    n, v = x.shape
+    step = _chunk_rows(v)
+    buf = np.empty((min(step, n), v), dtype=x.dtype)  # shape: (step, V)
+    for lo in range(0, n, step):
+        rows = slice(lo, lo + step)
+        part = x[rows]
+        yield rows, part, buf[: part.shape[0]]
+
+
 def _exp_sums(x: np.ndarray) -> np.ndarray:
     """Row sums of ``exp(x)`` in x's dtype (float32 / float64), no shift: chunks of rows through one buffer.
 
     Bit for bit ``np.exp(x).sum(axis=1)``: each row is exponentiated element-wise and summed by numpy's pairwise
     sum along the row, whatever the chunk; the chunks only keep the exp buffer in cache and skip a big temporary.
     """
-    rows, v = x.shape
-    step = _chunk_rows(v)
     with np.errstate(over="ignore", invalid="ignore"):
-        if step >= rows:
+        if _chunk_rows(x.shape[1]) >= x.shape[0]:
             return np.exp(x).sum(axis=1)
-        buf = np.empty((step, v), dtype=x.dtype)  # shape: (step, V)
-        sums = np.empty(rows, dtype=x.dtype)  # shape: (rows,)
-        for i in range(0, rows, step):
-            part = x[i : i + step]
-            e = buf[: part.shape[0]]
+        sums = np.empty(x.shape[0], dtype=x.dtype)  # shape: (rows,)
+        for rows, part, e in _row_chunks(x):
             np.exp(part, out=e)
-            np.add.reduce(e, axis=1, out=sums[i : i + step])
+            np.add.reduce(e, axis=1, out=sums[rows])
     return sums
 
 
@@ -147,16 +155,12 @@ def _shifted_logsumexp(x: np.ndarray) -> np.ndarray:
     m = x.max(axis=1)  # shape: (rows,)
     finite = np.isfinite(m)
     shift = np.where(finite, m, 0.0).astype(x.dtype, copy=False)  # shape: (rows,)
-    rows, v = x.shape
-    step = _chunk_rows(v)
-    sums = np.empty(rows, dtype=np.float64)  # shape: (rows,) sums of exp(x - shift)
-    buf = np.empty((min(step, rows), v), dtype=x.dtype)  # shape: (step, V)
+    sums = np.empty(x.shape[0], dtype=np.float64)  # shape: (rows,) sums of exp(x - shift)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for i in range(0, rows, step):
-            e = buf[: min(step, rows - i)]
-            np.subtract(x[i : i + step], shift[i : i + step, None], out=e)
+        for rows, part, e in _row_chunks(x):
+            np.subtract(part, shift[rows, None], out=e)
             np.exp(e, out=e)
-            e.sum(axis=1, dtype=np.float64, out=sums[i : i + step])
+            e.sum(axis=1, dtype=np.float64, out=sums[rows])
         out = np.log(sums) + shift.astype(np.float64)
     # A +inf or NaN maximum must survive (NaN propagates through max).
     return np.where(np.isnan(m) | (m == np.inf), m.astype(np.float64), out)
@@ -178,17 +182,12 @@ def _chunked_log_softmax(x: np.ndarray) -> np.ndarray:
 
     The same arithmetic as ``x - logsumexp(x)`` row by row (the normaliser rounded to x's dtype), one read of x.
     """
-    rows, v = x.shape
-    step = _chunk_rows(v)
     out = np.empty_like(x)  # shape: (rows, V)
-    buf = np.empty((min(step, rows), v), dtype=x.dtype)  # shape: (step, V) exp buffer
     with np.errstate(over="ignore", invalid="ignore"):
-        for lo in range(0, rows, step):
-            part = x[lo : lo + step]
-            e = buf[: part.shape[0]]
+        for rows, part, e in _row_chunks(x):
             np.exp(part, out=e)
             lse = _log_of_sums(part, np.add.reduce(e, axis=1))  # shape: (k,) float64
-            np.subtract(part, lse[:, None].astype(x.dtype), out=out[lo : lo + step])
+            np.subtract(part, lse[:, None].astype(x.dtype), out=out[rows])
     return out
 
 
