@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from beamkit import cli
+from beamkit.cli import entry as cli
 from beamkit.models import SHIPPED_DIR
 
 SRC = Path(__file__).resolve().parents[1] / "src"

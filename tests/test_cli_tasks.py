@@ -16,9 +16,9 @@ pytest.importorskip("safetensors")
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 # Run beamkit's real main(); register this module's commands if the top-level CLI does not list them yet.
 LAUNCH = (
-    "import sys, beamkit.cli as c\n"
-    "if 'beamkit.tasks.cli' not in c.COMMAND_MODULES:\n"
-    "    c.COMMAND_MODULES = (*c.COMMAND_MODULES, 'beamkit.tasks.cli')\n"
+    "import sys, beamkit.cli.entry as c\n"
+    "if 'beamkit.cli.tasks' not in c.COMMAND_MODULES:\n"
+    "    c.COMMAND_MODULES = (*c.COMMAND_MODULES, 'beamkit.cli.tasks')\n"
     "sys.exit(c.main(sys.argv[1:]))\n"
 )
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from beamkit import cli
+from beamkit.cli import entry as cli
 from beamkit.ctc import build_arpa, build_ctcdecoder, kenlm_available
 from beamkit.ctc.kneser_ney import write_arpa
 
@@ -20,7 +20,7 @@ LABELS = ["", " ", "a", "b", "c", "t", "h", "e", "s"]
 @pytest.fixture
 def run(monkeypatch, capsys):
     """Run the top-level CLI with only the CTC commands; return (exit code, stdout, stderr)."""
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.ctc.cli",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.cli.ctc",))
 
     def _run(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()
@@ -120,7 +120,7 @@ def test_bool_and_complex_npy_are_refused(run, files, dtype) -> None:
 
 @pytest.mark.skipif(not kenlm_available(), reason="the auto backend only differs with kenlm installed")
 def test_broken_arpa_with_the_auto_backend_is_one_error_line(files, capfd, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.ctc.cli",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.cli.ctc",))
     tmp_path, labels, npy, _ = files
     broken = tmp_path / "broken.arpa"
     broken.write_text("\\data\\\nngram 1=3\n\n\\1-grams:\n-1.0\ta\n-1.0 b c d e f\n\\end\\\n")

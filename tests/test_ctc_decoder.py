@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from beamkit.cli import ctc as ctc_cli
 from beamkit.ctc import Vocabulary, build_arpa, build_ctcdecoder, greedy_decode, normalize_logits
-from beamkit.ctc import cli as ctc_cli
 from beamkit.hypothesis import BatchDecodeError
 
 LABELS = ["", " ", "a", "b", "c", "t"]
@@ -352,9 +352,9 @@ def test_cli_lm_build_and_ctc_decode(tmp_path, capsys) -> None:
 
 
 def test_cli_registers_through_the_top_level_parser(monkeypatch, tmp_path, capsys) -> None:
-    from beamkit import cli
+    from beamkit.cli import entry as cli
 
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.ctc.cli",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.cli.ctc",))
     corpus = tmp_path / "c.txt"
     corpus.write_text("a b\nb a\n")
     assert cli.main(["lm", "build", str(corpus), "--order", "2", "-o", str(tmp_path / "x.arpa")]) == 0

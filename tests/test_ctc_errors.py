@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import beamkit.ctc.compat as compat
-from beamkit import cli
+from beamkit.cli import entry as cli
 from beamkit.ctc import build_arpa, build_ctcdecoder, prefix_beam_search
 from beamkit.hypothesis import BatchDecodeError
 
@@ -36,7 +36,7 @@ def arpa(tmp_path) -> str:
 @pytest.fixture
 def run(monkeypatch, capsys):
     """Run the top-level CLI with only the CTC commands; return (exit code, stdout, stderr)."""
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.ctc.cli",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.cli.ctc",))
 
     def _run(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()
@@ -184,7 +184,7 @@ def test_options_that_cannot_apply_are_usage_errors(run, tmp_path, arpa) -> None
 
 
 def test_explain_refuses_a_matrix_above_the_frame_limit(run, tmp_path, monkeypatch) -> None:
-    from beamkit.ctc import cli as ctc_cli
+    from beamkit.cli import ctc as ctc_cli
 
     npy = tmp_path / "long.npy"
     np.save(npy, np.zeros((5001, 3), dtype=np.float32))

@@ -17,7 +17,7 @@ cv2 = pytest.importorskip("cv2")
 
 from PIL import ImageDraw, ImageFont  # noqa: E402
 
-from beamkit import cli  # noqa: E402
+from beamkit.cli import entry as cli  # noqa: E402
 from beamkit.ctc import ocr  # noqa: E402
 
 DEJAVU = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
@@ -83,7 +83,7 @@ def test_greedy_reading_equals_rapidocr_and_the_labels_are_rapidocrs(images, rec
 
 
 def test_ocr_cli_json_and_errors(images, monkeypatch, capsys, tmp_path) -> None:
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.ctc.cli",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.cli.ctc",))
     assert cli.main(["ocr", images[0], "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out[0]["image"] == images[0] and out[0]["text"].strip() == LINES[0] and out[0]["score"] < 0

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from beamkit import cli
+from beamkit.cli import entry as cli
 from beamkit.ctc import prefix_beam_search
 from beamkit.ctc.search import FrameSnapshot
 from beamkit.ctc.trace import CTCTrace, CTCTraceRecorder, collapse, join_labels
@@ -479,7 +479,7 @@ CLI_LABELS = ["", " ", "a", "b", "c", "t"]
 def ctc_cli(monkeypatch, capsys, tmp_path):
     """Run ``beamkit`` with only the CTC commands: (exit code, stdout, stderr); and the input files: a labels
     file and a (2, T, V) .npy of peaky log-probabilities spelling "a cat" / "at a" with some doubt."""
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.ctc.cli",))
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.cli.ctc",))
     rng = np.random.default_rng(5)
     mats = []
     for text in ("a cat", "at a "):

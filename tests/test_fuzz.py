@@ -30,7 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
 import beamkit  # noqa: E402
-from beamkit import cli  # noqa: E402
+from beamkit.cli import entry as cli  # noqa: E402
 from beamkit.toy import VOCAB, make_state  # noqa: E402
 from beamkit.toy import step_fn as toy_step  # noqa: E402
 

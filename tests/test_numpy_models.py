@@ -386,7 +386,7 @@ def translated(texts: list[str]) -> list[str]:
 
 
 def test_importing_beamkit_does_not_import_torch():
-    code = "import sys, beamkit, beamkit.cli, beamkit.demo, beamkit.models, beamkit.tasks.cli; "
+    code = "import sys, beamkit, beamkit.cli, beamkit.demo, beamkit.models, beamkit.cli.tasks; "
     code += "from beamkit.models import numpy_seq2seq, numpy_transformer, weights, checkpoint; "
     code += "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'safetensors')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

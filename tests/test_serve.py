@@ -315,7 +315,7 @@ def test_nan_request_fails_alone():
 SERVER_SCRIPT = """
 import sys
 from beamkit.serve.app import create_app
-from beamkit.serve.cli import run_server
+from beamkit.cli.serve import run_server
 from tests.serve_toy import ToyAdapter
 sys.exit(run_server(create_app(ToyAdapter(delay=0.1)), "127.0.0.1", int(sys.argv[1])))
 """
@@ -523,7 +523,7 @@ def test_api_key_is_required_except_for_health():
     ],
 )
 def test_a_reachable_address_without_a_key_is_warned_about(host, key, warn):
-    from beamkit.serve.cli import needs_key_warning
+    from beamkit.cli.serve import needs_key_warning
 
     assert needs_key_warning(host, key) is warn
 

@@ -1,13 +1,10 @@
-"""``beamkit demo``: the worked example of the exact beam-search contract, beam against greedy, as a small table."""
+"""The worked example of the exact beam-search contract: a table of next-token probabilities where beam beats greedy."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import numpy as np
-
-from beamkit.decode import beam_search, greedy_decode
 
 EOS, A, B = 0, 1, 2
 NAMES = {EOS: "eos", A: "a", B: "b"}
@@ -23,31 +20,3 @@ def table_step(state: np.ndarray, y_prev: Any) -> tuple[np.ndarray, np.ndarray]:
     # shape: (rows, 3) logits (log-probabilities here)
     logits = np.log(np.array([TABLE.get(p, [1 / 3] * 3) for p in new]))
     return logits, new
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print beam (K=2) against greedy on the worked example, with L=2 and no length penalty."""
-    init = np.empty(1, dtype=object)
-    init[0] = ()
-    rows = [("greedy", greedy_decode(table_step, init, -1, EOS, max_len=2))]
-    rows += [(f"beam 2 #{i + 1}", h) for i, h in enumerate(beam_search(table_step, init, -1, EOS, 2, 2, 0.0))]
-    print(f"{'search':<12} {'output':<8} {'P':>6} {'logprob':>9}  finished")
-    for name, h in rows:
-        out = " ".join(NAMES[t] for t in h.tokens)
-        print(f"{name:<12} {out:<8} {np.exp(h.logprob):>6.3f} {h.logprob:>9.4f}  {h.finished}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``demo`` subcommand."""
-    from beamkit.cli import HelpFormatter
-
-    p = subparsers.add_parser(
-        "demo",
-        help="a worked example: beam search beats greedy",
-        description="A worked example of beam search against greedy decoding: greedy commits to 'a' and ends "
-        "with 'a b' (P = 0.35); "
-        "a beam of two finds 'b eos' (P = 0.36). No options.",
-        formatter_class=HelpFormatter,
-    )
-    p.set_defaults(func=run)

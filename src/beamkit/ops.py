@@ -8,6 +8,8 @@ torch is imported lazily: numpy users never load it.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +26,49 @@ def is_torch(x: Any) -> bool:
 
 
 _TENSOR_TYPES: dict[type, bool] = {np.ndarray: False}  # type -> is it a torch tensor (types don't change)
+
+
+def torch_threads() -> int | None:
+    """torch's CPU thread count, or None when torch has not been imported (it is not imported here)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else int(torch.get_num_threads())
+
+
+def set_torch_threads(count: int | None) -> int | None:
+    """Set torch's CPU thread count to ``count`` (None: leave it) and return the count before; torch is imported
+    only when a count is given and it is installed (without it there is nothing to set: None)."""
+    if count is None:
+        return torch_threads()
+    try:
+        import torch
+    except ImportError:
+        return None
+    before = int(torch.get_num_threads())
+    torch.set_num_threads(int(count))
+    return before
+
+
+@contextlib.contextmanager
+def torch_threads_set(count: int | None) -> Iterator[None]:
+    """Run the block with torch's CPU thread count at ``count`` (None: as it is), put back afterwards."""
+    before = set_torch_threads(count)
+    try:
+        yield
+    finally:
+        if count is not None and before is not None:
+            set_torch_threads(before)
+
+
+@contextlib.contextmanager
+def inference_mode(uses_torch: bool = True) -> Iterator[None]:
+    """Run the block under ``torch.inference_mode()`` when ``uses_torch`` (torch then imported), else as it is."""
+    if not uses_torch:
+        yield
+        return
+    import torch
+
+    with torch.inference_mode():
+        yield
 
 
 def is_array(x: Any) -> bool:

@@ -16,32 +16,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from beamkit import ops
+from beamkit._checks import check_int
+from beamkit._checks import is_int as _is_int
 
 NEG_INF = float("-inf")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def check_int(name: str, value: Any, least: int) -> int:
-    """``value`` as an int, or a ValueError / TypeError naming ``name`` (an int >= ``least`` is expected)."""
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value}")
-    return int(value)
-
-
-def check_float(name: str, value: Any, minus_inf: bool = False) -> float:
-    """``value`` as a float: a number (else TypeError) that is finite, or -inf when ``minus_inf`` (else
-    ValueError naming ``name``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if math.isnan(value) or (math.isinf(value) and not (minus_inf and value < 0)):
-        allowed = "a finite number or -inf" if minus_inf else "a finite number"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return float(value)
 
 
 def check_ids(name: str, value: Any) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from beamkit.processors import check_float, check_int
+from beamkit._checks import check_float, check_int
 
 G2P_MODEL = "g2p-en"
 HF_PREFIX = "hf:"

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beamkit._checks import check_int
 from beamkit.corpus.inputs import Item, input_digest, read_inputs
 from beamkit.corpus.options import DecodeOptions
 from beamkit.corpus.shards import ShardPlan, ShardStore, path_sha256
-from beamkit.processors import check_int
 
 _CLEAN_END = b'"error": null}\n'
 

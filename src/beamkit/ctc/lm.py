@@ -21,7 +21,7 @@ import sys
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from beamkit.processors import check_float
+from beamkit._checks import check_float
 
 LOG10_TO_LN = math.log(10.0)
 AVG_TOKEN_LEN = 6

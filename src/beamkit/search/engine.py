@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from beamkit import ops
+from beamkit._checks import check_int
 from beamkit.hypothesis import Hypothesis
-from beamkit.processors import StepContext, check_int, is_stop
+from beamkit.processors import StepContext, is_stop
 from beamkit.scoring import LengthPenalty
 from beamkit.search.book import Book
 from beamkit.search.inputs import StepFn, bos_array, count_requests, eos_ids, unpack_step

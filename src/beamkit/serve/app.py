@@ -30,8 +30,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from beamkit._checks import check_int
 from beamkit.hypothesis import Hypothesis
-from beamkit.processors import check_int
 from beamkit.serve.adapters import ModelAdapter
 from beamkit.serve.metrics import Metrics
 from beamkit.serve.protocol import (

@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Sequence
 from re import Pattern
 from typing import Any
 
-from beamkit.processors import check_float
+from beamkit._checks import check_float
 
 from ..lm import HotwordScorer as _Hotwords
 from ..lm import KenLMModel, LanguageModelFusion

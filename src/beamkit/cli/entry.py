@@ -1,8 +1,7 @@
-"""The ``beamkit`` command line.
+"""The ``beamkit`` command line: the top-level parser and the exit codes.
 
-Each feature area registers its own subcommands: a module with ``register(subparsers)`` that adds argparse
-sub-parsers, each setting ``func`` (called with the parsed namespace, returning an exit code). This file only
-collects them, so a feature's command lives next to the feature.
+Each command group is a module of this package with ``register(subparsers)`` that adds argparse sub-parsers, each
+setting ``func`` (called with the parsed namespace, returning an exit code). This module only collects them.
 """
 
 from __future__ import annotations
@@ -12,33 +11,22 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from beamkit.cli.format import Parser
+
 # Modules that contribute subcommands; each exposes ``register(subparsers) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
-    "beamkit.tasks.cli",
-    "beamkit.ctc.cli",
-    "beamkit.corpus.cli",
-    "beamkit.demo",
-    "beamkit.explain",
-    "beamkit.serve.cli",
+    "beamkit.cli.tasks",
+    "beamkit.cli.ctc",
+    "beamkit.cli.corpus",
+    "beamkit.cli.demo",
+    "beamkit.cli.explain",
+    "beamkit.cli.serve",
 )
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: X)`` after an option's help, unless the default is None or False or the help already
-    says what the default is."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
-            return text
-        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every feature's subcommands registered."""
-    parser = argparse.ArgumentParser(
-        prog="beamkit", description="Beam-search decoding for any sequence model.", formatter_class=HelpFormatter
-    )
+    parser = Parser(prog="beamkit", description="Beam-search decoding for any sequence model.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

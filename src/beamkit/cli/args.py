@@ -1,0 +1,43 @@
+"""The option groups several commands share, declared once: the model, the search, the n-gram LM and the
+rendering of a drawing. Each command adds the groups it takes, so ``--beam`` means the same everywhere."""
+
+from __future__ import annotations
+
+import argparse
+
+from beamkit.cli.types import finite_float, positive_int
+
+MODEL_HELP = (
+    "the model: a shipped model's name (default: {default}; `beamkit models` lists them), a beamkit checkpoint "
+    "folder, g2p-en (the pretrained English grapheme-to-phoneme model), or hf:DIR (a Hugging Face model folder "
+    "with its tokenizer)"
+)
+
+
+def add_model_arg(parser: argparse.ArgumentParser, default_name: str = "dates-seq2seq") -> None:
+    """Add ``--model SPEC`` (read by :func:`beamkit.adapters.load`); None means the default shipped model."""
+    parser.add_argument("--model", default=None, metavar="SPEC", help=MODEL_HELP.format(default=default_name))
+
+
+def add_search_args(
+    parser: argparse.ArgumentParser,
+    beam: int | None = 5,
+    beam_help: str = "beam width (1 = greedy)",
+    n_best: int | None = None,
+    n_best_help: str = "hypotheses per input (default: --beam)",
+    length_penalty: float | None = 1.0,
+    length_penalty_help: str = "alpha in logprob / len**alpha",
+    max_len_help: str = "most output tokens (default: the model's)",
+) -> None:
+    """Add ``--beam``, ``--n-best``, ``--length-penalty`` and ``--max-len``, each parsed by the shared types (a
+    beam of 0 or an infinite alpha is a usage error naming the option)."""
+    parser.add_argument("--beam", type=positive_int, default=beam, help=beam_help)
+    parser.add_argument("--n-best", type=positive_int, default=n_best, help=n_best_help)
+    parser.add_argument("--length-penalty", type=finite_float, default=length_penalty, help=length_penalty_help)
+    parser.add_argument("--max-len", type=positive_int, default=None, help=max_len_help)
+
+
+def add_render_args(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -> None:
+    """Add ``--format`` (one of ``formats``, the first the default) and ``-o/--output`` (default: stdout)."""
+    parser.add_argument("--format", choices=formats, default=formats[0], help="output format")
+    parser.add_argument("-o", "--output", default=None, help="output file (default: stdout)")

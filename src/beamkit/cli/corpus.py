@@ -1,0 +1,130 @@
+"""``beamkit decode``: a corpus file (or a folder of CTC posteriors) in, JSONL out, on local processes or Ray."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from beamkit.cli.ctc import _parse_blank
+from beamkit.corpus.options import DecodeOptions
+
+
+def _options(args: argparse.Namespace) -> DecodeOptions:
+    ctc = os.path.isdir(args.input)
+    if ctc and args.labels is None:
+        raise ValueError(f"{args.input} is a folder: CTC posteriors need --labels")
+    if args.labels is not None and not ctc:
+        raise ValueError("--labels applies to a folder of .npy CTC posteriors given as --input")
+    labels = None
+    if ctc:
+        from beamkit.cli.ctc import _read_labels
+
+        labels = tuple(_read_labels(argparse.Namespace(labels=args.labels, alphabet=None)))
+    beam = args.beam if args.beam is not None else (100 if ctc else 5)
+    return DecodeOptions(
+        model=args.model, beam=beam, n_best=args.n_best, length_penalty=args.length_penalty, max_len=args.max_len,
+        labels=labels, lm=args.lm, alpha=args.alpha, beta=args.beta, lm_backend=args.lm_backend,
+        pyctcdecode_compat=args.pyctcdecode_compat, blank=_parse_blank(args.blank) if ctc else None,
+    )  # fmt: skip
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Refuse an ``--output`` that is the input, a folder, or an existing file that no earlier run of ``decode``
+    wrote (one without ``OUTPUT.parts/manifest.json`` next to it) unless ``--force``."""
+    output, source = args.output, args.input
+    same = os.path.abspath(output) == os.path.abspath(source)
+    if not same and os.path.exists(output) and os.path.exists(source):
+        same = os.path.samefile(output, source)
+    if same:
+        raise ValueError(f"--output {output} is the input; choose another output file")
+    if os.path.isdir(output):
+        raise ValueError(f"--output {output} is a folder; give the JSONL file to write")
+    ours = os.path.isfile(os.path.join(f"{output}.parts", "manifest.json"))
+    if os.path.exists(output) and not ours and not args.force:
+        raise ValueError(
+            f"--output {output} exists and no record of a beamkit decode run is beside it "
+            f"({output}.parts/manifest.json); add --force to replace it"
+        )
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    """Decode a corpus into a JSONL file; resumable (rerun the same command after an interruption)."""
+    from beamkit.corpus.run import decode_corpus
+
+    _check_output(args)
+    options = _options(args)
+    try:
+        result = decode_corpus(
+            args.input, args.output, options, workers=args.workers, ray=args.ray, batch_size=args.batch_size,
+            shard_size=args.shard_size, progress=not args.quiet,
+        )  # fmt: skip
+    except ImportError as exc:
+        print(f"beamkit decode: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError:
+        raise  # a usage error: beamkit.cli prints it and exits 2
+    except KeyboardInterrupt:
+        print("beamkit decode: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError) as exc:
+        print(f"beamkit decode: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a Ray task failure arrives as Ray's own exception types
+        if type(exc).__module__.split(".")[0] != "ray":
+            raise
+        print(f"beamkit decode: error: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    reused = f", {result.shards_reused} reused" if result.shards_reused else ""
+    print(
+        f"wrote {result.output}: {result.inputs} inputs, {result.errors} errors, "
+        f"{result.shards_decoded} shards decoded{reused} in {result.seconds:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``decode`` to the ``beamkit`` command line."""
+    about = "decode a corpus file (or a folder of CTC .npy posteriors) into JSONL; resumable, Ray-ready"
+    p = subparsers.add_parser(
+        "decode",
+        help=about,
+        description=f"{about[0].upper()}{about[1:]}: local worker processes or Ray, output in input order.",
+    )
+    p.add_argument("--model", default=None, help="shipped model, checkpoint path, g2p-en or hf:DIR (default: dates)")
+    p.add_argument("--input", required=True, help="text file (a source a line), .jsonl ({id, text}) or .npy folder")
+    p.add_argument("--output", required=True, help="output JSONL; shards and manifest go to OUTPUT.parts/")
+    p.add_argument("--beam", type=int, default=None, help="beam width (default 5; 100 for CTC)")
+    p.add_argument("--n-best", type=int, default=1, help="hypotheses per input")
+    p.add_argument("--length-penalty", type=float, default=None, help="alpha (default: the model's, 1)")
+    p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=32, help="inputs per batched search")
+    p.add_argument("--shard-size", type=int, default=1000, help="inputs per output shard")
+    p.add_argument("--workers", type=int, default=1, help="worker processes or Ray actors")
+    p.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="run on Ray: the cluster at ADDRESS, or without one ray.init()'s default (RAY_ADDRESS or a local Ray)",
+    )  # fmt: skip
+    p.add_argument(
+        "--labels", default=None, help="CTC: labels file, one label per line, as `ctc decode` reads it (default: none)"
+    )
+    p.add_argument("--lm", default=None, help="CTC: ARPA or KenLM binary n-gram model (default: none)")
+    p.add_argument(
+        "--lm-backend",
+        choices=["auto", "arpa", "kenlm"],
+        default="auto",
+        help="CTC: n-gram reader (auto: kenlm if installed)",
+    )
+    p.add_argument(
+        "--blank", default=None, help="CTC: the blank's column index or label (default: the one empty/<pad>/<blank>)"
+    )
+    p.add_argument("--alpha", type=float, default=0.5, help="CTC: LM weight")
+    p.add_argument("--beta", type=float, default=1.5, help="CTC: word insertion bonus")
+    p.add_argument("--pyctcdecode-compat", action="store_true", help="CTC: pyctcdecode's end-of-utterance scoring")
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing --output file that beamkit decode did not write"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_decode)

@@ -1,0 +1,376 @@
+"""``beamkit ctc decode``, ``beamkit ctc explain`` and ``beamkit lm build`` subcommands::
+
+beamkit ctc decode logprobs.npy --labels labels.txt [--lm lm.arpa --alpha 0.5 --beta 1.5] [--beam 100]
+beamkit ctc explain logprobs.npy --labels labels.txt [--beam 10] [--format html|svg|dot|json] -o search.html
+beamkit lm build corpus.txt --order 3 -o lm.arpa
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from beamkit.ctc.lm import KENLM_MAX_ORDER
+
+if TYPE_CHECKING:
+    from beamkit.ctc.trace import CTCTrace
+
+LABELS_FORMAT = """\
+labels file: UTF-8 text, one label per line, line i naming column i of the matrix (as many lines as
+columns). The CTC blank is the one line that is empty, <pad> or <blank>, or the label/index given by
+--blank; a line "<space>" (or a single space) is the word delimiter, as is "|" when no space label exists.
+Labels starting with "##" or "▁" make a BPE vocabulary. --alphabet "abc..." instead gives one label per
+character of a string (then name the blank with --blank)."""
+
+INPUT_FORMAT = """\
+FILE: a .npy holding one (T, V) matrix or a batch (N, T, V) of real numbers: logits, log-probabilities or
+probabilities (detected; --input-kind says which). Output: one line per utterance, its best text; --json
+prints one JSON object per utterance with its top beams."""
+
+
+class _StoreGiven(argparse.Action):
+    """Store the option's value and note in ``namespace.given`` that it was given (its default is not)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        """Store ``values`` and add the option to ``namespace.given``."""
+        setattr(namespace, self.dest, values)
+        namespace.given = frozenset(getattr(namespace, "given", frozenset())) | {self.option_strings[0]}
+
+
+def _check_lm_options(args: argparse.Namespace) -> None:
+    """Refuse LM weights without an LM, and an LM or a beam width with greedy decoding (they would be ignored)."""
+    given: frozenset[str] = getattr(args, "given", frozenset())
+    weights = sorted(given & {"--alpha", "--beta"})
+    if args.lm is None and weights:
+        raise ValueError(f"{weights[0]} is a language model weight: it needs --lm")
+    if getattr(args, "greedy", False):
+        if args.lm is not None:
+            raise ValueError("--greedy decodes without a language model: drop --lm (or --greedy for beam search)")
+        if "--beam" in given:
+            raise ValueError("--greedy keeps one path: drop --beam (or --greedy for beam search)")
+
+
+def _read_labels(args: argparse.Namespace) -> list[str]:
+    """The labels from ``--labels FILE`` (which must exist) or ``--alphabet STRING``."""
+    if args.alphabet is not None:
+        if not args.alphabet:
+            raise ValueError("--alphabet is empty")
+        return list(args.alphabet)
+    path = args.labels
+    if not os.path.isfile(path):
+        what = "is a directory" if os.path.isdir(path) else "not found"
+        raise FileNotFoundError(f"labels file {what}: {path} (use --alphabet for a string of characters)")
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    if lines and lines[-1] == "":
+        lines = lines[:-1]
+    return [" " if lab in ("<space>", " ") else lab for lab in lines]
+
+
+def _parse_blank(spec: str | None) -> int | str | None:
+    """``--blank``: an integer is a column index, anything else a label."""
+    if spec is None:
+        return None
+    try:
+        return int(spec)
+    except ValueError:
+        return spec
+
+
+def _load_matrices(path: str) -> list[np.ndarray]:
+    """The ``(T, V)`` matrices of a .npy file holding one matrix or a batch ``(N, T, V)`` (checked)."""
+    from beamkit.ctc.posteriors import as_real_array
+
+    if not os.path.isfile(path):
+        what = "is a folder, not a .npy file" if os.path.isdir(path) else "no such file"
+        raise FileNotFoundError(f"{what}: {path}")
+    with open(path, "rb") as fh:
+        if fh.read(6) != b"\x93NUMPY":
+            raise ValueError(f"{path} is not a numpy array file (.npy, as numpy.save writes it)")
+    try:
+        raw = np.load(path, allow_pickle=False)
+    except (EOFError, ValueError, OSError) as exc:  # empty, truncated, not an .npy, or pickled objects
+        raise ValueError(f"cannot read {path} as a .npy array: {exc or type(exc).__name__}") from exc
+    arr = as_real_array(raw, path, keep_dtype=True)
+    if arr.ndim not in (2, 3):
+        raise ValueError(f"{path} must hold a (T, V) or (N, T, V) array, got shape {arr.shape}")
+    return [arr] if arr.ndim == 2 else list(arr)
+
+
+def _build_decoder(args: argparse.Namespace) -> Any:
+    """The decoder the input arguments (labels, blank, input kind, LM) describe."""
+    from beamkit.ctc.decoder import build_ctcdecoder
+
+    return build_ctcdecoder(
+        _read_labels(args),
+        kenlm_model_path=args.lm,
+        alpha=args.alpha,
+        beta=args.beta,
+        lm_backend=args.lm_backend,
+        pyctcdecode_compat=args.pyctcdecode_compat,
+        blank=_parse_blank(args.blank),
+        input_kind=args.input_kind,
+    )
+
+
+def _cmd_ctc_decode(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise ValueError(f"--top must be a positive integer, got {args.top}")
+    if args.beam < 1:
+        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    _check_lm_options(args)
+    mats = _load_matrices(args.file)
+    decoder = _build_decoder(args)
+    if args.greedy:
+        from beamkit.ctc.decoder import normalize_logits
+        from beamkit.ctc.prefix_search import greedy_decode
+
+        texts = [str(greedy_decode(normalize_logits(m, args.input_kind), decoder.vocab)) for m in mats]
+        beams: list[Any] = [[(t, [], None, None)] for t in texts]
+    else:
+        beams = decoder.decode_beams_batch(None, mats, beam_width=args.beam, prune_history=False)
+    for i, utt_beams in enumerate(beams):
+        if args.json:
+            top = [
+                {"text": b[0], "word_frames": b[1], "logit_score": b[2], "score": b[3]} for b in utt_beams[: args.top]
+            ]
+            print(json.dumps({"utterance": i, "beams": top}))
+        else:
+            print(utt_beams[0][0] if utt_beams else "")
+    return 0
+
+
+EXPLAIN_FORMATS = ("html", "svg", "dot", "json")
+
+
+def _trace_matrix(decoder: Any, mat: np.ndarray, args: argparse.Namespace) -> CTCTrace:
+    """The recorded prefix search of one ``(T, V)`` matrix by ``decoder`` (its vocabulary, LM and beam unit)."""
+    _, trace = decoder.decode_beams(
+        mat,
+        beam_width=args.beam,
+        beam_prune_logp=args.beam_prune_logp,
+        token_min_logp=args.token_min_logp,
+        prune_history=args.prune_history,
+        record_trace=True,
+    )
+    return trace  # type: ignore[no-any-return]
+
+
+def _cmd_ctc_explain(args: argparse.Namespace) -> int:
+    from beamkit.viz import to_dot, to_html, to_svg
+
+    if args.beam < 1:
+        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    for name in ("beam_prune_logp", "token_min_logp"):
+        if not getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a number <= 0, got {getattr(args, name)}")
+    if args.max_frames < 1:
+        raise ValueError(f"--max-frames must be a positive integer, got {args.max_frames}")
+    _check_lm_options(args)
+    mats = _load_matrices(args.file)
+    if not 0 <= args.utterance < len(mats):
+        raise ValueError(f"--utterance must lie in [0, {len(mats) - 1}] for {args.file}, got {args.utterance}")
+    frames = len(mats[args.utterance])
+    if frames > args.max_frames:
+        raise ValueError(
+            f"{args.file} has {frames} frames, more than --max-frames {args.max_frames}: the recorded search "
+            "grows with every frame; explain a shorter cut of the matrix, or raise --max-frames"
+        )
+    decoder = _build_decoder(args)
+    trace = _trace_matrix(decoder, mats[args.utterance], args)
+    trace.source = os.path.basename(args.file) + (f" [{args.utterance}]" if len(mats) > 1 else "")
+    draw: dict[str, Callable[[CTCTrace], str]] = {"html": to_html, "svg": to_svg, "dot": to_dot}
+    page = trace.to_json(indent=1) + "\n" if args.format == "json" else draw[args.format](trace)
+    if args.output is None:
+        sys.stdout.write(page)
+        return 0
+    with open(args.output, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    best = trace.hypotheses[0].text if trace.hypotheses else ""
+    print(
+        f"wrote {args.output}: {trace.n_entries} entries over {len(trace.frames)} frames; best: {best!r}, "
+        f"greedy: {trace.greedy!r}"
+    )
+    return 0
+
+
+def _cmd_lm_build(args: argparse.Namespace) -> int:
+    from beamkit.ctc.kneser_ney import write_arpa
+
+    if args.order < 1:
+        raise ValueError(f"--order must be a positive integer, got {args.order}")
+    if os.path.exists(args.corpus) and os.path.exists(args.output) and os.path.samefile(args.corpus, args.output):
+        raise ValueError(f"-o {args.output} is the corpus itself: choose another output file")
+    if args.order > KENLM_MAX_ORDER:
+        print(
+            f"beamkit lm build: warning: kenlm reads orders up to {KENLM_MAX_ORDER}; this order-{args.order} "
+            "model is read by beamkit's own ARPA reader (--lm-backend auto picks it for such files)",
+            file=sys.stderr,
+        )
+    show = not args.quiet and sys.stderr.isatty()
+    n = write_arpa(args.corpus, args.output, order=args.order, progress=show)
+    print(f"wrote {args.output}: {n} n-grams, order {args.order}")
+    return 0
+
+
+def _cmd_ocr(args: argparse.Namespace) -> int:
+    from beamkit.ctc.ocr import read_lines
+
+    if args.beam < 1:
+        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    _check_lm_options(args)
+    try:
+        readings = read_lines(args.images, beam=args.beam, lm=args.lm, alpha=args.alpha, beta=args.beta)
+    except ImportError as exc:  # the ocr extra is missing: a failure, not a usage error
+        print(f"beamkit ocr: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([{"image": r.image, "text": r.text, "score": r.score} for r in readings]))
+    else:
+        for r in readings:
+            print(r.text)
+    return 0
+
+
+def _add_input_arguments(p: argparse.ArgumentParser, beam: int) -> None:
+    """The arguments ``ctc decode`` and ``ctc explain`` share: the .npy file, labels, blank, input kind, LM,
+    beam width (default ``beam``) and scoring mode."""
+    p.add_argument("file", help=".npy file of logits, log-probabilities or probabilities")
+    labels = p.add_mutually_exclusive_group(required=True)
+    labels.add_argument("--labels", metavar="FILE", help="labels file, one label per line (format above)")
+    labels.add_argument("--alphabet", metavar="STRING", help="one label per character of STRING")
+    p.add_argument(
+        "--blank",
+        default=None,
+        help="the CTC blank: a column index (integer) or a label; default: the one label that is empty, "
+        "<pad> or <blank> (none or several is an error)",
+    )
+    p.add_argument(
+        "--input-kind",
+        choices=["auto", "logits", "log_probs", "probs"],
+        default="auto",
+        help="what the matrix holds; auto reads rows in [0, 1] summing to 1 (within the dtype's rounding) as "
+        "probabilities, anything else as logits",
+    )
+    p.add_argument(
+        "--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model (default: none, no LM)"
+    )
+    p.add_argument(
+        "--lm-backend",
+        choices=["auto", "arpa", "kenlm"],
+        default="auto",
+        help="how to read --lm: kenlm (the kenlm module; ARPA or binary), arpa (beamkit's pure-Python ARPA "
+        f"reader, any order), auto (kenlm when installed and the order is <= {KENLM_MAX_ORDER}, else arpa)",
+    )
+    p.add_argument("--alpha", type=float, default=0.5, action=_StoreGiven, help="LM weight (needs --lm)")
+    p.add_argument("--beta", type=float, default=1.5, action=_StoreGiven, help="word insertion bonus (needs --lm)")
+    p.add_argument("--beam", type=int, default=beam, action=_StoreGiven, help="beam width")
+    p.add_argument(
+        "--pyctcdecode-compat",
+        action="store_true",
+        help="reproduce pyctcdecode 0.5.0's end-of-utterance scoring quirk (off: the correct score; the Python "
+        "build_ctcdecoder has the same default)",
+    )
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``ctc`` (``decode``, ``explain``), ``lm`` (``build``) and ``ocr`` subcommands to an argparse subparsers
+    object."""
+    ocr = subparsers.add_parser(
+        "ocr",
+        help="read text-line images with PP-OCRv4 and CTC beam search",
+        description="Read single text-line images with the PP-OCRv4 recognition model shipped in "
+        "rapidocr-onnxruntime (the ocr extra), decoded greedily (--beam 1: rapidocr's own "
+        "text) or by prefix beam search with an optional word n-gram LM. Prints one text per image, or with "
+        "--json a list of {image, text, score} (score: log-probability of the best path, or the beam's "
+        "combined score).",
+    )
+    ocr.add_argument("images", nargs="+", metavar="IMAGE", help="image files, one text line each")
+    ocr.add_argument("--beam", type=int, default=1, help="beam width (1: greedy)")
+    ocr.add_argument(
+        "--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model (default: none, no LM)"
+    )
+    ocr.add_argument("--alpha", type=float, default=0.5, action=_StoreGiven, help="LM weight (needs --lm)")
+    ocr.add_argument("--beta", type=float, default=1.5, action=_StoreGiven, help="word insertion bonus (needs --lm)")
+    ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score}")
+    ocr.set_defaults(func=_cmd_ocr)
+
+    ctc = subparsers.add_parser(
+        "ctc",
+        help="CTC decoding (greedy / prefix beam search with an n-gram LM)",
+        description="CTC decoding of posterior matrices saved as .npy: greedy or prefix beam search, "
+        "optionally fused with a word n-gram language model.",
+    )
+    ctc_sub = ctc.add_subparsers(dest="ctc_command", metavar="SUBCOMMAND")
+    ctc_sub.required = True
+    dec = ctc_sub.add_parser(
+        "decode",
+        help="decode a .npy of (T, V) or (N, T, V) CTC posteriors",
+        description="Decode CTC posteriors with prefix beam search (or greedy best path).\n\n"
+        + INPUT_FORMAT
+        + "\n\n"
+        + LABELS_FORMAT,
+    )
+    _add_input_arguments(dec, beam=100)
+    dec.add_argument("--greedy", action="store_true", help="best-path decoding instead of beam search (no --lm)")
+    dec.add_argument("--json", action="store_true", help="print JSON lines with the top beams")
+    dec.add_argument("--top", type=int, default=1, help="beams per utterance in --json output (>= 1)")
+    dec.set_defaults(func=_cmd_ctc_decode)
+
+    exp = ctc_sub.add_parser(
+        "explain",
+        help="draw the prefix search of one utterance (HTML, SVG, DOT or JSON)",
+        description="Decode one utterance with prefix beam search, recording every frame, and draw the search: "
+        "one column per frame, a node per prefix entry (kept, or pruned by the threshold, the beam width or the "
+        "history rule) with its p_b / p_nb / LM score / total / merged count on hover, edges to the beam it "
+        "extends, the returned hypotheses and the greedy (best-path) prefixes highlighted. Runs of blank-only "
+        "frames are compressed (a checkbox in the page). The HTML is one self-contained file that opens offline."
+        "\n\n" + INPUT_FORMAT.split("Output:")[0].rstrip() + " --utterance picks one of a batch.\n\n" + LABELS_FORMAT,
+    )
+    _add_input_arguments(exp, beam=10)
+    exp.add_argument("--utterance", type=int, default=0, help="which utterance of an (N, T, V) file")
+    exp.add_argument(
+        "--beam-prune-logp", type=float, default=-10.0, help="prune beams scoring below best + this (<= 0)"
+    )
+    exp.add_argument(
+        "--token-min-logp", type=float, default=-5.0, help="a frame's candidates: labels with lp >= this (<= 0)"
+    )
+    exp.add_argument(
+        "--prune-history", action="store_true", help="keep one beam per LM history (as the decoder's decode does)"
+    )
+    exp.add_argument(
+        "--max-frames",
+        type=int,
+        default=5000,
+        help="refuse an utterance longer than this many frames (the recorded search grows with every frame)",
+    )
+    exp.add_argument("--format", choices=EXPLAIN_FORMATS, default="html", help="output format")
+    exp.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    exp.set_defaults(func=_cmd_ctc_explain)
+
+    lm = subparsers.add_parser(
+        "lm",
+        help="n-gram language models",
+        description="Word n-gram language models for CTC decoding.",
+    )
+    lm_sub = lm.add_subparsers(dest="lm_command", metavar="SUBCOMMAND")
+    lm_sub.required = True
+    build = lm_sub.add_parser(
+        "build",
+        help="build an interpolated modified Kneser-Ney ARPA from a corpus",
+        description="Build an interpolated modified Kneser-Ney word n-gram model from a text corpus and write it "
+        f"as ARPA. kenlm reads orders up to {KENLM_MAX_ORDER}; higher orders are read by beamkit's ARPA reader. "
+        "A progress bar goes to stderr when it is a terminal.",
+    )
+    build.add_argument("corpus", help="UTF-8 text file, one sentence per line, words separated by whitespace")
+    build.add_argument("--order", type=int, default=3, help="n-gram order")
+    build.add_argument("-o", "--output", required=True, help="output ARPA file path")
+    build.add_argument("--quiet", action="store_true", help="no progress bar")
+    build.set_defaults(func=_cmd_lm_build)

