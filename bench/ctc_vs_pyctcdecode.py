@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     import pyctcdecode
 
-    from beamkit.ctc import build_ctcdecoder, kenlm_available, load_unigrams_from_arpa
+    from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
+    from beamkit.lm import kenlm_available, load_unigrams_from_arpa
 
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()

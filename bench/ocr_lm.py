@@ -26,8 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from beamkit.ctc import build_arpa, build_ctcdecoder, release_cached_memory
-from beamkit.ctc.lm import ArpaLM
+from beamkit.lm import build_arpa
+from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
+from beamkit.ctc import release_cached_memory
+from beamkit.lm import ArpaLM
 from beamkit.ctc.ocr import LineRecognizer
 
 FONTS = [

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from beamkit import Engine, LengthPenalty, SearchOptions, search_batch
-from beamkit.ngram import NGramLM
+from beamkit.lm import NGramLM
 from tests.toy import BOS, ToyModel
 
 EOS = 0

@@ -236,7 +236,7 @@ def ctc_alone(capsys, path: Path, labels: Path, lm: Path, beam: int, top: int) -
 
 
 def test_ctc_folder_equals_ctc_decode_one_at_a_time(tmp_path, capsys):
-    from beamkit.ctc import write_arpa
+    from beamkit.lm import write_arpa
 
     names = write_posteriors(tmp_path / "post")
     labels = tmp_path / "labels.txt"

@@ -125,7 +125,7 @@ LABELS = ["", " ", "a", "b", "c", "d"]
 
 def write_ctc(tmp_path: Path) -> list[str]:
     """Four (T, 6) posteriors, a labels file and a bigram LM; the ``beamkit decode`` arguments that read them."""
-    from beamkit.ctc import write_arpa
+    from beamkit.lm import write_arpa
 
     post = tmp_path / "post"
     post.mkdir()
@@ -142,7 +142,7 @@ def write_ctc(tmp_path: Path) -> list[str]:
 
 
 def test_an_lm_changed_at_the_same_path_is_a_different_run(tmp_path, capsys):
-    from beamkit.ctc import write_arpa
+    from beamkit.lm import write_arpa
 
     args = write_ctc(tmp_path)
     out = tmp_path / "out.jsonl"

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from beamkit.cli import ctc as ctc_cli
-from beamkit.ctc import Vocabulary, build_arpa, build_ctcdecoder, greedy_decode, normalize_logits
+from beamkit.ctc import Vocabulary, greedy_ctc, normalize_logits
+from beamkit.lm import build_arpa
+from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 from beamkit.hypothesis import BatchDecodeError
 
 LABELS = ["", " ", "a", "b", "c", "t"]
@@ -152,7 +154,7 @@ def test_bool_and_complex_inputs_are_refused() -> None:
         with pytest.raises(TypeError, match="real numbers"):
             normalize_logits(bad)
         with pytest.raises(TypeError, match="real numbers"):
-            greedy_decode(bad, LABELS)
+            greedy_ctc(bad, LABELS)
 
 
 def test_batched_decoding_normalises_each_matrix_alone() -> None:
@@ -208,7 +210,7 @@ def test_text_only_decoding_equals_the_best_beam() -> None:
     # them, with and without an LM and hotwords
     rng = np.random.default_rng(6)
     model = build_arpa(["the cat", "a cat", "the cat sat", "cat", "a bat", "the tab"] * 3, order=2)
-    from beamkit.ctc import ArpaLM
+    from beamkit.lm import ArpaLM
 
     arpa = ArpaLM.from_lines(model.splitlines())
     for decoder in (build_ctcdecoder(LABELS), build_ctcdecoder(LABELS, arpa)):
@@ -224,7 +226,7 @@ def test_decoder_without_lm_reads_the_best_path() -> None:
     rng = np.random.default_rng(0)
     decoder = build_ctcdecoder(LABELS)
     lp = peaky("cat bat", LABELS, rng)
-    assert decoder.decode(lp) == "cat bat" == greedy_decode(lp, LABELS)
+    assert decoder.decode(lp) == "cat bat" == greedy_ctc(lp, LABELS)
     beams = decoder.decode_beams(lp, beam_width=10)
     text, lm_state, frames, logit, combined = beams[0]
     assert text == "cat bat" and lm_state is None and logit == pytest.approx(combined)

@@ -10,7 +10,9 @@ import pytest
 
 import beamkit.ctc.compat as compat
 from beamkit.cli import entry as cli
-from beamkit.ctc import build_arpa, build_ctcdecoder, prefix_beam_search
+from beamkit.lm import build_arpa
+from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
+from beamkit.ctc import prefix_beam_search
 from beamkit.hypothesis import BatchDecodeError
 
 LABELS = ["", " ", "a", "b", "c", "t"]

@@ -12,9 +12,12 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from beamkit.ctc import Vocabulary, build_arpa, build_ctcdecoder, prefix_beam_search, release_cached_memory
+from beamkit.ctc import Vocabulary, prefix_beam_search, release_cached_memory
+from beamkit.lm import build_arpa
+from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 from beamkit.ctc.kernel import clear_edges, rehash_edges
-from beamkit.ctc.lm import ArpaLM, LanguageModelFusion
+from beamkit.lm import ArpaLM
+from beamkit.ctc.lm import LanguageModelFusion
 from beamkit.ctc.nodes import NODE, edge_find
 
 

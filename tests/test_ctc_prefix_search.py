@@ -13,16 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from beamkit.ctc import (
-    ArpaLM,
-    LanguageModelFusion,
-    Vocabulary,
-    build_arpa,
-    greedy_decode,
-    log_softmax,
-    prefix_beam_search,
-    release_cached_memory,
-)
+from beamkit.lm import ArpaLM, build_arpa
+from beamkit.ctc import LanguageModelFusion, Vocabulary, greedy_ctc, prefix_beam_search, release_cached_memory
+from beamkit.ops import log_softmax
 from beamkit.ctc.chartrie import CharTrie, walk
 
 WIDE = {"beam_width": 10_000, "beam_prune_logp": -math.inf, "token_min_logp": -math.inf}
@@ -111,9 +104,9 @@ def test_greedy_hand_worked() -> None:
     ids = [1, 1, 0, 1, 2, 2, 0]
     lp = np.log(np.full((7, 3), 0.1))
     lp[np.arange(7), ids] = np.log(0.8)
-    assert greedy_decode(lp) == [1, 1, 2]
-    assert greedy_decode(lp, ["", "a", "b"]) == "aab"
-    assert greedy_decode(lp[:, [1, 2, 0]], blank=2) == [0, 0, 1]
+    assert greedy_ctc(lp) == [1, 1, 2]
+    assert greedy_ctc(lp, ["", "a", "b"]) == "aab"
+    assert greedy_ctc(lp[:, [1, 2, 0]], blank=2) == [0, 0, 1]
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -123,12 +116,12 @@ def test_greedy_equals_beam_search_restricted_to_argmax(seed: int) -> None:
     lp = random_log_probs(rng, 30, 5, peaky=0.3)
     for width in (1, 5):
         hyps = prefix_beam_search(lp, labels, beam_width=width, token_min_logp=0.0)
-        assert hyps[0].text == greedy_decode(lp, labels)
+        assert hyps[0].text == greedy_ctc(lp, labels)
     # on a peaky input where the best path dominates, beam 1 agrees with greedy too
     ids = rng.integers(0, 5, size=25)
     peaky = np.full((25, 5), math.log(0.01 / 4))
     peaky[np.arange(25), ids] = math.log(0.99)
-    assert prefix_beam_search(peaky, labels, beam_width=1)[0].text == greedy_decode(peaky, labels)
+    assert prefix_beam_search(peaky, labels, beam_width=1)[0].text == greedy_ctc(peaky, labels)
 
 
 def test_batch_of_different_lengths_matches_single_calls() -> None:
@@ -464,15 +457,15 @@ def test_bad_inputs_raise() -> None:
     with pytest.raises(TypeError, match="LanguageModelFusion"):
         prefix_beam_search(np.zeros((2, 3)), ["", "a", "b"], lm="model.arpa")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="blank"):
-        greedy_decode(np.zeros((2, 3)), blank=5)
+        greedy_ctc(np.zeros((2, 3)), blank=5)
 
 
 @pytest.mark.parametrize("backend", ["arpa", "kenlm"])
 def test_batched_lm_queries_equal_one_at_a_time(backend: str, tmp_path) -> None:
     # score_many / eos_many (one call for many states) against score / eos_score state by state, and the
     # fusion's score_eos_many against score_eos, with and without the sentence boundary
-    from beamkit.ctc import load_language_model
-    from beamkit.ctc.lm import kenlm_available
+    from beamkit.lm import load_language_model
+    from beamkit.lm import kenlm_available
 
     if backend == "kenlm" and not kenlm_available():
         pytest.skip("kenlm is not installed")
@@ -505,7 +498,9 @@ def _quantised_log_probs(rng: np.random.Generator, T: int, V: int) -> np.ndarray
 _INTERPRETED_CASES = r"""
 import json, sys
 import numpy as np
-from beamkit.ctc import ArpaLM, LanguageModelFusion, build_arpa, log_softmax, prefix_beam_search
+from beamkit.lm import ArpaLM, build_arpa
+from beamkit.ctc import LanguageModelFusion, prefix_beam_search
+from beamkit.ops import log_softmax
 corpus = ["a b", "a a b", "b a", "a b b", "b", "a b a b"] * 2 + ["ab ba", "a ab"]
 lm = LanguageModelFusion(ArpaLM.from_lines(build_arpa(corpus, order=2).splitlines()), unigrams=["a", "b", "ab"])
 rng = np.random.default_rng(5)
@@ -559,7 +554,7 @@ def test_interpreted_search_equals_compiled() -> None:
 def test_threaded_batch_equals_one_thread(threads: int) -> None:
     # utterances spread over threads (each with its own storage, one shared LM cache filled as they go)
     # give what one thread gives, utterance by utterance: texts, scores, word frames and LM states
-    from beamkit.ctc.options import SearchOptions
+    from beamkit.ctc.options import CTCOptions
     from beamkit.ctc.posteriors import collect_candidates, dense_part
     from beamkit.ctc.search import search_candidates
 
@@ -568,7 +563,7 @@ def test_threaded_batch_equals_one_thread(threads: int) -> None:
     rng = np.random.default_rng(40 + threads)
     mats = [random_log_probs(rng, int(rng.integers(1, 40)), 5, peaky=0.4) for _ in range(40)]
     cands = collect_candidates((dense_part(m, -6.0, 0) for m in mats), np.array([len(m) for m in mats], dtype=np.int64))
-    opts = SearchOptions(beam_width=6, token_min_logp=-6.0, prune_history=True, split_blank=True, hotwords=("ab",))
+    opts = CTCOptions(beam_width=6, token_min_logp=-6.0, prune_history=True, split_blank=True, hotwords=("ab",))
     runs = []
     for n in (1, threads):
         fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"], unk_score_offset=-3.0)  # a fresh cache

@@ -452,7 +452,8 @@ def test_best_hypothesis_equals_brute_force_without_pruning(seed):
 
 
 def test_lm_scores_are_recorded():
-    from beamkit.ctc import ArpaLM, LanguageModelFusion, build_arpa
+    from beamkit.lm import ArpaLM, build_arpa
+    from beamkit.ctc import LanguageModelFusion
 
     rng = np.random.default_rng(7)
     labels = ["", "a", "b", " "]
@@ -502,7 +503,7 @@ def ctc_cli(monkeypatch, capsys, tmp_path):
 
 @pytest.mark.parametrize("with_lm", [False, True])
 def test_ctc_explain_json_is_the_search_ctc_decode_ran(ctc_cli, with_lm):
-    from beamkit.ctc import build_arpa
+    from beamkit.lm import build_arpa
 
     run, d = ctc_cli
     labels: tuple = ("--labels", d / "labels.txt")

@@ -323,7 +323,7 @@ def test_ngram_lm_from_a_corpus_is_a_distribution(tmp_path):
         assert math.fsum(math.exp(x) for x in logits[0][:4]) == pytest.approx(1.0, abs=1e-6)
         assert logits[0][4] < -200
     path = tmp_path / "c.arpa"
-    from beamkit.ctc import build_arpa
+    from beamkit.lm import build_arpa
 
     path.write_text(build_arpa(corpus, order=3))
     from_file = NGramLM(path, vocab)

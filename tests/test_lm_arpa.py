@@ -8,9 +8,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from beamkit.ctc import ArpaLM, LanguageModelFusion, UnigramPrefixIndex, build_arpa, load_language_model
-from beamkit.ctc.kneser_ney import write_arpa
-from beamkit.ctc.lm import HotwordScorer, KenLMModel, kenlm_available, load_unigrams_from_arpa
+from beamkit.lm import ArpaLM, build_arpa, load_language_model
+from beamkit.ctc import LanguageModelFusion, UnigramPrefixIndex
+from beamkit.lm import write_arpa
+from beamkit.ctc.lm import Hotwords
+from beamkit.lm import KenLMModel, kenlm_available, load_unigrams_from_arpa
 
 HAND_ARPA = """\\data\\
 ngram 1=5

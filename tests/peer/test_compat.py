@@ -20,7 +20,7 @@ kenlm = pytest.importorskip("kenlm")
 from test_ctc_pyctcdecode import LABELS, WORDS, utterances  # noqa: E402
 
 import beamkit.ctc.compat as compat  # noqa: E402
-from beamkit.ctc import build_arpa  # noqa: E402
+from beamkit.lm import build_arpa  # noqa: E402
 
 logging.getLogger("pyctcdecode").setLevel(logging.ERROR)
 logging.getLogger("beamkit").setLevel(logging.ERROR)

@@ -41,3 +41,41 @@ def add_render_args(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -
     """Add ``--format`` (one of ``formats``, the first the default) and ``-o/--output`` (default: stdout)."""
     parser.add_argument("--format", choices=formats, default=formats[0], help="output format")
     parser.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+
+
+def add_lm_args(parser: argparse.ArgumentParser, backend: bool = True) -> None:
+    """Add ``--lm PATH`` (a word n-gram model; default none), ``--lm-backend`` (how to read it; left out with
+    ``backend=False``), ``--alpha`` and ``--beta`` (its fusion weights). Giving a weight without ``--lm`` is
+    the command's error to raise: ``namespace.given`` names the options given (see :func:`lm_options_given`)."""
+    from beamkit.lm import KENLM_MAX_ORDER
+
+    parser.add_argument(
+        "--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model (default: none, no LM)"
+    )
+    if backend:
+        parser.add_argument(
+            "--lm-backend",
+            choices=["auto", "arpa", "kenlm"],
+            default="auto",
+            help="how to read --lm: kenlm (the kenlm module; ARPA or binary), arpa (beamkit's pure-Python ARPA "
+            f"reader, any order), auto (kenlm when installed and the order is <= {KENLM_MAX_ORDER}, else arpa)",
+        )
+    parser.add_argument("--alpha", type=finite_float, default=0.5, action=StoreGiven, help="LM weight (needs --lm)")
+    parser.add_argument(
+        "--beta", type=finite_float, default=1.5, action=StoreGiven, help="word insertion bonus (needs --lm)"
+    )
+
+
+class StoreGiven(argparse.Action):
+    """Store the option's value and note in ``namespace.given`` that it was given (its default is not)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        """Store ``values`` and add the option to ``namespace.given``."""
+        setattr(namespace, self.dest, values)
+        namespace.given = frozenset(getattr(namespace, "given", frozenset())) | {self.option_strings[0]}
+
+
+def lm_options_given(namespace: argparse.Namespace) -> frozenset[str]:
+    """The options of :func:`add_lm_args` (and any other using its recording action) given on the command line."""
+    return frozenset(getattr(namespace, "given", frozenset()))

@@ -8,6 +8,7 @@ beamkit lm build corpus.txt --order 3 -o lm.arpa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -16,9 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from beamkit.ctc.lm import KENLM_MAX_ORDER
+from beamkit.cli.args import StoreGiven, add_lm_args, lm_options_given
+from beamkit.cli.types import non_negative_int, non_positive_float, positive_int
+from beamkit.lm import KENLM_MAX_ORDER
 
 if TYPE_CHECKING:
+    from beamkit.ctc import CTCOptions, Decoder
     from beamkit.ctc.trace import CTCTrace
 
 LABELS_FORMAT = """\
@@ -34,19 +38,9 @@ probabilities (detected; --input-kind says which). Output: one line per utteranc
 prints one JSON object per utterance with its top beams."""
 
 
-class _StoreGiven(argparse.Action):
-    """Store the option's value and note in ``namespace.given`` that it was given (its default is not)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:  # fmt: skip
-        """Store ``values`` and add the option to ``namespace.given``."""
-        setattr(namespace, self.dest, values)
-        namespace.given = frozenset(getattr(namespace, "given", frozenset())) | {self.option_strings[0]}
-
-
 def _check_lm_options(args: argparse.Namespace) -> None:
     """Refuse LM weights without an LM, and an LM or a beam width with greedy decoding (they would be ignored)."""
-    given: frozenset[str] = getattr(args, "given", frozenset())
+    given = lm_options_given(args)
     weights = sorted(given & {"--alpha", "--beta"})
     if args.lm is None and weights:
         raise ValueError(f"{weights[0]} is a language model weight: it needs --lm")
@@ -104,75 +98,50 @@ def _load_matrices(path: str) -> list[np.ndarray]:
     return [arr] if arr.ndim == 2 else list(arr)
 
 
-def _build_decoder(args: argparse.Namespace) -> Any:
-    """The decoder the input arguments (labels, blank, input kind, LM) describe."""
-    from beamkit.ctc.decoder import build_ctcdecoder
+def _build_decoder(args: argparse.Namespace, options: CTCOptions) -> Decoder:
+    """The decoder the input arguments (labels, blank, input kind, LM) and ``options`` describe."""
+    from beamkit.ctc import Decoder, fusion_of
 
-    return build_ctcdecoder(
-        _read_labels(args),
-        kenlm_model_path=args.lm,
-        alpha=args.alpha,
-        beta=args.beta,
-        lm_backend=args.lm_backend,
-        pyctcdecode_compat=args.pyctcdecode_compat,
-        blank=_parse_blank(args.blank),
-        input_kind=args.input_kind,
-    )
+    fusion = None
+    if args.lm is not None:
+        fusion = fusion_of(args.lm, alpha=args.alpha, beta=args.beta, backend=args.lm_backend)
+    options = dataclasses.replace(options, pyctcdecode_compat=args.pyctcdecode_compat)
+    return Decoder(_read_labels(args), fusion, options, blank=_parse_blank(args.blank), input_kind=args.input_kind)
 
 
 def _cmd_ctc_decode(args: argparse.Namespace) -> int:
-    if args.top < 1:
-        raise ValueError(f"--top must be a positive integer, got {args.top}")
-    if args.beam < 1:
-        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
+    from beamkit.ctc import CTCOptions
+
     _check_lm_options(args)
     mats = _load_matrices(args.file)
-    decoder = _build_decoder(args)
+    decoder = _build_decoder(args, CTCOptions(beam_width=args.beam, num_hypotheses=args.top))
     if args.greedy:
-        from beamkit.ctc.decoder import normalize_logits
-        from beamkit.ctc.prefix_search import greedy_decode
-
-        texts = [str(greedy_decode(normalize_logits(m, args.input_kind), decoder.vocab)) for m in mats]
-        beams: list[Any] = [[(t, [], None, None)] for t in texts]
+        results: list[list[dict[str, Any]]] = [
+            [{"text": t, "word_frames": [], "logit_score": None, "score": None}] for t in decoder.greedy(mats)
+        ]
     else:
-        beams = decoder.decode_beams_batch(None, mats, beam_width=args.beam, prune_history=False)
-    for i, utt_beams in enumerate(beams):
-        if args.json:
-            top = [
-                {"text": b[0], "word_frames": b[1], "logit_score": b[2], "score": b[3]} for b in utt_beams[: args.top]
+        results = [
+            [
+                {"text": h.text, "word_frames": h.word_frames, "logit_score": h.logit_score, "score": h.score}
+                for h in hyps
             ]
-            print(json.dumps({"utterance": i, "beams": top}))
+            for hyps in decoder.decode(mats)
+        ]
+    for i, hyps in enumerate(results):
+        if args.json:
+            print(json.dumps({"utterance": i, "beams": hyps[: args.top]}))
         else:
-            print(utt_beams[0][0] if utt_beams else "")
+            print(hyps[0]["text"] if hyps else "")
     return 0
 
 
 EXPLAIN_FORMATS = ("html", "svg", "dot", "json")
 
 
-def _trace_matrix(decoder: Any, mat: np.ndarray, args: argparse.Namespace) -> CTCTrace:
-    """The recorded prefix search of one ``(T, V)`` matrix by ``decoder`` (its vocabulary, LM and beam unit)."""
-    _, trace = decoder.decode_beams(
-        mat,
-        beam_width=args.beam,
-        beam_prune_logp=args.beam_prune_logp,
-        token_min_logp=args.token_min_logp,
-        prune_history=args.prune_history,
-        record_trace=True,
-    )
-    return trace  # type: ignore[no-any-return]
-
-
 def _cmd_ctc_explain(args: argparse.Namespace) -> int:
+    from beamkit.ctc import CTCOptions
     from beamkit.viz import to_dot, to_html, to_svg
 
-    if args.beam < 1:
-        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
-    for name in ("beam_prune_logp", "token_min_logp"):
-        if not getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a number <= 0, got {getattr(args, name)}")
-    if args.max_frames < 1:
-        raise ValueError(f"--max-frames must be a positive integer, got {args.max_frames}")
     _check_lm_options(args)
     mats = _load_matrices(args.file)
     if not 0 <= args.utterance < len(mats):
@@ -183,8 +152,13 @@ def _cmd_ctc_explain(args: argparse.Namespace) -> int:
             f"{args.file} has {frames} frames, more than --max-frames {args.max_frames}: the recorded search "
             "grows with every frame; explain a shorter cut of the matrix, or raise --max-frames"
         )
-    decoder = _build_decoder(args)
-    trace = _trace_matrix(decoder, mats[args.utterance], args)
+    options = CTCOptions(
+        beam_width=args.beam,
+        beam_prune_logp=args.beam_prune_logp,
+        token_min_logp=args.token_min_logp,
+        prune_history=args.prune_history,
+    )
+    trace = _build_decoder(args, options).trace([mats[args.utterance]])[0]
     trace.source = os.path.basename(args.file) + (f" [{args.utterance}]" if len(mats) > 1 else "")
     draw: dict[str, Callable[[CTCTrace], str]] = {"html": to_html, "svg": to_svg, "dot": to_dot}
     page = trace.to_json(indent=1) + "\n" if args.format == "json" else draw[args.format](trace)
@@ -202,10 +176,8 @@ def _cmd_ctc_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_lm_build(args: argparse.Namespace) -> int:
-    from beamkit.ctc.kneser_ney import write_arpa
+    from beamkit.lm import write_arpa
 
-    if args.order < 1:
-        raise ValueError(f"--order must be a positive integer, got {args.order}")
     if os.path.exists(args.corpus) and os.path.exists(args.output) and os.path.samefile(args.corpus, args.output):
         raise ValueError(f"-o {args.output} is the corpus itself: choose another output file")
     if args.order > KENLM_MAX_ORDER:
@@ -223,8 +195,6 @@ def _cmd_lm_build(args: argparse.Namespace) -> int:
 def _cmd_ocr(args: argparse.Namespace) -> int:
     from beamkit.ctc.ocr import read_lines
 
-    if args.beam < 1:
-        raise ValueError(f"--beam must be a positive integer, got {args.beam}")
     _check_lm_options(args)
     try:
         readings = read_lines(args.images, beam=args.beam, lm=args.lm, alpha=args.alpha, beta=args.beta)
@@ -259,24 +229,13 @@ def _add_input_arguments(p: argparse.ArgumentParser, beam: int) -> None:
         help="what the matrix holds; auto reads rows in [0, 1] summing to 1 (within the dtype's rounding) as "
         "probabilities, anything else as logits",
     )
-    p.add_argument(
-        "--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model (default: none, no LM)"
-    )
-    p.add_argument(
-        "--lm-backend",
-        choices=["auto", "arpa", "kenlm"],
-        default="auto",
-        help="how to read --lm: kenlm (the kenlm module; ARPA or binary), arpa (beamkit's pure-Python ARPA "
-        f"reader, any order), auto (kenlm when installed and the order is <= {KENLM_MAX_ORDER}, else arpa)",
-    )
-    p.add_argument("--alpha", type=float, default=0.5, action=_StoreGiven, help="LM weight (needs --lm)")
-    p.add_argument("--beta", type=float, default=1.5, action=_StoreGiven, help="word insertion bonus (needs --lm)")
-    p.add_argument("--beam", type=int, default=beam, action=_StoreGiven, help="beam width")
+    add_lm_args(p)
+    p.add_argument("--beam", type=positive_int, default=beam, action=StoreGiven, help="beam width")
     p.add_argument(
         "--pyctcdecode-compat",
         action="store_true",
         help="reproduce pyctcdecode 0.5.0's end-of-utterance scoring quirk (off: the correct score; the Python "
-        "build_ctcdecoder has the same default)",
+        "Decoder has the same default)",
     )
 
 
@@ -293,12 +252,8 @@ def register(subparsers: Any) -> None:
         "combined score).",
     )
     ocr.add_argument("images", nargs="+", metavar="IMAGE", help="image files, one text line each")
-    ocr.add_argument("--beam", type=int, default=1, help="beam width (1: greedy)")
-    ocr.add_argument(
-        "--lm", metavar="PATH", default=None, help="ARPA or KenLM binary word n-gram model (default: none, no LM)"
-    )
-    ocr.add_argument("--alpha", type=float, default=0.5, action=_StoreGiven, help="LM weight (needs --lm)")
-    ocr.add_argument("--beta", type=float, default=1.5, action=_StoreGiven, help="word insertion bonus (needs --lm)")
+    ocr.add_argument("--beam", type=positive_int, default=1, help="beam width (1: greedy)")
+    add_lm_args(ocr, backend=False)
     ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score}")
     ocr.set_defaults(func=_cmd_ocr)
 
@@ -321,7 +276,7 @@ def register(subparsers: Any) -> None:
     _add_input_arguments(dec, beam=100)
     dec.add_argument("--greedy", action="store_true", help="best-path decoding instead of beam search (no --lm)")
     dec.add_argument("--json", action="store_true", help="print JSON lines with the top beams")
-    dec.add_argument("--top", type=int, default=1, help="beams per utterance in --json output (>= 1)")
+    dec.add_argument("--top", type=positive_int, default=1, help="beams per utterance in --json output (>= 1)")
     dec.set_defaults(func=_cmd_ctc_decode)
 
     exp = ctc_sub.add_parser(
@@ -335,19 +290,22 @@ def register(subparsers: Any) -> None:
         "\n\n" + INPUT_FORMAT.split("Output:")[0].rstrip() + " --utterance picks one of a batch.\n\n" + LABELS_FORMAT,
     )
     _add_input_arguments(exp, beam=10)
-    exp.add_argument("--utterance", type=int, default=0, help="which utterance of an (N, T, V) file")
+    exp.add_argument("--utterance", type=non_negative_int, default=0, help="which utterance of an (N, T, V) file")
     exp.add_argument(
-        "--beam-prune-logp", type=float, default=-10.0, help="prune beams scoring below best + this (<= 0)"
+        "--beam-prune-logp", type=non_positive_float, default=-10.0, help="prune beams scoring below best + this (<= 0)"
     )
     exp.add_argument(
-        "--token-min-logp", type=float, default=-5.0, help="a frame's candidates: labels with lp >= this (<= 0)"
+        "--token-min-logp",
+        type=non_positive_float,
+        default=-5.0,
+        help="a frame's candidates: labels with lp >= this (<= 0)",
     )
     exp.add_argument(
         "--prune-history", action="store_true", help="keep one beam per LM history (as the decoder's decode does)"
     )
     exp.add_argument(
         "--max-frames",
-        type=int,
+        type=positive_int,
         default=5000,
         help="refuse an utterance longer than this many frames (the recorded search grows with every frame)",
     )
@@ -370,7 +328,7 @@ def register(subparsers: Any) -> None:
         "A progress bar goes to stderr when it is a terminal.",
     )
     build.add_argument("corpus", help="UTF-8 text file, one sentence per line, words separated by whitespace")
-    build.add_argument("--order", type=int, default=3, help="n-gram order")
+    build.add_argument("--order", type=positive_int, default=3, help="n-gram order")
     build.add_argument("-o", "--output", required=True, help="output ARPA file path")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=_cmd_lm_build)

@@ -1,45 +1,52 @@
-"""CTC decoding: greedy, prefix beam search with word n-gram fusion, and a pyctcdecode-shaped API.
+"""CTC decoding: :class:`Decoder` (prefix beam search with word n-gram fusion, greedy decoding, recorded
+searches) with :class:`CTCOptions`, and the pyctcdecode drop-in :mod:`beamkit.ctc.compat`.
 
 The search is compiled by numba (the ``ctc`` extra: ``pip install ".[ctc]"``); without it the same code runs as
-plain Python, much slower. ``kenlm`` is used when installed (optional), otherwise ARPA files are read in Python.
+plain Python, much slower. The n-gram models are :mod:`beamkit.lm`'s (``kenlm`` used when installed).
 """
 
-from .decoder import CTCBatchDecodeError, CTCDecoder, build_ctcdecoder, normalize_logits
-from .kneser_ney import build_arpa, write_arpa
-from .lm import (
-    ArpaLM,
-    HotwordScorer,
-    KenLMModel,
-    LanguageModelFusion,
-    UnigramPrefixIndex,
-    kenlm_available,
-    load_language_model,
-    load_unigrams_from_arpa,
-)
-from .prefix_search import CTCHypothesis, greedy_decode, labels_to_text, log_softmax, prefix_beam_search
+from beamkit.lm.deprecated import forward
+
+from .decoder import Decoder, normalize_logits
+from .errors import CTCBatchDecodeError
+from .lm import Hotwords, LanguageModelFusion, UnigramPrefixIndex, fusion_of
+from .options import CTCOptions
+from .prefix_search import CTCHypothesis, greedy_ctc, labels_to_text, prefix_beam_search
 from .search import release_cached_memory
 from .vocab import Vocabulary
 
 __all__ = [
-    "ArpaLM",
     "CTCBatchDecodeError",
-    "CTCDecoder",
     "CTCHypothesis",
-    "HotwordScorer",
-    "KenLMModel",
+    "CTCOptions",
+    "Decoder",
+    "Hotwords",
     "LanguageModelFusion",
     "UnigramPrefixIndex",
     "Vocabulary",
-    "build_arpa",
-    "build_ctcdecoder",
-    "greedy_decode",
-    "kenlm_available",
+    "fusion_of",
+    "greedy_ctc",
     "labels_to_text",
-    "load_language_model",
-    "load_unigrams_from_arpa",
-    "log_softmax",
     "normalize_logits",
     "prefix_beam_search",
     "release_cached_memory",
-    "write_arpa",
 ]
+
+_LEGACY = "is deprecated: use beamkit.ctc.Decoder (named hypotheses) or beamkit.ctc.compat (pyctcdecode's API)"
+__getattr__ = forward(
+    __name__,
+    {
+        "CTCDecoder": ("beamkit.ctc.compat.legacy", _LEGACY),
+        "build_ctcdecoder": ("beamkit.ctc.compat.legacy.build_legacy_decoder", _LEGACY),
+        "greedy_decode": "beamkit.ctc.prefix_search.greedy_ctc",
+        "log_softmax": ("beamkit.ops", "moved to beamkit.ops.log_softmax"),
+        "HotwordScorer": "beamkit.ctc.lm.Hotwords",
+        "ArpaLM": "beamkit.lm",
+        "KenLMModel": "beamkit.lm",
+        "build_arpa": "beamkit.lm",
+        "write_arpa": "beamkit.lm",
+        "kenlm_available": "beamkit.lm",
+        "load_language_model": "beamkit.lm",
+        "load_unigrams_from_arpa": "beamkit.lm",
+    },
+)

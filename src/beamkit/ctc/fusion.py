@@ -29,7 +29,7 @@ import numpy as np
 
 from .chartrie import CharTrie, walk
 from .jit import njit, records
-from .lm import AVG_TOKEN_LEN, HotwordScorer, LanguageModelFusion
+from .lm import AVG_TOKEN_LEN, Hotwords, LanguageModelFusion
 from .vocab import Vocabulary
 
 # Static.flags
@@ -324,7 +324,7 @@ class Fusion:
     compiled search hands over (LM queries, end-of-utterance scores)."""
 
     def __init__(
-        self, labels: LabelTables, lm: LanguageModelFusion | None, cache: LMCache | None, hotwords: HotwordScorer
+        self, labels: LabelTables, lm: LanguageModelFusion | None, cache: LMCache | None, hotwords: Hotwords
     ) -> None:
         """Gather the label tables, the character tries and the LM cache (see :meth:`of`)."""
         self.lm = lm
@@ -363,7 +363,7 @@ class Fusion:
         cache = lm_cache(lm, labels.alphabet, labels.alphabet_key) if lm is not None else None
         key = (id(lm), id(cache), hotwords, weight)
         if labels._fusion is None or labels._fusion[0] != key:
-            labels._fusion = (key, Fusion(labels, lm, cache, HotwordScorer(hotwords, weight)))
+            labels._fusion = (key, Fusion(labels, lm, cache, Hotwords(hotwords, weight)))
         return labels._fusion[1]
 
     @property

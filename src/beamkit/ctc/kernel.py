@@ -23,6 +23,7 @@ queries to answer, a frame to record); the caller then calls it again for the sa
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -67,14 +68,55 @@ MERGED = np.dtype(
 )
 RECORD = np.dtype([("start", np.int64), ("end", np.int64), ("prev", np.int64)])  # a completed word's frames
 
+
+class Store(NamedTuple):
+    """The storage the frame loop reads and writes (built by ``beamkit.ctc.search.Workspace``, again whenever
+    an array grows)."""
+
+    nodes: np.ndarray  # shape: (capacity,) NODE: the prefix store
+    whist: np.ndarray  # shape: (capacity, history) uint64: each node's last words' hashes
+    ek: np.ndarray  # shape: (slots,) int64: edge map keys (parent * V + label)
+    ev: np.ndarray  # shape: (slots,) int64: edge map values (child node)
+    recs: np.ndarray  # shape: (capacity,) RECORD: completed words' frames
+    pend: np.ndarray  # shape: (rows,) PENDING: LM queries to answer
+    cnt: np.ndarray  # shape: (8,) int64: the counters N_*
+    beams: np.ndarray  # shape: (width,) BEAM: the beams
+    nxt: np.ndarray  # shape: (width,) BEAM: the next frame's beams
+    rows: np.ndarray  # shape: (rows,) ROW: a frame's rows
+    merged: np.ndarray  # shape: (rows,) MERGED: the rows merged by prefix
+    mslot: np.ndarray  # shape: (slots,) int64: the merge table (-1: free)
+    order: np.ndarray  # shape: (rows,) int64: the merged beams' ranking
+    scratch: np.ndarray  # shape: (3, rows) int64: working space
+
+
+class FrameInput(NamedTuple):
+    """The candidate labels of every frame of a batch (see ``beamkit.ctc.posteriors.FrameCandidates``)."""
+
+    offsets: np.ndarray  # shape: (N * T + 1,) int64: row r's candidates are [offsets[r], offsets[r + 1])
+    labels: np.ndarray  # shape: (C,) int64
+    values: np.ndarray  # shape: (C,) float64: their log-probabilities
+
+
+class Knobs(NamedTuple):
+    """The scalar settings of one search."""
+
+    width: int  # beam width
+    blank: int  # the blank's label
+    V: int  # labels
+    split: bool  # pyctcdecode's beam unit (see CTCOptions.split_blank)
+    history: bool  # prune by history
+    frames: bool  # record word frames
+    bpe: bool  # a BPE vocabulary
+    trace: bool  # stop after every frame for a recorder
+    prune_logp: float  # the beam threshold
+
+
 # fates
 KEPT, BY_THRESHOLD, BY_WIDTH, BY_HISTORY = 0, 1, 2, 3
 # run_frames results
 DONE, NEED_LM, NEED_NODES, NEED_EDGES, NEED_RECORDS, FRAME = 0, 1, 2, 3, 4, 5
 # counters
 N_NODES, N_EDGES, N_RECORDS, N_PENDING, N_BEAMS, N_MERGED, N_KEPT = 0, 1, 2, 3, 4, 5, 6
-# int params
-P_WIDTH, P_BLANK, P_V, P_SPLIT, P_HISTORY, P_FRAMES, P_BPE, P_TRACE = 0, 1, 2, 3, 4, 5, 6, 7
 
 NEG_INF = -math.inf
 LOGE2 = math.log(2.0)
@@ -452,42 +494,25 @@ def _label_of_rep(merged: np.ndarray, M: int, rows: np.ndarray, beams: np.ndarra
 
 @njit
 def run_frames(
-    st: Static,
-    ip: np.ndarray,
-    prune_logp: float,
-    nodes: np.ndarray,
-    whist: np.ndarray,
-    ek: np.ndarray,
-    ev: np.ndarray,
-    wt: np.ndarray,
-    recs: np.ndarray,
-    pend: np.ndarray,
-    cnt: np.ndarray,
-    beams: np.ndarray,
-    nxt: np.ndarray,
-    rows: np.ndarray,
-    merged: np.ndarray,
-    mslot: np.ndarray,
-    order: np.ndarray,
-    scratch: np.ndarray,
-    c_off: np.ndarray,
-    c_lab: np.ndarray,
-    c_val: np.ndarray,
-    row0: int,
-    t: int,
-    T: int,
+    st: Static, wt: np.ndarray, ws: Store, cand: FrameInput, kn: Knobs, row0: int, t: int, T: int
 ) -> tuple[int, int]:
-    """Search frames ``t .. T-1`` of one utterance (frame ``f``'s candidates: ``c_lab/c_val[c_off[row0 + f]
-    : c_off[row0 + f + 1]]``). Returns ``(DONE, T)``, or ``(reason, frame)`` to be called again from
-    ``frame`` once the reason is dealt with (``FRAME``: a frame was searched and may be recorded)."""
-    width, blank, V = ip[P_WIDTH], ip[P_BLANK], ip[P_V]
-    split, history, frames, bpe, trace = (
-        ip[P_SPLIT] != 0,
-        ip[P_HISTORY] != 0,
-        ip[P_FRAMES] != 0,
-        ip[P_BPE] != 0,
-        ip[P_TRACE] != 0,
+    """Search frames ``t .. T-1`` of one utterance (frame ``f``'s candidates: ``cand.labels/values[
+    cand.offsets[row0 + f] : cand.offsets[row0 + f + 1]]``) over the storage ``ws`` and the LM word table
+    ``wt``. Returns ``(DONE, T)``, or ``(reason, frame)`` to be called again from ``frame`` once the reason is
+    dealt with (``FRAME``: a frame was searched and may be recorded)."""
+    nodes, whist, ek, ev, recs, pend, cnt = ws.nodes, ws.whist, ws.ek, ws.ev, ws.recs, ws.pend, ws.cnt
+    beams, nxt, rows, merged, mslot, order, scratch = (
+        ws.beams,
+        ws.nxt,
+        ws.rows,
+        ws.merged,
+        ws.mslot,
+        ws.order,
+        ws.scratch,
     )
+    c_off, c_lab, c_val = cand.offsets, cand.labels, cand.values
+    width, blank, V, prune_logp = kn.width, kn.blank, kn.V, kn.prune_logp
+    split, history, frames, bpe, trace = kn.split, kn.history, kn.frames, kn.bpe, kn.trace
     while t < T:
         n_beams = cnt[N_BEAMS]
         if n_beams == 0:
@@ -574,4 +599,4 @@ def rehash_edges(ek: np.ndarray, ev: np.ndarray, new_k: np.ndarray, new_v: np.nd
             new_v[slot] = ev[s]
 
 
-__all__ = ["BEAM", "MERGED", "RECORD", "ROW", "run_frames"]
+__all__ = ["BEAM", "MERGED", "RECORD", "ROW", "FrameInput", "Knobs", "Store", "run_frames"]

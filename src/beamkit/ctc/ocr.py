@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from beamkit._checks import check_int
 from beamkit.extras import install_hint
 
 REC_HEIGHT = 48
@@ -134,8 +135,7 @@ def read_lines(
 ) -> list[LineReading]:
     """Read each text-line image: greedy (``beam=1``, rapidocr's text) or prefix beam search of width ``beam``
     with an optional word n-gram ``lm`` (ARPA or KenLM binary)."""
-    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
-        raise ValueError(f"beam must be a positive integer, got {beam!r}")
+    check_int("beam", beam, least=1)
     if lm is not None and beam == 1:
         raise ValueError("an LM needs beam search: give --beam N with N > 1")
     images = [load_line_image(p) for p in paths]  # every path checked before the model loads
@@ -143,13 +143,14 @@ def read_lines(
     probs = [rec.posteriors(im) for im in images]
     if beam == 1:
         return [LineReading(p, *rec.greedy(x)) for p, x in zip(paths, probs, strict=True)]
-    from .decoder import build_ctcdecoder
+    from .decoder import Decoder
+    from .lm import fusion_of
+    from .options import CTCOptions
 
-    decoder = build_ctcdecoder(
-        rec.labels, kenlm_model_path=lm, alpha=alpha, beta=beta, blank=rec.blank, input_kind="probs"
-    )
-    results = decoder.decode_beams_batch(None, probs, beam_width=beam)  # one search over all lines
+    fusion = None if lm is None else fusion_of(lm, alpha=alpha, beta=beta)
+    decoder = Decoder(rec.labels, fusion, CTCOptions(beam_width=beam), blank=rec.blank, input_kind="probs")
+    results = decoder.decode(probs)  # one search over all lines
     return [
-        LineReading(p, beams[0][0], float(beams[0][3])) if beams else LineReading(p, "", -math.inf)
-        for p, beams in zip(paths, results, strict=True)
+        LineReading(p, hyps[0].text, hyps[0].score) if hyps else LineReading(p, "", -math.inf)
+        for p, hyps in zip(paths, results, strict=True)
     ]

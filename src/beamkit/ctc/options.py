@@ -1,51 +1,70 @@
-"""The knobs of one CTC prefix beam search, checked once, as a frozen record."""
+"""The knobs of one CTC prefix beam search, checked once, as a frozen record (:class:`CTCOptions`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
+from beamkit._checks import check_bool, check_float, check_int
+from beamkit.lm.deprecated import forward
 
 
 @dataclass(frozen=True)
-class SearchOptions:
-    """How a search prunes and what it returns.
+class CTCOptions:
+    """How a CTC prefix beam search prunes, fuses hotwords and what it returns (pyctcdecode's knobs and
+    defaults). A bad value is a TypeError / ValueError naming the field."""
 
-    ``beam_width``: hypotheses kept per utterance; ``beam_prune_logp``: drop hypotheses scoring below
-    ``best + beam_prune_logp``; ``token_min_logp``: a frame's candidate labels are those with
-    ``lp >= token_min_logp`` (plus the argmax); ``prune_history``: keep only the best hypothesis among those
-    sharing the last ``order - 1`` words and the partial word; ``split_blank``: pyctcdecode's beam unit (a
-    prefix ending in blank and the same prefix ending in a label compete for separate slots);
-    ``pyctcdecode_compat``: pyctcdecode's end-of-utterance quirks; ``hotwords``/``hotword_weight``: a bonus
-    per listed word; ``num_hypotheses``: hypotheses returned per utterance (None: up to ``beam_width``);
-    ``word_frames``: build each hypothesis's word offsets."""
-
+    # hypotheses kept per utterance after each frame
     beam_width: int = 100
+    # drop hypotheses scoring below best + beam_prune_logp (<= 0, or -inf: no threshold)
     beam_prune_logp: float = -10.0
+    # a frame's candidate labels: those with log-probability >= token_min_logp, plus the frame's argmax
     token_min_logp: float = -5.0
+    # keep only the best hypothesis among those sharing their last (LM order - 1) words and partial word
     prune_history: bool = False
-    split_blank: bool = False
+    # pyctcdecode's beam unit: a prefix ending in blank and the same prefix ending in a label are two beams
+    split_blank: bool = True
+    # reproduce pyctcdecode 0.5.0's end-of-utterance scoring (see beamkit.ctc.compat); off: the correct score
     pyctcdecode_compat: bool = False
+    # words earning a bonus (a partial word that starts one earns a share of it); phrases count word by word
     hotwords: tuple[str, ...] | None = None
+    # the bonus per hotword (natural-log units)
     hotword_weight: float = 10.0
+    # hypotheses returned per utterance (None: up to beam_width)
     num_hypotheses: int | None = None
+    # build each hypothesis's word_frames (word start and end frames along its best alignment)
     word_frames: bool = True
 
     def __post_init__(self) -> None:
-        """Refuse knobs that make no sense (ValueError naming the knob)."""
-        bw = self.beam_width
-        if isinstance(bw, bool) or not isinstance(bw, (int, np.integer)) or bw < 1:
-            raise ValueError(f"beam_width must be a positive integer, got {bw!r}")
-        for name in ("beam_prune_logp", "token_min_logp"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value > 0:
-                raise ValueError(f"{name} must be a number <= 0 (or -inf), got {value!r}")
-        k = self.num_hypotheses
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
-            raise ValueError(f"num_hypotheses must be a positive integer or None, got {k!r}")
+        """Check every field (see :mod:`beamkit._checks`); hotwords become a tuple of strings."""
+        check_int("beam_width", self.beam_width, least=1)
+        check_float("beam_prune_logp", self.beam_prune_logp, most=0.0, minus_inf=True)
+        check_float("token_min_logp", self.token_min_logp, most=0.0, minus_inf=True)
+        for name in ("prune_history", "split_blank", "pyctcdecode_compat", "word_frames"):
+            check_bool(name, getattr(self, name))
+        check_float("hotword_weight", self.hotword_weight)
+        if self.num_hypotheses is not None:
+            check_int("num_hypotheses", self.num_hypotheses, least=1)
+        if self.hotwords is not None:
+            object.__setattr__(self, "hotwords", word_tuple(self.hotwords))
 
     @property
     def out_k(self) -> int:
         """Hypotheses returned per utterance."""
         return self.beam_width if self.num_hypotheses is None else min(self.beam_width, int(self.num_hypotheses))
+
+
+def word_tuple(words: object) -> tuple[str, ...]:
+    """Hotwords as a tuple of strings (one string is refused: it would be read as its characters)."""
+    if isinstance(words, str):
+        raise TypeError("hotwords must be a list of strings, not one string")
+    try:
+        out = tuple(words)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"hotwords must be a list of strings, got {type(words).__name__}") from None
+    bad = [w for w in out if not isinstance(w, str)]
+    if bad:
+        raise TypeError(f"hotwords must be a list of strings, got {bad[0]!r} among them")
+    return out
+
+
+__getattr__ = forward(__name__, {"SearchOptions": "beamkit.ctc.options.CTCOptions"})

@@ -9,7 +9,7 @@ clipped at ``log 1e-15`` as pyctcdecode does.
 
 The search only ever looks at each frame's *candidates* (labels with ``lp >= token_min_logp``, or the argmax
 when none is), so utterances are normalised one at a time and only their candidates are kept
-(:class:`Candidates`): memory is O(candidates), never O(N x T x V).
+(:class:`FrameCandidates`): memory is O(candidates), never O(N x T x V).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from .jit import njit
 
-MIN_TOKEN_CLIP_P = 1e-15
+MIN_TOKEN_CLIP_P = 1e-15  # probabilities are clipped here before the log
 _LOG_MIN_P = math.log(MIN_TOKEN_CLIP_P)
 INPUT_KINDS = ("auto", "logits", "log_probs", "probs")
 _GUESS_BAND = 1e-2  # rows summing to 1 within this (but not within the dtype's tolerance): probabilities, warned
@@ -171,7 +171,7 @@ def _cut_shifted(
 
 
 @dataclass(frozen=True)
-class Candidates:
+class FrameCandidates:
     """The candidate labels of every frame of ``N`` utterances, padded to ``T`` frames.
 
     ``lens``: ``(N,)`` frames per utterance; ``count``: ``(N * T,)`` candidates per (utterance, frame) row
@@ -195,7 +195,7 @@ Part = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # one utterance: c
 
 
 def frame_candidates(lp: np.ndarray, token_min_logp: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Candidates of one ``(T, V)`` log-probability matrix: labels with ``lp >= token_min_logp``, or the
+    """FrameCandidates of one ``(T, V)`` log-probability matrix: labels with ``lp >= token_min_logp``, or the
     argmax of a frame where none is. Returns ``(count (T,), labels (C,), values (C,))``, by frame then label."""
     lp = np.ascontiguousarray(lp, dtype=np.float64)  # shape: (T, V)
     count, labels, values, _ = _cut_shifted(lp, np.zeros((len(lp), 1)), -math.inf, token_min_logp, 0)
@@ -288,8 +288,8 @@ def utterance_parts(
     yield from flush()
 
 
-def collect_candidates(parts: Iterable[Part], lens: np.ndarray) -> Candidates:
-    """:class:`Candidates` of the utterances' parts (:func:`dense_part`, :func:`posterior_part`; consumed one at a
+def collect_candidates(parts: Iterable[Part], lens: np.ndarray) -> FrameCandidates:
+    """:class:`FrameCandidates` of the utterances' parts (:func:`dense_part`, :func:`posterior_part`; consumed one at a
     time, so a generator keeps only one dense matrix alive), of lengths ``lens``."""
     N = len(lens)
     T = int(lens.max(initial=0))
@@ -305,7 +305,7 @@ def collect_candidates(parts: Iterable[Part], lens: np.ndarray) -> Candidates:
         lp_blank[i, :n] = lpb
         labels.append(lab)
         values.append(val)
-    return Candidates(
+    return FrameCandidates(
         lens=lens,
         T=T,
         count=count.reshape(-1),

@@ -8,18 +8,20 @@ loop over a prefix store, :mod:`beamkit.ctc.kernel` and :mod:`beamkit.ctc.nodes`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from beamkit.lm.deprecated import forward
+
 from .lm import LanguageModelFusion
-from .options import SearchOptions
+from .options import CTCOptions, word_tuple
 from .posteriors import as_real_array, collect_candidates, dense_part
 from .search import CTCHypothesis, search_candidates
 from .vocab import Vocabulary
 
-__all__ = ["CTCHypothesis", "greedy_decode", "labels_to_text", "log_softmax", "prefix_beam_search"]
+__all__ = ["CTCHypothesis", "greedy_ctc", "labels_to_text", "prefix_beam_search"]
 
 
 def to_numpy_2d_or_3d(x: Any, name: str = "log_probs", check_nan: bool = True) -> np.ndarray:
@@ -33,22 +35,7 @@ def to_numpy_2d_or_3d(x: Any, name: str = "log_probs", check_nan: bool = True) -
     return arr
 
 
-def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically stable log-softmax in float64."""
-    return log_softmax_(np.array(x, dtype=np.float64), axis)
-
-
-def log_softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """:func:`log_softmax` of a float64 array in place (one temporary of its size); returns ``x``."""
-    m = np.max(x, axis=axis, keepdims=True)
-    m[~np.isfinite(m)] = 0.0
-    x -= m
-    with np.errstate(divide="ignore"):
-        x -= np.log(np.sum(np.exp(x), axis=axis, keepdims=True))
-    return x
-
-
-def greedy_decode(log_probs: Any, vocab: Vocabulary | Sequence[str] | None = None, blank: int = 0) -> list[int] | str:
+def greedy_ctc(log_probs: Any, vocab: Vocabulary | Sequence[str] | None = None, blank: int = 0) -> list[int] | str:
     """Best-path CTC decoding of one ``(T, V)`` matrix: argmax per frame, collapse repeats, drop blanks.
 
     Returns the label ids when ``vocab`` is None (``blank`` gives the blank id), else the text with
@@ -56,7 +43,7 @@ def greedy_decode(log_probs: Any, vocab: Vocabulary | Sequence[str] | None = Non
     """
     arr = to_numpy_2d_or_3d(log_probs)
     if arr.ndim != 2:
-        raise ValueError(f"greedy_decode takes one (T, V) matrix, got shape {arr.shape}")
+        raise ValueError(f"greedy_ctc takes one (T, V) matrix, got shape {arr.shape}")
     voc = None if vocab is None else _as_vocab(vocab)
     if voc is not None:
         blank = voc.blank
@@ -109,7 +96,7 @@ def prefix_beam_search(
 
     ``log_probs``: one ``(T, V)`` matrix (returns one list of hypotheses, best first), or a ``(N, T, V)``
     array with ``lengths`` (valid frames per utterance), or a list of ``(T_i, V)`` matrices (returns one
-    list per utterance). Values are per-frame log-probabilities (use :func:`log_softmax` on logits). An
+    list per utterance). Values are per-frame log-probabilities (use :func:`beamkit.ops.log_softmax` on logits). An
     utterance of a batch holding NaN raises :class:`~beamkit.ctc.decoder.CTCBatchDecodeError` after the
     others are searched (it carries their results).
 
@@ -127,14 +114,14 @@ def prefix_beam_search(
     (:class:`beamkit.ctc.trace.CTCTrace`; a list of them for a batch).
     """
     voc = _as_vocab(vocab)
-    opts = SearchOptions(
+    opts = CTCOptions(
         beam_width=beam_width,
         beam_prune_logp=beam_prune_logp,
         token_min_logp=token_min_logp,
         prune_history=prune_history,
         split_blank=split_blank,
         pyctcdecode_compat=pyctcdecode_compat,
-        hotwords=None if hotwords is None else _word_tuple(hotwords),
+        hotwords=None if hotwords is None else tuple(word_tuple(hotwords)),
         hotword_weight=hotword_weight,
         num_hypotheses=num_hypotheses,
     )
@@ -184,7 +171,7 @@ def prefix_beam_search(
         recorder = CTCTraceRecorder(voc.labels, voc.blank)
     results = search_candidates(cands, voc, lm, opts, recorder)
     if len(failed):
-        from .decoder import CTCBatchDecodeError
+        from .errors import CTCBatchDecodeError
 
         bad = failed.tolist()
         for j in bad:
@@ -196,12 +183,10 @@ def prefix_beam_search(
     return (results[0], traces[0]) if single else (results, traces)
 
 
-def _word_tuple(words: Iterable[str]) -> tuple[str, ...]:
-    """Hotwords as a tuple (one string is refused: it would be read as its characters)."""
-    if isinstance(words, str):
-        raise TypeError("hotwords must be a list of strings, not one string")
-    out = tuple(words)
-    bad = [w for w in out if not isinstance(w, str)]
-    if bad:
-        raise TypeError(f"hotwords must be a list of strings, got {bad[0]!r} among them")
-    return out
+__getattr__ = forward(
+    __name__,
+    {
+        "greedy_decode": "beamkit.ctc.prefix_search.greedy_ctc",
+        "log_softmax": ("beamkit.ops", "moved to beamkit.ops.log_softmax"),
+    },
+)

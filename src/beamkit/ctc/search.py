@@ -24,8 +24,8 @@ from .fusion import HAS_HOT, HAS_LM, HOT_WEIGHT, PENDING, Fusion, Static, word_l
 from .jit import COMPILED, njit, records, warn_if_interpreted
 from .lm import LanguageModelFusion
 from .nodes import NODE, final_key, init_root, node_labels, word_hash
-from .options import SearchOptions
-from .posteriors import Candidates
+from .options import CTCOptions
+from .posteriors import FrameCandidates
 from .vocab import Vocabulary
 
 NEG_INF = -np.inf
@@ -68,7 +68,7 @@ class FrameSnapshot(NamedTuple):
     fate: np.ndarray  # shape: (M,) int8 0 kept, 1 threshold, 2 beam width, 3 history
 
 
-class Recorder(Protocol):
+class CTCRecorder(Protocol):
     """What a traced search tells a recorder (``beamkit.ctc.trace.CTCTraceRecorder``)."""
 
     def begin(self, utt: int, n_frames: int, text_of: Callable[[int], str]) -> None: ...
@@ -129,6 +129,13 @@ class Workspace:
             recs[: len(self.recs)] = self.recs
             self.recs = recs
 
+    def store(self) -> K.Store:
+        """The arrays as the frame loop takes them."""
+        return K.Store(
+            self.nodes, self.whist, self.ek, self.ev, self.recs, self.pend, self.cnt, self.beams, self.nxt,
+            self.rows, self.merged, self.mslot, self.order, self.scratch,
+        )  # fmt: skip
+
     @property
     def nbytes(self) -> int:
         """Bytes held."""
@@ -171,11 +178,11 @@ def _give_back(ws: Workspace) -> None:
 
 
 def search_candidates(
-    cands: Candidates,
+    cands: FrameCandidates,
     voc: Vocabulary,
     lm: LanguageModelFusion | None,
-    opts: SearchOptions,
-    recorder: Recorder | None = None,
+    opts: CTCOptions,
+    recorder: CTCRecorder | None = None,
     threads: int | None = None,
 ) -> list[list[CTCHypothesis]]:
     """Prefix beam search of the candidates of checked log-probabilities (no NaN) over ``voc`` with an
@@ -195,11 +202,11 @@ def search_candidates(
     width = int(opts.beam_width)
     rows = max(16, width * (int(counts.max(initial=1)) + 1))
     nodes = min(1 << 22, max(1 << 12, int(cands.lens.sum(initial=0)) * min(width, 16) // max(N, 1)))
-    ip = np.array(  # the int knobs, indexed by kernel.P_*
-        [width, voc.blank, voc.size, opts.split_blank, opts.prune_history, opts.word_frames, voc.is_bpe,
-         recorder is not None],
-        dtype=np.int64,
+    knobs = K.Knobs(
+        width, int(voc.blank), int(voc.size), bool(opts.split_blank), bool(opts.prune_history),
+        bool(opts.word_frames), bool(voc.is_bpe), recorder is not None, float(opts.beam_prune_logp),
     )  # fmt: skip
+    frame_input = K.FrameInput(c_off, cands.labels, cands.values)
 
     def work(utts: range) -> list[list[CTCHypothesis]]:
         ws = _take_workspace(history, nodes, width, rows)
@@ -212,7 +219,7 @@ def search_candidates(
                     _begin(ws, voc)
                     if recorder is not None:
                         recorder.begin(u, n_frames, lambda node: _texts(ws, fusion, np.array([node]))[0])
-                    _frames(ws, fusion, ip, opts, cands, c_off, u * T, n_frames, recorder, u)
+                    _frames(ws, fusion, knobs, cands, frame_input, u * T, n_frames, recorder, u)
                     hyps, finals = _end(ws, fusion, opts)
                     if recorder is not None:
                         recorder.end(u, hyps, finals)
@@ -280,39 +287,33 @@ def _begin(ws: Workspace, voc: Vocabulary) -> None:
 def _frames(
     ws: Workspace,
     fusion: Fusion,
-    ip: np.ndarray,
-    opts: SearchOptions,
-    cands: Candidates,
-    c_off: np.ndarray,
+    knobs: K.Knobs,
+    cands: FrameCandidates,
+    frame_input: K.FrameInput,
     row0: int,
     n_frames: int,
-    recorder: Recorder | None,
+    recorder: CTCRecorder | None,
     utt: int,
 ) -> None:
     """Run the frame loop over the utterance's frames, dealing with each reason it stops for."""
     t = 0
-    prune = float(opts.beam_prune_logp)
     static = fusion.static
     reading = fusion.cache.lock.shared if fusion.cache is not None else nullcontext
     while True:
         with reading():
-            status, t = K.run_frames(
-                static, ip, prune, ws.nodes, ws.whist, ws.ek, ws.ev, fusion.table, ws.recs, ws.pend, ws.cnt,
-                ws.beams, ws.nxt, ws.rows, ws.merged, ws.mslot, ws.order, ws.scratch, c_off, cands.labels,
-                cands.values, row0, t, n_frames,
-            )  # fmt: skip
+            status, t = K.run_frames(static, fusion.table, ws.store(), frame_input, knobs, row0, t, n_frames)
         if status == K.DONE:
             return
         if status == K.NEED_LM:
             fusion.resolve(ws.nodes, ws.pend[: ws.cnt[K.N_PENDING]])
         elif status == K.FRAME:
             assert recorder is not None
-            recorder.frame(utt, _snapshot(ws, cands, c_off, row0, t - 1))
+            recorder.frame(utt, _snapshot(ws, cands, frame_input.offsets, row0, t - 1))
         else:
             ws.grow(status)
 
 
-def _snapshot(ws: Workspace, cands: Candidates, c_off: np.ndarray, row0: int, t: int) -> FrameSnapshot:
+def _snapshot(ws: Workspace, cands: FrameCandidates, c_off: np.ndarray, row0: int, t: int) -> FrameSnapshot:
     """The record of frame ``t``, just searched."""
     M = int(ws.cnt[K.N_MERGED])
     g = ws.merged[ws.order[:M]]
@@ -440,7 +441,7 @@ def _rank_final(
     return 0, rep[order], logit[order], total[order], sid[order]
 
 
-def _end(ws: Workspace, fusion: Fusion, opts: SearchOptions) -> tuple[list[CTCHypothesis], list[int]]:
+def _end(ws: Workspace, fusion: Fusion, opts: CTCOptions) -> tuple[list[CTCHypothesis], list[int]]:
     """Finish an utterance (:func:`_rank_final`) and spell its hypotheses. Returns them and their prefixes."""
     n = int(ws.cnt[K.N_BEAMS])
     if n == 0:
@@ -512,4 +513,4 @@ def _texts(ws: Workspace, fusion: Fusion, targets: np.ndarray) -> list[str]:
     return [" ".join("".join(flat[a:b]).split()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-__all__ = ["COMPILED", "CTCHypothesis", "FrameSnapshot", "Recorder", "release_cached_memory", "search_candidates"]
+__all__ = ["COMPILED", "CTCHypothesis", "FrameSnapshot", "CTCRecorder", "release_cached_memory", "search_candidates"]

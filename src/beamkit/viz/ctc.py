@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from html import escape
 
 from beamkit.ctc.trace import BLANK_TEXT, CTCEntry, CTCTrace
+from beamkit.lm.deprecated import forward
 from beamkit.viz.layout import BOX_H, BOX_W, COL_W, MARGIN, ROW_H
 from beamkit.viz.render import CSS, dot_end, dot_head, dot_string, edge_path
 
@@ -219,7 +220,7 @@ _FATE_TEXT = {
 }
 
 
-def describe(trace: CTCTrace, lay: CTCLayout, node: CTCNode) -> str:
+def describe_ctc(trace: CTCTrace, lay: CTCLayout, node: CTCNode) -> str:
     """The hover text of a node: its prefix, where it came from, p_b / p_nb / LM / total, merged count, fate."""
     e = node.entry
     if e is None:
@@ -347,7 +348,7 @@ def ctc_svg(trace: CTCTrace, style: bool = True, lay: CTCLayout | None = None) -
         parts.append(
             f'<g class="{_classes(node, lay)}" data-id="{node.id}" data-parent="{parent}" '
             f'transform="translate({x:.1f},{y:.1f})" {attrs}{hide}>'
-            f"<title>{escape(describe(trace, lay, node))}</title>"
+            f"<title>{escape(describe_ctc(trace, lay, node))}</title>"
             f'<rect width="{BOX_W}" height="{BOX_H}" rx="3"/>'
             f'<text x="4" y="{BOX_H / 2 + 1}">{escape(box_text(node))}</text></g>'
         )
@@ -373,7 +374,7 @@ def ctc_dot(trace: CTCTrace) -> str:
         fate = "root" if node.entry is None else node.entry.fate
         extra = ' penwidth=3 color="#b8860b"' if node.id in lay.result else ""
         lines.append(
-            f"  n{node.id} [label={dot_string(box_text(node))} tooltip={dot_string(describe(trace, lay, node))} "
+            f"  n{node.id} [label={dot_string(box_text(node))} tooltip={dot_string(describe_ctc(trace, lay, node))} "
             f"{_DOT_STYLE[fate]}{extra}];"
         )
     for node in lay.nodes[1:]:
@@ -384,3 +385,6 @@ def ctc_dot(trace: CTCTrace) -> str:
             attrs = 'color="#8e44ad" penwidth=2'
         lines.append(f"  n{node.parent} -> n{node.id} [{attrs}];")
     return dot_end(lines, [(node.frame, node.id) for node in lay.nodes])
+
+
+__getattr__ = forward(__name__, {"describe": "beamkit.viz.ctc.describe_ctc"})

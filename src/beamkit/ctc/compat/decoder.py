@@ -1,7 +1,7 @@
 """pyctcdecode's ``BeamSearchDecoderCTC`` and ``build_ctcdecoder`` over beamkit's CTC search.
 
 Each call normalises the logits as pyctcdecode does (probabilities when the rows sum to 1 on average, else a
-log-softmax; both clipped at ``MIN_TOKEN_CLIP_P``) and runs beamkit's :class:`~beamkit.ctc.decoder.CTCDecoder`
+log-softmax; both clipped at ``MIN_TOKEN_CLIP_P``) and runs beamkit's :class:`~beamkit.ctc.Decoder`
 with pyctcdecode's end-of-utterance rule. Language models live in the class-level ``model_container`` (as in
 pyctcdecode) so a decoder pickles into ``multiprocessing`` workers.
 """
@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..decoder import CTCDecoder
-from ..prefix_search import _word_tuple
+from ..decoder import Decoder, checked
+from ..options import CTCOptions, word_tuple
+from ..search import CTCHypothesis
 from .alphabet import Alphabet, verify_alphabet_coverage
 from .constants import (
     DEFAULT_ALPHA,
@@ -43,7 +44,23 @@ WordFrames = tuple[str, Frames]
 OutputBeam = tuple[str, Any, list[WordFrames], float, float]
 OutputBeamMPSafe = tuple[str, list[WordFrames], float, float]
 
-__all__ = ["BeamSearchDecoderCTC", "build_ctcdecoder"]
+__all__ = ["BeamSearchDecoderCTC", "OutputBeam", "OutputBeamMPSafe", "WordFrames", "build_ctcdecoder"]
+
+
+def beams_of(hyps: Sequence[CTCHypothesis]) -> list[OutputBeam]:
+    """pyctcdecode's beams ``(text, lm_state, word_frames, logit_score, combined_score)`` of hypotheses."""
+    return [(h.text, h.lm_state, h.word_frames, h.logit_score, h.score) for h in hyps]
+
+
+def mp_safe_beams_of(hyps: Sequence[CTCHypothesis]) -> list[OutputBeamMPSafe]:
+    """pyctcdecode's beams without LM state ``(text, word_frames, logit_score, combined_score)``."""
+    return [(h.text, h.word_frames, h.logit_score, h.score) for h in hyps]
+
+
+def raise_single(errors: dict[int, Exception]) -> None:
+    """Raise what is wrong with the one matrix of a single-matrix call, as it was raised."""
+    if errors:
+        raise errors[0]
 
 
 def _valid_pool(pool: Any) -> Any:
@@ -125,9 +142,32 @@ class BeamSearchDecoderCTC:
                 "Need logits of shape: (time, vocabulary)"
             )
 
-    def _decoder(self, lm_start_state: Any = None) -> CTCDecoder:
+    def _decoder(self, lm_start_state: Any = None) -> Decoder:
         lm = search_lm(self._language_model, lm_start_state)
-        return CTCDecoder(self._vocab, lm, pyctcdecode_compat=True, input_kind="log_probs")
+        return Decoder(self._vocab, lm, CTCOptions(pyctcdecode_compat=True), input_kind="log_probs")
+
+    @staticmethod
+    def _options(
+        beam_width: int,
+        beam_prune_logp: float,
+        token_min_logp: float,
+        prune_history: bool,
+        hotwords: list[str] | None,
+        hotword_weight: float,
+        best_only: bool = False,
+    ) -> CTCOptions:
+        """The search's options for pyctcdecode's knobs (``best_only``: one hypothesis, no word frames)."""
+        return CTCOptions(
+            beam_width=beam_width,
+            beam_prune_logp=beam_prune_logp,
+            token_min_logp=token_min_logp,
+            prune_history=bool(prune_history),
+            pyctcdecode_compat=True,
+            hotwords=None if hotwords is None else tuple(hotwords),
+            hotword_weight=hotword_weight,
+            num_hypotheses=1 if best_only else None,
+            word_frames=not best_only,
+        )
 
     def _prepared(self, logits: Any) -> np.ndarray:
         """Checked and normalised log-probabilities (NaN, +inf, or an all -inf frame: ValueError; pyctcdecode
@@ -154,10 +194,12 @@ class BeamSearchDecoderCTC:
         """Beams ``(text, lm_state, word_frames, logit_score, lm_score)``, best first; ``lm_start_state``
         (a beam's ``lm_state`` from the previous chunk) continues the LM context."""
         lp = self._prepared(logits)
-        hot = _hotword_list(hotwords)
-        return self._decoder(lm_start_state).decode_beams(
-            lp, beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight
+        opts = self._options(
+            beam_width, beam_prune_logp, token_min_logp, prune_history, _hotword_list(hotwords), hotword_weight
         )
+        results, errors = self._decoder(lm_start_state).search([lp], opts)
+        raise_single(errors)
+        return beams_of(results[0])
 
     def _decode_beams_mp_safe(
         self,
@@ -203,9 +245,8 @@ class BeamSearchDecoderCTC:
         if mapped is not None:
             return mapped
         lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
-        return self._decoder().decode_beams_batch(
-            None, lps, beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight
-        )
+        results, errors = self._decoder().search(lps, self._options(*knobs))
+        return checked([mp_safe_beams_of(hyps) for hyps in results], errors)
 
     def decode(
         self,
@@ -241,7 +282,8 @@ class BeamSearchDecoderCTC:
         if mapped is not None:
             return [beams[0][0] for beams in mapped]
         lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
-        return self._decoder().decode_batch(None, lps, beam_width, beam_prune_logp, token_min_logp, hot, hotword_weight)
+        results, errors = self._decoder().search(lps, self._options(*knobs, best_only=True))
+        return checked([hyps[0].text if hyps else "" for hyps in results], errors)
 
     # ------------------------------------------------------------------ saving and loading
     def save_to_dir(self, filepath: str) -> None:
@@ -316,7 +358,7 @@ def _hotword_list(hotwords: Iterable[str] | None) -> list[str] | None:
         return None
     if isinstance(hotwords, str):
         raise TypeError("hotwords must be a list of strings, not one string")
-    words = [s.strip() for s in _word_tuple(hotwords) if len(s.strip()) > 0]
+    words = [s.strip() for s in word_tuple(hotwords) if len(s.strip()) > 0]
     return words or None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from beamkit._checks import check_float
 
-from ..lm import HotwordScorer as _Hotwords
+from ..lm import Hotwords as _Hotwords
 from ..lm import KenLMModel, LanguageModelFusion
 from .constants import (
     AVG_TOKEN_LEN,
@@ -116,7 +116,7 @@ class HotwordScorer:
 
     def __init__(self, match_ptn: Pattern[str], char_trie: Any, weight: float = DEFAULT_HOTWORD_WEIGHT) -> None:
         """``match_ptn`` finds whole hotwords in a text; ``char_trie`` holds the hotwords (beamkit's
-        :class:`~beamkit.ctc.lm.HotwordScorer`, or any mapping/trie whose ``keys()`` are the words)."""
+        :class:`~beamkit.ctc.lm.Hotwords`, or any mapping/trie whose ``keys()`` are the words)."""
         self._match_ptn = match_ptn
         self._weight = weight
         words = char_trie.words if isinstance(char_trie, (_Hotwords, HotwordTrie)) else list(char_trie.keys())

@@ -1,0 +1,203 @@
+"""beamkit's first CTC front end, kept for one release: ``build_ctcdecoder(labels, path, ...)`` and
+:class:`CTCDecoder`, pyctcdecode-shaped (tuples, ``pool``, ``decode_beams``) with beamkit's defaults (the
+correct end-of-utterance score, a named blank, ``input_kind``). Reached through the deprecated names
+``beamkit.ctc.CTCDecoder`` / ``beamkit.ctc.build_ctcdecoder``; new code uses :class:`beamkit.ctc.Decoder`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+from ..decoder import Decoder, checked
+from ..lm import LanguageModelFusion, fusion_of
+from ..options import CTCOptions, word_tuple
+from ..vocab import Vocabulary
+from .decoder import OutputBeamMPSafe, beams_of, mp_safe_beams_of, raise_single
+
+
+class CTCDecoder(Decoder):
+    """A :class:`~beamkit.ctc.Decoder` with pyctcdecode's method family (see :func:`build_ctcdecoder`)."""
+
+    def __init__(
+        self,
+        vocab: Vocabulary,
+        language_model: LanguageModelFusion | None = None,
+        pyctcdecode_compat: bool = False,
+        input_kind: str = "auto",
+    ) -> None:
+        """Decode over ``vocab`` with an optional fused ``language_model``; ``pyctcdecode_compat`` keeps
+        pyctcdecode's end-of-utterance quirks, ``input_kind`` says what the matrices hold."""
+        super().__init__(
+            vocab, language_model, CTCOptions(pyctcdecode_compat=bool(pyctcdecode_compat)), input_kind=input_kind
+        )
+
+    @property
+    def language_model(self) -> LanguageModelFusion | None:
+        """The fused LM (None without one)."""
+        return self.lm
+
+    @property
+    def pyctcdecode_compat(self) -> bool:
+        """Whether pyctcdecode's end-of-utterance quirk is kept."""
+        return self.options.pyctcdecode_compat
+
+    def reset_params(
+        self,
+        alpha: float | None = None,
+        beta: float | None = None,
+        unk_score_offset: float | None = None,
+        lm_score_boundary: bool | None = None,
+    ) -> None:
+        """Change LM fusion weights in place (no effect without an LM)."""
+        lm = self.lm
+        if lm is None:
+            return
+        if alpha is not None:
+            lm.alpha = float(alpha)
+        if beta is not None:
+            lm.beta = float(beta)
+        if unk_score_offset is not None:
+            lm.unk_score_offset = float(unk_score_offset)
+        if lm_score_boundary is not None:
+            lm.score_boundary = bool(lm_score_boundary)
+
+    def _knobs(self, hotwords: Iterable[str] | None, **knobs: Any) -> CTCOptions:
+        """The decoder's options with this call's knobs (hotwords checked by :class:`CTCOptions`)."""
+        return dataclasses.replace(self.options, hotwords=None if hotwords is None else word_tuple(hotwords), **knobs)
+
+    def decode_beams(
+        self,
+        logits: Any,
+        beam_width: int = 100,
+        beam_prune_logp: float = -10.0,
+        token_min_logp: float = -5.0,
+        prune_history: bool = False,
+        hotwords: Iterable[str] | None = None,
+        hotword_weight: float = 10.0,
+        record_trace: bool = False,
+    ) -> Any:
+        """Beams ``(text, lm_state, word_frames, logit_score, combined_score)`` of one matrix, best first;
+        ``record_trace=True`` returns ``(beams, trace)``."""
+        opts = self._knobs(
+            hotwords,
+            beam_width=beam_width,
+            beam_prune_logp=beam_prune_logp,
+            token_min_logp=token_min_logp,
+            prune_history=bool(prune_history),
+            hotword_weight=hotword_weight,
+        )
+        if record_trace:
+            results, traces, errors = self.traced_search([logits], opts)
+            raise_single(errors)
+            return beams_of(results[0]), traces[0]
+        results, errors = self.search([logits], opts)
+        raise_single(errors)
+        return beams_of(results[0])
+
+    def decode(
+        self,
+        logits: Any,
+        beam_width: int = 100,
+        beam_prune_logp: float = -10.0,
+        token_min_logp: float = -5.0,
+        hotwords: Iterable[str] | None = None,
+        hotword_weight: float = 10.0,
+    ) -> str:
+        """The best text of one matrix (history pruning on, as in pyctcdecode)."""
+        return self.decode_batch(
+            None, [logits], beam_width, beam_prune_logp, token_min_logp, hotwords, hotword_weight, single=True
+        )[0]
+
+    def decode_batch(
+        self,
+        pool: Any,
+        logits_list: Sequence[Any],
+        beam_width: int = 100,
+        beam_prune_logp: float = -10.0,
+        token_min_logp: float = -5.0,
+        hotwords: Iterable[str] | None = None,
+        hotword_weight: float = 10.0,
+        threads: int | None = None,
+        *,
+        single: bool = False,
+    ) -> list[str]:
+        """The best text of each matrix; ``pool`` is ignored."""
+        del pool
+        opts = self._knobs(
+            hotwords,
+            beam_width=beam_width,
+            beam_prune_logp=beam_prune_logp,
+            token_min_logp=token_min_logp,
+            prune_history=True,
+            hotword_weight=hotword_weight,
+            num_hypotheses=1,
+            word_frames=False,
+        )
+        results, errors = self.search(list(logits_list), opts, threads=threads)
+        if single:
+            raise_single(errors)
+        texts = [hyps[0].text if hyps else "" for hyps in results]
+        return checked(texts, errors)
+
+    def decode_beams_batch(
+        self,
+        pool: Any,
+        logits_list: Sequence[Any],
+        beam_width: int = 100,
+        beam_prune_logp: float = -10.0,
+        token_min_logp: float = -5.0,
+        prune_history: bool = False,
+        hotwords: Iterable[str] | None = None,
+        hotword_weight: float = 10.0,
+        threads: int | None = None,
+    ) -> list[list[OutputBeamMPSafe]]:
+        """Beams ``(text, word_frames, logit_score, combined_score)`` of each matrix; ``pool`` is ignored."""
+        del pool
+        opts = self._knobs(
+            hotwords,
+            beam_width=beam_width,
+            beam_prune_logp=beam_prune_logp,
+            token_min_logp=token_min_logp,
+            prune_history=bool(prune_history),
+            hotword_weight=hotword_weight,
+        )
+        results, errors = self.search(list(logits_list), opts, threads=threads)
+        return checked([mp_safe_beams_of(hyps) for hyps in results], errors)
+
+
+def build_legacy_decoder(
+    labels: Sequence[str],
+    kenlm_model_path: Any = None,
+    unigrams: Collection[str] | None = None,
+    alpha: float = 0.5,
+    beta: float = 1.5,
+    unk_score_offset: float = -10.0,
+    lm_score_boundary: bool = True,
+    lm_backend: str = "auto",
+    pyctcdecode_compat: bool = False,
+    *,
+    blank: int | str | None = None,
+    input_kind: str = "auto",
+) -> CTCDecoder:
+    """The decoder ``beamkit.ctc.build_ctcdecoder`` built (deprecated): labels, an LM path or model, the
+    fusion weights, ``pyctcdecode_compat``, ``blank`` and ``input_kind``, as :class:`~beamkit.ctc.Decoder`
+    and :func:`~beamkit.ctc.lm.fusion_of` take them."""
+    vocab = Vocabulary.from_labels(labels, blank=blank)
+    fusion = None
+    if kenlm_model_path is not None:
+        if not isinstance(kenlm_model_path, (str, os.PathLike)) and not hasattr(kenlm_model_path, "score"):
+            raise TypeError(
+                f"kenlm_model_path must be a path or an n-gram model, got {type(kenlm_model_path).__name__}"
+            )
+        fusion = fusion_of(
+            kenlm_model_path,
+            unigrams,
+            alpha=alpha,
+            beta=beta,
+            unk_score_offset=unk_score_offset,
+            score_boundary=lm_score_boundary,
+            backend=lm_backend,
+        )
+    return CTCDecoder(vocab, fusion, pyctcdecode_compat=pyctcdecode_compat, input_kind=input_kind)
