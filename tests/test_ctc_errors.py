@@ -190,6 +190,6 @@ def test_explain_refuses_a_matrix_above_the_frame_limit(run, tmp_path, monkeypat
 
     npy = tmp_path / "long.npy"
     np.save(npy, np.zeros((5001, 3), dtype=np.float32))
-    monkeypatch.setattr(ctc_cli, "_trace_matrix", lambda *a: pytest.fail("the search ran"))
+    monkeypatch.setattr(ctc_cli, "_build_decoder", lambda *a: pytest.fail("the search ran"))
     rc, _, err = run("ctc", "explain", str(npy), "--alphabet", "_ab", "--blank", "0")
     assert rc == 2 and "5001" in err and "5000" in err and "--max-frames" in err, err

@@ -543,17 +543,20 @@ def test_ctc_explain_drawings(ctc_cli, fmt):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (("--beam", "0"), "--beam must be a positive integer"),
+        (("--beam", "0"), "argument --beam: expected >= 1"),
         (("--utterance", "2"), "--utterance must lie in [0, 1]"),
-        (("--token-min-logp", "1"), "--token-min-logp must be a number <= 0"),
+        (("--token-min-logp", "1"), "argument --token-min-logp: expected <= 0"),
         (("--blank", "9"), "blank index 9 out of range"),
         (("--alphabet", "_abc", "--blank", "0"), "but the vocabulary has 4 labels"),
     ],
 )
-def test_ctc_explain_usage_errors_are_one_line_and_exit_2(ctc_cli, args, needle):
+def test_ctc_explain_usage_errors_are_one_line_and_exit_2(ctc_cli, capsys, args, needle):
     run, d = ctc_cli
     labels = () if "--alphabet" in args else ("--labels", d / "labels.txt")
-    rc, out, err = run("ctc", "explain", d / "lp.npy", *labels, *args)
+    try:
+        rc, out, err = run("ctc", "explain", d / "lp.npy", *labels, *args)
+    except SystemExit as stop:  # an option's type refused it (argparse: usage line, then the error)
+        rc, (out, err) = int(stop.code or 0), capsys.readouterr()
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()
     assert needle in lines[-1] and (len(lines) == 1 or lines[0].startswith("usage:")), err

@@ -354,7 +354,7 @@ def test_ctc_decoder_api(data, labels, call):
         if not isinstance(out, Exception):
             assert isinstance(out, list) and len(out) == 2 and all(isinstance(x, str) for x in out)
     else:
-        out = outcome(lambda: greedy_decode(mat, decoder.vocab))
+        out = outcome(lambda: greedy_ctc(mat, decoder.vocab))
         assert isinstance(out, (str, Exception))
 
 

@@ -238,10 +238,10 @@ def test_prefix_index_and_hotwords() -> None:
     idx = UnigramPrefixIndex(["cat", "car", "dog"])
     assert idx.has_prefix("ca") and idx.has_prefix("cat") and not idx.has_prefix("cow")
     assert idx.has_prefix("")
-    hot = HotwordScorer(["new york", "newt"], weight=4.0)
+    hot = Hotwords(["new york", "newt"], weight=4.0)
     assert hot.score("i love new york and newts") == pytest.approx(8.0)
     assert hot.score_partial("ne") == pytest.approx(4.0 * 2 / 3)  # shortest hotword with "ne": "new"
     assert hot.score_partial("yo") == pytest.approx(4.0 * 2 / 4)
     assert hot.score_partial("x") == 0.0
     with pytest.raises(TypeError):
-        HotwordScorer("new york")
+        Hotwords("new york")
