@@ -191,7 +191,7 @@ def _finite(name: str, value: Any, minus_inf: bool = False) -> float:
     """``value`` as a float; non-numbers, NaN and infinities (but -inf when ``minus_inf``): ValueError naming
     ``name``."""
     try:
-        return check_float(name, value, minus_inf)
+        return check_float(name, value, minus_inf=minus_inf)
     except TypeError as exc:
         raise ValueError(str(exc)) from None
 
