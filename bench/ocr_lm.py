@@ -26,11 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from beamkit.lm import build_arpa
-from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 from beamkit.ctc import release_cached_memory
-from beamkit.lm import ArpaLM
+from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 from beamkit.ctc.ocr import LineRecognizer
+from beamkit.lm import ArpaLM, build_arpa
 
 FONTS = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",

@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from beamkit.lm import ArpaLM, build_arpa
 from beamkit.ctc import LanguageModelFusion, Vocabulary, greedy_ctc, prefix_beam_search, release_cached_memory
-from beamkit.ops import log_softmax
 from beamkit.ctc.chartrie import CharTrie, walk
+from beamkit.lm import ArpaLM, build_arpa
+from beamkit.ops import log_softmax
 
 WIDE = {"beam_width": 10_000, "beam_prune_logp": -math.inf, "token_min_logp": -math.inf}
 
@@ -464,8 +464,7 @@ def test_bad_inputs_raise() -> None:
 def test_batched_lm_queries_equal_one_at_a_time(backend: str, tmp_path) -> None:
     # score_many / eos_many (one call for many states) against score / eos_score state by state, and the
     # fusion's score_eos_many against score_eos, with and without the sentence boundary
-    from beamkit.lm import load_language_model
-    from beamkit.lm import kenlm_available
+    from beamkit.lm import kenlm_available, load_language_model
 
     if backend == "kenlm" and not kenlm_available():
         pytest.skip("kenlm is not installed")

@@ -452,8 +452,8 @@ def test_best_hypothesis_equals_brute_force_without_pruning(seed):
 
 
 def test_lm_scores_are_recorded():
-    from beamkit.lm import ArpaLM, build_arpa
     from beamkit.ctc import LanguageModelFusion
+    from beamkit.lm import ArpaLM, build_arpa
 
     rng = np.random.default_rng(7)
     labels = ["", "a", "b", " "]

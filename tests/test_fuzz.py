@@ -333,8 +333,8 @@ def ctc_matrices(draw, vocab: int):
 @FUZZ
 @given(data=st.data(), labels=LABELS, call=st.sampled_from(["decode", "beams", "batch", "greedy"]))
 def test_ctc_decoder_api(data, labels, call):
-    from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
     from beamkit.ctc import greedy_ctc
+    from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 
     decoder = outcome(lambda: build_ctcdecoder(labels))
     if isinstance(decoder, Exception):

@@ -8,11 +8,17 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from beamkit.lm import ArpaLM, build_arpa, load_language_model
 from beamkit.ctc import LanguageModelFusion, UnigramPrefixIndex
-from beamkit.lm import write_arpa
 from beamkit.ctc.lm import Hotwords
-from beamkit.lm import KenLMModel, kenlm_available, load_unigrams_from_arpa
+from beamkit.lm import (
+    ArpaLM,
+    KenLMModel,
+    build_arpa,
+    kenlm_available,
+    load_language_model,
+    load_unigrams_from_arpa,
+    write_arpa,
+)
 
 HAND_ARPA = """\\data\\
 ngram 1=5

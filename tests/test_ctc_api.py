@@ -1,0 +1,176 @@
+"""beamkit.ctc.Decoder: named hypotheses equal to the pyctcdecode drop-in's tuples (the same search) and to a
+brute-force sum over alignments; bad input named; CTCOptions checked; a bad utterance keeps the others'
+results; the old names warn."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import beamkit.ctc.compat as compat
+from beamkit.ctc import CTCBatchDecodeError, CTCHypothesis, CTCOptions, Decoder
+from beamkit.lm import ArpaLM, build_arpa
+from tests.test_ctc_prefix_search import oracle
+
+LABELS = ["", " ", "a", "b", "c"]
+CORPUS = ["a b", "ab ba", "b a c", "a c", "c ab", "ab"] * 3
+
+
+def frames(rng: np.random.Generator, T: int, V: int = len(LABELS)) -> np.ndarray:
+    """Random per-frame log-probabilities (Dirichlet rows)."""
+    return np.log(rng.dirichlet(np.full(V, 0.6), size=T))
+
+
+def test_hypotheses_equal_the_compat_tuples_field_by_field() -> None:
+    rng = np.random.default_rng(3)
+    mats = [frames(rng, int(rng.integers(4, 12))) for _ in range(5)]
+    lm = ArpaLM.from_lines(build_arpa(CORPUS, order=2).splitlines())
+    peer = compat.build_ctcdecoder(LABELS)
+    native = Decoder(LABELS, options=CTCOptions(beam_width=16, pyctcdecode_compat=True), input_kind="log_probs")
+    got = native.decode(mats)
+    want = peer.decode_beams_batch(None, mats, beam_width=16)
+    assert len(got) == len(want) == len(mats)
+    # the drop-in re-normalises the log-probabilities (pyctcdecode's rule): scores agree to rounding
+    for hyps, beams in zip(got, want, strict=True):
+        assert all(isinstance(h, CTCHypothesis) for h in hyps)
+        assert [(h.text, h.word_frames) for h in hyps] == [(b[0], b[1]) for b in beams]
+        assert [h.logit_score for h in hyps] == pytest.approx([b[2] for b in beams], abs=1e-12)
+        assert [h.score for h in hyps] == pytest.approx([b[3] for b in beams], abs=1e-12)
+    one = peer.decode_beams(mats[0], beam_width=16)
+    assert [(h.text, h.lm_state, h.word_frames) for h in got[0]] == [b[:3] for b in one]
+    assert [h.score for h in got[0]] == pytest.approx([b[4] for b in one], abs=1e-12)
+    with_lm = Decoder(LABELS, lm, CTCOptions(beam_width=8))
+    hyps = with_lm.decode(mats[1])[0]
+    assert all(h.lm_score == pytest.approx(h.score - h.logit_score) for h in hyps)
+    assert all(h.lm_state is not None for h in hyps)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_wide_beam_equals_the_brute_force_alignment_sum(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    labels = ["", "a", "b"]
+    lp = frames(rng, int(rng.integers(1, 5)), V=3)  # T <= 4, V = 3: 81 alignments at most
+    want = oracle(lp, labels, 0)
+    opts = CTCOptions(beam_width=100, beam_prune_logp=-math.inf, token_min_logp=-math.inf)
+    (hyps,) = Decoder(labels, options=opts, input_kind="log_probs").decode([lp])
+    assert {h.text for h in hyps} == set(want)
+    for h in hyps:
+        assert h.logit_score == pytest.approx(want[h.text], abs=1e-9)
+        assert h.score == h.logit_score and h.lm_score == 0.0
+    assert [h.text for h in hyps][0] == max(want, key=want.__getitem__)
+    best = np.argmax(lp, axis=1)  # the best path by hand: argmax per frame, collapse, drop blanks
+    text = "".join(labels[k] for i, k in enumerate(best) if k != 0 and (i == 0 or best[i - 1] != k))
+    assert Decoder(labels, input_kind="log_probs").greedy(lp) == [text]
+
+
+def test_trace_is_the_search_decode_ran() -> None:
+    rng = np.random.default_rng(7)
+    mats = [frames(rng, 6), frames(rng, 4)]
+    dec = Decoder(LABELS, options=CTCOptions(beam_width=5), input_kind="log_probs")
+    traces = dec.trace(mats)
+    assert [len(t.frames) for t in traces] == [6, 4]
+    for trace, hyps in zip(traces, dec.decode(mats), strict=True):
+        assert [(h.text, h.score) for h in trace.hypotheses] == [(h.text, h.score) for h in hyps]
+
+
+def test_a_bad_utterance_keeps_the_others() -> None:
+    rng = np.random.default_rng(11)
+    good = [frames(rng, 5), frames(rng, 7)]
+    bad = np.full((4, len(LABELS)), np.nan)
+    dec = Decoder(LABELS, input_kind="log_probs")
+    alone = [dec.decode([m])[0] for m in good]
+    with pytest.raises(CTCBatchDecodeError) as caught:
+        dec.decode([good[0], bad, good[1]])
+    assert set(caught.value.errors) == {1} and "NaN" in caught.value.errors[1]
+    assert caught.value.results == [alone[0], [], alone[1]]
+    with pytest.raises(CTCBatchDecodeError, match="utterance 1: .*vocabulary has 5 labels"):
+        dec.greedy([good[0], np.zeros((3, 3))])
+
+
+@pytest.mark.parametrize(
+    "call, error, needle",
+    [
+        (lambda: Decoder("abc"), TypeError, "vocab must be"),
+        (lambda: Decoder(LABELS, lm="lm.arpa"), TypeError, "lm must be"),
+        (lambda: Decoder(LABELS, options={"beam_width": 3}), TypeError, "options must be a CTCOptions"),
+        (lambda: Decoder(LABELS, input_kind="logit"), ValueError, "input_kind must be one of"),
+        (lambda: Decoder(["a", "b"]), ValueError, "blank"),
+        (lambda: Decoder(LABELS).decode(np.zeros(5)), ValueError, "logits must be one"),
+        (lambda: Decoder(LABELS).decode(np.zeros((1, 2, 3, 4))), ValueError, "logits must be one"),
+        (lambda: Decoder(LABELS).decode(np.zeros((3, 4))), CTCBatchDecodeError, "vocabulary has 5 labels"),
+    ],
+)
+def test_bad_input_names_the_problem(call, error, needle) -> None:
+    with pytest.raises(error, match=needle):
+        call()
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("beam_width", 0, ValueError),
+        ("beam_width", 2.5, TypeError),
+        ("beam_width", True, TypeError),
+        ("beam_prune_logp", 0.5, ValueError),
+        ("beam_prune_logp", math.nan, ValueError),
+        ("token_min_logp", "low", TypeError),
+        ("prune_history", 1, TypeError),
+        ("hotwords", "cat", TypeError),
+        ("hotwords", ["cat", 3], TypeError),
+        ("hotword_weight", math.inf, ValueError),
+        ("num_hypotheses", 0, ValueError),
+        ("word_frames", None, TypeError),
+    ],
+)
+def test_options_are_checked(field, value, error) -> None:
+    with pytest.raises(error, match=field if field != "hotwords" else "hotwords"):
+        CTCOptions(**{field: value})
+
+
+def test_options_accept_the_limits_and_keep_hotwords_as_a_tuple() -> None:
+    opts = CTCOptions(beam_prune_logp=-math.inf, token_min_logp=0.0, hotwords=["ab", "c"], num_hypotheses=3)
+    assert opts.hotwords == ("ab", "c") and opts.out_k == 3
+    with pytest.raises(AttributeError):
+        opts.beam_width = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "module, name, new",
+    [
+        ("beamkit.ctc", "CTCDecoder", "beamkit.ctc.Decoder"),
+        ("beamkit.ctc", "build_ctcdecoder", "beamkit.ctc.Decoder"),
+        ("beamkit.ctc", "greedy_decode", "greedy_ctc"),
+        ("beamkit.ctc", "ArpaLM", "beamkit.lm.ArpaLM"),
+        ("beamkit.ctc", "HotwordScorer", "Hotwords"),
+        ("beamkit.ctc", "log_softmax", "beamkit.ops.log_softmax"),
+        ("beamkit.ctc.lm", "kenlm_available", "beamkit.lm.kenlm_available"),
+        ("beamkit.ctc.kneser_ney", "build_arpa", "beamkit.lm.build_arpa"),
+        ("beamkit.ctc.decoder", "OutputBeam", "beamkit.ctc.compat.decoder.OutputBeam"),
+        ("beamkit.ctc.options", "SearchOptions", "CTCOptions"),
+        ("beamkit.ngram", "NGramLM", "beamkit.lm.NGramLM"),
+        ("beamkit.viz.ctc", "describe", "describe_ctc"),
+    ],
+)
+def test_old_names_warn_and_still_work(module, name, new) -> None:
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        obj = getattr(mod, name)
+    assert callable(obj) or isinstance(obj, type)
+    with pytest.raises(AttributeError):
+        mod.no_such_name  # noqa: B018
+
+
+def test_the_deprecated_decoder_still_decodes_as_the_native_one() -> None:
+    rng = np.random.default_rng(5)
+    mats = [frames(rng, 6) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from beamkit.ctc import build_ctcdecoder
+    old = build_ctcdecoder(LABELS)
+    beams = old.decode_beams_batch(None, mats, beam_width=8)
+    hyps = Decoder(LABELS, options=CTCOptions(beam_width=8)).decode(mats)
+    assert beams == [[(h.text, h.word_frames, h.logit_score, h.score) for h in u] for u in hyps]
