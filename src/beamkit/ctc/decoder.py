@@ -11,6 +11,7 @@ pyctcdecode drop-in (tuples, ``pool``, ``decode_beams``) is :mod:`beamkit.ctc.co
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -132,11 +133,11 @@ class Decoder:
         """The best-path text of each utterance (argmax per frame, repeats collapsed, blanks dropped)."""
         mats = as_batch(logits)
         errors: dict[int, Exception] = {}
-        texts = [
-            _caught(i, errors, lambda m=m: str(greedy_ctc(self.normalize(m), self.vocab)), "")
-            for i, m in enumerate(mats)
-        ]
+        texts = [_caught(i, errors, functools.partial(self._greedy_one, m), "") for i, m in enumerate(mats)]
         return checked(texts, errors)
+
+    def _greedy_one(self, logits: Any) -> str:
+        return str(greedy_ctc(self.normalize(logits), self.vocab))
 
     def normalize(self, logits: Any) -> np.ndarray:
         """One ``(T, V)`` matrix checked against the vocabulary and normalised to log-probabilities."""
@@ -163,7 +164,7 @@ class Decoder:
                 cands = self._candidates([mats[j] for j in idx], options.token_min_logp)
             except (ValueError, TypeError):  # find the bad matrices; the others are decoded
                 for j in idx:
-                    _caught(j, errors, lambda j=j: self._candidates([mats[j]], options.token_min_logp), None)
+                    _caught(j, errors, functools.partial(self._candidates, [mats[j]], options.token_min_logp), None)
                 idx = [j for j in idx if j not in errors]
                 if not idx:
                     return [[] for _ in part]
@@ -203,7 +204,7 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 
 
-def _caught(index: int, errors: dict[int, Exception], fn: Callable[[], R], failed: R) -> R:
+def _caught(index: int, errors: dict[int, Exception], fn: Callable[[], R], failed: Any) -> R:
     """``fn()``; a ValueError / TypeError is kept in ``errors[index]`` and ``failed`` returned instead."""
     try:
         return fn()

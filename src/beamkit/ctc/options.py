@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from beamkit._checks import check_bool, check_float, check_int
 from beamkit.lm.deprecated import forward
@@ -53,12 +54,12 @@ class CTCOptions:
         return self.beam_width if self.num_hypotheses is None else min(self.beam_width, int(self.num_hypotheses))
 
 
-def word_tuple(words: object) -> tuple[str, ...]:
+def word_tuple(words: Any) -> tuple[str, ...]:
     """Hotwords as a tuple of strings (one string is refused: it would be read as its characters)."""
     if isinstance(words, str):
         raise TypeError("hotwords must be a list of strings, not one string")
     try:
-        out = tuple(words)  # type: ignore[call-overload]
+        out = tuple(words)
     except TypeError:
         raise TypeError(f"hotwords must be a list of strings, got {type(words).__name__}") from None
     bad = [w for w in out if not isinstance(w, str)]

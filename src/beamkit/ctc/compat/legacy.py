@@ -96,7 +96,7 @@ class CTCDecoder(Decoder):
         raise_single(errors)
         return beams_of(results[0])
 
-    def decode(
+    def decode(  # type: ignore[override]  # pyctcdecode's decode: one matrix, its best text
         self,
         logits: Any,
         beam_width: int = 100,
