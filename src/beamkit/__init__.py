@@ -8,7 +8,7 @@ One engine (:class:`Engine`, step-wise: requests join and leave at every step) r
 from beamkit.decode import beam_search, greedy_decode
 from beamkit.fusion import Fused, fuse
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
-from beamkit.ngram import NGramLM
+from beamkit.lm import NGramLM
 from beamkit.processors import (
     BadWords,
     ForcedPrefix,
