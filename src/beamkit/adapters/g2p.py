@@ -11,6 +11,14 @@ from beamkit.adapters.base import ModelAdapter
 NAME = "g2p-en"
 
 
+def check_max_len(max_len: int | None) -> None:
+    """ValueError unless ``max_len`` is left out (None) or g2p-en's own limit: its decoder stops at 20 phonemes."""
+    from beamkit.models.g2p import MAX_LEN
+
+    if max_len not in (None, MAX_LEN):
+        raise ValueError(f"--max-len does not apply to g2p-en (its decoder stops at {MAX_LEN} phonemes)")
+
+
 class G2PAdapter(ModelAdapter):
     """The g2p-en model (loaded from the installed ``g2p-en`` package unless ``model`` is given)."""
 
