@@ -366,9 +366,10 @@ def _up(url: str) -> bool:
 def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
     from beamkit.cli import main
 
-    assert main(["serve", *argv]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]
+    from tests.test_adapters import cli_error
+
+    code, line = cli_error(capsys, main, ["serve", *argv])
+    assert code == 2 and line.startswith("beamkit serve: error:") and needle in line
 
 
 @pytest.mark.parametrize(
@@ -382,9 +383,10 @@ def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
 def test_cli_refuses_bad_server_options_in_one_line(capsys, argv, needle):
     from beamkit.cli import main
 
-    assert main(["serve", "--port", "0", *argv]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]
+    from tests.test_adapters import cli_error
+
+    code, line = cli_error(capsys, main, ["serve", "--port", "0", *argv])
+    assert code == 2 and line.startswith("beamkit serve: error:") and needle in line
 
 
 def test_cli_port_in_use_is_one_error_line_exit_1(capsys):
