@@ -316,7 +316,6 @@ def test_check_reachable_names_the_address_and_leaves_other_forms_to_ray():
 )
 def test_translate_checks_its_options_before_warning_about_inputs(args, message, capsys):
     from beamkit.cli import main
-
     from tests.test_adapters import cli_error
 
     code, line = cli_error(capsys, main, ["translate", *args, "hello world"])

@@ -359,13 +359,12 @@ def _up(url: str) -> bool:
         (["--max-queue", "0"], "--max-queue"),
         (["--max-rows", "0"], "--max-rows"),
         (["--model", "no/such/checkpoint"], "checkpoint not found"),
-        (["--model", "hf:no/such/dir"], "not found"),
+        (["--model", "hf:no/such/dir"], "not a Hugging Face model directory"),
         (["--model", "hf:"], "hf:DIR"),
     ],
 )
 def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
     from beamkit.cli import main
-
     from tests.test_adapters import cli_error
 
     code, line = cli_error(capsys, main, ["serve", *argv])
@@ -382,7 +381,6 @@ def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
 )
 def test_cli_refuses_bad_server_options_in_one_line(capsys, argv, needle):
     from beamkit.cli import main
-
     from tests.test_adapters import cli_error
 
     code, line = cli_error(capsys, main, ["serve", "--port", "0", *argv])

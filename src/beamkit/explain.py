@@ -27,20 +27,24 @@ def explain(
     (default ``"narrow"``); a model whose offline decoder fixes its policy (a Hugging Face model: ``"pool"``, as
     ``generate``) refuses another."""
     from beamkit._checks import check_int
-    from beamkit.adapters import ModelAdapter, load, search
+    from beamkit.adapters import HF_PREFIX, ModelAdapter, load, search
 
     check_int("--beam", beam_size, least=1)
+    if policy is not None and isinstance(model, str) and model.startswith(HF_PREFIX):  # before the folder loads
+        raise ValueError(
+            "--policy: a Hugging Face model decodes with the 'pool' policy, as generate does; leave it out"
+        )
     adapter = model if isinstance(model, ModelAdapter) else load(model)
     fixed = adapter.engine_options.get("policy")
     if policy is not None and fixed is not None and policy != fixed:
         raise ValueError(
             f"--policy: this model decodes with the {fixed!r} policy, as its own decoder does; leave it out"
         )
-    shared = {} if policy is None else {"policy": policy}
+    shared: dict[str, Any] = {} if policy is None else {"policy": policy}
     ids = adapter.encode(text)
     runs = []
     for beam, trace in ((beam_size, True), (1, False)):
-        request = adapter.request(beam, 1, max_len, length_penalty, prompt_len=len(ids))
+        request = adapter.request(beam, beam, max_len, length_penalty, prompt_len=len(ids))  # the whole final beam
         result = search(adapter, [ids], request, record_trace=trace, **shared)
         if result.errors:
             raise ValueError(result.errors[0])
