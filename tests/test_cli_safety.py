@@ -309,14 +309,14 @@ def test_check_reachable_names_the_address_and_leaves_other_forms_to_ray():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--beam", "0"], "--beam must be >= 1"),
-        (["--max-len", "0"], "--max-len must be >= 1"),
+        (["--beam", "0"], "argument --beam: expected >= 1"),
+        (["--max-len", "0"], "argument --max-len: expected >= 1"),
         (["--length-penalty", "1e308"], "length_penalty alpha must be a finite number between -100 and 100"),
     ],
 )
 def test_translate_checks_its_options_before_warning_about_inputs(args, message, capsys):
     from beamkit.cli import main
+    from tests.test_adapters import cli_error
 
-    assert main(["translate", *args, "hello world"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0], err
+    code, line = cli_error(capsys, main, ["translate", *args, "hello world"])
+    assert code == 2 and message in line

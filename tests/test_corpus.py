@@ -194,11 +194,13 @@ def test_rerun_reuses_shards_and_a_changed_run_is_refused(tmp_path, capsys):
     ],
 )
 def test_usage_errors_are_one_line(tmp_path, capsys, extra, message):
+    from tests.test_adapters import cli_error
+
     src = tmp_path / "in.txt"
     src.write_text("1999.3.3\n")
-    assert decode("--input", str(src), "--output", str(tmp_path / "o.jsonl"), *extra) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0]
+    argv = ["decode", "--quiet", "--input", str(src), "--output", str(tmp_path / "o.jsonl"), *extra]
+    code, line = cli_error(capsys, main, argv)
+    assert code == 2 and message in line
 
 
 def test_missing_input_and_folder_without_labels(tmp_path, capsys):

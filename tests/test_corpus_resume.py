@@ -199,9 +199,11 @@ def test_an_empty_corpus_into_a_new_folder(tmp_path):
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_a_non_finite_length_penalty_is_refused_up_front(tmp_path, corpus, capsys, value):
     out = tmp_path / "out.jsonl"
-    assert decode("--input", str(corpus), "--output", str(out), f"--length-penalty={value}") == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--length-penalty" in err[0]
+    from tests.test_adapters import cli_error
+
+    argv = ["decode", "--quiet", "--input", str(corpus), "--output", str(out), f"--length-penalty={value}"]
+    code, line = cli_error(capsys, main, argv)
+    assert code == 2 and "--length-penalty" in line
     assert not out.exists() and not (tmp_path / "out.jsonl.parts").exists()
 
 

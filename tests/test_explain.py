@@ -71,13 +71,14 @@ def test_dates_drawings(dates_json, fmt, tmp_path, capsys):
         (["explain", " "], "empty input"),
         (["explain", TEXT, "--beam", "0"], "--beam"),
         (["explain", TEXT, "--model", "no-such-model"], "checkpoint not found"),
-        (["explain", TEXT, "--model", "hf:/no/such/folder"], "no Hugging Face model folder"),
+        (["explain", TEXT, "--model", "hf:/no/such/folder"], "not a Hugging Face model directory"),
     ],
 )
 def test_bad_input_is_one_error_line(argv, message, capsys):
-    code, out, err = _run(capsys, *argv)
-    assert code == 2 and out == ""
-    assert len(err.strip().splitlines()) == 1 and message in err
+    from tests.test_adapters import cli_error
+
+    code, line = cli_error(capsys, main, argv)
+    assert code == 2 and line.startswith("beamkit explain: error:") and message in line
 
 
 def _tiny_hf(folder) -> None:

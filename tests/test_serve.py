@@ -359,16 +359,16 @@ def _up(url: str) -> bool:
         (["--max-queue", "0"], "--max-queue"),
         (["--max-rows", "0"], "--max-rows"),
         (["--model", "no/such/checkpoint"], "checkpoint not found"),
-        (["--model", "hf:no/such/dir"], "not found"),
+        (["--model", "hf:no/such/dir"], "not a Hugging Face model directory"),
         (["--model", "hf:"], "hf:DIR"),
     ],
 )
 def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
     from beamkit.cli import main
+    from tests.test_adapters import cli_error
 
-    assert main(["serve", *argv]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]
+    code, line = cli_error(capsys, main, ["serve", *argv])
+    assert code == 2 and line.startswith("beamkit serve: error:") and needle in line
 
 
 @pytest.mark.parametrize(
@@ -381,10 +381,10 @@ def test_cli_refuses_bad_arguments_in_one_line(capsys, argv, needle):
 )
 def test_cli_refuses_bad_server_options_in_one_line(capsys, argv, needle):
     from beamkit.cli import main
+    from tests.test_adapters import cli_error
 
-    assert main(["serve", "--port", "0", *argv]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and needle in err[0]
+    code, line = cli_error(capsys, main, ["serve", "--port", "0", *argv])
+    assert code == 2 and line.startswith("beamkit serve: error:") and needle in line
 
 
 def test_cli_port_in_use_is_one_error_line_exit_1(capsys):

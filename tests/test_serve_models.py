@@ -16,8 +16,8 @@ pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 torch = pytest.importorskip("torch")
 
+from beamkit.adapters import load as load_adapter  # noqa: E402
 from beamkit.cli import main  # noqa: E402
-from beamkit.serve.adapters import load_adapter  # noqa: E402
 from tests.test_serve import in_thread, post, same, serving, sse_events, texts  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

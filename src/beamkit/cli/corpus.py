@@ -7,7 +7,9 @@ import os
 import sys
 from typing import Any
 
+from beamkit.cli.args import add_model_arg, add_search_args
 from beamkit.cli.ctc import _parse_blank
+from beamkit.cli.types import finite_float, positive_int
 from beamkit.corpus.options import DecodeOptions
 
 
@@ -93,16 +95,16 @@ def register(subparsers: Any) -> None:
         help=about,
         description=f"{about[0].upper()}{about[1:]}: local worker processes or Ray, output in input order.",
     )
-    p.add_argument("--model", default=None, help="shipped model, checkpoint path, g2p-en or hf:DIR (default: dates)")
+    add_model_arg(p)
     p.add_argument("--input", required=True, help="text file (a source a line), .jsonl ({id, text}) or .npy folder")
     p.add_argument("--output", required=True, help="output JSONL; shards and manifest go to OUTPUT.parts/")
-    p.add_argument("--beam", type=int, default=None, help="beam width (default 5; 100 for CTC)")
-    p.add_argument("--n-best", type=int, default=1, help="hypotheses per input")
-    p.add_argument("--length-penalty", type=float, default=None, help="alpha (default: the model's, 1)")
-    p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
-    p.add_argument("--batch-size", type=int, default=32, help="inputs per batched search")
-    p.add_argument("--shard-size", type=int, default=1000, help="inputs per output shard")
-    p.add_argument("--workers", type=int, default=1, help="worker processes or Ray actors")
+    add_search_args(
+        p, beam=None, beam_help="beam width (default 5; 100 for CTC)", n_best=1, n_best_help="hypotheses per input",
+        length_penalty=None, length_penalty_help="alpha (default: the model's, 1)",
+    )  # fmt: skip
+    p.add_argument("--batch-size", type=positive_int, default=32, help="inputs per batched search")
+    p.add_argument("--shard-size", type=positive_int, default=1000, help="inputs per output shard")
+    p.add_argument("--workers", type=positive_int, default=1, help="worker processes or Ray actors")
     p.add_argument(
         "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
         help="run on Ray: the cluster at ADDRESS, or without one ray.init()'s default (RAY_ADDRESS or a local Ray)",
@@ -120,8 +122,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--blank", default=None, help="CTC: the blank's column index or label (default: the one empty/<pad>/<blank>)"
     )
-    p.add_argument("--alpha", type=float, default=0.5, help="CTC: LM weight")
-    p.add_argument("--beta", type=float, default=1.5, help="CTC: word insertion bonus")
+    p.add_argument("--alpha", type=finite_float, default=0.5, help="CTC: LM weight")
+    p.add_argument("--beta", type=finite_float, default=1.5, help="CTC: word insertion bonus")
     p.add_argument("--pyctcdecode-compat", action="store_true", help="CTC: pyctcdecode's end-of-utterance scoring")
     p.add_argument(
         "--force", action="store_true", help="replace an existing --output file that beamkit decode did not write"

@@ -12,24 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from beamkit.explain import FORMATS, explain_dates, explain_hf, render
+from beamkit.cli.args import add_model_arg, add_render_args
+from beamkit.cli.types import finite_float, positive_int
+from beamkit.explain import FORMATS, explain, render
 
 
 def run(args: argparse.Namespace) -> int:
     """``beamkit explain``: trace one search, write the drawing to ``-o`` (or stdout)."""
-    if args.beam < 1:
-        raise ValueError(f"--beam must be >= 1, got {args.beam}")
-    if args.max_len is not None and args.max_len < 1:
-        raise ValueError(f"--max-len must be >= 1, got {args.max_len}")
-    hf = args.model is not None and args.model.startswith("hf:")
-    if hf and args.policy is not None:
-        raise ValueError("--policy applies to dates models only; leave it out with --model hf:DIR")
     try:
-        if hf:
-            trace = explain_hf(args.text, args.model[3:], args.beam, args.length_penalty, args.max_len)
-        else:
-            policy = args.policy or "narrow"
-            trace = explain_dates(args.text, args.model, args.beam, args.length_penalty, args.max_len, policy)
+        trace = explain(args.model, args.text, args.beam, args.length_penalty, args.max_len, args.policy)
     except ImportError as exc:
         print(f"beamkit explain: error: {exc}", file=sys.stderr)
         return 2
@@ -53,18 +44,18 @@ def register(subparsers: Any) -> None:
         "pruned, which finished, and the greedy path (HTML opens offline in a browser).",
     )
     p.add_argument("text", help="the input, e.g. '3rd of March 1999'")
+    add_model_arg(p)
+    # the search options of add_search_args but --n-best (one tree is drawn), with the same types
+    p.add_argument("--beam", type=positive_int, default=5, help="beam width")
+    p.add_argument("--length-penalty", type=finite_float, default=1.0, help="alpha in logprob / len**alpha")
     p.add_argument(
-        "--model", default=None, help="dates model name or checkpoint path (default dates-seq2seq), or hf:DIR"
+        "--max-len", type=positive_int, default=None, help="most output tokens (default: the model's; hf:DIR: 20)"
     )
-    p.add_argument("--beam", type=int, default=5, help="beam width")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha")
-    p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's; hf: 20)")
     p.add_argument(
         "--policy",
         choices=["narrow", "pool", "compete"],
         default=None,
-        help="search policy (dates models only; default: narrow)",
+        help="search policy (beamkit checkpoints; default: narrow; a Hugging Face model decodes with pool)",
     )
-    p.add_argument("--format", choices=FORMATS, default="html", help="output format")
-    p.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    add_render_args(p, FORMATS)
     p.set_defaults(func=run)

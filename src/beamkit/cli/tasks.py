@@ -10,6 +10,9 @@ import json
 import sys
 from typing import Any
 
+from beamkit import ops
+from beamkit.cli.args import add_model_arg, add_search_args
+from beamkit.cli.types import finite_float, non_negative_int, positive_int
 from beamkit.scoring import LengthPenalty
 
 
@@ -65,29 +68,32 @@ def _check_dates(texts: list[str], strict: bool) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    """Decode each TEXT with a dates model and print its n-best with log-probabilities and scores."""
-    from beamkit.models import load_model, translate
+    """Decode each TEXT with the ``--model`` model and print its n-best with log-probabilities and scores."""
+    from beamkit.adapters import decode_texts, load, parse
     from beamkit.progress import progress_bar, progress_enabled
 
     texts = read_texts(args.text)
-    if args.beam < 1:
-        raise ValueError(f"--beam must be >= 1, got {args.beam}")
     n_best = args.beam if args.n_best is None else args.n_best
-    if not 1 <= n_best <= args.beam:
+    if n_best > args.beam:
         raise ValueError(f"--n-best must be between 1 and --beam ({args.beam}), got {n_best}")
-    if args.max_len is not None and args.max_len < 1:
-        raise ValueError(f"--max-len must be >= 1, got {args.max_len}")
     LengthPenalty(args.length_penalty)  # a bad --length-penalty is refused before any warning about the inputs
-    _check_dates(texts, args.strict)
     try:
-        model = load_model(args.model, backend=args.backend)
+        kind = parse(args.model).kind
+    except ImportError as exc:
+        return _fail_import("translate", exc)
+    if kind == "checkpoint":
+        _check_dates(texts, args.strict)
+    elif args.strict:
+        raise ValueError("--strict applies to the dates models; leave it out with this --model")
+    try:
+        adapter = load(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("translate", exc)
     bar = progress_bar(len(texts), "translate", enabled=progress_enabled(args.quiet))
     try:
-        outs = translate(
-            model, texts, beam_size=args.beam, num_return=n_best, length_penalty=args.length_penalty,
-            max_len=args.max_len, progress=bar,
+        outs = decode_texts(
+            adapter, texts, beam=args.beam, n_best=n_best, max_len=args.max_len, length_penalty=args.length_penalty,
+            progress=bar,
         )  # fmt: skip
     finally:
         bar.close()
@@ -105,7 +111,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         return 0
     for src, out in zip(texts, outs, strict=True):
         print(src)
-        for rank, h in enumerate(out[:n_best], 1):
+        for rank, h in enumerate(out, 1):
             flag = "" if h.finished else "  (unfinished)"
             print(f"  {rank}. {h.text}  logprob {h.logprob:.4f}  score {h.score:.4f}{flag}")
     return 0
@@ -142,13 +148,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed
     )
     out = args.out or f"checkpoints/dates-{args.arch}"
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     training.check_out(out, force=args.force)
     try:
-        import torch
-
-        torch.set_num_threads(args.threads)
+        ops.set_torch_threads(args.threads)
         model = training.train(config, out=out, progress=not args.quiet)
     except ImportError as exc:
         return _fail_import("train", exc)
@@ -308,25 +310,20 @@ def register(subparsers: Any) -> None:
     p = add(
         subparsers,
         "translate",
-        "decode dates with a shipped or saved model; print the n-best",
-        "All inputs are decoded in one batched search; '-' reads them from standard input, one per line. "
-        "A progress bar goes to standard error when it is a terminal. The models read dates from the years "
+        "decode texts with a shipped or saved model (or g2p-en, or hf:DIR); print the n-best",
+        "All inputs are decoded in batched searches; '-' reads them from standard input, one per line. "
+        "A progress bar goes to standard error when it is a terminal. The dates models read dates from the years "
         f"{FIRST_DAY.year}-{LAST_DAY.year}; an input with no date-like token (no digit, month or weekday name) or "
         "a year outside that range gets a warning on standard error (--strict refuses it).",
     )
     p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'; '-' reads standard input")
-    p.add_argument(
-        "--model",
-        default=None,
-        help="shipped model name (see `beamkit models`) or checkpoint path (default: dates-seq2seq)",
-    )
-    p.add_argument("--beam", type=int, default=5, help="beam width (1 = greedy)")
-    p.add_argument("--n-best", type=int, default=None, help="hypotheses to print per input (default: --beam)")
-    p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in logprob / len**alpha")
-    p.add_argument("--max-len", type=int, default=None, help="most output tokens (default: the model's)")
+    add_model_arg(p)
+    add_search_args(p)
     p.add_argument("--json", action="store_true", help="print the n-best as JSON")
     p.add_argument(
-        "--strict", action="store_true", help="refuse an input with no date-like token or a year out of range"
+        "--strict",
+        action="store_true",
+        help="refuse an input with no date-like token or a year out of range (dates models only)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend(p)
@@ -339,11 +336,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("task", choices=["dates"], help="the task to train on")
     p.add_argument("--arch", choices=["seq2seq", "transformer"], default="seq2seq", help="model architecture")
     p.add_argument("--out", default=None, help="checkpoint folder (default: checkpoints/dates-ARCH)")
-    p.add_argument("--epochs", type=int, default=None, help="passes over the training split (default: the arch's)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the arch's)")
-    p.add_argument("--train-size", type=int, default=None, help="use only the first N training pairs (default: all)")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: 0)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument(
+        "--epochs", type=positive_int, default=None, help="passes over the training split (default: the arch's)"
+    )
+    p.add_argument("--lr", type=finite_float, default=None, help="peak learning rate (default: the arch's)")
+    p.add_argument(
+        "--train-size", type=positive_int, default=None, help="use only the first N training pairs (default: all)"
+    )
+    p.add_argument("--seed", type=non_negative_int, default=None, help="random seed (default: 0)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     p.add_argument(
         "--force", action="store_true", help="write into an --out folder that is not empty (never a shipped model's)"
     )
@@ -370,7 +371,7 @@ def register(subparsers: Any) -> None:
             )
         p.add_argument("--beams", default=default_beams, help="comma-separated beam widths")
         lp_default = "0 and 1; 1 with --json" if task == "dates" else "1"
-        p.add_argument("--length-penalty", type=float, default=None, help=f"one alpha (default: {lp_default})")
+        p.add_argument("--length-penalty", type=finite_float, default=None, help=f"one alpha (default: {lp_default})")
         p.add_argument("--json", action="store_true", help="print one JSON object (length penalty 1 by default)")
         p.add_argument(
             "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"

@@ -1,20 +1,20 @@
 """The worker side: load a model once, decode batches of :class:`~beamkit.corpus.inputs.Item` into records.
 
 Every back-end (local processes, Ray actors, Ray Data pipelines) calls :meth:`Decoder.decode_items`, so all of
-them produce the same records. Each batch of valid inputs is one batched search (``search_batch`` through
-``beamkit.models.translate`` / ``G2PModel.decode``, ``beamkit.hf.generate``, or the CTC decoder's
-``decode_beams_batch``). Inputs a model cannot take are found one by one first and reported as errors.
+them produce the same records. Each batch of valid inputs is one batched search
+(:func:`beamkit.adapters.decode_texts` for every ``--model``, or the CTC decoder's ``decode_beams_batch``).
+Inputs a model cannot take are found one by one first and reported as errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from beamkit import ops
 from beamkit.corpus.inputs import Item
-from beamkit.corpus.options import HF_PREFIX, DecodeOptions
-from beamkit.extras import install_hint
+from beamkit.corpus.options import DecodeOptions
 from beamkit.models import torch_available
 
 
@@ -44,99 +44,27 @@ class _Model(Protocol):
     def decode(self, batch: list[Any]) -> list[list[Scored]]: ...
 
 
-class _Dates:
-    """beamkit's own checkpoints (the shipped dates models or a saved folder)."""
+class _Adapted:
+    """A model of :mod:`beamkit.adapters` (a beamkit checkpoint, g2p-en or ``hf:DIR``) decoded by the batched
+    driver :func:`beamkit.adapters.decode_texts`."""
 
     def __init__(self, options: DecodeOptions) -> None:
-        from beamkit.models import load_model
+        from beamkit.adapters import load
 
         self.options = options
-        self.model = load_model(options.model)
+        self.adapter = load(options.model)
+        self.adapter.request(options.beam, options.n_best, options.max_len, options.length_penalty)  # settings
 
     def prepare(self, item: Item) -> Any:
-        from beamkit.models.common import encode_sources
-
-        encode_sources(self.model.src_vocab, [item.text])  # raises on characters the model does not know
+        self.adapter.encode(item.text)  # raises on an input the model cannot take
         return item.text
 
     def decode(self, texts: list[Any]) -> list[list[Scored]]:
-        from beamkit.models import translate
+        from beamkit.adapters import decode_texts
 
         o = self.options
-        outs = translate(
-            self.model, texts, beam_size=o.beam, num_return=o.n_best, batch_size=len(texts), max_len=o.max_len,
-            length_penalty=1.0 if o.length_penalty is None else o.length_penalty,
-        )  # fmt: skip
-        return [[Scored(t.text, t.logprob, t.score) for t in out[: o.n_best]] for out in outs]
-
-
-class _G2P:
-    """The pretrained g2p-en GRU (numpy); outputs are ARPAbet phonemes separated by spaces."""
-
-    def __init__(self, options: DecodeOptions) -> None:
-        from beamkit.models.g2p import G2PModel
-
-        self.options = options
-        self.model = G2PModel.load()
-
-    def prepare(self, item: Item) -> Any:
-        self.model.encode_words([item.text])  # raises unless the word is lower-case a-z
-        return item.text
-
-    def decode(self, words: list[Any]) -> list[list[Scored]]:
-        from beamkit.models.g2p import phonemes
-
-        o = self.options
-        alpha = 1.0 if o.length_penalty is None else o.length_penalty
-        outs = self.model.decode(words, beam_size=o.beam, length_penalty=alpha, batch_size=len(words))
-        return [
-            [Scored(" ".join(phonemes(h.tokens)), float(h.logprob), float(h.score)) for h in out[: o.n_best]]
-            for out in outs
-        ]
-
-
-class _HF:
-    """A Hugging Face model directory (``hf:DIR``) decoded by :func:`beamkit.hf.generate`."""
-
-    def __init__(self, options: DecodeOptions) -> None:
-        try:
-            from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(f"hf: models need transformers: {install_hint('hf')} ({exc})") from exc
-        folder = str(options.model)[len(HF_PREFIX) :]
-        self.options = options
-        config = AutoConfig.from_pretrained(folder)
-        self.enc_dec = bool(getattr(config, "is_encoder_decoder", False))
-        auto = AutoModelForSeq2SeqLM if self.enc_dec else AutoModelForCausalLM
-        self.model = auto.from_pretrained(folder).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        if not self.enc_dec:
-            self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-
-    def prepare(self, item: Item) -> Any:
-        if not self.tokenizer(item.text)["input_ids"]:
-            raise ValueError("the tokenizer gives no tokens for this input")
-        return item.text
-
-    def decode(self, texts: list[Any]) -> list[list[Scored]]:
-        import torch
-
-        import beamkit.hf
-
-        o = self.options
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True)
-        with torch.inference_mode():
-            out = beamkit.hf.generate(
-                self.model, enc["input_ids"], enc["attention_mask"], num_beams=o.beam, num_return_sequences=o.n_best,
-                max_new_tokens=o.max_len, length_penalty=o.length_penalty, return_dict_in_generate=True,
-            )  # fmt: skip
-        decode = self.tokenizer.decode
-        return [
-            [Scored(str(decode(h.tokens, skip_special_tokens=True)), float(h.logprob), float(h.score)) for h in hyps]
-            for hyps in (request[: o.n_best] for request in out.hypotheses)
-        ]
+        outs = decode_texts(self.adapter, texts, o.beam, o.n_best, o.max_len, o.length_penalty, batch_size=len(texts))
+        return [[Scored(h.text, h.logprob, h.score) for h in out] for out in outs]
 
 
 class _CTC:
@@ -171,13 +99,15 @@ class _CTC:
         return [[Scored(b[0], float(b[2]), float(b[3])) for b in utt[: o.n_best]] for utt in beams]
 
 
-_KINDS: dict[str, Callable[[DecodeOptions], _Model]] = {"dates": _Dates, "g2p": _G2P, "hf": _HF, "ctc": _CTC}
+def _model(options: DecodeOptions) -> _Model:
+    """The model ``options`` names: CTC posteriors' decoder, or the adapter of ``--model``."""
+    return _CTC(options) if options.kind == "ctc" else _Adapted(options)
 
 
 def uses_torch(options: DecodeOptions) -> bool:
     """True when the model ``options`` names runs on torch: Hugging Face models, and the dates models where torch
     is installed (without it they run on numpy)."""
-    return options.kind == "hf" or (options.kind == "dates" and torch_available())
+    return options.kind == "hf" or (options.kind == "checkpoint" and torch_available())
 
 
 class Decoder:
@@ -188,11 +118,9 @@ class Decoder:
         ``options.threads`` threads."""
         options.check()
         if uses_torch(options):
-            import torch
-
-            torch.set_num_threads(options.threads)
+            ops.set_torch_threads(options.threads)
         self.options = options
-        self.model = _KINDS[options.kind](options)
+        self.model = _model(options)
 
     def decode_items(self, items: Sequence[Item]) -> list[dict[str, Any]]:
         """Records for ``items`` in their order: one batched search over the valid ones, errors for the rest.

@@ -7,10 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from beamkit._checks import check_float, check_int
+from beamkit._checks import check_choice, check_float, check_int
 
-G2P_MODEL = "g2p-en"
-HF_PREFIX = "hf:"
 LM_BACKENDS = ("auto", "arpa", "kenlm")
 
 
@@ -50,14 +48,17 @@ class DecodeOptions:
 
     @property
     def kind(self) -> str:
-        """``"ctc"``, ``"hf"``, ``"g2p"`` or ``"dates"`` (a beamkit Seq2Seq / Transformer checkpoint)."""
+        """``"ctc"``, or the kind of ``--model`` (:data:`beamkit.adapters.KINDS`: ``"checkpoint"``, ``"g2p"``,
+        ``"hf"``); FileNotFoundError / ValueError for a ``--model`` that names no model."""
         if self.labels is not None:
             return "ctc"
-        if self.model is not None and self.model.startswith(HF_PREFIX):
-            return "hf"
-        if self.model == G2P_MODEL:
-            return "g2p"
-        return "dates"
+        return self.spec().kind
+
+    def spec(self) -> Any:
+        """``--model`` read by the one grammar (:func:`beamkit.adapters.parse`)."""
+        from beamkit.adapters import parse
+
+        return parse(self.model)
 
     def check(self) -> None:
         """Raise TypeError / ValueError / FileNotFoundError, naming the field, for settings no worker could run
@@ -75,8 +76,7 @@ class DecodeOptions:
             check_finite("length_penalty", self.length_penalty)
         check_finite("alpha", self.alpha)
         check_finite("beta", self.beta)
-        if self.lm_backend not in LM_BACKENDS:
-            raise ValueError(f"{_flag('lm_backend')} must be one of {', '.join(LM_BACKENDS)}, got {self.lm_backend!r}")
+        check_choice(_flag("lm_backend"), self.lm_backend, LM_BACKENDS)
         if self.labels is not None and not all(isinstance(lab, str) for lab in self.labels):
             raise TypeError(f"{_flag('labels')} must be strings, got {self.labels!r}")
         kind = self.kind
@@ -90,34 +90,22 @@ class DecodeOptions:
             return
         if self.lm is not None:
             raise ValueError("--lm applies to CTC posteriors (a folder of .npy files with --labels)")
-        if kind == "hf":
-            folder = Path(str(self.model)[len(HF_PREFIX) :])
-            if not (folder / "config.json").is_file():
-                raise FileNotFoundError(f"{self.model!r}: {folder} is not a Hugging Face model directory")
-        elif kind == "g2p":
-            if self.max_len is not None:
-                raise ValueError("--max-len does not apply to g2p-en (its decoder stops at 20 phonemes)")
-        else:
-            from beamkit.models import resolve_model
+        if kind == "g2p":
+            from beamkit.adapters.g2p import check_max_len
 
-            resolve_model(self.model)
+            check_max_len(self.max_len)
 
     def files(self) -> dict[str, Path | None]:
         """The files whose contents, besides the input, determine the output: the model's checkpoint (a folder
         or file; None for CTC) and the CTC language model (None without one)."""
-        kind = self.kind
-        if kind == "ctc":
+        if self.kind == "ctc":
             model = None
-        elif kind == "hf":
-            model = Path(str(self.model)[len(HF_PREFIX) :])
-        elif kind == "g2p":
+        elif self.kind == "g2p":
             from beamkit.models.g2p import checkpoint_path
 
             model = checkpoint_path()
         else:
-            from beamkit.models import resolve_model
-
-            model = resolve_model(self.model)
+            model = Path(self.spec().target)
         return {"model": model, "lm": Path(self.lm) if self.lm is not None else None}
 
     def fingerprint_fields(self) -> dict[str, Any]:

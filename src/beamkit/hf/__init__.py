@@ -6,12 +6,14 @@ itself run through beamkit where beamkit reproduces Hugging Face exactly. Module
 (arguments + generation config -> one frozen settings object, with the refusal tables),
 :mod:`~beamkit.hf.processors` (settings -> processors), :mod:`~beamkit.hf.search` (dispatch to the engine or a
 variant), :mod:`~beamkit.hf.output` (Hugging Face's return values), :mod:`~beamkit.hf.step` (the step functions
-over the model and its cache), :mod:`~beamkit.hf.generation` (``generate``), :mod:`~beamkit.hf.patching` (``patch``).
+over the model and its cache), :mod:`~beamkit.hf.generation` (``generate``), :mod:`~beamkit.hf.patching` (``patch``),
+:mod:`~beamkit.hf.loading` (``load_pretrained``: the one loader of ``hf:DIR`` folders).
 
 Needs ``torch`` and ``transformers`` (imported only when this module is).
 """
 
 from beamkit.hf.generation import generate
+from beamkit.hf.loading import Pretrained, load_pretrained
 from beamkit.hf.output import (
     BeamDecoderOnlyOutput,
     BeamEncoderDecoderOutput,
@@ -33,8 +35,10 @@ __all__ = [
     "GreedyDecoderOnlyOutput",
     "GreedyEncoderDecoderOutput",
     "Patch",
+    "Pretrained",
     "Settings",
     "Unsupported",
     "generate",
+    "load_pretrained",
     "patch",
 ]

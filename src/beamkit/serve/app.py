@@ -31,8 +31,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from beamkit._checks import check_int
+from beamkit.adapters import ModelAdapter
 from beamkit.hypothesis import Hypothesis
-from beamkit.serve.adapters import ModelAdapter
 from beamkit.serve.metrics import Metrics
 from beamkit.serve.protocol import (
     MAX_BODY_BYTES,
@@ -254,14 +254,18 @@ def create_app(
 
             return deliver
 
-        options = {
-            "beam_size": c.beam,
-            "max_len": c.max_tokens,
-            "min_len": c.min_tokens,
-            "num_return": c.n,
-            "length_penalty": adapter.length_penalty(c.length_penalty),
-            **adapter.request_options(c.beam, c.early_stopping),
-        }
+        try:
+            longest = max(len(ids) for ids in c.prompt_ids)
+            options = adapter.request(
+                c.beam, c.n, c.max_tokens, c.length_penalty, c.early_stopping, c.min_tokens, prompt_len=longest
+            )
+            refusal = adapter.continuous_refusal(options)
+        except (ValueError, TypeError) as exc:
+            return _error(ApiError(400, str(exc)), metrics)
+        if refusal is not None:
+            return _error(
+                ApiError(400, f"this server cannot decode the request as the model would alone: {refusal}"), metrics
+            )
         number = next(requests)
         jobs = [
             Job(ids, options, c.beam, c.stream, deliver_to(i), loop, request=number)

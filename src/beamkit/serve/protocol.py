@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from beamkit.adapters import ModelAdapter
 from beamkit.scoring import LengthPenalty
-from beamkit.serve.adapters import ModelAdapter
 
 MAX_STOP = 4  # as OpenAI
 MAX_BODY_BYTES = 1 << 20  # a completions body of 1 MiB at most (413 beyond)
@@ -70,8 +70,8 @@ class Completion:
     max_tokens: int
     n: int
     beam: int
-    length_penalty: float
-    early_stopping: bool | str
+    length_penalty: float | None  # None: the model's own (a Hugging Face model's generation config)
+    early_stopping: bool | str | None  # None: the model's own
     min_tokens: int
     stop: tuple[str, ...]
     logprobs: bool
@@ -163,7 +163,9 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
         raise ApiError(400, "'use_beam_search' needs 'best_of' (the beam width) or 'n' > 1", "best_of")
     if n > beam:
         raise ApiError(400, f"'n' ({n}) must not exceed 'best_of' ({beam}), the beam width", "n")
-    alpha = body.get("length_penalty", 1.0)
+    alpha = body.get("length_penalty")
+    if alpha is None:
+        alpha = 1.0  # checked as the default; the request leaves the model's own
     finite = isinstance(alpha, int) or (isinstance(alpha, float) and math.isfinite(alpha))
     if isinstance(alpha, bool) or not finite:
         raise ApiError(400, f"'length_penalty' must be a finite number, got {_shown(alpha)}", "length_penalty")
@@ -173,8 +175,8 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
         raise ApiError(400, f"'length_penalty' must be a finite number, got {_shown(alpha)}", "length_penalty") from exc
     except ValueError as exc:
         raise ApiError(400, f"'length_penalty': {_cut(str(exc))}", "length_penalty") from exc
-    early = body.get("early_stopping", False)
-    if not (isinstance(early, bool) or early == "never"):
+    early = body.get("early_stopping")
+    if not (early is None or isinstance(early, bool) or early == "never"):
         raise ApiError(400, "'early_stopping' must be true, false or \"never\"", "early_stopping")
     min_tokens = _int(body, "min_tokens", 0, 0, max_tokens)
     assert min_tokens is not None
@@ -215,7 +217,7 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
         max_tokens=max_tokens,
         n=n,
         beam=beam,
-        length_penalty=float(alpha),
+        length_penalty=None if body.get("length_penalty") is None else float(alpha),
         early_stopping=early,
         min_tokens=min_tokens,
         stop=stops,

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from beamkit.adapters import ModelAdapter
 from beamkit.hypothesis import Hypothesis
 from beamkit.search import Completed, Engine
-from beamkit.serve.adapters import ModelAdapter
 from beamkit.serve.metrics import Metrics
 
 

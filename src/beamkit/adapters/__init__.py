@@ -1,0 +1,34 @@
+"""One model-adapter layer for every command and the server: :class:`ModelAdapter` (what a model offers the
+engine), one module per model kind (:mod:`~beamkit.adapters.checkpoint`: beamkit checkpoints,
+:mod:`~beamkit.adapters.g2p`: the g2p-en GRU, :mod:`~beamkit.adapters.hf`: Hugging Face folders), :func:`load`
+(the one ``--model`` grammar) and :func:`decode_texts` (the batched driver)."""
+
+from beamkit.adapters.base import ModelAdapter
+from beamkit.adapters.checkpoint import CheckpointAdapter
+from beamkit.adapters.driver import Output, decode_texts, search
+from beamkit.adapters.g2p import G2PAdapter
+from beamkit.adapters.load import G2P_MODEL, HF_PREFIX, KINDS, ModelSpec, load, parse
+
+__all__ = [
+    "G2P_MODEL",
+    "HF_PREFIX",
+    "KINDS",
+    "CheckpointAdapter",
+    "G2PAdapter",
+    "ModelAdapter",
+    "ModelSpec",
+    "Output",
+    "decode_texts",
+    "load",
+    "parse",
+    "search",
+]
+
+
+def __getattr__(name: str) -> object:
+    """:class:`~beamkit.adapters.hf.HFAdapter` is imported on first use (it needs torch)."""
+    if name == "HFAdapter":
+        from beamkit.adapters.hf import HFAdapter
+
+        return HFAdapter
+    raise AttributeError(f"module 'beamkit.adapters' has no attribute {name!r}")

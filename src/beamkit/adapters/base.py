@@ -1,0 +1,106 @@
+"""The one interface every model kind offers to beamkit's commands and server: :class:`ModelAdapter`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from beamkit.scoring import LengthPenalty, as_length_penalty
+
+
+class ModelAdapter:
+    """A model as ``translate``, ``decode``, ``explain`` and ``serve`` drive it on beamkit's engine. Each kind
+    (:mod:`beamkit.adapters.checkpoint`, :mod:`~beamkit.adapters.g2p`, :mod:`~beamkit.adapters.hf`) sets the
+    attributes and implements the methods without a default here.
+
+    ``name``: the model's name (the id a server's clients send); ``bos`` / ``eos``: the engine's start token and
+    stop tokens (empty: none); ``engine_options``: the search-wide :class:`beamkit.SearchOptions` fields (the
+    policy) of the model's offline decoder, shared by every request of a running engine;
+    ``default_max_tokens`` / ``max_tokens_limit``: generated tokens by default / at most; ``max_prompt_tokens``:
+    the longest prompt; ``context``: positions shared by the prompt and the generated tokens (decoder-only
+    models; None: no shared bound); ``joins_mid_flight``: requests may join a running engine (else only an idle
+    one); ``vocab``: what labels a trace's tokens (see :meth:`beamkit.Trace.with_vocab`).
+    """
+
+    name: str
+    bos: int
+    eos: tuple[int, ...]
+    engine_options: dict[str, Any]
+    default_max_tokens: int
+    max_tokens_limit: int
+    max_prompt_tokens: int
+    joins_mid_flight: bool = True
+    context: int | None = None
+    owned_by: str = "beamkit"
+    vocab: Any = None
+
+    def step_fn(self, state: Any, y_prev: Any) -> Any:
+        """The engine's step function: ``(logits [rows, V], new state)``."""
+        raise NotImplementedError
+
+    def encode(self, prompt: str) -> list[int]:
+        """The prompt's token ids; ValueError naming the problem (unknown characters, empty)."""
+        raise NotImplementedError
+
+    def init_state(self, prompts: list[list[int]]) -> Any:
+        """The initial state of requests decoded together: one row per prompt (token ids)."""
+        raise NotImplementedError
+
+    def batch_key(self, ids: tuple[int, ...]) -> Any:
+        """Prompts with equal keys may share one :meth:`init_state` call (default: any prompts)."""
+        return None
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of generated tokens (stop tokens dropped)."""
+        raise NotImplementedError
+
+    def token_text(self, token: int) -> str:
+        """The text of one generated token (for ``logprobs``)."""
+        raise NotImplementedError
+
+    def length_penalty(self, alpha: float) -> LengthPenalty:
+        """The length penalty the offline decoder uses for ``alpha``."""
+        return as_length_penalty(alpha)
+
+    def request(
+        self,
+        beam: int,
+        n_best: int,
+        max_len: int | None = None,
+        length_penalty: float | None = None,
+        early_stopping: bool | str | None = None,
+        min_len: int | None = None,
+        prompt_len: int = 1,
+    ) -> dict[str, Any]:
+        """The per-request engine options (the fields of :data:`beamkit.search.REQUEST_FIELDS`) for a request
+        asking for ``beam`` beams and ``n_best`` hypotheses, as the model's offline decoder sets them; None means
+        the model's default (``max_len``: :attr:`default_max_tokens`; ``length_penalty``: 1; ``min_len``: 0).
+        ``prompt_len``: the prompt's tokens (a decoder-only model counts some limits from it)."""
+        options: dict[str, Any] = {
+            "beam_size": beam,
+            "num_return": n_best,
+            "max_len": self.default_max_tokens if max_len is None else max_len,
+            "length_penalty": self.length_penalty(1.0 if length_penalty is None else length_penalty),
+        }
+        if early_stopping is not None:
+            options["early_stopping"] = early_stopping
+        if min_len is not None:
+            options["min_len"] = min_len
+        return options
+
+    def batch_options(self, prompts: Sequence[Sequence[int]], request: dict[str, Any]) -> dict[str, Any]:
+        """The search-wide options beyond :attr:`engine_options` that decoding ``prompts`` together with the
+        per-request options ``request`` needs (e.g. a Hugging Face model's logits processors); a running engine
+        shared by other requests can serve the request only when this is empty (default: nothing more)."""
+        return {}
+
+    def continuous_refusal(self, request: dict[str, Any]) -> str | None:
+        """Why a running engine shared by other requests (a server's) cannot decode ``request`` as the offline
+        decoder would, naming the setting; None when it can (the default)."""
+        return None
+
+    @contextlib.contextmanager
+    def step_context(self) -> Iterator[None]:
+        """What every model call runs under (torch's inference mode for torch models; default: nothing)."""
+        yield

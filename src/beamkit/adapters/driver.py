@@ -1,0 +1,96 @@
+"""The batched driver every command uses: texts in, each one's n-best out, through one engine search per batch.
+
+Inputs are encoded by the adapter, grouped by :meth:`~beamkit.adapters.ModelAdapter.batch_key` (a Hugging Face
+model decodes prompts of one length together: no padding) in their order, and each group is decoded in batches of
+``batch_size`` with one :class:`beamkit.BeamSearch` call: the per-request options of
+:meth:`~beamkit.adapters.ModelAdapter.request`, the search-wide ones of ``engine_options`` and
+:meth:`~beamkit.adapters.ModelAdapter.batch_options`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from beamkit.adapters.base import ModelAdapter
+from beamkit.hypothesis import BatchDecodeError
+from beamkit.progress import Progress
+from beamkit.search import SearchResult
+
+
+class Output(NamedTuple):
+    """One hypothesis of one input: its text, token ids, log-probability, ranking score and whether it ended
+    with a stop token (else it ran to the length limit)."""
+
+    text: str
+    tokens: list[int]
+    logprob: float
+    score: float
+    finished: bool
+
+
+def search(
+    adapter: ModelAdapter,
+    prompts: list[list[int]],
+    request: dict[str, Any],
+    progress: Progress | None = None,
+    **shared: Any,
+) -> SearchResult:
+    """One closed-batch search of ``prompts`` (token ids, one batch) with the per-request options ``request``;
+    ``shared``: more search-wide :class:`beamkit.SearchOptions` fields (``record_trace``, ``policy``).
+    ``progress`` advances by one per prompt as the search runs."""
+    from beamkit.progress import BatchTicker, Silent
+    from beamkit.search import BeamSearch, make_options
+
+    fields = {**adapter.engine_options, **adapter.batch_options(prompts, request), **shared, **request}
+    options = make_options(fields.pop("beam_size"), fields.pop("max_len"), **fields)
+    ticker = BatchTicker(progress or Silent(), len(prompts), options.max_len)
+    with adapter.step_context():
+        state = adapter.init_state(prompts)
+        result = BeamSearch(options).search(ticker.wrap(adapter.step_fn), state, adapter.bos, adapter.eos or None)
+    ticker.done()
+    return result
+
+
+def decode_texts(
+    adapter: ModelAdapter,
+    texts: Sequence[str],
+    beam: int = 5,
+    n_best: int | None = None,
+    max_len: int | None = None,
+    length_penalty: float | None = None,
+    batch_size: int = 256,
+    progress: Progress | None = None,
+) -> list[list[Output]]:
+    """Each text's n-best (best first, ``n_best`` of them; default ``beam``), decoded by ``adapter``'s model.
+
+    ``max_len`` / ``length_penalty`` None: the model's own (a checkpoint's ``max_len``; a Hugging Face model's
+    generation config). ValueError / TypeError for a text the model cannot take (naming it) or bad settings;
+    :class:`beamkit.BatchDecodeError` when a search fails for some input."""
+    from beamkit._checks import check_int
+
+    check_int("beam", beam, least=1)
+    n_best = beam if n_best is None else check_int("n_best", n_best, least=1, most=beam)
+    check_int("batch_size", batch_size, least=1)
+    if max_len is not None:
+        check_int("max_len", max_len, least=1)
+    if isinstance(texts, str):
+        raise TypeError("expected a sequence of texts, got one string")
+    ids = [adapter.encode(text) for text in texts]
+    groups: dict[Any, list[int]] = {}
+    for i, row in enumerate(ids):
+        groups.setdefault(adapter.batch_key(tuple(row)), []).append(i)
+    out: list[list[Output] | None] = [None] * len(ids)
+    for members in groups.values():
+        for start in range(0, len(members), batch_size):
+            chunk = members[start : start + batch_size]
+            prompts = [ids[i] for i in chunk]
+            request = adapter.request(beam, n_best, max_len, length_penalty, prompt_len=len(prompts[0]))
+            result = search(adapter, prompts, request, progress)
+            BatchDecodeError.raise_if(result.errors, result.hypotheses)
+            for i, hyps in zip(chunk, result.hypotheses, strict=True):
+                out[i] = [
+                    Output(adapter.decode(h.tokens), list(h.tokens), float(h.logprob), float(h.score), h.finished)
+                    for h in hyps[:n_best]
+                ]
+    return [o if o is not None else [] for o in out]

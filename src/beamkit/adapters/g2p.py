@@ -1,0 +1,78 @@
+"""The pretrained g2p-en GRU (:mod:`beamkit.models.g2p`, numpy): a lower-case word in, ARPAbet phonemes out,
+decoded as :meth:`beamkit.models.g2p.G2PModel.decode` decodes it (at most 20 phonemes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from beamkit.adapters.base import ModelAdapter
+
+NAME = "g2p-en"
+
+
+def check_max_len(max_len: int | None) -> None:
+    """ValueError unless ``max_len`` is left out (None) or g2p-en's own limit: its decoder stops at 20 phonemes."""
+    from beamkit.models.g2p import MAX_LEN
+
+    if max_len not in (None, MAX_LEN):
+        raise ValueError(f"--max-len does not apply to g2p-en (its decoder stops at {MAX_LEN} phonemes)")
+
+
+class G2PAdapter(ModelAdapter):
+    """The g2p-en model (loaded from the installed ``g2p-en`` package unless ``model`` is given)."""
+
+    owned_by = "g2p-en"
+
+    def __init__(self, model: Any = None):
+        from beamkit.models.g2p import BOS, EOS, MAX_LEN, PHONEMES, G2PModel
+
+        self.model = G2PModel.load() if model is None else model
+        self.name = NAME
+        self.vocab = list(PHONEMES)
+        self.bos, self.eos = BOS, (EOS,)
+        self.engine_options = {}
+        self.default_max_tokens = self.max_tokens_limit = MAX_LEN
+        self.max_prompt_tokens = 64
+
+    def step_fn(self, state: Any, y_prev: Any) -> Any:
+        """The GRU decoder's step."""
+        return self.model.step(state, y_prev)
+
+    def encode(self, prompt: str) -> list[int]:
+        """Grapheme ids plus ``</s>``; ValueError unless the word is non-empty lower-case a-z."""
+        return list(self.model.encode_words([prompt])[0])
+
+    def init_state(self, prompts: list[list[int]]) -> Any:
+        """The encoder GRU's last state of each word (ids as :meth:`encode` gives them)."""
+        from beamkit.models.g2p import GRAPHEMES
+
+        return self.model.init_state(["".join(GRAPHEMES[t] for t in ids[:-1]) for ids in prompts])
+
+    def request(
+        self,
+        beam: int,
+        n_best: int,
+        max_len: int | None = None,
+        length_penalty: float | None = None,
+        early_stopping: bool | str | None = None,
+        min_len: int | None = None,
+        prompt_len: int = 1,
+    ) -> dict[str, Any]:
+        """As :meth:`ModelAdapter.request`; g2p-en's decoder stops at 20 phonemes, so ``max_len`` must be left
+        out (or be 20)."""
+        if max_len not in (None, self.max_tokens_limit):
+            raise ValueError(
+                f"--max-len does not apply to g2p-en (its decoder stops at {self.max_tokens_limit} phonemes)"
+            )
+        return super().request(beam, n_best, None, length_penalty, early_stopping, min_len, prompt_len)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The phonemes up to ``</s>``, separated by spaces."""
+        from beamkit.models.g2p import phonemes
+
+        return " ".join(phonemes(tokens))
+
+    def token_text(self, token: int) -> str:
+        """One ARPAbet symbol (``</s>`` for the stop token)."""
+        return str(self.vocab[int(token)])

@@ -1,0 +1,196 @@
+"""Hugging Face model folders (``hf:DIR``), decoder-only and encoder-decoder, decoded as
+:func:`beamkit.hf.generate` decodes them: the same settings (:func:`beamkit.hf.settings.resolve` over the model's
+generation config), the same search options (:func:`beamkit.hf.search.search_options`), the same step functions.
+
+A decoder-only model's prompt is its input, and decoding continues it; an encoder-decoder model's prompt is the
+encoder input, and decoding starts at the decoder start token. Prompts are decoded together only when they have
+the same length (no padding), so each gets what it gets decoded alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from beamkit.adapters.base import ModelAdapter
+from beamkit.scoring import LengthPenalty
+from beamkit.search import REQUEST_FIELDS
+
+# Settings a continuous engine cannot apply per request (they need processors built for one batch of prompts),
+# as the generation-config fields users know them by.
+PROCESSOR_FIELDS = {
+    "sequence_bias": "sequence_bias",
+    "repetition_penalty": "repetition_penalty",
+    "no_repeat_ngram": "no_repeat_ngram_size",
+    "bad_words": "bad_words_ids",
+    "forced_bos": "forced_bos_token_id",
+    "forced_eos": "forced_eos_token_id",
+    "suppress": "suppress_tokens",
+    "begin_suppress": "begin_suppress_tokens",
+}
+
+
+class HFAdapter(ModelAdapter):
+    """A Hugging Face model folder with its tokenizer (loaded by :func:`beamkit.hf.load_pretrained`)."""
+
+    owned_by = "huggingface"
+
+    def __init__(self, directory: str | Path, name: str | None = None, allow_pickle: bool = False):
+        import torch
+
+        from beamkit.hf import DecoderOnlyStep, EncoderDecoderStep, load_pretrained
+
+        loaded = load_pretrained(directory, allow_pickle=allow_pickle)
+        self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
+        self.encoder_decoder = loaded.encoder_decoder
+        self.vocab = self.tokenizer
+        folder = loaded.folder
+        self.name = name or folder.name or str(folder)
+        self._torch = torch
+        base = self.settings(beam=1, n_best=1, max_len=1, prompt_len=1)
+        self.eos = base.eos
+        self.bos = base.start  # decoder-only: ignored, the first call runs the prompt
+        self.engine_options = {"policy": "pool"}
+        found = getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", None)
+        positions = int(found) if found is not None else 1024
+        self.max_prompt_tokens = positions if self.encoder_decoder else positions - 1
+        self.max_tokens_limit = positions if self.encoder_decoder else positions - 1
+        self.context = None if self.encoder_decoder else positions
+        self.default_max_tokens = 16  # the OpenAI completions default (a server's; the commands ask for 20)
+        self._step: Any = EncoderDecoderStep(self.model) if self.encoder_decoder else DecoderOnlyStep(self.model)
+
+    def settings(
+        self,
+        beam: int,
+        n_best: int,
+        max_len: int | None = None,
+        length_penalty: float | None = None,
+        early_stopping: bool | str | None = None,
+        min_len: int | None = None,
+        prompt_len: int = 1,
+    ) -> Any:
+        """The :class:`beamkit.hf.Settings` that ``beamkit.hf.generate`` resolves for these arguments over the
+        model's generation config (None: the config's value, else Hugging Face's default)."""
+        from beamkit.hf.settings import merge_config, resolve
+
+        kwargs = {
+            "num_beams": beam,
+            "num_return_sequences": n_best,
+            "max_new_tokens": max_len,
+            "length_penalty": length_penalty,
+            "early_stopping": early_stopping,
+            "min_new_tokens": min_len,
+        }
+        gc, rest, given = merge_config(None, self.model.generation_config, kwargs)
+        return resolve(self.model, gc, rest, given, 1 if self.encoder_decoder else prompt_len)
+
+    def request(
+        self,
+        beam: int,
+        n_best: int,
+        max_len: int | None = None,
+        length_penalty: float | None = None,
+        early_stopping: bool | str | None = None,
+        min_len: int | None = None,
+        prompt_len: int = 1,
+    ) -> dict[str, Any]:
+        """``generate``'s per-request options: greedy search (one beam) stops at the first finished hypothesis,
+        ``max_len`` None is the generation config's length (else 20 new tokens), ``min_len`` None its minimum."""
+        from beamkit.hf.search import search_options
+
+        s = self.settings(beam, n_best, max_len, length_penalty, early_stopping, min_len, prompt_len)
+        options = search_options(s, [])
+        out = {name: options[name] for name in REQUEST_FIELDS if name in options}
+        return {**out, "beam_size": s.num_beams, "max_len": s.max_new_tokens, "num_return": s.num_return}
+
+    def batch_options(self, prompts: Sequence[Sequence[int]], request: dict[str, Any]) -> dict[str, Any]:
+        """The logits processors ``generate`` builds for these prompts (from the generation config), with greedy
+        search processing raw logits where that changes the scores; the rest of the shared options (sampling,
+        diverse or constrained search) is refused, naming the setting."""
+        from beamkit.hf.processors import build_processors
+        from beamkit.hf.search import search_options
+        from beamkit.hf.settings import Unsupported
+
+        s = self.settings(
+            request["beam_size"], request["num_return"], request["max_len"], request["length_penalty"].alpha,
+            request.get("early_stopping", False), request.get("min_len", 0), len(prompts[0]) if prompts else 1,
+        )  # fmt: skip
+        for field, used in (("do_sample", s.do_sample), ("num_beam_groups", s.groups > 1)):
+            if used:
+                raise Unsupported(f"generation_config.{field} is not decoded by beamkit's commands (use beamkit.hf)")
+        if s.force_words:
+            raise Unsupported("generation_config.force_words_ids is not decoded by beamkit's commands (use beamkit.hf)")
+        rows = [[s.start] for _ in prompts] if self.encoder_decoder else [list(p) for p in prompts]
+        processors = build_processors(s, tuple(tuple(r) for r in rows), [0] * len(rows))
+        if not processors and not (s.num_beams == 1 and s.min_new_tokens > 0):
+            return {}  # raw logits or log-probabilities: the same scores when nothing changes them
+        shared = search_options(s, processors)
+        return {name: value for name, value in shared.items() if name not in REQUEST_FIELDS and name != "policy"}
+
+    def continuous_refusal(self, request: dict[str, Any]) -> str | None:
+        """Why a running engine shared by other requests cannot decode ``request`` as ``generate`` would: the
+        generation-config settings that need processors built for one batch of prompts, or greedy search with a
+        minimum length (``generate`` renormalises its raw logits then); None when it can."""
+        s = self.settings(
+            request["beam_size"], request["num_return"], request["max_len"], request["length_penalty"].alpha,
+            request.get("early_stopping", False), request.get("min_len", 0),
+        )  # fmt: skip
+        names = [f"generation_config.{field}" for attr, field in PROCESSOR_FIELDS.items() if _set(getattr(s, attr))]
+        if not self.encoder_decoder and "generation_config.forced_bos_token_id" in names:
+            names.remove("generation_config.forced_bos_token_id")  # applies to encoder-decoder models only
+        if s.num_beams == 1 and s.min_new_tokens > 0:
+            names.append("'min_tokens' with a beam of one")
+        if not names:
+            return None
+        return f"{', '.join(names)}: not applied to requests that share a running engine"
+
+    def step_fn(self, state: Any, y_prev: Any) -> Any:
+        """The bridge's step: the prompt (or the encoder) runs once per request, then one token per row."""
+        return self._step(state, y_prev)
+
+    def encode(self, prompt: str) -> list[int]:
+        """The tokenizer's ids (with its special tokens, as ``tokenizer(prompt)`` gives them)."""
+        ids = [int(i) for i in self.tokenizer(prompt)["input_ids"]]
+        if not ids:
+            raise ValueError("empty input: the tokenizer gives no tokens for it")
+        return ids
+
+    def init_state(self, prompts: list[list[int]]) -> Any:
+        """The bridge's initial state for prompts of one length (no padding)."""
+        t = self._torch
+        input_ids = t.as_tensor(prompts, dtype=t.long)  # shape: (B, P)
+        return self._step.init_state(input_ids, t.ones_like(input_ids))
+
+    def batch_key(self, ids: tuple[int, ...]) -> Any:
+        """Prompts join in one call only when they have the same length (no padding, as alone)."""
+        return len(ids)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The tokenizer's text of the generated tokens, the trailing stop token and special tokens dropped."""
+        tokens = list(tokens)
+        if tokens and tokens[-1] in self.eos:
+            tokens = tokens[:-1]
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
+    def token_text(self, token: int) -> str:
+        """The tokenizer's text of one token."""
+        return str(self.tokenizer.decode([int(token)]))
+
+    def length_penalty(self, alpha: float) -> LengthPenalty:
+        """Hugging Face's ``logprob / len ** alpha``."""
+        return LengthPenalty.power(alpha)
+
+    @contextlib.contextmanager
+    def step_context(self) -> Iterator[None]:
+        """Torch's inference mode."""
+        from beamkit import ops
+
+        with ops.inference_mode(True):
+            yield
+
+
+def _set(value: Any) -> bool:
+    """Whether a :class:`beamkit.hf.Settings` field is set away from its neutral value."""
+    return value not in (None, (), 0, 1.0, False)

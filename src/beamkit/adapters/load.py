@@ -1,0 +1,88 @@
+"""The ``--model`` grammar, one for every command and the server, and :func:`load`.
+
+``None`` is the default shipped model; ``hf:DIR`` a Hugging Face model folder with its tokenizer; ``g2p-en`` the
+pretrained English grapheme-to-phoneme GRU; a shipped model's name (``beamkit models`` lists them); anything else a
+beamkit checkpoint folder's path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from beamkit.adapters.base import ModelAdapter
+from beamkit.adapters.g2p import NAME as G2P_MODEL
+from beamkit.extras import install_hint
+
+HF_PREFIX = "hf:"
+KINDS = ("checkpoint", "g2p", "hf")
+
+
+class ModelSpec(NamedTuple):
+    """A parsed ``--model``: its ``kind`` (one of :data:`KINDS`) and ``target`` (the folder of a checkpoint or
+    ``hf:DIR``, the model's name for g2p-en)."""
+
+    kind: str
+    target: Path | str
+
+
+def parse(spec: str | None) -> ModelSpec:
+    """Read ``spec`` by the ``--model`` grammar; a shipped name or checkpoint path is resolved to its folder.
+    TypeError for a non-string, ValueError for an empty one or ``hf:`` without a folder, FileNotFoundError for a
+    folder that is not there (naming every kind of model ``--model`` takes)."""
+    from beamkit.models import resolve_model, shipped_models
+
+    if spec is not None and not isinstance(spec, str):
+        raise TypeError(f"--model must be a string, got {type(spec).__name__}")
+    if spec is not None and not spec.strip():
+        raise ValueError("--model must not be empty")
+    if spec is not None and spec.startswith(HF_PREFIX):
+        directory = spec[len(HF_PREFIX) :]
+        if not directory:
+            raise ValueError("--model hf:DIR needs a folder after 'hf:'")
+        try:
+            from beamkit.hf.loading import check_folder
+        except ImportError as exc:
+            raise ImportError(f"--model hf:DIR needs torch and transformers: {install_hint('hf')} ({exc})") from exc
+        return ModelSpec("hf", check_folder(directory))
+    if spec == G2P_MODEL:
+        return ModelSpec("g2p", G2P_MODEL)
+    try:
+        folder = resolve_model(spec)
+    except FileNotFoundError:
+        names = ", ".join(shipped_models()) or "none"
+        raise FileNotFoundError(
+            f"checkpoint not found: --model {spec!r} is neither a shipped model ({names}), a checkpoint folder, "
+            f"{G2P_MODEL} nor hf:DIR"
+        ) from None
+    if not (Path(folder) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"checkpoint not found: --model {spec!r} is not a beamkit checkpoint folder (no config.json)"
+        )
+    return ModelSpec("checkpoint", Path(folder))
+
+
+def load(spec: str | None = None, backend: str = "auto", allow_pickle: bool = False) -> ModelAdapter:
+    """The adapter of the model ``spec`` names (see :func:`parse`).
+
+    ``backend``: how a beamkit checkpoint runs (``"auto"``, ``"numpy"`` or ``"torch"``, see
+    :func:`beamkit.models.load_model`). ``allow_pickle``: load an ``hf:DIR`` whose weights are only pickled
+    (``pytorch_model.bin``); refused otherwise."""
+    from beamkit._checks import check_bool, check_choice
+    from beamkit.models import BACKENDS, DEFAULT_MODEL, load_model
+
+    check_choice("backend", backend, BACKENDS)
+    check_bool("allow_pickle", allow_pickle)
+    kind, target = parse(spec)
+    if kind == "hf":
+        from beamkit.adapters.hf import HFAdapter
+
+        return HFAdapter(target, allow_pickle=allow_pickle)
+    if kind == "g2p":
+        from beamkit.adapters.g2p import G2PAdapter
+
+        return G2PAdapter()
+    from beamkit.adapters.checkpoint import CheckpointAdapter
+
+    model: Any = load_model(target, backend=backend)
+    return CheckpointAdapter(model, Path(spec).name if spec else DEFAULT_MODEL)
