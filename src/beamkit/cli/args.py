@@ -28,11 +28,14 @@ def add_search_args(
     length_penalty: float | None = 1.0,
     length_penalty_help: str = "alpha in logprob / len**alpha",
     max_len_help: str = "most output tokens (default: the model's)",
+    with_n_best: bool = True,
 ) -> None:
-    """Add ``--beam``, ``--n-best``, ``--length-penalty`` and ``--max-len``, each parsed by the shared types (a
-    beam of 0 or an infinite alpha is a usage error naming the option)."""
+    """Add ``--beam``, ``--n-best`` (left out with ``with_n_best=False``), ``--length-penalty`` and
+    ``--max-len``, each parsed by the shared types (a beam of 0 or an infinite alpha is a usage error naming the
+    option)."""
     parser.add_argument("--beam", type=positive_int, default=beam, help=beam_help)
-    parser.add_argument("--n-best", type=positive_int, default=n_best, help=n_best_help)
+    if with_n_best:
+        parser.add_argument("--n-best", type=positive_int, default=n_best, help=n_best_help)
     parser.add_argument("--length-penalty", type=finite_float, default=length_penalty, help=length_penalty_help)
     parser.add_argument("--max-len", type=positive_int, default=None, help=max_len_help)
 

@@ -7,9 +7,9 @@ import os
 import sys
 from typing import Any
 
-from beamkit.cli.args import add_model_arg, add_search_args
+from beamkit.cli.args import add_lm_args, add_model_arg, add_search_args
 from beamkit.cli.ctc import _parse_blank
-from beamkit.cli.types import finite_float, positive_int
+from beamkit.cli.types import positive_int
 from beamkit.corpus.options import DecodeOptions
 
 
@@ -112,18 +112,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--labels", default=None, help="CTC: labels file, one label per line, as `ctc decode` reads it (default: none)"
     )
-    p.add_argument("--lm", default=None, help="CTC: ARPA or KenLM binary n-gram model (default: none)")
-    p.add_argument(
-        "--lm-backend",
-        choices=["auto", "arpa", "kenlm"],
-        default="auto",
-        help="CTC: n-gram reader (auto: kenlm if installed)",
-    )
     p.add_argument(
         "--blank", default=None, help="CTC: the blank's column index or label (default: the one empty/<pad>/<blank>)"
     )
-    p.add_argument("--alpha", type=finite_float, default=0.5, help="CTC: LM weight")
-    p.add_argument("--beta", type=finite_float, default=1.5, help="CTC: word insertion bonus")
+    add_lm_args(p)  # CTC posteriors only
     p.add_argument("--pyctcdecode-compat", action="store_true", help="CTC: pyctcdecode's end-of-utterance scoring")
     p.add_argument(
         "--force", action="store_true", help="replace an existing --output file that beamkit decode did not write"

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from beamkit.cli.args import add_model_arg, add_render_args
-from beamkit.cli.types import finite_float, positive_int
+from beamkit.cli.args import add_model_arg, add_render_args, add_search_args
 from beamkit.explain import FORMATS, explain, render
 
 
@@ -45,11 +44,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("text", help="the input, e.g. '3rd of March 1999'")
     add_model_arg(p)
-    # the search options of add_search_args but --n-best (one tree is drawn), with the same types
-    p.add_argument("--beam", type=positive_int, default=5, help="beam width")
-    p.add_argument("--length-penalty", type=finite_float, default=1.0, help="alpha in logprob / len**alpha")
-    p.add_argument(
-        "--max-len", type=positive_int, default=None, help="most output tokens (default: the model's; hf:DIR: 20)"
+    add_search_args(  # no --n-best: one tree is drawn
+        p,
+        beam_help="beam width",
+        with_n_best=False,
+        max_len_help="most output tokens (default: the model's; hf:DIR: 20)",
     )
     p.add_argument(
         "--policy",

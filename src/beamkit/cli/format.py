@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+from typing import NoReturn
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -42,3 +43,8 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        """A usage error: one line ``beamkit COMMAND: error: MESSAGE`` on standard error, exit code 2 (argparse
+        prints its usage lines first; ``--help`` shows them)."""
+        self.exit(2, f"{self.prog}: error: {message}\n")

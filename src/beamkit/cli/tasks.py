@@ -170,7 +170,7 @@ def _lm_args(args: argparse.Namespace, vocab: list[str]) -> tuple[Any, list[floa
     if args.lm_weight is None:
         raise ValueError("--lm needs --lm-weight (one weight, or several to compare)")
     weights = parse_weights(args.lm_weight)
-    from beamkit.ngram import NGramLM
+    from beamkit.lm import NGramLM
 
     return NGramLM(args.lm, vocab), weights
 

@@ -2,7 +2,7 @@
 
 Every back-end (local processes, Ray actors, Ray Data pipelines) calls :meth:`Decoder.decode_items`, so all of
 them produce the same records. Each batch of valid inputs is one batched search
-(:func:`beamkit.adapters.decode_texts` for every ``--model``, or the CTC decoder's ``decode_beams_batch``).
+(:func:`beamkit.adapters.decode_texts` for every ``--model``, or :meth:`beamkit.ctc.Decoder.decode`).
 Inputs a model cannot take are found one by one first and reported as errors.
 """
 
@@ -71,13 +71,14 @@ class _CTC:
     """CTC posteriors: one ``(T, V)`` ``.npy`` matrix per input, decoded by :mod:`beamkit.ctc`."""
 
     def __init__(self, options: DecodeOptions) -> None:
-        from beamkit.ctc import build_ctcdecoder
+        from beamkit.ctc import CTCOptions, Decoder, fusion_of
 
         self.options = options
-        self.decoder = build_ctcdecoder(
-            list(options.labels or ()), kenlm_model_path=options.lm, alpha=options.alpha, beta=options.beta,
-            lm_backend=options.lm_backend, pyctcdecode_compat=options.pyctcdecode_compat, blank=options.blank,
-        )  # fmt: skip
+        lm = None
+        if options.lm is not None:
+            lm = fusion_of(options.lm, alpha=options.alpha, beta=options.beta, backend=options.lm_backend)
+        search = CTCOptions(beam_width=options.beam, pyctcdecode_compat=options.pyctcdecode_compat)
+        self.decoder = Decoder(list(options.labels or ()), lm, search, blank=options.blank)
 
     def prepare(self, item: Item) -> Any:
         import numpy as np
@@ -94,9 +95,11 @@ class _CTC:
         return arr
 
     def decode(self, mats: list[Any]) -> list[list[Scored]]:
-        o = self.options
-        beams = self.decoder.decode_beams_batch(None, mats, beam_width=o.beam, prune_history=False)
-        return [[Scored(b[0], float(b[2]), float(b[3])) for b in utt[: o.n_best]] for utt in beams]
+        n_best = self.options.n_best
+        return [
+            [Scored(h.text, float(h.logit_score), float(h.score)) for h in hyps[:n_best]]
+            for hyps in self.decoder.decode(mats)
+        ]
 
 
 def _model(options: DecodeOptions) -> _Model:
