@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.serve.adapters import ModelAdapter
+from beamkit.adapters import ModelAdapter
 
 LETTERS = "abcdefgh"
 BOS, EOS = 0, 1
