@@ -5,7 +5,7 @@ The search is compiled by numba (the ``ctc`` extra: ``pip install ".[ctc]"``); w
 plain Python, much slower. The n-gram models are :mod:`beamkit.lm`'s (``kenlm`` used when installed).
 """
 
-from beamkit.lm.deprecated import forward
+from beamkit.moved import forward
 
 from .decoder import Decoder, normalize_logits
 from .errors import CTCBatchDecodeError

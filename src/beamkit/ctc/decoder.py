@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from beamkit._checks import check_choice
-from beamkit.lm.deprecated import forward
+from beamkit.moved import forward
 
 from .errors import CTCBatchDecodeError
 from .lm import LanguageModelFusion, fusion_of
