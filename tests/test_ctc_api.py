@@ -153,6 +153,8 @@ def test_options_accept_the_limits_and_keep_hotwords_as_a_tuple() -> None:
         ("beamkit.ctc.options", "SearchOptions", "CTCOptions"),
         ("beamkit.ngram", "NGramLM", "beamkit.lm.NGramLM"),
         ("beamkit.viz.ctc", "describe", "describe_ctc"),
+        ("beamkit.ctc.search", "Recorder", "CTCRecorder"),
+        ("beamkit.ctc.posteriors", "Candidates", "FrameCandidates"),
     ],
 )
 def test_old_names_warn_and_still_work(module, name, new) -> None:
