@@ -117,20 +117,6 @@ class LanguageModelFusion:
         "log10 offset for an unknown word (finite, or -inf: unknown words are never output).", True
     )
 
-    def reset(
-        self,
-        alpha: float | None = None,
-        beta: float | None = None,
-        unk_score_offset: float | None = None,
-        score_boundary: bool | None = None,
-    ) -> None:
-        """Change the weights given (each as a float, checked as on assignment) and ``score_boundary``."""
-        for name, value in (("alpha", alpha), ("beta", beta), ("unk_score_offset", unk_score_offset)):
-            if value is not None:
-                setattr(self, name, float(value))
-        if score_boundary is not None:
-            self.score_boundary = bool(score_boundary)
-
     @property
     def order(self) -> int:
         """Order of the n-gram model."""

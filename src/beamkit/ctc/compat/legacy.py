@@ -5,16 +5,15 @@ correct end-of-utterance score, a named blank, ``input_kind``). Reached through 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..decoder import Decoder, checked
 from ..lm import LanguageModelFusion, fusion_of
-from ..options import CTCOptions, word_tuple
+from ..options import CTCOptions
 from ..vocab import Vocabulary
-from .decoder import OutputBeamMPSafe, beams_of, mp_safe_beams_of, raise_single
+from .decoder import OutputBeamMPSafe, beams_of, call_options, mp_safe_beams_of, raise_single
 
 
 class CTCDecoder:
@@ -63,13 +62,13 @@ class CTCDecoder:
     ) -> None:
         """Change LM fusion weights in place (no effect without an LM)."""
         lm = self.decoder.lm
-        if lm is not None:
-            lm.reset(alpha=alpha, beta=beta, unk_score_offset=unk_score_offset, score_boundary=lm_score_boundary)
-
-    def _knobs(self, hotwords: Iterable[str] | None, **knobs: Any) -> CTCOptions:
-        """The decoder's options with this call's knobs (hotwords checked by :class:`CTCOptions`)."""
-        hot = None if hotwords is None else word_tuple(hotwords)
-        return dataclasses.replace(self.decoder.options, hotwords=hot, **knobs)
+        if lm is None:
+            return
+        for name, value in (("alpha", alpha), ("beta", beta), ("unk_score_offset", unk_score_offset)):
+            if value is not None:
+                setattr(lm, name, float(value))
+        if lm_score_boundary is not None:
+            lm.score_boundary = bool(lm_score_boundary)
 
     def decode_beams(
         self,
@@ -84,14 +83,8 @@ class CTCDecoder:
     ) -> Any:
         """Beams ``(text, lm_state, word_frames, logit_score, combined_score)`` of one matrix, best first;
         ``record_trace=True`` returns ``(beams, trace)``."""
-        opts = self._knobs(
-            hotwords,
-            beam_width=beam_width,
-            beam_prune_logp=beam_prune_logp,
-            token_min_logp=token_min_logp,
-            prune_history=bool(prune_history),
-            hotword_weight=hotword_weight,
-        )
+        knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight)
+        opts = call_options(self.decoder.options, knobs)
         if record_trace:
             results, traces, errors = self.decoder.traced_search([logits], opts)
             raise_single(errors)
@@ -129,16 +122,8 @@ class CTCDecoder:
     ) -> list[str]:
         """The best text of each matrix; ``pool`` is ignored."""
         del pool
-        opts = self._knobs(
-            hotwords,
-            beam_width=beam_width,
-            beam_prune_logp=beam_prune_logp,
-            token_min_logp=token_min_logp,
-            prune_history=True,
-            hotword_weight=hotword_weight,
-            num_hypotheses=1,
-            word_frames=False,
-        )
+        knobs = (beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight)
+        opts = call_options(self.decoder.options, knobs, best_only=True)
         results, errors = self.decoder.search(list(logits_list), opts, threads=threads)
         if single:
             raise_single(errors)
@@ -159,14 +144,8 @@ class CTCDecoder:
     ) -> list[list[OutputBeamMPSafe]]:
         """Beams ``(text, word_frames, logit_score, combined_score)`` of each matrix; ``pool`` is ignored."""
         del pool
-        opts = self._knobs(
-            hotwords,
-            beam_width=beam_width,
-            beam_prune_logp=beam_prune_logp,
-            token_min_logp=token_min_logp,
-            prune_history=bool(prune_history),
-            hotword_weight=hotword_weight,
-        )
+        knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight)
+        opts = call_options(self.decoder.options, knobs)
         results, errors = self.decoder.search(list(logits_list), opts, threads=threads)
         return checked([mp_safe_beams_of(hyps) for hyps in results], errors)
 
