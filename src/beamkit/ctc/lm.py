@@ -43,13 +43,11 @@ class UnigramPrefixIndex:
         return i < len(self._words) and self._words[i].startswith(prefix)
 
 
-class Weight:
+class _Weight:
     """A fusion weight of :class:`LanguageModelFusion`: a float, checked by
     :func:`~beamkit._checks.check_float` on every assignment (``minus_inf``: -inf is allowed)."""
 
-    def __init__(self, doc: str, minus_inf: bool = False) -> None:
-        """A weight documented by ``doc``."""
-        self.__doc__ = doc
+    def __init__(self, minus_inf: bool = False) -> None:
         self.minus_inf = minus_inf
         self.name = ""
 
@@ -57,10 +55,10 @@ class Weight:
         self.name = name
 
     @overload
-    def __get__(self, obj: None, owner: type | None = None) -> Weight: ...
+    def __get__(self, obj: None, owner: type | None = None) -> _Weight: ...
     @overload
     def __get__(self, obj: object, owner: type | None = None) -> float: ...
-    def __get__(self, obj: object, owner: type | None = None) -> float | Weight:
+    def __get__(self, obj: object, owner: type | None = None) -> float | _Weight:
         if obj is None:
             return self
         return float(vars(obj)[self.name])
@@ -111,11 +109,12 @@ class LanguageModelFusion:
             self.unigrams = frozenset(w for w in unigrams if w in model)
             self.prefix_index = UnigramPrefixIndex(self.unigrams)
 
-    alpha = Weight("LM weight (a finite number).")
-    beta = Weight("Word insertion bonus (a finite number).")
-    unk_score_offset = Weight(
-        "log10 offset for an unknown word (finite, or -inf: unknown words are never output).", True
-    )
+    alpha = _Weight()
+    """LM weight (a finite number)."""
+    beta = _Weight()
+    """Word insertion bonus (a finite number)."""
+    unk_score_offset = _Weight(minus_inf=True)
+    """log10 offset for an unknown word (finite, or -inf: unknown words are never output)."""
 
     @property
     def order(self) -> int:

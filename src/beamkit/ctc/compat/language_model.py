@@ -200,9 +200,7 @@ class _FusionWeight:
     """A weight of ``LanguageModel``, held by its fusion object (``_fusion``); a value the fusion refuses is a
     ValueError naming the weight (pyctcdecode's error type)."""
 
-    def __init__(self, doc: str) -> None:
-        """A weight documented by ``doc``."""
-        self.__doc__ = doc
+    def __init__(self) -> None:
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -250,9 +248,12 @@ class LanguageModel(AbstractLanguageModel):
         self._unigram_set = set(self._fusion.unigrams)
 
     # the fusion parameters live on the fusion object the search reads
-    alpha = _FusionWeight("LM weight.")
-    beta = _FusionWeight("Word insertion bonus.")
-    unk_score_offset = _FusionWeight("log10 offset for unknown words.")
+    alpha = _FusionWeight()
+    """LM weight."""
+    beta = _FusionWeight()
+    """Word insertion bonus."""
+    unk_score_offset = _FusionWeight()
+    """log10 offset for unknown words."""
 
     @property
     def score_boundary(self) -> bool:
