@@ -173,6 +173,8 @@ def test_the_deprecated_decoder_still_decodes_as_the_native_one() -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         from beamkit.ctc import build_ctcdecoder
     old = build_ctcdecoder(LABELS)
+    assert old.vocab.labels == LABELS and old.language_model is None
+    assert old.pyctcdecode_compat is False and old.input_kind == "auto"
     beams = old.decode_beams_batch(None, mats, beam_width=8)
     hyps = Decoder(LABELS, options=CTCOptions(beam_width=8)).decode(mats)
     assert beams == [[(h.text, h.word_frames, h.logit_score, h.score) for h in u] for u in hyps]
