@@ -153,6 +153,8 @@ def test_options_accept_the_limits_and_keep_hotwords_as_a_tuple() -> None:
         ("beamkit.ctc.options", "SearchOptions", "CTCOptions"),
         ("beamkit.ngram", "NGramLM", "beamkit.lm.NGramLM"),
         ("beamkit.viz.ctc", "describe", "describe_ctc"),
+        ("beamkit.ctc.search", "Recorder", "CTCRecorder"),
+        ("beamkit.ctc.posteriors", "Candidates", "FrameCandidates"),
     ],
 )
 def test_old_names_warn_and_still_work(module, name, new) -> None:
@@ -171,6 +173,8 @@ def test_the_deprecated_decoder_still_decodes_as_the_native_one() -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         from beamkit.ctc import build_ctcdecoder
     old = build_ctcdecoder(LABELS)
+    assert old.vocab.labels == LABELS and old.language_model is None
+    assert old.pyctcdecode_compat is False and old.input_kind == "auto"
     beams = old.decode_beams_batch(None, mats, beam_width=8)
     hyps = Decoder(LABELS, options=CTCOptions(beam_width=8)).decode(mats)
     assert beams == [[(h.text, h.word_frames, h.logit_score, h.score) for h in u] for u in hyps]

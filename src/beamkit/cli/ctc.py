@@ -239,6 +239,15 @@ def _add_input_arguments(p: argparse.ArgumentParser, beam: int) -> None:
     )
 
 
+def _command_group(subparsers: Any, name: str, help: str, description: str) -> Any:
+    """Add the command ``name``, whose sub-command must be given; return what its sub-commands are added to
+    (the chosen one lands in ``args.<name>_command``)."""
+    group = subparsers.add_parser(name, help=help, description=description)
+    sub = group.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
+    sub.required = True
+    return sub
+
+
 def register(subparsers: Any) -> None:
     """Add the ``ctc`` (``decode``, ``explain``), ``lm`` (``build``) and ``ocr`` subcommands to an argparse subparsers
     object."""
@@ -257,14 +266,13 @@ def register(subparsers: Any) -> None:
     ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score}")
     ocr.set_defaults(func=_cmd_ocr)
 
-    ctc = subparsers.add_parser(
+    ctc_sub = _command_group(
+        subparsers,
         "ctc",
         help="CTC decoding (greedy / prefix beam search with an n-gram LM)",
         description="CTC decoding of posterior matrices saved as .npy: greedy or prefix beam search, "
         "optionally fused with a word n-gram language model.",
     )
-    ctc_sub = ctc.add_subparsers(dest="ctc_command", metavar="SUBCOMMAND")
-    ctc_sub.required = True
     dec = ctc_sub.add_parser(
         "decode",
         help="decode a .npy of (T, V) or (N, T, V) CTC posteriors",
@@ -313,13 +321,9 @@ def register(subparsers: Any) -> None:
     exp.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
     exp.set_defaults(func=_cmd_ctc_explain)
 
-    lm = subparsers.add_parser(
-        "lm",
-        help="n-gram language models",
-        description="Word n-gram language models for CTC decoding.",
+    lm_sub = _command_group(
+        subparsers, "lm", help="n-gram language models", description="Word n-gram language models for CTC decoding."
     )
-    lm_sub = lm.add_subparsers(dest="lm_command", metavar="SUBCOMMAND")
-    lm_sub.required = True
     build = lm_sub.add_parser(
         "build",
         help="build an interpolated modified Kneser-Ney ARPA from a corpus",

@@ -5,9 +5,9 @@ The search is compiled by numba (the ``ctc`` extra: ``pip install ".[ctc]"``); w
 plain Python, much slower. The n-gram models are :mod:`beamkit.lm`'s (``kenlm`` used when installed).
 """
 
-from beamkit.lm.deprecated import forward
+from beamkit.moved import forward
 
-from .decoder import Decoder, normalize_logits
+from .decoder import LEGACY_MOVES, Decoder, normalize_logits
 from .errors import CTCBatchDecodeError
 from .lm import Hotwords, LanguageModelFusion, UnigramPrefixIndex, fusion_of
 from .options import CTCOptions
@@ -32,12 +32,10 @@ __all__ = [
     "release_cached_memory",
 ]
 
-_LEGACY = "is deprecated: use beamkit.ctc.Decoder (named hypotheses) or beamkit.ctc.compat (pyctcdecode's API)"
 __getattr__ = forward(
     __name__,
     {
-        "CTCDecoder": ("beamkit.ctc.compat.legacy", _LEGACY),
-        "build_ctcdecoder": ("beamkit.ctc.compat.legacy.build_legacy_decoder", _LEGACY),
+        **LEGACY_MOVES,
         "greedy_decode": "beamkit.ctc.prefix_search.greedy_ctc",
         "log_softmax": ("beamkit.ops", "moved to beamkit.ops.log_softmax"),
         "HotwordScorer": "beamkit.ctc.lm.Hotwords",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from beamkit._checks import check_choice
-from beamkit.lm.deprecated import forward
+from beamkit.moved import forward
 
 from .errors import CTCBatchDecodeError
 from .lm import LanguageModelFusion, fusion_of
@@ -220,11 +220,15 @@ def checked(results: list[Any], errors: dict[int, Exception]) -> list[Any]:
 
 
 _LEGACY = "is deprecated: use beamkit.ctc.Decoder (named hypotheses) or beamkit.ctc.compat (pyctcdecode's API)"
+# the first CTC front end, importable from here and from beamkit.ctc for one release
+LEGACY_MOVES = {
+    "CTCDecoder": ("beamkit.ctc.compat.legacy", _LEGACY),
+    "build_ctcdecoder": ("beamkit.ctc.compat.legacy.build_legacy_decoder", _LEGACY),
+}
 __getattr__ = forward(
     __name__,
     {
-        "CTCDecoder": ("beamkit.ctc.compat.legacy", _LEGACY),
-        "build_ctcdecoder": ("beamkit.ctc.compat.legacy.build_legacy_decoder", _LEGACY),
+        **LEGACY_MOVES,
         "OutputBeam": "beamkit.ctc.compat.decoder",
         "OutputBeamMPSafe": "beamkit.ctc.compat.decoder",
         "WordFrames": "beamkit.ctc.compat.decoder",

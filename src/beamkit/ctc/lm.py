@@ -16,12 +16,12 @@ import bisect
 import math
 import os
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+from typing import Any, overload
 
 from beamkit._checks import check_float
 from beamkit.lm.arpa import ArpaLM, NGramModel, load_unigrams_from_arpa
-from beamkit.lm.deprecated import forward
 from beamkit.lm.kenlm_model import KenLMModel, load_language_model
+from beamkit.moved import forward
 
 LOG10_TO_LN = math.log(10.0)
 AVG_TOKEN_LEN = 6  # characters per word assumed when scaling the unknown-partial-word penalty
@@ -41,6 +41,30 @@ class UnigramPrefixIndex:
         """True when some indexed word starts with ``prefix`` (the word itself included)."""
         i = bisect.bisect_left(self._words, prefix)
         return i < len(self._words) and self._words[i].startswith(prefix)
+
+
+class _Weight:
+    """A fusion weight of :class:`LanguageModelFusion`: a float, checked by
+    :func:`~beamkit._checks.check_float` on every assignment (``minus_inf``: -inf is allowed)."""
+
+    def __init__(self, minus_inf: bool = False) -> None:
+        self.minus_inf = minus_inf
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Weight: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> float: ...
+    def __get__(self, obj: object, owner: type | None = None) -> float | _Weight:
+        if obj is None:
+            return self
+        return float(vars(obj)[self.name])
+
+    def __set__(self, obj: object, value: float) -> None:
+        vars(obj)[self.name] = check_float(self.name, value, minus_inf=self.minus_inf)
 
 
 def _weighted(alpha: float, logp10: float) -> float:
@@ -85,32 +109,12 @@ class LanguageModelFusion:
             self.unigrams = frozenset(w for w in unigrams if w in model)
             self.prefix_index = UnigramPrefixIndex(self.unigrams)
 
-    @property
-    def alpha(self) -> float:
-        """LM weight (a finite number)."""
-        return self._alpha
-
-    @alpha.setter
-    def alpha(self, value: float) -> None:
-        self._alpha = check_float("alpha", value)
-
-    @property
-    def beta(self) -> float:
-        """Word insertion bonus (a finite number)."""
-        return self._beta
-
-    @beta.setter
-    def beta(self, value: float) -> None:
-        self._beta = check_float("beta", value)
-
-    @property
-    def unk_score_offset(self) -> float:
-        """log10 offset for an unknown word (finite, or -inf: unknown words are never output)."""
-        return self._unk_score_offset
-
-    @unk_score_offset.setter
-    def unk_score_offset(self, value: float) -> None:
-        self._unk_score_offset = check_float("unk_score_offset", value, minus_inf=True)
+    alpha = _Weight()
+    """LM weight (a finite number)."""
+    beta = _Weight()
+    """Word insertion bonus (a finite number)."""
+    unk_score_offset = _Weight(minus_inf=True)
+    """log10 offset for an unknown word (finite, or -inf: unknown words are never output)."""
 
     @property
     def order(self) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beamkit._checks import check_bool, check_float, check_int
-from beamkit.lm.deprecated import forward
+from beamkit.moved import forward
 
 
 @dataclass(frozen=True)

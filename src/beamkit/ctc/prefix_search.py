@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.lm.deprecated import forward
+from beamkit.moved import forward
 
 from .lm import LanguageModelFusion
 from .options import CTCOptions, word_tuple

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
+from beamkit.moved import forward
+
 from . import kernel as K
 from .fusion import HAS_HOT, HAS_LM, HOT_WEIGHT, PENDING, Fusion, Static, word_lookup
 from .jit import COMPILED, njit, records, warn_if_interpreted
@@ -514,3 +516,5 @@ def _texts(ws: Workspace, fusion: Fusion, targets: np.ndarray) -> list[str]:
 
 
 __all__ = ["COMPILED", "CTCHypothesis", "FrameSnapshot", "CTCRecorder", "release_cached_memory", "search_candidates"]
+
+__getattr__ = forward(__name__, {"Recorder": "beamkit.ctc.search.CTCRecorder"})

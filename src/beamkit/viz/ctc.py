@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from html import escape
 
 from beamkit.ctc.trace import BLANK_TEXT, CTCEntry, CTCTrace
-from beamkit.lm.deprecated import forward
+from beamkit.moved import forward
 from beamkit.viz.layout import BOX_H, BOX_W, COL_W, MARGIN, ROW_H
 from beamkit.viz.render import CSS, dot_end, dot_head, dot_string, edge_path
 

@@ -8,6 +8,7 @@ pyctcdecode) so a decoder pickles into ``multiprocessing`` workers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -43,6 +44,11 @@ Frames = tuple[int, int]
 WordFrames = tuple[str, Frames]
 OutputBeam = tuple[str, Any, list[WordFrames], float, float]
 OutputBeamMPSafe = tuple[str, list[WordFrames], float, float]
+# one call's knobs: beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight
+Knobs = tuple[int, float, float, bool, Iterable[str] | None, float]
+
+# the search options of every call: pyctcdecode's end-of-utterance rule, the call's knobs on top
+PYCTCDECODE = CTCOptions(pyctcdecode_compat=True)
 
 __all__ = ["BeamSearchDecoderCTC", "OutputBeam", "OutputBeamMPSafe", "WordFrames", "build_ctcdecoder"]
 
@@ -61,6 +67,22 @@ def raise_single(errors: dict[int, Exception]) -> None:
     """Raise what is wrong with the one matrix of a single-matrix call, as it was raised."""
     if errors:
         raise errors[0]
+
+
+def call_options(base: CTCOptions, knobs: Knobs, best_only: bool = False) -> CTCOptions:
+    """``base`` with the knobs of one pyctcdecode-style call (``best_only``: one hypothesis, no word frames)."""
+    beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight = knobs
+    return dataclasses.replace(
+        base,
+        beam_width=beam_width,
+        beam_prune_logp=beam_prune_logp,
+        token_min_logp=token_min_logp,
+        prune_history=bool(prune_history),
+        hotwords=None if hotwords is None else word_tuple(hotwords),
+        hotword_weight=hotword_weight,
+        num_hypotheses=1 if best_only else None,
+        word_frames=not best_only,
+    )
 
 
 def _valid_pool(pool: Any) -> Any:
@@ -144,30 +166,7 @@ class BeamSearchDecoderCTC:
 
     def _decoder(self, lm_start_state: Any = None) -> Decoder:
         lm = search_lm(self._language_model, lm_start_state)
-        return Decoder(self._vocab, lm, CTCOptions(pyctcdecode_compat=True), input_kind="log_probs")
-
-    @staticmethod
-    def _options(
-        beam_width: int,
-        beam_prune_logp: float,
-        token_min_logp: float,
-        prune_history: bool,
-        hotwords: list[str] | None,
-        hotword_weight: float,
-        best_only: bool = False,
-    ) -> CTCOptions:
-        """The search's options for pyctcdecode's knobs (``best_only``: one hypothesis, no word frames)."""
-        return CTCOptions(
-            beam_width=beam_width,
-            beam_prune_logp=beam_prune_logp,
-            token_min_logp=token_min_logp,
-            prune_history=bool(prune_history),
-            pyctcdecode_compat=True,
-            hotwords=None if hotwords is None else tuple(hotwords),
-            hotword_weight=hotword_weight,
-            num_hypotheses=1 if best_only else None,
-            word_frames=not best_only,
-        )
+        return Decoder(self._vocab, lm, PYCTCDECODE, input_kind="log_probs")
 
     def _prepared(self, logits: Any) -> np.ndarray:
         """Checked and normalised log-probabilities (NaN, +inf, or an all -inf frame: ValueError; pyctcdecode
@@ -194,37 +193,34 @@ class BeamSearchDecoderCTC:
         """Beams ``(text, lm_state, word_frames, logit_score, lm_score)``, best first; ``lm_start_state``
         (a beam's ``lm_state`` from the previous chunk) continues the LM context."""
         lp = self._prepared(logits)
-        opts = self._options(
-            beam_width, beam_prune_logp, token_min_logp, prune_history, _hotword_list(hotwords), hotword_weight
-        )
+        hot = _hotword_list(hotwords)
+        knobs: Knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
+        opts = call_options(PYCTCDECODE, knobs)
         results, errors = self._decoder(lm_start_state).search([lp], opts)
         raise_single(errors)
         return beams_of(results[0])
 
-    def _decode_beams_mp_safe(
-        self,
-        logits: Any,
-        beam_width: int,
-        beam_prune_logp: float,
-        token_min_logp: float,
-        prune_history: bool,
-        hotwords: Iterable[str] | None,
-        hotword_weight: float,
-    ) -> list[OutputBeamMPSafe]:
-        beams = self.decode_beams(
-            logits, beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight
-        )
+    def _decode_beams_mp_safe(self, logits: Any, knobs: Knobs) -> list[OutputBeamMPSafe]:
+        beams = self.decode_beams(logits, *knobs)
         return [(text, frames, logit_score, lm_score) for text, _, frames, logit_score, lm_score in beams]
 
-    def _pool_map(self, pool: Any, logits_list: Sequence[Any], knobs: tuple[Any, ...]) -> Any:
-        """Each matrix's beams without LM states through ``pool.map`` (``knobs``: the arguments of
-        :meth:`_decode_beams_mp_safe` after the logits); None when ``pool`` is None or a spawn pool."""
+    def _pool_map(self, pool: Any, logits_list: Sequence[Any], knobs: Knobs) -> Any:
+        """Each matrix's beams without LM states through ``pool.map`` (``knobs``: those of
+        :meth:`decode_beams` after the logits); None when ``pool`` is None or a spawn pool."""
         valid = _valid_pool(pool)
         if valid is None:
             return None
         for i, logits in enumerate(logits_list):
             _naming_utterance(i, self._check_logits_dimension, logits)
         return list(valid.map(functools.partial(_mp_safe_beams, self, knobs), logits_list))
+
+    def _searched(
+        self, logits_list: Sequence[Any], knobs: Knobs, best_only: bool = False
+    ) -> tuple[list[list[CTCHypothesis]], dict[int, Exception]]:
+        """The hypotheses of each matrix from one search call, and what is wrong with each matrix that cannot
+        be decoded (a matrix :meth:`_prepared` refuses raises, naming the utterance, as pyctcdecode fails)."""
+        lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
+        return self._decoder().search(lps, call_options(PYCTCDECODE, knobs, best_only))
 
     def decode_beams_batch(
         self,
@@ -240,12 +236,11 @@ class BeamSearchDecoderCTC:
         """:meth:`decode_beams` of each matrix without LM states; through ``pool.map`` when a (fork) pool is
         given, else in one search call."""
         hot = _hotword_list(hotwords)
-        knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
+        knobs: Knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
         mapped = self._pool_map(pool, logits_list, knobs)
         if mapped is not None:
             return mapped
-        lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
-        results, errors = self._decoder().search(lps, self._options(*knobs))
+        results, errors = self._searched(logits_list, knobs)
         return checked([mp_safe_beams_of(hyps) for hyps in results], errors)
 
     def decode(
@@ -277,12 +272,11 @@ class BeamSearchDecoderCTC:
         """:meth:`decode` of each matrix; through ``pool.map`` when a (fork) pool is given, else in one
         search call."""
         hot = _hotword_list(hotwords)
-        knobs = (beam_width, beam_prune_logp, token_min_logp, True, hot, hotword_weight)
+        knobs: Knobs = (beam_width, beam_prune_logp, token_min_logp, True, hot, hotword_weight)
         mapped = self._pool_map(pool, logits_list, knobs)
         if mapped is not None:
             return [beams[0][0] for beams in mapped]
-        lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
-        results, errors = self._decoder().search(lps, self._options(*knobs, best_only=True))
+        results, errors = self._searched(logits_list, knobs, best_only=True)
         return checked([hyps[0].text if hyps else "" for hyps in results], errors)
 
     # ------------------------------------------------------------------ saving and loading
@@ -347,9 +341,9 @@ def _naming_utterance(index: int, fn: Any, logits: Any) -> Any:
         raise ValueError(f"utterance {index} of the batch: {exc}") from exc
 
 
-def _mp_safe_beams(decoder: BeamSearchDecoderCTC, knobs: tuple[Any, ...], logits: Any) -> list[OutputBeamMPSafe]:
-    """``decoder._decode_beams_mp_safe(logits, *knobs)`` (a module-level function: it pickles into workers)."""
-    return decoder._decode_beams_mp_safe(logits, *knobs)
+def _mp_safe_beams(decoder: BeamSearchDecoderCTC, knobs: Knobs, logits: Any) -> list[OutputBeamMPSafe]:
+    """``decoder._decode_beams_mp_safe(logits, knobs)`` (a module-level function: it pickles into workers)."""
+    return decoder._decode_beams_mp_safe(logits, knobs)
 
 
 def _hotword_list(hotwords: Iterable[str] | None) -> list[str] | None:

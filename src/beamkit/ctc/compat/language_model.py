@@ -196,6 +196,26 @@ def _finite(name: str, value: Any, minus_inf: bool = False) -> float:
         raise ValueError(str(exc)) from None
 
 
+class _FusionWeight:
+    """A weight of ``LanguageModel``, held by its fusion object (``_fusion``); a value the fusion refuses is a
+    ValueError naming the weight (pyctcdecode's error type)."""
+
+    def __init__(self) -> None:
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj._fusion, self.name)
+
+    def __set__(self, obj: Any, value: float) -> None:
+        try:
+            setattr(obj._fusion, self.name, value)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+
+
 class LanguageModel(AbstractLanguageModel):
     """A ``kenlm.Model`` with pyctcdecode's fusion parameters (``alpha``, ``beta``, ``unk_score_offset``,
     ``score_boundary``) and known-word list; the numbers are those of beamkit's fusion object."""
@@ -228,32 +248,12 @@ class LanguageModel(AbstractLanguageModel):
         self._unigram_set = set(self._fusion.unigrams)
 
     # the fusion parameters live on the fusion object the search reads
-    @property
-    def alpha(self) -> float:
-        """LM weight."""
-        return self._fusion.alpha
-
-    @alpha.setter
-    def alpha(self, value: float) -> None:
-        self._fusion.alpha = _finite("alpha", value)
-
-    @property
-    def beta(self) -> float:
-        """Word insertion bonus."""
-        return self._fusion.beta
-
-    @beta.setter
-    def beta(self, value: float) -> None:
-        self._fusion.beta = _finite("beta", value)
-
-    @property
-    def unk_score_offset(self) -> float:
-        """log10 offset for unknown words."""
-        return self._fusion.unk_score_offset
-
-    @unk_score_offset.setter
-    def unk_score_offset(self, value: float) -> None:
-        self._fusion.unk_score_offset = _finite("unk_score_offset", value, minus_inf=True)
+    alpha = _FusionWeight()
+    """LM weight."""
+    beta = _FusionWeight()
+    """Word insertion bonus."""
+    unk_score_offset = _FusionWeight()
+    """log10 offset for unknown words."""
 
     @property
     def score_boundary(self) -> bool:

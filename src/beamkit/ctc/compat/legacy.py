@@ -5,20 +5,20 @@ correct end-of-utterance score, a named blank, ``input_kind``). Reached through 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from ..decoder import Decoder, checked
 from ..lm import LanguageModelFusion, fusion_of
-from ..options import CTCOptions, word_tuple
+from ..options import CTCOptions
 from ..vocab import Vocabulary
-from .decoder import OutputBeamMPSafe, beams_of, mp_safe_beams_of, raise_single
+from .decoder import OutputBeamMPSafe, beams_of, call_options, mp_safe_beams_of, raise_single
 
 
-class CTCDecoder(Decoder):
-    """A :class:`~beamkit.ctc.Decoder` with pyctcdecode's method family (see :func:`build_ctcdecoder`)."""
+class CTCDecoder:
+    """pyctcdecode's method family (tuples, ``pool``, ``decode_beams``) over a :class:`~beamkit.ctc.Decoder`
+    (``self.decoder``), with beamkit's defaults (see :func:`build_legacy_decoder`)."""
 
     def __init__(
         self,
@@ -29,19 +29,29 @@ class CTCDecoder(Decoder):
     ) -> None:
         """Decode over ``vocab`` with an optional fused ``language_model``; ``pyctcdecode_compat`` keeps
         pyctcdecode's end-of-utterance quirks, ``input_kind`` says what the matrices hold."""
-        super().__init__(
+        self.decoder = Decoder(
             vocab, language_model, CTCOptions(pyctcdecode_compat=bool(pyctcdecode_compat)), input_kind=input_kind
         )
 
     @property
+    def vocab(self) -> Vocabulary:
+        """The labels, the blank and the word rule of the decoder."""
+        return self.decoder.vocab
+
+    @property
     def language_model(self) -> LanguageModelFusion | None:
         """The fused LM (None without one)."""
-        return self.lm
+        return self.decoder.lm
 
     @property
     def pyctcdecode_compat(self) -> bool:
         """Whether pyctcdecode's end-of-utterance quirk is kept."""
-        return self.options.pyctcdecode_compat
+        return self.decoder.options.pyctcdecode_compat
+
+    @property
+    def input_kind(self) -> str:
+        """What the matrices hold: ``"auto"`` (detected), ``"logits"``, ``"log_probs"`` or ``"probs"``."""
+        return self.decoder.input_kind
 
     def reset_params(
         self,
@@ -51,21 +61,14 @@ class CTCDecoder(Decoder):
         lm_score_boundary: bool | None = None,
     ) -> None:
         """Change LM fusion weights in place (no effect without an LM)."""
-        lm = self.lm
+        lm = self.decoder.lm
         if lm is None:
             return
-        if alpha is not None:
-            lm.alpha = float(alpha)
-        if beta is not None:
-            lm.beta = float(beta)
-        if unk_score_offset is not None:
-            lm.unk_score_offset = float(unk_score_offset)
+        for name, value in (("alpha", alpha), ("beta", beta), ("unk_score_offset", unk_score_offset)):
+            if value is not None:
+                setattr(lm, name, float(value))
         if lm_score_boundary is not None:
             lm.score_boundary = bool(lm_score_boundary)
-
-    def _knobs(self, hotwords: Iterable[str] | None, **knobs: Any) -> CTCOptions:
-        """The decoder's options with this call's knobs (hotwords checked by :class:`CTCOptions`)."""
-        return dataclasses.replace(self.options, hotwords=None if hotwords is None else word_tuple(hotwords), **knobs)
 
     def decode_beams(
         self,
@@ -80,23 +83,17 @@ class CTCDecoder(Decoder):
     ) -> Any:
         """Beams ``(text, lm_state, word_frames, logit_score, combined_score)`` of one matrix, best first;
         ``record_trace=True`` returns ``(beams, trace)``."""
-        opts = self._knobs(
-            hotwords,
-            beam_width=beam_width,
-            beam_prune_logp=beam_prune_logp,
-            token_min_logp=token_min_logp,
-            prune_history=bool(prune_history),
-            hotword_weight=hotword_weight,
-        )
+        knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight)
+        opts = call_options(self.decoder.options, knobs)
         if record_trace:
-            results, traces, errors = self.traced_search([logits], opts)
+            results, traces, errors = self.decoder.traced_search([logits], opts)
             raise_single(errors)
             return beams_of(results[0]), traces[0]
-        results, errors = self.search([logits], opts)
+        results, errors = self.decoder.search([logits], opts)
         raise_single(errors)
         return beams_of(results[0])
 
-    def decode(  # type: ignore[override]  # pyctcdecode's decode: one matrix, its best text
+    def decode(
         self,
         logits: Any,
         beam_width: int = 100,
@@ -125,17 +122,9 @@ class CTCDecoder(Decoder):
     ) -> list[str]:
         """The best text of each matrix; ``pool`` is ignored."""
         del pool
-        opts = self._knobs(
-            hotwords,
-            beam_width=beam_width,
-            beam_prune_logp=beam_prune_logp,
-            token_min_logp=token_min_logp,
-            prune_history=True,
-            hotword_weight=hotword_weight,
-            num_hypotheses=1,
-            word_frames=False,
-        )
-        results, errors = self.search(list(logits_list), opts, threads=threads)
+        knobs = (beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight)
+        opts = call_options(self.decoder.options, knobs, best_only=True)
+        results, errors = self.decoder.search(list(logits_list), opts, threads=threads)
         if single:
             raise_single(errors)
         texts = [hyps[0].text if hyps else "" for hyps in results]
@@ -155,15 +144,9 @@ class CTCDecoder(Decoder):
     ) -> list[list[OutputBeamMPSafe]]:
         """Beams ``(text, word_frames, logit_score, combined_score)`` of each matrix; ``pool`` is ignored."""
         del pool
-        opts = self._knobs(
-            hotwords,
-            beam_width=beam_width,
-            beam_prune_logp=beam_prune_logp,
-            token_min_logp=token_min_logp,
-            prune_history=bool(prune_history),
-            hotword_weight=hotword_weight,
-        )
-        results, errors = self.search(list(logits_list), opts, threads=threads)
+        knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight)
+        opts = call_options(self.decoder.options, knobs)
+        results, errors = self.decoder.search(list(logits_list), opts, threads=threads)
         return checked([mp_safe_beams_of(hyps) for hyps in results], errors)
 
 
