@@ -254,25 +254,6 @@ class SequenceBias:
         return ops.add_at(scores, uniq // scores.shape[1], uniq % scores.shape[1], total)
 
 
-def keep_only(scores: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
-    """Set every entry of ``rows`` to ``-inf`` except column ``cols[i]`` of row ``rows[i]``."""
-    if len(rows) == 0:
-        return scores
-    if ops.is_torch(scores):
-        import torch
-
-        r = torch.as_tensor(rows, device=scores.device)
-        c = torch.as_tensor(cols, device=scores.device)
-        kept = scores[r, c].clone()
-        scores[r] = NEG_INF
-        scores[r, c] = kept
-        return scores
-    kept = scores[rows, cols].copy()
-    scores[rows] = NEG_INF
-    scores[rows, cols] = kept
-    return scores
-
-
 @dataclass(frozen=True)
 class ForcedPrefix:
     """Force request ``r`` to start with ``prefixes[r]``: at step t < len, only that token is allowed."""
@@ -292,7 +273,7 @@ class ForcedPrefix:
         cols = np.array([self.prefixes[ctx.request[r]][ctx.step] for r in rows], dtype=np.int64)
         if cols.size and int(cols.max()) >= scores.shape[1]:
             raise ValueError(f"ForcedPrefix: token id {int(cols.max())} is outside the vocabulary of {scores.shape[1]}")
-        return keep_only(scores, rows, cols)
+        return ops.keep_only(scores, rows, cols)
 
 
 @dataclass(frozen=True)
@@ -336,18 +317,7 @@ class RepetitionPenalty:
         if r.size == 0:
             return scores
         pairs = np.unique(np.stack([r, seq[r, c]], axis=1), axis=0)
-        rows, cols = pairs[:, 0], pairs[:, 1]
-        if ops.is_torch(scores):
-            import torch
-
-            rt = torch.as_tensor(rows, device=scores.device)
-            ct = torch.as_tensor(cols, device=scores.device)
-            v = scores[rt, ct]
-            scores[rt, ct] = torch.where(v < 0, v * self.penalty, v / self.penalty)
-            return scores
-        v = scores[rows, cols]
-        scores[rows, cols] = np.where(v < 0, v * self.penalty, v / self.penalty)
-        return scores
+        return ops.penalize_at(scores, pairs[:, 0], pairs[:, 1], self.penalty)
 
 
 @dataclass(frozen=True)

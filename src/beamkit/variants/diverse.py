@@ -20,24 +20,8 @@ import numpy as np
 from beamkit import ops
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
-from beamkit.samplers import as_float64
 from beamkit.search import BeamSearch, StepFn, count_requests, make_options, rank_candidates, survivor_mask
 from beamkit.state import select_state
-
-
-def subtract_at(x: Any, rows: np.ndarray, cols: np.ndarray, value: float) -> Any:
-    """``x[rows[i], cols[i]] -= value`` for every i, repeated pairs accumulating, in place; returns ``x``."""
-    if len(rows) == 0:
-        return x
-    if ops.is_torch(x):
-        import torch
-
-        r = torch.as_tensor(rows, device=x.device)
-        c = torch.as_tensor(cols, device=x.device)
-        x.index_put_((r, c), torch.full((len(rows),), -value, dtype=x.dtype, device=x.device), accumulate=True)
-        return x
-    np.subtract.at(x, (rows, cols), value)
-    return x
 
 
 @dataclass
@@ -65,7 +49,7 @@ class Diverse:
         self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Top ``m`` per row of each group's penalised log-probs, groups of a request in turn."""
-        logp = as_float64(scores, offset)  # shape: (rows, V)
+        logp = ops.plus_offset64(scores, offset)  # shape: (rows, V)
         rows, vocab = int(logp.shape[0]), int(logp.shape[1])
         width = min(m, vocab)
         out_lp = np.full((rows, width), -np.inf)  # shape: (rows, m')
@@ -83,7 +67,12 @@ class Diverse:
                     toks = chosen.get(r, [])
                     pr.extend([i] * len(toks))
                     pc.extend(toks)
-                sub = subtract_at(sub, np.asarray(pr, dtype=np.int64), np.asarray(pc, dtype=np.int64), self.strength)
+                sub = ops.add_at(
+                    sub,
+                    np.asarray(pr, dtype=np.int64),
+                    np.asarray(pc, dtype=np.int64),
+                    np.full(len(pr), -self.strength),
+                )
             vals, tok = ops.top_candidates(sub, width)  # shape: (rows_g, m')
             out_lp[sel], out_tok[sel] = vals, tok
             for r, toks in self._survivors(sel, vals, tok, parent_key, ctx).items():
