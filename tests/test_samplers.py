@@ -256,9 +256,9 @@ def test_torch_logits_and_generator() -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="k >= 1"):
+    with pytest.raises(ValueError, match=r"^TopK k must be >= 1, got 0$"):
         TopK(k=0)
-    with pytest.raises(ValueError, match="0 < p"):
+    with pytest.raises(ValueError, match=r"^TopP p must be > 0 and <= 1, got 0.0$"):
         TopP(p=0.0)
     with pytest.raises(ValueError, match="not both"):
         Noise(seed=1, generator=np.random.default_rng(1))

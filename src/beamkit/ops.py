@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+NEG_INF = float("-inf")
+
 
 def is_torch(x: Any) -> bool:
     """Return True when ``x`` is a torch tensor (checked without importing torch)."""

@@ -16,36 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from beamkit import ops
-from beamkit._checks import check_int
-from beamkit._checks import is_int as _is_int
-
-NEG_INF = float("-inf")
-
-
-def check_ids(name: str, value: Any) -> tuple[int, ...]:
-    """A sequence of token ids (ints >= 0) as a tuple, or a clear error naming ``name``."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise TypeError(f"{name} must be a sequence of token ids, got {value!r}")
-    ids = tuple(value)
-    if not all(_is_int(t) for t in ids):
-        raise TypeError(f"{name}: token ids must be integers, got {value!r}")
-    if any(t < 0 for t in ids):
-        raise ValueError(f"{name}: token ids must be >= 0, got {value!r}")
-    return tuple(int(t) for t in ids)
-
-
-def check_id_lists(name: str, value: Any) -> tuple[tuple[int, ...], ...]:
-    """A sequence of token-id sequences as a tuple of tuples, or a clear error naming ``name``."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise TypeError(f"{name} must be a sequence of token-id sequences, got {value!r}")
-    return tuple(check_ids(name, seq) for seq in value)
-
-
-def check_number(name: str, value: Any) -> float:
-    """``value`` as a float, or a TypeError naming ``name`` (a real number is expected)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    return float(value)
+from beamkit._checks import check_float, check_id_lists, check_ids, check_int, check_number
+from beamkit.ops import NEG_INF
 
 
 def _check_prompts(self: Any) -> None:
@@ -306,9 +278,7 @@ class RepetitionPenalty:
     prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        penalty = check_number("repetition penalty", self.penalty)
-        if not (penalty > 0 and math.isfinite(penalty)):
-            raise ValueError(f"repetition penalty must be > 0 and finite, got {self.penalty}")
+        check_float("repetition penalty", self.penalty, above=0)
         _check_prompts(self)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
@@ -327,9 +297,7 @@ class Temperature:
     temperature: float
 
     def __post_init__(self) -> None:
-        temperature = check_number("temperature", self.temperature)
-        if not (temperature > 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be > 0 and finite, got {self.temperature}")
+        check_float("temperature", self.temperature, above=0)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         return scores / self.temperature

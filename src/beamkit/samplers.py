@@ -27,8 +27,6 @@ largest ``w + Gumbel`` values, which is how every sampler here draws.
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,9 +34,10 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
+from beamkit._checks import check_float, check_int, check_optional_int
+from beamkit._moved import moved_names
+from beamkit.ops import NEG_INF
 from beamkit.processors import StepContext
-
-NEG_INF = float("-inf")
 
 
 class Noise:
@@ -47,8 +46,7 @@ class Noise:
     def __init__(self, seed: int | None = None, generator: Any = None):
         if seed is not None and generator is not None:
             raise ValueError("give either seed or generator, not both")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        check_optional_int("seed", seed)
         if generator is not None and not ops.is_generator(generator):
             raise TypeError(f"generator must be a numpy or torch Generator, got {type(generator).__name__}")
         self.seed = seed
@@ -74,8 +72,10 @@ def _dead_rows(offset: np.ndarray, *tables: np.ndarray) -> None:
 
 
 @dataclass
-class _RowSampler:
-    """Shared body of the per-row samplers: draw ``m`` tokens without replacement from a restricted row."""
+class RowSampler:
+    """The base of the samplers here and of :class:`beamkit.variants.GumbelTopK`: a :class:`Noise` source and
+    the draw of ``m`` tokens without replacement from each (restricted) row; subclasses choose the rows' weights
+    in ``_choose``."""
 
     seed: int | None = None
     generator: Any = None
@@ -113,7 +113,7 @@ class _RowSampler:
 
 
 @dataclass
-class Multinomial(_RowSampler):
+class Multinomial(RowSampler):
     """Each row draws ``m`` tokens without replacement from its full distribution (AllenNLP's sampler).
 
     The engine then keeps the candidates with the best running log-probabilities. With ``beam_size=1`` this is
@@ -128,14 +128,13 @@ class Multinomial(_RowSampler):
 
 
 @dataclass
-class TopK(_RowSampler):
+class TopK(RowSampler):
     """Each row draws ``min(m, k)`` tokens without replacement from its ``k`` most likely tokens, renormalised."""
 
     k: int = 50
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
-            raise ValueError(f"TopK needs an integer k >= 1, got {self.k!r}")
+        check_int("TopK k", self.k, 1)
         super().__post_init__()
 
     def _choose(
@@ -152,7 +151,7 @@ class TopK(_RowSampler):
 
 
 @dataclass
-class TopP(_RowSampler):
+class TopP(RowSampler):
     """Nucleus sampling: each row draws ``m`` tokens without replacement from its nucleus, renormalised.
 
     The nucleus is the smallest set of most likely tokens whose probability reaches ``p`` (a token is kept when
@@ -163,8 +162,7 @@ class TopP(_RowSampler):
     p: float = 0.9
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.p <= 1.0:
-            raise ValueError(f"TopP needs 0 < p <= 1, got {self.p!r}")
+        check_float("TopP p", self.p, above=0, most=1)
         super().__post_init__()
 
     def _choose(
@@ -181,7 +179,7 @@ class TopP(_RowSampler):
 
 
 @dataclass
-class BeamSample(_RowSampler):
+class BeamSample(RowSampler):
     """Hugging Face beam sampling: each request draws ``m`` candidates jointly over its beams, without replacement.
 
     Candidate ``(beam, token)`` is drawn with probability proportional to ``exp(running log-prob)``; the drawn
@@ -207,7 +205,7 @@ _FIRST = 1e12  # key offset that ranks a candidate by its draw order, ahead of e
 
 
 @dataclass
-class HuggingFaceSample(_RowSampler):
+class HuggingFaceSample(RowSampler):
     """Hugging Face 5.x sampling under ``policy="pool"``: beam sampling (``do_sample=True, num_beams=k``) and,
     with one beam, plain sampling.
 
@@ -278,27 +276,15 @@ def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndar
     return (_draw_rank(values, request) < m) & np.isfinite(values)
 
 
-# names that moved; the old paths keep working for one release
-_MOVED = {
-    "PrefixTable": "beamkit.variants.stochastic",
-    "truncated_gumbel": "beamkit.variants.stochastic",
-    "GumbelTopK": "beamkit.variants.stochastic",
-    "Sample": "beamkit.variants.stochastic",
-    "stochastic_beam_search": "beamkit.variants.stochastic",
-    "as_float64": ("beamkit.ops", "plus_offset64"),
-    "gather_cols": ("beamkit.ops", "gather_cols"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The moved names, with a DeprecationWarning naming their new home."""
-    target = _MOVED.get(name)
-    if target is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, new = (target, name) if isinstance(target, str) else target
-    warnings.warn(
-        f"beamkit.samplers.{name} moved to {module}.{new}; the old name goes away in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(module), new)
+__getattr__ = moved_names(
+    __name__,
+    {
+        "PrefixTable": "beamkit.variants.stochastic:PrefixTable",
+        "truncated_gumbel": "beamkit.variants.stochastic:truncated_gumbel",
+        "GumbelTopK": "beamkit.variants.stochastic:GumbelTopK",
+        "Sample": "beamkit.variants.stochastic:Sample",
+        "stochastic_beam_search": "beamkit.variants.stochastic:stochastic_beam_search",
+        "as_float64": "beamkit.ops:plus_offset64",
+        "gather_cols": "beamkit.ops:gather_cols",
+    },
+)

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from beamkit._checks import check_int
 from beamkit.models.common import join_requests
 from beamkit.models.numpy_nn import Params, linear, lstm_cell, softmax
 from beamkit.models.vocab import Vocab
@@ -54,8 +55,7 @@ class NumpySeq2Seq:
         """Take the weights from ``params`` (checked against these hyper-parameters, as the torch model's)."""
         if hidden % 2:
             raise ValueError(f"hidden must be even (a bidirectional encoder splits it), got {hidden}")
-        if layers < 1:
-            raise ValueError(f"layers must be >= 1, got {layers}")
+        check_int("layers", layers, 1)
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.config = {"emb": emb, "hidden": hidden, "layers": layers}
         self.hidden, self.layers = hidden, layers

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from beamkit._checks import check_int
 from beamkit.models.common import join_requests
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
@@ -53,8 +54,7 @@ class Seq2Seq(nn.Module):
         super().__init__()
         if hidden % 2:
             raise ValueError(f"hidden must be even (a bidirectional encoder splits it), got {hidden}")
-        if layers < 1:
-            raise ValueError(f"layers must be >= 1, got {layers}")
+        check_int("layers", layers, 1)
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.config = {"emb": emb, "hidden": hidden, "layers": layers}
         self.hidden, self.layers = hidden, layers

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from beamkit._checks import check_int
 from beamkit.models.common import pad_batch
 from beamkit.models.vocab import source_vocab, target_vocab
 from beamkit.tasks import dates
@@ -50,8 +51,8 @@ def train(config: TrainConfig, out: str | Path | None = None, progress: bool = T
 
     if out is not None:
         check_out(out, force=True)
-    if config.epochs < 1 or config.batch_size < 1 or config.train_size < 1:
-        raise ValueError("epochs, batch_size and train_size must be >= 1")
+    for name in ("epochs", "batch_size", "train_size"):
+        check_int(name, getattr(config, name), 1)
     torch.manual_seed(config.seed)
     sv, tv = source_vocab(), target_vocab()
     model = checkpoint.build_model(config.arch, sv.to_list(), tv.to_list(), config.hparams)

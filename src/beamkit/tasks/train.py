@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from beamkit._moved import moved_names
 
 # The shipped models' settings: sized so that greedy decoding is good but imperfect on the test split.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -104,15 +105,4 @@ def check_out(out: str | Path, force: bool = False) -> None:
         raise ValueError(f"--out {out} is a folder that is not empty; add --force to write the checkpoint into it")
 
 
-def __getattr__(name: str) -> Any:
-    """``train``, which moved to :mod:`beamkit.models.training`, with a DeprecationWarning."""
-    if name != "train":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        "beamkit.tasks.train.train moved to beamkit.models.training.train; the old name goes away in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    from beamkit.models.training import train
-
-    return train
+__getattr__ = moved_names(__name__, {"train": "beamkit.models.training:train"})

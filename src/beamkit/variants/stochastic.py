@@ -17,12 +17,11 @@ import numpy as np
 
 from beamkit import ops
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
+from beamkit.ops import NEG_INF
 from beamkit.processors import StepContext
-from beamkit.samplers import _RowSampler
+from beamkit.samplers import RowSampler
 from beamkit.scoring import LengthPenalty, as_length_penalty
 from beamkit.search import BeamSearch, SearchOptions
-
-NEG_INF = float("-inf")
 
 
 class PrefixTable:
@@ -85,7 +84,7 @@ def truncated_gumbel(phi: np.ndarray, g: np.ndarray, z: np.ndarray, t: np.ndarra
 
 
 @dataclass
-class GumbelTopK(_RowSampler):
+class GumbelTopK(RowSampler):
     """Stochastic beam search (Kool, van Hoof, Welling 2019): keys are truncated Gumbel perturbations.
 
     A row with running log-probability ``phi_S`` and perturbed value ``G_S`` (its key) gives each child
