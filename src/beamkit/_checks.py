@@ -45,11 +45,12 @@ def check_float(
     """``value`` as a float: a number (else TypeError) that is finite, or -inf when ``minus_inf``, within
     ``least .. most`` where given and greater than ``above`` where given (else ValueError naming ``name``)."""
     value = check_number(name, value)
-    if math.isnan(value) or (math.isinf(value) and not (minus_inf and value < 0)):
-        allowed = "a finite number or -inf" if minus_inf else "a finite number"
+    allowed = "a finite number or -inf" if minus_inf else "a finite number"
+    finite = not math.isnan(value) and (not math.isinf(value) or (minus_inf and value < 0))
+    if least is not None and most is not None and not (finite and least <= value <= most):
+        raise ValueError(f"{name} must be {allowed} between {least:g} and {most:g}, got {value}")
+    if not finite:
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    if least is not None and most is not None and not least <= value <= most:
-        raise ValueError(f"{name} must be between {least} and {most}, got {value}")
     if least is not None and value < least:
         raise ValueError(f"{name} must be >= {least}, got {value}")
     if above is not None and most is not None and not above < value <= most:
