@@ -246,3 +246,41 @@ def test_hf_patch_needs_a_model(model):
 
     with pytest.raises(TypeError, match="model must be a transformers model"):
         bh.patch(model)
+
+
+def test_checks_word_each_failure_by_hand():
+    import math
+
+    from beamkit._checks import check_choice, check_float, check_ids, check_number, check_optional_int
+
+    cases = [
+        (lambda: check_float("p", 0.0, above=0, most=1), ValueError, "p must be > 0 and <= 1, got 0.0"),
+        (lambda: check_float("p", 1.5, above=0, most=1), ValueError, "p must be > 0 and <= 1, got 1.5"),
+        (lambda: check_float("t", -1, above=0), ValueError, "t must be > 0, got -1.0"),
+        (
+            lambda: check_float("a", 200, -100, 100),
+            ValueError,
+            "a must be a finite number between -100 and 100, got 200.0",
+        ),
+        (
+            lambda: check_float("a", math.inf, -100, 100),
+            ValueError,
+            "a must be a finite number between -100 and 100, got inf",
+        ),
+        (lambda: check_float("a", math.nan, above=0), ValueError, "a must be a finite number, got nan"),
+        (lambda: check_choice("mode", "x", ("a", "b", "c")), ValueError, "mode must be 'a', 'b' or 'c', got 'x'"),
+        (lambda: check_choice("mode", "x", ("a",)), ValueError, "mode must be 'a', got 'x'"),
+        (lambda: check_optional_int("n", 0, 1, 3), ValueError, "n must be between 1 and 3, got 0"),
+        (lambda: check_optional_int("n", 1.0), TypeError, "n must be an integer, got 1.0"),
+        (lambda: check_number("w", "1"), TypeError, "w must be a number, got '1'"),
+        (lambda: check_ids("ids", "12"), TypeError, "ids must be a sequence of token ids, got '12'"),
+        (lambda: check_ids("ids", [1, -1]), ValueError, "ids: token ids must be >= 0, got [1, -1]"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error) as info:
+            call()
+        assert str(info.value) == message
+    assert check_float("p", 1, above=0, most=1) == 1.0 and check_float("p", 1e-300, above=0) == 1e-300
+    assert check_optional_int("n", None, 1) is None and check_optional_int("n", np.int64(2), 1) == 2
+    assert check_number("w", -math.inf) == -math.inf and check_ids("ids", np.array([0, 3])) == (0, 3)
+    assert check_choice("flag", 1, (True, False, "never")) == 1  # compared with ==, as `in` does

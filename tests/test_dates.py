@@ -35,17 +35,17 @@ def test_four_digit_formats_parse_back_with_strptime(fmt):
     rng = random.Random(7)
     for _ in range(200):
         day = dates.random_date(rng)
-        text = dates.render(day, fmt, rng, noise=False)
+        text = dates.render_date(day, fmt, rng, noise=False)
         assert dt.datetime.strptime(text, STRPTIME[fmt]).date() == day, text
 
 
 def test_hand_written_examples_from_the_issue():
     day = dt.date(1999, 3, 3)
     rng = random.Random(0)
-    assert dates.render(day, "ordinal_of", rng, noise=False) == "3rd of March 1999"
-    assert dates.render(day, "wkd_d_mon_yyyy", rng, noise=False) == "Wed, 3 Mar 1999"  # 1999-03-03 was a Wednesday
-    assert dates.render(day, "yyyy_m_d_dot", rng, noise=False) == "1999.3.3"
-    assert dates.render(day, "month_d_yy", rng, noise=False) == "March 3, '99"
+    assert dates.render_date(day, "ordinal_of", rng, noise=False) == "3rd of March 1999"
+    assert dates.render_date(day, "wkd_d_mon_yyyy", rng, noise=False) == "Wed, 3 Mar 1999"  # 1999-03-03 was a Wednesday
+    assert dates.render_date(day, "yyyy_m_d_dot", rng, noise=False) == "1999.3.3"
+    assert dates.render_date(day, "month_d_yy", rng, noise=False) == "March 3, '99"
     assert dates.iso(day) == "1999-03-03"
 
 
@@ -53,7 +53,7 @@ def test_weekday_formats_name_the_real_weekday():
     rng = random.Random(3)
     for _ in range(100):
         day = dates.random_date(rng)
-        text = dates.render(day, "weekday_month_ord", rng, noise=False)
+        text = dates.render_date(day, "weekday_month_ord", rng, noise=False)
         assert text.split(",")[0] == day.strftime("%A")
 
 
@@ -90,7 +90,7 @@ def test_slash_order_is_month_first_sixty_percent():
     n = 5000
     for _ in range(n):
         day = dt.date(2000, 1, 20)  # day > 12: the order is visible in the text
-        text = dates.render(day, "slash_yyyy", rng, noise=False)
+        text = dates.render_date(day, "slash_yyyy", rng, noise=False)
         month_first += int(text.split("/")[0]) == 1
     assert abs(month_first / n - dates.P_MONTH_FIRST) < 0.03
 
@@ -109,7 +109,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="limit"):
         dates.split("test", limit=0)
     with pytest.raises(ValueError, match="unknown date format"):
-        dates.render(dt.date(2000, 1, 1), "nope", random.Random(0))
+        dates.render_date(dt.date(2000, 1, 1), "nope", random.Random(0))
 
 
 def test_noise_keeps_the_characters_printable_ascii():

@@ -115,7 +115,7 @@ def test_consumed_handles_and_bad_input_are_refused():
         h2.beamkit_concat([other.rows(1)])
     with pytest.raises(ValueError, match=r"\[rows, 1, P, 2\]"):
         c.prefill([torch.zeros(1, 2, 3, 2)], [torch.zeros(1, 2, 3, 2)])
-    with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"^block_size must be >= 1, got 0$"):
         PagedKVCache(1, 1, 2, n_blocks=4, block_size=0)
     with pytest.raises(ValueError, match="pages\\(\\) needs the handle returned by append"):
         c.rows(1).pages()

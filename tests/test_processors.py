@@ -221,9 +221,11 @@ def test_masks_are_never_chosen_in_the_pool_policy():
         (lambda: SequenceBias([(1, 2, 3)]), TypeError, "(token ids, bias) pairs"),
         (lambda: ForcedPrefix([[1], [-2]]), ValueError, "token ids must be >= 0"),
         (lambda: RepetitionPenalty("1.2"), TypeError, "repetition penalty must be a number"),
-        (lambda: RepetitionPenalty(float("inf")), ValueError, "> 0 and finite"),
+        (lambda: RepetitionPenalty(float("inf")), ValueError, "repetition penalty must be a finite number, got inf"),
+        (lambda: RepetitionPenalty(0), ValueError, "repetition penalty must be > 0, got 0.0"),
         (lambda: Temperature(None), TypeError, "temperature must be a number"),
-        (lambda: Temperature(float("inf")), ValueError, "> 0 and finite"),
+        (lambda: Temperature(float("inf")), ValueError, "temperature must be a finite number, got inf"),
+        (lambda: Temperature(-1.0), ValueError, "temperature must be > 0, got -1.0"),
         (lambda: NoRepeatNGram(2, prompts=[[1, None]]), TypeError, "NoRepeatNGram prompts"),
     ],
 )

@@ -10,7 +10,8 @@ import pytest
 
 from beamkit import search_batch
 from beamkit.hypothesis import BatchDecodeError
-from beamkit.samplers import BeamSample, GumbelTopK, Multinomial, Noise, TopK, TopP, stochastic_beam_search
+from beamkit.samplers import BeamSample, Multinomial, Noise, TopK, TopP
+from beamkit.variants import GumbelTopK, stochastic_beam_search
 
 BOS = 99
 
@@ -255,9 +256,9 @@ def test_torch_logits_and_generator() -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="k >= 1"):
+    with pytest.raises(ValueError, match=r"^TopK k must be >= 1, got 0$"):
         TopK(k=0)
-    with pytest.raises(ValueError, match="0 < p"):
+    with pytest.raises(ValueError, match=r"^TopP p must be > 0 and <= 1, got 0.0$"):
         TopP(p=0.0)
     with pytest.raises(ValueError, match="not both"):
         Noise(seed=1, generator=np.random.default_rng(1))
@@ -309,3 +310,20 @@ def test_stochastic_beam_search_one_failing_request_keeps_the_others() -> None:
         assert len(seqs) == k and len(set(seqs)) == k
         for s in results[r]:
             assert s.hypothesis.logprob == pytest.approx(np.log(probs[tuple(s.hypothesis.tokens)]), abs=1e-9)
+
+
+@pytest.mark.parametrize("name", ["GumbelTopK", "stochastic_beam_search", "PrefixTable", "Sample", "truncated_gumbel"])
+def test_stochastic_names_moved_to_variants_and_the_old_path_warns(name: str) -> None:
+    import beamkit.samplers
+    import beamkit.variants.stochastic
+
+    with pytest.warns(DeprecationWarning, match=f"beamkit.samplers.{name} moved to beamkit.variants.stochastic"):
+        old = getattr(beamkit.samplers, name)
+    assert old is getattr(beamkit.variants.stochastic, name)
+
+
+def test_samplers_has_no_other_hidden_names() -> None:
+    import beamkit.samplers
+
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        beamkit.samplers.Nothing  # noqa: B018

@@ -22,7 +22,7 @@ from beamkit.processors import (
     SuppressTokens,
     Temperature,
 )
-from beamkit.samplers import BeamSample, GumbelTopK, Multinomial, TopK, TopP, stochastic_beam_search
+from beamkit.samplers import BeamSample, Multinomial, TopK, TopP
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty
 from beamkit.search import (
     BeamSearch,
@@ -39,11 +39,13 @@ from beamkit.state import Shared, concat_state, select_state
 from beamkit.variants import (
     Constrained,
     Diverse,
+    GumbelTopK,
     constrained_beam_search,
     diverse_beam_search,
     exact_search,
     exact_search_stats,
     search_errors,
+    stochastic_beam_search,
 )
 
 __all__ = [

@@ -6,9 +6,11 @@ from typing import Any
 
 import numpy as np
 
+from beamkit._moved import moved_names
+
 EOS, A, B = 0, 1, 2
 NAMES = {EOS: "eos", A: "a", B: "b"}
-TABLE = {(): [0.1, 0.5, 0.4], (A,): [0.2, 0.1, 0.7], (B,): [0.9, 0.05, 0.05]}
+DEMO_PROBS = {(): [0.1, 0.5, 0.4], (A,): [0.2, 0.1, 0.7], (B,): [0.9, 0.05, 0.05]}
 
 
 def table_step(state: np.ndarray, y_prev: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -18,5 +20,8 @@ def table_step(state: np.ndarray, y_prev: Any) -> tuple[np.ndarray, np.ndarray]:
     for i, (prefix, tok) in enumerate(zip(state, y, strict=True)):
         new[i] = prefix if tok < 0 else prefix + (int(tok),)
     # shape: (rows, 3) logits (log-probabilities here)
-    logits = np.log(np.array([TABLE.get(p, [1 / 3] * 3) for p in new]))
+    logits = np.log(np.array([DEMO_PROBS.get(p, [1 / 3] * 3) for p in new]))
     return logits, new
+
+
+__getattr__ = moved_names(__name__, {"TABLE": "beamkit.demo:DEMO_PROBS"})

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+NEG_INF = float("-inf")
+
 
 def is_torch(x: Any) -> bool:
     """Return True when ``x`` is a torch tensor (checked without importing torch)."""
@@ -461,3 +463,163 @@ def _exact_top_row(row: np.ndarray, m: int) -> np.ndarray:
     """The m largest columns of one row under the lowest-column tie rule (slow path for boundary ties)."""
     order = np.lexsort((np.arange(row.shape[0]), -row))
     return order[:m].astype(np.int64)
+
+
+def dtype_kind(x: Any) -> str:
+    """The kind of an array's values as numpy names it: "f" float, "i" integer (signed or not), "b" bool, "c"
+    complex, "O" object; a torch tensor's dtype is read the same way."""
+    dtype = x.dtype
+    if isinstance(dtype, np.dtype):
+        return "i" if dtype.kind == "u" else dtype.kind
+    if dtype.is_complex:  # a torch dtype
+        return "c"
+    if dtype.is_floating_point:
+        return "f"
+    return "b" if str(dtype) == "torch.bool" else "i"
+
+
+def to_library(x: Any, ref: Any) -> Any:
+    """``x`` (numpy or torch, its dtype kept) in the library and on the device of ``ref``."""
+    if is_torch(ref):
+        import torch
+
+        return x.to(device=ref.device) if is_torch(x) else torch.as_tensor(np.asarray(x), device=ref.device)
+    return to_numpy(x)
+
+
+def plus_offset64(scores: Any, offset: np.ndarray) -> Any:
+    """``scores + offset[:, None]`` in float64, in the scores' library and device (``[rows, V]``)."""
+    if is_torch(scores):
+        import torch
+
+        return scores.double() + torch.as_tensor(offset, device=scores.device)[:, None]
+    return np.asarray(scores, dtype=np.float64) + offset[:, None]
+
+
+def take_cols(x: Any, cols: np.ndarray) -> Any:
+    """``x[:, cols]`` (columns may repeat) in ``x``'s library and device."""
+    if is_torch(x):
+        import torch
+
+        return x.index_select(1, torch.as_tensor(cols, device=x.device))
+    return x[:, cols]
+
+
+def where_cols(x: Any, missing: np.ndarray, fill: Any) -> Any:
+    """``x`` ``[rows, V]`` with the columns ``missing`` (bool ``[V]``) replaced by ``fill`` (a float, or a
+    ``[rows, 1]`` column in ``x``'s library); a new array."""
+    if is_torch(x):
+        import torch
+
+        mask = torch.as_tensor(missing, device=x.device)[None, :]
+        value = fill if is_torch(fill) else torch.as_tensor(fill, dtype=x.dtype, device=x.device)
+        return torch.where(mask, value, x)
+    return np.where(missing[None, :], fill, x)
+
+
+def row_min(x: Any) -> Any:
+    """The minimum of each row of ``x`` ``[rows, V]``, as a ``[rows, 1]`` column in ``x``'s library."""
+    if is_torch(x):
+        return x.amin(dim=1, keepdim=True)
+    return x.min(axis=1, keepdims=True)
+
+
+def pick(x: Any, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``x[rows[i], cols[i]]`` for every i, as a float64 host vector (only the picked values leave the device)."""
+    if is_torch(x):
+        import torch
+
+        picked = x[torch.as_tensor(rows, device=x.device), torch.as_tensor(cols, device=x.device)]
+        return to_numpy(picked).astype(np.float64)
+    return np.asarray(x[rows, cols], dtype=np.float64)
+
+
+def gather_cols(x: Any, idx: np.ndarray) -> np.ndarray:
+    """``x[r, idx[r, j]]`` for a ``[rows, V]`` array and host ``idx`` ``[rows, m]``, as float64 on the host."""
+    if is_torch(x):
+        import torch
+
+        return to_numpy(x.gather(1, torch.as_tensor(idx, device=x.device))).astype(np.float64)
+    return np.take_along_axis(x, idx, axis=1).astype(np.float64)
+
+
+def keep_only(x: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
+    """Set every entry of the rows ``rows`` to ``-inf`` except column ``cols[i]`` of row ``rows[i]``, in place;
+    returns ``x``."""
+    if len(rows) == 0:
+        return x
+    if is_torch(x):
+        import torch
+
+        r = torch.as_tensor(rows, device=x.device)
+        c = torch.as_tensor(cols, device=x.device)
+        kept = x[r, c].clone()
+        x[r] = float("-inf")
+        x[r, c] = kept
+        return x
+    kept = x[rows, cols].copy()
+    x[rows] = float("-inf")
+    x[rows, cols] = kept
+    return x
+
+
+def penalize_at(x: Any, rows: np.ndarray, cols: np.ndarray, penalty: float) -> Any:
+    """``x[rows[i], cols[i]]`` multiplied by ``penalty`` where negative, divided by it elsewhere (pairs distinct),
+    in place; returns ``x``."""
+    if len(rows) == 0:
+        return x
+    if is_torch(x):
+        import torch
+
+        r = torch.as_tensor(rows, device=x.device)
+        c = torch.as_tensor(cols, device=x.device)
+        v = x[r, c]
+        x[r, c] = torch.where(v < 0, v * penalty, v / penalty)
+        return x
+    v = x[rows, cols]
+    x[rows, cols] = np.where(v < 0, v * penalty, v / penalty)
+    return x
+
+
+def sort_desc(x: Any) -> Any:
+    """Each row of ``x`` ``[rows, V]`` sorted in descending order, in ``x``'s library and device."""
+    if is_torch(x):
+        return x.sort(dim=1, descending=True).values
+    return -np.sort(-x, axis=1)
+
+
+def cumsum_exp(x: Any) -> np.ndarray:
+    """Row-wise cumulative sum of ``exp(x)`` for ``[rows, V]``, on the host."""
+    if is_torch(x):
+        return to_numpy(x.exp().cumsum(dim=1))
+    return np.cumsum(np.exp(x), axis=1)
+
+
+def mask_below(x: Any, threshold: np.ndarray) -> Any:
+    """``x`` ``[rows, V]`` with every entry below its row's ``threshold`` (host ``[rows]``) set to ``-inf``; a new
+    array in ``x``'s library."""
+    if is_torch(x):
+        import torch
+
+        thr = torch.as_tensor(threshold, device=x.device, dtype=x.dtype)[:, None]
+        return torch.where(x >= thr, x, torch.full_like(x, float("-inf")))
+    return np.where(x >= threshold[:, None], x, float("-inf"))
+
+
+def is_generator(x: Any) -> bool:
+    """True for a random generator the samplers can draw from: a ``numpy.random.Generator`` or a
+    ``torch.Generator`` (checked without importing torch)."""
+    return isinstance(x, np.random.Generator) or type(x).__module__.startswith("torch")
+
+
+def gumbel(rng: Any, shape: tuple[int, ...], ref: Any) -> Any:
+    """Standard Gumbel noise of ``shape`` as float64 from ``rng`` (a numpy or torch generator), in the library
+    and on the device of ``ref``."""
+    if isinstance(rng, np.random.Generator):
+        return like(rng.gumbel(size=shape), ref)
+    import torch
+
+    u = torch.rand(shape, generator=rng, dtype=torch.float64, device=rng.device)
+    tiny = torch.finfo(torch.float64).tiny
+    g = -torch.log(-torch.log(u.clamp(min=tiny)))
+    return g.to(ref.device) if is_torch(ref) else g.cpu().numpy()

@@ -16,36 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from beamkit import ops
-from beamkit._checks import check_int
-from beamkit._checks import is_int as _is_int
-
-NEG_INF = float("-inf")
-
-
-def check_ids(name: str, value: Any) -> tuple[int, ...]:
-    """A sequence of token ids (ints >= 0) as a tuple, or a clear error naming ``name``."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise TypeError(f"{name} must be a sequence of token ids, got {value!r}")
-    ids = tuple(value)
-    if not all(_is_int(t) for t in ids):
-        raise TypeError(f"{name}: token ids must be integers, got {value!r}")
-    if any(t < 0 for t in ids):
-        raise ValueError(f"{name}: token ids must be >= 0, got {value!r}")
-    return tuple(int(t) for t in ids)
-
-
-def check_id_lists(name: str, value: Any) -> tuple[tuple[int, ...], ...]:
-    """A sequence of token-id sequences as a tuple of tuples, or a clear error naming ``name``."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise TypeError(f"{name} must be a sequence of token-id sequences, got {value!r}")
-    return tuple(check_ids(name, seq) for seq in value)
-
-
-def check_number(name: str, value: Any) -> float:
-    """``value`` as a float, or a TypeError naming ``name`` (a real number is expected)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    return float(value)
+from beamkit._checks import check_float, check_id_lists, check_ids, check_int, check_number
+from beamkit.ops import NEG_INF
 
 
 def _check_prompts(self: Any) -> None:
@@ -254,25 +226,6 @@ class SequenceBias:
         return ops.add_at(scores, uniq // scores.shape[1], uniq % scores.shape[1], total)
 
 
-def keep_only(scores: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
-    """Set every entry of ``rows`` to ``-inf`` except column ``cols[i]`` of row ``rows[i]``."""
-    if len(rows) == 0:
-        return scores
-    if ops.is_torch(scores):
-        import torch
-
-        r = torch.as_tensor(rows, device=scores.device)
-        c = torch.as_tensor(cols, device=scores.device)
-        kept = scores[r, c].clone()
-        scores[r] = NEG_INF
-        scores[r, c] = kept
-        return scores
-    kept = scores[rows, cols].copy()
-    scores[rows] = NEG_INF
-    scores[rows, cols] = kept
-    return scores
-
-
 @dataclass(frozen=True)
 class ForcedPrefix:
     """Force request ``r`` to start with ``prefixes[r]``: at step t < len, only that token is allowed."""
@@ -292,7 +245,7 @@ class ForcedPrefix:
         cols = np.array([self.prefixes[ctx.request[r]][ctx.step] for r in rows], dtype=np.int64)
         if cols.size and int(cols.max()) >= scores.shape[1]:
             raise ValueError(f"ForcedPrefix: token id {int(cols.max())} is outside the vocabulary of {scores.shape[1]}")
-        return keep_only(scores, rows, cols)
+        return ops.keep_only(scores, rows, cols)
 
 
 @dataclass(frozen=True)
@@ -325,9 +278,7 @@ class RepetitionPenalty:
     prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        penalty = check_number("repetition penalty", self.penalty)
-        if not (penalty > 0 and math.isfinite(penalty)):
-            raise ValueError(f"repetition penalty must be > 0 and finite, got {self.penalty}")
+        check_float("repetition penalty", self.penalty, above=0)
         _check_prompts(self)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
@@ -336,18 +287,7 @@ class RepetitionPenalty:
         if r.size == 0:
             return scores
         pairs = np.unique(np.stack([r, seq[r, c]], axis=1), axis=0)
-        rows, cols = pairs[:, 0], pairs[:, 1]
-        if ops.is_torch(scores):
-            import torch
-
-            rt = torch.as_tensor(rows, device=scores.device)
-            ct = torch.as_tensor(cols, device=scores.device)
-            v = scores[rt, ct]
-            scores[rt, ct] = torch.where(v < 0, v * self.penalty, v / self.penalty)
-            return scores
-        v = scores[rows, cols]
-        scores[rows, cols] = np.where(v < 0, v * self.penalty, v / self.penalty)
-        return scores
+        return ops.penalize_at(scores, pairs[:, 0], pairs[:, 1], self.penalty)
 
 
 @dataclass(frozen=True)
@@ -357,9 +297,7 @@ class Temperature:
     temperature: float
 
     def __post_init__(self) -> None:
-        temperature = check_number("temperature", self.temperature)
-        if not (temperature > 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be > 0 and finite, got {self.temperature}")
+        check_float("temperature", self.temperature, above=0)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         return scores / self.temperature

@@ -1,4 +1,4 @@
-"""Selectors that sample: top-k, top-p, multinomial, Hugging Face beam sampling, Gumbel-top-k (stochastic beams).
+"""Selectors that sample one row at a time: top-k, top-p, multinomial, Hugging Face beam sampling.
 
 Each class implements the engine's :class:`beamkit.search.Selector` protocol and is passed as
 ``SearchOptions(selector=...)`` (or ``search_batch(..., selector=...)``). Randomness comes from ``seed`` (an int:
@@ -16,10 +16,9 @@ What each one does per step (``m`` is the number of candidates the engine asks p
   proportional to ``exp(running log-prob)``; the drawn candidates are then ranked by running log-probability.
 * :class:`HuggingFaceSample`: Hugging Face 5.x's own rules on top of the same draws (eos finishes only among
   the first ``k`` draws, the best ``k`` others by running log-probability run on; one beam: the first draw).
-* :class:`GumbelTopK` (Kool, van Hoof, Welling 2019): stochastic beam search. Each child gets a Gumbel
-  perturbation of its running log-probability, truncated so that the children's maximum equals the parent's
-  perturbed value; the engine keeps the top-k perturbed values. :func:`stochastic_beam_search` runs it so that the
-  k results are exact samples without replacement from the model's sequence distribution.
+
+Stochastic beam search (Gumbel-top-k, :func:`beamkit.variants.stochastic_beam_search`) lives in
+:mod:`beamkit.variants.stochastic`; its old names here still work for one release, with a DeprecationWarning.
 
 The accumulated log-probabilities (``Hypothesis.logprob``) are the model's (processed) log-probabilities, never
 the sampling weights. Gumbel-top-k draws ``m`` items without replacement from ``softmax(w)`` by taking the ``m``
@@ -35,12 +34,10 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.hypothesis import BatchDecodeError, Hypothesis
+from beamkit._checks import check_float, check_int, check_optional_int
+from beamkit._moved import moved_names
+from beamkit.ops import NEG_INF
 from beamkit.processors import StepContext
-from beamkit.scoring import LengthPenalty, as_length_penalty
-from beamkit.search import BeamSearch, SearchOptions
-
-NEG_INF = float("-inf")
 
 
 class Noise:
@@ -49,11 +46,8 @@ class Noise:
     def __init__(self, seed: int | None = None, generator: Any = None):
         if seed is not None and generator is not None:
             raise ValueError("give either seed or generator, not both")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        if generator is not None and not (
-            isinstance(generator, np.random.Generator) or type(generator).__module__.startswith("torch")
-        ):
+        check_optional_int("seed", seed)
+        if generator is not None and not ops.is_generator(generator):
             raise TypeError(f"generator must be a numpy or torch Generator, got {type(generator).__name__}")
         self.seed = seed
         self.generator = generator
@@ -66,57 +60,7 @@ class Noise:
 
     def gumbel(self, shape: tuple[int, ...], ref: Any) -> Any:
         """Standard Gumbel noise of ``shape`` as float64, in the library and on the device of ``ref``."""
-        if isinstance(self._rng, np.random.Generator):
-            return ops.like(self._rng.gumbel(size=shape), ref)
-        import torch
-
-        gen = self._rng
-        u = torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device)
-        tiny = torch.finfo(torch.float64).tiny
-        g = -torch.log(-torch.log(u.clamp(min=tiny)))
-        return g.to(ref.device) if ops.is_torch(ref) else g.cpu().numpy()
-
-
-def as_float64(scores: Any, offset: np.ndarray) -> Any:
-    """``scores + offset[:, None]`` in float64, in the scores' library and device (the step's log-probs)."""
-    if ops.is_torch(scores):
-        import torch
-
-        return scores.double() + torch.as_tensor(offset, device=scores.device)[:, None]
-    return np.asarray(scores, dtype=np.float64) + offset[:, None]
-
-
-def gather_cols(x: Any, idx: np.ndarray) -> np.ndarray:
-    """``x[r, idx[r, j]]`` for a ``[rows, V]`` backend array and host ``idx`` ``[rows, m]``, returned on the host."""
-    if ops.is_torch(x):
-        import torch
-
-        return ops.to_numpy(x.gather(1, torch.as_tensor(idx, device=x.device))).astype(np.float64)
-    return np.take_along_axis(x, idx, axis=1).astype(np.float64)
-
-
-def _sorted_desc(x: Any) -> Any:
-    """Each row of ``x`` sorted in descending order (backend)."""
-    if ops.is_torch(x):
-        return x.sort(dim=1, descending=True).values
-    return -np.sort(-x, axis=1)
-
-
-def _cumsum_exp(x: Any) -> np.ndarray:
-    """Row-wise cumulative sum of ``exp(x)``, on the host."""
-    if ops.is_torch(x):
-        return ops.to_numpy(x.exp().cumsum(dim=1))
-    return np.cumsum(np.exp(x), axis=1)
-
-
-def _mask_below(x: Any, threshold: np.ndarray) -> Any:
-    """``x`` with every entry below its row's ``threshold`` set to ``-inf`` (a new array)."""
-    if ops.is_torch(x):
-        import torch
-
-        thr = torch.as_tensor(threshold, device=x.device, dtype=x.dtype)[:, None]
-        return torch.where(x >= thr, x, torch.full_like(x, NEG_INF))
-    return np.where(x >= threshold[:, None], x, NEG_INF)
+        return ops.gumbel(self._rng, shape, ref)
 
 
 def _dead_rows(offset: np.ndarray, *tables: np.ndarray) -> None:
@@ -128,8 +72,10 @@ def _dead_rows(offset: np.ndarray, *tables: np.ndarray) -> None:
 
 
 @dataclass
-class _RowSampler:
-    """Shared body of the per-row samplers: draw ``m`` tokens without replacement from a restricted row."""
+class RowSampler:
+    """The base of the samplers here and of :class:`beamkit.variants.GumbelTopK`: a :class:`Noise` source and
+    the draw of ``m`` tokens without replacement from each (restricted) row; subclasses choose the rows' weights
+    in ``_choose``."""
 
     seed: int | None = None
     generator: Any = None
@@ -145,7 +91,7 @@ class _RowSampler:
         rows, vocab = int(weights.shape[0]), int(weights.shape[1])
         perturbed = weights + self.noise.gumbel((rows, vocab), weights)  # shape: (rows, V)
         pert, tok = ops.top_candidates(perturbed, m)  # shape: (rows, m)
-        lp = gather_cols(logp, tok)
+        lp = ops.gather_cols(logp, tok)
         lp[~np.isfinite(pert)] = NEG_INF  # masked tokens are never drawn
         return lp, tok, parent_key[:, None] + lp
 
@@ -155,7 +101,7 @@ class _RowSampler:
         """The engine's selector call: restart the seeded noise at step 0, draw, give failed rows nothing."""
         if ctx.step == 0:
             self.noise.restart()
-        lp, tok, key = self._choose(as_float64(scores, offset), parent_key, m, ctx)
+        lp, tok, key = self._choose(ops.plus_offset64(scores, offset), parent_key, m, ctx)
         _dead_rows(offset, lp, key)
         return lp, tok, key
 
@@ -167,7 +113,7 @@ class _RowSampler:
 
 
 @dataclass
-class Multinomial(_RowSampler):
+class Multinomial(RowSampler):
     """Each row draws ``m`` tokens without replacement from its full distribution (AllenNLP's sampler).
 
     The engine then keeps the candidates with the best running log-probabilities. With ``beam_size=1`` this is
@@ -182,14 +128,13 @@ class Multinomial(_RowSampler):
 
 
 @dataclass
-class TopK(_RowSampler):
+class TopK(RowSampler):
     """Each row draws ``min(m, k)`` tokens without replacement from its ``k`` most likely tokens, renormalised."""
 
     k: int = 50
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
-            raise ValueError(f"TopK needs an integer k >= 1, got {self.k!r}")
+        check_int("TopK k", self.k, 1)
         super().__post_init__()
 
     def _choose(
@@ -206,7 +151,7 @@ class TopK(_RowSampler):
 
 
 @dataclass
-class TopP(_RowSampler):
+class TopP(RowSampler):
     """Nucleus sampling: each row draws ``m`` tokens without replacement from its nucleus, renormalised.
 
     The nucleus is the smallest set of most likely tokens whose probability reaches ``p`` (a token is kept when
@@ -217,8 +162,7 @@ class TopP(_RowSampler):
     p: float = 0.9
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.p <= 1.0:
-            raise ValueError(f"TopP needs 0 < p <= 1, got {self.p!r}")
+        check_float("TopP p", self.p, above=0, most=1)
         super().__post_init__()
 
     def _choose(
@@ -226,16 +170,16 @@ class TopP(_RowSampler):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Draw from each row's nucleus; see the class docstring."""
         norm = ops.log_softmax(logp)  # shape: (rows, V), renormalised in case processors removed mass
-        srt = _sorted_desc(norm)  # shape: (rows, V)
-        cum = _cumsum_exp(srt)  # shape: (rows, V) host
+        srt = ops.sort_desc(norm)  # shape: (rows, V)
+        cum = ops.cumsum_exp(srt)  # shape: (rows, V) host
         before = np.concatenate([np.zeros((cum.shape[0], 1)), cum[:, :-1]], axis=1)
         n_keep = np.maximum((before < self.p).sum(axis=1), 1)
         thr = ops.to_numpy(srt)[np.arange(cum.shape[0]), n_keep - 1] if cum.shape[0] else np.zeros(0)
-        return self._draw(_mask_below(norm, np.asarray(thr, dtype=np.float64)), logp, m, parent_key)
+        return self._draw(ops.mask_below(norm, np.asarray(thr, dtype=np.float64)), logp, m, parent_key)
 
 
 @dataclass
-class BeamSample(_RowSampler):
+class BeamSample(RowSampler):
     """Hugging Face beam sampling: each request draws ``m`` candidates jointly over its beams, without replacement.
 
     Candidate ``(beam, token)`` is drawn with probability proportional to ``exp(running log-prob)``; the drawn
@@ -249,7 +193,7 @@ class BeamSample(_RowSampler):
         rows, vocab = int(logp.shape[0]), int(logp.shape[1])
         perturbed = logp + self.noise.gumbel((rows, vocab), logp)  # shape: (rows, V)
         pert, tok = ops.top_candidates(perturbed, m)  # shape: (rows, m)
-        lp = gather_cols(logp, tok)
+        lp = ops.gather_cols(logp, tok)
         pert = pert + parent_key[:, None]  # running log-prob + Gumbel (the parent term is a per-row constant)
         pert[~np.isfinite(lp)] = NEG_INF
         keep = _top_per_request(pert, ctx.request, m)
@@ -261,7 +205,7 @@ _FIRST = 1e12  # key offset that ranks a candidate by its draw order, ahead of e
 
 
 @dataclass
-class HuggingFaceSample(_RowSampler):
+class HuggingFaceSample(RowSampler):
     """Hugging Face 5.x sampling under ``policy="pool"``: beam sampling (``do_sample=True, num_beams=k``) and,
     with one beam, plain sampling.
 
@@ -300,7 +244,7 @@ class HuggingFaceSample(_RowSampler):
         running = ctx.logprob if ctx.logprob is not None else np.zeros(rows)
         noise = ops.like(self._noise(ctx, vocab) + running[:, None], logp)  # shape: (rows, V)
         pert, tok = ops.top_candidates(logp + noise, m)  # shape: (rows, m) per-row draws, in draw order
-        lp = gather_cols(logp, tok)
+        lp = ops.gather_cols(logp, tok)
         pert[~np.isfinite(lp)] = NEG_INF
         drawn = _top_per_request(pert, ctx.request, m)
         lp[~drawn] = NEG_INF
@@ -332,139 +276,15 @@ def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndar
     return (_draw_rank(values, request) < m) & np.isfinite(values)
 
 
-class PrefixTable:
-    """Per-row values a selector needs that the engine does not carry, found again next step by the row's tokens.
-
-    The engine passes back each survivor's key (``parent_key``) and running log-probability (``ctx.logprob``);
-    a selector needing anything else per row stores it here for every candidate it emits, keyed by
-    (request, tokens), and looks the survivors up at the next step. :class:`GumbelTopK` keeps its ``phi`` (the
-    log-probability under the renormalised sampling distribution, which differs from ``ctx.logprob`` when
-    processors remove mass) and its keys, which :func:`stochastic_beam_search` reads after the last step. One
-    search at a time per table.
-    """
-
-    def __init__(self, width: int):
-        self.width = width
-        self._table: dict[tuple[int, bytes], np.ndarray] = {}
-
-    def lookup(self, ctx: StepContext) -> np.ndarray:
-        """Stored values of each live row ``[rows, width]``; zeros at step 0."""
-        rows = ctx.request.shape[0]
-        if ctx.step == 0:
-            self._table = {}
-            return np.zeros((rows, self.width))
-        out = np.empty((rows, self.width))
-        tokens = np.ascontiguousarray(ctx.tokens, dtype=np.int64)
-        for i in range(rows):
-            try:
-                out[i] = self._table[(int(ctx.request[i]), tokens[i].tobytes())]
-            except KeyError:
-                raise RuntimeError(
-                    "selector lost track of a row: was the same selector used by two searches at once?"
-                ) from None
-        return out
-
-    def store(self, ctx: StepContext, tok: np.ndarray, values: np.ndarray, valid: np.ndarray) -> None:
-        """Remember ``values[r, j]`` (``[rows, m, width]``) for the candidate (row r, token ``tok[r, j]``)."""
-        table: dict[tuple[int, bytes], np.ndarray] = {}
-        tokens = np.ascontiguousarray(ctx.tokens, dtype=np.int64)
-        rs, js = np.nonzero(valid)
-        for r, j in zip(rs.tolist(), js.tolist(), strict=True):
-            seq = np.append(tokens[r], np.int64(tok[r, j]))
-            table[(int(ctx.request[r]), seq.tobytes())] = values[r, j]
-        self._table = table
-
-    def get(self, request: int, tokens: Sequence[int]) -> np.ndarray | None:
-        """The values stored for one candidate of the last step, or None."""
-        return self._table.get((int(request), np.asarray(tokens, dtype=np.int64).tobytes()))
-
-
-def truncated_gumbel(phi: np.ndarray, g: np.ndarray, z: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Kool et al.'s truncation: Gumbels ``g`` (locations ``phi``, maximum ``z``) shifted to have maximum ``t``.
-
-    ``-log(exp(-t) - exp(-z) + exp(-g))``, computed stably as in the paper's appendix B.3.
-    """
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        v = t - g + np.log1p(-np.exp(g - z))  # log1mexp(g - z); -inf..0
-        out = t - np.maximum(v, 0.0) - np.log1p(np.exp(-np.abs(v)))
-    out = np.where(g == z, t, out)  # the argmax child keeps the parent's value exactly
-    return np.where(np.isfinite(phi), out, NEG_INF)
-
-
-@dataclass
-class GumbelTopK(_RowSampler):
-    """Stochastic beam search (Kool, van Hoof, Welling 2019): keys are truncated Gumbel perturbations.
-
-    A row with running log-probability ``phi_S`` and perturbed value ``G_S`` (its key) gives each child
-    ``phi_i = phi_S + log p(i)`` a Gumbel ``G_i ~ Gumbel(phi_i)``; with ``Z = max_i G_i`` over the whole
-    vocabulary, the child's key is ``-log(exp(-G_S) - exp(-Z) + exp(-G_i))``. The root has ``G = 0``. The
-    sampling distribution is the row's renormalised scores, so ``phi_S`` is not the engine's running
-    log-probability (``ctx.logprob``) and is kept in a :class:`PrefixTable`. The engine keeps the top-k keys of
-    each request.
-
-    Kool's algorithm is this selector under the engine's ``"compete"`` policy (finished sequences keep competing
-    by key), which is what :func:`stochastic_beam_search` runs; under ``"narrow"`` a finished hypothesis would
-    keep its slot instead.
-    """
-
-    table: PrefixTable = field(default_factory=lambda: PrefixTable(2), repr=False)
-
-    def _choose(
-        self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Top ``m`` children of each row by perturbed value, keyed by the truncated Gumbel."""
-        phi_s = self.table.lookup(ctx)[:, 0]  # shape: (rows,)
-        norm = ops.log_softmax(logp)  # shape: (rows, V) the sampling distribution
-        rows, vocab = int(logp.shape[0]), int(logp.shape[1])
-        perturbed = norm + self.noise.gumbel((rows, vocab), norm)  # shape: (rows, V), G_i - phi_S
-        pert, tok = ops.top_candidates(perturbed, m)  # shape: (rows, m), descending: column 0 is Z - phi_S
-        n_lp = gather_cols(norm, tok)
-        lp = gather_cols(logp, tok)
-        phi = phi_s[:, None] + n_lp
-        g = phi_s[:, None] + pert
-        z = g[:, :1]
-        key = truncated_gumbel(phi, g, z, parent_key[:, None])
-        lp[~np.isfinite(key)] = NEG_INF
-        self.table.store(ctx, tok, np.stack([phi, key], axis=2), np.isfinite(key))  # a failed row's are never read
-        return lp, tok, key
-
-
-@dataclass
-class Sample:
-    """One sequence of a stochastic beam search: the hypothesis and its perturbed log-probability (key)."""
-
-    hypothesis: Hypothesis
-    key: float
-    phi: float
-
-
-def stochastic_beam_search(
-    step_fn: Any,
-    init_state: Any,
-    bos: int | Sequence[int],
-    eos: int | Sequence[int],
-    beam_size: int,
-    max_len: int,
-    seed: int | None = None,
-    generator: Any = None,
-    length_penalty: float | LengthPenalty = 1.0,
-) -> list[list[Sample]]:
-    """Kool et al.'s stochastic beam search: ``beam_size`` sequences sampled without replacement, per request.
-
-    Runs the engine with :class:`GumbelTopK` under the ``"compete"`` policy: each step a request's finished
-    sequences and its new candidates compete by perturbed log-probability (key) for the ``beam_size`` slots,
-    so each request's result is exactly the top ``beam_size`` perturbed sequences among all outputs (finished
-    ones, and unfinished ones of ``max_len`` tokens). Returns, per request, the samples ordered by key (largest
-    first); ``hypothesis.score`` is the length-normalised log-probability, ``phi`` the log-probability.
-
-    A request that fails (NaN logits, no finite candidate) fails alone: the others finish and a
-    :class:`BatchDecodeError` is raised whose ``results`` hold every request's samples (an empty list for a
-    failed one) and whose ``errors`` name the failed requests.
-    """
-    lp = as_length_penalty(length_penalty)
-    selector = GumbelTopK(seed=seed, generator=generator)
-    opts = SearchOptions(beam_size=beam_size, max_len=max_len, length_penalty=lp, selector=selector, policy="compete")
-    result = BeamSearch(opts).search(step_fn, init_state, bos, eos)
-    samples = [[Sample(h, h.key, h.logprob) for h in sorted(hyps, key=lambda h: -h.key)] for hyps in result.hypotheses]
-    BatchDecodeError.raise_if(result.errors, samples)  # results hold Samples here, not Hypotheses
-    return samples
+__getattr__ = moved_names(
+    __name__,
+    {
+        "PrefixTable": "beamkit.variants.stochastic:PrefixTable",
+        "truncated_gumbel": "beamkit.variants.stochastic:truncated_gumbel",
+        "GumbelTopK": "beamkit.variants.stochastic:GumbelTopK",
+        "Sample": "beamkit.variants.stochastic:Sample",
+        "stochastic_beam_search": "beamkit.variants.stochastic:stochastic_beam_search",
+        "as_float64": "beamkit.ops:plus_offset64",
+        "gather_cols": "beamkit.ops:gather_cols",
+    },
+)

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
+from beamkit._checks import check_float, check_number
 from beamkit.hypothesis import Hypothesis
 
 MAX_ALPHA = 100.0  # |alpha| beyond this leaves the float range within a few tokens (2 ** 1024 overflows)
@@ -50,14 +51,8 @@ class LengthPenalty:
 
     def __post_init__(self) -> None:
         alpha, shift = self.alpha, self.shift
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
-            raise TypeError(f"length_penalty alpha must be a number, got {alpha!r}")
-        if not -MAX_ALPHA <= alpha <= MAX_ALPHA:
-            raise ValueError(f"length_penalty alpha must be a finite number between -100 and 100, got {alpha}")
-        if isinstance(shift, bool) or not isinstance(shift, (int, float, np.integer, np.floating)):
-            raise TypeError(f"length_penalty shift must be a number, got {shift!r}")
-        if not 0 <= shift < np.inf:
-            raise ValueError(f"length_penalty shift must be a finite number >= 0, got {shift}")
+        check_float("length_penalty alpha", alpha, -MAX_ALPHA, MAX_ALPHA)
+        check_float("length_penalty shift", shift, 0)
 
     def check_max_len(self, max_len: int) -> None:
         """ValueError unless ``lp(n)`` and the scores it divides stay finite and non-zero for every length up to
@@ -83,9 +78,7 @@ def as_length_penalty(value: float | LengthPenalty) -> LengthPenalty:
     """Accept a plain alpha (the power penalty) or a :class:`LengthPenalty`."""
     if isinstance(value, LengthPenalty):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise TypeError(f"length_penalty must be a number or a LengthPenalty, got {type(value).__name__}")
-    return LengthPenalty.power(float(value))
+    return LengthPenalty.power(check_number("length_penalty (a number or a LengthPenalty)", value))
 
 
 @dataclass(frozen=True)

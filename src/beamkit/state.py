@@ -111,19 +111,6 @@ def is_identity(idx: np.ndarray, rows: int) -> bool:
     return idx.shape[0] == rows and bool((idx == np.arange(rows)).all())
 
 
-def _kind(leaf: Any) -> str:
-    """The kind of an array leaf's values, as numpy names it: "f" float, "i" integer (signed or not), "b" bool,
-    "O" object."""
-    dtype = leaf.dtype
-    if isinstance(dtype, np.dtype):
-        return "i" if dtype.kind == "u" else dtype.kind
-    if dtype.is_complex:  # a torch dtype
-        return "c"
-    if dtype.is_floating_point:
-        return "f"
-    return "b" if str(dtype) == "torch.bool" else "i"
-
-
 def concat_state(states: list[Any]) -> Any:
     """Concatenate states of the same structure along axis 0 (new requests joining a running batch).
 
@@ -145,9 +132,9 @@ def concat_state(states: list[Any]) -> Any:
             return first
         return Shared(concat_state([s.value for s in states]))
     if ops.is_array(first):
-        kind = _kind(first)
+        kind = ops.dtype_kind(first)
         for s in states[1:]:
-            if ops.is_array(s) and _kind(s) != kind:
+            if ops.is_array(s) and ops.dtype_kind(s) != kind:
                 raise TypeError(f"a state leaf of dtype {s.dtype} cannot join rows of dtype {first.dtype}")
         return ops.concat_rows(list(states))
     if isinstance(first, tuple):

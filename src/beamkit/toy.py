@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from beamkit._checks import check_int
+
 VOCAB = 50
 HIDDEN = 97
 EOS = 0
@@ -32,8 +34,7 @@ TABLE = np.random.default_rng(SEED).normal(0.0, 4.0, size=(HIDDEN, VOCAB))
 
 def make_state(requests: int = 1, seed: int = SEED) -> np.ndarray:
     """Initial state of ``requests`` requests (different start states; row r of seed s is always the same)."""
-    if isinstance(requests, bool) or not isinstance(requests, (int, np.integer)) or requests < 1:
-        raise ValueError(f"requests must be an integer >= 1, got {requests!r}")
+    requests = check_int("requests", requests, 1)
     state = np.zeros((int(requests), 2), dtype=np.int64)  # shape: (rows, 2): hidden state, tokens generated
     state[:, 0] = (np.arange(requests) * 7 + seed) % HIDDEN
     return state

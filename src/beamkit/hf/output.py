@@ -26,45 +26,36 @@ from beamkit.hypothesis import Hypothesis, SearchStats
 
 
 @dataclass
-class BeamDecoderOnlyOutput(GenerateBeamDecoderOnlyOutput):
-    """Hugging Face's beam-search output (decoder-only) plus beamkit's ``hypotheses``, ``stats`` and
-    ``forward_seconds`` (wall time inside the model's forward calls)."""
+class BeamkitExtras:
+    """beamkit's fields on Hugging Face's output classes: ``hypotheses``, the search ``stats``,
+    ``forward_seconds`` (wall time inside the model's forward calls) and, with ``record_trace=True``, each
+    request's search tree (``trace``, :class:`beamkit.trace.Trace`). Listed first among the bases so that these
+    fields come after Hugging Face's own."""
 
     hypotheses: list[list[Hypothesis]] | None = None
     stats: SearchStats | None = None
     forward_seconds: float | None = None
-    trace: list[Any] | None = None  # with record_trace=True: each request's search tree (beamkit.trace.Trace)
+    trace: list[Any] | None = None
 
 
 @dataclass
-class BeamEncoderDecoderOutput(GenerateBeamEncoderDecoderOutput):
-    """Hugging Face's beam-search output (encoder-decoder) plus beamkit's extras (see
-    :class:`BeamDecoderOnlyOutput`)."""
-
-    hypotheses: list[list[Hypothesis]] | None = None
-    stats: SearchStats | None = None
-    forward_seconds: float | None = None
-    trace: list[Any] | None = None  # with record_trace=True: each request's search tree (beamkit.trace.Trace)
+class BeamDecoderOnlyOutput(BeamkitExtras, GenerateBeamDecoderOnlyOutput):
+    """Hugging Face's beam-search output (decoder-only) plus :class:`BeamkitExtras`."""
 
 
 @dataclass
-class GreedyDecoderOnlyOutput(GenerateDecoderOnlyOutput):
-    """Hugging Face's greedy output (decoder-only) plus beamkit's extras (see :class:`BeamDecoderOnlyOutput`)."""
-
-    hypotheses: list[list[Hypothesis]] | None = None
-    stats: SearchStats | None = None
-    forward_seconds: float | None = None
-    trace: list[Any] | None = None  # with record_trace=True: each request's search tree (beamkit.trace.Trace)
+class BeamEncoderDecoderOutput(BeamkitExtras, GenerateBeamEncoderDecoderOutput):
+    """Hugging Face's beam-search output (encoder-decoder) plus :class:`BeamkitExtras`."""
 
 
 @dataclass
-class GreedyEncoderDecoderOutput(GenerateEncoderDecoderOutput):
-    """Hugging Face's greedy output (encoder-decoder) plus beamkit's extras (see :class:`BeamDecoderOnlyOutput`)."""
+class GreedyDecoderOnlyOutput(BeamkitExtras, GenerateDecoderOnlyOutput):
+    """Hugging Face's greedy output (decoder-only) plus :class:`BeamkitExtras`."""
 
-    hypotheses: list[list[Hypothesis]] | None = None
-    stats: SearchStats | None = None
-    forward_seconds: float | None = None
-    trace: list[Any] | None = None  # with record_trace=True: each request's search tree (beamkit.trace.Trace)
+
+@dataclass
+class GreedyEncoderDecoderOutput(BeamkitExtras, GenerateEncoderDecoderOutput):
+    """Hugging Face's greedy output (encoder-decoder) plus :class:`BeamkitExtras`."""
 
 
 def _chosen(hyps: list[list[Hypothesis]], num_return: int) -> list[Hypothesis | None]:

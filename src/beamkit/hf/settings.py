@@ -13,9 +13,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
+from beamkit._checks import check_choice, check_float, check_int
 from beamkit.search import SearchOptions, eos_ids
 
 
@@ -312,12 +312,9 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
     num_beams = _int(gc.num_beams, "num_beams", 1)
     num_return = _int(gc.num_return_sequences, "num_return_sequences", 1)
     early_stopping = False if gc.early_stopping is None else gc.early_stopping
-    if num_beams < 1:
-        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
-    if not 1 <= num_return <= num_beams:
-        raise ValueError(f"num_return_sequences must be between 1 and num_beams={num_beams}, got {num_return}")
-    if early_stopping not in (True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    check_int("num_beams", num_beams, 1)
+    check_int("num_return_sequences", num_return, 1, num_beams)
+    check_choice("early_stopping", early_stopping, (True, False, "never"))
     eos = _eos_list(gc.eos_token_id)
     pad = gc.pad_token_id
     if pad is None and eos:
@@ -390,32 +387,22 @@ def _sampling(gc: Any, num_beams: int, eos: tuple[int, ...]) -> dict[str, Any]:
     if num_beams > 1 and len(eos) > 1:
         raise Unsupported("do_sample=True with num_beams > 1 and several eos ids (Hugging Face draws more candidates)")
     temperature = float(1.0 if gc.temperature is None else gc.temperature)
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 with do_sample=True, got {temperature}")
-    top_k = _int(50 if gc.top_k is None else gc.top_k, "top_k", 0)
-    top_p = float(1.0 if gc.top_p is None else gc.top_p)
-    if top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
+    check_float("temperature (with do_sample=True)", temperature, above=0)
+    top_k = check_int("top_k", 50 if gc.top_k is None else gc.top_k, 0)
+    top_p = check_float("top_p", 1.0 if gc.top_p is None else gc.top_p, above=0, most=1)
     return {"do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": top_p}
 
 
 def _int(value: Any, name: str, default: int) -> int:
     """``value`` as an int (``default`` for None); TypeError naming ``name`` for a non-integer."""
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    return int(value)
+    return default if value is None else check_int(name, value)
 
 
 def _max_new_tokens(cfg: Any, gc: Any, given: set[str], prompt_len: int, encoder_decoder: bool) -> int:
     """Hugging Face 5.x: ``max_new_tokens`` wins; else ``max_length``, which counts the prompt (decoder-only) or
     the start token; with neither, 20 new tokens within ``max_position_embeddings``."""
     if gc.max_new_tokens is not None:
-        value = _int(gc.max_new_tokens, "max_new_tokens", 0)
-        if value < 1:
-            raise ValueError(f"{_length_setting(gc, given, 'max_new_tokens')} must be >= 1, got {value}")
-        return value
+        return check_int(_length_setting(gc, given, "max_new_tokens"), _int(gc.max_new_tokens, "max_new_tokens", 0), 1)
     if gc.max_length is not None:
         total = _int(gc.max_length, "max_length", 0)
         if total - prompt_len < 1:

@@ -18,11 +18,12 @@ Requires torch (the ``torch`` extra).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from beamkit._checks import check_int
 
 
 class CacheFullError(RuntimeError):
@@ -32,12 +33,6 @@ class CacheFullError(RuntimeError):
 def _pad_table(table: np.ndarray, nb: int) -> np.ndarray:
     """A block table ``[rows, w]`` widened to ``nb`` columns with -1 (a new array either way)."""
     return np.pad(table, ((0, 0), (0, max(0, nb - table.shape[1]))), constant_values=-1)
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
 
 
 class PagedKVCache:
@@ -60,11 +55,11 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.layers = _positive("layers", layers)
-        self.heads = _positive("heads", heads)
-        self.d_head = _positive("d_head", d_head)
-        self.n_blocks = _positive("n_blocks", n_blocks)
-        self.block_size = _positive("block_size", block_size)
+        self.layers = check_int("layers", layers, 1)
+        self.heads = check_int("heads", heads, 1)
+        self.d_head = check_int("d_head", d_head, 1)
+        self.n_blocks = check_int("n_blocks", n_blocks, 1)
+        self.block_size = check_int("block_size", block_size, 1)
         shape = (self.n_blocks, self.heads, self.block_size, self.d_head)
         self.k = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers))
         self.v = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers))
@@ -136,9 +131,8 @@ class PagedKVCache:
     # ------------------------------------------------------------------------------------------ handles
     def rows(self, n: int) -> PagedRows:
         """``n`` empty rows (length 0, no blocks)."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"the number of rows must be an integer >= 0, got {n!r}")
-        return PagedRows(self, np.full((int(n), 0), -1, np.int64), np.zeros(int(n), np.int64))
+        n = check_int("the number of rows", n, 0)
+        return PagedRows(self, np.full((n, 0), -1, np.int64), np.zeros(n, np.int64))
 
     def prefill(self, keys: list[Tensor] | tuple[Tensor, ...], values: list[Tensor] | tuple[Tensor, ...]) -> PagedRows:
         """Rows holding the given positions: ``keys[layer]`` and ``values[layer]`` are ``[rows, heads, P, d_head]``

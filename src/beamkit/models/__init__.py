@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beamkit._checks import check_int
 from beamkit.extras import install_hint
 from beamkit.progress import Progress
 
@@ -118,8 +119,7 @@ def translate(
     from beamkit.models.common import encode_sources, inference, model_inputs, pad_batch
     from beamkit.progress import BatchTicker, Silent
 
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_int("batch_size", batch_size, 1)
     ids = encode_sources(model.src_vocab, texts)
     limit = int(max_len if max_len is not None else getattr(model, "meta", {}).get("max_len", 12))
     tv = model.tgt_vocab

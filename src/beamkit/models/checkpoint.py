@@ -13,12 +13,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-FORMAT = "beamkit-checkpoint"
+from beamkit._checks import is_int
+from beamkit._moved import moved_names
+
+CHECKPOINT_FORMAT = "beamkit-checkpoint"
 VERSION = 1
 WEIGHTS, CONFIG, VOCAB = "model.safetensors", "config.json", "vocab.json"
 
 
-BACKENDS = ("torch", "numpy")
+MODEL_BACKENDS = ("torch", "numpy")
 
 
 def model_classes(backend: str = "torch") -> dict[str, type]:
@@ -29,7 +32,7 @@ def model_classes(backend: str = "torch") -> dict[str, type]:
 
         return {"seq2seq": NumpySeq2Seq, "transformer": NumpyTransformer}
     if backend != "torch":
-        raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+        raise ValueError(f"unknown backend {backend!r}; expected one of {list(MODEL_BACKENDS)}")
     from beamkit.models.seq2seq import Seq2Seq
     from beamkit.models.transformer import Transformer
 
@@ -77,7 +80,7 @@ def check_hparams(arch: str, cls: type, hparams: dict[str, Any]) -> None:
             continue
         ann = params[key].annotation
         kind = ann if isinstance(ann, str) else getattr(ann, "__name__", "")
-        if kind == "int" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if kind == "int" and not (is_int(value) and value >= 1):
             raise ValueError(f"bad hyper-parameter for {arch}: {key} must be an integer >= 1, got {value!r}")
         if kind == "float" and not _is_number(value):
             raise ValueError(f"bad hyper-parameter for {arch}: {key} must be a finite number, got {value!r}")
@@ -88,7 +91,7 @@ def check_meta(folder: Path, meta: Any) -> None:
     if not isinstance(meta, dict):
         raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} 'meta' must be an object, got {meta!r}")
     max_len = meta.get("max_len", 12)
-    if not (isinstance(max_len, int) and not isinstance(max_len, bool) and max_len >= 1):
+    if not (is_int(max_len) and max_len >= 1):
         raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} meta.max_len must be an integer >= 1, got {max_len!r}")
     figures = meta.get("test", {})
     if not isinstance(figures, dict) or not all(_is_number(v) for v in figures.values()):
@@ -104,7 +107,7 @@ def save(model: Any, path: str | Path, meta: dict[str, Any] | None = None) -> Pa
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(folder / WEIGHTS))
     (folder / WEIGHTS).chmod(0o644)  # safetensors writes 0600; checkpoints are meant to be shared
-    config = {"format": FORMAT, "version": VERSION, "arch": model.arch, "hparams": model.config}
+    config = {"format": CHECKPOINT_FORMAT, "version": VERSION, "arch": model.arch, "hparams": model.config}
     config["meta"] = meta or {}
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     vocab = {"source": model.src_vocab.to_list(), "target": model.tgt_vocab.to_list()}
@@ -120,8 +123,8 @@ def read_config(path: str | Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise ValueError(f"a checkpoint is a folder holding {WEIGHTS}, {CONFIG} and {VOCAB}; got the file {folder}")
     config = _read_json(folder / CONFIG)
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} is not a {FORMAT} config")
+    if not isinstance(config, dict) or config.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"corrupt checkpoint {folder}: {CONFIG} is not a {CHECKPOINT_FORMAT} config")
     if config.get("version") != VERSION:
         raise ValueError(f"checkpoint {folder} has version {config.get('version')!r}; this beamkit reads {VERSION}")
     if not isinstance(config.get("arch"), str) or not isinstance(config.get("hparams"), dict):
@@ -154,8 +157,8 @@ def load(path: str | Path, backend: str = "torch") -> Any:
     :mod:`beamkit.models.weights`. Both check the config, the vocabulary and the weights the same way and fail
     with the same errors.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+    if backend not in MODEL_BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {list(MODEL_BACKENDS)}")
     folder = Path(path)
     config = read_config(folder)
     vocab = _read_vocab(folder)
@@ -209,3 +212,9 @@ def _load_numpy(folder: Path, config: dict[str, Any], vocab: dict[str, Any]) -> 
         return cls(src_vocab, tgt_vocab, Params(state, folder), **hparams)
     except TypeError as exc:
         raise ValueError(f"bad hyper-parameters for {arch}: {exc}") from exc
+
+
+__getattr__ = moved_names(
+    __name__,
+    {"FORMAT": "beamkit.models.checkpoint:CHECKPOINT_FORMAT", "BACKENDS": "beamkit.models.checkpoint:MODEL_BACKENDS"},
+)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
+from beamkit._checks import check_int
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
 
@@ -102,6 +103,87 @@ def _join_numpy(parts: Sequence[tuple[Any, Shared]], source_axes: Sequence[int])
         size = max(int(v.shape[axis]) for v in col)
         values.append(np.concatenate([pad_axis(v, axis, size) for v in col], axis=0))
     return np.concatenate(reqs), Shared(tuple(values))
+
+
+def seq2seq_config(emb: int, hidden: int, layers: int) -> dict[str, Any]:
+    """The checked hyper-parameters of a Seq2Seq (torch or numpy), as saved in its ``config.json``."""
+    if hidden % 2:
+        raise ValueError(f"hidden must be even (a bidirectional encoder splits it), got {hidden}")
+    check_int("layers", layers, 1)
+    return {"emb": emb, "hidden": hidden, "layers": layers}
+
+
+def transformer_config(
+    d_model: int, heads: int, ff: int, enc_layers: int, dec_layers: int, max_len: int, dropout: float
+) -> dict[str, Any]:
+    """The checked hyper-parameters of a Transformer (torch or numpy), as saved in its ``config.json``."""
+    if d_model % heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+    return {
+        "d_model": d_model,
+        "heads": heads,
+        "ff": ff,
+        "enc_layers": enc_layers,
+        "dec_layers": dec_layers,
+        "max_len": max_len,
+        "dropout": dropout,
+    }
+
+
+def join_lstm_states(parts: Sequence[Any]) -> tuple[Any, ...]:
+    """The fields ``(h, c, feed, req, memory)`` of Seq2Seq decoder states (torch or numpy) joined: rows
+    concatenated, the encoder memories of the requests still decoding joined, request indices renumbered."""
+    req, memory = join_requests([(p.req, p.memory) for p in parts], (1, 1, 1))
+    return (
+        tuple(ops.concat_rows(list(hs)) for hs in zip(*(p.h for p in parts), strict=True)),  # shape: (rows, hidden)
+        tuple(ops.concat_rows(list(cs)) for cs in zip(*(p.c for p in parts), strict=True)),
+        ops.concat_rows([p.feed for p in parts]),
+        req,
+        memory,
+    )
+
+
+def join_cross(parts: Sequence[Any]) -> tuple[Any, Shared]:
+    """The request ids and cross-attention memory ``Shared((k per layer, v per layer, src mask))`` of
+    Transformer states (torch or numpy) joined: sources padded and masked, request indices renumbered."""
+    layers = len(parts[0].cross.value[0])
+    flat = [(p.req, Shared((*p.cross.value[0], *p.cross.value[1], p.cross.value[2]))) for p in parts]
+    req, cross = join_requests(flat, (2,) * (2 * layers) + (1,))
+    return req, Shared((cross.value[:layers], cross.value[layers : 2 * layers], cross.value[-1]))
+
+
+def join_self_cache(parts: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    """The dense self-attention caches ``(self_k, self_v, length)`` of Transformer states (torch or numpy)
+    joined: each left-padded to the longest, ``length`` holding each row's own (None when all are full)."""
+    layers = len(parts[0].self_k)
+    width = max(p.self_k[0].shape[2] for p in parts)
+    lengths = [
+        p.length if p.length is not None else ops.like(np.full(p.req.shape, p.self_k[0].shape[2], np.int64), p.req)
+        for p in parts
+    ]
+    length = ops.concat_rows(lengths)  # shape: (rows,)
+    # shape: (rows, heads, width, d_head) per layer
+    k = tuple(ops.concat_rows([pad_axis(p.self_k[i], 2, width, left=True) for p in parts]) for i in range(layers))
+    v = tuple(ops.concat_rows([pad_axis(p.self_v[i], 2, width, left=True) for p in parts]) for i in range(layers))
+    return k, v, None if bool((length == width).all()) else length
+
+
+def trim_self_cache(state: Any, max_len: int) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    """A Transformer state's dense self-attention cache ``(self_k, self_v, length)`` (torch or numpy) before
+    the next token: columns no row uses any more dropped, ``length`` None once every row holds all columns.
+    ValueError when the next token would be past the model's ``max_len``."""
+    self_k, self_v, length = state.self_k, state.self_v, state.length
+    if length is not None:  # rows of different lengths: drop columns no row uses any more
+        lead = self_k[0].shape[2] - int(length.max())
+        if lead > 0:
+            self_k = tuple(k[:, :, lead:] for k in self_k)  # shape: (rows, heads, t, d_head)
+            self_v = tuple(v[:, :, lead:] for v in self_v)
+        if bool((length == self_k[0].shape[2]).all()):
+            length = None
+    t = self_k[0].shape[2]
+    if (t if length is None else int(length.max())) >= max_len:
+        raise ValueError(f"decoding past the model's max_len {max_len}")
+    return self_k, self_v, length
 
 
 def is_numpy_model(model: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from beamkit._checks import check_int
 from beamkit.progress import Progress
 
 GRAPHEMES = ("<pad>", "<unk>", "</s>", *"abcdefghijklmnopqrstuvwxyz")
@@ -143,8 +144,7 @@ class G2PModel:
 
         if isinstance(words, str):
             raise TypeError("expected a sequence of words, got one string")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_int("batch_size", batch_size, 1)
         out: list[list[Any]] = []
         for start in range(0, len(words), batch_size):
             chunk = list(words[start : start + batch_size])

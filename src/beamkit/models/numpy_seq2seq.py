@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from beamkit.models.common import join_requests
+from beamkit.models.common import join_lstm_states, seq2seq_config
 from beamkit.models.numpy_nn import Params, linear, lstm_cell, softmax
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
@@ -31,15 +31,7 @@ class NumpyDecoderState(NamedTuple):
     def beamkit_concat(self, others: list[NumpyDecoderState]) -> NumpyDecoderState:
         """Join the rows of requests added to a running search (``beamkit.concat_state``): rows concatenated,
         the encoder memories of the requests still decoding joined (sources padded, masked), indices renumbered."""
-        parts = [self, *others]
-        req, memory = join_requests([(p.req, p.memory) for p in parts], (1, 1, 1))
-        return NumpyDecoderState(
-            tuple(np.concatenate(hs) for hs in zip(*(p.h for p in parts), strict=True)),
-            tuple(np.concatenate(cs) for cs in zip(*(p.c for p in parts), strict=True)),
-            np.concatenate([p.feed for p in parts]),
-            req,
-            memory,
-        )
+        return NumpyDecoderState(*join_lstm_states([self, *others]))
 
 
 class NumpySeq2Seq:
@@ -52,12 +44,8 @@ class NumpySeq2Seq:
         self, src_vocab: Vocab, tgt_vocab: Vocab, params: Params, emb: int = 32, hidden: int = 128, layers: int = 1
     ) -> None:
         """Take the weights from ``params`` (checked against these hyper-parameters, as the torch model's)."""
-        if hidden % 2:
-            raise ValueError(f"hidden must be even (a bidirectional encoder splits it), got {hidden}")
-        if layers < 1:
-            raise ValueError(f"layers must be >= 1, got {layers}")
+        self.config = seq2seq_config(emb, hidden, layers)
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        self.config = {"emb": emb, "hidden": hidden, "layers": layers}
         self.hidden, self.layers = hidden, layers
         self.meta: dict[str, Any] = {}
         half, sv, tv = hidden // 2, len(src_vocab), len(tgt_vocab)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from beamkit.models.common import join_requests, pad_axis
+from beamkit.models.common import join_cross, join_self_cache, transformer_config, trim_self_cache
 from beamkit.models.numpy_nn import Params, layer_norm, linear, softmax
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
@@ -42,23 +42,9 @@ class NumpyTransformerState(NamedTuple):
         left-padded to the longest (``length`` records each row's own), cross-attention keys/values of the
         requests still decoding joined (sources padded, masked), request indices renumbered."""
         parts = [self, *others]
-        layers = len(self.cross.value[0])
-        flat = [(p.req, Shared((*p.cross.value[0], *p.cross.value[1], p.cross.value[2]))) for p in parts]
-        req, cross = join_requests(flat, (2,) * (2 * layers) + (1,))
-        joined = Shared((cross.value[:layers], cross.value[layers : 2 * layers], cross.value[-1]))
-        width = max(p.self_k[0].shape[2] for p in parts)
-        lengths = [
-            p.length if p.length is not None else np.full(p.req.shape, p.self_k[0].shape[2], dtype=np.int64)
-            for p in parts
-        ]
-        length = np.concatenate(lengths)
-        return NumpyTransformerState(
-            tuple(np.concatenate([pad_axis(p.self_k[i], 2, width, left=True) for p in parts]) for i in range(layers)),
-            tuple(np.concatenate([pad_axis(p.self_v[i], 2, width, left=True) for p in parts]) for i in range(layers)),
-            req,
-            joined,
-            None if bool((length == width).all()) else length,
-        )
+        req, cross = join_cross(parts)
+        k, v, length = join_self_cache(parts)
+        return NumpyTransformerState(k, v, req, cross, length)
 
 
 class _Attention:
@@ -170,18 +156,8 @@ class NumpyTransformer:
     ) -> None:
         """Take the weights from ``params`` (checked against these hyper-parameters, as the torch model's);
         ``dropout`` is recorded only (inference runs without it)."""
-        if d_model % heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+        self.config = transformer_config(d_model, heads, ff, enc_layers, dec_layers, max_len, dropout)
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        self.config = {
-            "d_model": d_model,
-            "heads": heads,
-            "ff": ff,
-            "enc_layers": enc_layers,
-            "dec_layers": dec_layers,
-            "max_len": max_len,
-            "dropout": dropout,
-        }
         self.d_model, self.heads, self.max_len = d_model, heads, max_len
         self.meta: dict[str, Any] = {}
         p = params.take
@@ -223,17 +199,8 @@ class NumpyTransformer:
         ck, cv, mask = state.cross.value
         r = state.req
         y = np.asarray(y_prev, dtype=np.int64)
-        self_k, self_v, length = state.self_k, state.self_v, state.length
-        if length is not None:  # rows of different lengths: drop columns no row uses any more
-            lead = self_k[0].shape[2] - int(length.max())
-            if lead > 0:
-                self_k = tuple(k[:, :, lead:] for k in self_k)
-                self_v = tuple(v[:, :, lead:] for v in self_v)
-            if bool((length == self_k[0].shape[2]).all()):
-                length = None
+        self_k, self_v, length = trim_self_cache(state, self.max_len)
         t = self_k[0].shape[2]  # cache columns = this token's position when every row holds all of them
-        if (t if length is None else int(length.max())) >= self.max_len:
-            raise ValueError(f"decoding past the model's max_len {self.max_len}")
         self_mask = None
         if length is None:
             x = self.tgt_emb[y][:, None, :] + self.tgt_pos[t]  # shape: (rows, 1, D)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from beamkit.models.common import join_requests
+from beamkit.models.common import join_lstm_states, seq2seq_config
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
 
@@ -33,15 +33,7 @@ class DecoderState(NamedTuple):
     def beamkit_concat(self, others: list[DecoderState]) -> DecoderState:
         """Join the rows of requests added to a running search (``beamkit.concat_state``): rows concatenated,
         the encoder memories of the requests still decoding joined (sources padded, masked), indices renumbered."""
-        parts = [self, *others]
-        req, memory = join_requests([(p.req, p.memory) for p in parts], (1, 1, 1))
-        return DecoderState(
-            tuple(torch.cat(hs) for hs in zip(*(p.h for p in parts), strict=True)),
-            tuple(torch.cat(cs) for cs in zip(*(p.c for p in parts), strict=True)),
-            torch.cat([p.feed for p in parts]),
-            req,
-            memory,
-        )
+        return DecoderState(*join_lstm_states([self, *others]))
 
 
 class Seq2Seq(nn.Module):
@@ -51,12 +43,8 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, src_vocab: Vocab, tgt_vocab: Vocab, emb: int = 32, hidden: int = 128, layers: int = 1) -> None:
         super().__init__()
-        if hidden % 2:
-            raise ValueError(f"hidden must be even (a bidirectional encoder splits it), got {hidden}")
-        if layers < 1:
-            raise ValueError(f"layers must be >= 1, got {layers}")
+        self.config = seq2seq_config(emb, hidden, layers)
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        self.config = {"emb": emb, "hidden": hidden, "layers": layers}
         self.hidden, self.layers = hidden, layers
         self.src_emb = nn.Embedding(len(src_vocab), emb, padding_idx=src_vocab.pad)
         self.encoder = nn.LSTM(emb, hidden // 2, batch_first=True, bidirectional=True)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from beamkit.kv import PagedKVCache, PagedRows
-from beamkit.models.common import join_requests, pad_axis
+from beamkit.models.common import join_cross, join_self_cache, transformer_config, trim_self_cache
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
 
@@ -52,27 +52,14 @@ class TransformerState(NamedTuple):
         left-padded to the longest (``length`` records each row's own), cross-attention keys/values of the
         requests still decoding joined (sources padded, masked), request indices renumbered."""
         parts = [self, *others]
-        layers = len(self.cross.value[0])
-        flat = [(p.req, Shared((*p.cross.value[0], *p.cross.value[1], p.cross.value[2]))) for p in parts]
         if any((p.paged is None) != (self.paged is None) for p in parts):
             raise ValueError("cannot join paged and dense Transformer states: use one kind of cache for all")
-        req, cross = join_requests(flat, (2,) * (2 * layers) + (1,))
-        joined = Shared((cross.value[:layers], cross.value[layers : 2 * layers], cross.value[-1]))
+        req, cross = join_cross(parts)
         if self.paged is not None:
             paged = self.paged.beamkit_concat([p.paged for p in others])  # type: ignore[misc]
-            return TransformerState((), (), req, joined, None, paged)
-        width = max(p.self_k[0].shape[2] for p in parts)
-        lengths = [
-            p.length if p.length is not None else p.req.new_full(p.req.shape, p.self_k[0].shape[2]) for p in parts
-        ]
-        length = torch.cat(lengths)
-        return TransformerState(
-            tuple(torch.cat([pad_axis(p.self_k[i], 2, width, left=True) for p in parts]) for i in range(layers)),
-            tuple(torch.cat([pad_axis(p.self_v[i], 2, width, left=True) for p in parts]) for i in range(layers)),
-            req,
-            joined,
-            None if bool((length == width).all()) else length,
-        )
+            return TransformerState((), (), req, cross, None, paged)
+        k, v, length = join_self_cache(parts)
+        return TransformerState(k, v, req, cross, length)
 
 
 class _Attention(nn.Module):
@@ -177,18 +164,8 @@ class Transformer(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if d_model % heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+        self.config = transformer_config(d_model, heads, ff, enc_layers, dec_layers, max_len, dropout)
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        self.config = {
-            "d_model": d_model,
-            "heads": heads,
-            "ff": ff,
-            "enc_layers": enc_layers,
-            "dec_layers": dec_layers,
-            "max_len": max_len,
-            "dropout": dropout,
-        }
         self.d_model, self.heads, self.max_len = d_model, heads, max_len
         self.src_emb = nn.Embedding(len(src_vocab), d_model, padding_idx=src_vocab.pad)
         self.tgt_emb = nn.Embedding(len(tgt_vocab), d_model)
@@ -296,17 +273,8 @@ class Transformer(nn.Module):
         y = torch.as_tensor(y_prev, dtype=torch.long, device=r.device)
         if state.paged is not None:
             return self._step_paged(state, y)
-        self_k, self_v, length = state.self_k, state.self_v, state.length
-        if length is not None:  # rows of different lengths: drop columns no row uses any more
-            lead = self_k[0].shape[2] - int(length.max())
-            if lead > 0:
-                self_k = tuple(k[:, :, lead:] for k in self_k)
-                self_v = tuple(v[:, :, lead:] for v in self_v)
-            if bool((length == self_k[0].shape[2]).all()):
-                length = None
+        self_k, self_v, length = trim_self_cache(state, self.max_len)
         t = self_k[0].shape[2]  # cache columns = this token's position when every row holds all of them
-        if (t if length is None else int(length.max())) >= self.max_len:
-            raise ValueError(f"decoding past the model's max_len {self.max_len}")
         if length is None:
             x = self.tgt_emb(y)[:, None, :] + self.tgt_pos.weight[t]  # shape: (rows, 1, D)
             self_mask = None

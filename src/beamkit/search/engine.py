@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from beamkit import ops
-from beamkit._checks import check_int
+from beamkit._checks import check_choice, check_int
 from beamkit.hypothesis import Hypothesis
 from beamkit.processors import StepContext, is_stop
 from beamkit.scoring import LengthPenalty
@@ -99,8 +99,7 @@ class Engine:
             raise TypeError(
                 f"step_fn must be callable as step_fn(state, y_prev) -> (logits, new_state), got {step_fn!r}"
             )
-        if on_step_error not in ("fail", "raise"):
-            raise ValueError(f"on_step_error must be 'fail' or 'raise', got {on_step_error!r}")
+        check_choice("on_step_error", on_step_error, ("fail", "raise"))
         if options is not None and fields:
             raise TypeError("give Engine either options= or keyword fields, not both")
         self._need_max_len = options is None and "max_len" not in fields

@@ -8,12 +8,15 @@ from typing import Any, Literal
 
 import numpy as np
 
+from beamkit._checks import check_choice
+from beamkit._moved import moved_names
 from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.search.selectors import Deterministic, Selector
 
 EarlyStopping = bool | Literal["never"]
-Policy = Literal["narrow", "pool", "compete"]
+PolicyName = Literal["narrow", "pool", "compete"]
+POLICIES: tuple[PolicyName, ...] = ("narrow", "pool", "compete")
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class SearchOptions:
     beam_size: int
     max_len: int
     length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
-    policy: Policy = "narrow"
+    policy: PolicyName = "narrow"
     early_stopping: EarlyStopping = False
     patience: float = 1.0
     exact_exit: bool = False
@@ -68,8 +71,7 @@ class SearchOptions:
                 raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
         object.__setattr__(self, "length_penalty", as_length_penalty(self.length_penalty))  # a plain alpha too
         self.length_penalty.check_max_len(int(self.max_len))
-        if self.policy not in ("narrow", "pool", "compete"):
-            raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {self.policy!r}")
+        check_choice("policy", self.policy, POLICIES)
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if isinstance(self.patience, bool) or not isinstance(self.patience, (int, float)) or not self.patience > 0:
@@ -164,3 +166,6 @@ def make_options(beam_size: int, max_len: int, **options: Any) -> SearchOptions:
     if "processors" in options:
         options["processors"] = tuple(options["processors"])
     return SearchOptions(beam_size=beam_size, max_len=max_len, **options)
+
+
+__getattr__ = moved_names(__name__, {"Policy": "beamkit.search.options:PolicyName"})

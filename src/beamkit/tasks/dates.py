@@ -23,6 +23,9 @@ import re
 from collections.abc import Callable
 from functools import cache
 
+from beamkit._checks import check_int
+from beamkit._moved import moved_names
+
 FIRST_DAY = _dt.date(1800, 1, 1)
 LAST_DAY = _dt.date(2099, 12, 31)
 CENTURY_PRIOR = {2000: 0.44, 1900: 0.30, 1800: 0.26}  # the century a two-digit year stands for
@@ -141,7 +144,7 @@ def random_date(rng: random.Random) -> _dt.date:
     return FIRST_DAY + _dt.timedelta(days=rng.randint(0, span))
 
 
-def render(date: _dt.date, fmt: str, rng: random.Random, noise: bool = True) -> str:
+def render_date(date: _dt.date, fmt: str, rng: random.Random, noise: bool = True) -> str:
     """Render ``date`` in format ``fmt`` (one of :data:`FORMAT_NAMES`), drawing any choices from ``rng``."""
     if fmt not in FORMAT_NAMES:
         raise ValueError(f"unknown date format {fmt!r}; expected one of {FORMAT_NAMES}")
@@ -165,7 +168,7 @@ def make_example(rng: random.Random) -> tuple[str, str]:
     """Draw one ``(source, target)`` pair: a human-written date and its ISO form."""
     (fmt,) = rng.choices(FORMAT_NAMES, weights=_WEIGHTS)
     date = random_two_digit_year_date(rng) if fmt in TWO_DIGIT_YEAR_FORMATS else random_date(rng)
-    return render(date, fmt, rng), iso(date)
+    return render_date(date, fmt, rng), iso(date)
 
 
 def _key(source: str) -> str:
@@ -197,8 +200,7 @@ def split(name: str, limit: int | None = None) -> list[tuple[str, str]]:
         raise ValueError(f"unknown split {name!r}; expected one of {sorted(SPLIT_SIZES)}")
     pairs = list(_split_cached(name))
     if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
+        check_int("limit", limit, 1)
         pairs = pairs[:limit]
     return pairs
 
@@ -241,3 +243,6 @@ def out_of_range_reason(text: str) -> str | None:
         if not first <= int(year) <= last:
             return f"the year {year} is outside the supported years {first}-{last}"
     return None
+
+
+__getattr__ = moved_names(__name__, {"render": "beamkit.tasks.dates:render_date"})

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from beamkit._checks import check_int
 from beamkit.progress import Progress, Silent, progress_bar
 from beamkit.tasks import dates
 
@@ -19,8 +20,9 @@ def parse_beams(text: str) -> list[int]:
         beams = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError as exc:
         raise ValueError(f"--beams must be comma-separated integers, got {text!r}") from exc
-    if not beams or beams[0] < 1:
+    if not beams:
         raise ValueError(f"--beams must list integers >= 1, got {text!r}")
+    check_int("--beams", beams[0], 1)
     return beams
 
 

@@ -2,7 +2,7 @@
 
 With shallow fusion (:func:`beamkit.fuse`) of a phoneme n-gram LM: fixed, disjoint ``test`` and ``valid`` splits
 of :data:`SPLIT_SIZE` words each (the first and second half of the seed-1234 sample of ``2 * SPLIT_SIZE``
-words, so ``test`` starts with the default 500-word sample), and :func:`lm_corpus`, every pronunciation of
+words, so ``test`` starts with the default 500-word sample), and :func:`phoneme_corpus`, every pronunciation of
 every other word, for ``beamkit lm build``.
 """
 
@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from beamkit._checks import check_int
+from beamkit._moved import moved_names
 from beamkit.progress import progress_bar
 
 DEFAULT_SEED = 1234
@@ -41,8 +43,7 @@ def dictionary() -> dict[str, list[tuple[str, ...]]]:
 
 def sample_words(n: int, seed: int = DEFAULT_SEED) -> list[tuple[str, list[tuple[str, ...]]]]:
     """A fixed-seed sample of ``n`` dictionary words with their pronunciations (sorted before sampling)."""
-    if n < 1:
-        raise ValueError(f"--words must be >= 1, got {n}")
+    check_int("--words", n, 1)
     entries = dictionary()
     words = sorted(entries)
     if n > len(words):
@@ -51,7 +52,7 @@ def sample_words(n: int, seed: int = DEFAULT_SEED) -> list[tuple[str, list[tuple
     return [(w, entries[w]) for w in chosen]
 
 
-def split(name: str) -> list[tuple[str, list[tuple[str, ...]]]]:
+def word_split(name: str) -> list[tuple[str, list[tuple[str, ...]]]]:
     """The fixed ``test`` or ``valid`` split: :data:`SPLIT_SIZE` words each, disjoint, held out of the LM corpus."""
     if name not in SPLITS:
         raise ValueError(f"--split must be one of {', '.join(SPLITS)}, got {name!r}")
@@ -59,9 +60,9 @@ def split(name: str) -> list[tuple[str, list[tuple[str, ...]]]]:
     return both[:SPLIT_SIZE] if name == "test" else both[SPLIT_SIZE:]
 
 
-def lm_corpus() -> list[str]:
+def phoneme_corpus() -> list[str]:
     """Every pronunciation (space-separated phonemes) of every dictionary word outside both evaluation splits."""
-    held = {w for name in SPLITS for w, _ in split(name)}
+    held = {w for name in SPLITS for w, _ in word_split(name)}
     entries = dictionary()
     return [" ".join(p) for w in sorted(entries) if w not in held for p in entries[w]]
 
@@ -105,7 +106,7 @@ def evaluate(
     from beamkit.models.g2p import G2PModel
 
     g2p = model if model is not None else G2PModel.load()
-    sample = split(split_name) if split_name is not None else sample_words(n_words, seed)
+    sample = word_split(split_name) if split_name is not None else sample_words(n_words, seed)
     words = [w for w, _ in sample]
     result: dict[str, Any] = {"beams": {}, "n": len(words), "seed": seed, "length_penalty": length_penalty}
     if split_name is not None:
@@ -143,3 +144,8 @@ def _correct(hyps: list[list[Any]], sample: list[tuple[str, list[tuple[str, ...]
 
 def _entry(correct: np.ndarray, logprobs: list) -> dict[str, Any]:
     return {"word_accuracy": float(np.mean(correct)), "mean_logprob": float(np.mean(logprobs))}
+
+
+__getattr__ = moved_names(
+    __name__, {"split": "beamkit.tasks.g2p:word_split", "lm_corpus": "beamkit.tasks.g2p:phoneme_corpus"}
+)

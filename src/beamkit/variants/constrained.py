@@ -26,7 +26,6 @@ import numpy as np
 from beamkit import ops
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
-from beamkit.samplers import as_float64, gather_cols
 from beamkit.search import BeamSearch, StepFn, make_options
 
 Alternatives = tuple[tuple[int, ...], ...]
@@ -155,7 +154,7 @@ class Constrained:
         if ctx.logprob is None:
             raise ValueError("Constrained needs ctx.logprob, the running log-probability the engine passes")
         run = np.asarray(ctx.logprob, dtype=np.float64)  # shape: (rows,) running log-probability of each row
-        logp = as_float64(scores, offset)  # shape: (rows, V)
+        logp = ops.plus_offset64(scores, offset)  # shape: (rows, V)
         rows, vocab = int(logp.shape[0]), int(logp.shape[1])
         vals, tok = ops.top_candidates(logp, m)  # shape: (rows, m')
         tokens = np.asarray(ctx.tokens, dtype=np.int64)
@@ -182,7 +181,7 @@ class Constrained:
             for i, e in enumerate(extra):
                 e_tok[i, : len(e)] = e
                 e_ok[i, : len(e)] = True
-            e_lp = np.where(e_ok, gather_cols(logp, e_tok), -np.inf)
+            e_lp = np.where(e_ok, ops.gather_cols(logp, e_tok), -np.inf)
             tok = np.concatenate([tok, e_tok], axis=1)  # shape: (rows, m' + extra)
             vals = np.concatenate([vals, e_lp], axis=1)
         lp = vals.copy()

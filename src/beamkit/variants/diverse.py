@@ -18,26 +18,12 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
+from beamkit._checks import check_choice, check_float, check_int, check_optional_int
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.processors import StepContext
-from beamkit.samplers import as_float64
 from beamkit.search import BeamSearch, StepFn, count_requests, make_options, rank_candidates, survivor_mask
+from beamkit.search.options import POLICIES
 from beamkit.state import select_state
-
-
-def subtract_at(x: Any, rows: np.ndarray, cols: np.ndarray, value: float) -> Any:
-    """``x[rows[i], cols[i]] -= value`` for every i, repeated pairs accumulating, in place; returns ``x``."""
-    if len(rows) == 0:
-        return x
-    if ops.is_torch(x):
-        import torch
-
-        r = torch.as_tensor(rows, device=x.device)
-        c = torch.as_tensor(cols, device=x.device)
-        x.index_put_((r, c), torch.full((len(rows),), -value, dtype=x.dtype, device=x.device), accumulate=True)
-        return x
-    np.subtract.at(x, (rows, cols), value)
-    return x
 
 
 @dataclass
@@ -54,18 +40,15 @@ class Diverse:
     policy: str = "narrow"
 
     def __post_init__(self) -> None:
-        if isinstance(self.groups, bool) or not isinstance(self.groups, (int, np.integer)) or self.groups < 1:
-            raise ValueError(f"groups must be an integer >= 1, got {self.groups!r}")
-        if not np.isfinite(self.strength):
-            raise ValueError(f"diversity strength must be finite, got {self.strength!r}")
-        if self.policy not in ("narrow", "pool", "compete"):
-            raise ValueError(f"policy must be 'narrow', 'pool' or 'compete', got {self.policy!r}")
+        check_int("groups", self.groups, 1)
+        check_float("diversity strength", self.strength)
+        check_choice("policy", self.policy, POLICIES)
 
     def candidates(
         self, scores: Any, offset: np.ndarray, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Top ``m`` per row of each group's penalised log-probs, groups of a request in turn."""
-        logp = as_float64(scores, offset)  # shape: (rows, V)
+        logp = ops.plus_offset64(scores, offset)  # shape: (rows, V)
         rows, vocab = int(logp.shape[0]), int(logp.shape[1])
         width = min(m, vocab)
         out_lp = np.full((rows, width), -np.inf)  # shape: (rows, m')
@@ -83,7 +66,12 @@ class Diverse:
                     toks = chosen.get(r, [])
                     pr.extend([i] * len(toks))
                     pc.extend(toks)
-                sub = subtract_at(sub, np.asarray(pr, dtype=np.int64), np.asarray(pc, dtype=np.int64), self.strength)
+                sub = ops.add_at(
+                    sub,
+                    np.asarray(pr, dtype=np.int64),
+                    np.asarray(pc, dtype=np.int64),
+                    np.full(len(pr), -self.strength),
+                )
             vals, tok = ops.top_candidates(sub, width)  # shape: (rows_g, m')
             out_lp[sel], out_tok[sel] = vals, tok
             for r, toks in self._survivors(sel, vals, tok, parent_key, ctx).items():
@@ -134,12 +122,10 @@ def diverse_beam_search(
     :class:`beamkit.SearchOptions` (policy, length_penalty, processors, ...) and apply within each group. Returns
     every group's hypotheses merged, best score first, cut to ``num_return``.
     """
-    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
-        raise ValueError(f"groups must be an integer >= 1, got {groups!r}")
+    check_int("groups", groups, 1)
     if beam_size % groups:
         raise ValueError(f"beam_size ({beam_size}) must be a multiple of groups ({groups})")
-    if num_return is not None and not 1 <= num_return <= beam_size:
-        raise ValueError(f"num_return must be between 1 and beam_size={beam_size}, got {num_return}")
+    check_optional_int("num_return", num_return, 1, beam_size)
     if "selector" in options:
         raise ValueError("diverse_beam_search sets its own selector")
     per = beam_size // groups

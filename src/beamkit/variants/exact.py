@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
+from beamkit._checks import check_int
 from beamkit.hypothesis import Hypothesis
 from beamkit.scoring import LengthPenalty, as_length_penalty
 from beamkit.search import StepFn, bos_array, eos_ids, search_batch, unpack_step
@@ -67,12 +68,9 @@ def exact_search_stats(
     ``expand_batch`` prefixes (the best bounds first) are expanded per ``step_fn`` call; ``max_rows`` stops a
     search that grows too large with a RuntimeError.
     """
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
-        raise ValueError(f"max_len must be an integer >= 1, got {max_len!r}")
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    if expand_batch < 1:
-        raise ValueError(f"expand_batch must be >= 1, got {expand_batch}")
+    check_int("max_len", max_len, 1)
+    check_int("n", n, 1)
+    check_int("expand_batch", expand_batch, 1)
     lp = as_length_penalty(length_penalty)
     stop = set(eos_ids(eos))
     lead = first_array(init_state)
