@@ -38,7 +38,7 @@ def g2p_task(n: int) -> tuple[Any, list[tuple[Any, Callable[[list[int]], bool]]]
     from beamkit.tasks import g2p
 
     model = G2PModel.load()
-    sample = g2p.split("test")[:n]
+    sample = g2p.word_split("test")[:n]
     words = [w for w, _ in sample]
     checks = [lambda toks, p=prons: tuple(phonemes(toks)) in p for _, prons in sample]
     info = {"step": model.step, "init": lambda: model.init_state(words), "bos": BOS, "eos": EOS, "max_len": MAX_LEN}

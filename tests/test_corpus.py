@@ -344,7 +344,7 @@ def test_hf_directory_equals_generate_one_at_a_time(tmp_path, tiny_hf):
 
 def test_a_failing_batch_is_decoded_one_by_one():
     """A batched search that fails as a whole is retried input by input: only the culprit becomes an error."""
-    from beamkit.corpus import Decoder, Item, Scored
+    from beamkit.corpus import CorpusDecoder, Item, Scored
 
     class Picky:
         def prepare(self, item):
@@ -355,7 +355,7 @@ def test_a_failing_batch_is_decoded_one_by_one():
                 raise ValueError("cannot decode boom")
             return [[Scored(t.upper(), -1.0, -0.5)] for t in batch]
 
-    decoder = Decoder.__new__(Decoder)
+    decoder = CorpusDecoder.__new__(CorpusDecoder)
     decoder.model = Picky()
     items = [Item(0, "a", "x"), Item(1, "b", "boom"), Item(2, "c", "y", error="bad"), Item(3, "d", "z")]
     records = decoder.decode_items(items)

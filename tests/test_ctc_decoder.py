@@ -413,8 +413,8 @@ def test_decode_batch_threads_give_the_same_texts_and_bad_counts_are_refused() -
     decoder = build_ctcdecoder(labels)
     alone = [decoder.decode(m) for m in mats]
     assert decoder.decode_batch(None, mats, threads=1) == alone == decoder.decode_batch(None, mats, threads=3)
-    for bad in (0, -1, True, 1.5):
-        with pytest.raises(ValueError, match="threads must be a positive integer or None"):
+    for bad, error in ((0, ValueError), (-1, ValueError), (True, TypeError), (1.5, TypeError)):
+        with pytest.raises(error, match="threads must be"):
             decoder.decode_batch(None, mats, threads=bad)
 
 

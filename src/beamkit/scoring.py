@@ -51,8 +51,8 @@ class LengthPenalty:
 
     def __post_init__(self) -> None:
         alpha, shift = self.alpha, self.shift
-        check_float("length_penalty alpha", alpha, -MAX_ALPHA, MAX_ALPHA)
-        check_float("length_penalty shift", shift, 0)
+        check_float("length_penalty alpha", alpha, least=-MAX_ALPHA, most=MAX_ALPHA)
+        check_float("length_penalty shift", shift, least=0)
 
     def check_max_len(self, max_len: int) -> None:
         """ValueError unless ``lp(n)`` and the scores it divides stay finite and non-zero for every length up to

@@ -38,8 +38,6 @@ class HFAdapter(ModelAdapter):
     owned_by = "huggingface"
 
     def __init__(self, directory: str | Path, name: str | None = None, allow_pickle: bool = False):
-        import torch
-
         from beamkit.hf import DecoderOnlyStep, EncoderDecoderStep, load_pretrained
 
         loaded = load_pretrained(directory, allow_pickle=allow_pickle)
@@ -48,7 +46,6 @@ class HFAdapter(ModelAdapter):
         self.vocab = self.tokenizer
         folder = loaded.folder
         self.name = name or folder.name or str(folder)
-        self._torch = torch
         base = self.settings(beam=1, n_best=1, max_len=1, prompt_len=1)
         self.eos = base.eos
         self.bos = base.start  # decoder-only: ignored, the first call runs the prompt
@@ -159,9 +156,9 @@ class HFAdapter(ModelAdapter):
 
     def init_state(self, prompts: list[list[int]]) -> Any:
         """The bridge's initial state for prompts of one length (no padding)."""
-        t = self._torch
-        input_ids = t.as_tensor(prompts, dtype=t.long)  # shape: (B, P)
-        return self._step.init_state(input_ids, t.ones_like(input_ids))
+        from beamkit.hf.inputs import prompt_batch
+
+        return self._step.init_state(*prompt_batch(prompts))
 
     def batch_key(self, ids: tuple[int, ...]) -> Any:
         """Prompts join in one call only when they have the same length (no padding, as alone)."""

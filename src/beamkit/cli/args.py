@@ -4,6 +4,7 @@ rendering of a drawing. Each command adds the groups it takes, so ``--beam`` mea
 from __future__ import annotations
 
 import argparse
+import os
 
 from beamkit.cli.types import finite_float, positive_int
 
@@ -82,3 +83,30 @@ class StoreGiven(argparse.Action):
 def lm_options_given(namespace: argparse.Namespace) -> frozenset[str]:
     """The options of :func:`add_lm_args` (and any other using its recording action) given on the command line."""
     return frozenset(getattr(namespace, "given", frozenset()))
+
+
+def read_labels(path: str | None, alphabet: str | None = None) -> list[str]:
+    """The CTC labels of ``--labels FILE`` (UTF-8, one label a line, ``<space>`` or a single space for the word
+    delimiter; the file must exist) or, when given, of ``--alphabet STRING`` (one label per character)."""
+    if alphabet is not None:
+        if not alphabet:
+            raise ValueError("--alphabet is empty")
+        return list(alphabet)
+    if path is None or not os.path.isfile(path):
+        what = "is a directory" if path is not None and os.path.isdir(path) else "not found"
+        raise FileNotFoundError(f"labels file {what}: {path} (use --alphabet for a string of characters)")
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    if lines and lines[-1] == "":
+        lines = lines[:-1]
+    return [" " if lab in ("<space>", " ") else lab for lab in lines]
+
+
+def parse_blank(spec: str | None) -> int | str | None:
+    """``--blank``: an integer is a column index, anything else a label (None: the decoder finds it)."""
+    if spec is None:
+        return None
+    try:
+        return int(spec)
+    except ValueError:
+        return spec

@@ -7,8 +7,7 @@ import os
 import sys
 from typing import Any
 
-from beamkit.cli.args import add_lm_args, add_model_arg, add_search_args
-from beamkit.cli.ctc import _parse_blank
+from beamkit.cli.args import add_lm_args, add_model_arg, add_search_args, parse_blank, read_labels
 from beamkit.cli.types import positive_int
 from beamkit.corpus.options import DecodeOptions
 
@@ -21,14 +20,12 @@ def _options(args: argparse.Namespace) -> DecodeOptions:
         raise ValueError("--labels applies to a folder of .npy CTC posteriors given as --input")
     labels = None
     if ctc:
-        from beamkit.cli.ctc import _read_labels
-
-        labels = tuple(_read_labels(argparse.Namespace(labels=args.labels, alphabet=None)))
+        labels = tuple(read_labels(args.labels))
     beam = args.beam if args.beam is not None else (100 if ctc else 5)
     return DecodeOptions(
         model=args.model, beam=beam, n_best=args.n_best, length_penalty=args.length_penalty, max_len=args.max_len,
         labels=labels, lm=args.lm, alpha=args.alpha, beta=args.beta, lm_backend=args.lm_backend,
-        pyctcdecode_compat=args.pyctcdecode_compat, blank=_parse_blank(args.blank) if ctc else None,
+        pyctcdecode_compat=args.pyctcdecode_compat, blank=parse_blank(args.blank) if ctc else None,
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from beamkit.cli.args import StoreGiven, add_lm_args, lm_options_given
+from beamkit.cli.args import StoreGiven, add_lm_args, lm_options_given, parse_blank, read_labels
 from beamkit.cli.types import non_negative_int, non_positive_float, positive_int
 from beamkit.lm import KENLM_MAX_ORDER
 
@@ -51,33 +51,6 @@ def _check_lm_options(args: argparse.Namespace) -> None:
             raise ValueError("--greedy keeps one path: drop --beam (or --greedy for beam search)")
 
 
-def _read_labels(args: argparse.Namespace) -> list[str]:
-    """The labels from ``--labels FILE`` (which must exist) or ``--alphabet STRING``."""
-    if args.alphabet is not None:
-        if not args.alphabet:
-            raise ValueError("--alphabet is empty")
-        return list(args.alphabet)
-    path = args.labels
-    if not os.path.isfile(path):
-        what = "is a directory" if os.path.isdir(path) else "not found"
-        raise FileNotFoundError(f"labels file {what}: {path} (use --alphabet for a string of characters)")
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().split("\n")
-    if lines and lines[-1] == "":
-        lines = lines[:-1]
-    return [" " if lab in ("<space>", " ") else lab for lab in lines]
-
-
-def _parse_blank(spec: str | None) -> int | str | None:
-    """``--blank``: an integer is a column index, anything else a label."""
-    if spec is None:
-        return None
-    try:
-        return int(spec)
-    except ValueError:
-        return spec
-
-
 def _load_matrices(path: str) -> list[np.ndarray]:
     """The ``(T, V)`` matrices of a .npy file holding one matrix or a batch ``(N, T, V)`` (checked)."""
     from beamkit.ctc.posteriors import as_real_array
@@ -106,7 +79,13 @@ def _build_decoder(args: argparse.Namespace, options: CTCOptions) -> Decoder:
     if args.lm is not None:
         fusion = fusion_of(args.lm, alpha=args.alpha, beta=args.beta, backend=args.lm_backend)
     options = dataclasses.replace(options, pyctcdecode_compat=args.pyctcdecode_compat)
-    return Decoder(_read_labels(args), fusion, options, blank=_parse_blank(args.blank), input_kind=args.input_kind)
+    return Decoder(
+        read_labels(args.labels, args.alphabet),
+        fusion,
+        options,
+        blank=parse_blank(args.blank),
+        input_kind=args.input_kind,
+    )
 
 
 def _cmd_ctc_decode(args: argparse.Namespace) -> int:

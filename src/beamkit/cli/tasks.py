@@ -142,13 +142,12 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a dates model and save the checkpoint folder."""
-    from beamkit.tasks import train as training
+    from beamkit.models import training
+    from beamkit.tasks.train import TrainConfig, check_out
 
-    config = training.TrainConfig.default(
-        args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed
-    )
+    config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
     out = args.out or f"checkpoints/dates-{args.arch}"
-    training.check_out(out, force=args.force)
+    check_out(out, force=args.force)
     try:
         ops.set_torch_threads(args.threads)
         model = training.train(config, out=out, progress=not args.quiet)
@@ -250,10 +249,10 @@ def _eval_g2p(args: argparse.Namespace) -> int:
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Write a task's LM training corpus (one sentence per line) for ``beamkit lm build``."""
     if args.task == "g2p":
-        from beamkit.tasks.g2p import lm_corpus
+        from beamkit.tasks.g2p import phoneme_corpus
 
         try:
-            lines = lm_corpus()
+            lines = phoneme_corpus()
         except ImportError as exc:
             return _fail_import("corpus", exc)
     else:

@@ -4,16 +4,17 @@
 per worker, and write shards that a rerun keeps; :func:`decode_dataset` adds decoding to a Ray Data pipeline.
 """
 
-from beamkit.corpus.decoder import Decoder, Scored, record
+from beamkit.corpus.decoder import CorpusDecoder, Scored, record
 from beamkit.corpus.inputs import Item, read_inputs
 from beamkit.corpus.options import DecodeOptions
 from beamkit.corpus.ray_backend import decode_dataset
 from beamkit.corpus.run import CorpusResult, decode_corpus
+from beamkit.moved import forward
 
 __all__ = [
     "CorpusResult",
     "DecodeOptions",
-    "Decoder",
+    "CorpusDecoder",
     "Item",
     "Scored",
     "decode_corpus",
@@ -21,3 +22,5 @@ __all__ = [
     "read_inputs",
     "record",
 ]
+
+__getattr__ = forward(__name__, {"Decoder": "beamkit.corpus.decoder.CorpusDecoder"})

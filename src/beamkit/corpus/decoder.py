@@ -1,7 +1,7 @@
 """The worker side: load a model once, decode batches of :class:`~beamkit.corpus.inputs.Item` into records.
 
-Every back-end (local processes, Ray actors, Ray Data pipelines) calls :meth:`Decoder.decode_items`, so all of
-them produce the same records. Each batch of valid inputs is one batched search
+Every back-end (local processes, Ray actors, Ray Data pipelines) calls :meth:`CorpusDecoder.decode_items`, so
+all of them produce the same records. Each batch of valid inputs is one batched search
 (:func:`beamkit.adapters.decode_texts` for every ``--model``, or :meth:`beamkit.ctc.Decoder.decode`).
 Inputs a model cannot take are found one by one first and reported as errors.
 """
@@ -16,6 +16,7 @@ from beamkit import ops
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import DecodeOptions
 from beamkit.models import torch_available
+from beamkit.moved import forward
 
 
 class Scored(NamedTuple):
@@ -113,7 +114,7 @@ def uses_torch(options: DecodeOptions) -> bool:
     return options.kind == "hf" or (options.kind == "checkpoint" and torch_available())
 
 
-class Decoder:
+class CorpusDecoder:
     """A model loaded once (per process or Ray actor) and the batched decoding of corpus items."""
 
     def __init__(self, options: DecodeOptions) -> None:
@@ -156,3 +157,6 @@ class Decoder:
             return record(item, self.model.decode([prepared])[0])
         except (ValueError, TypeError, RuntimeError) as exc:
             return record(item, error=str(exc))
+
+
+__getattr__ = forward(__name__, {"Decoder": "beamkit.corpus.decoder.CorpusDecoder"})

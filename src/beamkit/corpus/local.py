@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -14,13 +13,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import contextmanager
 from typing import Any
 
-from beamkit.corpus.decoder import Decoder, uses_torch
+from beamkit import ops
+from beamkit.corpus.decoder import CorpusDecoder, uses_torch
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import DecodeOptions
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
-_decoder: Decoder | None = None
+_decoder: CorpusDecoder | None = None
 _load_error: str | None = None
 
 
@@ -35,7 +35,7 @@ def _init_worker(options: DecodeOptions, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
-        _decoder = Decoder(options)
+        _decoder = CorpusDecoder(options)
     except (ImportError, OSError, ValueError, TypeError, RuntimeError) as exc:
         _load_error = f"{type(exc).__name__}: {exc}"
 
@@ -65,17 +65,10 @@ def _in_process(
     options: DecodeOptions, batches: Iterable[tuple[int, list[Item]]]
 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """One worker: the driver decodes; torch's thread count is put back afterwards."""
-    torch: Any = None
-    if uses_torch(options):
-        import torch
-    before = torch.get_num_threads() if torch is not None else None
-    try:
-        decoder = Decoder(options)
+    with ops.torch_threads_set(options.threads if uses_torch(options) else None):
+        decoder = CorpusDecoder(options)
         for key, items in batches:
             yield key, decoder.decode_items(items)
-    finally:
-        if before is not None:
-            sys.modules["torch"].set_num_threads(before)
 
 
 def local_results(

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.corpus.decoder import Decoder
+from beamkit._checks import check_int
+from beamkit.corpus.decoder import CorpusDecoder
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import DecodeOptions
 from beamkit.extras import install_hint
@@ -97,7 +98,7 @@ class BatchDecoder:
 
     def __init__(self) -> None:
         """Load the model once for this actor."""
-        self.decoder = Decoder(self.options)
+        self.decoder = CorpusDecoder(self.options)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Decode each row's items; return the rows' keys and their records as JSON."""
@@ -139,7 +140,7 @@ class RowDecoder:
 
     def __init__(self) -> None:
         """Load the model once for this actor."""
-        self.decoder = Decoder(self.options)
+        self.decoder = CorpusDecoder(self.options)
         self.column = "path" if self.options.kind == "ctc" else "text"
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -182,8 +183,8 @@ def decode_dataset(
         options["labels"] = tuple(options["labels"])
     opts = DecodeOptions(model=model, **options)
     opts.check()
-    if concurrency < 1 or batch_size < 1:
-        raise ValueError(f"concurrency and batch_size must be >= 1, got {concurrency} and {batch_size}")
+    check_int("concurrency", concurrency, least=1)
+    check_int("batch_size", batch_size, least=1)
     _quiet_data_context()
     return ds.map_batches(
         _bound(RowDecoder, opts), compute=_actor_pool(ray, concurrency), batch_size=batch_size, num_cpus=1,

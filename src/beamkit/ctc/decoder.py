@@ -32,7 +32,7 @@ from .vocab import Vocabulary
 if TYPE_CHECKING:
     from .trace import CTCTrace
 
-R = TypeVar("R")
+_R = TypeVar("_R")
 
 
 def normalize_logits(logits: Any, input_kind: str = "auto") -> np.ndarray:
@@ -204,7 +204,7 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 
 
-def _caught(index: int, errors: dict[int, Exception], fn: Callable[[], R], failed: Any) -> R:
+def _caught(index: int, errors: dict[int, Exception], fn: Callable[[], _R], failed: Any) -> _R:
     """``fn()``; a ValueError / TypeError is kept in ``errors[index]`` and ``failed`` returned instead."""
     try:
         return fn()

@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from beamkit.ops import NEG_INF
+
 from .fusion import Static
 from .jit import njit
 from .nodes import EDGE_FREE, EDGE_MAKING, edge_find, make_node, slot_of, word_hash
@@ -118,7 +120,6 @@ DONE, NEED_LM, NEED_NODES, NEED_EDGES, NEED_RECORDS, FRAME = 0, 1, 2, 3, 4, 5
 # counters
 N_NODES, N_EDGES, N_RECORDS, N_PENDING, N_BEAMS, N_MERGED, N_KEPT = 0, 1, 2, 3, 4, 5, 6
 
-NEG_INF = -math.inf
 LOGE2 = math.log(2.0)
 
 

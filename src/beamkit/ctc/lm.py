@@ -193,8 +193,7 @@ class Hotwords:
         """Collect the hotword unigrams."""
         if isinstance(hotwords, str):
             raise TypeError("hotwords must be a list of strings, not one string")
-        if not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise TypeError(f"hotword_weight must be a finite number, got {weight!r}")
+        check_float("hotword_weight", weight)
         words: list[str] = []
         for phrase in hotwords or []:
             words.extend(phrase.split())

@@ -19,7 +19,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
+from beamkit._checks import check_int
 from beamkit.moved import forward
+from beamkit.ops import NEG_INF
 
 from . import kernel as K
 from .fusion import HAS_HOT, HAS_LM, HOT_WEIGHT, PENDING, Fusion, Static, word_lookup
@@ -29,8 +31,6 @@ from .nodes import NODE, final_key, init_root, node_labels, word_hash
 from .options import CTCOptions
 from .posteriors import FrameCandidates
 from .vocab import Vocabulary
-
-NEG_INF = -np.inf
 
 
 @dataclass
@@ -234,17 +234,17 @@ def search_candidates(
     return spread(N, 1 if recorder is not None else threads, work)
 
 
-R = TypeVar("R")
+_R = TypeVar("_R")
 
 
-def spread(n: int, threads: int | None, run: Callable[[range], list[R]]) -> list[R]:
+def spread(n: int, threads: int | None, run: Callable[[range], list[_R]]) -> list[_R]:
     """``run`` over items ``0 .. n-1`` dealt round-robin to :func:`thread_count` threads (``run`` gets a range
     of item indices and returns one result per index); the results in item order."""
     k = thread_count(threads, n)
     if k == 1:
         return run(range(n))
     parts = [range(i, n, k) for i in range(k)]
-    out: list[R | None] = [None] * n
+    out: list[_R | None] = [None] * n
     with ThreadPoolExecutor(k) as pool:
         for part, got in zip(parts, pool.map(run, parts), strict=True):
             for j, r in zip(part, got, strict=True):
@@ -259,8 +259,7 @@ def thread_count(threads: int | None, n: int) -> int:
     """Threads for ``n`` utterances (``threads``: asked for; None: one per available core, at least
     :data:`UTTERANCES_PER_THREAD` utterances each); 1 when the search runs interpreted."""
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        check_int("threads", threads, least=1)
         return min(threads, max(n, 1)) if COMPILED else 1
     if not COMPILED:
         return 1

@@ -63,3 +63,9 @@ def attention_mask_for(
     if tuple(attention_mask.shape) != (batch, width):
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {(batch, width)}")
     return attention_mask.to(input_ids.device)
+
+
+def prompt_batch(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of one length (token ids) as ``input_ids`` and an all-ones ``attention_mask`` (no padding)."""
+    input_ids = torch.as_tensor(prompts, dtype=torch.long)  # shape: (B, P)
+    return input_ids, torch.ones_like(input_ids)

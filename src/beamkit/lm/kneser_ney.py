@@ -22,6 +22,8 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
+from beamkit._checks import check_int
+
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 _FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
 
@@ -53,8 +55,7 @@ def _tokenize(sentences: Iterable[str | list[str]]) -> Iterable[list[str]]:
 def build_arpa(sentences: Iterable[str | list[str]], order: int = 3) -> str:
     """Return the ARPA text of an interpolated modified Kneser-Ney model of ``order`` over ``sentences``
     (strings are split on whitespace; empty ones are skipped)."""
-    if isinstance(order, bool) or not isinstance(order, int) or order < 1:
-        raise ValueError(f"order must be a positive integer, got {order!r}")
+    check_int("order", order, least=1)
     if isinstance(sentences, str):
         raise TypeError("sentences must be an iterable of sentences, not one string")
     raw: list[dict[tuple[str, ...], int]] = [defaultdict(int) for _ in range(order)]

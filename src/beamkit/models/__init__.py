@@ -63,7 +63,7 @@ def load_model(name_or_path: str | Path | None = None, backend: str = "auto") ->
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
-    from beamkit.models.checkpoint import load
+    from beamkit.models.checkpoint import load_checkpoint
 
     path = resolve_model(name_or_path)
     if backend == "auto":
@@ -77,7 +77,7 @@ def load_model(name_or_path: str | Path | None = None, backend: str = "auto") ->
                 f"the torch backend needs torch and safetensors: {install_hint('models')} ({exc}); "
                 "or use the numpy backend"
             ) from exc
-    return load(path, backend=backend)
+    return load_checkpoint(path, backend=backend)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from beamkit._checks import is_int
-from beamkit._moved import moved_names
+from beamkit.moved import forward
 
 CHECKPOINT_FORMAT = "beamkit-checkpoint"
 VERSION = 1
@@ -149,7 +149,7 @@ def _read_vocab(folder: Path) -> dict[str, Any]:
     return vocab
 
 
-def load(path: str | Path, backend: str = "torch") -> Any:
+def load_checkpoint(path: str | Path, backend: str = "torch") -> Any:
     """Load the checkpoint folder ``path``; return the model (torch: in eval mode), with ``model.meta`` set.
 
     ``backend`` "torch" builds the torch module (needs torch and safetensors); "numpy" its numpy inference twin
@@ -214,7 +214,11 @@ def _load_numpy(folder: Path, config: dict[str, Any], vocab: dict[str, Any]) -> 
         raise ValueError(f"bad hyper-parameters for {arch}: {exc}") from exc
 
 
-__getattr__ = moved_names(
+__getattr__ = forward(
     __name__,
-    {"FORMAT": "beamkit.models.checkpoint:CHECKPOINT_FORMAT", "BACKENDS": "beamkit.models.checkpoint:MODEL_BACKENDS"},
+    {
+        "load": "beamkit.models.checkpoint.load_checkpoint",
+        "FORMAT": "beamkit.models.checkpoint.CHECKPOINT_FORMAT",
+        "BACKENDS": "beamkit.models.checkpoint.MODEL_BACKENDS",
+    },
 )

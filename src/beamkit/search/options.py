@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from beamkit._checks import check_choice
-from beamkit._moved import moved_names
+from beamkit.moved import forward
 from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.search.selectors import Deterministic, Selector
@@ -168,4 +168,4 @@ def make_options(beam_size: int, max_len: int, **options: Any) -> SearchOptions:
     return SearchOptions(beam_size=beam_size, max_len=max_len, **options)
 
 
-__getattr__ = moved_names(__name__, {"Policy": "beamkit.search.options:PolicyName"})
+__getattr__ = forward(__name__, {"Policy": "beamkit.search.options.PolicyName"})

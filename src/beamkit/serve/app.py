@@ -43,7 +43,7 @@ from beamkit.serve.protocol import (
     parse_completion,
     trim_stop,
 )
-from beamkit.serve.runner import Done, Job, Progress, QueueFull, Runner, ShuttingDown
+from beamkit.serve.runner import Done, Job, QueueFull, Runner, ShuttingDown, Update
 
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait
 
@@ -246,10 +246,10 @@ def create_app(
         except ApiError as err:
             return _error(err, metrics)
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[tuple[int, Progress | Done]] = asyncio.Queue()
+        events: asyncio.Queue[tuple[int, Update | Done]] = asyncio.Queue()
 
         def deliver_to(i: int) -> Any:
-            def deliver(event: Progress | Done) -> None:
+            def deliver(event: Update | Done) -> None:
                 events.put_nowait((i, event))
 
             return deliver
@@ -301,8 +301,8 @@ def create_app(
 
 
 async def _next(
-    events: asyncio.Queue[tuple[int, Progress | Done]], gone: asyncio.Future[None]
-) -> tuple[int, Progress | Done] | None:
+    events: asyncio.Queue[tuple[int, Update | Done]], gone: asyncio.Future[None]
+) -> tuple[int, Update | Done] | None:
     """The next event of a request's jobs, or None once the client has disconnected."""
     get = asyncio.ensure_future(events.get())
     waiting: set[asyncio.Future[Any]] = {get, gone}
@@ -314,7 +314,7 @@ async def _next(
 
 
 async def _collect(
-    request: Request, runner: Runner, jobs: list[Job], events: asyncio.Queue[tuple[int, Progress | Done]]
+    request: Request, runner: Runner, jobs: list[Job], events: asyncio.Queue[tuple[int, Update | Done]]
 ) -> list[Done] | None:
     """Every job's :class:`Done`, in prompt order; None (and the jobs cancelled) if the client disconnects."""
     done: dict[int, Done] = {}
@@ -341,7 +341,7 @@ async def _stream(
     adapter: ModelAdapter,
     c: Completion,
     jobs: list[Job],
-    events: asyncio.Queue[tuple[int, Progress | Done]],
+    events: asyncio.Queue[tuple[int, Update | Done]],
     rid: str,
     created: int,
 ) -> AsyncIterator[str]:

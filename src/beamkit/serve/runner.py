@@ -4,7 +4,7 @@ HTTP handlers :meth:`Runner.submit` jobs (one per prompt) into a bounded waiting
 them when their client goes away. The thread admits waiting jobs into the :class:`beamkit.Engine` before each
 step (while their beams fit in ``max_rows``; requests take turns, and one request holds at most
 ``request_rows`` of them, so a small request does not wait behind a heavy one), runs :meth:`beamkit.Engine.step`, and
-hands each job its events: a :class:`Progress` after each step for streaming jobs whose best text changed,
+hands each job its events: a :class:`Update` after each step for streaming jobs whose best text changed,
 then one :class:`Done`. Events are passed to the job's ``deliver`` callback on the job's event ``loop``, all of
 one step's events in one ``call_soon_threadsafe`` (waking the loop once per event costs more than a step).
 """
@@ -19,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from beamkit._checks import check_int
 from beamkit.adapters import ModelAdapter
 from beamkit.hypothesis import Hypothesis
+from beamkit.moved import forward
 from beamkit.search import Completed, Engine
 from beamkit.serve.metrics import Metrics
 
@@ -34,7 +36,7 @@ class ShuttingDown(Exception):
 
 
 @dataclass(frozen=True)
-class Progress:
+class Update:
     """A streaming job's current best hypothesis after its ``step``-th model call."""
 
     step: int
@@ -59,7 +61,7 @@ class Job:
     options: dict[str, Any]  # the engine's per-request options
     beam: int
     stream: bool
-    deliver: Callable[[Progress | Done], None]
+    deliver: Callable[[Update | Done], None]
     loop: asyncio.AbstractEventLoop
     request: int = 0  # the HTTP request the job belongs to: requests take turns for rows
     rid: int | None = None  # the engine's request id once admitted
@@ -81,10 +83,8 @@ class Runner:
         request_rows: int | None = None,
     ):
         request_rows = max(1, max_rows // 2) if request_rows is None else request_rows
-        if max_queue < 1 or max_rows < 1 or request_rows < 1:
-            raise ValueError(
-                f"max_queue, max_rows and request_rows must be >= 1, got {max_queue}, {max_rows} and {request_rows}"
-            )
+        for name, value in (("max_queue", max_queue), ("max_rows", max_rows), ("request_rows", request_rows)):
+            check_int(name, value, least=1)
         self.adapter = adapter
         self.metrics = metrics
         self.max_queue, self.max_rows, self.request_rows = max_queue, max_rows, request_rows
@@ -93,7 +93,7 @@ class Runner:
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}
         self._cancel: list[Job] = []
-        self._outbox: list[tuple[Job, Progress | Done]] = []  # events of this iteration, sent by _flush
+        self._outbox: list[tuple[Job, Update | Done]] = []  # events of this iteration, sent by _flush
         self._reserved = 0  # beam rows of the running jobs
         self._accepting = True
         self._stop = False
@@ -171,7 +171,7 @@ class Runner:
 
     def _flush(self) -> None:
         """Send the iteration's events: one wake-up per event loop."""
-        by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list[tuple[Job, Progress | Done]]]] = {}
+        by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list[tuple[Job, Update | Done]]]] = {}
         for job, event in self._outbox:
             by_loop.setdefault(id(job.loop), (job.loop, []))[1].append((job, event))
         self._outbox = []
@@ -263,7 +263,7 @@ class Runner:
                 best = self.engine.best(rid)
                 if best is not None and tuple(best.tokens) != job.last:
                     job.last = tuple(best.tokens)
-                    self._outbox.append((job, Progress(job.steps, best)))
+                    self._outbox.append((job, Update(job.steps, best)))
         self.metrics.running = len(self._running)
         self.metrics.rows_reserved = self._reserved
 
@@ -285,7 +285,10 @@ class Runner:
         self._outbox.append((job, Done(c.hypotheses, c.error, c.steps)))
 
 
-def _deliver_all(items: list[tuple[Job, Progress | Done]]) -> None:
+def _deliver_all(items: list[tuple[Job, Update | Done]]) -> None:
     """On the event loop: hand each job its event."""
     for job, event in items:
         job.deliver(event)
+
+
+__getattr__ = forward(__name__, {"Progress": "beamkit.serve.runner.Update"})

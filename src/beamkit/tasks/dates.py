@@ -24,7 +24,7 @@ from collections.abc import Callable
 from functools import cache
 
 from beamkit._checks import check_int
-from beamkit._moved import moved_names
+from beamkit.moved import forward
 
 FIRST_DAY = _dt.date(1800, 1, 1)
 LAST_DAY = _dt.date(2099, 12, 31)
@@ -245,4 +245,4 @@ def out_of_range_reason(text: str) -> str | None:
     return None
 
 
-__getattr__ = moved_names(__name__, {"render": "beamkit.tasks.dates:render_date"})
+__getattr__ = forward(__name__, {"render": "beamkit.tasks.dates.render_date"})

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from beamkit._checks import check_int
-from beamkit._moved import moved_names
+from beamkit.moved import forward
 from beamkit.progress import progress_bar
 
 DEFAULT_SEED = 1234
@@ -146,6 +146,6 @@ def _entry(correct: np.ndarray, logprobs: list) -> dict[str, Any]:
     return {"word_accuracy": float(np.mean(correct)), "mean_logprob": float(np.mean(logprobs))}
 
 
-__getattr__ = moved_names(
-    __name__, {"split": "beamkit.tasks.g2p:word_split", "lm_corpus": "beamkit.tasks.g2p:phoneme_corpus"}
+__getattr__ = forward(
+    __name__, {"split": "beamkit.tasks.g2p.word_split", "lm_corpus": "beamkit.tasks.g2p.phoneme_corpus"}
 )

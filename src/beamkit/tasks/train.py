@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from beamkit._moved import moved_names
+from beamkit.moved import forward
 
 # The shipped models' settings: sized so that greedy decoding is good but imperfect on the test split.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -105,4 +105,4 @@ def check_out(out: str | Path, force: bool = False) -> None:
         raise ValueError(f"--out {out} is a folder that is not empty; add --force to write the checkpoint into it")
 
 
-__getattr__ = moved_names(__name__, {"train": "beamkit.models.training:train"})
+__getattr__ = forward(__name__, {"train": "beamkit.models.training.train"})

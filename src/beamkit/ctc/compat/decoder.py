@@ -45,7 +45,7 @@ WordFrames = tuple[str, Frames]
 OutputBeam = tuple[str, Any, list[WordFrames], float, float]
 OutputBeamMPSafe = tuple[str, list[WordFrames], float, float]
 # one call's knobs: beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight
-Knobs = tuple[int, float, float, bool, Iterable[str] | None, float]
+CallKnobs = tuple[int, float, float, bool, Iterable[str] | None, float]
 
 # the search options of every call: pyctcdecode's end-of-utterance rule, the call's knobs on top
 PYCTCDECODE = CTCOptions(pyctcdecode_compat=True)
@@ -69,7 +69,7 @@ def raise_single(errors: dict[int, Exception]) -> None:
         raise errors[0]
 
 
-def call_options(base: CTCOptions, knobs: Knobs, best_only: bool = False) -> CTCOptions:
+def call_options(base: CTCOptions, knobs: CallKnobs, best_only: bool = False) -> CTCOptions:
     """``base`` with the knobs of one pyctcdecode-style call (``best_only``: one hypothesis, no word frames)."""
     beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight = knobs
     return dataclasses.replace(
@@ -194,17 +194,17 @@ class BeamSearchDecoderCTC:
         (a beam's ``lm_state`` from the previous chunk) continues the LM context."""
         lp = self._prepared(logits)
         hot = _hotword_list(hotwords)
-        knobs: Knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
+        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
         opts = call_options(PYCTCDECODE, knobs)
         results, errors = self._decoder(lm_start_state).search([lp], opts)
         raise_single(errors)
         return beams_of(results[0])
 
-    def _decode_beams_mp_safe(self, logits: Any, knobs: Knobs) -> list[OutputBeamMPSafe]:
+    def _decode_beams_mp_safe(self, logits: Any, knobs: CallKnobs) -> list[OutputBeamMPSafe]:
         beams = self.decode_beams(logits, *knobs)
         return [(text, frames, logit_score, lm_score) for text, _, frames, logit_score, lm_score in beams]
 
-    def _pool_map(self, pool: Any, logits_list: Sequence[Any], knobs: Knobs) -> Any:
+    def _pool_map(self, pool: Any, logits_list: Sequence[Any], knobs: CallKnobs) -> Any:
         """Each matrix's beams without LM states through ``pool.map`` (``knobs``: those of
         :meth:`decode_beams` after the logits); None when ``pool`` is None or a spawn pool."""
         valid = _valid_pool(pool)
@@ -215,7 +215,7 @@ class BeamSearchDecoderCTC:
         return list(valid.map(functools.partial(_mp_safe_beams, self, knobs), logits_list))
 
     def _searched(
-        self, logits_list: Sequence[Any], knobs: Knobs, best_only: bool = False
+        self, logits_list: Sequence[Any], knobs: CallKnobs, best_only: bool = False
     ) -> tuple[list[list[CTCHypothesis]], dict[int, Exception]]:
         """The hypotheses of each matrix from one search call, and what is wrong with each matrix that cannot
         be decoded (a matrix :meth:`_prepared` refuses raises, naming the utterance, as pyctcdecode fails)."""
@@ -236,7 +236,7 @@ class BeamSearchDecoderCTC:
         """:meth:`decode_beams` of each matrix without LM states; through ``pool.map`` when a (fork) pool is
         given, else in one search call."""
         hot = _hotword_list(hotwords)
-        knobs: Knobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
+        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
         mapped = self._pool_map(pool, logits_list, knobs)
         if mapped is not None:
             return mapped
@@ -272,7 +272,7 @@ class BeamSearchDecoderCTC:
         """:meth:`decode` of each matrix; through ``pool.map`` when a (fork) pool is given, else in one
         search call."""
         hot = _hotword_list(hotwords)
-        knobs: Knobs = (beam_width, beam_prune_logp, token_min_logp, True, hot, hotword_weight)
+        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, True, hot, hotword_weight)
         mapped = self._pool_map(pool, logits_list, knobs)
         if mapped is not None:
             return [beams[0][0] for beams in mapped]
@@ -341,7 +341,7 @@ def _naming_utterance(index: int, fn: Any, logits: Any) -> Any:
         raise ValueError(f"utterance {index} of the batch: {exc}") from exc
 
 
-def _mp_safe_beams(decoder: BeamSearchDecoderCTC, knobs: Knobs, logits: Any) -> list[OutputBeamMPSafe]:
+def _mp_safe_beams(decoder: BeamSearchDecoderCTC, knobs: CallKnobs, logits: Any) -> list[OutputBeamMPSafe]:
     """``decoder._decode_beams_mp_safe(logits, knobs)`` (a module-level function: it pickles into workers)."""
     return decoder._decode_beams_mp_safe(logits, knobs)
 
