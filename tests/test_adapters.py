@@ -271,16 +271,16 @@ def test_the_server_equals_generate(hf_folder):
 
 
 def test_the_server_refuses_what_a_shared_engine_cannot_apply(hf_folder):
-    from beamkit.adapters import load
+    from beamkit.adapters import Ask, load
 
     kind, folder, model, tok = hf_folder
     adapter = load(f"hf:{folder}")
-    greedy_min = adapter.request(1, 1, 6, 1.0, min_len=2)
+    greedy_min = adapter.request(Ask(1, 1, 6, 1.0, min_len=2))
     assert "'min_tokens' with a beam of one" in adapter.continuous_refusal(greedy_min)
-    assert adapter.continuous_refusal(adapter.request(3, 2, 6, 1.0, min_len=2)) is None
+    assert adapter.continuous_refusal(adapter.request(Ask(3, 2, 6, 1.0, min_len=2))) is None
     adapter.model.generation_config.no_repeat_ngram_size = 2
     try:
-        refusal = adapter.continuous_refusal(adapter.request(3, 2, 6, 1.0))
+        refusal = adapter.continuous_refusal(adapter.request(Ask(3, 2, 6, 1.0)))
     finally:
         adapter.model.generation_config.no_repeat_ngram_size = None
     assert refusal is not None and "generation_config.no_repeat_ngram_size" in refusal

@@ -27,7 +27,7 @@ def explain(
     (default ``"narrow"``); a model whose offline decoder fixes its policy (a Hugging Face model: ``"pool"``, as
     ``generate``) refuses another."""
     from beamkit._checks import check_int
-    from beamkit.adapters import HF_PREFIX, ModelAdapter, load, search
+    from beamkit.adapters import HF_PREFIX, Ask, ModelAdapter, load, search
 
     check_int("--beam", beam_size, least=1)
     if policy is not None and isinstance(model, str) and model.startswith(HF_PREFIX):  # before the folder loads
@@ -44,7 +44,7 @@ def explain(
     ids = adapter.encode(text)
     runs = []
     for beam, trace in ((beam_size, True), (1, False)):
-        request = adapter.request(beam, beam, max_len, length_penalty, prompt_len=len(ids))  # the whole final beam
+        request = adapter.request(Ask(beam, beam, max_len, length_penalty, prompt_len=len(ids)))  # the whole final beam
         result = search(adapter, [ids], request, record_trace=trace, **shared)
         if result.errors:
             raise ValueError(result.errors[0])

@@ -3,13 +3,14 @@ engine), one module per model kind (:mod:`~beamkit.adapters.checkpoint`: beamkit
 :mod:`~beamkit.adapters.g2p`: the g2p-en GRU, :mod:`~beamkit.adapters.hf`: Hugging Face folders), :func:`load`
 (the one ``--model`` grammar) and :func:`decode_texts` (the batched driver)."""
 
-from beamkit.adapters.base import ModelAdapter
+from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.adapters.checkpoint import CheckpointAdapter
 from beamkit.adapters.driver import Output, decode_texts, search
 from beamkit.adapters.g2p import G2PAdapter
 from beamkit.adapters.load import G2P_MODEL, HF_PREFIX, KINDS, ModelSpec, load, parse
 
 __all__ = [
+    "Ask",
     "G2P_MODEL",
     "HF_PREFIX",
     "KINDS",

@@ -4,9 +4,32 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from beamkit.scoring import LengthPenalty, as_length_penalty
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one request asks of a model, as a command's options or a server request give it; None: the model's
+    own default (its generation config, its checkpoint's length)."""
+
+    beam: int  # beams searched
+    n_best: int  # hypotheses returned (<= beam)
+    max_len: int | None = None  # most generated tokens
+    length_penalty: float | None = None  # alpha of the model's length penalty
+    early_stopping: bool | str | None = None  # when a beam is done (see beamkit.SearchOptions)
+    min_len: int | None = None  # fewest generated tokens before a stop token may end a hypothesis
+    prompt_len: int = 1  # the prompt's tokens (a decoder-only model counts some limits from it)
+
+    @classmethod
+    def of(cls, request: dict[str, Any], prompt_len: int = 1) -> Ask:
+        """The ask behind per-request engine options that :meth:`ModelAdapter.request` made."""
+        return cls(
+            request["beam_size"], request["num_return"], request["max_len"], request["length_penalty"].alpha,
+            request.get("early_stopping", False), request.get("min_len", 0), prompt_len,
+        )  # fmt: skip
 
 
 class ModelAdapter:
@@ -63,30 +86,20 @@ class ModelAdapter:
         """The length penalty the offline decoder uses for ``alpha``."""
         return as_length_penalty(alpha)
 
-    def request(
-        self,
-        beam: int,
-        n_best: int,
-        max_len: int | None = None,
-        length_penalty: float | None = None,
-        early_stopping: bool | str | None = None,
-        min_len: int | None = None,
-        prompt_len: int = 1,
-    ) -> dict[str, Any]:
-        """The per-request engine options (the fields of :data:`beamkit.search.REQUEST_FIELDS`) for a request
-        asking for ``beam`` beams and ``n_best`` hypotheses, as the model's offline decoder sets them; None means
-        the model's default (``max_len``: :attr:`default_max_tokens`; ``length_penalty``: 1; ``min_len``: 0).
-        ``prompt_len``: the prompt's tokens (a decoder-only model counts some limits from it)."""
+    def request(self, ask: Ask) -> dict[str, Any]:
+        """The per-request engine options (the fields of :data:`beamkit.search.REQUEST_FIELDS`) for ``ask``, as
+        the model's offline decoder sets them; None in ``ask`` means the model's default (``max_len``:
+        :attr:`default_max_tokens`; ``length_penalty``: 1; ``min_len``: 0)."""
         options: dict[str, Any] = {
-            "beam_size": beam,
-            "num_return": n_best,
-            "max_len": self.default_max_tokens if max_len is None else max_len,
-            "length_penalty": self.length_penalty(1.0 if length_penalty is None else length_penalty),
+            "beam_size": ask.beam,
+            "num_return": ask.n_best,
+            "max_len": self.default_max_tokens if ask.max_len is None else ask.max_len,
+            "length_penalty": self.length_penalty(1.0 if ask.length_penalty is None else ask.length_penalty),
         }
-        if early_stopping is not None:
-            options["early_stopping"] = early_stopping
-        if min_len is not None:
-            options["min_len"] = min_len
+        if ask.early_stopping is not None:
+            options["early_stopping"] = ask.early_stopping
+        if ask.min_len is not None:
+            options["min_len"] = ask.min_len
         return options
 
     def batch_options(self, prompts: Sequence[Sequence[int]], request: dict[str, Any]) -> dict[str, Any]:

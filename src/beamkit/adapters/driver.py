@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from beamkit.adapters.base import ModelAdapter
+from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.hypothesis import BatchDecodeError
 from beamkit.progress import Progress
 from beamkit.search import SearchResult
@@ -85,7 +85,7 @@ def decode_texts(
         for start in range(0, len(members), batch_size):
             chunk = members[start : start + batch_size]
             prompts = [ids[i] for i in chunk]
-            request = adapter.request(beam, n_best, max_len, length_penalty, prompt_len=len(prompts[0]))
+            request = adapter.request(Ask(beam, n_best, max_len, length_penalty, prompt_len=len(prompts[0])))
             result = search(adapter, prompts, request, progress)
             BatchDecodeError.raise_if(result.errors, result.hypotheses)
             for i, hyps in zip(chunk, result.hypotheses, strict=True):

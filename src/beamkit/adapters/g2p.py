@@ -3,10 +3,11 @@ decoded as :meth:`beamkit.models.g2p.G2PModel.decode` decodes it (at most 20 pho
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from beamkit.adapters.base import ModelAdapter
+from beamkit.adapters.base import Ask, ModelAdapter
 
 NAME = "g2p-en"
 
@@ -49,23 +50,14 @@ class G2PAdapter(ModelAdapter):
 
         return self.model.init_state(["".join(GRAPHEMES[t] for t in ids[:-1]) for ids in prompts])
 
-    def request(
-        self,
-        beam: int,
-        n_best: int,
-        max_len: int | None = None,
-        length_penalty: float | None = None,
-        early_stopping: bool | str | None = None,
-        min_len: int | None = None,
-        prompt_len: int = 1,
-    ) -> dict[str, Any]:
+    def request(self, ask: Ask) -> dict[str, Any]:
         """As :meth:`ModelAdapter.request`; g2p-en's decoder stops at 20 phonemes, so ``max_len`` must be left
         out (or be 20)."""
-        if max_len not in (None, self.max_tokens_limit):
+        if ask.max_len not in (None, self.max_tokens_limit):
             raise ValueError(
                 f"--max-len does not apply to g2p-en (its decoder stops at {self.max_tokens_limit} phonemes)"
             )
-        return super().request(beam, n_best, None, length_penalty, early_stopping, min_len, prompt_len)
+        return super().request(dataclasses.replace(ask, max_len=None))
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The phonemes up to ``</s>``, separated by spaces."""

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from beamkit.adapters.base import ModelAdapter
+from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.scoring import LengthPenalty
 from beamkit.search import REQUEST_FIELDS
 
@@ -46,7 +46,7 @@ class HFAdapter(ModelAdapter):
         self.vocab = self.tokenizer
         folder = loaded.folder
         self.name = name or folder.name or str(folder)
-        base = self.settings(beam=1, n_best=1, max_len=1, prompt_len=1)
+        base = self.settings(Ask(beam=1, n_best=1, max_len=1))
         self.eos = base.eos
         self.bos = base.start  # decoder-only: ignored, the first call runs the prompt
         self.engine_options = {"policy": "pool"}
@@ -58,46 +58,28 @@ class HFAdapter(ModelAdapter):
         self.default_max_tokens = 16  # the OpenAI completions default (a server's; the commands ask for 20)
         self._step: Any = EncoderDecoderStep(self.model) if self.encoder_decoder else DecoderOnlyStep(self.model)
 
-    def settings(
-        self,
-        beam: int,
-        n_best: int,
-        max_len: int | None = None,
-        length_penalty: float | None = None,
-        early_stopping: bool | str | None = None,
-        min_len: int | None = None,
-        prompt_len: int = 1,
-    ) -> Any:
+    def settings(self, ask: Ask) -> Any:
         """The :class:`beamkit.hf.Settings` that ``beamkit.hf.generate`` resolves for these arguments over the
         model's generation config (None: the config's value, else Hugging Face's default)."""
         from beamkit.hf.settings import merge_config, resolve
 
         kwargs = {
-            "num_beams": beam,
-            "num_return_sequences": n_best,
-            "max_new_tokens": max_len,
-            "length_penalty": length_penalty,
-            "early_stopping": early_stopping,
-            "min_new_tokens": min_len,
+            "num_beams": ask.beam,
+            "num_return_sequences": ask.n_best,
+            "max_new_tokens": ask.max_len,
+            "length_penalty": ask.length_penalty,
+            "early_stopping": ask.early_stopping,
+            "min_new_tokens": ask.min_len,
         }
         gc, rest, given = merge_config(None, self.model.generation_config, kwargs)
-        return resolve(self.model, gc, rest, given, 1 if self.encoder_decoder else prompt_len)
+        return resolve(self.model, gc, rest, given, 1 if self.encoder_decoder else ask.prompt_len)
 
-    def request(
-        self,
-        beam: int,
-        n_best: int,
-        max_len: int | None = None,
-        length_penalty: float | None = None,
-        early_stopping: bool | str | None = None,
-        min_len: int | None = None,
-        prompt_len: int = 1,
-    ) -> dict[str, Any]:
+    def request(self, ask: Ask) -> dict[str, Any]:
         """``generate``'s per-request options: greedy search (one beam) stops at the first finished hypothesis,
         ``max_len`` None is the generation config's length (else 20 new tokens), ``min_len`` None its minimum."""
         from beamkit.hf.search import search_options
 
-        s = self.settings(beam, n_best, max_len, length_penalty, early_stopping, min_len, prompt_len)
+        s = self.settings(ask)
         options = search_options(s, [])
         out = {name: options[name] for name in REQUEST_FIELDS if name in options}
         return {**out, "beam_size": s.num_beams, "max_len": s.max_new_tokens, "num_return": s.num_return}
@@ -110,10 +92,7 @@ class HFAdapter(ModelAdapter):
         from beamkit.hf.search import search_options
         from beamkit.hf.settings import Unsupported
 
-        s = self.settings(
-            request["beam_size"], request["num_return"], request["max_len"], request["length_penalty"].alpha,
-            request.get("early_stopping", False), request.get("min_len", 0), len(prompts[0]) if prompts else 1,
-        )  # fmt: skip
+        s = self.settings(Ask.of(request, len(prompts[0]) if prompts else 1))
         for field, used in (("do_sample", s.do_sample), ("num_beam_groups", s.groups > 1)):
             if used:
                 raise Unsupported(f"generation_config.{field} is not decoded by beamkit's commands (use beamkit.hf)")
@@ -130,10 +109,7 @@ class HFAdapter(ModelAdapter):
         """Why a running engine shared by other requests cannot decode ``request`` as ``generate`` would: the
         generation-config settings that need processors built for one batch of prompts, or greedy search with a
         minimum length (``generate`` renormalises its raw logits then); None when it can."""
-        s = self.settings(
-            request["beam_size"], request["num_return"], request["max_len"], request["length_penalty"].alpha,
-            request.get("early_stopping", False), request.get("min_len", 0),
-        )  # fmt: skip
+        s = self.settings(Ask.of(request))
         names = [f"generation_config.{field}" for attr, field in PROCESSOR_FIELDS.items() if _set(getattr(s, attr))]
         if not self.encoder_decoder and "generation_config.forced_bos_token_id" in names:
             names.remove("generation_config.forced_bos_token_id")  # applies to encoder-decoder models only

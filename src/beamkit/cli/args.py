@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from beamkit.cli.types import finite_float, positive_int
 
@@ -13,6 +14,14 @@ MODEL_HELP = (
     "folder, g2p-en (the pretrained English grapheme-to-phoneme model), or hf:DIR (a Hugging Face model folder "
     "with its tokenizer)"
 )
+
+
+def add_command(subparsers: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
+    """Add the command ``name`` to ``subparsers``: ``summary`` is its line in ``beamkit --help`` and, with
+    ``more``, the description its own ``--help`` starts with."""
+    description = summary[0].upper() + summary[1:] + "." + (f" {more}" if more else "")
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=summary, description=description)
+    return parser
 
 
 def add_model_arg(parser: argparse.ArgumentParser, default_name: str = "dates-seq2seq") -> None:

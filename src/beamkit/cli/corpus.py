@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from beamkit.cli.args import add_lm_args, add_model_arg, add_search_args, parse_blank, read_labels
+from beamkit.cli.args import add_command, add_lm_args, add_model_arg, add_search_args, parse_blank, read_labels
 from beamkit.cli.types import positive_int
 from beamkit.corpus.options import DecodeOptions
 
@@ -86,11 +86,11 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``decode`` to the ``beamkit`` command line."""
-    about = "decode a corpus file (or a folder of CTC .npy posteriors) into JSONL; resumable, Ray-ready"
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "decode",
-        help=about,
-        description=f"{about[0].upper()}{about[1:]}: local worker processes or Ray, output in input order.",
+        "decode a corpus file (or a folder of CTC .npy posteriors) into JSONL; resumable, Ray-ready",
+        "Local worker processes or Ray; the output is in input order.",
     )
     add_model_arg(p)
     p.add_argument("--input", required=True, help="text file (a source a line), .jsonl ({id, text}) or .npy folder")

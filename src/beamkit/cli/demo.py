@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from beamkit.cli.args import add_command
 from beamkit.decode import beam_search, greedy_decode
 from beamkit.demo import EOS, NAMES, table_step
 
@@ -26,11 +27,11 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "demo",
-        help="a worked example: beam search beats greedy",
-        description="A worked example of beam search against greedy decoding: greedy commits to 'a' and ends "
-        "with 'a b' (P = 0.35); "
-        "a beam of two finds 'b eos' (P = 0.36). No options.",
+        "a worked example: beam search beats greedy",
+        "Greedy decoding commits to 'a' and ends with 'a b' (P = 0.35); a beam of two finds 'b eos' (P = 0.36). "
+        "No options.",
     )
     p.set_defaults(func=run)

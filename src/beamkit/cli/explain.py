@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from beamkit.cli.args import add_model_arg, add_render_args, add_search_args
+from beamkit.cli.args import add_command, add_model_arg, add_render_args, add_search_args
 from beamkit.explain import FORMATS, explain, render
 
 
@@ -35,12 +35,12 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``explain`` subcommand."""
-    about = "draw the search tree of one decode (HTML, SVG, DOT or JSON)"
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "explain",
-        help=about,
-        description="Draw the search tree of one decode: every candidate considered, which ran on, which were "
-        "pruned, which finished, and the greedy path (HTML opens offline in a browser).",
+        "draw the search tree of one decode (HTML, SVG, DOT or JSON)",
+        "Every candidate considered, which ran on, which were pruned, which finished, and the greedy path (HTML "
+        "opens offline in a browser).",
     )
     p.add_argument("text", help="the input, e.g. '3rd of March 1999'")
     add_model_arg(p)

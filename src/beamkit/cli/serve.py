@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from beamkit.cli.args import add_model_arg
+from beamkit.cli.args import add_command, add_model_arg
 from beamkit.cli.types import non_negative_int, positive_int
 from beamkit.extras import install_hint
 from beamkit.serve.listen import bind, needs_key_warning, run_server, url_of
@@ -69,11 +69,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``serve`` to the ``beamkit`` command line."""
-    about = "OpenAI-compatible completions server (continuous batching, beams)"
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "serve",
-        help=about,
-        description=f"{about}: one step-wise engine per process, requests join it as they arrive.",
+        "OpenAI-compatible completions server (continuous batching, beams)",
+        "One step-wise engine per process; requests join it as they arrive.",
     )
     add_model_arg(p)
     p.add_argument(

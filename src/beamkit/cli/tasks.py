@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from beamkit import ops
-from beamkit.cli.args import add_model_arg, add_search_args
+from beamkit.cli.args import add_command, add_model_arg, add_search_args
 from beamkit.cli.types import finite_float, non_negative_int, positive_int
 from beamkit.scoring import LengthPenalty
 
@@ -301,12 +301,7 @@ def register(subparsers: Any) -> None:
     """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
     from beamkit.tasks.dates import FIRST_DAY, LAST_DAY
 
-    def add(sub: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
-        description = summary[0].upper() + summary[1:] + "." + (f" {more}" if more else "")
-        parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description)
-        return parser
-
-    p = add(
+    p = add_command(
         subparsers,
         "translate",
         "decode texts with a shipped or saved model (or g2p-en, or hf:DIR); print the n-best",
@@ -328,10 +323,10 @@ def register(subparsers: Any) -> None:
     add_backend(p)
     p.set_defaults(func=cmd_translate)
 
-    p = add(subparsers, "models", "list the checkpoints shipped with beamkit", "Sizes are in KiB (1024 bytes).")
+    p = add_command(subparsers, "models", "list the checkpoints shipped with beamkit", "Sizes are in KiB (1024 bytes).")
     p.set_defaults(func=cmd_models)
 
-    p = add(subparsers, "train", "train a model for a task and save a checkpoint", "Runs on CPU.")
+    p = add_command(subparsers, "train", "train a model for a task and save a checkpoint", "Runs on CPU.")
     p.add_argument("task", choices=["dates"], help="the task to train on")
     p.add_argument("--arch", choices=["seq2seq", "transformer"], default="seq2seq", help="model architecture")
     p.add_argument("--out", default=None, help="checkpoint folder (default: checkpoints/dates-ARCH)")
@@ -350,19 +345,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
-    ev = add(subparsers, "eval", "measure accuracy against beam width", "TASK is dates or g2p.")
+    ev = add_command(subparsers, "eval", "measure accuracy against beam width", "TASK is dates or g2p.")
     tasks = ev.add_subparsers(dest="eval_task", metavar="TASK")
     for task, func in (("dates", _eval_dates), ("g2p", _eval_g2p)):
         default_beams = "1,2,5,10" if task == "dates" else "1,5"
         if task == "dates":
-            p = add(
+            p = add_command(
                 tasks,
                 task,
                 "exact match and mean log-prob per beam width on the dates test split",
                 "Prints a table for length penalties 0 and 1 unless --length-penalty or --json is given.",
             )
         else:
-            p = add(
+            p = add_command(
                 tasks,
                 task,
                 "word accuracy of the pretrained g2p-en model on cmudict words",
@@ -408,7 +403,7 @@ def register(subparsers: Any) -> None:
             )
         p.set_defaults(func=func)
 
-    p = add(
+    p = add_command(
         subparsers,
         "corpus",
         "write a task's LM training corpus for `beamkit lm build`",

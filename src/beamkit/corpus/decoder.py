@@ -50,11 +50,11 @@ class _Adapted:
     driver :func:`beamkit.adapters.decode_texts`."""
 
     def __init__(self, options: DecodeOptions) -> None:
-        from beamkit.adapters import load
+        from beamkit.adapters import Ask, load
 
         self.options = options
         self.adapter = load(options.model)
-        self.adapter.request(options.beam, options.n_best, options.max_len, options.length_penalty)  # settings
+        self.adapter.request(Ask(options.beam, options.n_best, options.max_len, options.length_penalty))  # settings
 
     def prepare(self, item: Item) -> Any:
         self.adapter.encode(item.text)  # raises on an input the model cannot take

@@ -22,7 +22,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,7 +31,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from beamkit._checks import check_int
-from beamkit.adapters import ModelAdapter
+from beamkit.adapters import Ask, ModelAdapter
 from beamkit.hypothesis import Hypothesis
 from beamkit.serve.metrics import Metrics
 from beamkit.serve.protocol import (
@@ -256,9 +256,8 @@ def create_app(
 
         try:
             longest = max(len(ids) for ids in c.prompt_ids)
-            options = adapter.request(
-                c.beam, c.n, c.max_tokens, c.length_penalty, c.early_stopping, c.min_tokens, prompt_len=longest
-            )
+            ask = Ask(c.beam, c.n, c.max_tokens, c.length_penalty, c.early_stopping, c.min_tokens, longest)
+            options = adapter.request(ask)
             refusal = adapter.continuous_refusal(options)
         except (ValueError, TypeError) as exc:
             return _error(ApiError(400, str(exc)), metrics)
@@ -313,26 +312,38 @@ async def _next(
     return None
 
 
+async def _events(
+    request: Request, runner: Runner, jobs: list[Job], events: asyncio.Queue[tuple[int, Update | Done]]
+) -> AsyncGenerator[tuple[int, Update | Done], None]:
+    """Each job's events ``(prompt index, event)`` as they come, until every job is done or the client
+    disconnects (the iteration then ends early); whatever job is not done when it ends is cancelled."""
+    finished: set[int] = set()
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        while len(finished) < len(jobs):
+            got = await _next(events, gone)
+            if got is None:
+                return
+            if isinstance(got[1], Done):
+                finished.add(got[0])
+            yield got
+    finally:
+        gone.cancel()
+        for i, job in enumerate(jobs):
+            if i not in finished:
+                runner.cancel(job)
+
+
 async def _collect(
     request: Request, runner: Runner, jobs: list[Job], events: asyncio.Queue[tuple[int, Update | Done]]
 ) -> list[Done] | None:
     """Every job's :class:`Done`, in prompt order; None (and the jobs cancelled) if the client disconnects."""
     done: dict[int, Done] = {}
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        while len(done) < len(jobs):
-            got = await _next(events, gone)
-            if got is None:
-                return None
-            i, event = got
+    async with contextlib.aclosing(_events(request, runner, jobs, events)) as stream:
+        async for i, event in stream:
             if isinstance(event, Done):
                 done[i] = event
-    finally:
-        gone.cancel()
-        for i, job in enumerate(jobs):
-            if i not in done:
-                runner.cancel(job)
-    return [done[i] for i in range(len(jobs))]
+    return [done[i] for i in range(len(jobs))] if len(done) == len(jobs) else None
 
 
 async def _stream(
@@ -347,13 +358,8 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """Server-sent events: progress (replace semantics), the final n-best, ``[DONE]``."""
     done: dict[int, Done] = {}
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        while len(done) < len(jobs):
-            got = await _next(events, gone)
-            if got is None:
-                return
-            i, event = got
+    async with contextlib.aclosing(_events(request, runner, jobs, events)) as stream:
+        async for i, event in stream:
             if isinstance(event, Done):
                 done[i] = event
                 continue
@@ -369,18 +375,15 @@ async def _stream(
                     "beamkit": {"replace": True, "prompt_index": i, "step": event.step, "score": h.score},
                 }
             )
-        ordered = [done[i] for i in range(len(jobs))]
-        failure = _failure(ordered)
-        if failure is not None:
-            yield _sse(failure.body())
-        else:
-            body = _body(adapter, c, ordered, rid, created)
-            with runner.metrics.lock:
-                runner.metrics.generated_tokens += body["usage"]["completion_tokens"]
-            yield _sse({**body, "beamkit": {"final": True}})
-        yield "data: [DONE]\n\n"
-    finally:
-        gone.cancel()
-        for i, job in enumerate(jobs):
-            if i not in done:
-                runner.cancel(job)
+    if len(done) < len(jobs):
+        return  # the client is gone
+    ordered = [done[i] for i in range(len(jobs))]
+    failure = _failure(ordered)
+    if failure is not None:
+        yield _sse(failure.body())
+    else:
+        body = _body(adapter, c, ordered, rid, created)
+        with runner.metrics.lock:
+            runner.metrics.generated_tokens += body["usage"]["completion_tokens"]
+        yield _sse({**body, "beamkit": {"final": True}})
+    yield "data: [DONE]\n\n"

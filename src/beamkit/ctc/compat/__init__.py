@@ -1,20 +1,8 @@
 """pyctcdecode 0.5.0's public API over beamkit's CTC search: ``import beamkit.ctc.compat as pyctcdecode``."""
 
+from . import constants
 from .alphabet import Alphabet
-from .constants import (
-    AVG_TOKEN_LEN,
-    DEFAULT_ALPHA,
-    DEFAULT_BEAM_WIDTH,
-    DEFAULT_BETA,
-    DEFAULT_HOTWORD_WEIGHT,
-    DEFAULT_MIN_TOKEN_LOGP,
-    DEFAULT_PRUNE_BEAMS,
-    DEFAULT_PRUNE_LOGP,
-    DEFAULT_SCORE_LM_BOUNDARY,
-    DEFAULT_UNK_LOGP_OFFSET,
-    LOG_BASE_CHANGE_FACTOR,
-    MIN_TOKEN_CLIP_P,
-)
+from .constants import *  # noqa: F403 (every constant of pyctcdecode.constants, listed in its __all__)
 from .decoder import BeamSearchDecoderCTC, build_ctcdecoder
 from .language_model import (
     AbstractLanguageModel,
@@ -25,18 +13,7 @@ from .language_model import (
 )
 
 __all__ = [
-    "AVG_TOKEN_LEN",
-    "DEFAULT_ALPHA",
-    "DEFAULT_BEAM_WIDTH",
-    "DEFAULT_BETA",
-    "DEFAULT_HOTWORD_WEIGHT",
-    "DEFAULT_MIN_TOKEN_LOGP",
-    "DEFAULT_PRUNE_BEAMS",
-    "DEFAULT_PRUNE_LOGP",
-    "DEFAULT_SCORE_LM_BOUNDARY",
-    "DEFAULT_UNK_LOGP_OFFSET",
-    "LOG_BASE_CHANGE_FACTOR",
-    "MIN_TOKEN_CLIP_P",
+    *constants.__all__,
     "AbstractLanguageModel",
     "Alphabet",
     "BeamSearchDecoderCTC",
