@@ -258,12 +258,12 @@ def test_checks_word_each_failure_by_hand():
         (lambda: check_float("p", 1.5, above=0, most=1), ValueError, "p must be > 0 and <= 1, got 1.5"),
         (lambda: check_float("t", -1, above=0), ValueError, "t must be > 0, got -1.0"),
         (
-            lambda: check_float("a", 200, -100, 100),
+            lambda: check_float("a", 200, least=-100, most=100),
             ValueError,
             "a must be a finite number between -100 and 100, got 200.0",
         ),
         (
-            lambda: check_float("a", math.inf, -100, 100),
+            lambda: check_float("a", math.inf, least=-100, most=100),
             ValueError,
             "a must be a finite number between -100 and 100, got inf",
         ),

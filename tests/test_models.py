@@ -162,7 +162,7 @@ def test_checkpoint_round_trip(tmp_path, arch):
     config = json.loads((folder / "config.json").read_text())
     assert config["arch"] == arch and config["hparams"] == model.config
     assert json.loads((folder / "vocab.json").read_text())["target"] == list(target_vocab().symbols)
-    loaded = checkpoint.load(folder)
+    loaded = checkpoint.load_checkpoint(folder)
     assert type(loaded) is type(model) and loaded.meta["task"] == "dates"
     for key, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
@@ -171,28 +171,28 @@ def test_checkpoint_round_trip(tmp_path, arch):
 
 def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
-        checkpoint.load(tmp_path / "nope")
+        checkpoint.load_checkpoint(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="not found"):
         load_model(str(tmp_path / "nope"))
     folder = checkpoint.save(_untrained("seq2seq"), tmp_path / "ck")
     (folder / "model.safetensors").write_bytes(b"\x00garbage, not safetensors")
     with pytest.raises(ValueError, match="corrupt checkpoint file .*model.safetensors"):
-        checkpoint.load(folder)
+        checkpoint.load_checkpoint(folder)
     (folder / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
-        checkpoint.load(folder)
+        checkpoint.load_checkpoint(folder)
     (folder / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="corrupt checkpoint file .*config.json"):
-        checkpoint.load(folder)
+        checkpoint.load_checkpoint(folder)
     (folder / "config.json").write_text(
         json.dumps({"format": "beamkit-checkpoint", "version": 1, "arch": "rnn", "hparams": {}})
     )
     with pytest.raises(ValueError, match="unknown architecture 'rnn'"):
-        checkpoint.load(folder)
+        checkpoint.load_checkpoint(folder)
     file = tmp_path / "file.bin"
     file.write_bytes(b"x")
     with pytest.raises(ValueError, match="is a folder"):
-        checkpoint.load(file)
+        checkpoint.load_checkpoint(file)
 
 
 def test_weights_that_do_not_match_the_config_fail_clearly(tmp_path):
@@ -201,7 +201,7 @@ def test_weights_that_do_not_match_the_config_fail_clearly(tmp_path):
     config["hparams"]["hidden"] = 32
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="do not match"):
-        checkpoint.load(folder)
+        checkpoint.load_checkpoint(folder)
 
 
 @pytest.mark.parametrize(
