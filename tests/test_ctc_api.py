@@ -97,7 +97,11 @@ def test_a_bad_utterance_keeps_the_others() -> None:
         (lambda: Decoder("abc"), TypeError, "vocab must be"),
         (lambda: Decoder(LABELS, lm="lm.arpa"), TypeError, "lm must be"),
         (lambda: Decoder(LABELS, options={"beam_width": 3}), TypeError, "options must be a CTCOptions"),
-        (lambda: Decoder(LABELS, input_kind="logit"), ValueError, "input_kind must be .auto., .logits., .log_probs. or .probs., got"),
+        (
+            lambda: Decoder(LABELS, input_kind="logit"),
+            ValueError,
+            "input_kind must be .auto., .logits., .log_probs. or",
+        ),
         (lambda: Decoder(["a", "b"]), ValueError, "blank"),
         (lambda: Decoder(LABELS).decode(np.zeros(5)), ValueError, "logits must be one"),
         (lambda: Decoder(LABELS).decode(np.zeros((1, 2, 3, 4))), ValueError, "logits must be one"),

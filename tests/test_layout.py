@@ -350,3 +350,14 @@ def test_an_unknown_name_of_a_module_with_moved_names_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="^module 'beamkit.demo' has no attribute 'NOTHING'$"):
         beamkit.demo.NOTHING  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the compiled CTC kernel takes records, not its workspace array by array
+
+
+def test_the_ctc_kernel_takes_at_most_eight_parameters():
+    tree = modules()["ctc/kernel.py"]
+    (run_frames,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_frames"]
+    names = [a.arg for a in run_frames.args.args]
+    assert len(names) <= 8, f"run_frames takes {len(names)} parameters: {names}"
