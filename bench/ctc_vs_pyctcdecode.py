@@ -111,7 +111,7 @@ def make_posteriors(rng: np.random.Generator, text: str, T: int = T_FRAMES) -> n
 
 def build_lm(words: list[str], uni: np.ndarray, succ: dict, workdir: str, seed: int, n_sent: int) -> str:
     """Sample a corpus and run ``beamkit lm build corpus.txt --order 3 -o lm.arpa``."""
-    from beamkit.ctc import cli as ctc_cli
+    from beamkit.cli import ctc as ctc_cli
 
     rng = np.random.default_rng(seed + 1)
     corpus = os.path.join(workdir, "corpus.txt")
