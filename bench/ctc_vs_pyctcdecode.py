@@ -14,8 +14,8 @@ pruning; the ARPA is read by kenlm on both sides when kenlm is installed (``--be
 beamkit use its pure-Python reader).
 
 Prints, per setting, ``ctc-speedup[no-lm]: 12.3x, agreement 99.6%`` where the speedup compares
-pyctcdecode's ``decode`` per utterance with beamkit's ``decode_batch`` (all utterances in one call, spread over
-one thread per core), plus ``decode_batch`` on one thread and the single-utterance ``decode`` figures. Every
+pyctcdecode's ``decode`` per utterance with beamkit's ``Decoder.decode`` (all utterances in one call, spread over
+one thread per core), plus the same call on one thread and one call per utterance. Every
 timing is the best of ``--repeats`` runs (default 3), each run starting after a full garbage collection.
 """
 
@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -142,19 +143,33 @@ def best_of(repeats: int, run):
 
 
 def _threads(n: int) -> int:
-    """Threads ``decode_batch`` uses for ``n`` utterances by default."""
+    """Threads ``Decoder.decode`` uses for ``n`` utterances by default."""
     from beamkit.ctc.search import thread_count
 
     return thread_count(None, n)
+
+
+def best_texts(hypotheses: list[list[Any]]) -> list[str]:
+    """The best hypothesis's text of each utterance (empty when an utterance has none)."""
+    return [hyps[0].text if hyps else "" for hyps in hypotheses]
+
+
+def native_decoder(lm: Any = None) -> Any:
+    """beamkit's native :class:`beamkit.ctc.Decoder` set up as pyctcdecode's ``decode`` searches: beam 100,
+    history pruning on, its end-of-utterance rule (for the same top-1), the best hypothesis only."""
+    from beamkit.ctc import CTCOptions, Decoder
+
+    options = CTCOptions(beam_width=100, prune_history=True, pyctcdecode_compat=True, num_hypotheses=1)
+    return Decoder(LABELS, lm, options)
 
 
 def run_setting(name: str, pc_decoder, bk_decoder, utts: list[np.ndarray], refs: list[str], repeats: int = 3) -> dict:
     """Time both decoders on ``utts`` (best of ``repeats`` runs each); return figures and print the
     summary line."""
     t_pc, pc_out = best_of(repeats, lambda: [pc_decoder.decode(x, beam_width=100) for x in utts])
-    t_bk_batch, bk_batch = best_of(repeats, lambda: bk_decoder.decode_batch(None, utts, beam_width=100))
-    t_bk_one, _ = best_of(repeats, lambda: bk_decoder.decode_batch(None, utts, beam_width=100, threads=1))
-    t_bk_single, bk_single = best_of(repeats, lambda: [bk_decoder.decode(x, beam_width=100) for x in utts])
+    t_bk_batch, bk_batch = best_of(repeats, lambda: best_texts(bk_decoder.decode(utts)))
+    t_bk_one, _ = best_of(repeats, lambda: best_texts(bk_decoder.decode(utts, threads=1)))
+    t_bk_single, bk_single = best_of(repeats, lambda: [best_texts(bk_decoder.decode([x]))[0] for x in utts])
     t_pc, t_bk_batch, t_bk_one, t_bk_single = (t / len(utts) for t in (t_pc, t_bk_batch, t_bk_one, t_bk_single))
     agree = np.mean([a == b for a, b in zip(pc_out, bk_batch, strict=False)]) * 100
     agree_single = np.mean([a == b for a, b in zip(pc_out, bk_single, strict=False)]) * 100
@@ -236,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     import pyctcdecode
 
-    from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
+    from beamkit.ctc import fusion_of
     from beamkit.lm import kenlm_available, load_unigrams_from_arpa
 
     rng = np.random.default_rng(args.seed)
@@ -250,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     # warm-up (imports, first allocations) on both sides
     pc0 = pyctcdecode.build_ctcdecoder(LABELS)
-    bk0 = build_ctcdecoder(LABELS, pyctcdecode_compat=True)  # pyctcdecode's end-of-utterance rule, for the same top-1
+    bk0 = native_decoder()
     pc0.decode(utts[0])
-    bk0.decode_batch(None, utts[:2])
+    bk0.decode(utts[:2])
     plain = run_setting("no-lm", pc0, bk0, utts, refs, args.repeats)
     flashlight_column(utts, refs, plain["out"], plain["single_s"], args.repeats)
     if args.quick:
@@ -269,12 +284,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         unigrams = load_unigrams_from_arpa(arpa)
         pc = pyctcdecode.build_ctcdecoder(LABELS, kenlm_model_path=arpa, unigrams=unigrams)
-        bk = build_ctcdecoder(
-            LABELS, kenlm_model_path=arpa, unigrams=unigrams, lm_backend=args.beamkit_lm, pyctcdecode_compat=True
-        )
+        fusion = fusion_of(arpa, unigrams, backend=args.beamkit_lm)  # pyctcdecode's default weights
+        bk = native_decoder(fusion)
         pc.decode(utts[0])
-        bk.decode_batch(None, utts[:2])
-        backend = type(bk.language_model.model).__name__ if bk.language_model else "none"
+        bk.decode(utts[:2])
+        backend = type(fusion.model).__name__
         print(f"lm backend: pyctcdecode kenlm, beamkit {backend}")
         run_setting("lm", pc, bk, utts, refs, args.repeats)
     return 0

@@ -22,12 +22,12 @@ import time
 import tracemalloc
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from beamkit.ctc import release_cached_memory
-from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
+from beamkit.ctc import CTCOptions, Decoder, fusion_of, release_cached_memory
 from beamkit.ctc.ocr import LineRecognizer
 from beamkit.lm import ArpaLM, build_arpa
 
@@ -175,25 +175,31 @@ def main() -> None:
         probs = [rec.posteriors(render(t, fonts[offset + i], level, rng)) for i, t in enumerate(texts)]
         return probs, (time.perf_counter() - t0) / len(texts)
 
-    greedy_dec = build_ctcdecoder(rec.labels, blank=0, input_kind="probs")
+    def decoder(lm_fusion: Any = None, compat: bool = False) -> Decoder:
+        """The native decoder over the recogniser's labels (blank 0, probabilities in), history pruning on and
+        the best hypothesis only (as pyctcdecode's ``decode``)."""
+        options = CTCOptions(beam_width=args.beam, prune_history=True, pyctcdecode_compat=compat, num_hypotheses=1)
+        return Decoder(rec.labels, lm_fusion, options, blank=0, input_kind="probs")
+
+    def texts(dec: Decoder, mats: list[np.ndarray]) -> list[str]:
+        return [hyps[0].text if hyps else "" for hyps in dec.decode(mats)]
+
+    greedy_dec = decoder()
     # LM weights: a small grid on the dev lines at the mild level
     dev_probs, _ = read(dev, len(test), LEVELS[1])
     best = None
     for alpha in (0.2, 0.4, 0.7):
         for beta in (0.5, 1.5, 3.0):
             for unk in (-10.0, -4.0):
-                dec = build_ctcdecoder(
-                    rec.labels, lm, alpha=alpha, beta=beta, unk_score_offset=unk, blank=0, input_kind="probs"
-                )
-                cer = scores(dev, dec.decode_batch(None, dev_probs, beam_width=args.beam))[0]
+                dec = decoder(fusion_of(lm, alpha=alpha, beta=beta, unk_score_offset=unk))
+                cer = scores(dev, texts(dec, dev_probs))[0]
                 if best is None or cer < best[0]:
                     best = (cer, alpha, beta, unk)
     assert best is not None
     _, alpha, beta, unk = best
     print(f"LM weights from the dev grid: alpha={alpha} beta={beta} unk_score_offset={unk} (dev CER {best[0]:.2f}%)")
-    knobs = dict(alpha=alpha, beta=beta, unk_score_offset=unk, blank=0, input_kind="probs")
-    fused = build_ctcdecoder(rec.labels, lm, **knobs)  # type: ignore[arg-type]
-    compat = build_ctcdecoder(rec.labels, lm, pyctcdecode_compat=True, **knobs)  # type: ignore[arg-type]
+    fusion = fusion_of(lm, alpha=alpha, beta=beta, unk_score_offset=unk)
+    fused, compat = decoder(fusion), decoder(fusion, compat=True)
     print("| level | model ms/line | greedy CER / line acc | beam CER / acc | beam+LM CER / acc "
           "| beam+LM, pyctcdecode quirk CER / acc | decode ms/line greedy / beam / beam+LM |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
@@ -206,32 +212,32 @@ def main() -> None:
             if name == "greedy":
                 hyps = [rec.greedy(p)[0] for p in probs]
             elif name == "beam":
-                hyps = greedy_dec.decode_batch(None, probs, beam_width=args.beam)
+                hyps = texts(greedy_dec, probs)
             elif name == "lm":
-                hyps = fused.decode_batch(None, probs, beam_width=args.beam)
+                hyps = texts(fused, probs)
             else:
-                hyps = compat.decode_batch(None, probs, beam_width=args.beam)
+                hyps = texts(compat, probs)
             times.append(1000 * (time.perf_counter() - t0) / len(probs))
             cer, acc = scores(test, hyps)
             row.append(f"{cer:.2f}% / {acc:.0f}%")
         print(f"| {level.name} | {1000 * model_s:.0f} | {' | '.join(row)} | "
               f"{times[0]:.2f} / {times[1]:.1f} / {times[2]:.1f} |")  # fmt: skip
-    # the last level's lines once more: all in one decode_batch against one line per call (both timed without
+    # the last level's lines once more: all in one decode call against one line per call (both timed without
     # tracemalloc, which slows allocations), then the batch's peak memory (tracemalloc sees numpy's buffers)
     t0 = time.perf_counter()
-    fused.decode_batch(None, probs, beam_width=args.beam)
+    fused.decode(probs)
     t_batch = (time.perf_counter() - t0) / len(probs)
     t0 = time.perf_counter()
     for p in probs:
-        fused.decode_batch(None, [p], beam_width=args.beam)
+        fused.decode([p])
     t_one = (time.perf_counter() - t0) / len(probs)
     release_cached_memory()
     tracemalloc.start()
-    fused.decode_batch(None, probs, beam_width=args.beam)
+    fused.decode(probs)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     print(
-        f"beam+LM over {len(probs)} {LEVELS[-1].name} lines (V={len(rec.labels)}): one decode_batch "
+        f"beam+LM over {len(probs)} {LEVELS[-1].name} lines (V={len(rec.labels)}): one decode call "
         f"{1000 * t_batch:.1f} ms/line, peak {peak / 2**20:.0f} MiB; one line per call {1000 * t_one:.1f} ms/line"
     )
 
