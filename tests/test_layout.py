@@ -361,3 +361,40 @@ def test_the_ctc_kernel_takes_at_most_eight_parameters():
     (run_frames,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_frames"]
     names = [a.arg for a in run_frames.args.args]
     assert len(names) <= 8, f"run_frames takes {len(names)} parameters: {names}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# package __init__ files only re-export
+
+REEXPORT_NAMES = {"__all__", "__getattr__", "__version__"}  # the names an __init__ may bind besides its imports
+
+
+def package_definitions(tree: ast.Module) -> list[int]:
+    """Line numbers of what a package ``__init__`` does beyond re-exporting: any statement but its docstring,
+    imports, and binding ``__all__`` / ``__getattr__`` (moved or lazily imported names) / ``__version__``."""
+    found = []
+    for i, node in enumerate(tree.body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (i == 0 and isinstance(node, ast.Expr)):
+            continue
+        if isinstance(node, ast.Assign) and all(
+            isinstance(t, ast.Name) and t.id in REEXPORT_NAMES for t in node.targets
+        ):
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            continue
+        found.append(node.lineno)
+    return found
+
+
+def test_the_package_detector_finds_a_planted_definition():
+    planted = '"""doc"""\nfrom a import b\n__all__ = ["b"]\nX = 1\ndef helper(): pass\ndef __getattr__(n): pass\n'
+    assert package_definitions(ast.parse(planted)) == [4, 5]
+
+
+def test_package_init_files_only_re_export():
+    found = {
+        path: lines
+        for path, tree in modules().items()
+        if path.endswith("__init__.py") and (lines := package_definitions(tree))
+    }
+    assert not found, f"move these definitions into a module of the package and re-export them: {found}"
