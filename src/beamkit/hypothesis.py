@@ -16,7 +16,8 @@ class Hypothesis:
     ``token_logprobs[i]`` is the step score of ``tokens[i]``; ``beam_indices[i]`` is the beam slot (rank within
     its request at step ``i - 1``) of the hypothesis that ``tokens[i]`` extended, ``0`` at the first step: a
     caller can rebuild the search path from them. ``key`` is what the selector ranked it by (the running
-    log-probability for the deterministic selector, a perturbed one for stochastic beam search).
+    log-probability for the deterministic selector, a perturbed one for stochastic beam search). ``state`` is
+    its final state row when the search keeps it (``SearchOptions.keep_state``), else None.
     """
 
     tokens: list[int]
@@ -26,6 +27,7 @@ class Hypothesis:
     token_logprobs: list[float] = field(default_factory=list)
     beam_indices: list[int] = field(default_factory=list)
     key: float = float("nan")
+    state: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass

@@ -127,6 +127,7 @@ class Engine:
         self._next_id = 0
         self._next_entry = 0  # id of the next pool entry
         self._stops: dict[int, Stop] = {}  # the last decision's stop reasons, by slot
+        self._call_state: Any = None  # keep_state: the state the current call returned
         self.recorder: Recorder | None = None
         if options.record_trace:  # see beamkit.trace
             from beamkit.search.recorder import TraceRecorder
@@ -303,6 +304,7 @@ class Engine:
         if self.recorder is not None:
             self.recorder.considered(view)
         first_new = self._next_entry
+        self._call_state = state if self.options.keep_state else None  # read by entries()
         decision = self.policy.step(view, self.book, self)
         decision.first_new = first_new
         if self.book.errors:  # a failed request's candidates do not run on
@@ -609,8 +611,11 @@ class Engine:
             return PoolTable.empty()
         rows, cand = view.rows, view.cand
         parents = cand.row[sel]
+        path = Paths(rows, parents, self.book.t[rows.req[parents]])
+        if self._call_state is not None:  # keep_state: the parents' rows of this call's new state
+            path.state = select_state(self._call_state, parents)
         paths = np.empty(n, dtype=object)
-        paths.fill(Paths(rows, parents, self.book.t[rows.req[parents]]))
+        paths.fill(path)
         eid = np.arange(self._next_entry, self._next_entry + n)
         self._next_entry += n
         fin = np.broadcast_to(np.asarray(finished, dtype=bool), (n,)).copy()

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from beamkit._checks import check_choice
+from beamkit._checks import check_bool, check_choice
 from beamkit.moved import forward
 from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
@@ -45,6 +45,10 @@ class SearchOptions:
     record_trace:
         keep each request's search tree (:class:`beamkit.trace.Trace`) on ``Completed.trace`` /
         ``SearchResult.trace``; off, it costs one attribute check per step.
+    keep_state:
+        each returned hypothesis keeps its final state row on ``Hypothesis.state``: the row of the state
+        ``step_fn`` returned at the call that chose its last token (one row, gathered like any other state); off,
+        nothing is kept.
     """
 
     beam_size: int
@@ -63,6 +67,7 @@ class SearchOptions:
     selector: Selector = field(default_factory=Deterministic)
     beam_threshold: float | None = None
     record_trace: bool = False
+    keep_state: bool = False
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "max_len"):
@@ -72,6 +77,7 @@ class SearchOptions:
         object.__setattr__(self, "length_penalty", as_length_penalty(self.length_penalty))  # a plain alpha too
         self.length_penalty.check_max_len(int(self.max_len))
         check_choice("policy", self.policy, POLICIES)
+        check_bool("keep_state", self.keep_state)
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if isinstance(self.patience, bool) or not isinstance(self.patience, (int, float)) or not self.patience > 0:

@@ -11,6 +11,7 @@ import numpy as np
 
 from beamkit.hypothesis import Hypothesis, SearchStats
 from beamkit.search.ranking import rank_candidates
+from beamkit.state import select_state
 
 if TYPE_CHECKING:
     from beamkit.trace import Trace
@@ -107,7 +108,7 @@ class Paths:
     """The parents' histories of the hypotheses that ended at one step, gathered once for all of them (a plain
     object, not a tuple, so that a pool table can hold a reference to it in each of its entries)."""
 
-    __slots__ = ("tokens", "token_lp", "beam", "t", "lp", "slot")
+    __slots__ = ("tokens", "token_lp", "beam", "t", "lp", "slot", "state")
 
     def __init__(self, rows: Rows, parents: np.ndarray, t: np.ndarray) -> None:
         # gathered, not viewed: an entry must not keep the whole step's rows alive
@@ -117,6 +118,7 @@ class Paths:
         self.t = t  # shape: (n,) history length (the last t columns)
         self.lp = rows.lp[parents]  # shape: (n,) the parent's running log-probability
         self.slot = rows.slots()[parents]  # shape: (n,) the parent's beam slot
+        self.state: Any = None  # the parents' rows of the call's new state, when the search keeps final states
 
     def hypothesis(self, i: int, tok: int, logprob: float, score: float, key: float, finished: bool) -> Hypothesis:
         """The full :class:`Hypothesis` of entry ``i``: its parent's path plus the last token ``tok``."""
@@ -129,6 +131,7 @@ class Paths:
             token_logprobs=self.token_lp[i, cols].tolist() + [logprob - float(self.lp[i])],
             beam_indices=self.beam[i, cols].tolist() + [int(self.slot[i])],
             key=key,
+            state=None if self.state is None else select_state(self.state, np.array([i])),
         )
 
 
