@@ -11,7 +11,7 @@ import numpy as np
 
 from beamkit.hypothesis import Hypothesis, SearchStats
 from beamkit.search.ranking import rank_candidates
-from beamkit.state import select_state
+from beamkit.state import state_row
 
 if TYPE_CHECKING:
     from beamkit.trace import Trace
@@ -131,7 +131,7 @@ class Paths:
             token_logprobs=self.token_lp[i, cols].tolist() + [logprob - float(self.lp[i])],
             beam_indices=self.beam[i, cols].tolist() + [int(self.slot[i])],
             key=key,
-            state=None if self.state is None else select_state(self.state, np.array([i])),
+            state=None if self.state is None else state_row(self.state, i),
         )
 
 

@@ -1,0 +1,41 @@
+"""AllenNLP's beam search API (``allennlp.nn.beam_search``): the same classes as :mod:`beamkit.compat.olmo`."""
+
+from beamkit.compat.olmo import (
+    BeamSearch,
+    Constraint,
+    ConstraintStateType,
+    DeterministicSampler,
+    FinalSequenceScorer,
+    GumbelSampler,
+    LengthNormalizedSequenceLogProbabilityScorer,
+    MultinomialSampler,
+    RepeatedNGramBlockingConstraint,
+    Sampler,
+    SequenceLogProbabilityScorer,
+    StateType,
+    StepFunctionType,
+    StepFunctionTypeNoTimestep,
+    StepFunctionTypeWithTimestep,
+    TopKSampler,
+    TopPSampler,
+)
+
+__all__ = [
+    "BeamSearch",
+    "Constraint",
+    "ConstraintStateType",
+    "DeterministicSampler",
+    "FinalSequenceScorer",
+    "GumbelSampler",
+    "LengthNormalizedSequenceLogProbabilityScorer",
+    "MultinomialSampler",
+    "RepeatedNGramBlockingConstraint",
+    "Sampler",
+    "SequenceLogProbabilityScorer",
+    "StateType",
+    "StepFunctionType",
+    "StepFunctionTypeNoTimestep",
+    "StepFunctionTypeWithTimestep",
+    "TopKSampler",
+    "TopPSampler",
+]
