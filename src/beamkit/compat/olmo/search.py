@@ -20,8 +20,10 @@ What differs from OLMo (the results agree otherwise):
   log-probabilities.
 * ``predictions`` is as wide as the longest returned hypothesis (OLMo may add columns of end tokens).
 * The caller's state dict, when the step function returns the dict it is given, is left holding each returned
-  hypothesis's final state row, ``[batch * beam, ...]`` in the returned (sorted) order; OLMo leaves its final
-  beams' rows in the order before the final scorer's sort.
+  hypothesis's final state row, ``[batch * beam, ...]`` in the returned (sorted) order: the row of the call
+  that chose its last token (OLMo keeps feeding end tokens to finished beams, and leaves its final beams' rows in
+  the order before the final scorer's sort). An entry whose rows differ in shape between hypotheses (a growing
+  token buffer, for hypotheses that ended at different steps) is left as it was, with a RuntimeWarning.
 * Constraints are applied to one hypothesis at a time (see :mod:`beamkit.compat.olmo.constraints`). A sampler's
   state is kept for the whole search (OLMo passes it from step to step), except :class:`GumbelSampler`'s per-row
   ``phi_S`` / ``G_phi_S``, which beamkit keeps per hypothesis. A custom ``sample_beams`` chooses which of the new
@@ -197,8 +199,18 @@ def _final_state(state: StateType, kept: list[list[Hypothesis]], order: np.ndarr
     if any(r is None for r in rows):
         return
     for name, value in list(state.items()):
-        if value is not None and all(name in r for r in rows):
-            state[name] = torch.cat([r[name] for r in rows], dim=0)
+        if value is None or not all(name in r and r[name] is not None for r in rows):
+            continue
+        parts = [r[name] for r in rows]
+        if len({tuple(p.shape[1:]) for p in parts}) > 1:
+            warnings.warn(
+                f"the final state rows of {name!r} differ in shape (the hypotheses ended at different steps), so "
+                "they cannot be stacked; the caller's state keeps its value for it",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            continue
+        state[name] = torch.cat(parts, dim=0)
 
 
 class _Step:
