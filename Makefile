@@ -37,7 +37,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# OLMo's beam search module, the oracle of tests/test_compat_olmo.py: fetched once from the package index (one
+# file of the ai2-olmo wheel, checked against its RECORD) into the gitignored bench/.cache.
+OLMO_SOURCE := bench/.cache/ai2_olmo-0.6.0/olmo/beam_search.py
+
+$(OLMO_SOURCE): | $(STAMP)
+	$(BIN)/python bench/olmo_source.py
+
+pytest: $(STAMP) $(OLMO_SOURCE)
 	$(BIN)/python -m pytest tests
 
 # Peer libraries that cannot share the main environment (pyctcdecode pins numpy<2).

