@@ -37,4 +37,4 @@ class LengthNormalizedSequenceLogProbabilityScorer(FinalSequenceScorer):
         """``log_probabilities / length ** length_penalty``; see the class docstring for the length."""
         # shape: (batch, beam) tokens before the end token, plus one for the end token itself
         lengths = (predictions != end_index).sum(dim=2) + (predictions[:, :, -1] == end_index)
-        return log_probabilities / lengths.to(log_probabilities.dtype) ** self.length_penalty
+        return log_probabilities / lengths**self.length_penalty  # the power in torch's default dtype, as OLMo
