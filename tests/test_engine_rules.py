@@ -593,7 +593,7 @@ def test_engine_api_errors_name_the_problem_exactly():
     ):
         engine.add(m.init(), BOS, EOS, max_len=3, selector=None, policy="pool")
     unknown = "unknown request options ['beams']; per-request options are ['beam_size', 'max_len', 'min_len', "
-    unknown += "'num_return', 'length_penalty', 'early_stopping', 'patience']"
+    unknown += "'num_return', 'length_penalty', 'early_stopping', 'patience', 'temperature']"
     with pytest.raises(TypeError, match=_exactly(unknown)):
         engine.add(m.init(), BOS, EOS, max_len=3, beams=3)
     with pytest.raises(ValueError, match=_exactly("the number of requests must be an integer >= 0, got -1")):

@@ -38,6 +38,9 @@ class StepContext:
     finished: np.ndarray | None = None  # shape: (rows,) int64, finished hypotheses of each row's request
     # the finished pools of the requests: (request, key) of every entry, grouped by request, in pool order
     pool: tuple[np.ndarray, np.ndarray] | None = None  # shape: (P,), (P,)
+    # the temperature each row's request set (Engine.add(..., temperature=T)), NaN where it set none; samplers
+    # draw with it instead of their own, the deterministic selector and processors may ignore it
+    temperature: np.ndarray | None = None  # shape: (rows,) float64
 
     def sequences(self, prompts: Sequence[Sequence[int]] | None) -> np.ndarray:
         """Each row's prompt + generated tokens, left-padded with ``-1`` to one width ``[rows, P + step]``."""

@@ -15,12 +15,13 @@ class Book:
 
     Options per request (``beam``, ``max_len``, ``min_len``, ``m`` candidates per row, ``pool`` size, early
     stopping mode ``es``, length penalty ``lp`` (index into the engine's list) and its ``alpha``, ``patience``,
-    stop tokens ``eos`` (index), ``nret``: ``num_return`` or 0), the tokens generated so far ``t``, and the pool
-    counters (``count``, ``worst``, ``nth``), kept in step with ``table`` by :meth:`commit`.
+    stop tokens ``eos`` (index), ``nret``: ``num_return`` or 0, the sampling temperature ``temp``: NaN where the
+    request set none), the tokens generated so far ``t``, and the pool counters (``count``, ``worst``, ``nth``),
+    kept in step with ``table`` by :meth:`commit`.
     """
 
     _INT = ("rid", "t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nret", "count")
-    _FLOAT = ("alpha", "patience", "worst", "nth")
+    _FLOAT = ("alpha", "patience", "worst", "nth", "temp")
 
     rid: np.ndarray  # shape: (R,) each array is indexed by slot; rid: the request id in the slot
     t: np.ndarray
@@ -38,6 +39,7 @@ class Book:
     patience: np.ndarray
     worst: np.ndarray
     nth: np.ndarray
+    temp: np.ndarray
 
     def __init__(self) -> None:
         self.size = 0

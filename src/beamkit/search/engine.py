@@ -150,7 +150,9 @@ class Engine:
         **given: Any,
     ) -> list[int]:
         """Add ``n`` requests with the same options at once (``init_state`` has one row each; ``n`` defaults to
-        the rows of its first array leaf, else ``len(bos)``); returns their ids, in row order."""
+        the rows of its first array leaf, else ``len(bos)``); returns their ids, in row order. ``given``: the
+        per-request options of :meth:`add`, and ``temperature`` (a sampling selector's temperature for these
+        requests; the deterministic selector ignores it)."""
         opts = request_options(self.options, given, self._need_max_len)
         n = count_requests(init_state, bos) if n is None else n
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
@@ -175,6 +177,7 @@ class Engine:
         b.alpha[ids] = opts.length_penalty.alpha
         b.eos[ids] = self._index(self._eos, stop)
         b.nret[ids] = opts.num_return or 0
+        b.temp[ids] = np.nan if opts.temperature is None else opts.temperature
         b.t[ids] = 0
         b.count[ids] = 0
         b.worst[ids] = b.nth[ids] = -np.inf
@@ -512,7 +515,7 @@ class Engine:
     def _segments(self, rows: Rows, t_row: np.ndarray) -> list[tuple[int, int, StepContext]]:
         """Runs of rows at the same step with the same stop tokens and candidates per row (``m``), each with its
         :class:`StepContext`."""
-        e_row, m_row = self.book.eos[rows.req], self.book.m[rows.req]
+        e_row, m_row, temp = self.book.eos[rows.req], self.book.m[rows.req], self.book.temp[rows.req]
         n = rows.req.shape[0]
         differ = (t_row[1:] != t_row[:-1]) | (e_row[1:] != e_row[:-1]) | (m_row[1:] != m_row[:-1])
         change = np.flatnonzero(differ) + 1
@@ -530,6 +533,7 @@ class Engine:
                 logprob=rows.lp[lo:hi],
                 finished=self.book.count[rows.req[lo:hi]],
                 pool=(self.book.table.req, self.book.table.key),
+                temperature=temp[lo:hi],
             )
             out.append((lo, hi, ctx))
         return out

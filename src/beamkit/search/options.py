@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from beamkit._checks import check_bool, check_choice
+from beamkit._checks import check_bool, check_choice, check_float
 from beamkit.moved import forward
 from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
@@ -49,6 +49,12 @@ class SearchOptions:
         each returned hypothesis keeps its final state row on ``Hypothesis.state``: the row of the state
         ``step_fn`` returned at the call that chose its last token (one row, gathered like any other state); off,
         nothing is kept.
+    temperature (per request):
+        the temperature a sampling selector draws with (a finite number > 0), instead of its own; ``None``
+        (the default): the selector's own. It changes only which tokens are drawn, never the accumulated
+        log-probabilities; the deterministic selector ignores it, and the Hugging Face selectors
+        (:class:`beamkit.samplers.BeamSample`, :class:`beamkit.samplers.HuggingFaceSample`) refuse it (temper
+        their scores with :class:`beamkit.processors.Temperature`).
     """
 
     beam_size: int
@@ -68,6 +74,7 @@ class SearchOptions:
     beam_threshold: float | None = None
     record_trace: bool = False
     keep_state: bool = False
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "max_len"):
@@ -105,6 +112,11 @@ class SearchOptions:
                 "beamkit.TopK(k), beamkit.TopP(p), beamkit.Multinomial() or beamkit.GumbelTopK(); "
                 f"got {self.selector!r}"
             )
+        if self.temperature is not None:
+            object.__setattr__(self, "temperature", check_float("temperature", self.temperature, above=0))
+            refuse = getattr(self.selector, "check_temperature", None)  # a selector may refuse temperatures
+            if callable(refuse):
+                refuse(self.temperature)
         raising = [type(p).__name__ for p in self.processors if getattr(p, "raises_scores", False)]
         if self.exact_exit and raising:
             raise ValueError(f"exact_exit needs step scores <= 0, but {raising} may raise them")
@@ -116,7 +128,16 @@ class SearchOptions:
 
 
 # per-request options: they may differ between the requests of one Engine; the other SearchOptions fields are shared
-REQUEST_FIELDS = ("beam_size", "max_len", "min_len", "num_return", "length_penalty", "early_stopping", "patience")
+REQUEST_FIELDS = (
+    "beam_size",
+    "max_len",
+    "min_len",
+    "num_return",
+    "length_penalty",
+    "early_stopping",
+    "patience",
+    "temperature",
+)
 SHARED_FIELDS = tuple(f for f in SearchOptions.__dataclass_fields__ if f not in REQUEST_FIELDS)
 EARLY_MODES = {False: 0, True: 1, "never": 2}  # early_stopping as a small int per request (Book.es)
 
@@ -135,6 +156,7 @@ class RequestOptions:
     patience: float
     pool_size: int  # finished hypotheses that make the pool full
     per_row: int  # candidates each row offers: 2 * beam_size for the pool policy, else beam_size
+    temperature: float | None = None  # the sampling temperature; None: the selector's own
 
 
 def request_options(options: SearchOptions, given: dict[str, Any], need_max_len: bool = False) -> RequestOptions:
@@ -162,6 +184,7 @@ def request_options(options: SearchOptions, given: dict[str, Any], need_max_len:
         patience=full.patience,
         pool_size=full.pool_size,
         per_row=2 * int(full.beam_size) if full.policy == "pool" else int(full.beam_size),
+        temperature=full.temperature,
     )
 
 

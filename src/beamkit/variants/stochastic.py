@@ -97,16 +97,29 @@ class GumbelTopK(RowSampler):
     Kool's algorithm is this selector under the engine's ``"compete"`` policy (finished sequences keep competing
     by key), which is what :func:`stochastic_beam_search` runs; under ``"narrow"`` a finished hypothesis would
     keep its slot instead.
+
+    ``temperature`` ``T`` (default 1; a request's own, where it set one, replaces it): the sampling distribution
+    is ``log_softmax(logp / T)``, so ``phi`` and the keys follow the tempered distribution while the
+    hypotheses' log-probabilities stay the model's. Stochastic beam search samples without replacement:
+    ``with_replacement=True`` is a ValueError.
     """
 
     table: PrefixTable = field(default_factory=lambda: PrefixTable(2), repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.with_replacement:
+            raise ValueError(
+                "GumbelTopK samples without replacement (stochastic beam search); with_replacement=True is for "
+                "TopK, TopP and Multinomial"
+            )
 
     def _choose(
         self, logp: Any, parent_key: np.ndarray, m: int, ctx: StepContext
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Top ``m`` children of each row by perturbed value, keyed by the truncated Gumbel."""
         phi_s = self.table.lookup(ctx)[:, 0]  # shape: (rows,)
-        norm = ops.log_softmax(logp)  # shape: (rows, V) the sampling distribution
+        norm = ops.log_softmax(self._tempered(logp, ctx))  # shape: (rows, V) the (tempered) sampling distribution
         rows, vocab = int(logp.shape[0]), int(logp.shape[1])
         perturbed = norm + self.noise.gumbel((rows, vocab), norm)  # shape: (rows, V), G_i - phi_S
         pert, tok = ops.top_candidates(perturbed, m)  # shape: (rows, m), descending: column 0 is Z - phi_S
