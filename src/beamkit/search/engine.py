@@ -59,7 +59,7 @@ class Engine:
 
     ``Engine(step_fn, **options)`` takes the fields of :class:`SearchOptions`. The policy, selector, processors
     and the other search-wide fields are shared by all requests; ``beam_size``, ``max_len``, ``min_len``,
-    ``num_return``, ``length_penalty``, ``early_stopping`` and ``patience`` are defaults that each
+    ``num_return``, ``length_penalty``, ``early_stopping``, ``patience`` and ``temperature`` are defaults that each
     :meth:`add` may override. Each :meth:`step` makes one ``step_fn`` call for every live row of every
     request and returns the requests that ended at it::
 
@@ -138,7 +138,7 @@ class Engine:
     def add(self, init_state: Any, bos: int, eos: int | Sequence[int] | None, **given: Any) -> int:
         """Add one request (``init_state`` has one row on axis 0 of every array leaf); it joins at the next
         :meth:`step`. ``given`` (per-request options): ``beam_size``, ``max_len``, ``min_len``, ``num_return``,
-        ``length_penalty``, ``early_stopping``, ``patience``. Returns the request id."""
+        ``length_penalty``, ``early_stopping``, ``patience``, ``temperature``. Returns the request id."""
         return self.add_batch(init_state, bos, eos, 1, **given)[0]
 
     def add_batch(
