@@ -17,11 +17,17 @@ run, the two searches alternate (``--repeats`` times each, the order swapped eve
     olmo-speed[compete]: 1.23x (beamkit 45.1 ms, OLMo 55.4 ms; model rows 3840 vs 4800)
     olmo-top1[compete]: 32/32 identical
 
-``1.23x`` is OLMo's time over beamkit's; model rows are the rows each search sent to the step function.
+``1.23x`` is OLMo's time over beamkit's; model rows are the rows each search sent to the step function. Then the
+drop-in, ``beamkit.compat.olmo``, runs OLMo's own program (the same ``BeamSearch(...).search`` call and step
+function, which returns ``log_softmax`` itself) against OLMo's module::
+
+    olmo-speed[compat]: 1.60x (beamkit.compat.olmo 46.0 ms, OLMo 73.6 ms)
+    olmo-top1[compat]: 32/32 identical; top-1 log-probabilities at most 3.8e-06 apart
+
 ``identical`` counts the requests whose best hypothesis has the same tokens (OLMo's ``predictions[b, 0]`` cut
 after its first end token, as OLMo pads a finished beam with end tokens; beamkit's tokens, end token included)
 and a log-probability within a rounding bound (``logprob_tolerance``). The script exits 1 unless every request
-agrees under ``compete``.
+agrees under ``compete`` and through the drop-in.
 
 Precision: the model runs in float32 and so do its logits. OLMo accumulates running log-probabilities in the
 step's dtype, beamkit in float64, so two candidates closer than an ulp of the running sum (3.8e-6 near -44) can
@@ -223,9 +229,30 @@ def main() -> None:
             f"for {lists}/{args.batch}{note}"
         )
         failed |= policy == "compete" and same != args.batch
+    # the drop-in: OLMo's own API and step function, run by beamkit's engine (compete, log-probabilities as given)
+    from beamkit.compat import olmo as compat
+
+    cp, cl = run_olmo(compat, model, args)
+    same = sum(cut(a[0]) == cut(b[0]) for a, b in zip(predictions.tolist(), cp.tolist(), strict=True))
+    worst = float((cl[:, 0].double() - log_probs[:, 0].double()).abs().max())
+    runs = {
+        "olmo": functools.partial(run_olmo, olmo, model, args),
+        "compat": functools.partial(run_olmo, compat, model, args),
+    }
+    times = {"olmo": [], "compat": []}
+    for r in range(args.repeats):
+        for name in ("olmo", "compat") if r % 2 == 0 else ("compat", "olmo"):
+            times[name].append(timed(runs[name]))
+    co, ol = statistics.median(times["compat"]), statistics.median(times["olmo"])
+    print(f"olmo-speed[compat]: {ol / co:.2f}x (beamkit.compat.olmo {co * 1e3:.1f} ms, OLMo {ol * 1e3:.1f} ms)")
+    print(f"olmo-top1[compat]: {same}/{args.batch} identical; top-1 log-probabilities at most {worst:.1e} apart")
+    failed |= same != args.batch
     if failed:
         hint = "" if args.float64 else " (a float32 near-tie? see --float64)"
-        fail(f"beamkit's compete policy and OLMo disagree on some request's top-1 hypothesis{hint}")
+        fail(
+            "beamkit (compete policy or beamkit.compat.olmo) and OLMo disagree on some request's top-1 "
+            f"hypothesis{hint}"
+        )
 
 
 if __name__ == "__main__":
