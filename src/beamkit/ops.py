@@ -517,6 +517,15 @@ def where_cols(x: Any, missing: np.ndarray, fill: Any) -> Any:
     return np.where(missing[None, :], fill, x)
 
 
+def row_max(x: Any) -> np.ndarray:
+    """The maximum of each row of ``x`` ``[rows, V]``, on the host as float64 ``[rows]``: NaN anywhere in a row
+    gives NaN, else +inf when the row holds one, -inf for an all ``-inf`` row (one cheap pass, no exp)."""
+    x = cpu_view(x)
+    if is_torch(x):
+        return to_numpy(x.amax(dim=1)).astype(np.float64)
+    return np.asarray(x).max(axis=1).astype(np.float64)
+
+
 def row_min(x: Any) -> Any:
     """The minimum of each row of ``x`` ``[rows, V]``, as a ``[rows, 1]`` column in ``x``'s library."""
     if is_torch(x):

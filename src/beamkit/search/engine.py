@@ -324,10 +324,12 @@ class Engine:
         ``scores + offset`` are the log-probabilities: eos masked below ``min_len``, processors applied. Rows
         with NaN or +inf logits fail their request (offset -inf)."""
         opt, b = self.options, self.book
-        lse = ops.logsumexp(logits)  # shape: (rows,)
         raw = extras.get("log_softmax") is False  # the step's logits are its scores (shallow fusion)
-        if raw:
-            lse = np.where(np.isfinite(lse), 0.0, lse)
+        if raw:  # only NaN / +inf need finding: a row's maximum shows them (NaN wins), no exp over [rows, V]
+            peak = ops.row_max(logits)  # shape: (rows,)
+            lse = np.where(np.isfinite(peak), 0.0, peak)  # shape: (rows,) 0, or the row's NaN / +inf / -inf
+        else:
+            lse = ops.logsumexp(logits)  # shape: (rows,)
         ok = np.isfinite(lse)
         bad = np.isnan(lse) | (lse == np.inf)  # shape: (rows,) their requests fail; all -inf rows: no candidate
         if bad.any():
