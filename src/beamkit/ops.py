@@ -275,10 +275,17 @@ def add_at(x: Any, rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> An
 def gather_rows(x: Any, idx: np.ndarray) -> Any:
     """Return ``x[idx]`` along axis 0 (rows may repeat), in ``x``'s library and device."""
     if is_torch(x):
-        import torch
-
-        return x.index_select(0, torch.as_tensor(idx, device=x.device))
+        return x.index_select(0, _torch_index(idx, x.device))
     return x[idx]
+
+
+def _torch_index(idx: np.ndarray, device: Any) -> Any:
+    """A host index array as a torch tensor on ``device`` (a zero-copy view on the CPU)."""
+    import torch
+
+    if device.type == "cpu" and isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.flags.writeable:
+        return torch.from_numpy(np.ascontiguousarray(idx))
+    return torch.as_tensor(idx, device=device)
 
 
 def concat_rows(parts: list[Any]) -> Any:

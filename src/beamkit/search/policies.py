@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from beamkit.search.book import Book
-from beamkit.search.ranking import group_starts, requests_of, without
+from beamkit.search.ranking import group_starts, without
 from beamkit.search.records import PoolTable, StepDecision, StepView, Stop, StopReason
 
 
@@ -128,7 +128,7 @@ def merge(
 
 def stops_of(view: StepView, book: Book, survivors: np.ndarray, default: Stop) -> dict[int, Stop]:
     """The requests of the step left without a survivor: ``max_len`` when they reached it, else ``default``."""
-    gone = without(requests_of(view.rows.req), view.cand.req[survivors], book.size)
+    gone = without(view.rows.requests(), view.cand.req[survivors], book.size)
     out = {}
     for r in gone.tolist():
         if book.t[r] + 1 >= book.max_len[r]:
@@ -251,7 +251,7 @@ class Compete:
             cut = view.last[surv]
             new.append(scoring.entries(view, surv[cut], False))
             surv = surv[~cut]
-        pool, _ = merge(old.take(np.flatnonzero(stay)), new, "key")
+        pool, _ = merge(old if stay.all() else old.take(np.flatnonzero(stay)), new, "key")
         admitted = np.concatenate([t.cand for t in new])
         return StepDecision(surv, pool, admitted, old.eid[~stay], stops_of(view, book, surv, _POOL_HOLDS))
 

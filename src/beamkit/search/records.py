@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from beamkit.hypothesis import Hypothesis, SearchStats
-from beamkit.search.ranking import rank_candidates
+from beamkit.search.ranking import rank_candidates, requests_of
 
 if TYPE_CHECKING:
     from beamkit.trace import Trace
@@ -34,6 +34,7 @@ class Rows:
     beam: np.ndarray  # shape: (rows, W) beam slot of the parent at each step
     cov: np.ndarray | None = None  # shape: (rows, S) accumulated attention
     _slots: np.ndarray | None = field(default=None, repr=False)  # shape: (rows,) cache of slots()
+    _reqs: np.ndarray | None = field(default=None, repr=False)  # shape: (requests,) cache of requests()
 
     @classmethod
     def start(cls, req: np.ndarray, width: int) -> Rows:
@@ -47,6 +48,12 @@ class Rows:
         if self._slots is None:
             self._slots = np.arange(self.req.shape[0]) - self.req.searchsorted(self.req)
         return self._slots
+
+    def requests(self) -> np.ndarray:
+        """The distinct requests of the rows, ascending (computed once per step)."""
+        if self._reqs is None:
+            self._reqs = requests_of(self.req)
+        return self._reqs
 
     def take(self, idx: np.ndarray, width: int | None = None) -> Rows:
         """The rows ``idx`` (in that order), histories cut to the last ``width`` columns."""
