@@ -71,9 +71,8 @@ def compete_take(
     if n_pool == 0:  # nothing finished yet: the first beam candidates of each request
         r = np.arange(req.shape[0]) - np.searchsorted(req, req)
         return r < beam[req], np.zeros(0, dtype=bool)
-    all_req = np.concatenate([pool_req, req])
-    side = np.arange(all_req.shape[0]) >= n_pool  # False: a pool entry, True: a candidate
-    order = np.lexsort((side, -np.concatenate([pool_key, key]), all_req))  # stable: each side keeps its order
+    all_req = np.concatenate([pool_req, req])  # entries first: the stable sort puts them first among equal keys
+    order = np.lexsort((-np.concatenate([pool_key, key]), all_req))  # stable: each side keeps its order
     sorted_req = all_req[order]
     place = np.arange(order.shape[0]) - np.searchsorted(sorted_req, sorted_req)
     win = np.empty(order.shape[0], dtype=bool)
