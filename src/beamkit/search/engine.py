@@ -619,7 +619,7 @@ class Engine:
         paths.fill(Paths(rows, parents, self.book.t[rows.req[parents]]))
         eid = np.arange(self._next_entry, self._next_entry + n)
         self._next_entry += n
-        fin = np.broadcast_to(np.asarray(finished, dtype=bool), (n,)).copy()
+        fin = np.full(n, finished, dtype=bool) if np.ndim(finished) == 0 else np.array(finished, dtype=bool)
         return PoolTable(
             cand.req[sel],
             eid,
@@ -637,7 +637,7 @@ class Engine:
         """Final ranking of one request's hypotheses (optional final scorer), cut to its ``num_return``."""
         opt = self.options
         order = np.argsort(-pool.score, kind="stable")  # best score first, equal ones in pool order
-        hyps = [pool.hypothesis(int(j)) for j in order]
+        hyps = pool.hypotheses(order)
         if opt.final_scorer is not None and hyps:
             new = list(opt.final_scorer(hyps))
             if len(new) != len(hyps):

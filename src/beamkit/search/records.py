@@ -183,14 +183,15 @@ class PoolTable:
 
     def hypothesis(self, j: int) -> Hypothesis:
         """Entry ``j`` as a :class:`Hypothesis`."""
-        return self.paths[j].hypothesis(
-            int(self.i[j]),
-            int(self.tok[j]),
-            float(self.lp[j]),
-            float(self.score[j]),
-            float(self.key[j]),
-            bool(self.finished[j]),
-        )
+        return self.hypotheses(np.array([j]))[0]
+
+    def hypotheses(self, idx: np.ndarray) -> list[Hypothesis]:
+        """The entries ``idx`` as :class:`Hypothesis` objects, in that order (each field read once for all)."""
+        fields = (self.paths, self.i, self.tok, self.lp, self.score, self.key, self.finished)
+        return [
+            paths.hypothesis(i, tok, lp, score, key, finished)
+            for paths, i, tok, lp, score, key, finished in zip(*(f[idx].tolist() for f in fields), strict=True)
+        ]
 
 
 _POOL_FIELDS = tuple(PoolTable.__dataclass_fields__)
