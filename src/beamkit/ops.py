@@ -275,10 +275,17 @@ def add_at(x: Any, rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> An
 def gather_rows(x: Any, idx: np.ndarray) -> Any:
     """Return ``x[idx]`` along axis 0 (rows may repeat), in ``x``'s library and device."""
     if is_torch(x):
-        import torch
-
-        return x.index_select(0, torch.as_tensor(idx, device=x.device))
+        return x.index_select(0, _torch_index(idx, x.device))
     return x[idx]
+
+
+def _torch_index(idx: np.ndarray, device: Any) -> Any:
+    """A host index array as a torch tensor on ``device`` (a zero-copy view on the CPU)."""
+    import torch
+
+    if device.type == "cpu" and isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.flags.writeable:
+        return torch.from_numpy(np.ascontiguousarray(idx))
+    return torch.as_tensor(idx, device=device)
 
 
 def concat_rows(parts: list[Any]) -> Any:
@@ -515,6 +522,15 @@ def where_cols(x: Any, missing: np.ndarray, fill: Any) -> Any:
         value = fill if is_torch(fill) else torch.as_tensor(fill, dtype=x.dtype, device=x.device)
         return torch.where(mask, value, x)
     return np.where(missing[None, :], fill, x)
+
+
+def row_max(x: Any) -> np.ndarray:
+    """The maximum of each row of ``x`` ``[rows, V]``, on the host as float64 ``[rows]``: NaN anywhere in a row
+    gives NaN, else +inf when the row holds one, -inf for an all ``-inf`` row (one cheap pass, no exp)."""
+    x = cpu_view(x)
+    if is_torch(x):
+        return to_numpy(x.amax(dim=1)).astype(np.float64)
+    return np.asarray(x).max(axis=1).astype(np.float64)
 
 
 def row_min(x: Any) -> Any:

@@ -119,6 +119,7 @@ class Engine:
         self._ref: Any = None  # y_prev follows this array's library and device (the last logits)
         self._vocab: int | None = None
         self._pending: list[Join] = []
+        self._fresh = False  # requests joined since the last call (their stop tokens are checked against V)
         self._cancel: set[int] = set()
         self._eos: list[tuple[int, ...]] = []  # distinct stop-token sets, indexed by book.eos
         self._lps: list[LengthPenalty] = []  # distinct length penalties, indexed by book.lp
@@ -203,7 +204,7 @@ class Engine:
         if b.size < 1024 or b.size < 2 * len(b.held) or self.recorder is not None:  # traces are kept by slot
             return
         remap = b.compact(np.array(sorted(b.held), dtype=np.int64))
-        self._rows = replace(self._rows, req=remap[self._rows.req], _slots=None)
+        self._rows = replace(self._rows, req=remap[self._rows.req], _slots=None, _reqs=None)
         self._pending = [j._replace(ids=remap[j.ids]) for j in self._pending]
         self._cancel = {int(remap[r]) for r in self._cancel}
         self._slot = {int(b.rid[i]): i for i in range(b.size)}
@@ -329,10 +330,12 @@ class Engine:
         ``scores + offset`` are the log-probabilities: eos masked below ``min_len``, processors applied. Rows
         with NaN or +inf logits fail their request (offset -inf)."""
         opt, b = self.options, self.book
-        lse = ops.logsumexp(logits)  # shape: (rows,)
         raw = extras.get("log_softmax") is False  # the step's logits are its scores (shallow fusion)
-        if raw:
-            lse = np.where(np.isfinite(lse), 0.0, lse)
+        if raw:  # only NaN / +inf need finding: a row's maximum shows them (NaN wins), no exp over [rows, V]
+            peak = ops.row_max(logits)  # shape: (rows,)
+            lse = np.where(np.isfinite(peak), 0.0, peak)  # shape: (rows,) 0, or the row's NaN / +inf / -inf
+        else:
+            lse = ops.logsumexp(logits)  # shape: (rows,)
         ok = np.isfinite(lse)
         bad = np.isnan(lse) | (lse == np.inf)  # shape: (rows,) their requests fail; all -inf rows: no candidate
         if bad.any():
@@ -375,7 +378,7 @@ class Engine:
         considered = Candidates.rank_all(rows, logp, tok, key, self._ordered)
         if considered.req.shape[0] != logp.size:  # a row yields nothing only when some candidate was dropped
             counts = np.bincount(considered.req, minlength=b.size)
-            for r in requests_of(rows.req).tolist():
+            for r in rows.requests().tolist():
                 if counts[r] == 0:
                     msg = f"no finite candidate at step {int(b.t[r])} (every continuation is masked or -inf)"
                     b.errors.setdefault(r, msg)
@@ -397,7 +400,7 @@ class Engine:
         b.commit(decision.pool, decision.counters)
         surv = decision.survivors
         s_req = cand.req[surv]
-        gone = without(requests_of(rows.req), s_req, b.size).tolist()
+        gone = without(rows.requests(), s_req, b.size).tolist()
         self._stops = decision.stops
         ended += self._complete(gone)
         parents = cand.row[surv]
@@ -458,6 +461,7 @@ class Engine:
         self._state = state
         self._rows = self._rows.join(ids)
         self._y = np.concatenate([self._y, *[j.bos for j in pending]])
+        self._fresh = True
 
     def _call(self, n_rows: int) -> tuple[Any, Any, dict[str, Any]]:
         """Run ``step_fn`` on the live rows and check what it returned."""
@@ -474,16 +478,18 @@ class Engine:
         check_rows(state, n_rows, "the state step_fn returned")
         if self.options.coverage_penalty is not None and "attention" not in extras:
             raise ValueError("coverage_penalty needs step_fn to return extras={'attention': [rows, S]}")
-        b = self.book
-        for r in requests_of(self._rows.req[b.t[self._rows.req] == 0]).tolist():
-            stop = self._eos[b.eos[r]]
-            if any(not 0 <= e < width for e in stop):
-                b.errors[r] = f"eos={list(stop)} is not a token id of the model's vocabulary of {width}"
+        if self._fresh:  # requests joined since the last call: their stop tokens must be token ids
+            self._fresh = False
+            b = self.book
+            for r in requests_of(self._rows.req[b.t[self._rows.req] == 0]).tolist():
+                stop = self._eos[b.eos[r]]
+                if any(not 0 <= e < width for e in stop):
+                    b.errors[r] = f"eos={list(stop)} is not a token id of the model's vocabulary of {width}"
         return logits, state, extras
 
     def _fail_all(self, message: str, out: list[Completed]) -> None:
         """The call failed as a whole: every request in it completes with ``message``."""
-        failed = requests_of(self._rows.req).tolist()
+        failed = self._rows.requests().tolist()
         for r in failed:
             self.book.errors[r] = message
         out += self._complete(failed)
@@ -622,7 +628,7 @@ class Engine:
         paths.fill(path)
         eid = np.arange(self._next_entry, self._next_entry + n)
         self._next_entry += n
-        fin = np.broadcast_to(np.asarray(finished, dtype=bool), (n,)).copy()
+        fin = np.full(n, finished, dtype=bool) if np.ndim(finished) == 0 else np.array(finished, dtype=bool)
         return PoolTable(
             cand.req[sel],
             eid,
@@ -640,7 +646,7 @@ class Engine:
         """Final ranking of one request's hypotheses (optional final scorer), cut to its ``num_return``."""
         opt = self.options
         order = np.argsort(-pool.score, kind="stable")  # best score first, equal ones in pool order
-        hyps = [pool.hypothesis(int(j)) for j in order]
+        hyps = pool.hypotheses(order)
         if opt.final_scorer is not None and hyps:
             new = list(opt.final_scorer(hyps))
             if len(new) != len(hyps):

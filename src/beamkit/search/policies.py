@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from beamkit.search.book import Book
-from beamkit.search.ranking import group_starts, requests_of, without
+from beamkit.search.ranking import group_starts, without
 from beamkit.search.records import PoolTable, StepDecision, StepView, Stop, StopReason
 
 
@@ -71,9 +71,8 @@ def compete_take(
     if n_pool == 0:  # nothing finished yet: the first beam candidates of each request
         r = np.arange(req.shape[0]) - np.searchsorted(req, req)
         return r < beam[req], np.zeros(0, dtype=bool)
-    all_req = np.concatenate([pool_req, req])
-    side = np.arange(all_req.shape[0]) >= n_pool  # False: a pool entry, True: a candidate
-    order = np.lexsort((side, -np.concatenate([pool_key, key]), all_req))  # stable: each side keeps its order
+    all_req = np.concatenate([pool_req, req])  # entries first: the stable sort puts them first among equal keys
+    order = np.lexsort((-np.concatenate([pool_key, key]), all_req))  # stable: each side keeps its order
     sorted_req = all_req[order]
     place = np.arange(order.shape[0]) - np.searchsorted(sorted_req, sorted_req)
     win = np.empty(order.shape[0], dtype=bool)
@@ -128,7 +127,7 @@ def merge(
 
 def stops_of(view: StepView, book: Book, survivors: np.ndarray, default: Stop) -> dict[int, Stop]:
     """The requests of the step left without a survivor: ``max_len`` when they reached it, else ``default``."""
-    gone = without(requests_of(view.rows.req), view.cand.req[survivors], book.size)
+    gone = without(view.rows.requests(), view.cand.req[survivors], book.size)
     out = {}
     for r in gone.tolist():
         if book.t[r] + 1 >= book.max_len[r]:
@@ -251,7 +250,7 @@ class Compete:
             cut = view.last[surv]
             new.append(scoring.entries(view, surv[cut], False))
             surv = surv[~cut]
-        pool, _ = merge(old.take(np.flatnonzero(stay)), new, "key")
+        pool, _ = merge(old if stay.all() else old.take(np.flatnonzero(stay)), new, "key")
         admitted = np.concatenate([t.cand for t in new])
         return StepDecision(surv, pool, admitted, old.eid[~stay], stops_of(view, book, surv, _POOL_HOLDS))
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from beamkit.hypothesis import Hypothesis, SearchStats
-from beamkit.search.ranking import rank_candidates
+from beamkit.search.ranking import rank_candidates, requests_of
 from beamkit.state import state_row
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class Rows:
     beam: np.ndarray  # shape: (rows, W) beam slot of the parent at each step
     cov: np.ndarray | None = None  # shape: (rows, S) accumulated attention
     _slots: np.ndarray | None = field(default=None, repr=False)  # shape: (rows,) cache of slots()
+    _reqs: np.ndarray | None = field(default=None, repr=False)  # shape: (requests,) cache of requests()
 
     @classmethod
     def start(cls, req: np.ndarray, width: int) -> Rows:
@@ -48,6 +49,12 @@ class Rows:
         if self._slots is None:
             self._slots = np.arange(self.req.shape[0]) - self.req.searchsorted(self.req)
         return self._slots
+
+    def requests(self) -> np.ndarray:
+        """The distinct requests of the rows, ascending (computed once per step)."""
+        if self._reqs is None:
+            self._reqs = requests_of(self.req)
+        return self._reqs
 
     def take(self, idx: np.ndarray, width: int | None = None) -> Rows:
         """The rows ``idx`` (in that order), histories cut to the last ``width`` columns."""
@@ -179,14 +186,15 @@ class PoolTable:
 
     def hypothesis(self, j: int) -> Hypothesis:
         """Entry ``j`` as a :class:`Hypothesis`."""
-        return self.paths[j].hypothesis(
-            int(self.i[j]),
-            int(self.tok[j]),
-            float(self.lp[j]),
-            float(self.score[j]),
-            float(self.key[j]),
-            bool(self.finished[j]),
-        )
+        return self.hypotheses(np.array([j]))[0]
+
+    def hypotheses(self, idx: np.ndarray) -> list[Hypothesis]:
+        """The entries ``idx`` as :class:`Hypothesis` objects, in that order (each field read once for all)."""
+        fields = (self.paths, self.i, self.tok, self.lp, self.score, self.key, self.finished)
+        return [
+            paths.hypothesis(i, tok, lp, score, key, finished)
+            for paths, i, tok, lp, score, key, finished in zip(*(f[idx].tolist() for f in fields), strict=True)
+        ]
 
 
 _POOL_FIELDS = tuple(PoolTable.__dataclass_fields__)
