@@ -850,3 +850,58 @@ def test_allennlp_name_is_the_same_module():
         "ConstraintStateType",
     ):
         assert getattr(allennlp, name) is getattr(BEAMKIT_COMPAT, name), name
+
+
+# ---- beamkit's own refusals of bad input (OLMo fails later, with torch's errors) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "start, error",
+    [([0, 0], TypeError), (torch.zeros(2), TypeError), (torch.zeros((2, 1), dtype=torch.long), TypeError)],
+)
+def test_bad_start_predictions_are_refused(compat, start, error):
+    if STAND_IN:
+        pytest.skip("beamkit.compat.olmo is not in this tree")
+    model = Model(10, 3, 0)
+    with pytest.raises(error, match="start_predictions"):
+        compat.BeamSearch(3, max_steps=4, beam_size=2).search(start, start_state(len(start), 0), model.step)
+
+
+def start_state(batch: int, seed: int) -> dict[str, torch.Tensor]:
+    return start(batch, 10, seed)[1]
+
+
+def test_empty_batch_and_bad_plugins_are_refused(compat):
+    if STAND_IN:
+        pytest.skip("beamkit.compat.olmo is not in this tree")
+    model = Model(10, 3, 0)
+    tokens, state = start(2, 10, 0)
+    with pytest.raises(ValueError, match="empty"):
+        compat.BeamSearch(3, max_steps=4, beam_size=2).search(tokens[:0], {}, model.step)
+    with pytest.raises(TypeError, match="step must be callable"):
+        compat.BeamSearch(3, max_steps=4, beam_size=2).search(tokens, state, None)
+    search = compat.BeamSearch(3, max_steps=4, beam_size=2)
+    search.sampler = "top-k"
+    with pytest.raises(TypeError, match="sampler must be a Sampler"):
+        search.search(tokens, state, model.step)
+
+
+def test_a_failing_batch_element_keeps_the_others(compat):
+    """NaN log-probabilities in one batch element: BatchDecodeError (a ValueError) names it and carries the other
+    elements' hypotheses."""
+    if STAND_IN:
+        pytest.skip("beamkit.compat.olmo is not in this tree")
+    import beamkit
+
+    model = Model(10, 3, 0)
+    tokens, state = start(3, 10, 0)
+    state["poison"] = torch.tensor([False, True, False])
+
+    def step(last_predictions, state):
+        lp, new = model.step(last_predictions, state)
+        return torch.where(state["poison"][:, None], torch.nan, lp), new
+
+    with pytest.raises(beamkit.BatchDecodeError, match="request 1") as info:
+        compat.BeamSearch(3, max_steps=4, beam_size=2).search(tokens, state, step)
+    assert set(info.value.errors) == {1}
+    assert info.value.results[1] == [] and info.value.results[0] and info.value.results[2]

@@ -119,7 +119,15 @@ class BeamSearch:
         ``start_state`` (a dict of ``[batch, ...]`` tensors) with ``step(last_predictions [rows], state[,
         timestep]) -> (log_probabilities [rows, V], state)``; see the class docstring."""
         beam, per_node = self._checked()
+        if not ops.is_torch(start_predictions) or start_predictions.dim() != 1 or start_predictions.is_floating_point():
+            shape = f" of shape {tuple(start_predictions.shape)}" if hasattr(start_predictions, "shape") else ""
+            raise TypeError(
+                "start_predictions must be a 1-D torch tensor of token ids [batch], "
+                f"got {type(start_predictions).__name__}{shape}"
+            )
         batch = int(start_predictions.shape[0])
+        if batch == 0:
+            raise ValueError("start_predictions is empty: give at least one start token")
         call = _Step(step, start_state, start_predictions.device, beam, per_node)
         processors = (_Constraints(list(self.constraints), batch),) if self.constraints else ()
         opts = SearchOptions(
