@@ -80,6 +80,7 @@ class Model:
         self.eos_row[EOS] = 1.0
         self.dtype = dtype  # of the logits the step returns
         self.rows = 0  # rows evaluated since the last reset
+        self.step_s = 0.0  # seconds spent in olmo_step since the last reset
 
     def init_state(self, batch: int) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(1)
@@ -102,8 +103,11 @@ class Model:
 
     def olmo_step(self, last_predictions: torch.Tensor, state: dict[str, torch.Tensor]):
         """OLMo's contract: ``step(last_predictions, state) -> (log_probs [rows, V], state)``."""
+        t0 = time.perf_counter()
         logits, new = self(state["h"], last_predictions, state["t"])
-        return torch.log_softmax(logits, dim=-1), new
+        out = torch.log_softmax(logits, dim=-1)
+        self.step_s += time.perf_counter() - t0
+        return out, new
 
     def beamkit_step(self, state: dict[str, torch.Tensor], y_prev: Any):
         """beamkit's contract: ``step_fn(state, y_prev) -> (logits [rows, V], state)``, the engine normalising the
@@ -239,12 +243,20 @@ def main() -> None:
         "olmo": functools.partial(run_olmo, olmo, model, args),
         "compat": functools.partial(run_olmo, compat, model, args),
     }
-    times = {"olmo": [], "compat": []}
+    times: dict[str, list[float]] = {"olmo": [], "compat": []}
+    in_step: dict[str, list[float]] = {"olmo": [], "compat": []}
     for r in range(args.repeats):
         for name in ("olmo", "compat") if r % 2 == 0 else ("compat", "olmo"):
+            model.step_s = 0.0
             times[name].append(timed(runs[name]))
+            in_step[name].append(model.step_s)
     co, ol = statistics.median(times["compat"]), statistics.median(times["olmo"])
+    cs, os_ = statistics.median(in_step["compat"]), statistics.median(in_step["olmo"])
     print(f"olmo-speed[compat]: {ol / co:.2f}x (beamkit.compat.olmo {co * 1e3:.1f} ms, OLMo {ol * 1e3:.1f} ms)")
+    print(
+        f"  in the step function (model + log_softmax): beamkit.compat.olmo {cs * 1e3:.1f} ms, OLMo {os_ * 1e3:.1f} "
+        f"ms; the rest (the search): {(co - cs) * 1e3:.1f} ms against {(ol - os_) * 1e3:.1f} ms"
+    )
     print(f"olmo-top1[compat]: {same}/{args.batch} identical; top-1 log-probabilities at most {worst:.1e} apart")
     failed |= same != args.batch
     if failed:
