@@ -755,11 +755,17 @@ def test_multinomial_sampler_distribution(compat, temperature, per_node, with_re
     check_sampler(sampler, tempered(LOG_PROBS, temperature), per_node, with_replacement)
 
 
-@pytest.mark.parametrize("k, temperature", [(1, 1.0), (3, 1.0), (3, 0.5), (4, 3.0), (6, 2.0)])
-@pytest.mark.parametrize("per_node, with_replacement", [(1, False), (2, False), (2, True)])
+# k at least per_node_beam_size (a smaller k is refused: tested above)
+TOP_K_CASES = [
+    (k, temperature, per_node, with_replacement)
+    for k, temperature in [(1, 1.0), (3, 1.0), (3, 0.5), (4, 3.0), (6, 2.0)]
+    for per_node, with_replacement in [(1, False), (2, False), (2, True)]
+    if k >= per_node
+]
+
+
+@pytest.mark.parametrize("k, temperature, per_node, with_replacement", TOP_K_CASES)
 def test_top_k_sampler_distribution(compat, k, temperature, per_node, with_replacement):
-    if k < per_node:
-        pytest.skip("k below per_node_beam_size is refused (tested above)")
     sampler = compat.TopKSampler(k=k, temperature=temperature, with_replacement=with_replacement)
     top = sorted(range(len(LOG_PROBS)), key=lambda i: -LOG_PROBS[i])[:k]
     restricted = tempered([LOG_PROBS[i] for i in top], temperature)
