@@ -65,7 +65,7 @@ def local_ray():
     yield
     started = {p: cmd for p, cmd in _descendants(os.getpid()).items() if "ray" in cmd}
     ray.shutdown()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90  # a loaded machine can take Ray's workers well over 30 s to exit
     while any(_alive(p) for p in started) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = {p: cmd for p, cmd in started.items() if _alive(p)}
