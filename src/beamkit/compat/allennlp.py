@@ -1,41 +1,4 @@
 """AllenNLP's beam search API (``allennlp.nn.beam_search``): the same classes as :mod:`beamkit.compat.olmo`."""
 
-from beamkit.compat.olmo import (
-    BeamSearch,
-    Constraint,
-    ConstraintStateType,
-    DeterministicSampler,
-    FinalSequenceScorer,
-    GumbelSampler,
-    LengthNormalizedSequenceLogProbabilityScorer,
-    MultinomialSampler,
-    RepeatedNGramBlockingConstraint,
-    Sampler,
-    SequenceLogProbabilityScorer,
-    StateType,
-    StepFunctionType,
-    StepFunctionTypeNoTimestep,
-    StepFunctionTypeWithTimestep,
-    TopKSampler,
-    TopPSampler,
-)
-
-__all__ = [
-    "BeamSearch",
-    "Constraint",
-    "ConstraintStateType",
-    "DeterministicSampler",
-    "FinalSequenceScorer",
-    "GumbelSampler",
-    "LengthNormalizedSequenceLogProbabilityScorer",
-    "MultinomialSampler",
-    "RepeatedNGramBlockingConstraint",
-    "Sampler",
-    "SequenceLogProbabilityScorer",
-    "StateType",
-    "StepFunctionType",
-    "StepFunctionTypeNoTimestep",
-    "StepFunctionTypeWithTimestep",
-    "TopKSampler",
-    "TopPSampler",
-]
+from beamkit.compat.olmo import *  # noqa: F403 (the same public names, listed once in beamkit.compat.olmo)
+from beamkit.compat.olmo import __all__  # noqa: F401
