@@ -5,15 +5,25 @@ generation config), the same search options (:func:`beamkit.hf.search.search_opt
 A decoder-only model's prompt is its input, and decoding continues it; an encoder-decoder model's prompt is the
 encoder input, and decoding starts at the decoder start token. Prompts are decoded together only when they have
 the same length (no padding), so each gets what it gets decoded alone.
+
+A server's running engine is shared by requests that join it mid-flight. An encoder-decoder model's logits
+processors (its generation config's forced start / stop tokens, suppressed and bad words, n-gram blocking) see
+only the decoder's tokens, which start at the same token for every request, so they apply per request in the
+shared engine too (:class:`SharedProcessors`); a decoder-only model's depend on each prompt, and requests that
+need them are refused by :meth:`HFAdapter.continuous_refusal`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from beamkit import ops
 from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.scoring import LengthPenalty
 from beamkit.search import REQUEST_FIELDS
@@ -105,11 +115,33 @@ class HFAdapter(ModelAdapter):
         shared = search_options(s, processors)
         return {name: value for name, value in shared.items() if name not in REQUEST_FIELDS and name != "policy"}
 
+    def continuous_options(self) -> dict[str, Any]:
+        """The search-wide options of a running engine shared by requests (a server's): :attr:`engine_options`,
+        and for an encoder-decoder model the generation config's logits processors, applied per request
+        (:class:`SharedProcessors`; a new one each call, for one engine)."""
+        if not self.encoder_decoder:
+            return dict(self.engine_options)
+        from beamkit.hf.processors import build_processors
+
+        # the longest request any engine could hold: the forced stop token is moved to each request's own last step
+        s = self.settings(Ask(beam=2, n_best=1, max_len=_NO_LIMIT))
+        processors = build_processors(s, ((s.start,),), [0])
+        return {**self.engine_options, "processors": [SharedProcessors(processors, s.forced_eos, _NO_LIMIT - 1)]}
+
     def continuous_refusal(self, request: dict[str, Any]) -> str | None:
         """Why a running engine shared by other requests cannot decode ``request`` as ``generate`` would: the
         generation-config settings that need processors built for one batch of prompts, or greedy search with a
-        minimum length (``generate`` renormalises its raw logits then); None when it can."""
+        minimum length (``generate`` renormalises its raw logits then); None when it can. An encoder-decoder
+        model's engine applies them per request (:meth:`continuous_options`), except a repetition penalty with a
+        beam of one (``generate`` scales raw logits then, not log-probabilities)."""
         s = self.settings(Ask.of(request))
+        if self.encoder_decoder:
+            if s.num_beams == 1 and s.repetition_penalty != 1.0:
+                return (
+                    "generation_config.repetition_penalty with a beam of one: not applied to requests that share "
+                    "a running engine (ask for 'best_of' 2 or more)"
+                )
+            return None
         names = [f"generation_config.{field}" for attr, field in PROCESSOR_FIELDS.items() if _set(getattr(s, attr))]
         if not self.encoder_decoder and "generation_config.forced_bos_token_id" in names:
             names.remove("generation_config.forced_bos_token_id")  # applies to encoder-decoder models only
@@ -162,6 +194,58 @@ class HFAdapter(ModelAdapter):
 
         with ops.inference_mode(True):
             yield
+
+
+_NO_LIMIT = 1 << 30  # generated tokens: more than any request asks for
+
+
+class SharedProcessors:
+    """An encoder-decoder model's logits processors in an engine shared by requests that join mid-flight, each
+    request processed as ``generate`` processes it alone.
+
+    ``processors`` were built for one request (their decoder prompt is the start token, the same for every
+    request, so each row is processed as its request alone: the rows are passed as if of request 0); the one
+    that forces ``forced_eos`` at generated step ``built_last`` is applied instead at each request's own last step
+    (its ``max_len`` - 1). Rows of greedy requests (a beam of one) are renormalised after the processors, as
+    ``generate`` does when it processes raw logits. Call :meth:`bind` with the engine before its first step.
+    """
+
+    def __init__(self, processors: list[Any], forced_eos: tuple[int, ...] | None, built_last: int):
+        self.forced_eos = tuple(forced_eos) if forced_eos else ()
+        self.before: list[Any] = []
+        self.after: list[Any] = []
+        side = self.before
+        for proc in processors:
+            if self.forced_eos and getattr(proc, "step", None) == built_last:
+                side = self.after  # the forced stop token: per request, in its place in the order
+                continue
+            side.append(proc)
+        self.engine: Any = None
+
+    def bind(self, engine: Any) -> None:
+        """The engine whose requests' options (beam width, longest output) the rows are processed by."""
+        self.engine = engine
+
+    def __call__(self, scores: Any, ctx: Any) -> Any:
+        """Process one run of rows (one step, one beam width): the shared processors, the forced stop token at
+        each row's last step, a greedy row's renormalisation."""
+        if self.engine is None:
+            raise RuntimeError("SharedProcessors.bind(engine) was not called")
+        book = self.engine.book  # per-request options, indexed by the rows' request slots (ctx.request)
+        alone = dataclasses.replace(ctx, request=np.zeros_like(ctx.request))  # every row as request 0's
+        for proc in self.before:
+            scores = proc(scores, alone)
+        if self.forced_eos:
+            last = np.flatnonzero(book.max_len[ctx.request] - 1 == ctx.step)  # shape: (forced rows,)
+            if last.size:
+                eos = np.asarray(self.forced_eos, dtype=np.int64)
+                scores = ops.keep_only(scores, last, np.full(last.size, eos[0]))
+                scores = ops.fill(scores, np.repeat(last, eos.size), np.tile(eos, last.size), 0.0)
+        for proc in self.after:
+            scores = proc(scores, alone)
+        if ctx.request.size and int(book.beam[ctx.request[0]]) == 1:  # a run of rows has one beam width
+            scores = ops.log_softmax(scores)  # shape: (rows, V)
+        return scores
 
 
 def _set(value: Any) -> bool:

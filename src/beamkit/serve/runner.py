@@ -88,7 +88,7 @@ class Runner:
         self.adapter = adapter
         self.metrics = metrics
         self.max_queue, self.max_rows, self.request_rows = max_queue, max_rows, request_rows
-        self.engine = Engine(adapter.step_fn, on_step_error="fail", **adapter.engine_options)
+        self.engine = self._new_engine()
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}
@@ -98,6 +98,19 @@ class Runner:
         self._accepting = True
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="beamkit-engine", daemon=True)
+
+    def _new_engine(self) -> Engine:
+        """An engine over the adapter's step function with the options of a shared engine: the adapter's
+        ``continuous_options()`` where it has them (processors that read the engine's per-request options are
+        bound to it), else its ``engine_options``."""
+        shared = getattr(self.adapter, "continuous_options", None)
+        options = shared() if callable(shared) else self.adapter.engine_options
+        engine = Engine(self.adapter.step_fn, on_step_error="fail", **options)
+        for proc in engine.options.processors:
+            bind = getattr(proc, "bind", None)
+            if callable(bind):
+                bind(engine)
+        return engine
 
     # ------------------------------------------------------------------------------------ handler side
     def start(self) -> None:
@@ -274,7 +287,7 @@ class Runner:
             self._outbox.append((job, Done([], message, job.steps)))
         self._running.clear()
         self._reserved = 0
-        self.engine = Engine(self.adapter.step_fn, on_step_error="fail", **self.adapter.engine_options)
+        self.engine = self._new_engine()
         self.metrics.running = self.metrics.rows_reserved = 0
 
     def _finish(self, c: Completed) -> None:
