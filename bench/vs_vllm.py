@@ -12,7 +12,8 @@ tokenizer have none, and vLLM is also told ``ignore_eos``), so every beam runs t
   and how many prompts get the same top beam (they may differ on near-ties).
 - Online: ``beamkit serve hf:DIR`` vs ``vllm serve DIR`` (``python -m vllm.entrypoints.openai.api_server``),
   each a subprocess on a free 127.0.0.1 port; ``--clients`` closed-loop clients send OpenAI completions
-  (``use_beam_search: true, n: 4``) for ``--seconds`` seconds; completed requests per second each, then
+  (``use_beam_search: true, n: 4``) for ``--seconds`` seconds (the requests in flight then finish); completed
+  requests per second each (from the start to the last completion), then
   ``vllm-beam-speedup[online]: X.XXx`` (beamkit's rate over vLLM's), and each server's peak resident memory (the
   sum of the peaks of its process and its children, read from ``/proc``).
 
@@ -184,32 +185,33 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def load(url: str, body: dict[str, Any], texts: list[str], clients: int, seconds: float) -> tuple[float, int]:
-    """``clients`` closed-loop clients for ``seconds``: (completed requests per second, failed requests)."""
+    """``clients`` closed-loop clients sending requests for ``seconds`` (then the ones in flight finish):
+    (completed requests per second from the start to the last completion, failed requests)."""
     import httpx
 
-    done, failed, lock = [0], [0], threading.Lock()
-    end = time.monotonic() + seconds
+    done, failed, last, lock = [0], [0], [0.0], threading.Lock()
+    start = time.monotonic()
+    end = start + seconds
 
     def client(k: int) -> None:
-        with httpx.Client(timeout=600) as http:
+        with httpx.Client(timeout=1800) as http:
             i = k
             while time.monotonic() < end:
                 r = http.post(f"{url}/v1/completions", json={**body, "prompt": texts[i % len(texts)]})
-                finished = time.monotonic() <= end
                 with lock:
-                    if r.status_code != 200:
-                        failed[0] += 1
-                    elif finished:
+                    if r.status_code == 200:
                         done[0] += 1
+                        last[0] = time.monotonic()
+                    else:
+                        failed[0] += 1
                 i += clients
 
-    start = time.monotonic()
     threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return done[0] / min(seconds, time.monotonic() - start), failed[0]
+    return (done[0] / (last[0] - start) if done[0] else 0.0), failed[0]
 
 
 def serve_run(name: str, cmd: list[str], body: dict[str, Any], texts: list[str], args: argparse.Namespace) -> dict:

@@ -45,7 +45,7 @@ LONG = " ".join(f"w{i}" for i in range(1, 13))
 CASES = [
     (LONG, 4, 2, 24, 20, 1.0, False),
     ("w30", 3, 3, 8, 0, 1.0, False),
-    ("w11 w12", 1, 1, 10, 0, 1.0, False),
+    ("w11 w12", 1, 1, 10, 3, 1.0, False),  # greedy with a minimum length: renormalised as generate does
     ("w7 w7 w40 w2 w9", 5, 2, 6, 0, 0.5, True),
     ("w3 w4 w5 w6", 2, 2, 12, 2, 2.0, "never"),
 ]
