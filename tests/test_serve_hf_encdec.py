@@ -1,13 +1,13 @@
-"""``beamkit serve hf:DIR`` on encoder-decoder folders (tiny T5 and BART built offline from configs with fixed
-seeds, saved with a word-level tokenizer), with requests of different input lengths joining a running engine
-mid-flight.
+"""``beamkit serve hf:DIR`` on encoder-decoder folders (tiny T5, BART and Marian built offline from configs with
+fixed seeds, saved with a word-level tokenizer), with requests of different input lengths joining a running
+engine mid-flight.
 
 The oracle is Hugging Face's own ``model.generate`` on each request alone: its tokens (up to the first stop
 token), its ``sequences_scores`` for beam search, and for greedy search the sum of the log-softmax of its
-processed scores. BART's generation config forces the stop token at the last step (as BART checkpoints do),
-which the shared engine applies per request. Servers run on a free 127.0.0.1 port: uvicorn in a thread with a
-step function that records the joins and sleeps a little each call (so that requests do join mid-flight), or a
-``beamkit serve`` subprocess ended by its own PID.
+processed scores. BART's and Marian's generation configs force the stop token at the last step (as their
+checkpoints do), which the shared engine applies per request. Servers run on a free 127.0.0.1 port: uvicorn in
+a thread with a step function that records the joins and sleeps a little each call (so that requests do join
+mid-flight), or a ``beamkit serve`` subprocess ended by its own PID.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ CASES = [
 
 
 def _build(kind: str, folder: Path) -> None:
-    """A tiny seeded T5 or BART and its tokenizer saved in ``folder``; BART forces its stop token at the last step."""
+    """A tiny seeded T5, BART or Marian and its tokenizer saved in ``folder``; BART and Marian force their stop
+    token at the last step."""
     _tokenizer(folder, True)
     torch.manual_seed(0)
     vocab = 4 + len(WORDS)
@@ -62,15 +63,22 @@ def _build(kind: str, folder: Path) -> None:
             pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, initializer_factor=3.0,
         )  # fmt: skip
         model = transformers.T5ForConditionalGeneration(cfg).eval()
-    else:
+    elif kind == "bart":
         cfg = transformers.BartConfig(
             vocab_size=vocab, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
             decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
             pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, init_std=0.3,
         )  # fmt: skip
         model = transformers.BartForConditionalGeneration(cfg).eval()
+    else:  # Marian: sinusoidal positions, a final logits bias
+        cfg = transformers.MarianConfig(
+            vocab_size=vocab, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+            pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, init_std=0.3,
+        )  # fmt: skip
+        model = transformers.MarianMTModel(cfg).eval()
     eos = _sharpen_eos(model, [5, 9, 13, 17, 2])
-    if kind == "bart":
+    if kind != "t5":  # BART and Marian checkpoints force their stop token at the last step
         model.generation_config.forced_eos_token_id = eos
         model.config.forced_eos_token_id = eos
     model.save_pretrained(folder)
@@ -178,6 +186,7 @@ def _served(folder: Path) -> tuple[Any, Recorder]:
     return adapter, recorder
 
 
+@pytest.mark.parametrize("encdec", ["t5", "bart", "marian"], indirect=True)
 def test_requests_joining_mid_flight_equal_generate_alone(encdec):
     kind, folder, model, tok = encdec
     adapter, recorder = _served(folder)
