@@ -234,12 +234,14 @@ class DecoderOnlyStep(_ModelStep):
         self.model = model
         self.keep_one = accepts(model, "logits_to_keep")
         self.takes_pos = accepts(model, "position_ids")
-        self.mask_4d = _takes_4d_mask(model)
+        full = pages_fit(model)  # full attention in every layer: plain DynamicLayer caches
+        # a sliding-window layer holds fewer columns than the padding mask: the model builds those masks itself
+        self.mask_4d = _takes_4d_mask(model) and full
         self.forward_seconds = 0.0  # time spent inside the model forward (benchmarks read it)
         self.stats = SearchStats()
         check_choice("kv", kv, ("paged", "dense"))
         pool = PagedPool(block_size, blocks)  # checks the sizes whichever kv is used
-        self.kv = "paged" if kv == "paged" and pages_fit(model) else "dense"
+        self.kv = "paged" if kv == "paged" and full else "dense"
         self.pool: PagedPool | None = pool if self.kv == "paged" else None
 
     def _rejoin(self, parts: list[CacheRows]) -> CacheRows:
