@@ -66,7 +66,11 @@ class HFAdapter(ModelAdapter):
         self.max_tokens_limit = positions if self.encoder_decoder else positions - 1
         self.context = None if self.encoder_decoder else positions
         self.default_max_tokens = 16  # the OpenAI completions default (a server's; the commands ask for 20)
-        self._step: Any = EncoderDecoderStep(self.model) if self.encoder_decoder else DecoderOnlyStep(self.model)
+        # decoder-only: keys/values paged (one pool for every request served) unless the generation config asks
+        # for one of Hugging Face's caches (cache_implementation="dynamic" and the like: the dense bridge)
+        self._step: Any = (
+            EncoderDecoderStep(self.model) if self.encoder_decoder else DecoderOnlyStep(self.model, kv=base.kv)
+        )
 
     def settings(self, ask: Ask) -> Any:
         """The :class:`beamkit.hf.Settings` that ``beamkit.hf.generate`` resolves for these arguments over the

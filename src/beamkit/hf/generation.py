@@ -76,7 +76,8 @@ def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str,
         step = EncoderDecoderStep(model)
     else:
         prefix = input_ids
-        step = DecoderOnlyStep(model)
+        variant = settings.groups > 1 or bool(settings.force_words)  # diverse / constrained search: dense cache
+        step = DecoderOnlyStep(model, kv="dense" if variant else settings.kv)
     # Hugging Face's processors see prompt + generated tokens (decoder-only, left padding included) or the
     # decoder tokens from the start token on (encoder-decoder)
     prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())

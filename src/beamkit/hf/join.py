@@ -10,8 +10,10 @@ call for all rows, old and new; the new rows' ``y_prev`` is their ``bos``. Here:
 - :class:`Cohorts` is a state made of parts in row order: the running :class:`~beamkit.hf.step.CacheRows`
   and the :class:`Prompt` of the requests that joined. The step functions run each part (a decoding step for a
   cache part, the prompt / encoder for a prompt part) and then: decoder-only, merge the caches into one
-  :class:`~beamkit.hf.step.CacheRows`, left-padding the shorter key/value caches, attention masks and position
-  ids with masked columns (one forward per step again from the next step on); encoder-decoder, keep the parts
+  :class:`~beamkit.hf.step.CacheRows`, left-padding the attention masks and position ids with masked columns
+  (one forward per step again from the next step on); paged caches (:mod:`beamkit.hf.paged`) join their block
+  tables, so nobody's keys/values are copied or re-padded (the padding is the gather's), dense caches left-pad
+  the shorter key/value tensors; encoder-decoder, keep the parts
   (a cohort = the requests that joined at one step: one decoder forward per cohort and step, because decoders
   such as BART's take one position for the whole batch, so self-attention caches of different lengths cannot
   share a forward).

@@ -80,12 +80,12 @@ MAPPED = frozenset(
         "temperature",
         "top_k",
         "top_p",
+        "cache_implementation",
     }
 )
 NO_EFFECT = frozenset(
     {
         "remove_invalid_values",
-        "cache_implementation",
         "cache_config",
         "max_cache_len",
         "compile_config",
@@ -137,6 +137,9 @@ class Settings:
     Token ids are ints; ``eos`` is empty when there is none. ``prompt_len`` is the decoder prefix the settings
     count lengths from (the prompt for decoder-only models, the start token for encoder-decoder models).
     ``search_options`` are the remaining :class:`beamkit.SearchOptions` keywords, as (name, value) pairs.
+    ``kv`` is the decoder-only key/value cache (:class:`beamkit.hf.DecoderOnlyStep`'s ``kv``): ``"paged"``
+    unless ``cache_implementation`` names one of Hugging Face's caches (``"dynamic"``, ``"static"``, ...), which
+    selects the dense ``DynamicCache`` bridge (the same output either way).
     """
 
     encoder_decoder: bool
@@ -168,6 +171,7 @@ class Settings:
     top_k: int = 0
     top_p: float = 1.0
     search_options: tuple[tuple[str, Any], ...] = ()
+    kv: str = "paged"
 
     @property
     def fill(self) -> int:
@@ -376,6 +380,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         return_dict=bool(gc.return_dict_in_generate),
         output_scores=bool(gc.output_scores),
         search_options=tuple(rest.items()),
+        kv="paged" if gc.cache_implementation in (None, "paged") else "dense",
         **sampling,
     )
 

@@ -9,6 +9,11 @@ the identity, and rows of finished requests are dropped by the same gather. The 
 only when the row -> request layout changes, and the step reads the attention mask and position ids of each
 step as slices of buffers grown in chunks, so a decoding step builds no mask and computes no position.
 
+A decoder-only model's keys/values are paged by default (:mod:`beamkit.hf.paged`: beams share blocks, a fork
+copies no keys/values, finished requests give their blocks back) where its cache is made of plain
+``DynamicLayer`` layers; ``DecoderOnlyStep(model, kv="dense")`` keeps Hugging Face's own ``DynamicCache``
+(gathered whole by parent), and so does every other model.
+
 Requests may join mid-flight (``beamkit.Engine``): the initial state is a :class:`~beamkit.hf.join.Prompt`,
 and a join makes a :class:`~beamkit.hf.join.Cohorts` state; :mod:`beamkit.hf.join` describes the mechanism.
 
@@ -26,7 +31,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
+from beamkit._checks import check_choice
 from beamkit.hf.join import Cohorts, Prompt, rows_of
+from beamkit.hf.paged import PagedCache, PagedPool, pages_fit, plain_layers
 from beamkit.hypothesis import SearchStats
 
 _CHUNK = 64  # columns added to the mask / position buffers at a time
@@ -59,24 +66,33 @@ class CacheRows:
         self.shared: dict[str, Any] = {}  # per-batch values, never gathered (EncoderDecoderStep's encoder output)
 
     def beamkit_select(self, idx: np.ndarray) -> CacheRows:
-        """Gather the cache rows ``idx`` (parents; rows may repeat or disappear), in place, and return self."""
+        """Gather the cache rows ``idx`` (parents; rows may repeat or disappear), in place, and return self. A
+        :class:`~beamkit.hf.paged.PagedCache` forks its block tables instead (no keys/values copied)."""
         new_request = self.row_request[idx]
         same_layout = new_request.shape == self.row_request.shape and np.array_equal(new_request, self.row_request)
-        index = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
-        if self.device.type != "cpu":
-            index = index.to(self.device)
-        self_cache = getattr(self.cache, "self_attention_cache", None)
-        cross_cache = getattr(self.cache, "cross_attention_cache", None)
-        if self_cache is not None and cross_cache is not None:
-            _reorder(self_cache, index)
-            if not same_layout:
-                _reorder(cross_cache, index)
+        index = None
+        if isinstance(self.cache, PagedCache):
+            self.cache.select(idx)
         else:
-            _reorder(self.cache, index)
+            index = self._index(idx)
+            self_cache = getattr(self.cache, "self_attention_cache", None)
+            cross_cache = getattr(self.cache, "cross_attention_cache", None)
+            if self_cache is not None and cross_cache is not None:
+                _reorder(self_cache, index)
+                if not same_layout:
+                    _reorder(cross_cache, index)
+            else:
+                _reorder(self.cache, index)
         if not same_layout:
+            index = self._index(idx) if index is None else index
             self.per_request = {k: v.index_select(0, index) for k, v in self.per_request.items()}
         self.row_request = new_request
         return self
+
+    def _index(self, idx: np.ndarray) -> torch.Tensor:
+        """``idx`` as an int64 tensor on the cache's device."""
+        index = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
+        return index if self.device.type == "cpu" else index.to(self.device)
 
     def beamkit_concat(self, others: list[Any]) -> Cohorts:
         """These rows, then the joining requests' (their :class:`~beamkit.hf.join.Prompt`), as parts that the
@@ -204,17 +220,29 @@ class DecoderOnlyStep(_ModelStep):
     ``[rows, 1, 1, C]`` where :func:`_takes_4d_mask` allows) and each column's position id. Position ids
     follow Hugging Face's generate: the cumulative sum of the attention mask minus one (0 on padding), then +1 per
     generated token. A step passes ``mask[..., :L]`` and ``pos[:, L - 1 : L]`` (views, no copy).
+
+    ``kv="paged"`` (the default) keeps the keys/values in a block pool (:mod:`beamkit.hf.paged`; ``self.pool``,
+    shared by every request this step function decodes, grown when full) where the model's cache is plain
+    ``DynamicLayer`` layers, and falls back to the dense cache for any other model; ``kv="dense"`` always uses
+    Hugging Face's ``DynamicCache``. Both give the same logits. ``self.kv`` is the one in use. ``block_size``:
+    positions per block; ``blocks``: the pool's first size (0: sized from the first prompts).
     """
 
     left_pad = True
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, kv: str = "paged", *, block_size: int = 16, blocks: int = 0):
         self.model = model
         self.keep_one = accepts(model, "logits_to_keep")
         self.takes_pos = accepts(model, "position_ids")
-        self.mask_4d = _takes_4d_mask(model)
+        full = pages_fit(model)  # full attention in every layer: plain DynamicLayer caches
+        # a sliding-window layer holds fewer columns than the padding mask: the model builds those masks itself
+        self.mask_4d = _takes_4d_mask(model) and full
         self.forward_seconds = 0.0  # time spent inside the model forward (benchmarks read it)
         self.stats = SearchStats()
+        check_choice("kv", kv, ("paged", "dense"))
+        pool = PagedPool(block_size, blocks)  # checks the sizes whichever kv is used
+        self.kv = "paged" if kv == "paged" and full else "dense"
+        self.pool: PagedPool | None = pool if self.kv == "paged" else None
 
     def _rejoin(self, parts: list[CacheRows]) -> CacheRows:
         """One cache for all rows: the parts' caches, masks and positions left-padded to the longest."""
@@ -230,7 +258,9 @@ class DecoderOnlyStep(_ModelStep):
             ids = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             mask = buf["mask"][..., :length]  # shape: (rows, L) or (rows, 1, 1, L) view
             pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
-            kwargs["past_key_values"] = state.cache
+            kwargs["past_key_values"] = cache = state.cache
+            if isinstance(cache, PagedCache):
+                cache.begin_step()  # shape: one new slot per row, copy-on-write done; the gather index built
         else:
             ids = state.ids  # shape: (rows, P)
             mask = state.mask  # shape: (rows, P)
@@ -245,13 +275,34 @@ class DecoderOnlyStep(_ModelStep):
         self.forward_seconds += time.perf_counter() - start
         logits = _last_logits(out)  # shape: (rows, V)
         if isinstance(state, CacheRows):
-            state.cache = out.past_key_values
+            if isinstance(state.cache, PagedCache):
+                state.cache.end_step()
+            else:
+                state.cache = out.past_key_values
             state.length = length
             return logits, state
         per_request = {"mask": mask.bool()[:, None, None, :] if self.mask_4d else mask, "pos": pos}
         _grow(per_request, length + _CHUNK)
         rows = ids.shape[0]
-        return logits, CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), per_request, length)
+        return logits, CacheRows(
+            self._keep(out.past_key_values, mask), np.arange(rows, dtype=np.int64), per_request, length
+        )
+
+    def _keep(self, cache: Any, mask: torch.Tensor) -> Any:
+        """The prompt forward's cache as the state keeps it: moved into the pool (paged), or as it is (dense).
+        A model whose cache turns out not to be plain ``DynamicLayer`` layers goes dense, if nothing was paged
+        yet."""
+        if self.pool is None:
+            return cache
+        if not plain_layers(cache):
+            if self.pool.kv is not None:
+                raise TypeError(
+                    f"the model returned a {type(cache).__name__} that cannot be paged after paged prompts; "
+                    "use DecoderOnlyStep(model, kv='dense')"
+                )
+            self.kv, self.pool = "dense", None
+            return cache
+        return self.pool.store_prompt(cache, mask)
 
 
 class EncoderDecoderStep(_ModelStep):
@@ -334,12 +385,35 @@ def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 def merge_left_padded(parts: list[CacheRows]) -> CacheRows:
-    """Decoder-only parts (rows in order) as one :class:`CacheRows`: every layer's keys / values
-    ``[rows, heads, L, d]``, the attention-mask buffer and the position ids left-padded to the longest cache
-    with masked columns (keys and values 0, mask 0 / False, position 0), then stacked by rows."""
+    """Decoder-only parts (rows in order) as one :class:`CacheRows`: the attention-mask buffer and the position
+    ids left-padded to the longest cache with masked columns (mask 0 / False, position 0), then stacked by rows;
+    dense caches likewise (every layer's keys / values ``[rows, heads, L, d]`` padded with zeros), paged caches
+    by joining their block tables (the padding is the gather's, nothing is copied)."""
     if len(parts) == 1:
         return parts[0]
     width = max(p.length for p in parts)
+    paged = [isinstance(p.cache, PagedCache) for p in parts]
+    if any(paged):
+        if not all(paged):
+            raise TypeError("paged and dense Hugging Face caches cannot join")
+        first = parts[0]
+        cache = first.cache.concat([p.cache for p in parts[1:]], width)  # block tables only, no keys/values
+    else:
+        cache = _merge_dense(parts, width)
+    per_request = {
+        name: torch.cat([_left_pad(p.per_request[name][..., : p.length], width, -1) for p in parts])
+        for name in ("mask", "pos")
+    }  # mask: (rows, L) or (rows, 1, 1, L); pos: (rows, L)
+    offsets = np.cumsum([0] + [int(p.row_request.max()) + 1 for p in parts[:-1]])
+    row_request = np.concatenate([p.row_request + off for p, off in zip(parts, offsets, strict=True)])
+    merged = CacheRows(cache, row_request, per_request, width)
+    _grow(merged.per_request, width + _CHUNK)
+    return merged
+
+
+def _merge_dense(parts: list[CacheRows], width: int) -> Any:
+    """The parts' ``DynamicCache`` s as one (the first's, refilled): every layer's keys / values left-padded to
+    ``width`` with zeros and stacked by rows."""
     layer_lists = [getattr(p.cache, "layers", None) for p in parts]
     if any(ls is None or not all(type(layer) is DynamicLayer for layer in ls) for ls in layer_lists):
         raise TypeError(
@@ -351,12 +425,4 @@ def merge_left_padded(parts: list[CacheRows]) -> CacheRows:
         mine = [p.cache.layers[i] for p in parts]
         layer.keys = torch.cat([_left_pad(m.keys, width, 2) for m in mine])  # shape: (rows, heads, L, d)
         layer.values = torch.cat([_left_pad(m.values, width, 2) for m in mine])
-    per_request = {
-        name: torch.cat([_left_pad(p.per_request[name][..., : p.length], width, -1) for p in parts])
-        for name in ("mask", "pos")
-    }  # mask: (rows, L) or (rows, 1, 1, L); pos: (rows, L)
-    offsets = np.cumsum([0] + [int(p.row_request.max()) + 1 for p in parts[:-1]])
-    row_request = np.concatenate([p.row_request + off for p, off in zip(parts, offsets, strict=True)])
-    merged = CacheRows(first.cache, row_request, per_request, width)
-    _grow(merged.per_request, width + _CHUNK)
-    return merged
+    return first.cache

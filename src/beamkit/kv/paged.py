@@ -96,6 +96,26 @@ class PagedKVCache:
         """Start measuring the peak again from what is in use now."""
         self._peak = self.blocks_in_use()
 
+    def grow(self, n_blocks: int) -> None:
+        """Enlarge the pool to ``n_blocks`` blocks: contents, block ids, tables and reference counts are kept
+        (live handles stay valid), the new blocks join the free list. Call it between steps, not during one."""
+        n_blocks = check_int("n_blocks", n_blocks, self.n_blocks)
+        old = self.n_blocks
+        if n_blocks == old:
+            return
+
+        def bigger(pool: Tensor) -> Tensor:
+            out = pool.new_zeros((n_blocks, *pool.shape[1:]))  # shape: (n_blocks, heads, block_size, d_head)
+            with torch.no_grad():
+                out[:old] = pool
+            return out
+
+        self.k = tuple(bigger(p) for p in self.k)
+        self.v = tuple(bigger(p) for p in self.v)
+        self.refcount = np.concatenate([self.refcount, np.zeros(n_blocks - old, np.int64)])
+        self._free = list(range(n_blocks - 1, old - 1, -1)) + self._free  # blocks freed earlier still go first
+        self.n_blocks = n_blocks
+
     # ------------------------------------------------------------------------------------------ blocks
     def _alloc(self, n: int) -> np.ndarray:
         if n > len(self._free):

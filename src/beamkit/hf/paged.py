@@ -1,0 +1,313 @@
+"""Paged keys/values for Hugging Face decoder-only models: a ``transformers`` ``Cache`` over beamkit's block pool.
+
+The dense bridge keeps one ``[rows, heads, L, d]`` tensor per layer, copies it whole when beams fork (the gather
+by parent) and again when a step appends a position. Here the keys/values live in a
+:class:`beamkit.kv.PagedKVCache` owned by the step function (:class:`PagedPool`: one pool for all the requests it
+decodes, grown when full, never a reason for a request to fail). Each row is a block table
+(:class:`beamkit.kv.PagedRows`): beams forked from one parent share its blocks (the prompt's blocks are shared by
+all the beams of a request); a step copies only a partial last block that other rows also hold (copy-on-write,
+once per step for all layers); rows of finished requests give their blocks back.
+
+:class:`PagedCache` is what the model sees: a ``Cache`` whose layers answer ``update(key, value, layer_idx)``
+by writing the new position into the pool and returning every row's keys and values gathered from it, as
+``[rows, heads, L, d]`` in the layout the dense bridge would hold: rows of different lengths are aligned on
+the right and the columns before a row's first position are left padding (masked by the attention mask, which
+the step function keeps left-padded as before). The gather index of a step is built once (on the host, a
+``[rows, L]`` table) and used by every layer, so a decoding step sees the same keys and values as with the
+dense cache and gives the same logits. A prompt's leading padding is not stored: its columns are padding of
+the gather (masked either way).
+
+Only caches made of plain ``DynamicLayer`` layers are paged (GPT-2, Llama and most decoder-only models);
+:func:`pages_fit` tells. Everything here needs torch and transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
+
+from beamkit._checks import check_int
+from beamkit.kv import PagedKVCache, PagedRows
+
+
+def pages_fit(model: Any) -> bool:
+    """Whether the model's own cache would be plain ``DynamicLayer`` layers (full attention in every layer, no
+    cross-attention), the only kind :class:`PagedCache` stands in for."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "is_encoder_decoder", False) or getattr(cfg, "add_cross_attention", False):
+        return False
+    try:
+        layers = DynamicCache(config=cfg).layers
+    except Exception:  # a config DynamicCache cannot read: the model's own cache decides
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def plain_layers(cache: Any) -> bool:
+    """Whether ``cache`` (a model output's ``past_key_values``) is a ``DynamicCache`` of plain ``DynamicLayer``
+    layers holding keys/values of one shape."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(cache, DynamicCache) or not layers:
+        return False
+    if not all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
+        return False
+    shape = layers[0].keys.shape
+    return all(layer.keys.shape == shape and layer.values.shape == shape for layer in layers)
+
+
+class PagedPool:
+    """The block pool of one step function: every request it decodes keeps its keys/values here.
+
+    ``block_size``: positions per block. ``blocks``: the pool's first size in blocks (0: four times what the
+    first prompts need, at least 64). The pool is made at the first prompt (its layers, heads, head size, dtype
+    and device come from the model's keys) and grows (doubling, contents kept) whenever a step or a prompt
+    needs more free blocks than it has.
+    """
+
+    def __init__(self, block_size: int = 16, blocks: int = 0):
+        self.block_size = check_int("block_size", block_size, 1)
+        self.blocks = check_int("blocks", blocks, 0)
+        self.kv: PagedKVCache | None = None
+        self.grown = 0  # times the pool grew
+        self._heads_offset: torch.Tensor | None = None  # shape: (heads,) h * block_size, on the pool's device
+
+    def reserve(self, blocks: int) -> None:
+        """Make sure at least ``blocks`` blocks are free (the pool doubles, or more, when they are not)."""
+        kv = self.kv
+        assert kv is not None
+        short = blocks - kv.free_blocks()
+        if short > 0:
+            kv.grow(max(2 * kv.n_blocks, kv.n_blocks + short))
+            self.grown += 1
+
+    def heads_offset(self) -> torch.Tensor:
+        """``h * block_size`` for every head ``h`` (the slot of head ``h`` within a block), on the pool's device."""
+        if self._heads_offset is None:
+            kv = self.kv
+            assert kv is not None
+            self._heads_offset = torch.arange(kv.heads, device=kv.device) * kv.block_size
+        return self._heads_offset
+
+    def store_prompt(self, cache: Any, mask: torch.Tensor) -> PagedCache:
+        """The rows of a prompt forward's ``DynamicCache`` (``[n, heads, P, d]`` per layer; ``mask`` ``[n, P]``)
+        moved into the pool: each row's positions from its first attended column on, in blocks of its own."""
+        layers = cache.layers
+        first = layers[0].keys  # shape: (n, heads, P, d)
+        n, heads, width, d = (int(s) for s in first.shape)
+        attended = (mask != 0).to("cpu").numpy()  # shape: (n, P)
+        lead = np.where(attended.any(axis=1), attended.argmax(axis=1), 0)  # shape: (n,) leading padding
+        bs = self.block_size
+        need = int((-(-(width - lead) // bs)).sum())
+        if self.kv is None:
+            size = self.blocks or max(64, 4 * need)
+            self.kv = PagedKVCache(len(layers), heads, d, size, bs, dtype=first.dtype, device=first.device)
+        kv = self.kv
+        if (kv.layers, kv.heads, kv.d_head, kv.k[0].dtype) != (len(layers), heads, d, first.dtype):
+            raise TypeError(
+                f"a prompt's keys ({len(layers)} layers of [rows, {heads}, P, {d}] {first.dtype}) do not fit this "
+                f"step function's pool ({kv.layers} layers of [rows, {kv.heads}, P, {kv.d_head}] {kv.k[0].dtype})"
+            )
+        self.reserve(need)
+        groups = [np.flatnonzero(lead == u) for u in np.unique(lead)]  # rows with the same leading padding
+        handles = []
+        for rows in groups:
+            u = int(lead[rows[0]])
+            index = torch.as_tensor(rows, device=first.device)
+            keys = [layer.keys.index_select(0, index)[:, :, u:] for layer in layers]  # each: (g, heads, P - u, d)
+            values = [layer.values.index_select(0, index)[:, :, u:] for layer in layers]
+            handles.append(kv.prefill(keys, values))
+        joined = handles[0].beamkit_concat(handles[1:]) if len(handles) > 1 else handles[0]
+        order = np.concatenate(groups)  # row of the joined handle -> prompt row
+        if not np.array_equal(order, np.arange(n)):
+            joined = joined.beamkit_select(np.argsort(order))
+        return PagedCache(self, joined, width)
+
+
+@dataclass
+class _Rows:
+    """What a :class:`PagedCache` and its layers share (no reference back to the cache, so that dropping a
+    state frees its blocks at once): the rows, the cache width, and the current step's gather index."""
+
+    pool: PagedPool
+    rows: PagedRows
+    length: int  # positions every row spans, its leading padding included (the attention mask's width)
+    index: torch.Tensor | None = None  # shape: (rows * heads * (length + 1),) slots of the step's gather
+    slots: torch.Tensor | None = None  # shape: (rows * heads,) where each row's new position goes
+
+
+class PagedLayer(CacheLayerMixin):
+    """One model layer of a :class:`PagedCache` (``transformers``' cache-layer interface)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, shared: _Rows, layer: int):
+        super().__init__()
+        self._shared = shared
+        self.layer = layer
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to do: the pool exists before the layer."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the step's new key/value ``[rows, heads, 1, d]`` into each row's last block and return every
+        row's keys and values ``[rows, heads, L + 1, d]`` (left padding first, as the dense cache holds them)."""
+        s = self._shared
+        if s.index is None or s.slots is None:
+            raise RuntimeError("PagedCache.update outside a step: call begin_step() before the model forward")
+        kv = s.pool.kv
+        assert kv is not None
+        rows, heads, q, d = key_states.shape
+        if q != 1 or heads != kv.heads or d != kv.d_head or rows * heads != s.slots.shape[0]:
+            raise ValueError(
+                f"PagedCache takes one new position per row, [{s.slots.shape[0] // kv.heads}, {kv.heads}, 1, "
+                f"{kv.d_head}], got {list(key_states.shape)}"
+            )
+        width = s.length + 1
+        out = []
+        for pool, x in ((kv.k[self.layer], key_states), (kv.v[self.layer], value_states)):
+            flat = pool.view(-1, kv.d_head)  # shape: (n_blocks * heads * block_size, d)
+            flat.index_copy_(0, s.slots, x.reshape(rows * heads, d).to(pool.dtype))
+            out.append(flat.index_select(0, s.index).view(rows, heads, width, d))  # shape: (rows, heads, L + 1, d)
+        return out[0], out[1]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(key/value length, offset) of the masks of a step with ``query_length`` new positions."""
+        return self._shared.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Positions held before the step (the attention mask's width, leading padding included)."""
+        return self._shared.length
+
+    def get_max_length(self) -> int:
+        """No maximum (-1): the pool grows."""
+        return -1
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Rows are gathered for the whole cache at once: :meth:`PagedCache.reorder_cache`."""
+        raise TypeError("a PagedCache is reordered as a whole (PagedCache.reorder_cache), not layer by layer")
+
+
+class PagedCache(Cache):
+    """A ``transformers`` ``Cache`` whose keys/values live in a :class:`PagedPool` (see the module docstring).
+
+    ``rows``: the rows' block tables (a :class:`beamkit.kv.PagedRows` this cache owns); ``length``: the width
+    every row spans, its leading padding included (each row holds ``rows.length[r] <= length`` positions).
+    A decoding step is ``begin_step()``, the model forward, ``end_step()``; :meth:`select` forks or drops rows by
+    parent without copying keys/values, :meth:`concat` joins other requests' caches without copying them.
+    """
+
+    def __init__(self, pool: PagedPool, rows: PagedRows, length: int):
+        kv = pool.kv
+        assert kv is not None
+        self._shared = _Rows(pool, rows, int(length))
+        super().__init__(layers=[PagedLayer(self._shared, i) for i in range(kv.layers)])
+
+    @property
+    def pool(self) -> PagedPool:
+        """The pool the rows live in."""
+        return self._shared.pool
+
+    @property
+    def rows(self) -> PagedRows:
+        """The rows' block tables and lengths."""
+        return self._shared.rows
+
+    @property
+    def length(self) -> int:
+        """The width every row spans (the attention mask's width), leading padding included."""
+        return self._shared.length
+
+    def begin_step(self) -> None:
+        """Room for one new position per row (a fresh block, or a copy of a shared partial last block), and the
+        step's gather index, built once for every layer."""
+        s = self._shared
+        kv = s.pool.kv
+        assert kv is not None
+        s.pool.reserve(len(s.rows))  # at most one new block per row
+        s.rows = s.rows.append()
+        width = s.length + 1
+        own = s.rows.length  # shape: (rows,) positions each row holds, this step's included
+        lead = width - own  # shape: (rows,) leading padding of each row
+        if lead.size and int(lead.min()) < 0:
+            raise RuntimeError("PagedCache rows longer than the cache width")
+        bs = kv.block_size
+        p = np.arange(width)[None, :] - lead[:, None]  # shape: (rows, L + 1) own position of each column
+        pos = np.maximum(p, 0)
+        block = np.take_along_axis(s.rows.table, pos // bs, axis=1)  # shape: (rows, L + 1)
+        base = np.where(p >= 0, block * (kv.heads * bs) + pos % bs, 0)  # padding reads slot 0 (masked)
+        base_t = torch.from_numpy(base).to(kv.device)  # shape: (rows, L + 1)
+        offset = s.pool.heads_offset()  # shape: (heads,)
+        s.index = (base_t[:, None, :] + offset[None, :, None]).reshape(-1)  # shape: (rows * heads * (L + 1),)
+        s.slots = (base_t[:, -1:] + offset[None, :]).reshape(-1)  # shape: (rows * heads,) the newest position
+
+    def end_step(self) -> None:
+        """The step's position is held: the width grows by one."""
+        s = self._shared
+        s.length += 1
+        s.index = s.slots = None
+
+    def select(self, idx: np.ndarray) -> None:
+        """Keep rows ``idx`` (parents; rows may repeat or disappear): block tables forked, no keys/values copied;
+        blocks no row holds any more go back to the pool."""
+        s = self._shared
+        s.rows = s.rows.beamkit_select(idx)
+
+    def concat(self, others: list[PagedCache], length: int) -> PagedCache:
+        """These rows, then the rows of ``others`` (same pool; all consumed), spanning ``length`` columns (at
+        least each part's width; the extra columns are leading padding)."""
+        for o in others:
+            if o.pool is not self.pool:
+                raise ValueError("PagedCache parts of different pools cannot join")
+        rows = self.rows.beamkit_concat([o.rows for o in others])
+        return PagedCache(self.pool, rows, max(length, self.length, *(o.length for o in others)))
+
+    def release(self) -> None:
+        """Give the rows' blocks back now (the cache cannot be used afterwards)."""
+        self._shared.rows.release()
+
+    # ------------------------------------------------------------------------------------- Cache interface
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Positions held before the step (the attention mask's width)."""
+        return self._shared.length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """(key/value length, offset) of the masks of a step with ``query_length`` new positions."""
+        return self._shared.length + query_length, 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        """No maximum (-1): the pool grows."""
+        return -1
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Gather rows by ``beam_idx`` (:meth:`select`)."""
+        self.select(beam_idx.detach().to("cpu").numpy().astype(np.int64))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Not supported: positions are never taken back."""
+        raise TypeError("a PagedCache cannot be cropped")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each row ``repeats`` times (blocks shared)."""
+        self.select(np.repeat(np.arange(len(self.rows)), repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices``."""
+        self.select(indices.detach().to("cpu").numpy().astype(np.int64))
+
+    def reset(self) -> None:
+        """Not supported: a PagedCache is not reused for another prompt."""
+        raise TypeError("a PagedCache cannot be reset; make a new one")
+
+    def bytes_in_use(self) -> int:
+        """Bytes of the pool's blocks held by any row (all requests of the pool, not only these rows)."""
+        kv = self._shared.pool.kv
+        return 0 if kv is None else kv.bytes_in_use()
