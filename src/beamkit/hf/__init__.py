@@ -6,7 +6,8 @@ itself run through beamkit where beamkit reproduces Hugging Face exactly. Module
 (arguments + generation config -> one frozen settings object, with the refusal tables),
 :mod:`~beamkit.hf.processors` (settings -> processors), :mod:`~beamkit.hf.search` (dispatch to the engine or a
 variant), :mod:`~beamkit.hf.output` (Hugging Face's return values), :mod:`~beamkit.hf.step` (the step functions
-over the model and its cache), :mod:`~beamkit.hf.generation` (``generate``), :mod:`~beamkit.hf.patching` (``patch``),
+over the model and its cache), :mod:`~beamkit.hf.paged` (decoder-only keys/values in beamkit's block pool),
+:mod:`~beamkit.hf.generation` (``generate``), :mod:`~beamkit.hf.patching` (``patch``),
 :mod:`~beamkit.hf.loading` (``load_pretrained``: the one loader of ``hf:DIR`` folders).
 
 Needs ``torch`` and ``transformers`` (imported only when this module is).
