@@ -194,7 +194,7 @@ def one_at_a_time(w: Workload, order: list[int], arrivals: np.ndarray, budget: f
         if time.perf_counter() - t0 > budget:
             break
         _sleep_until(t0 + arrivals[i])
-        engine = Engine(w.step, **w.engine_options)
+        engine = Engine(w.step, on_step_error="raise", **w.engine_options)
         w.add(engine, i)
         while not engine.idle:
             for c in engine.step():
@@ -329,8 +329,8 @@ def main() -> None:
     arrivals = np.cumsum(gaps) - gaps[0]
     arrivals = arrivals[: args.requests] if args.requests else arrivals[arrivals < args.seconds]
     n = len(arrivals)
-    if n > len(w.requests):
-        w = make_workload(args, n)
+    if n > len(w.requests):  # hf, sized by --seconds: more requests for the same model
+        w.requests = hf_requests(n, args.seed + 1)
     label = f"{w.name}, beam {w.engine_options['beam_size']}"
     print(
         f"{label}: capacity {capacity:.2f} req/s ({n_cap} requests at once, up to {batch} running); "
