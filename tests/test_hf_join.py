@@ -123,3 +123,50 @@ def test_joining_requests_decode_as_alone(name, seed):
         np.testing.assert_allclose([h.score for h in got.hypotheses], [h.score for h in want], atol=1e-5, rtol=0)
         for g, w in zip(got.hypotheses, want, strict=True):
             np.testing.assert_allclose(g.token_logprobs, w.token_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kv", ["paged", "dense"])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_cache_narrows_to_the_longest_live_request(name, kv):
+    """A request of 30 new tokens runs alone; at step 20 a request with a 3-token prompt joins; the long one leaves
+    after its 30th token. From then on the cache spans the joined request's own positions (3 prompt tokens + the
+    tokens it has been fed), not the 7 + 30 columns the engine has run; and it still decodes as alone."""
+    model, ids, mask, eos, pad = _plain(name)
+    step = bh.DecoderOnlyStep(model, kv=kv)
+    widths: list[tuple[int, int]] = []  # (rows, cache width) seen by each decoding step
+
+    def recording(state, y_prev):
+        if isinstance(state, bh.CacheRows):
+            widths.append((int(state.row_request.shape[0]), state.length))
+        return step(state, y_prev)
+
+    engine = beamkit.Engine(recording, beam_size=1, max_len=40, policy="pool")
+    long_mask = torch.ones_like(ids[:1])
+    short = dict(ids=ids[1:2, -3:], mask=torch.ones_like(ids[1:2, -3:]), beam_size=1, early_stopping=True,
+                 length_penalty=1.0)  # fmt: skip
+    none = []  # no eos: both requests run to their max_len
+    done = {}
+    with torch.inference_mode():
+        first = engine.add(step.init_state(ids[:1], long_mask), 0, none, max_len=30)
+        for t in range(60):
+            if t == 20:
+                second = engine.add(step.init_state(short["ids"], short["mask"]), 0, none, max_len=25)
+            for c in engine.step():
+                done[c.request_id] = c
+            if engine.idle and t > 20:
+                break
+    assert set(done) == {first, second}
+    # decoding call k (call 0 runs the prompt) finds 7 + k - 1 columns; the short request's prompt runs apart at
+    # call 20 and merges at call 21 (the long request then spans 7 + 20 columns)
+    assert widths[:19] == [(1, 7 + k - 1) for k in range(1, 20)], widths
+    assert widths[19] == (2, 27), widths
+    last_pair = max(i for i, (rows, _) in enumerate(widths) if rows == 2)
+    after = widths[last_pair + 1 :]  # the short request alone again: 24 calls feed its tokens 1..24
+    fed = 24 - len(after)  # tokens it had been fed before the long one left
+    assert fed > 0 and after, widths
+    assert [w for _, w in after] == list(range(3 + fed, 3 + fed + len(after))), widths  # untrimmed: from 36 on
+    want = bh.generate(model, short["ids"], short["mask"], num_beams=1, max_new_tokens=25, eos_token_id=None,
+                       pad_token_id=pad, return_dict_in_generate=True).hypotheses[0]  # fmt: skip
+    got = done[second].hypotheses
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    np.testing.assert_allclose([h.score for h in got], [h.score for h in want], atol=1e-5, rtol=0)

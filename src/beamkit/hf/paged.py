@@ -270,6 +270,14 @@ class PagedCache(Cache):
         rows = self.rows.beamkit_concat([o.rows for o in others])
         return PagedCache(self.pool, rows, max(length, self.length, *(o.length for o in others)))
 
+    def trim(self, columns: int) -> None:
+        """Drop ``columns`` leading columns of the width (leading padding of every row: no row holds them)."""
+        s = self._shared
+        own = s.rows.length  # shape: (rows,)
+        if columns < 0 or (own.size and s.length - columns < int(own.max())):
+            raise ValueError(f"cannot trim {columns} columns: a row holds positions there")
+        s.length -= columns
+
     def release(self) -> None:
         """Give the rows' blocks back now (the cache cannot be used afterwards)."""
         self._shared.rows.release()

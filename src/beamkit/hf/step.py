@@ -48,6 +48,11 @@ class CacheRows:
     reason, the cross-attention keys/values of an encoder-decoder cache are gathered only then; while every
     request keeps its beams, only the self-attention cache is gathered. ``length`` counts the positions the cache
     holds (the step functions keep it).
+
+    ``joined``: the rows came from requests that joined mid-flight (:func:`merge_left_padded`); then, whenever
+    requests leave, the leading columns that no remaining row attends to are dropped (:meth:`trim`), so a
+    long-running engine's cache is as wide as its longest live request, not as the time since it was last idle.
+    A batch decoded together from the start is never trimmed (its padding stays as ``generate`` has it).
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class CacheRows:
         lead = next(iter(self.per_request.values()), None)
         self.device = lead.device if lead is not None else torch.device("cpu")  # where the index goes
         self.shared: dict[str, Any] = {}  # per-batch values, never gathered (EncoderDecoderStep's encoder output)
+        self.joined = False  # rows of requests that joined mid-flight: trimmed when requests leave
 
     def beamkit_select(self, idx: np.ndarray) -> CacheRows:
         """Gather the cache rows ``idx`` (parents; rows may repeat or disappear), in place, and return self. A
@@ -87,7 +93,35 @@ class CacheRows:
             index = self._index(idx) if index is None else index
             self.per_request = {k: v.index_select(0, index) for k, v in self.per_request.items()}
         self.row_request = new_request
+        if self.joined and not same_layout:
+            self.trim()
         return self
+
+    def trim(self) -> int:
+        """Drop the leading columns that every row masks (decoder-only caches: keys/values, attention mask,
+        position ids) and return how many were dropped. The attended columns, their keys/values and positions
+        are unchanged, so attention reads the same values with less padding."""
+        mask = self.per_request.get("mask")
+        rows = int(self.row_request.shape[0])
+        if mask is None or "pos" not in self.per_request or rows == 0 or self.length == 0:
+            return 0
+        attended = mask[..., : self.length].reshape(rows, self.length).any(dim=0)  # shape: (L,)
+        drop = int(attended.to(torch.int8).argmax()) if bool(attended.any()) else 0
+        if drop == 0:
+            return 0
+        if isinstance(self.cache, PagedCache):
+            self.cache.trim(drop)
+        else:
+            for layer in getattr(self.cache, "layers", ()):
+                if type(layer) is not DynamicLayer:
+                    return 0  # nothing trimmed: only plain layers are known to hold one column per position
+            for layer in self.cache.layers:
+                if layer.is_initialized and layer.keys.numel():
+                    layer.keys = layer.keys[:, :, drop:]  # shape: (rows, heads, L - drop, d) view
+                    layer.values = layer.values[:, :, drop:]
+        self.per_request = {k: v[..., drop:] for k, v in self.per_request.items()}  # views
+        self.length -= drop
+        return drop
 
     def _index(self, idx: np.ndarray) -> torch.Tensor:
         """``idx`` as an int64 tensor on the cache's device."""
@@ -407,7 +441,9 @@ def merge_left_padded(parts: list[CacheRows]) -> CacheRows:
     offsets = np.cumsum([0] + [int(p.row_request.max()) + 1 for p in parts[:-1]])
     row_request = np.concatenate([p.row_request + off for p, off in zip(parts, offsets, strict=True)])
     merged = CacheRows(cache, row_request, per_request, width)
-    _grow(merged.per_request, width + _CHUNK)
+    merged.joined = True
+    merged.trim()
+    _grow(merged.per_request, merged.length + _CHUNK)
     return merged
 
 
