@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from beamkit._checks import check_int
 from beamkit.adapters import Ask, ModelAdapter
 from beamkit.hypothesis import Hypothesis
+from beamkit.serve.malloc import IdleTrim
 from beamkit.serve.metrics import Metrics
 from beamkit.serve.protocol import (
     MAX_BODY_BYTES,
@@ -215,6 +216,8 @@ def create_app(
         app.add_middleware(KeyCheck, key=api_key, metrics=metrics)
     app.state.runner = runner
     app.state.metrics = metrics
+    # once the engine has been idle a while, the freed key/value buffers go back to the system (glibc)
+    app.state.idle_trim = idle_trim = IdleTrim(lambda: runner.engine.idle and not runner.depth)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -281,9 +284,10 @@ def create_app(
         created = int(time.time())
         if c.stream:
             metrics.response(200)
-            stream = _stream(request, runner, adapter, c, jobs, events, rid, created)
+            stream = _stream(request, runner, adapter, c, jobs, events, rid, created, idle_trim)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         done = await _collect(request, runner, jobs, events)
+        idle_trim.poke()
         if done is None:  # the client went away; its jobs were cancelled
             metrics.response(499)
             return Response(status_code=499)
@@ -355,6 +359,7 @@ async def _stream(
     events: asyncio.Queue[tuple[int, Update | Done]],
     rid: str,
     created: int,
+    idle_trim: IdleTrim,
 ) -> AsyncIterator[str]:
     """Server-sent events: progress (replace semantics), the final n-best, ``[DONE]``."""
     done: dict[int, Done] = {}
@@ -375,6 +380,7 @@ async def _stream(
                     "beamkit": {"replace": True, "prompt_index": i, "step": event.step, "score": h.score},
                 }
             )
+    idle_trim.poke()
     if len(done) < len(jobs):
         return  # the client is gone
     ordered = [done[i] for i in range(len(jobs))]
