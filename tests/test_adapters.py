@@ -206,6 +206,8 @@ def test_the_adapter_equals_generate(hf_folder):
         assert [o._asdict() for o in out] == want
         finished |= {o.finished for o in out}
     assert finished == {True, False}  # eos fired in some hypotheses, others ran to the limit
+    assert adapter._step.stats.model_calls > 0
+    assert adapter._step.stats.rows_per_call == []  # a long-running server keeps no per-call list
 
 
 def test_translate_decode_and_explain_equal_generate(hf_folder, tmp_path, capsys):

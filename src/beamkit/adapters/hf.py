@@ -156,8 +156,11 @@ class HFAdapter(ModelAdapter):
         return f"{', '.join(names)}: not applied to requests that share a running engine"
 
     def step_fn(self, state: Any, y_prev: Any) -> Any:
-        """The bridge's step: the prompt (or the encoder) runs once per request, then one token per row."""
-        return self._step(state, y_prev)
+        """The bridge's step: the prompt (or the encoder) runs once per request, then one token per row. The
+        bridge's per-call row counts are not kept (the engine counts calls and rows; a server runs for ever)."""
+        out = self._step(state, y_prev)
+        self._step.stats.rows_per_call.clear()
+        return out
 
     def encode(self, prompt: str) -> list[int]:
         """The tokenizer's ids (with its special tokens, as ``tokenizer(prompt)`` gives them)."""
