@@ -126,8 +126,8 @@ class Sampler:
 
 
 class KVProbe:
-    """A forward hook: the dense key/value bytes of the model's cache after each call (the most seen), and the
-    logits' bytes."""
+    """A forward hook: the key/value bytes of the model's cache after each call (the most seen: a dense cache's
+    tensors, or a paged cache's whole pool, which is resident from its creation), and the logits' bytes."""
 
     def __init__(self, model: Any):
         self.kv_peak = 0
@@ -137,6 +137,9 @@ class KVProbe:
     def _hook(self, module: Any, args: Any, out: Any) -> None:
         cache = getattr(out, "past_key_values", None)
         total = 0
+        pool = getattr(getattr(cache, "pool", None), "kv", None)  # a paged cache: its whole (zero-filled) pool
+        if pool is not None:
+            total = pool.n_blocks * pool.block_bytes
         for layer in getattr(cache, "layers", None) or []:
             for name in ("keys", "values"):
                 t = getattr(layer, name, None)

@@ -186,6 +186,19 @@ def test_the_pool_grows_instead_of_failing():
     assert pool.kv.blocks_in_use() == 0
 
 
+def test_generate_sizes_its_pool_once(steps):
+    # hand-worked bound, blocks of 16: prompts of 16 and 17 attended positions take 1 and 2 blocks; each of 4
+    # beams at most ceil(64 / 16) = 4 blocks of new positions plus one copied partial block: 21 + 22
+    mask = torch.tensor([[0] + [1] * 16, [1] * 17])
+    assert generation.pool_blocks(mask, 4, 64) == 43
+    model, ids, mask, eos, pad = setup("gpt2")
+    for beams in (1, 4, 8):
+        _generate(model, ids, mask, None, pad, beams)  # no eos: every beam runs all NEW steps
+        pool = steps[-1].pool
+        assert steps[-1].kv == "paged" and pool.grown == 0
+        assert pool.kv.n_blocks == generation.pool_blocks(mask, beams, NEW)
+
+
 def test_grow_keeps_contents_and_handles():
     c = PagedKVCache(1, 2, 3, n_blocks=2, block_size=2)
     g = torch.Generator().manual_seed(0)

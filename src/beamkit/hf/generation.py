@@ -77,7 +77,8 @@ def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str,
     else:
         prefix = input_ids
         variant = settings.groups > 1 or bool(settings.force_words)  # diverse / constrained search: dense cache
-        step = DecoderOnlyStep(model, kv="dense" if variant else settings.kv)
+        blocks = pool_blocks(mask, settings.num_beams, settings.max_new_tokens)
+        step = DecoderOnlyStep(model, kv="dense" if variant else settings.kv, blocks=blocks)
     # Hugging Face's processors see prompt + generated tokens (decoder-only, left padding included) or the
     # decoder tokens from the start token on (encoder-decoder)
     prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
@@ -103,3 +104,12 @@ def request_seeds(input_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]
         seen[tokens] = nth + 1
         out.append([base, nth, len(tokens), *tokens])
     return out
+
+
+def pool_blocks(mask: torch.Tensor, beams: int, new: int, block_size: int = 16) -> int:
+    """Blocks a paged cache needs at most for these prompts (``mask`` ``[n, P]``): each request's prompt
+    positions once (its beams share them), and per beam its new positions plus one copied partial block; so the
+    pool is made once at its largest size instead of growing (each growth copies it)."""
+    prompt = (mask != 0).sum(dim=1).tolist()  # attended positions per prompt
+    per_beam = -(-new // block_size) + 1
+    return max(1, sum(-(-int(p) // block_size) + beams * per_beam for p in prompt))

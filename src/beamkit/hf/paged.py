@@ -64,7 +64,7 @@ class PagedPool:
 
     ``block_size``: positions per block. ``blocks``: the pool's first size in blocks (0: four times what the
     first prompts need, at least 64). The pool is made at the first prompt (its layers, heads, head size, dtype
-    and device come from the model's keys) and grows (doubling, contents kept) whenever a step or a prompt
+    and device come from the model's keys) and grows (by half, contents kept) whenever a step or a prompt
     needs more free blocks than it has.
     """
 
@@ -76,12 +76,12 @@ class PagedPool:
         self._heads_offset: torch.Tensor | None = None  # shape: (heads,) h * block_size, on the pool's device
 
     def reserve(self, blocks: int) -> None:
-        """Make sure at least ``blocks`` blocks are free (the pool doubles, or more, when they are not)."""
+        """Make sure at least ``blocks`` blocks are free (the pool grows by half, or more, when they are not)."""
         kv = self.kv
         assert kv is not None
         short = blocks - kv.free_blocks()
         if short > 0:
-            kv.grow(max(2 * kv.n_blocks, kv.n_blocks + short))
+            kv.grow(max(kv.n_blocks + kv.n_blocks // 2, kv.n_blocks + short))
             self.grown += 1
 
     def heads_offset(self) -> torch.Tensor:
