@@ -399,12 +399,24 @@ def test_cli_port_in_use_is_one_error_line_exit_1(capsys):
     assert len(err) == 1 and err[0].startswith("beamkit serve: error:") and str(port) in err[0]
 
 
-def test_cli_port_0_reports_the_bound_port_and_reads_the_key_from_the_environment():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "BEAMKIT_API_KEY": "k3y"}
+@contextlib.contextmanager
+def serve_command(*args: str, **env: str) -> Iterator[subprocess.Popen]:
+    """``beamkit serve ARGS`` as a subprocess of this checkout (stderr piped as text, ``env`` added to the
+    environment); killed at exit unless it has ended (only this PID)."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), **env}
     code = "import sys; from beamkit.cli import main; sys.exit(main(sys.argv[1:]))"
-    argv = [sys.executable, "-c", code, "serve", "--port", "0"]
-    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", code, "serve", *args]
+    proc = subprocess.Popen(argv, env=full_env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_cli_port_0_reports_the_bound_port_and_reads_the_key_from_the_environment():
+    with serve_command("--port", "0", BEAMKIT_API_KEY="k3y") as proc:
         reader, box = in_thread(proc.stderr.readline)
         reader.join(60)
         line = box.get("out", "")
@@ -416,10 +428,6 @@ def test_cli_port_0_reports_the_bound_port_and_reads_the_key_from_the_environmen
         assert httpx.get(models, headers={"Authorization": "Bearer k3y"}, timeout=10).status_code == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 # ------------------------------------------------------------------------------------------------ strict JSON

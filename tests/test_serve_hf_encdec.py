@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ import httpx  # noqa: E402
 
 from beamkit.adapters import load  # noqa: E402
 from tests.test_adapters import WORDS, _sharpen_eos, _tokenizer  # noqa: E402
-from tests.test_serve import _up, in_thread, post, serving, sse_events, wait_until  # noqa: E402
+from tests.test_serve import _up, in_thread, post, serve_command, serving, sse_events, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -275,11 +273,7 @@ def test_the_serve_command_serves_an_encoder_decoder_folder(encdec):
     kind, folder, model, tok = encdec
     if kind != "bart":
         pytest.skip("one subprocess server is enough (BART: the forced stop token)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "HF_HUB_OFFLINE": "1"}
-    code = "import sys; from beamkit.cli import main; sys.exit(main(sys.argv[1:]))"
-    argv = [sys.executable, "-c", code, "serve", "--model", f"hf:{folder}", "--port", "0", "--threads", "1"]
-    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    try:
+    with serve_command("--model", f"hf:{folder}", "--port", "0", "--threads", "1", HF_HUB_OFFLINE="1") as proc:
         reader, box = in_thread(_listening_line, proc.stderr)
         reader.join(120)
         line = box.get("out", "")
@@ -298,7 +292,3 @@ def test_the_serve_command_serves_an_encoder_decoder_folder(encdec):
         assert _up(url)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
