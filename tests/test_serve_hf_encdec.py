@@ -34,7 +34,6 @@ from beamkit.adapters import load  # noqa: E402
 from tests.test_adapters import WORDS, _sharpen_eos, _tokenizer  # noqa: E402
 from tests.test_serve import _up, in_thread, post, serve_command, serving, sse_events, wait_until  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 LONG = " ".join(f"w{i}" for i in range(1, 13))
