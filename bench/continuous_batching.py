@@ -94,17 +94,22 @@ def hf_words() -> list[str]:
     return ["[PAD]", "[BOS]", "[EOS]", "[UNK]", *(f"w{i}" for i in range(HF["vocab"] - 4))]
 
 
-def save_hf_folder(model: Any, folder: str | os.PathLike) -> None:
-    """``model`` and a word-level tokenizer (``w0 w1 ...``, built offline) saved where ``hf:DIR`` loads them."""
+def save_word_tokenizer(folder: str | os.PathLike, words: list[str], **special: str) -> None:
+    """A word-level tokenizer over ``words`` (a word's id is its index; text splits on whitespace), built offline
+    and saved in ``folder`` where ``hf:DIR`` loads it. ``special``: its special tokens (``unk_token`` required,
+    ``pad_token``, ``bos_token``, ``eos_token``), each one of ``words``. The Hugging Face benchmarks share it."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(hf_words())}, unk_token="[UNK]"))
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=special["unk_token"]))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
-    )
-    tok.save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **special).save_pretrained(folder)
+
+
+def save_hf_folder(model: Any, folder: str | os.PathLike) -> None:
+    """``model`` and a word-level tokenizer (``w0 w1 ...``, built offline) saved where ``hf:DIR`` loads them."""
+    special = {"unk_token": "[UNK]", "pad_token": "[PAD]", "bos_token": "[BOS]", "eos_token": "[EOS]"}
+    save_word_tokenizer(folder, hf_words(), **special)
     model.save_pretrained(folder)
 
 

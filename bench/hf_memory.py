@@ -169,16 +169,12 @@ def build(size: str, folder: Path) -> int:
     """Save the GPT-2-style model ``size`` and its tokenizer to ``folder``; returns its float32 weight bytes."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from continuous_batching import save_word_tokenizer  # imported here: the workers measure their imports
 
     layers, width, heads = SIZES[size]
-    vocab = {"[PAD]": PAD, "[BOS]": 1, "[EOS]": EOS, "[UNK]": 3, **{f"w{i}": i for i in range(4, VOCAB)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
-    )
-    tok.save_pretrained(folder)
+    words = ["[PAD]", "[BOS]", "[EOS]", "[UNK]", *(f"w{i}" for i in range(4, VOCAB))]  # "[PAD]" is PAD, "[EOS]" EOS
+    special = {"unk_token": "[UNK]", "pad_token": "[PAD]", "bos_token": "[BOS]", "eos_token": "[EOS]"}
+    save_word_tokenizer(folder, words, **special)
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
         n_layer=layers, n_embd=width, n_head=heads, vocab_size=VOCAB, n_positions=128, bos_token_id=1,

@@ -65,13 +65,10 @@ def build(folder: Path) -> int:
     """The seeded model and its word-level tokenizer (no stop token) saved in ``folder``; returns its parameters."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from continuous_batching import save_word_tokenizer
 
-    vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i + 2 for i in range(VOCAB - 2)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
-    tok.save_pretrained(folder)
+    words = ["[PAD]", "[UNK]", *(f"w{i}" for i in range(VOCAB - 2))]
+    save_word_tokenizer(folder, words, unk_token="[UNK]", pad_token="[PAD]")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
         n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, vocab_size=VOCAB, n_positions=POSITIONS, bos_token_id=None,
