@@ -8,6 +8,7 @@ import torch
 
 from beamkit.hf.inputs import attention_mask_for, check_input_ids, check_model
 from beamkit.hf.output import build_output
+from beamkit.hf.paged import BLOCK_SIZE
 from beamkit.hf.processors import build_processors
 from beamkit.hf.search import run_search
 from beamkit.hf.settings import Unsupported, merge_config, resolve
@@ -106,7 +107,7 @@ def request_seeds(input_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]
     return out
 
 
-def pool_blocks(mask: torch.Tensor, beams: int, new: int, block_size: int = 16) -> int:
+def pool_blocks(mask: torch.Tensor, beams: int, new: int, block_size: int = BLOCK_SIZE) -> int:
     """Blocks a paged cache needs at most for these prompts (``mask`` ``[n, P]``): each request's prompt
     positions once (its beams share them), and per beam its new positions plus one copied partial block; so the
     pool is made once at its largest size instead of growing (each growth copies it)."""

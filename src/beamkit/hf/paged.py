@@ -33,6 +33,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, Dynam
 from beamkit._checks import check_int
 from beamkit.kv import PagedKVCache, PagedRows
 
+BLOCK_SIZE = 16  # positions per block unless a step function is given another size
+
 
 def pages_fit(model: Any) -> bool:
     """Whether the model's own cache would be plain ``DynamicLayer`` layers (full attention in every layer, no
@@ -68,7 +70,7 @@ class PagedPool:
     needs more free blocks than it has.
     """
 
-    def __init__(self, block_size: int = 16, blocks: int = 0):
+    def __init__(self, block_size: int = BLOCK_SIZE, blocks: int = 0):
         self.block_size = check_int("block_size", block_size, 1)
         self.blocks = check_int("blocks", blocks, 0)
         self.kv: PagedKVCache | None = None

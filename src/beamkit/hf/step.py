@@ -33,7 +33,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from beamkit._checks import check_choice
 from beamkit.hf.join import Cohorts, Prompt, rows_of
-from beamkit.hf.paged import PagedCache, PagedPool, pages_fit, plain_layers
+from beamkit.hf.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
 from beamkit.hypothesis import SearchStats
 
 _CHUNK = 64  # columns added to the mask / position buffers at a time
@@ -264,7 +264,7 @@ class DecoderOnlyStep(_ModelStep):
 
     left_pad = True
 
-    def __init__(self, model: Any, kv: str = "paged", *, block_size: int = 16, blocks: int = 0):
+    def __init__(self, model: Any, kv: str = "paged", *, block_size: int = BLOCK_SIZE, blocks: int = 0):
         self.model = model
         self.keep_one = accepts(model, "logits_to_keep")
         self.takes_pos = accepts(model, "position_ids")
