@@ -81,29 +81,37 @@ def test_return_dict_from_the_generation_config():
 
 @pytest.mark.parametrize("name", MODELS)
 def test_patch_runs_beamkit_and_falls_back_by_name(name, caplog):
-    """Patched, model.generate gives Hugging Face's outputs through beamkit; a call beamkit does not reproduce
-    (sampling, per-step scores) runs the original with one log line per reason; undo restores."""
+    """Patched, model.generate gives Hugging Face's outputs through beamkit (sampling and per-step score tables
+    too, through beamkit's loop inside Hugging Face's generate); a call beamkit does not decode (here: an
+    assistant model) runs the original with one log line per reason; undo restores."""
     model, ids, mask, eos, pad = setup(name)
     kw = dict(num_beams=3, max_new_tokens=7, eos_token_id=eos, pad_token_id=pad)
     want = _hf(model, ids, attention_mask=mask, **kw)
+    torch.manual_seed(3)
+    want_sampled = _hf(model, ids, attention_mask=mask, do_sample=True, **kw)
+    want_tables = _hf(model, ids, attention_mask=mask, return_dict_in_generate=True, output_scores=True, **kw)
+    one = dict(kw, num_beams=1)
+    want_assisted = _hf(model, ids[:1], attention_mask=mask[:1], assistant_model=model, **one)
     seen = []
     with bh.patch(model) as handle:
         original = handle.original
-        handle.original = lambda *a, **k: seen.append(k) or original(*a, **k)  # count the fall-backs
-        got = model.generate(ids, attention_mask=mask, **kw)
-        assert torch.equal(got, want) and not seen  # beamkit ran it
+        handle.original = lambda *a, **k: seen.append(k.get("custom_generate")) or original(*a, **k)
+        assert torch.equal(model.generate(ids, attention_mask=mask, **kw), want) and not seen  # the engine bridge
+        torch.manual_seed(3)
+        assert torch.equal(model.generate(ids, attention_mask=mask, do_sample=True, **kw), want_sampled)
+        tables = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, output_scores=True, **kw)
+        assert torch.equal(tables.sequences, want_tables.sequences)
+        assert all(torch.equal(a, b) for a, b in zip(tables.scores, want_tables.scores, strict=True))
+        assert len(seen) == 2 and all(getattr(f, "__module__", "") == "beamkit.hf.loop" for f in seen)
         with caplog.at_level(logging.WARNING, logger="beamkit.hf"):
             for _ in range(2):
-                torch.manual_seed(3)
-                sampled = model.generate(ids, attention_mask=mask, do_sample=True, **kw)
-            tables = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, output_scores=True, **kw)
-        assert len(seen) == 3 and tables.scores is not None  # Hugging Face's own per-step scores
+                got = model.generate(ids[:1], attention_mask=mask[:1], assistant_model=model, **one)
+        # Hugging Face's own assisted loop, twice; it calls the (patched) assistant, which beamkit serves
+        assert torch.equal(got, want_assisted) and seen[2:].count(None) == 2 and len(seen) > 4
         lines = [r.getMessage() for r in caplog.records if r.name == "beamkit.hf"]
-        assert len(lines) == 2 and "do_sample" in lines[0] and "output_scores" in lines[1]
-        assert handle.fallbacks == [lines[0].split("beamkit.hf.patch: ")[1].split(";")[0], handle.fallbacks[1]]
+        assert len(lines) == 1 and "assistant_model=" in lines[0]
+        assert handle.fallbacks == [lines[0].split("beamkit.hf.patch: ")[1].split("; this call")[0]]
     assert "generate" not in vars(model)  # restored: the class method again
-    torch.manual_seed(3)
-    assert torch.equal(_hf(model, ids, attention_mask=mask, do_sample=True, **kw), sampled)
     with pytest.raises(ValueError, match="already patched"):
         with bh.patch(model):
             bh.patch(model)
@@ -138,12 +146,13 @@ def test_text_generation_pipeline_on_a_patched_model(name):
 
 
 def test_none_model_is_a_type_error():
-    """issue 13: ``generate(None, ...)`` was an AttributeError from deep inside."""
+    """``generate(None, ...)`` was an AttributeError from deep inside; no inputs start from the bos token, as
+    Hugging Face does."""
     model, ids, mask, eos, pad = setup("gpt2")
     with pytest.raises(TypeError, match="model must be a transformers model.*got None"):
         bh.generate(None, ids, mask, num_beams=2, max_new_tokens=3)
-    with pytest.raises(TypeError, match="input_ids"):
-        bh.generate(model, None, num_beams=2, max_new_tokens=3)
+    want = _hf(model, None, num_beams=2, max_new_tokens=3)
+    assert torch.equal(bh.generate(model, None, num_beams=2, max_new_tokens=3), want)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -41,17 +42,61 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
 
 
 def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool) -> Any:
-    """:func:`generate` with its keywords as a dict; ``exact_only``: raise :class:`Unsupported` for calls whose
-    output beamkit does not reproduce exactly (``patch`` hands them to Hugging Face): per-step score tables
-    (``output_scores`` with ``return_dict_in_generate``; beamkit leaves them None) and sampling (beamkit draws
-    from its own noise, not from Hugging Face's RNG stream)."""
+    """:func:`generate` with its keywords as a dict: the engine bridge where it takes the call, else beamkit's
+    decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`: Whisper and other models with
+    their own ``generate``, inputs other than token ids, model inputs and per-step tables the bridge does not
+    pass on). ``exact_only`` is :func:`prepare`'s."""
+    try:
+        job = prepare(model, inputs, attention_mask, kwargs, exact_only)
+    except Unsupported:
+        args = (inputs,) if attention_mask is None else (inputs, attention_mask)
+        return generate_in_loop(model, args, kwargs)
+    return job()
+
+
+def generate_in_loop(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], original: Any = None) -> Any:
+    """``model.generate(*args, **kwargs)`` (``original``: the unpatched ``generate``) with beamkit's loop as its
+    decoding method; :class:`Unsupported` for arguments the loop is not handed (an assistant model, a streamer,
+    a tokenizer, a decoding method of the caller's own, ``synced_gpus=True``) and, from the loop, for generation
+    modes it does not decode."""
+    from beamkit.hf.loop import decode
+
+    taken = sorted(n for n in HOST_ONLY if kwargs.get(n) not in (None, False))
+    if taken or len(args) > 2:
+        names = ", ".join(f"{n}=" for n in taken) or "positional arguments after generation_config"
+        raise Unsupported(f"{names}: Hugging Face's generate does not hand it to a custom decoding method")
+    call = original if original is not None else unpatched(model)
+    return call(*args, custom_generate=decode, **kwargs)
+
+
+# generate()'s arguments that reach only Hugging Face's own decoding methods, never a custom one
+HOST_ONLY = ("assistant_model", "streamer", "tokenizer", "assistant_tokenizer", "custom_generate", "synced_gpus")
+
+
+def unpatched(model: Any) -> Any:
+    """The model's ``generate`` without a :func:`beamkit.hf.patch` around it."""
+    handle = getattr(getattr(model, "generate", None), "beamkit_patch", None)
+    return handle.original if handle is not None else model.generate
+
+
+def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool) -> Any:
+    """The engine bridge's decoding of one call, checked and ready to run (a callable). Raises
+    :class:`Unsupported` for calls the bridge does not take: a model with its own ``generate`` (Whisper),
+    no ``input_ids`` or inputs that are not token ids, and settings it does not reproduce; with ``exact_only``
+    also per-step score tables (``output_scores`` with ``return_dict_in_generate``) and sampling (beamkit's
+    bridge draws from its own noise, not from Hugging Face's RNG stream). ValueError / TypeError for bad input."""
     kwargs = dict(kwargs)
     check_model(model)
+    own = getattr(type(model), "generate", None)
+    if own is not None and own is not _mixin_generate():
+        raise Unsupported(f"{type(model).__name__} has a generate of its own")
     for name in ("inputs", "input_ids"):
         if name in kwargs:
             if inputs is not None:
                 raise TypeError(f"generate() got the inputs twice (positional and {name}=)")
             inputs = kwargs.pop(name)
+    if inputs is None or not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or inputs.is_floating_point():
+        raise Unsupported("inputs other than a 2-D tensor of token ids")
     if type(attention_mask).__name__ == "GenerationConfig":  # Hugging Face's second positional argument
         if "generation_config" in kwargs:
             raise TypeError("generate() got generation_config twice")
@@ -69,7 +114,17 @@ def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str,
     if exact_only and settings.do_sample:
         raise Unsupported("do_sample=True: beamkit samples from its own noise, not Hugging Face's RNG stream")
     mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
+    return functools.partial(_decode, model, input_ids, mask, settings)
 
+
+def _mixin_generate() -> Any:
+    from transformers import GenerationMixin
+
+    return GenerationMixin.generate
+
+
+def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: Any) -> Any:
+    """Run one prepared call on beamkit's engine."""
     batch = input_ids.shape[0]
     step: DecoderOnlyStep | EncoderDecoderStep
     if settings.encoder_decoder:

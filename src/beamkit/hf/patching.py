@@ -1,4 +1,11 @@
-"""``beamkit.hf.patch(model)``: ``model.generate`` runs through beamkit where beamkit reproduces it exactly."""
+"""``beamkit.hf.patch(model)``: ``model.generate`` runs through beamkit where beamkit reproduces it exactly.
+
+Each call goes to the first that takes it: beamkit's engine bridge (:func:`beamkit.hf.generation.prepare`), then
+beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`), then Hugging Face's own
+decoding method, with the reason logged once. No call breaks that Hugging Face would serve: whatever the bridge
+refuses or rejects (a check stricter than Hugging Face's) goes on to the loop, where Hugging Face's own checks
+decide.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import functools
 import logging
 from typing import Any
 
-from beamkit.hf.generation import run_generate
+from beamkit.hf.generation import generate_in_loop, prepare
 from beamkit.hf.inputs import check_model
 from beamkit.hf.settings import Unsupported
 
@@ -28,17 +35,28 @@ class Patch:
 
         @functools.wraps(self.original)
         def generate(*args: Any, **kwargs: Any) -> Any:
-            inputs = args[0] if args else None
-            second = args[1] if len(args) > 1 else None
-            if len(args) > 2:  # logits_processor and later positional arguments: Hugging Face's own business
-                return self._fall_back("positional arguments after generation_config", args, kwargs)
-            try:
-                return run_generate(self.model, inputs, second, kwargs, exact_only=True)
-            except Unsupported as err:
-                return self._fall_back(str(err), args, kwargs)
+            return self._generate(args, kwargs)
 
         generate.beamkit_patch = self  # type: ignore[attr-defined]
         model.generate = generate
+
+    def _generate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One patched call: the engine bridge, else beamkit's loop in Hugging Face's generate, else Hugging
+        Face's own."""
+        job = None
+        if len(args) <= 2:
+            inputs = args[0] if args else None
+            second = args[1] if len(args) > 1 else None
+            try:
+                job = prepare(self.model, inputs, second, kwargs, exact_only=True)
+            except (ValueError, TypeError):  # Unsupported among them: the loop or Hugging Face decides
+                job = None
+        if job is not None:
+            return job()
+        try:
+            return generate_in_loop(self.model, args, kwargs, self.original)
+        except Unsupported as err:  # raised before anything ran: Hugging Face's own method runs the call
+            return self._fall_back(str(err), args, kwargs)
 
     def _fall_back(self, why: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Log ``why`` once, then run Hugging Face's own ``generate``."""
@@ -62,11 +80,13 @@ class Patch:
 
 
 def patch(model: Any) -> Patch:
-    """Make ``model.generate(...)`` run through :func:`beamkit.hf.generate` for every call beamkit reproduces
-    exactly; any other call (a setting beamkit.hf refuses as :class:`~beamkit.hf.Unsupported`, per-step score
-    tables, and sampling, which beamkit.hf.generate does but with its own random stream) runs Hugging Face's
-    original ``generate``, with one log line per reason (logger ``beamkit.hf``). Bad input raises as with
-    :func:`beamkit.hf.generate`. Returns a :class:`Patch`; ``with beamkit.hf.patch(model): ...`` restores the
+    """Make ``model.generate(...)`` run through beamkit for every call beamkit reproduces exactly: beamkit's
+    engine bridge (:func:`beamkit.hf.generate`) where it takes the call, else beamkit's decoding loop inside
+    Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`: Whisper, ``inputs_embeds``, per-step tables,
+    sampling with Hugging Face's random stream, any model input). Calls neither takes (assisted decoding, a
+    streamer, a decoding method of the caller's own, generation modes Hugging Face 5.x moved to the Hub) run
+    Hugging Face's original ``generate``, with one log line per reason (logger ``beamkit.hf``). Bad input raises
+    what Hugging Face raises. Returns a :class:`Patch`; ``with beamkit.hf.patch(model): ...`` restores the
     original at exit, ``patch(model).undo()`` likewise. Pipelines built on the model
     (``transformers.pipeline("text-generation", model=model, ...)``) go through the patched ``generate``
     unchanged.
