@@ -2,20 +2,30 @@
 
 Tiny GPT-2 (2 layers, n_embd 64, vocab 1000, seed 0) and a T5-style model of the same size; 8 prompts of 10
 tokens (left padding on some), num_beams 5, 40 new tokens, an eos that fires (a token the model likes, its
-output row scaled so it wins in some contexts). Both run in the same process, alternating, after a warm-up run
-that checks sequences identical and sequences_scores within 1e-4; every timed run checks the sequences again.
-One torch thread by default (tiny models; ``--threads`` to change). Prints medians, then::
+output row scaled so it wins in some contexts). The ``whisper`` preset is a tiny random
+``WhisperForConditionalGeneration`` (2+2 layers, d_model 64, vocab 1000, 80 mel bins, 200 source positions,
+seed 0) on input_features [8, 80, 400], language "en", task "transcribe", with the same kind of eos: Whisper's
+model class has a generate of its own, so ``beamkit.hf.generate`` serves it with beamkit's decoding loop inside
+Hugging Face's generate (``custom_generate``) rather than with the engine bridge. Three calls run in the same
+process, in rotating order, after a warm-up run that checks sequences identical and sequences_scores within
+1e-4: ``model.generate(...)``, ``beamkit.hf.generate(model, ...)`` and ``with beamkit.hf.patch(model):
+model.generate(...)`` (the bridge for gpt2 / t5, the loop for whisper; a patch that falls back to Hugging
+Face's own method stops the benchmark); every timed run checks the sequences again. One torch thread by
+default (tiny models; ``--threads`` to change). Prints medians, then::
 
     hf-speedup[gpt2]: 1.62x
+    patched-speedup[gpt2]: 1.60x
     overhead[gpt2]: 7.5%
 
 ``overhead`` is the share of beamkit's end-to-end time spent outside the model's forward (and encoder) calls;
-``hf-overhead`` is the same share for Hugging Face's ``generate`` (one extra run with its forward calls timed).
+``hf-overhead`` is the same share for Hugging Face's ``generate`` (one extra run with its forward calls timed;
+for whisper, whose loop output has no ``forward_seconds``, beamkit's share is measured the same way).
+``patched-speedup`` is the unpatched ``model.generate``'s time over the patched one's.
 ``--models marian,t5-small`` runs the encoder-decoder presets at real sizes. ``--ct2`` adds CTranslate2 (a
 converted copy of the same model, float32, same thread count) for gpt2 and marian, compared under
 ``early_stopping=True`` (CTranslate2's stopping rule): ``ct2-vs-beamkit[gpt2]: 0.75x`` is CTranslate2's time
 over beamkit's.
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/hf_vs_beamkit.py [--repeats 15] [--ct2]``.
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/hf_vs_beamkit.py [--repeats 15] [--models gpt2,t5,whisper] [--ct2]``.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import beamkit.hf as bh  # noqa: E402
 VOCAB, PROMPTS, PROMPT_LEN, BEAMS, NEW = 1000, 8, 10, 5, 40
 # eos = the n-th most likely token after a few greedy steps, its output row scaled: picked so that eos fires
 # for some requests early, for some late and for some not at all within 40 tokens (see the printed lengths)
-EOS_PICK = {"gpt2": (0, 3.0), "t5": (2, 2.0), "marian": (5, 1.0), "t5-small": (5, 1.0)}
+EOS_PICK = {"gpt2": (0, 3.0), "t5": (2, 2.0), "whisper": (2, 1.4), "marian": (5, 1.0), "t5-small": (5, 1.0)}
 # (random weights at these sizes give every prompt the same output; no eos pick found that fires at varied steps:
 # with (5, 1.0) every hypothesis runs the full 40 tokens, the case with no finished request to drop)
 # encoder-decoder presets at real sizes (random weights): Marian opus-mt (6+6 layers, 512 wide, 8 heads, FFN 2048,
@@ -141,6 +151,62 @@ def build(
     return model, ids, mask, eos, pad
 
 
+def build_whisper() -> tuple[torch.nn.Module, torch.Tensor, int, int, dict[str, Any]]:
+    """(model, input_features, eos, pad, Whisper's keywords) for the tiny random Whisper preset: its generation
+    config filled in by hand (decoder start, language / task / no-timestamps tokens at the vocabulary's top)."""
+    torch.manual_seed(0)
+    top = VOCAB - 1
+    cfg = transformers.WhisperConfig(
+        vocab_size=VOCAB,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        num_mel_bins=80,
+        max_source_positions=200,  # input_features of 400 frames (the real models: 1500, 3000 frames)
+        max_target_positions=NEW + 8,
+        init_std=0.1,  # at the default 0.02 every request decodes the same tokens
+        pad_token_id=top,
+        bos_token_id=top - 1,
+        eos_token_id=top - 1,
+        decoder_start_token_id=top - 2,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
+    )
+    model = transformers.WhisperForConditionalGeneration(cfg).eval()
+    gc = model.generation_config
+    gc.decoder_start_token_id = top - 2
+    gc.pad_token_id = top
+    gc.is_multilingual = True
+    gc.lang_to_id = {"<|en|>": top - 9, "<|fr|>": top - 8}
+    gc.task_to_id = {"transcribe": top - 7, "translate": top - 6}
+    gc.no_timestamps_token_id = top - 5
+    gc.max_length = None
+    feats = torch.randn(PROMPTS, 80, 400, generator=torch.Generator().manual_seed(1))
+    extra: dict[str, Any] = {"language": "en", "task": "transcribe"}
+    with torch.no_grad():
+        out = model.generate(
+            feats,
+            max_new_tokens=8,
+            num_beams=1,
+            do_sample=False,
+            eos_token_id=None,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **extra,
+        )
+        probs = torch.stack([lg.softmax(-1) for lg in out.logits]).mean(dim=(0, 1))
+        probs[top - 10 :] = 0  # no special token
+        rank, scale = EOS_PICK["whisper"]
+        eos = int(probs.argsort(descending=True)[rank])
+        model.get_output_embeddings().weight[eos] *= scale
+    gc.eos_token_id = eos
+    return model, feats, eos, top, extra
+
+
 def hf_overhead(model: torch.nn.Module, call: Any) -> float:
     """Share of one ``call()``'s time spent outside ``model``'s forward and its encoder's (timed by wrappers)."""
     spent = [0.0]
@@ -167,11 +233,24 @@ def hf_overhead(model: torch.nn.Module, call: Any) -> float:
     return 1.0 - spent[0] / total
 
 
+def rotation(i: int, sides: tuple[str, ...]) -> tuple[str, ...]:
+    """The order of run ``i``: ``sides`` rotated by ``i`` places, so each side runs first, second, ... equally
+    often (none always on the warmest cache)."""
+    k = i % len(sides)
+    return sides[k:] + sides[:k]
+
+
 def run(
     kind: str, repeats: int, layers: int = 2, width: int = 64, prompt_len: int = PROMPT_LEN
-) -> tuple[float, float, float]:
-    """Time both; return (speedup, beamkit's overhead share, Hugging Face's overhead share)."""
-    model, ids, mask, eos, pad = build(kind, layers, width, prompt_len)
+) -> tuple[float, float, float, float]:
+    """Time the three calls; return (speedup, patched speedup, beamkit's overhead share, Hugging Face's)."""
+    if kind == "whisper":
+        model, ids, eos, pad, extra = build_whisper()
+        mask = None
+        inputs: dict[str, Any] = {}
+    else:
+        model, ids, mask, eos, pad = build(kind, layers, width, prompt_len)
+        extra, inputs = {}, {"attention_mask": mask}
     kw = dict(
         num_beams=BEAMS,
         max_new_tokens=NEW,
@@ -179,44 +258,79 @@ def run(
         length_penalty=1.0,
         eos_token_id=eos,
         pad_token_id=pad,
+        **extra,
     )
-    t_hf, t_bk, over = [], [], []
+
+    def hf_call(**more: Any) -> Any:
+        return model.generate(ids, do_sample=False, **inputs, **kw, **more)
+
+    def bk_call(**more: Any) -> Any:
+        return bh.generate(model, ids, mask, **kw, **more)
+
+    def patched_call() -> Any:
+        with bh.patch(model) as handle:
+            seq = model.generate(ids, do_sample=False, **inputs, **kw)
+        if handle.fallbacks:
+            raise SystemExit(f"[{kind}] the patch fell back to Hugging Face's own decoding: {handle.fallbacks}")
+        return seq
+
+    loop = kind == "whisper"  # served by beamkit's loop inside Hugging Face's generate: its own output object
+    times: dict[str, list[float]] = {"hf": [], "bk": [], "patched": []}
+    over: list[float] = []
     with torch.inference_mode():
         # warm-up, and the full check: sequences identical, sequences_scores within 1e-4
-        hf = model.generate(
-            ids, attention_mask=mask, do_sample=False, return_dict_in_generate=True, output_scores=True, **kw
-        )
-        bk = bh.generate(model, ids, mask, return_dict_in_generate=True, output_scores=True, **kw)
+        hf = hf_call(return_dict_in_generate=True, output_scores=True)
+        bk = bk_call(return_dict_in_generate=True, output_scores=True)
         if not torch.equal(hf.sequences, bk.sequences):
             raise SystemExit(f"[{kind}] outputs differ:\n{hf.sequences}\n{bk.sequences}")
         if not torch.allclose(hf.sequences_scores, bk.sequences_scores, atol=1e-4, rtol=0):
             raise SystemExit(f"[{kind}] scores differ: {hf.sequences_scores} {bk.sequences_scores}")
-        finished = sum(h.finished for hyps in bk.hypotheses for h in hyps)
-        lengths = [len(hyps[0].tokens) for hyps in bk.hypotheses]
+        plain = hf_call()  # Whisper's plain output drops the decoder prompt, eos and padding; its dict keeps them
+        if not torch.equal(patched_call(), plain):
+            raise SystemExit(f"[{kind}] patched outputs differ")
+        if loop:
+            lengths = [int(n) for n in (plain != pad).sum(dim=1)]
+            finished = sum(n < NEW for n in lengths)
+        else:
+            finished = sum(h.finished for hyps in bk.hypotheses for h in hyps)
+            lengths = [len(hyps[0].tokens) for hyps in bk.hypotheses]
         for i in range(repeats):
-            # timed: plain `model.generate(...)` (a LongTensor, as most callers use it) vs beamkit; the order
-            # alternates so neither side always runs on a warmer cache
-            for side in ("hf", "bk") if i % 2 == 0 else ("bk", "hf"):
+            # timed: plain `model.generate(...)` (a LongTensor, as most callers use it) vs beamkit vs the patched
+            # model.generate; the order rotates so no side always runs on a warmer cache
+            got = {}
+            for side in rotation(i, ("hf", "bk", "patched")):
                 t0 = time.perf_counter()
                 if side == "hf":
-                    seq = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
-                    t_hf.append(time.perf_counter() - t0)
+                    got[side] = hf_call()
+                elif side == "patched":
+                    got[side] = patched_call()
+                elif loop:
+                    got[side] = bk_call()
                 else:
                     # the output object (for forward_seconds); building it costs well under 1% here
-                    bk = bh.generate(model, ids, mask, return_dict_in_generate=True, **kw)
-                    t_bk.append(time.perf_counter() - t0)
-                    over.append(1.0 - bk.forward_seconds / t_bk[-1])
-            if not torch.equal(seq, bk.sequences):
+                    bk = bk_call(return_dict_in_generate=True)
+                    got[side] = bk.sequences
+                times[side].append(time.perf_counter() - t0)
+                if side == "bk" and not loop:
+                    over.append(1.0 - bk.forward_seconds / times[side][-1])
+            if not (torch.equal(got["hf"], got["bk"]) and torch.equal(got["hf"], got["patched"])):
                 raise SystemExit(f"[{kind}] outputs differ in run {i}")
-        hf_ov = hf_overhead(model, lambda: model.generate(ids, attention_mask=mask, do_sample=False, **kw))
-    hf_med, bk_med, ov = statistics.median(t_hf), statistics.median(t_bk), statistics.median(over)
-    steps = bk.stats.model_calls
+        hf_ov = hf_overhead(model, hf_call)
+        if loop:
+            over.append(hf_overhead(model, bk_call))
+    hf_med, bk_med, pa_med = (statistics.median(times[side]) for side in ("hf", "bk", "patched"))
+    ov = statistics.median(over)
+    shape = (
+        f"up to {NEW} new tokens"
+        if loop
+        else f"{bk.stats.model_calls} steps, rows/step {bk.stats.rows_total / bk.stats.model_calls:.1f}"
+    )
     print(
-        f"[{kind}] hf generate {hf_med * 1e3:.1f} ms, beamkit {bk_med * 1e3:.1f} ms (median of {repeats}); "
-        f"{steps} steps, rows/step {bk.stats.rows_total / steps:.1f}, {finished} finished hypotheses, "
+        f"[{kind}] hf generate {hf_med * 1e3:.1f} ms, beamkit {bk_med * 1e3:.1f} ms, patched {pa_med * 1e3:.1f} ms "
+        f"(median of {repeats}); {shape}, {finished} finished {'requests' if loop else 'hypotheses'}, "
         f"best lengths {lengths}; outputs identical"
     )
-    return hf_med / bk_med, ov, hf_ov
+    return hf_med / bk_med, hf_med / pa_med, ov, hf_ov
 
 
 def ct2_ratio(kind: str, repeats: int, layers: int, width: int, prompt_len: int) -> float | None:
@@ -290,10 +404,12 @@ def ct2_ratio(kind: str, repeats: int, layers: int, width: int, prompt_len: int)
 
 
 def main() -> None:
-    """Run the benchmark for both models and print the summary lines."""
+    """Run the benchmark for the chosen models and print the summary lines."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--models", default="gpt2,t5", help="any of gpt2, t5, marian, t5-small (comma-separated)")
+    parser.add_argument(
+        "--models", default="gpt2,t5,whisper", help="any of gpt2, t5, whisper, marian, t5-small (comma-separated)"
+    )
     parser.add_argument("--layers", type=int, default=2, help="model size (the spec's figures use the defaults)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
@@ -301,14 +417,16 @@ def main() -> None:
     parser.add_argument("--ct2", action="store_true", help="add the CTranslate2 column (gpt2, marian)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()  # Whisper's generate warns about the benchmark's own settings
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
     results = {
         kind: run(kind, args.repeats, args.layers, args.width, args.prompt_len) for kind in args.models.split(",")
     }
-    for kind, (_, _, hf_ov) in results.items():
+    for kind, (_, _, _, hf_ov) in results.items():
         print(f"hf-overhead[{kind}]: {hf_ov * 100:.1f}% (Hugging Face generate, for comparison)")
-    for kind, (speed, ov, _) in results.items():
+    for kind, (speed, patched, ov, _) in results.items():
         print(f"hf-speedup[{kind}]: {speed:.2f}x")
+        print(f"patched-speedup[{kind}]: {patched:.2f}x")
         print(f"overhead[{kind}]: {ov * 100:.1f}%")
     for kind in args.models.split(",") if args.ct2 else ():
         if kind in ("gpt2", "marian"):
