@@ -338,8 +338,8 @@ def test_suppress_tokens_and_sequence_bias(name):
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 def test_hugging_face_call_arguments_swap_in(name):
     """A generate call written for Hugging Face runs unchanged: max_length (prompt or start token counted),
-    use_cache / sampling warpers without do_sample change nothing; what beamkit.hf cannot return is refused by
-    name."""
+    use_cache / sampling warpers without do_sample change nothing; what the engine bridge does not take runs in
+    beamkit's loop; an unknown keyword is refused by name."""
     model, ids, mask, eos, pad = setup(name)
     check(name, 8, num_beams=3, max_new_tokens=None, max_length=12)
     kw = dict(eos_token_id=eos, pad_token_id=pad, num_beams=3, max_new_tokens=6)
@@ -348,10 +348,12 @@ def test_hugging_face_call_arguments_swap_in(name):
     assert torch.equal(plain.sequences, swapped.sequences)
     assert torch.equal(plain.sequences_scores, swapped.sequences_scores)
     assert swapped.scores is None  # per-step tables are not kept
-    with pytest.raises(ValueError, match="use_cache"):
-        bh.generate(model, ids, mask, use_cache=False, **kw)
-    with pytest.raises(ValueError, match="output_attentions"):
-        bh.generate(model, ids, mask, output_attentions=True, **kw)
+    # not on the engine bridge: beamkit's loop inside Hugging Face's generate, identical
+    for extra in (dict(use_cache=False), dict(output_attentions=True, return_dict_in_generate=True)):
+        want = model.generate(ids, attention_mask=mask, **extra, **kw)
+        got = bh.generate(model, ids, mask, **extra, **kw)
+        assert torch.equal(got if isinstance(got, torch.Tensor) else got.sequences, plain.sequences)
+        assert type(got) is type(want)
     with pytest.raises(TypeError, match="bogus"):
         bh.generate(model, ids, mask, bogus=1, **kw)
 
@@ -522,8 +524,10 @@ def test_generation_config_defaults_and_unmapped_settings():
         assert torch.equal(full(model, ids, mask).sequences, penalised)
         assert not torch.equal(penalised, hf.sequences)
         gc.repetition_penalty, gc.do_sample, gc.typical_p = 1.0, True, 0.5
-        with pytest.raises(bh.Unsupported, match="typical_p"):
-            full(model, ids, mask)
+        torch.manual_seed(5)  # not on the engine bridge (typical_p): beamkit's loop, on Hugging Face's stream
+        sampled = model.generate(ids, attention_mask=mask)
+        torch.manual_seed(5)
+        assert torch.equal(bh.generate(model, ids, mask), sampled)
         out = full(model, ids, mask, do_sample=False)  # explicit override, as with model.generate
         assert torch.equal(out.sequences, hf.sequences)
     finally:

@@ -5,6 +5,7 @@ Oracles are ``model.generate`` on the same tiny random models (see ``tests/test_
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 
@@ -92,22 +93,27 @@ def test_patch_runs_beamkit_and_falls_back_by_name(name, caplog):
     want_tables = _hf(model, ids, attention_mask=mask, return_dict_in_generate=True, output_scores=True, **kw)
     one = dict(kw, num_beams=1)
     want_assisted = _hf(model, ids[:1], attention_mask=mask[:1], assistant_model=model, **one)
+    with bh.patch(copy.deepcopy(model), fast=True) as fast:  # beam search on the engine bridge
+        assert torch.equal(fast.model.generate(ids, attention_mask=mask, **kw), want) and not fast.fallbacks
     seen = []
     with bh.patch(model) as handle:
         original = handle.original
         handle.original = lambda *a, **k: seen.append(k.get("custom_generate")) or original(*a, **k)
-        assert torch.equal(model.generate(ids, attention_mask=mask, **kw), want) and not seen  # the engine bridge
+        greedy = dict(kw, num_beams=1)
+        assert torch.equal(model.generate(ids, attention_mask=mask, **greedy), _hf(model, ids, mask, **greedy))
+        assert not seen  # greedy: the engine bridge
+        assert torch.equal(model.generate(ids, attention_mask=mask, **kw), want)  # beamkit's loop
         torch.manual_seed(3)
         assert torch.equal(model.generate(ids, attention_mask=mask, do_sample=True, **kw), want_sampled)
         tables = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, output_scores=True, **kw)
         assert torch.equal(tables.sequences, want_tables.sequences)
         assert all(torch.equal(a, b) for a, b in zip(tables.scores, want_tables.scores, strict=True))
-        assert len(seen) == 2 and all(getattr(f, "__module__", "") == "beamkit.hf.loop" for f in seen)
+        assert len(seen) == 3 and all(getattr(f, "__module__", "") == "beamkit.hf.loop" for f in seen)
         with caplog.at_level(logging.WARNING, logger="beamkit.hf"):
             for _ in range(2):
                 got = model.generate(ids[:1], attention_mask=mask[:1], assistant_model=model, **one)
         # Hugging Face's own assisted loop, twice; it calls the (patched) assistant, which beamkit serves
-        assert torch.equal(got, want_assisted) and seen[2:].count(None) == 2 and len(seen) > 4
+        assert torch.equal(got, want_assisted) and seen[3:].count(None) == 2 and len(seen) > 5
         lines = [r.getMessage() for r in caplog.records if r.name == "beamkit.hf"]
         assert len(lines) == 1 and "assistant_model=" in lines[0]
         assert handle.fallbacks == [lines[0].split("beamkit.hf.patch: ")[1].split("; this call")[0]]
@@ -139,9 +145,9 @@ def test_text_generation_pipeline_on_a_patched_model(name):
     ran = []
     with bh.patch(model) as handle:
         original = handle.original
-        handle.original = lambda *a, **k: ran.append(k) or original(*a, **k)
+        handle.original = lambda *a, **k: ran.append(k.get("custom_generate")) or original(*a, **k)
         got = pipe(prompts, **kw)
-    assert got == want and not ran and not handle.fallbacks
+    assert got == want and ran and None not in ran and not handle.fallbacks  # every call in beamkit's loop
     assert len(got) == 3 and len(got[0]) == 2
 
 

@@ -294,3 +294,30 @@ def test_generate_takes_what_the_bridge_does_not():
         same(want, bh.generate(model, inputs_embeds=embeds, attention_mask=mask, num_beams=2, max_new_tokens=4))
     with pytest.raises(bh.Unsupported, match="assistant_model="):
         bh.generate(model, ids, attention_mask=mask, max_new_tokens=4, assistant_model=model)
+
+
+def near_uniform_t5():
+    """A T5 initialised a thousand times smaller than usual: nearly uniform next-token distributions, so
+    hypotheses tie within float32 rounding and the order of the running sums' arithmetic decides rankings."""
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(
+        num_layers=2, num_decoder_layers=2, d_model=32, d_ff=64, d_kv=8, num_heads=4, vocab_size=48,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, initializer_factor=1e-3,
+    )  # fmt: skip
+    ids = torch.randint(3, 48, (8, 7), generator=torch.Generator().manual_seed(1))
+    return transformers.T5ForConditionalGeneration(cfg).eval(), ids
+
+
+def test_near_ties_come_out_as_hugging_faces():
+    """Patched beam search on near-ties is identical to Hugging Face's, sequences and scores (it ranks with
+    Hugging Face's float32 sums); the engine bridge (``fast=True``), which sums in float64, is not -- the case
+    is a real near-tie, not a model where any arithmetic agrees."""
+    model, ids = near_uniform_t5()
+    kw = dict(num_beams=4, max_new_tokens=8, num_return_sequences=2)
+    check_served(model, ids, **kw)
+    check_served(model, ids, return_dict_in_generate=True, output_scores=True, **kw)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        with bh.patch(model, fast=True):
+            fast = model.generate(ids, **kw)
+    assert fast.shape != want.shape or not torch.equal(fast, want)

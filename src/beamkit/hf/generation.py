@@ -49,8 +49,13 @@ def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str,
     try:
         job = prepare(model, inputs, attention_mask, kwargs, exact_only)
     except Unsupported:
-        args = (inputs,) if attention_mask is None else (inputs, attention_mask)
-        return generate_in_loop(model, args, kwargs)
+        kwargs = dict(kwargs)
+        if attention_mask is not None:  # beamkit's second positional: a GenerationConfig or the attention mask
+            key = "generation_config" if type(attention_mask).__name__ == "GenerationConfig" else "attention_mask"
+            if key in kwargs:
+                raise TypeError(f"generate() got {key} twice") from None
+            kwargs[key] = attention_mask
+        return generate_in_loop(model, () if inputs is None else (inputs,), kwargs)
     return job()
 
 

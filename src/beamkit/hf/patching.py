@@ -13,6 +13,7 @@ import functools
 import logging
 from typing import Any
 
+from beamkit._checks import check_bool
 from beamkit.hf.generation import generate_in_loop, prepare
 from beamkit.hf.inputs import check_model
 from beamkit.hf.settings import Unsupported
@@ -24,8 +25,9 @@ class Patch:
     """A patched model's handle: ``undo()`` restores the original ``generate``; as a context manager it undoes
     at exit. ``fallbacks`` lists the reasons logged so far (each is logged once per patch)."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, fast: bool = False):
         check_model(model)
+        self.fast = check_bool("fast", fast)
         if getattr(getattr(model, "generate", None), "beamkit_patch", None) is not None:
             raise ValueError("model.generate is already patched by beamkit.hf")
         self.model = model
@@ -51,6 +53,8 @@ class Patch:
                 job = prepare(self.model, inputs, second, kwargs, exact_only=True)
             except (ValueError, TypeError):  # Unsupported among them: the loop or Hugging Face decides
                 job = None
+            if job is not None and not self.fast and job.args[3].num_beams > 1:
+                job = None  # beam search ranks by float64 sums on the engine: exact only to float32 near-ties
         if job is not None:
             return job()
         try:
@@ -79,16 +83,19 @@ class Patch:
         self.undo()
 
 
-def patch(model: Any) -> Patch:
-    """Make ``model.generate(...)`` run through beamkit for every call beamkit reproduces exactly: beamkit's
-    engine bridge (:func:`beamkit.hf.generate`) where it takes the call, else beamkit's decoding loop inside
-    Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`: Whisper, ``inputs_embeds``, per-step tables,
+def patch(model: Any, fast: bool = False) -> Patch:
+    """Make ``model.generate(...)`` run through beamkit for every call beamkit reproduces exactly: greedy calls
+    on beamkit's engine bridge (:func:`beamkit.hf.generate`) where it takes them, else beamkit's decoding loop
+    inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`: Whisper, ``inputs_embeds``, per-step tables,
     sampling with Hugging Face's random stream, any model input). Calls neither takes (assisted decoding, a
     streamer, a decoding method of the caller's own, generation modes Hugging Face 5.x moved to the Hub) run
     Hugging Face's original ``generate``, with one log line per reason (logger ``beamkit.hf``). Bad input raises
-    what Hugging Face raises. Returns a :class:`Patch`; ``with beamkit.hf.patch(model): ...`` restores the
-    original at exit, ``patch(model).undo()`` likewise. Pipelines built on the model
-    (``transformers.pipeline("text-generation", model=model, ...)``) go through the patched ``generate``
-    unchanged.
+    what Hugging Face raises. Beam search runs in the loop, which ranks with Hugging Face's float32 sums and tie
+    order, so even near-ties come out the same; ``fast=True`` runs the beam searches the engine bridge takes on
+    the engine (faster: finished requests leave the batch, paged keys/values), whose float64 sums can order
+    hypotheses that tie within float32 rounding differently. Returns a :class:`Patch`;
+    ``with beamkit.hf.patch(model): ...`` restores the original at exit, ``patch(model).undo()`` likewise.
+    Pipelines built on the model (``transformers.pipeline("text-generation", model=model, ...)``) go through the
+    patched ``generate`` unchanged.
     """
-    return Patch(model)
+    return Patch(model, fast)
