@@ -59,10 +59,11 @@ peer: $(PEER_STAMP)
 	$(PEER)/bin/python -m pytest tests/peer
 
 # The Hugging Face tests (every tests/test_hf*.py) again on the newest transformers release beamkit supports
-# (beamkit.hf.versions.TESTED_TRANSFORMERS); the dev extra pins the oldest. torch and the test tools only.
+# (beamkit.hf.versions.TESTED_TRANSFORMERS); the dev extra pins the oldest. torch and the test tools only; the
+# stamp names the release, so changing HF_NEWEST_TRANSFORMERS reinstalls.
 HF_NEWEST := .venv-hf
-HF_NEWEST_STAMP := $(HF_NEWEST)/.installed
 HF_NEWEST_TRANSFORMERS := 5.24.0
+HF_NEWEST_STAMP := $(HF_NEWEST)/.installed-$(HF_NEWEST_TRANSFORMERS)
 
 $(HF_NEWEST_STAMP): pyproject.toml
 	$(PY) -m venv $(HF_NEWEST)
