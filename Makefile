@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEER := .venv-peer
 PEER_STAMP := $(PEER)/.installed
 
-.PHONY: demo test lint typecheck pytest peer docs numerics wheel-check mutation bench clean
+.PHONY: demo test lint typecheck pytest peer hf-newest docs numerics wheel-check mutation bench clean
 
 # The demo needs beamkit alone (numpy: the shipped models run on it); the checks need all of dev.
 DEMO_STAMP := $(VENV)/.installed-demo
@@ -58,11 +58,27 @@ $(PEER_STAMP): pyproject.toml
 peer: $(PEER_STAMP)
 	$(PEER)/bin/python -m pytest tests/peer
 
+# The Hugging Face tests (every tests/test_hf*.py) again on the newest transformers release beamkit supports
+# (beamkit.hf.versions.TESTED_TRANSFORMERS); the dev extra pins the oldest. torch and the test tools only; the
+# stamp names the release, so changing HF_NEWEST_TRANSFORMERS reinstalls.
+HF_NEWEST := .venv-hf
+HF_NEWEST_TRANSFORMERS := 5.24.0
+HF_NEWEST_STAMP := $(HF_NEWEST)/.installed-$(HF_NEWEST_TRANSFORMERS)
+
+$(HF_NEWEST_STAMP): pyproject.toml
+	$(PY) -m venv $(HF_NEWEST)
+	$(HF_NEWEST)/bin/pip install -q torch==2.13.0 transformers==$(HF_NEWEST_TRANSFORMERS) numpy safetensors==0.8.0 "pytest>=8" "hypothesis>=6.100"
+	$(HF_NEWEST)/bin/pip install -q -e . --no-deps
+	touch $(HF_NEWEST_STAMP)
+
+hf-newest: $(HF_NEWEST_STAMP)
+	$(HF_NEWEST)/bin/python -m pytest tests/test_hf*.py -q
+
 # The documentation site, built strictly: a broken link, a missing page or a bad reference fails it.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-test: lint typecheck pytest peer docs
+test: lint typecheck pytest peer hf-newest docs
 
 # The modules whose figures come from floating-point kernels, run again with the CPU's vector instructions
 # switched off (torch, MKL, oneDNN, numpy) and other thread counts (torch and BLAS on one thread, the modules that
@@ -93,4 +109,4 @@ wheel-check:
 	bash .ci/wheel-check
 
 clean:
-	rm -rf $(VENV) $(PEER) site mutants .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEER) $(HF_NEWEST) site mutants .pytest_cache .mypy_cache .ruff_cache

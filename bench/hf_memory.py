@@ -130,12 +130,18 @@ class KVProbe:
     tensors, or a paged cache's whole pool, which is resident from its creation), and the logits' bytes."""
 
     def __init__(self, model: Any):
+        from beamkit.hf.versions import output_cache  # after the measured imports
+
+        self.output_cache = output_cache
         self.kv_peak = 0
         self.logits_peak = 0
         self.handle = model.register_forward_hook(self._hook)
 
     def _hook(self, module: Any, args: Any, out: Any) -> None:
-        cache = getattr(out, "past_key_values", None)
+        try:
+            cache = self.output_cache(out)  # `cache` from transformers 5.24 on, `past_key_values` before
+        except AttributeError:  # an output without a cache
+            cache = None
         total = 0
         pool = getattr(getattr(cache, "pool", None), "kv", None)  # a paged cache: its whole (zero-filled) pool
         if pool is not None:

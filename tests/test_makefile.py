@@ -76,3 +76,14 @@ def test_the_pinned_thread_count_is_one_unless_told(monkeypatch):
         monkeypatch.setenv(THREADS_VAR, bad)
         with pytest.raises(ValueError, match=THREADS_VAR):
             pinned_threads()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_test_runs_the_hf_tests_again_on_the_newest_transformers_after_the_peers(tmp_path):
+    lines = planned("test", tmp_path)
+    peer = lines.index(".venv-peer/bin/python -m pytest tests/peer")
+    newest = lines.index(".venv-hf/bin/python -m pytest tests/test_hf*.py -q")  # every test_hf module, by glob
+    assert peer < newest
+    installs = [line for line in lines if line.startswith(".venv-hf/bin/pip install")]
+    assert any("transformers==" in line and "torch==" in line for line in installs), installs
+    assert installs[-1].endswith("pip install -q -e . --no-deps")  # beamkit from this tree, nothing else

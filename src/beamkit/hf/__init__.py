@@ -8,7 +8,8 @@ itself run through beamkit where beamkit reproduces Hugging Face exactly. Module
 variant), :mod:`~beamkit.hf.output` (Hugging Face's return values), :mod:`~beamkit.hf.step` (the step functions
 over the model and its cache), :mod:`~beamkit.hf.paged` (decoder-only keys/values in beamkit's block pool),
 :mod:`~beamkit.hf.generation` (``generate``), :mod:`~beamkit.hf.patching` (``patch``),
-:mod:`~beamkit.hf.loading` (``load_pretrained``: the one loader of ``hf:DIR`` folders).
+:mod:`~beamkit.hf.loading` (``load_pretrained``: the one loader of ``hf:DIR`` folders),
+:mod:`~beamkit.hf.versions` (the supported ``transformers`` releases and the names that differ between them).
 
 Needs ``torch`` and ``transformers`` (imported only when this module is).
 """

@@ -50,7 +50,7 @@ def pages_fit(model: Any) -> bool:
 
 
 def plain_layers(cache: Any) -> bool:
-    """Whether ``cache`` (a model output's ``past_key_values``) is a ``DynamicCache`` of plain ``DynamicLayer``
+    """Whether ``cache`` (the cache a model forward returned) is a ``DynamicCache`` of plain ``DynamicLayer``
     layers holding keys/values of one shape."""
     layers = getattr(cache, "layers", None)
     if not isinstance(cache, DynamicCache) or not layers:

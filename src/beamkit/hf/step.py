@@ -34,6 +34,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from beamkit._checks import check_choice
 from beamkit.hf.join import Cohorts, Prompt, rows_of
 from beamkit.hf.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
+from beamkit.hf.versions import cache_keyword, output_cache
 from beamkit.hypothesis import SearchStats
 
 _CHUNK = 64  # columns added to the mask / position buffers at a time
@@ -259,7 +260,8 @@ class DecoderOnlyStep(_ModelStep):
     shared by every request this step function decodes, grown when full) where the model's cache is plain
     ``DynamicLayer`` layers, and falls back to the dense cache for any other model; ``kv="dense"`` always uses
     Hugging Face's ``DynamicCache``. Both give the same logits. ``self.kv`` is the one in use. ``block_size``:
-    positions per block; ``blocks``: the pool's first size (0: sized from the first prompts).
+    positions per block; ``blocks``: the pool's first size (0: sized from the first prompts). The cache goes to
+    the model under ``self.cache_key``, the keyword its forward takes (:func:`beamkit.hf.versions.cache_keyword`).
     """
 
     left_pad = True
@@ -268,6 +270,7 @@ class DecoderOnlyStep(_ModelStep):
         self.model = model
         self.keep_one = accepts(model, "logits_to_keep")
         self.takes_pos = accepts(model, "position_ids")
+        self.cache_key = cache_keyword(model)  # "cache" (transformers 5.24 on) or "past_key_values"
         full = pages_fit(model)  # full attention in every layer: plain DynamicLayer caches
         # a sliding-window layer holds fewer columns than the padding mask: the model builds those masks itself
         self.mask_4d = _takes_4d_mask(model) and full
@@ -292,7 +295,7 @@ class DecoderOnlyStep(_ModelStep):
             ids = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             mask = buf["mask"][..., :length]  # shape: (rows, L) or (rows, 1, 1, L) view
             pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
-            kwargs["past_key_values"] = cache = state.cache
+            kwargs[self.cache_key] = cache = state.cache
             if isinstance(cache, PagedCache):
                 cache.begin_step()  # shape: one new slot per row, copy-on-write done; the gather index built
         else:
@@ -312,14 +315,14 @@ class DecoderOnlyStep(_ModelStep):
             if isinstance(state.cache, PagedCache):
                 state.cache.end_step()
             else:
-                state.cache = out.past_key_values
+                state.cache = output_cache(out)
             state.length = length
             return logits, state
         per_request = {"mask": mask.bool()[:, None, None, :] if self.mask_4d else mask, "pos": pos}
         _grow(per_request, length + _CHUNK)
         rows = ids.shape[0]
         return logits, CacheRows(
-            self._keep(out.past_key_values, mask), np.arange(rows, dtype=np.int64), per_request, length
+            self._keep(output_cache(out), mask), np.arange(rows, dtype=np.int64), per_request, length
         )
 
     def _keep(self, cache: Any, mask: torch.Tensor) -> Any:
@@ -348,7 +351,8 @@ class EncoderDecoderStep(_ModelStep):
     [rows, S] encoder attention mask, "ids": [rows, S] input}``; after the first call a :class:`CacheRows` whose
     ``per_request["mask"]`` is the encoder mask of each row (``[rows, 1, 1, S]`` boolean, the cross-attention mask
     of one query token, where :func:`_takes_4d_mask` allows) and ``shared`` keeps the encoder output (one row per
-    request, never gathered).
+    request, never gathered). The cache goes to the model under ``self.cache_key``
+    (:func:`beamkit.hf.versions.cache_keyword`).
     """
 
     left_pad = False
@@ -356,6 +360,7 @@ class EncoderDecoderStep(_ModelStep):
     def __init__(self, model: Any):
         self.model = model
         self.mask_4d = _takes_4d_mask(model)
+        self.cache_key = cache_keyword(model)  # "cache" (transformers 5.24 on) or "past_key_values"
         self.forward_seconds = 0.0
         self.stats = SearchStats()
 
@@ -370,7 +375,7 @@ class EncoderDecoderStep(_ModelStep):
             mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
             dec = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
-            kwargs["past_key_values"] = state.cache
+            kwargs[self.cache_key] = state.cache
             enc_out = state.shared["enc_out"]
             if enc_out.last_hidden_state.shape[0] != rows:
                 # Cross-attention keys/values come from the cache; the model only needs the batch shape.
@@ -387,13 +392,14 @@ class EncoderDecoderStep(_ModelStep):
         self.forward_seconds += time.perf_counter() - start
         logits = _last_logits(out)  # shape: (rows, V)
         if isinstance(state, CacheRows):
-            state.cache = out.past_key_values
+            state.cache = output_cache(out)
             state.length += 1
             return logits, state
-        _check_cross_cache(out.past_key_values)
+        kv = output_cache(out)
+        _check_cross_cache(kv)
         # the encoder mask of each row; for one query token the cross-attention mask is it, ready-made in 4-D
         per_request = {"mask": mask.bool()[:, None, None, :] if self.mask_4d else mask}
-        cache = CacheRows(out.past_key_values, np.arange(rows, dtype=np.int64), per_request, 1)
+        cache = CacheRows(kv, np.arange(rows, dtype=np.int64), per_request, 1)
         cache.shared.update(enc=enc, enc_out=enc_out)
         return logits, cache
 
