@@ -86,8 +86,9 @@ def unpatched(model: Any) -> Any:
 
 def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool) -> Any:
     """The engine bridge's decoding of one call, checked and ready to run (a callable). Raises
-    :class:`Unsupported` for calls the bridge does not take: a model with its own ``generate`` (Whisper),
-    no ``input_ids`` or inputs that are not token ids, and settings it does not reproduce; with ``exact_only``
+    :class:`Unsupported` for calls the bridge does not take: a model with its own ``generate`` (Whisper), no
+    ``input_ids`` (``inputs_embeds``, or nothing), models whose inputs are not token ids, and settings it does
+    not reproduce; with ``exact_only``
     also per-step score tables (``output_scores`` with ``return_dict_in_generate``) and sampling (beamkit's
     bridge draws from its own noise, not from Hugging Face's RNG stream). ValueError / TypeError for bad input."""
     kwargs = dict(kwargs)
@@ -100,8 +101,10 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
             if inputs is not None:
                 raise TypeError(f"generate() got the inputs twice (positional and {name}=)")
             inputs = kwargs.pop(name)
-    if inputs is None or not isinstance(inputs, torch.Tensor) or inputs.dim() != 2 or inputs.is_floating_point():
-        raise Unsupported("inputs other than a 2-D tensor of token ids")
+    if inputs is None:
+        raise Unsupported("no input_ids")
+    if getattr(model, "main_input_name", "input_ids") != "input_ids":
+        raise Unsupported(f"inputs other than token ids ({model.main_input_name})")
     if type(attention_mask).__name__ == "GenerationConfig":  # Hugging Face's second positional argument
         if "generation_config" in kwargs:
             raise TypeError("generate() got generation_config twice")

@@ -24,9 +24,11 @@ import torch
 from torch.nn import functional
 
 from beamkit.hf.settings import Unsupported
+from beamkit.hf.versions import release
 
 NEG = -1.0e9  # Hugging Face's "impossible" score, added rather than set (so rankings among them stay defined)
-CACHE_NAMES = ("past_key_values", "cache_params", "state", "mems", "past_buckets_states")
+
+SORTS_DRAWS = release() >= (5, 24)  # beam sampling orders its drawn candidates by score from 5.24 on
 
 
 def decode(
@@ -94,8 +96,10 @@ class Run:
         return bool(self.model._has_unfinished_sequences(finished, self.synced_gpus, device=device))
 
     def cache(self) -> tuple[str, Any] | None:
-        """The cache keyword and its value, when the model keeps one."""
-        for name in CACHE_NAMES:
+        """The cache keyword and its value, when the model keeps one (the installed release's cache names)."""
+        from transformers.generation.utils import ALL_CACHE_NAMES
+
+        for name in ALL_CACHE_NAMES:
             if name in self.kwargs:
                 return name, self.kwargs[name]
         return None
@@ -149,15 +153,15 @@ class Tables:
         from transformers.generation import utils
 
         cache = run.cache()
-        common = {"scores": self.scores, "logits": self.logits, "past_key_values": cache[1] if cache else None}
+        cls = getattr(utils, f"{kind}{'EncoderDecoder' if run.encoder_decoder else 'DecoderOnly'}Output")
+        field = "cache" if "cache" in cls.__dataclass_fields__ else "past_key_values"  # renamed in 5.24
+        common = {"scores": self.scores, "logits": self.logits, field: cache[1] if cache else None}
         if run.encoder_decoder:
-            cls = getattr(utils, f"{kind}EncoderDecoderOutput")
             return cls(
                 **fields, **common, encoder_attentions=self.encoder_attentions,
                 encoder_hidden_states=self.encoder_hidden, decoder_attentions=self.attentions,
                 cross_attentions=self.cross, decoder_hidden_states=self.hidden,
             )  # fmt: skip
-        cls = getattr(utils, f"{kind}DecoderOnlyOutput")
         return cls(**fields, **common, attentions=self.attentions, hidden_states=self.hidden)
 
 
@@ -317,6 +321,9 @@ class BeamLoop:
         if self.run.config.do_sample:
             idx = torch.multinomial(functional.softmax(total, dim=-1), num_samples=self.c)
             lp = torch.gather(total, 1, idx)
+            if SORTS_DRAWS:  # transformers 5.24 on ranks the draws, best first
+                lp, order = lp.sort(dim=-1, descending=True)
+                idx = idx.gather(dim=-1, index=order)
         else:
             lp, idx = torch.topk(total, k=self.c)  # shape: (B, C)
         vocab = total.shape[-1] // k

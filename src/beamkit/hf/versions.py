@@ -20,6 +20,14 @@ from typing import Any
 TESTED_TRANSFORMERS = ">=5.23,<5.25"  # the transformers releases the Hugging Face bridge is tested with
 
 
+def release() -> tuple[int, int]:
+    """The installed transformers release as (major, minor), e.g. ``(5, 24)``."""
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
 def cache_keyword(model: Any) -> str:
     """The keyword ``model``'s forward takes its key/value cache under: ``"cache"`` where its signature names it
     (transformers 5.24 on), else ``"past_key_values"`` (transformers 5.23, and forwards that only take
