@@ -321,3 +321,33 @@ def test_near_ties_come_out_as_hugging_faces():
         with bh.patch(model, fast=True):
             fast = model.generate(ids, **kw)
     assert fast.shape != want.shape or not torch.equal(fast, want)
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_an_eos_outside_the_vocabulary_is_served_as_hugging_face_does(beams):
+    """``eos_token_id=-1`` (Hugging Face warns and never stops early): patched, served identically by the loop
+    -- the engine refuses such a request, which used to break the patched call."""
+    model, ids, mask, eos, pad = setup("llama")
+    check_served(model, ids, attention_mask=mask, eos_token_id=-1, pad_token_id=pad, num_beams=beams, max_new_tokens=4)
+
+
+def test_a_model_without_generate_is_a_type_error():
+    """Patching a base model (no language-modelling head, no ``generate``) names the problem."""
+    torch.manual_seed(0)
+    base = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20))
+    with pytest.raises(TypeError, match="GPT2Model has no generate method to patch"):
+        bh.patch(base)
+
+
+@pytest.mark.parametrize("kind", ["diverse", "constrained"])
+def test_variants_transformers_moved_to_the_hub_run_on_the_engine(kind):
+    """Diverse (``num_beam_groups``) and constrained (``force_words_ids``) beam search, which transformers 5.x
+    only loads from the Hub, are served by beamkit's engine when patched: the same output as
+    ``beamkit.hf.generate`` (whose variants are tested in ``tests/test_hf.py``), no fall-back."""
+    model, ids, mask, eos, pad = setup("gpt2")
+    extra = dict(num_beam_groups=2, diversity_penalty=1.0) if kind == "diverse" else dict(force_words_ids=[[7]])
+    kw = dict(attention_mask=mask, num_beams=4, max_new_tokens=5, eos_token_id=eos, pad_token_id=pad, **extra)
+    want = bh.generate(model, ids, **kw)
+    with Calls(model) as calls, torch.no_grad():
+        got = model.generate(ids, **kw)
+    assert torch.equal(got, want) and calls.own == calls.loop == 0 and not calls.handle.fallbacks

@@ -117,12 +117,23 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     gc, rest, given = merge_config(passed, getattr(model, "generation_config", None), kwargs)
     input_ids = check_input_ids(inputs, model)
     settings = resolve(model, gc, rest, given, input_ids.shape[1])
+    outside = [e for e in settings.eos if not 0 <= e < output_width(model, e + 1)]
+    if outside:  # Hugging Face warns and never stops on them
+        raise Unsupported(f"eos ids {outside} outside the model's output")
     if exact_only and settings.return_dict and settings.output_scores:
         raise Unsupported("output_scores=True with return_dict_in_generate: per-step scores are not kept")
     if exact_only and settings.do_sample:
         raise Unsupported("do_sample=True: beamkit samples from its own noise, not Hugging Face's RNG stream")
     mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
     return functools.partial(_decode, model, input_ids, mask, settings)
+
+
+def output_width(model: Any, default: int) -> int:
+    """Columns of the model's output (its output embedding's rows), ``default`` when it has none to read."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else default
 
 
 def _mixin_generate() -> Any:

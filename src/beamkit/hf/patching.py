@@ -17,6 +17,7 @@ from beamkit._checks import check_bool
 from beamkit.hf.generation import generate_in_loop, prepare
 from beamkit.hf.inputs import check_model
 from beamkit.hf.settings import Unsupported
+from beamkit.hypothesis import BatchDecodeError
 
 log = logging.getLogger("beamkit.hf")
 
@@ -27,6 +28,7 @@ class Patch:
 
     def __init__(self, model: Any, fast: bool = False):
         check_model(model)
+        self._check_generates(model)
         self.fast = check_bool("fast", fast)
         if getattr(getattr(model, "generate", None), "beamkit_patch", None) is not None:
             raise ValueError("model.generate is already patched by beamkit.hf")
@@ -53,14 +55,26 @@ class Patch:
                 job = prepare(self.model, inputs, second, kwargs, exact_only=True)
             except (ValueError, TypeError):  # Unsupported among them: the loop or Hugging Face decides
                 job = None
-            if job is not None and not self.fast and job.args[3].num_beams > 1:
+            if job is not None and not self.fast and _plain_beam_search(job.args[3]):
                 job = None  # beam search ranks by float64 sums on the engine: exact only to float32 near-ties
         if job is not None:
-            return job()
+            try:
+                return job()
+            except BatchDecodeError:  # a request the engine refused (nothing of the caller's was changed)
+                pass
         try:
             return generate_in_loop(self.model, args, kwargs, self.original)
         except Unsupported as err:  # raised before anything ran: Hugging Face's own method runs the call
             return self._fall_back(str(err), args, kwargs)
+
+    @staticmethod
+    def _check_generates(model: Any) -> None:
+        """TypeError unless ``model`` has a ``generate`` to patch (a model with a language-modelling head)."""
+        if not callable(getattr(model, "generate", None)):
+            raise TypeError(
+                f"{type(model).__name__} has no generate method to patch (a model with a language-modelling head, "
+                "such as GPT2LMHeadModel rather than GPT2Model, has one)"
+            )
 
     def _fall_back(self, why: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Log ``why`` once, then run Hugging Face's own ``generate``."""
@@ -81,6 +95,12 @@ class Patch:
 
     def __exit__(self, *exc: object) -> None:
         self.undo()
+
+
+def _plain_beam_search(settings: Any) -> bool:
+    """Whether the engine bridge would run a plain beam search (not greedy, not diverse or constrained beam
+    search, which the loop does not decode)."""
+    return settings.num_beams > 1 and settings.groups == 1 and not settings.force_words
 
 
 def patch(model: Any, fast: bool = False) -> Patch:
