@@ -490,6 +490,24 @@ def test_diverse_groups_start_differently(name):
     assert div.sequences.shape[0] == 8 * 4
 
 
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_diverse_groups_take_the_prompt_processors(name):
+    """Diverse beam search with processors that read each request's prompt (no_repeat_ngram_size, bad words):
+    every group gets its request's prompt (it used to fail: a group was a request the processors did not know),
+    and every returned sequence obeys them (checked by brute force over the sequences)."""
+    model, ids, mask, eos, pad = setup(name)
+    banned = 9
+    kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0, max_new_tokens=6, num_return_sequences=4)
+    kw.update(eos_token_id=eos, pad_token_id=pad, no_repeat_ngram_size=2, bad_words_ids=[[banned]])
+    out = full(model, ids, mask, **kw)
+    for r, hyps in enumerate(out.hypotheses):
+        prompt = [int(t) for t, m in zip(ids[r], mask[r], strict=True) if m] if name == "gpt2" else []
+        for h in hyps:
+            seq = prompt + list(h.tokens)
+            pairs = list(zip(seq, seq[1:], strict=False))
+            assert len(pairs) == len(set(pairs)) and banned not in h.tokens
+
+
 @pytest.mark.parametrize("name", ["gpt2", "bart"])
 def test_force_words_appear(name):
     model, ids, mask, eos, pad = setup(name)

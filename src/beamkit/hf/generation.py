@@ -158,6 +158,9 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: A
     # decoder tokens from the start token on (encoder-decoder)
     prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
     first = (mask != 0).int().argmax(dim=1).tolist()  # first attended column of each prompt
+    if settings.groups > 1:  # diverse beam search decodes each request once per group, as requests of their own
+        prompts = tuple(p for p in prompts for _ in range(settings.groups))
+        first = [f for f in first for _ in range(settings.groups)]
     processors = build_processors(settings, prompts, first)
     state = step.init_state(input_ids, mask)
     seeds = request_seeds(input_ids, mask) if settings.do_sample else None
