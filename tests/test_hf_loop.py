@@ -351,3 +351,18 @@ def test_variants_transformers_moved_to_the_hub_run_on_the_engine(kind):
     with Calls(model) as calls, torch.no_grad():
         got = model.generate(ids, **kw)
     assert torch.equal(got, want) and calls.own == calls.loop == 0 and not calls.handle.fallbacks
+
+
+def test_a_mode_the_loop_does_not_decode_never_enters_hugging_faces_generate_twice():
+    """Contrastive search (``penalty_alpha`` + ``top_k``, on the Hub in transformers 5.x) is refused before
+    Hugging Face's ``generate`` runs with beamkit's loop, so the call runs once, on Hugging Face's own path (which
+    expands a given ``encoder_outputs`` in place: a second run would see it expanded); Hugging Face's own error
+    offline, the reason logged."""
+    model, ids, mask, eos, pad = setup("t5")
+    kw = dict(attention_mask=mask, penalty_alpha=0.6, top_k=4, max_new_tokens=3)
+    with pytest.raises(Exception) as want:
+        model.generate(ids, **kw)
+    with Calls(model) as calls, pytest.raises(type(want.value)) as got:
+        model.generate(ids, **kw)
+    assert str(got.value) == str(want.value)
+    assert calls.loop == 0 and calls.own == 1 and "contrastive_search" in calls.handle.fallbacks[0]

@@ -70,8 +70,30 @@ def generate_in_loop(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
     if taken or len(args) > 2:
         names = ", ".join(f"{n}=" for n in taken) or "positional arguments after generation_config"
         raise Unsupported(f"{names}: Hugging Face's generate does not hand it to a custom decoding method")
+    check_mode(model, args, kwargs)
     call = original if original is not None else unpatched(model)
     return call(*args, custom_generate=decode, **kwargs)
+
+
+def check_mode(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """:class:`Unsupported` when the call's generation mode (from its settings merged over the model's
+    generation config) is one beamkit's loop does not decode: refused before Hugging Face's ``generate`` runs,
+    since it expands some inputs in place (a given ``encoder_outputs``) and a rerun would see them expanded."""
+    from beamkit.hf.loop import LOOPS
+
+    passed = args[1] if len(args) > 1 else kwargs.get("generation_config")
+    if type(passed).__name__ != "GenerationConfig":
+        passed = None
+    settings = {k: v for k, v in kwargs.items() if k != "generation_config"}
+    gc, _, _ = merge_config(passed, getattr(model, "generation_config", None), settings)
+    if getattr(gc, "low_memory", False):
+        raise Unsupported("low_memory=True")
+    try:
+        mode = gc.get_generation_mode().value
+    except (ValueError, TypeError):  # settings Hugging Face rejects: its own generate says so
+        return
+    if mode not in LOOPS:
+        raise Unsupported(f"generation mode {mode!r} is not decoded by beamkit")
 
 
 # generate()'s arguments that reach only Hugging Face's own decoding methods, never a custom one
