@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 import beamkit.hf as bh  # noqa: E402
 from beamkit.hf.loop import decode  # noqa: E402
+from beamkit.hf.versions import output_cache, release  # noqa: E402
 from tests.test_hf import MODELS, setup  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -234,16 +235,17 @@ def test_decoder_prefix_and_encoder_outputs(name):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_a_given_cache(name):
-    """``past_key_values=`` holding the prompt's first columns already: Hugging Face feeds only the rest."""
+    """``past_key_values=`` (``cache=`` from transformers 5.24 on) holding the prompt's first columns already:
+    Hugging Face feeds only the rest (greedy: Hugging Face does not expand a given cache for beams)."""
     model, ids, mask, eos, pad = setup(name)
     head = 4
 
     def cache():
         with torch.no_grad():
-            return model(ids[:, :head], attention_mask=mask[:, :head], use_cache=True).past_key_values
+            return output_cache(model(ids[:, :head], attention_mask=mask[:, :head], use_cache=True))
 
-    check_served(model, ids, attention_mask=mask, past_key_values=Fresh(cache), max_new_tokens=5)  # (greedy: Hugging
-    # Face does not expand a given cache for beams)
+    keyword = "cache" if release() >= (5, 24) else "past_key_values"  # generate's keyword for it, per release
+    check_served(model, ids, attention_mask=mask, max_new_tokens=5, **{keyword: Fresh(cache)})
 
 
 def test_hugging_faces_own_errors_stay_its_own():
