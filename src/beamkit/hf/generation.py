@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from beamkit.hf.inputs import attention_mask_for, check_input_ids, check_model
+from beamkit.hf.inputs import attention_mask_for, check_input_ids, check_model, output_size
 from beamkit.hf.output import build_output
 from beamkit.hf.paged import BLOCK_SIZE
 from beamkit.hf.processors import build_processors
 from beamkit.hf.search import run_search
-from beamkit.hf.settings import Unsupported, merge_config, resolve
+from beamkit.hf.settings import Settings, Unsupported, is_generation_config, merge_config, resolve
 from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep
 
 
@@ -51,7 +51,7 @@ def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str,
     except Unsupported:
         kwargs = dict(kwargs)
         if attention_mask is not None:  # beamkit's second positional: a GenerationConfig or the attention mask
-            key = "generation_config" if type(attention_mask).__name__ == "GenerationConfig" else "attention_mask"
+            key = "generation_config" if is_generation_config(attention_mask) else "attention_mask"
             if key in kwargs:
                 raise TypeError(f"generate() got {key} twice") from None
             kwargs[key] = attention_mask
@@ -79,21 +79,19 @@ def check_mode(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
     """:class:`Unsupported` when the call's generation mode (from its settings merged over the model's
     generation config) is one beamkit's loop does not decode: refused before Hugging Face's ``generate`` runs,
     since it expands some inputs in place (a given ``encoder_outputs``) and a rerun would see them expanded."""
-    from beamkit.hf.loop import LOOPS
+    from beamkit.hf.loop import loop_for
 
     passed = args[1] if len(args) > 1 else kwargs.get("generation_config")
-    if type(passed).__name__ != "GenerationConfig":
+    if not is_generation_config(passed):
         passed = None
     settings = {k: v for k, v in kwargs.items() if k != "generation_config"}
     gc, _, _ = merge_config(passed, getattr(model, "generation_config", None), settings)
-    if getattr(gc, "low_memory", False):
-        raise Unsupported("low_memory=True")
     try:
-        mode = gc.get_generation_mode().value
+        loop_for(gc)
+    except Unsupported:
+        raise
     except (ValueError, TypeError):  # settings Hugging Face rejects: its own generate says so
         return
-    if mode not in LOOPS:
-        raise Unsupported(f"generation mode {mode!r} is not decoded by beamkit")
 
 
 # generate()'s arguments that reach only Hugging Face's own decoding methods, never a custom one
@@ -127,7 +125,7 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
         raise Unsupported("no input_ids")
     if getattr(model, "main_input_name", "input_ids") != "input_ids":
         raise Unsupported(f"inputs other than token ids ({model.main_input_name})")
-    if type(attention_mask).__name__ == "GenerationConfig":  # Hugging Face's second positional argument
+    if is_generation_config(attention_mask):  # Hugging Face's second positional argument
         if "generation_config" in kwargs:
             raise TypeError("generate() got generation_config twice")
         kwargs["generation_config"], attention_mask = attention_mask, None
@@ -139,7 +137,8 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     gc, rest, given = merge_config(passed, getattr(model, "generation_config", None), kwargs)
     input_ids = check_input_ids(inputs, model)
     settings = resolve(model, gc, rest, given, input_ids.shape[1])
-    outside = [e for e in settings.eos if not 0 <= e < output_width(model, e + 1)]
+    width = output_size(model)
+    outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
     if outside:  # Hugging Face warns and never stops on them
         raise Unsupported(f"eos ids {outside} outside the model's output")
     if exact_only and settings.return_dict and settings.output_scores:
@@ -147,15 +146,21 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     if exact_only and settings.do_sample:
         raise Unsupported("do_sample=True: beamkit samples from its own noise, not Hugging Face's RNG stream")
     mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
-    return functools.partial(_decode, model, input_ids, mask, settings)
+    return Prepared(model, input_ids, mask, settings)
 
 
-def output_width(model: Any, default: int) -> int:
-    """Columns of the model's output (its output embedding's rows), ``default`` when it has none to read."""
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    weight = getattr(head, "weight", None)
-    return int(weight.shape[0]) if weight is not None else default
+@dataclass(frozen=True)
+class Prepared:
+    """One call checked for the engine bridge: its left-padded ``input_ids`` / ``mask`` ``[B, P]`` and
+    resolved settings; calling it decodes on beamkit's engine."""
+
+    model: Any
+    input_ids: torch.Tensor  # shape: (B, P)
+    mask: torch.Tensor  # shape: (B, P)
+    settings: Settings
+
+    def __call__(self) -> Any:
+        return _decode(self.model, self.input_ids, self.mask, self.settings)
 
 
 def _mixin_generate() -> Any:
@@ -164,7 +169,7 @@ def _mixin_generate() -> Any:
     return GenerationMixin.generate
 
 
-def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: Any) -> Any:
+def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: Settings) -> Any:
     """Run one prepared call on beamkit's engine."""
     batch = input_ids.shape[0]
     step: DecoderOnlyStep | EncoderDecoderStep

@@ -29,6 +29,14 @@ def vocabulary_size(model: Any) -> int | None:
     return None if size is None else int(size)
 
 
+def output_size(model: Any) -> int | None:
+    """Columns of the model's output: its output embedding's rows (None when it has none to read)."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    weight = getattr(head, "weight", None)
+    return None if weight is None else int(weight.shape[0])
+
+
 def check_input_ids(input_ids: Any, model: Any) -> torch.Tensor:
     """``input_ids`` as given, after checking it is a 2-D integer tensor of ids inside the vocabulary."""
     if input_ids is None:

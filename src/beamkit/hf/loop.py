@@ -45,14 +45,22 @@ def decode(
     model keywords it built; returns what Hugging Face's own method for the mode returns. Raises
     :class:`~beamkit.hf.Unsupported` (before any forward) for modes other than greedy, sampling, beam search and
     beam sampling."""
+    loop = loop_for(generation_config)
+    run = Run(model, logits_processor, stopping_criteria, generation_config, bool(synced_gpus), model_kwargs)
+    return loop(run).decode(input_ids)
+
+
+def loop_for(generation_config: Any) -> type[TokenLoop] | type[BeamLoop]:
+    """The loop that decodes ``generation_config``'s generation mode; :class:`~beamkit.hf.Unsupported` for the
+    modes it does not (contrastive search, DoLa, assisted, diverse and constrained beam search) and for
+    ``low_memory=True``."""
     mode = generation_config.get_generation_mode().value
     loop = LOOPS.get(mode)
     if loop is None:
         raise Unsupported(f"generation mode {mode!r} is not decoded by beamkit")
     if getattr(generation_config, "low_memory", False):
         raise Unsupported("low_memory=True")
-    run = Run(model, logits_processor, stopping_criteria, generation_config, bool(synced_gpus), model_kwargs)
-    return loop(run).decode(input_ids)
+    return loop
 
 
 @dataclass
@@ -121,12 +129,16 @@ class Tables:
     def asked(cls, run: Run) -> Tables:
         """Empty tuples for what the call asks for (``return_dict_in_generate`` plus the ``output_*`` flags)."""
         gc = run.config
-        on = bool(gc.return_dict_in_generate)
-        want = {name: () if on and bool(getattr(gc, f"output_{name}")) else None for name in ("scores", "logits")}
-        att = () if on and gc.output_attentions else None
-        hid = () if on and gc.output_hidden_states else None
-        tables = cls(want["scores"], want["logits"], att, () if att is not None else None, hid)
-        if on and run.encoder_decoder:
+
+        def empty(flag: Any) -> tuple[Any, ...] | None:
+            return () if gc.return_dict_in_generate and flag else None
+
+        attentions = gc.output_attentions
+        tables = cls(
+            empty(gc.output_scores), empty(gc.output_logits), empty(attentions), empty(attentions),
+            empty(gc.output_hidden_states),
+        )  # fmt: skip
+        if gc.return_dict_in_generate and run.encoder_decoder:
             enc = run.kwargs["encoder_outputs"]
             tables.encoder_attentions = enc.get("attentions") if gc.output_attentions else None
             tables.encoder_hidden = enc.get("hidden_states") if gc.output_hidden_states else None
@@ -135,8 +147,8 @@ class Tables:
     def add(
         self, outputs: Any, logits: torch.Tensor, scores: torch.Tensor, encoder_decoder: bool, copy: bool = False
     ) -> None:
-        """Keep this step's tables (``logits`` / ``scores`` ``[rows, V]``, copied when ``copy``: beam search
-        changes them in place later; the forward's attentions and hidden states, per layer)."""
+        """Keep this step's tables (``logits`` / ``scores`` ``[rows, V]``, copied when ``copy``, as Hugging Face's
+        beam search keeps copies; the forward's attentions and hidden states, per layer)."""
         if self.logits is not None:
             self.logits += (logits.clone() if copy else logits,)
         if self.scores is not None:

@@ -16,7 +16,7 @@ from typing import Any
 from beamkit._checks import check_bool
 from beamkit.hf.generation import generate_in_loop, prepare
 from beamkit.hf.inputs import check_model
-from beamkit.hf.settings import Unsupported
+from beamkit.hf.settings import Settings, Unsupported
 from beamkit.hypothesis import BatchDecodeError
 
 log = logging.getLogger("beamkit.hf")
@@ -55,7 +55,7 @@ class Patch:
                 job = prepare(self.model, inputs, second, kwargs, exact_only=True)
             except (ValueError, TypeError):  # Unsupported among them: the loop or Hugging Face decides
                 job = None
-            if job is not None and not self.fast and _plain_beam_search(job.args[3]):
+            if job is not None and not self.fast and _plain_beam_search(job.settings):
                 job = None  # beam search ranks by float64 sums on the engine: exact only to float32 near-ties
         if job is not None:
             try:
@@ -97,7 +97,7 @@ class Patch:
         self.undo()
 
 
-def _plain_beam_search(settings: Any) -> bool:
+def _plain_beam_search(settings: Settings) -> bool:
     """Whether the engine bridge would run a plain beam search (not greedy, not diverse or constrained beam
     search, which the loop does not decode)."""
     return settings.num_beams > 1 and settings.groups == 1 and not settings.force_words

@@ -235,6 +235,11 @@ def _sequence_biases(value: Any) -> tuple[tuple[tuple[int, ...], float], ...]:
     return tuple(merged.items())
 
 
+def is_generation_config(value: Any) -> bool:
+    """Whether ``value`` is a ``transformers.GenerationConfig`` (by name: telling it apart needs no import)."""
+    return type(value).__name__ == "GenerationConfig"
+
+
 def merge_config(passed: Any, own: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any], set[str]]:
     """The generation config of one call, as ``model.generate`` builds it: ``passed`` (a ``GenerationConfig`` or
     None) copied, its unset (None) fields filled from the model's ``own``, then updated with the keyword
