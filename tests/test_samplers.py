@@ -327,3 +327,25 @@ def test_samplers_has_no_other_hidden_names() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
         beamkit.samplers.Nothing  # noqa: B018
+
+
+def test_positional_argument_is_the_samplers_own_parameter() -> None:
+    """``TopK(5)`` keeps 5 tokens and ``TopP(0.9)`` is a nucleus of 0.9, as the docs write them; ``seed`` and
+    ``generator`` are keyword-only in every sampler (a positional seed is a TypeError, never a silent seed)."""
+    assert TopK(5).k == 5 and TopK(5).seed is None
+    assert TopP(0.9).p == 0.9 and TopP(0.9).seed is None
+    assert set(first_tokens(TopK(2, seed=1), n=400)) == {0, 1}  # only the two most likely tokens are drawn
+    assert set(first_tokens(TopP(0.3, seed=1), n=50)) == {0}  # P5[0] = 0.4 reaches p alone
+    for make in (Multinomial, BeamSample, GumbelTopK):
+        with pytest.raises(TypeError):
+            make(5)  # type: ignore[misc]
+
+
+def test_negative_seed_is_named() -> None:
+    step = fixed_step(np.array([0.5, 0.3, 0.2]))
+    with pytest.raises(ValueError, match=r"^seed must be >= 0, got -1$"):
+        stochastic_beam_search(step, np.zeros((1, 1)), BOS, 2, 2, 3, seed=-1)
+    with pytest.raises(ValueError, match=r"^seed must be >= 0, got -3$"):
+        TopK(k=3, seed=-3)
+    with pytest.raises(TypeError):
+        stochastic_beam_search(step, np.zeros((1, 1)), BOS, 2, 2, 3, 7)  # type: ignore[misc]

@@ -58,7 +58,7 @@ class Noise:
     def __init__(self, seed: int | None = None, generator: Any = None):
         if seed is not None and generator is not None:
             raise ValueError("give either seed or generator, not both")
-        check_optional_int("seed", seed)
+        check_optional_int("seed", seed, 0)
         if generator is not None and not ops.is_generator(generator):
             raise TypeError(f"generator must be a numpy or torch Generator, got {type(generator).__name__}")
         self.seed = seed
@@ -96,12 +96,14 @@ class RowSampler:
     ``temperature`` (a finite number > 0, default 1) tempers the distribution tokens are drawn from and nothing
     else; a request's own temperature (``Engine.add(..., temperature=T)``, seen in ``StepContext.temperature``)
     replaces it for that request's rows. ``with_replacement`` (default False): draw the ``m`` tokens of a row
-    independently, so a token may be drawn, and offered to the engine, more than once. Both are keyword-only.
+    independently, so a token may be drawn, and offered to the engine, more than once. ``seed``, ``generator``,
+    ``temperature`` and ``with_replacement`` are keyword-only, so ``TopK(5)`` is ``TopK(k=5)`` and
+    ``TopP(0.9)`` is ``TopP(p=0.9)``.
     """
 
+    _: KW_ONLY
     seed: int | None = None
     generator: Any = None
-    _: KW_ONLY
     temperature: float = 1.0
     with_replacement: bool = False
     noise: Noise = field(init=False, repr=False)

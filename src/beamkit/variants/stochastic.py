@@ -104,7 +104,7 @@ class GumbelTopK(RowSampler):
     ``with_replacement=True`` is a ValueError.
     """
 
-    table: PrefixTable = field(default_factory=lambda: PrefixTable(2), repr=False)
+    table: PrefixTable = field(default_factory=lambda: PrefixTable(2), repr=False, init=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -150,6 +150,7 @@ def stochastic_beam_search(
     eos: int | Sequence[int],
     beam_size: int,
     max_len: int,
+    *,
     seed: int | None = None,
     generator: Any = None,
     length_penalty: float | LengthPenalty = 1.0,
@@ -161,6 +162,7 @@ def stochastic_beam_search(
     so each request's result is exactly the top ``beam_size`` perturbed sequences among all outputs (finished
     ones, and unfinished ones of ``max_len`` tokens). Returns, per request, the samples ordered by key (largest
     first); ``hypothesis.score`` is the length-normalised log-probability, ``phi`` the log-probability.
+    Randomness comes from ``seed`` (keyword-only, an integer >= 0) or ``generator``.
 
     A request that fails (NaN logits, no finite candidate) fails alone: the others finish and a
     :class:`BatchDecodeError` is raised whose ``results`` hold every request's samples (an empty list for a
