@@ -5,6 +5,7 @@ same input (one default shared by both)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -222,3 +223,69 @@ def test_lm_build_shows_progress_on_a_terminal_only(run, tmp_path, monkeypatch) 
     assert "".join(tty.parts) == ""
     assert (tmp_path / "a.arpa").read_text() == (tmp_path / "b.arpa").read_text()
     assert write_arpa(corpus, tmp_path / "d.arpa", progress=False) > 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--alpha", "1e308"), ("--beta", "1e308"), ("--alpha", "-1e308"), ("--beta", "1001")]
+)
+def test_lm_weights_are_bounded(run, files, option, value) -> None:
+    # --alpha 1e308 printed a score of -Infinity, --beta 1e308 one of Infinity (neither is JSON)
+    _, labels, npy, arpa = files
+    weight = f"{option}={value}"  # the = form: a negative value is not read as an option
+    rc, out, err = run("ctc", "decode", str(npy), "--labels", str(labels), "--lm", str(arpa), weight, "--json")
+    assert rc == 2 and out == ""
+    usage_error(err, option)
+    assert "between -1000 and 1000" in err
+
+
+def test_lm_weights_at_the_bound_print_json(run, files) -> None:
+    _, labels, npy, arpa = files
+    rc, out, _ = run("ctc", "decode", str(npy), "--labels", str(labels), "--lm", str(arpa), "--alpha", "1000",
+                     "--beta", "-1000", "--json", "--lm-backend", "arpa")  # fmt: skip
+    assert rc == 0
+    assert math.isfinite(json.loads(out, parse_constant=_refuse_constant)["beams"][0]["score"])
+
+
+def _refuse_constant(name: str) -> float:
+    raise AssertionError(f"{name} is not JSON")
+
+
+def test_a_non_finite_score_is_an_error_not_json_infinity(run, files, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from beamkit.ctc import Decoder
+
+    def decode(self, mats):
+        return [[SimpleNamespace(text="x", word_frames=[], logit_score=-1.0, score=-math.inf)] for _ in mats]
+
+    monkeypatch.setattr(Decoder, "decode", decode)
+    _, labels, npy, _ = files
+    rc, out, err = run("ctc", "decode", str(npy), "--labels", str(labels), "--json")
+    assert rc == 2 and out == ""
+    one_error_line(err, "not a finite number")
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"), [(("--top", "2"), "add --json"), (("--greedy", "--json", "--top", "3"), "drop --top")]
+)
+def test_top_is_never_ignored(run, files, extra, needle) -> None:
+    _, labels, npy, _ = files
+    rc, out, err = run("ctc", "decode", str(npy), "--labels", str(labels), *extra)
+    assert rc == 2 and out == ""
+    one_error_line(err, "--top", needle)
+    rc, out, _ = run("ctc", "decode", str(npy), "--labels", str(labels), "--json", "--top", "2")
+    assert rc == 0 and len(json.loads(out)["beams"]) == 2
+
+
+def test_beam_width_has_a_documented_maximum(run, files) -> None:
+    # --beam 99999999999 allocated 8.7 TiB and died with a traceback
+    from beamkit.ctc import CTCOptions
+    from beamkit.ctc.options import MAX_BEAM_WIDTH
+
+    _, labels, npy, _ = files
+    rc, out, err = run("ctc", "decode", str(npy), "--labels", str(labels), "--beam", "99999999999")
+    assert rc == 2 and out == ""
+    usage_error(err, "--beam")
+    assert "100,000" in err
+    with pytest.raises(ValueError, match=r"^beam_width must be between 1 and 100000, got 100001$"):
+        CTCOptions(beam_width=MAX_BEAM_WIDTH + 1)

@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from beamkit.cli.types import finite_float, positive_int
+from beamkit.cli.types import finite_float, lm_weight, positive_int
 
 MODEL_HELP = (
     "the model: a shipped model's name (default: {default}; `beamkit models` lists them), a beamkit checkpoint "
@@ -73,9 +73,15 @@ def add_lm_args(parser: argparse.ArgumentParser, backend: bool = True) -> None:
             help="how to read --lm: kenlm (the kenlm module; ARPA or binary), arpa (beamkit's pure-Python ARPA "
             f"reader, any order), auto (kenlm when installed and the order is <= {KENLM_MAX_ORDER}, else arpa)",
         )
-    parser.add_argument("--alpha", type=finite_float, default=0.5, action=StoreGiven, help="LM weight (needs --lm)")
     parser.add_argument(
-        "--beta", type=finite_float, default=1.5, action=StoreGiven, help="word insertion bonus (needs --lm)"
+        "--alpha", type=lm_weight, default=0.5, action=StoreGiven, help="LM weight, -1000 to 1000 (needs --lm)"
+    )
+    parser.add_argument(
+        "--beta",
+        type=lm_weight,
+        default=1.5,
+        action=StoreGiven,
+        help="word insertion bonus, -1000 to 1000 (needs --lm)",
     )
 
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from beamkit.cli.args import StoreGiven, add_lm_args, lm_options_given, parse_blank, read_labels
-from beamkit.cli.types import non_negative_int, non_positive_float, positive_int
+from beamkit.cli.types import bounded_int, non_negative_int, non_positive_float, positive_int
+from beamkit.ctc.options import MAX_BEAM_WIDTH
 from beamkit.lm import KENLM_MAX_ORDER
 
 if TYPE_CHECKING:
@@ -49,6 +50,10 @@ def _check_lm_options(args: argparse.Namespace) -> None:
             raise ValueError("--greedy decodes without a language model: drop --lm (or --greedy for beam search)")
         if "--beam" in given:
             raise ValueError("--greedy keeps one path: drop --beam (or --greedy for beam search)")
+        if "--top" in given:
+            raise ValueError("--greedy keeps one path: drop --top (or --greedy for the top beams of beam search)")
+    if "--top" in given and not getattr(args, "json", True):
+        raise ValueError("--top sets the beams printed by --json: add --json (without it, the best text is printed)")
 
 
 def _load_matrices(path: str) -> list[np.ndarray]:
@@ -108,10 +113,22 @@ def _cmd_ctc_decode(args: argparse.Namespace) -> int:
         ]
     for i, hyps in enumerate(results):
         if args.json:
-            print(json.dumps({"utterance": i, "beams": hyps[: args.top]}))
+            print(json_line({"utterance": i, "beams": hyps[: args.top]}))
         else:
             print(hyps[0]["text"] if hyps else "")
     return 0
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """``record`` as one line of strict JSON; a score that is not a finite number (it would print as the
+    non-JSON ``Infinity`` or ``NaN``) is a ValueError saying so."""
+    try:
+        return json.dumps(record, allow_nan=False)
+    except ValueError:
+        raise ValueError(
+            "a score is not a finite number (infinite or NaN), which JSON cannot hold: lower --alpha / --beta, or "
+            "check the input matrix"
+        ) from None
 
 
 EXPLAIN_FORMATS = ("html", "svg", "dot", "json")
@@ -209,7 +226,13 @@ def _add_input_arguments(p: argparse.ArgumentParser, beam: int) -> None:
         "probabilities, anything else as logits",
     )
     add_lm_args(p)
-    p.add_argument("--beam", type=positive_int, default=beam, action=StoreGiven, help="beam width")
+    p.add_argument(
+        "--beam",
+        type=bounded_int(1, MAX_BEAM_WIDTH),
+        default=beam,
+        action=StoreGiven,
+        help=f"beam width, 1 to {MAX_BEAM_WIDTH:,} (the search allocates its rows for the whole beam)",
+    )
     p.add_argument(
         "--pyctcdecode-compat",
         action="store_true",
@@ -263,7 +286,13 @@ def register(subparsers: Any) -> None:
     _add_input_arguments(dec, beam=100)
     dec.add_argument("--greedy", action="store_true", help="best-path decoding instead of beam search (no --lm)")
     dec.add_argument("--json", action="store_true", help="print JSON lines with the top beams")
-    dec.add_argument("--top", type=positive_int, default=1, help="beams per utterance in --json output (>= 1)")
+    dec.add_argument(
+        "--top",
+        type=positive_int,
+        default=1,
+        action=StoreGiven,
+        help="beams per utterance in --json output (>= 1; needs --json, not --greedy)",
+    )
     dec.set_defaults(func=_cmd_ctc_decode)
 
     exp = ctc_sub.add_parser(

@@ -47,3 +47,23 @@ def non_negative_float(text: str) -> float:
 def non_positive_float(text: str) -> float:
     """A finite number <= 0 (a log-probability threshold)."""
     return float(_checked(check_float, _parsed(float, text, "a number"), most=0.0))
+
+
+def lm_weight(text: str) -> float:
+    """A language model weight (``--alpha``, ``--beta``): a finite number between -1000 and 1000, the bound of
+    :class:`beamkit.ctc.LanguageModelFusion` (beyond it sums of word scores leave the float range)."""
+    from beamkit.ctc.lm import MAX_LM_WEIGHT
+
+    return float(_checked(check_float, _parsed(float, text, "a number"), least=-MAX_LM_WEIGHT, most=MAX_LM_WEIGHT))
+
+
+def bounded_int(least: int, most: int) -> Callable[[str], int]:
+    """The type of an integer option between ``least`` and ``most`` (a beam width with a memory bound)."""
+
+    def parse(text: str) -> int:
+        value = int(_parsed(int, text, "an integer"))
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"expected an integer from {least} to {most:,}, got {value}")
+        return value
+
+    return parse

@@ -25,6 +25,7 @@ from beamkit.moved import forward
 
 LOG10_TO_LN = math.log(10.0)
 AVG_TOKEN_LEN = 6  # characters per word assumed when scaling the unknown-partial-word penalty
+MAX_LM_WEIGHT = 1000.0  # |alpha| and |beta| beyond this make sums of word scores leave the float range
 
 
 class UnigramPrefixIndex:
@@ -44,11 +45,12 @@ class UnigramPrefixIndex:
 
 
 class _Weight:
-    """A fusion weight of :class:`LanguageModelFusion`: a float, checked by
-    :func:`~beamkit._checks.check_float` on every assignment (``minus_inf``: -inf is allowed)."""
+    """A fusion weight of :class:`LanguageModelFusion`: a float, checked by the owner's ``check_weight`` on
+    every assignment (``minus_inf``: -inf is allowed; ``bound``: the largest magnitude, None for none)."""
 
-    def __init__(self, minus_inf: bool = False) -> None:
+    def __init__(self, minus_inf: bool = False, bound: float | None = None) -> None:
         self.minus_inf = minus_inf
+        self.bound = bound
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -63,8 +65,8 @@ class _Weight:
             return self
         return float(vars(obj)[self.name])
 
-    def __set__(self, obj: object, value: float) -> None:
-        vars(obj)[self.name] = check_float(self.name, value, minus_inf=self.minus_inf)
+    def __set__(self, obj: Any, value: float) -> None:
+        vars(obj)[self.name] = obj.check_weight(self.name, value, self.minus_inf, self.bound)
 
 
 def _weighted(alpha: float, logp10: float) -> float:
@@ -109,12 +111,20 @@ class LanguageModelFusion:
             self.unigrams = frozenset(w for w in unigrams if w in model)
             self.prefix_index = UnigramPrefixIndex(self.unigrams)
 
-    alpha = _Weight()
-    """LM weight (a finite number)."""
-    beta = _Weight()
-    """Word insertion bonus (a finite number)."""
+    alpha = _Weight(bound=MAX_LM_WEIGHT)
+    """LM weight (a finite number between -1000 and 1000, ``MAX_LM_WEIGHT``)."""
+    beta = _Weight(bound=MAX_LM_WEIGHT)
+    """Word insertion bonus (a finite number between -1000 and 1000, ``MAX_LM_WEIGHT``)."""
     unk_score_offset = _Weight(minus_inf=True)
     """log10 offset for an unknown word (finite, or -inf: unknown words are never output)."""
+
+    @staticmethod
+    def check_weight(name: str, value: Any, minus_inf: bool, bound: float | None) -> float:
+        """A fusion weight as a float: finite (or -inf where ``minus_inf``) and within ``bound`` in magnitude
+        where given, else ValueError naming it (a non-number: TypeError)."""
+        if bound is None:
+            return check_float(name, value, minus_inf=minus_inf)
+        return check_float(name, value, least=-bound, most=bound)
 
     @property
     def order(self) -> int:

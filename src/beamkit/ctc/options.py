@@ -8,13 +8,15 @@ from typing import Any
 from beamkit._checks import check_bool, check_float, check_int
 from beamkit.moved import forward
 
+MAX_BEAM_WIDTH = 100_000  # the search holds beam_width * (candidates per frame + 1) rows a frame, allocated up front
+
 
 @dataclass(frozen=True)
 class CTCOptions:
     """How a CTC prefix beam search prunes, fuses hotwords and what it returns (pyctcdecode's knobs and
     defaults). A bad value is a TypeError / ValueError naming the field."""
 
-    # hypotheses kept per utterance after each frame
+    # hypotheses kept per utterance after each frame (1 to MAX_BEAM_WIDTH, 100,000)
     beam_width: int = 100
     # drop hypotheses scoring below best + beam_prune_logp (<= 0, or -inf: no threshold)
     beam_prune_logp: float = -10.0
@@ -37,7 +39,7 @@ class CTCOptions:
 
     def __post_init__(self) -> None:
         """Check every field (see :mod:`beamkit._checks`); hotwords become a tuple of strings."""
-        check_int("beam_width", self.beam_width, least=1)
+        check_int("beam_width", self.beam_width, least=1, most=MAX_BEAM_WIDTH)
         check_float("beam_prune_logp", self.beam_prune_logp, most=0.0, minus_inf=True)
         check_float("token_min_logp", self.token_min_logp, most=0.0, minus_inf=True)
         for name in ("prune_history", "split_blank", "pyctcdecode_compat", "word_frames"):
