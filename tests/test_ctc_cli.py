@@ -289,3 +289,35 @@ def test_beam_width_has_a_documented_maximum(run, files) -> None:
     assert "100,000" in err
     with pytest.raises(ValueError, match=r"^beam_width must be between 1 and 100000, got 100001$"):
         CTCOptions(beam_width=MAX_BEAM_WIDTH + 1)
+
+
+def test_labels_file_with_a_byte_order_mark_reads_as_without(run, files) -> None:
+    # the mark became part of the first label (the blank "" read as "\ufeff": no blank found)
+    tmp_path, labels, npy, _ = files
+    marked = tmp_path / "marked.txt"
+    marked.write_bytes(b"\xef\xbb\xbf" + labels.read_bytes())
+    rc, out, err = run("ctc", "decode", str(npy), "--labels", str(marked))
+    assert (rc, out.strip(), err) == (0, "the cat", "")
+
+
+def test_labels_file_that_is_not_text_is_named(run, files) -> None:
+    tmp_path, labels, npy, _ = files
+    utf16 = tmp_path / "labels16.txt"
+    utf16.write_text(labels.read_text(encoding="utf-8"), encoding="utf-16")
+    rc, out, err = run("ctc", "decode", str(npy), "--labels", str(utf16))
+    assert rc == 2 and out == ""
+    one_error_line(err, "labels file", "labels16.txt", "is not UTF-8 text", "UTF-16")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX")
+def test_labels_named_pipe_is_called_one(run, files) -> None:
+    from tests.test_lm_arpa import fifo_at
+
+    tmp_path, _, npy, _ = files
+    release = fifo_at(tmp_path / "pipe")
+    try:
+        rc, out, err = run("ctc", "decode", str(npy), "--labels", str(tmp_path / "pipe"))
+    finally:
+        release()
+    assert rc == 2 and out == ""
+    one_error_line(err, "labels file is a named pipe (FIFO), not a regular file", "pipe")

@@ -205,8 +205,12 @@ def test_fusion_rules() -> None:
     assert fusion.score_partial("q") == -3.0
     assert fusion.score_partial("qqqqqqqqq") == pytest.approx(-3.0 * 9 / 6)
     assert fusion.score_eos(state) == pytest.approx(0.5 * (-0.3 - 1.5) * math.log(10))
-    with pytest.raises(ValueError, match="alpha must be a finite number, got nan"):
+    with pytest.raises(ValueError, match="alpha must be a finite number between -1000 and 1000, got nan"):
         LanguageModelFusion(lm, alpha=float("nan"))
+    for name, value in (("alpha", 1e308), ("beta", -1e308), ("alpha", 1000.5)):  # the score sums overflowed
+        with pytest.raises(ValueError, match=f"^{name} must be a finite number between -1000 and 1000, got"):
+            LanguageModelFusion(lm, **{name: value})
+    assert LanguageModelFusion(lm, alpha=1000.0, beta=-1000.0).alpha == 1000.0
     with pytest.raises(TypeError, match="alpha"):
         LanguageModelFusion(lm, alpha="0.5")
     no_unigrams = LanguageModelFusion(lm)
@@ -251,3 +255,89 @@ def test_prefix_index_and_hotwords() -> None:
     assert hot.score_partial("x") == 0.0
     with pytest.raises(TypeError):
         Hotwords("new york")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# files that are not UTF-8 text, or not regular files: an error naming the file, through every reader
+
+
+def _not_text_files(tmp_path):
+    """A UTF-16 copy of HAND_ARPA and a binary file, both named .arpa."""
+    utf16 = tmp_path / "utf16.arpa"
+    utf16.write_text(HAND_ARPA, encoding="utf-16")
+    binary = tmp_path / "binary.arpa"
+    binary.write_bytes(bytes(range(256)) * 4)
+    return [(utf16, "UTF-16"), (binary, "not UTF-8 text")]
+
+
+def test_an_lm_file_that_is_not_text_is_named(tmp_path) -> None:
+    # each gave "'utf-8' codec can't decode byte 0xff in position 150" without the file's name
+    from beamkit.ctc import fusion_of
+    from beamkit.ctc.compat import build_ctcdecoder
+
+    backends = ["arpa"] + (["kenlm", "auto"] if kenlm_available() else [])
+    for path, why in _not_text_files(tmp_path):
+        readers = [lambda p=path: ArpaLM.from_file(p), lambda p=path: load_unigrams_from_arpa(p)]
+        readers += [lambda p=path, b=b: load_language_model(p, backend=b) for b in backends]
+        readers += [lambda p=path, b=b: fusion_of(p, backend=b) for b in backends]
+        if kenlm_available() and why == "UTF-16":  # kenlm failed decoding it; binary: kenlm's OSError names it
+            readers.append(lambda p=path: build_ctcdecoder(["", "a"], kenlm_model_path=str(p)))
+        for read in readers:
+            with pytest.raises(ValueError, match="not UTF-8 text") as info:
+                read()
+            assert str(path) in str(info.value) and why in str(info.value)
+
+
+def test_a_corpus_that_is_not_text_is_named(tmp_path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat\na cat\n", encoding="utf-16")
+    with pytest.raises(ValueError, match=r"corpus .*corpus\.txt is not UTF-8 text .*UTF-16"):
+        write_arpa(corpus, tmp_path / "out.arpa")
+    assert not (tmp_path / "out.arpa").exists()
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path) -> None:
+    plain, marked = tmp_path / "plain.arpa", tmp_path / "marked.arpa"
+    plain.write_text(HAND_ARPA, encoding="utf-8")
+    marked.write_text(HAND_ARPA, encoding="utf-8-sig")
+    assert load_unigrams_from_arpa(marked) == load_unigrams_from_arpa(plain)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("cat sat\n", encoding="utf-8-sig")
+    write_arpa(corpus, tmp_path / "out.arpa", order=1)
+    assert "\ufeff" not in (tmp_path / "out.arpa").read_text(encoding="utf-8")
+
+
+def fifo_at(path):
+    """A named pipe at ``path`` and a thread that opens it for writing and closes it at once (so a reader that
+    opened it anyway sees an empty file instead of blocking); the returned function releases the thread."""
+    import os
+    import threading
+
+    os.mkfifo(path)
+    writer = threading.Thread(target=lambda: open(path, "wb").close(), daemon=True)
+    writer.start()
+
+    def release() -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # lets a still-waiting writer's open return
+        writer.join(5)
+        os.close(fd)
+
+    return release
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_is_called_one(tmp_path) -> None:
+    # a FIFO was reported as "not found" by some readers, and read (blocking until a writer came) by others
+    fifo = tmp_path / "lm.arpa"
+    release = fifo_at(fifo)
+    readers = (
+        lambda: ArpaLM.from_file(fifo),
+        lambda: load_language_model(fifo),
+        lambda: write_arpa(fifo, tmp_path / "o"),
+    )
+    try:
+        for read in readers:
+            with pytest.raises(ValueError, match=r"is a named pipe \(FIFO\), not a regular file: .*lm\.arpa"):
+                read()
+    finally:
+        release()

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from beamkit.cli.types import finite_float, lm_weight, positive_int
+from beamkit.textfiles import read_text
 
 MODEL_HELP = (
     "the model: a shipped model's name (default: {default}; `beamkit models` lists them), a beamkit checkpoint "
@@ -107,11 +108,10 @@ def read_labels(path: str | None, alphabet: str | None = None) -> list[str]:
         if not alphabet:
             raise ValueError("--alphabet is empty")
         return list(alphabet)
-    if path is None or not os.path.isfile(path):
+    if path is None or not os.path.exists(path) or os.path.isdir(path):
         what = "is a directory" if path is not None and os.path.isdir(path) else "not found"
         raise FileNotFoundError(f"labels file {what}: {path} (use --alphabet for a string of characters)")
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().split("\n")
+    lines = read_text(path, "labels file").split("\n")  # UTF-8; a byte-order mark is dropped
     if lines and lines[-1] == "":
         lines = lines[:-1]
     return [" " if lab in ("<space>", " ") else lab for lab in lines]

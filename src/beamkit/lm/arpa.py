@@ -9,6 +9,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from beamkit.textfiles import text_lines
+
 SPECIAL_WORDS = frozenset({"<s>", "</s>", "<unk>"})
 
 
@@ -66,17 +68,10 @@ class ArpaLM:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ArpaLM:
-        """Read an ARPA file (plain text; ``.gz`` is decompressed)."""
+        """Read an ARPA file (UTF-8 text; ``.gz`` is decompressed). A file that is not UTF-8 text, or a path that
+        is not a regular file, is an error naming it (see :func:`beamkit.textfiles.text_lines`)."""
         path = os.fspath(path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"ARPA file not found: {path}")
-        if path.endswith(".gz"):
-            import gzip
-
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return cls.from_lines(fh, source=path)
-        with open(path, encoding="utf-8") as fh:
-            return cls.from_lines(fh, source=path)
+        return cls.from_lines(text_lines(path, "ARPA file"), source=path)
 
     @classmethod
     def from_lines(cls, lines: Iterable[str], source: str | None = None) -> ArpaLM:
@@ -202,15 +197,14 @@ def arpa_order(path: str) -> int:
     """The highest order an ARPA file's header declares (0 for a binary or headerless file)."""
     order = 0
     try:
-        with open(path, encoding="utf-8") as fh:
-            for i, raw in enumerate(fh):
-                line = raw.strip()
-                if line.startswith("ngram ") and "=" in line:
-                    head = line[6:].split("=")[0].strip()
-                    order = max(order, int(head)) if head.isdigit() else order
-                elif line.startswith("\\1-grams") or i > 100:
-                    break
-    except (UnicodeDecodeError, OSError):
+        for i, raw in enumerate(text_lines(path, "language model file")):
+            line = raw.strip()
+            if line.startswith("ngram ") and "=" in line:
+                head = line[6:].split("=")[0].strip()
+                order = max(order, int(head)) if head.isdigit() else order
+            elif line.startswith("\\1-grams") or i > 100:
+                break
+    except (ValueError, OSError):  # not text (a KenLM binary file), or not readable
         return 0
     return order
 
@@ -219,18 +213,17 @@ def load_unigrams_from_arpa(path: str | os.PathLike[str]) -> list[str]:
     """The words of an ARPA file's 1-gram section, without ``<s>``, ``</s>``, ``<unk>``."""
     words: list[str] = []
     in_unigrams = False
-    with open(os.fspath(path), encoding="utf-8") as fh:
-        for raw in fh:
-            line = raw.strip()
-            if line == "\\1-grams:":
-                in_unigrams = True
-                continue
-            if in_unigrams:
-                if line.startswith("\\"):
-                    break
-                parts = line.split()
-                if len(parts) >= 2 and parts[1] not in SPECIAL_WORDS:
-                    words.append(parts[1])
+    for raw in text_lines(path, "ARPA file"):
+        line = raw.strip()
+        if line == "\\1-grams:":
+            in_unigrams = True
+            continue
+        if in_unigrams:
+            if line.startswith("\\"):
+                break
+            parts = line.split()
+            if len(parts) >= 2 and parts[1] not in SPECIAL_WORDS:
+                words.append(parts[1])
     if not words:
         raise ValueError(f"no unigrams found in ARPA file {path}")
     return words

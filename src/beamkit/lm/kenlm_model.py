@@ -9,6 +9,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from beamkit.textfiles import check_text_file
+
 from .arpa import ArpaLM, arpa_order
 
 KENLM_MAX_ORDER = 6  # the highest n-gram order the kenlm wheel reads (its default build)
@@ -23,15 +25,13 @@ class KenLMModel:
             import kenlm
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError("the kenlm module is not installed (pip install kenlm)") from exc
-        path = os.fspath(path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"language model file not found: {path}")
+        path = check_text_file(path, "language model file")  # missing, a folder, a pipe: refused here
         self._kenlm = kenlm
         try:
             with _quiet_stderr():  # kenlm writes loading chatter (and its own error trace) to fd 2
                 self.model = kenlm.Model(path)
-        except (OSError, RuntimeError) as exc:
-            raise ValueError(_kenlm_failure(path, exc)) from None
+        except (OSError, RuntimeError, UnicodeDecodeError) as exc:  # UTF-16 text fails in kenlm's own decoding
+            raise ValueError(kenlm_failure(path, exc)) from None
         self.order: int = int(self.model.order)
 
     @classmethod
@@ -110,12 +110,12 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _kenlm_failure(path: str, exc: BaseException) -> str:
+def kenlm_failure(path: str, exc: BaseException) -> str:
     """One line saying why kenlm could not read ``path``: for a text ARPA file, the line-numbered reason
     from beamkit's ARPA reader; else the start of kenlm's message."""
     try:
         ArpaLM.from_file(path)
-    except (ValueError, UnicodeDecodeError) as arpa_exc:
+    except ValueError as arpa_exc:  # not UTF-8 text, or a malformed line: the reader names the file and line
         return f"cannot read language model {path}: {arpa_exc}"
     gist = " ".join(str(exc).split())
     return f"kenlm cannot read {path}: {gist[:160]}{'...' if len(gist) > 160 else ''}"
@@ -139,8 +139,7 @@ def load_language_model(path: str | os.PathLike[str], backend: str = "auto") -> 
     path = os.fspath(path)
     if backend not in ("auto", "arpa", "kenlm"):
         raise ValueError(f"unknown LM backend {backend!r}; use 'auto', 'arpa' or 'kenlm'")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"language model file not found: {path}")
+    check_text_file(path, "language model file")  # missing, a folder, a pipe: refused before kenlm sees it
     if backend == "kenlm" or (backend == "auto" and kenlm_available() and arpa_order(path) <= KENLM_MAX_ORDER):
         return KenLMModel(path)
     return ArpaLM.from_file(path)

@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from beamkit._checks import check_int
+from beamkit.textfiles import text_lines
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 _FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
@@ -168,8 +169,8 @@ def write_arpa(
     out_dir = os.path.dirname(output_path)
     if out_dir and not os.path.isdir(out_dir):
         raise FileNotFoundError(f"output directory not found: {out_dir}")
-    with open(corpus_path, encoding="utf-8") as fh:
-        text = build_arpa(_read_lines(fh, os.path.getsize(corpus_path), progress), order=order)
+    lines = text_lines(corpus_path, "corpus")  # UTF-8 text, checked: a binary or UTF-16 file is named
+    text = build_arpa(_read_lines(lines, os.path.getsize(corpus_path), progress), order=order)
     with open(output_path, "w", encoding="utf-8") as fh:
         fh.write(text)
     return sum(int(line.split("=")[1]) for line in text.splitlines()[: order + 1] if line.startswith("ngram "))

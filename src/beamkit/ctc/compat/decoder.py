@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ...lm.kenlm_model import kenlm_failure
 from ..decoder import Decoder, checked
 from ..options import CTCOptions, word_tuple
 from ..search import CTCHypothesis
@@ -371,7 +372,10 @@ def build_ctcdecoder(
     if kenlm_model_path is not None:
         import kenlm
 
-        kenlm_model = kenlm.Model(kenlm_model_path)
+        try:
+            kenlm_model = kenlm.Model(kenlm_model_path)
+        except UnicodeDecodeError as exc:  # a UTF-16 or binary ARPA file: say which file and why
+            raise ValueError(kenlm_failure(os.fspath(kenlm_model_path), exc)) from None
         if unigrams is None:
             if kenlm_model_path.endswith(".arpa"):
                 unigrams = load_unigram_set_from_arpa(kenlm_model_path)

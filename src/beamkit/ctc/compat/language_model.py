@@ -21,6 +21,7 @@ from re import Pattern
 from typing import Any
 
 from beamkit._checks import check_float
+from beamkit.textfiles import text_lines
 
 from ..lm import Hotwords as _Hotwords
 from ..lm import KenLMModel, LanguageModelFusion
@@ -49,18 +50,17 @@ def load_unigram_set_from_arpa(arpa_path: str) -> set[str]:
     """The words of an ARPA file's 1-gram section, pyctcdecode's rule: only tab-separated lines with a
     back-off weight (three fields) count, so words written without one are left out (none: ValueError)."""
     unigrams: set[str] = set()
-    with open(arpa_path) as fh:
-        inside = False
-        for raw in fh:
-            line = raw.strip()
-            if line == "\\1-grams:":
-                inside = True
-            elif line == "\\2-grams:":
-                break
-            if inside and line:
-                parts = line.split("\t")
-                if len(parts) == 3:
-                    unigrams.add(parts[1])
+    inside = False
+    for raw in text_lines(arpa_path, "ARPA file"):
+        line = raw.strip()
+        if line == "\\1-grams:":
+            inside = True
+        elif line == "\\2-grams:":
+            break
+        if inside and line:
+            parts = line.split("\t")
+            if len(parts) == 3:
+                unigrams.add(parts[1])
     if not unigrams:
         raise ValueError("No unigrams found in arpa file. Something is wrong with the file.")
     return unigrams
