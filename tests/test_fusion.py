@@ -346,6 +346,38 @@ def test_ngram_lm_refuses_bad_input(arpa_file):
         lm.step(lm.init_state(2), np.array([1]))
 
 
+def test_ngram_lm_names_each_bad_argument(arpa_file):
+    # each was accepted (then failed later, or ran out of memory) or failed without naming the argument
+    with pytest.raises(ValueError, match=r"^NGramLM order must be between 1 and 20, got 21$"):
+        NGramLM(["a b"], VOCAB, order=21)
+    with pytest.raises(ValueError, match=r"^NGramLM order must be between 1 and 20, got 1000000000$"):
+        NGramLM(["a b"], VOCAB, order=10**9)  # allocated a table per order before counting anything
+    lm = NGramLM(arpa_file, VOCAB)
+    with pytest.raises(ValueError, match=r"^NGramLM.init_state n must be >= 0, got -1$"):
+        lm.init_state(-1)
+    with pytest.raises(TypeError, match=r"^NGramLM.init_state n must be an integer, got 'a'$"):
+        lm.init_state("a")
+    with pytest.raises(ValueError, match=r"source 'a b' names no file: .*a corpus a list of sentences"):
+        NGramLM("a b", VOCAB)  # a corpus string read as a path
+    with pytest.raises(ValueError, match=r"^NGramLM bos must be <= 4, got 999$"):
+        NGramLM(arpa_file, VOCAB, bos=999)
+    assert NGramLM(arpa_file, VOCAB, bos=-1).bos == -1  # a negative id: no bos token
+
+
+def test_ngram_lm_that_knows_no_token_is_refused_and_few_is_a_warning(arpa_file):
+    import warnings
+
+    # the LM's words are a, b, c: a vocabulary of other words scored every token as <unk>, silently
+    with pytest.raises(ValueError, match=r"knows none of the vocabulary's 3 words .*change nothing"):
+        NGramLM(arpa_file, ["<s>", "x", "y", "z", "</s>"])
+    many = ["<s>", "a", *[f"w{i}" for i in range(10)], "</s>"]  # 1 known word of 11: under a tenth
+    with pytest.warns(UserWarning, match=r"knows only 1 of the vocabulary's 11 words \(9\.1%\)"):
+        NGramLM(arpa_file, many)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NGramLM(arpa_file, ["<s>", "a", *[f"w{i}" for i in range(9)], "</s>"])  # 1 of 10: no warning
+
+
 def test_continuous_engine_with_a_fused_model_equals_each_request_alone(arpa_file):
     """Requests join a running fused search mid-flight (FusedState rows at different steps are concatenated)."""
     from beamkit import Engine

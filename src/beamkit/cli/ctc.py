@@ -21,6 +21,7 @@ from beamkit.cli.args import StoreGiven, add_lm_args, lm_options_given, parse_bl
 from beamkit.cli.types import bounded_int, non_negative_int, non_positive_float, positive_int
 from beamkit.ctc.options import MAX_BEAM_WIDTH
 from beamkit.lm import KENLM_MAX_ORDER
+from beamkit.lm.kneser_ney import MAX_ORDER
 
 if TYPE_CHECKING:
     from beamkit.ctc import CTCOptions, Decoder
@@ -340,7 +341,7 @@ def register(subparsers: Any) -> None:
         "A progress bar goes to stderr when it is a terminal.",
     )
     build.add_argument("corpus", help="UTF-8 text file, one sentence per line, words separated by whitespace")
-    build.add_argument("--order", type=positive_int, default=3, help="n-gram order")
+    build.add_argument("--order", type=bounded_int(1, MAX_ORDER), default=3, help=f"n-gram order, 1 to {MAX_ORDER}")
     build.add_argument("-o", "--output", required=True, help="output ARPA file path")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=_cmd_lm_build)

@@ -26,6 +26,7 @@ from beamkit._checks import check_int
 from beamkit.textfiles import text_lines
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+MAX_ORDER = 20  # n-gram orders above this model nothing real, and the counts grow with the order squared
 _FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)
 
 
@@ -55,8 +56,8 @@ def _tokenize(sentences: Iterable[str | list[str]]) -> Iterable[list[str]]:
 
 def build_arpa(sentences: Iterable[str | list[str]], order: int = 3) -> str:
     """Return the ARPA text of an interpolated modified Kneser-Ney model of ``order`` over ``sentences``
-    (strings are split on whitespace; empty ones are skipped)."""
-    check_int("order", order, least=1)
+    (strings are split on whitespace; empty ones are skipped). ``order``: 1 to ``MAX_ORDER`` (20)."""
+    check_int("order", order, least=1, most=MAX_ORDER)
     if isinstance(sentences, str):
         raise TypeError("sentences must be an iterable of sentences, not one string")
     raw: list[dict[tuple[str, ...], int]] = [defaultdict(int) for _ in range(order)]

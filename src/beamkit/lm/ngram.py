@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from beamkit import ops
+from beamkit._checks import check_int
 
-from .arpa import ArpaLM
-from .kneser_ney import build_arpa
+from .arpa import SPECIAL_WORDS, ArpaLM
+from .kneser_ney import MAX_ORDER, build_arpa
 
 LN10 = math.log(10.0)
+FEW_KNOWN_TOKENS = 0.1  # below this share of the vocabulary's words known to the LM, NGramLM warns
 
 
 class NGramLM:
@@ -33,6 +36,11 @@ class NGramLM:
     whose word the LM lacks score as its ``<unk>``); ``</s>`` is scored as the end of the sentence. Feeding
     ``bos`` (default: the token named ``<s>``, if any) or any negative id starts a sentence. The logits are
     ``ln p(word | context)``; :func:`beamkit.fuse` renormalises them over the tokens.
+
+    An LM that knows none of the vocabulary's words (``<s>``, ``</s>``, ``<unk>`` aside) is refused
+    (ValueError): every token would score as its ``<unk>`` and fusing it would change nothing. When it knows
+    fewer than a tenth of them (``FEW_KNOWN_TOKENS``) a UserWarning says how many.
+    ``order`` (a corpus only): 1 to 20; ``bos``: a token id below ``len(vocab)``, or negative for none.
     """
 
     def __init__(self, source: Any, vocab: Sequence[str], *, order: int = 3, bos: int | None = None) -> None:
@@ -40,9 +48,10 @@ class NGramLM:
             raise TypeError("vocab must be a non-empty sequence of strings (the LM word of each token id)")
         self.lm = _load(source, order)
         self.vocab = list(vocab)
+        _check_overlap(self.lm, self.vocab)
         if bos is None:
             bos = self.vocab.index("<s>") if "<s>" in self.vocab else -1
-        self.bos = int(bos)
+        self.bos = check_int("NGramLM bos", bos, most=len(self.vocab) - 1)
         self._ids: dict[tuple[int, ...], int] = {}  # LM context -> context id
         self._contexts: list[tuple[int, ...]] = []
         self._table = np.zeros((0, len(self.vocab)))  # shape: (contexts, V) ln p, filled lazily
@@ -56,8 +65,8 @@ class NGramLM:
         return int(self.lm.order)
 
     def init_state(self, n: int) -> np.ndarray:
-        """``n`` rows at the start of a sentence (after ``<s>``)."""
-        return np.full(int(n), self.begin, dtype=np.int64)
+        """``n`` rows at the start of a sentence (after ``<s>``); ``n`` is an integer >= 0."""
+        return np.full(check_int("NGramLM.init_state n", n, least=0), self.begin, dtype=np.int64)
 
     def __call__(self, state: Any, y_prev: Any) -> tuple[np.ndarray, np.ndarray]:
         """The step function: see :meth:`step`."""
@@ -133,10 +142,38 @@ class NGramLM:
         self._done[cid] = True
 
 
+def _check_overlap(lm: ArpaLM, vocab: list[str]) -> None:
+    """Refuse an LM that knows none of ``vocab``'s words; warn when it knows few (see :class:`NGramLM`)."""
+    words = {w for w in vocab if w not in SPECIAL_WORDS}
+    if not words:
+        return  # a vocabulary of sentence marks only: nothing to compare
+    known = sum(1 for w in words if w in lm)
+    example = ", ".join(repr(w) for w in sorted(words)[:3])
+    if known == 0:
+        raise ValueError(
+            f"the language model knows none of the vocabulary's {len(words)} words (such as {example}): every "
+            "token would score as its <unk> and the LM would change nothing; give an LM built over the same "
+            "tokens as the decoder's vocabulary"
+        )
+    if known < FEW_KNOWN_TOKENS * len(words):
+        warnings.warn(
+            f"the language model knows only {known} of the vocabulary's {len(words)} words "
+            f"({100 * known / len(words):.1f}%); the others score as its <unk>: check that the LM was built over "
+            "the decoder's tokens",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def _load(source: Any, order: int) -> ArpaLM:
     """An :class:`ArpaLM` from a path, an ArpaLM, or a corpus of sentences (Kneser-Ney of ``order``)."""
     if isinstance(source, ArpaLM):
         return source
+    if isinstance(source, str) and not os.path.exists(source) and len(source.split()) > 1:
+        raise ValueError(
+            f"NGramLM: source {source[:40]!r} names no file: an ARPA model is a path, a corpus a list of sentences "
+            f"(NGramLM([{source[:20]!r}, ...], vocab))"
+        )
     if isinstance(source, (str, os.PathLike)):
         return ArpaLM.from_file(source)
     if isinstance(source, Iterable):
@@ -149,5 +186,6 @@ def _load(source: Any, order: int) -> ArpaLM:
                     "NGramLM: a corpus is a sequence of sentences, each a string or a list of word strings; "
                     f"sentence {i} is {sentence!r}"
                 )
+        check_int("NGramLM order", order, least=1, most=MAX_ORDER)
         return ArpaLM.from_lines(build_arpa(corpus, order=order).splitlines())
     raise TypeError(f"NGramLM needs an ARPA path, an ArpaLM or a corpus of sentences, got {type(source).__name__}")
