@@ -71,6 +71,32 @@ def test_one_bad_matrix_keeps_the_other_results() -> None:
         compat.build_ctcdecoder(LABELS).decode_batch(None, [good, bad])
 
 
+@pytest.mark.parametrize("logits", [None, "abc", 5, {"a": 1}])
+def test_decode_names_logits_that_are_not_a_matrix(logits) -> None:
+    # None and "abc" gave "got shape ()", as if they were a 0-D array
+    from beamkit.ctc import Decoder
+
+    dec = Decoder(LABELS)
+    for call in (dec.decode, dec.greedy, dec.trace):
+        with pytest.raises(TypeError, match=rf"^logits must be .* got {type(logits).__name__}$"):
+            call(logits)
+
+
+def test_decode_names_a_ragged_nested_list_and_keeps_the_others() -> None:
+    # numpy's "setting an array element with a sequence ... inhomogeneous shape" named neither logits nor the rows
+    from beamkit.ctc import Decoder
+
+    dec = Decoder(LABELS)
+    ragged = [[0.1] * 6, [0.2] * 5]
+    with pytest.raises(BatchDecodeError) as info:
+        dec.decode([peaky("a cat"), ragged, None])
+    assert "rows differ in length" in info.value.errors[1] and "logits" in info.value.errors[1]
+    assert "got NoneType" in info.value.errors[2]
+    assert info.value.results[0][0].text == "a cat"
+    with pytest.raises(BatchDecodeError, match=r"a list is a batch: give one matrix as an array"):
+        dec.decode(peaky("a").tolist())  # one matrix as a list of rows reads as a batch of 1-D rows
+
+
 @pytest.mark.parametrize(
     "name, value", [("alpha", math.nan), ("alpha", math.inf), ("beta", math.inf), ("beta", -math.inf),
                     ("unk_score_offset", math.nan), ("unk_score_offset", math.inf)]

@@ -44,10 +44,16 @@ def normalize_logits(logits: Any, input_kind: str = "auto") -> np.ndarray:
 
 def as_batch(logits: Any) -> list[Any]:
     """The utterances of ``logits``: a list (or tuple) of ``(T_i, V)`` matrices, an ``(N, T, V)`` array, or one
-    ``(T, V)`` matrix (a batch of one). Other shapes: ValueError."""
+    ``(T, V)`` matrix (a batch of one). Other shapes: ValueError; None, a string or anything else that is not an
+    array or a list: TypeError."""
     if isinstance(logits, (list, tuple)):
         return list(logits)
-    shape = tuple(logits.shape) if hasattr(logits, "shape") else np.shape(logits)
+    if not hasattr(logits, "shape"):
+        raise TypeError(
+            "logits must be one (T, V) matrix, an (N, T, V) batch or a list of (T, V) matrices, got "
+            f"{type(logits).__name__}"
+        )
+    shape = tuple(logits.shape)
     if len(shape) == 2:
         return [logits]
     if len(shape) == 3:
@@ -184,7 +190,8 @@ class Decoder:
 
     def _check_shape(self, shape: tuple[int, ...]) -> None:
         if len(shape) != 2:
-            raise ValueError(f"logits must be 2-D (time, vocabulary), got shape {shape}")
+            hint = " (a list is a batch: give one matrix as an array, or as [rows])" if len(shape) == 1 else ""
+            raise ValueError(f"logits must be 2-D (time, vocabulary), got shape {shape}{hint}")
         if shape[-1] != self.vocab.size:
             raise ValueError(
                 f"logits have shape {shape} but the vocabulary has {self.vocab.size} labels; need (time, vocabulary)"
@@ -201,7 +208,20 @@ class Decoder:
 
 
 def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+    """The shape of one utterance's matrix: an array, or a list of rows (None, a string, another object:
+    TypeError; rows of different lengths: ValueError)."""
+    if hasattr(x, "shape"):
+        return tuple(x.shape)
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(
+            f"logits: an utterance must be a (T, V) matrix (an array or a list of rows), got {type(x).__name__}"
+        )
+    try:
+        return np.shape(x)
+    except ValueError:  # numpy: "inhomogeneous shape"
+        raise ValueError(
+            "logits: an utterance is a nested list whose rows differ in length, not a (T, V) matrix"
+        ) from None
 
 
 def _caught(index: int, errors: dict[int, Exception], fn: Callable[[], _R], failed: Any) -> _R:
