@@ -324,6 +324,7 @@ BAD_OPTIONS = [
     ({"early_stopping": "soon"}, ValueError, r"early_stopping must be True, False or 'never', got 'soon'"),
     ({"patience": 0}, ValueError, r"patience must be > 0, got 0"),
     ({"patience": True}, ValueError, r"patience must be > 0, got True"),
+    ({"patience": float("inf")}, ValueError, r"^patience must be a finite number, got inf$"),  # was OverflowError
     ({"num_return": 3}, ValueError, r"num_return must be between 1 and beam_size=2, got 3"),
     ({"num_return": 0}, ValueError, r"num_return must be between 1 and beam_size=2, got 0"),
     ({"min_len": -1}, ValueError, r"min_len must be >= 0, got -1"),
@@ -432,3 +433,14 @@ def test_a_compete_trace_records_evictions():
     assert trace.steps[1].pool == [node[(1, 0)].id] and trace.steps[2].pool == [node[(1, 1, 0)].id, node[(1, 1, 1)].id]
     assert trace.result == [node[(1, 1, 0)].id, node[(1, 1, 1)].id]
     assert [h.tokens for h in result.hypotheses[0]] == [[1, 1, 0], [1, 1, 1]]
+
+
+def test_a_patience_no_search_can_fill_runs_as_a_pool_that_never_fills() -> None:
+    # patience=1e300 overflowed the pool size (an OverflowError that did not name patience)
+    from tests.toy import BOS, ToyModel
+
+    model = ToyModel(5, seed=4)
+    kw = dict(policy="pool", early_stopping=True)
+    never = beamkit.search_batch(model.step, model.init(), BOS, 0, 3, 6, patience=1e300, **kw)
+    # 3 beams over 6 steps finish at most 18 hypotheses: a pool of 3e6 never fills either
+    assert never == beamkit.search_batch(model.step, model.init(), BOS, 0, 3, 6, patience=1e6, **kw)

@@ -14,6 +14,8 @@ from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.search.selectors import Deterministic, Selector
 
+POOL_NEVER_FULL = 2**53  # a finished pool of this size is never full (the largest float that counts exactly)
+
 EarlyStopping = bool | Literal["never"]
 PolicyName = Literal["narrow", "pool", "compete"]
 POLICIES: tuple[PolicyName, ...] = ("narrow", "pool", "compete")
@@ -35,6 +37,11 @@ class SearchOptions:
         ``True``: stop a request once its pool is full. ``False``: Hugging Face's heuristic (stop when the best
         running beam, scored at the current length, cannot beat the pool's worst). ``"never"``: the exact
         bound, the best running beam scored at ``max_len`` when ``alpha > 0``.
+    patience (pool):
+        Kasai et al.'s factor: a request's pool is full at ``round(beam_size * patience)`` finished hypotheses.
+        A finite number > 0 (``inf`` is refused); a patience too large for any search to fill the pool
+        (such as ``1e9``) means the pool never fills, so the request stops at ``max_len`` or by its
+        ``early_stopping`` rule.
     process_logits:
         processors edit the raw logits, which are normalised afterwards (Hugging Face's greedy search), instead
         of the log-probabilities (its beam search); the two differ for processors that are not shifts or masks,
@@ -89,6 +96,7 @@ class SearchOptions:
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
         if isinstance(self.patience, bool) or not isinstance(self.patience, (int, float)) or not self.patience > 0:
             raise ValueError(f"patience must be > 0, got {self.patience}")
+        check_float("patience", self.patience)  # inf: no pool size; a large finite patience never fills the pool
         if self.num_return is not None and not 1 <= self.num_return <= self.beam_size:
             raise ValueError(f"num_return must be between 1 and beam_size={self.beam_size}, got {self.num_return}")
         if isinstance(self.min_len, bool) or not isinstance(self.min_len, (int, np.integer)) or self.min_len < 0:
@@ -123,8 +131,9 @@ class SearchOptions:
 
     @property
     def pool_size(self) -> int:
-        """How many finished hypotheses make a request's pool full (Kasai et al.'s patience)."""
-        return max(1, round(self.beam_size * self.patience))
+        """How many finished hypotheses make a request's pool full (Kasai et al.'s patience); a pool larger than
+        any search can fill (``POOL_NEVER_FULL``) is that size: such a request stops by its other rules."""
+        return max(1, round(min(self.beam_size * self.patience, POOL_NEVER_FULL)))
 
 
 # per-request options: they may differ between the requests of one Engine; the other SearchOptions fields are shared
