@@ -182,3 +182,61 @@ def test_the_deprecated_decoder_still_decodes_as_the_native_one() -> None:
     beams = old.decode_beams_batch(None, mats, beam_width=8)
     hyps = Decoder(LABELS, options=CTCOptions(beam_width=8)).decode(mats)
     assert beams == [[(h.text, h.word_frames, h.logit_score, h.score) for h in u] for u in hyps]
+
+
+# ------------------------------------------------------------------------------- the first compilation, said aloud
+class _FakeIndex:
+    def __init__(self, path, entries) -> None:
+        self._index_path = str(path)
+        self._entries = entries
+
+    def _load_index(self):
+        return self._entries
+
+
+class _FakeDispatcher:
+    """What :func:`beamkit.ctc.jit.is_cold` reads of a numba dispatcher: compiled signatures and the cache index."""
+
+    def __init__(self, signatures, path, entries) -> None:
+        from types import SimpleNamespace
+
+        self.signatures = signatures
+        self._cache = SimpleNamespace(_cache_file=_FakeIndex(path, entries))
+
+
+def test_a_cold_compiled_cache_is_recognised(tmp_path, monkeypatch) -> None:
+    from beamkit.ctc import jit
+
+    monkeypatch.setattr(jit, "COMPILED", True)
+    index = tmp_path / "run_frames.nbi"
+    assert jit.is_cold(_FakeDispatcher([], index, {}))  # no index file: never compiled here
+    index.write_bytes(b"x")
+    assert jit.is_cold(_FakeDispatcher([], index, {}))  # an index of another source version loads empty
+    assert not jit.is_cold(_FakeDispatcher([], index, {("sig",): "data"}))  # compiled code on disk
+    assert not jit.is_cold(_FakeDispatcher([("sig",)], tmp_path / "none", {}))  # compiled in this process
+    assert not jit.is_cold(object())  # a layout it does not know: nothing untrue is said
+
+
+def test_the_first_decode_on_a_cold_cache_says_it_compiles_once(monkeypatch, capsys) -> None:
+    # the first decode after an install compiled for 20-60 s and printed nothing
+    from beamkit.ctc import jit
+
+    cold = {"now": True}
+    monkeypatch.delenv("BEAMKIT_COMPILE_NOTE", raising=False)  # the test suite keeps the note quiet elsewhere
+    monkeypatch.setattr(jit, "is_cold", lambda dispatcher: cold["now"])
+    monkeypatch.setattr(jit, "_noted", False)
+    dec = Decoder(["", " ", "a", "b"])
+    lp = np.log(np.full((4, 4), 0.25))
+    dec.decode(lp)
+    dec.decode(lp)
+    err = capsys.readouterr().err
+    assert err.count("compiling the CTC search once") == 1, err  # one line, once per process
+    assert err.strip() == jit.COLD_NOTE
+    monkeypatch.setattr(jit, "_noted", False)
+    cold["now"] = False
+    dec.decode(lp)
+    assert capsys.readouterr().err == ""  # a warm cache: nothing printed
+    monkeypatch.setenv("BEAMKIT_COMPILE_NOTE", "0")
+    cold["now"] = True
+    dec.decode(lp)
+    assert capsys.readouterr().err == ""  # silenced

@@ -44,3 +44,74 @@ def test_load_from_hf_hub_offline_cache(tmp_path) -> None:
     )
     assert dec.decode(matrix([2, 1, 3, 3, 0, 3], 4)) == "a bb"
     assert pyctcdecode.BeamSearchDecoderCTC.load_from_hf_hub(str(snapshot)).decode(matrix([3], 4)) == "b"
+
+
+def _arpa(tmp_path) -> str:
+    from beamkit.lm import build_arpa
+
+    path = tmp_path / "lm.arpa"
+    path.write_text(build_arpa(["a cat", "a bat", "cat"] * 3, order=2))
+    return str(path)
+
+
+def test_weights_take_any_float_as_pyctcdecode_does(tmp_path, caplog, monkeypatch) -> None:
+    # pyctcdecode's property tests give alpha=inf / unk_score_offset=inf, which the drop-in refused
+    import logging
+    import math
+
+    pytest.importorskip("kenlm")
+    from beamkit.ctc.compat import language_model
+
+    monkeypatch.setattr(language_model, "_WARNED", set())
+    arpa = _arpa(tmp_path)
+    labels = ["", " ", "a", "b", "c", "t"]
+    with caplog.at_level(logging.WARNING, logger="beamkit.ctc.compat"):
+        dec = pyctcdecode.build_ctcdecoder(labels, arpa, alpha=math.inf, unk_score_offset=math.inf)
+        dec.reset_params(alpha=-math.inf, beta=math.nan, unk_score_offset=1e308)
+        dec.reset_params(alpha=math.inf)  # alpha warned already: once per weight
+    lm = dec._language_model
+    assert lm.alpha == math.inf and math.isnan(lm.beta) and lm.unk_score_offset == 1e308
+    meaningless = [r.getMessage() for r in caplog.records if "meaningless" in r.getMessage()]
+    assert [m.split(" ")[0] for m in meaningless] == ["alpha=inf", "unk_score_offset=inf", "beta=nan"], meaningless
+    with pytest.raises(ValueError, match="must be a float"):  # pyctcdecode's own type rule stays
+        dec.reset_params(alpha=1)
+
+
+def test_a_nan_weight_is_refused_at_decode_not_a_hang(tmp_path) -> None:
+    import math
+
+    pytest.importorskip("kenlm")
+    dec = pyctcdecode.build_ctcdecoder(["", " ", "a", "b", "c", "t"], _arpa(tmp_path))
+    lp = np.log(np.full((4, 6), 1 / 6))
+    for name in ("alpha", "beta", "unk_score_offset"):
+        dec.reset_params(**{name: math.nan})
+        with pytest.raises(ValueError, match=f"cannot decode with {name}=nan"):
+            dec.decode(lp)
+        dec.reset_params(**{name: 0.5})
+    assert isinstance(dec.decode(lp), str)
+
+
+def test_beamkits_own_fusion_keeps_refusing_meaningless_weights(tmp_path) -> None:
+    import math
+
+    from beamkit.ctc import LanguageModelFusion
+    from beamkit.lm import ArpaLM
+
+    model = ArpaLM.from_file(_arpa(tmp_path))
+    for name in ("alpha", "beta"):
+        for value in (math.inf, math.nan, 1e308):
+            with pytest.raises(ValueError, match=name):
+                LanguageModelFusion(model, **{name: value})
+
+
+def test_importing_the_drop_in_loads_a_cached_compiled_search(monkeypatch) -> None:
+    # the first decode loaded the compiled search (about half a second), past a one-second deadline when loaded
+    from beamkit.ctc import jit
+    from beamkit.ctc.compat import decoder
+
+    if not jit.COMPILED:
+        pytest.skip("the search runs uncompiled here")
+    monkeypatch.setattr(jit, "is_cold", lambda dispatcher: True)
+    assert decoder.load_compiled_search() is False  # a cold cache is left to the first decode (it says so)
+    monkeypatch.setattr(jit, "is_cold", lambda dispatcher: False)
+    assert decoder.load_compiled_search() is True

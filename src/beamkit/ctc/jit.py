@@ -4,6 +4,7 @@ plain Python (identical results, much slower; a warning says so once)."""
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,6 +24,10 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
 #: whether the CTC search runs compiled (numba importable and ``BEAMKIT_NO_JIT`` not set)
 COMPILED = _numba is not None and not os.environ.get("BEAMKIT_NO_JIT")
 _warned = False
+_noted = False
+
+#: the line printed on standard error before the first compilation of the search (see :func:`note_if_cold`)
+COLD_NOTE = "beamkit: compiling the CTC search once (about 20-60 s); later runs reuse the compiled code"
 
 
 def njit(fn: F) -> F:
@@ -54,3 +59,26 @@ def warn_if_interpreted() -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def is_cold(dispatcher: Any) -> bool:
+    """Whether calling the compiled function ``dispatcher`` will compile it: it has no compiled code in this
+    process and numba's on-disk cache holds none that is current (no index file, or one written for another
+    version of the source). Unknown (numba's cache laid out otherwise): False, so nothing untrue is said."""
+    if not COMPILED or getattr(dispatcher, "signatures", None):
+        return False
+    try:
+        index = dispatcher._cache._cache_file  # numba's IndexDataCacheFile
+        return not os.path.exists(index._index_path) or not index._load_index()
+    except Exception:  # noqa: BLE001 - a numba without this layout: say nothing rather than guess
+        return False
+
+
+def note_if_cold(dispatcher: Any) -> None:
+    """Print :data:`COLD_NOTE` on standard error, once per process, when ``dispatcher`` (the search's frame
+    loop) is about to be compiled: the first decode after an install waits for it and would otherwise be
+    silent. ``BEAMKIT_COMPILE_NOTE=0`` in the environment keeps it quiet."""
+    global _noted
+    if not _noted and os.environ.get("BEAMKIT_COMPILE_NOTE") != "0" and is_cold(dispatcher):
+        _noted = True
+        print(COLD_NOTE, file=sys.stderr, flush=True)

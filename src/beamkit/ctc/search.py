@@ -25,7 +25,7 @@ from beamkit.ops import NEG_INF
 
 from . import kernel as K
 from .fusion import HAS_HOT, HAS_LM, HOT_WEIGHT, PENDING, Fusion, Static, word_lookup
-from .jit import COMPILED, njit, records, warn_if_interpreted
+from .jit import COMPILED, njit, note_if_cold, records, warn_if_interpreted
 from .lm import LanguageModelFusion
 from .nodes import NODE, final_key, init_root, node_labels, word_hash
 from .options import CTCOptions
@@ -195,6 +195,7 @@ def search_candidates(
     without the GIL, and the results do not depend on the thread count. A ``recorder`` is told every frame
     (one thread; the search stops after each frame)."""
     warn_if_interpreted()
+    note_if_cold(K.run_frames)
     fusion = Fusion.of(voc, lm, opts.hotwords, opts.hotword_weight)
     history = max(1, lm.order - 1) if lm is not None else 1
     N, T = cands.n, cands.T

@@ -13,6 +13,7 @@ import abc
 import bisect
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -20,7 +21,7 @@ from collections.abc import Collection, Iterable, Sequence
 from re import Pattern
 from typing import Any
 
-from beamkit._checks import check_float
+from beamkit._checks import check_number
 from beamkit.textfiles import text_lines
 
 from ..lm import Hotwords as _Hotwords
@@ -187,13 +188,37 @@ class AbstractLanguageModel(abc.ABC):
         del params
 
 
-def _finite(name: str, value: Any, minus_inf: bool = False) -> float:
-    """``value`` as a float; non-numbers, NaN and infinities (but -inf when ``minus_inf``): ValueError naming
-    ``name``."""
+_WARNED: set[str] = set()
+
+
+def any_weight(name: str, value: Any) -> float:
+    """``value`` as a float, any float as pyctcdecode takes (a non-number: ValueError naming ``name``, its
+    error type). A value that makes the fused scores meaningless (NaN, or an infinity other than
+    ``unk_score_offset=-inf``, which forbids unknown words) logs a warning once per weight."""
     try:
-        return check_float(name, value, minus_inf=minus_inf)
+        weight = check_number(name, value)
     except TypeError as exc:
         raise ValueError(str(exc)) from None
+    meaningful = math.isfinite(weight) or (name == "unk_score_offset" and weight < 0)
+    if not meaningful and name not in _WARNED:
+        _WARNED.add(name)
+        logger.warning(
+            "%s=%s makes the language model scores meaningless (infinite or NaN); pyctcdecode takes it, and so "
+            "does this module, but the beams' order no longer reflects the language model",
+            name,
+            weight,
+        )
+    return weight
+
+
+class PeerFusion(LanguageModelFusion):
+    """The fusion object of pyctcdecode's ``LanguageModel``: it takes any float weight, as pyctcdecode does
+    (see :func:`any_weight`); beamkit's own :class:`~beamkit.ctc.lm.LanguageModelFusion` refuses them."""
+
+    @staticmethod
+    def check_weight(name: str, value: Any, minus_inf: bool, bound: float | None) -> float:
+        """Any float (see :func:`any_weight`)."""
+        return any_weight(name, value)
 
 
 class _FusionWeight:
@@ -237,12 +262,12 @@ class LanguageModel(AbstractLanguageModel):
         self._kenlm_model = kenlm_model
         if unigrams is None:
             logger.warning("No known unigrams provided, decoding results might be a lot worse.")
-        self._fusion = LanguageModelFusion(
+        self._fusion = PeerFusion(
             KenLMModel.from_model(kenlm_model),
             None if unigrams is None else list(unigrams),
-            alpha=_finite("alpha", alpha),
-            beta=_finite("beta", beta),
-            unk_score_offset=_finite("unk_score_offset", unk_score_offset, minus_inf=True),
+            alpha=alpha,
+            beta=beta,
+            unk_score_offset=unk_score_offset,
             score_boundary=bool(score_boundary),
         )
         self._unigram_set = set(self._fusion.unigrams)

@@ -16,6 +16,11 @@ class SearchLM(LanguageModelFusion):
     Members must share their known words, so the mean partial-word penalty is the mean ``unk_score_offset``
     applied to one known-word test (as pyctcdecode's mean of the members' partial scores)."""
 
+    @staticmethod
+    def check_weight(name: str, value: Any, minus_inf: bool, bound: float | None) -> float:
+        """The members' weights as they are (each member checked its own, as pyctcdecode's LanguageModel)."""
+        return float(value)
+
     def __init__(self, members: Sequence[LanguageModelFusion], start: Any = None) -> None:  # noqa: D107
         first = members[0]
         for other in members[1:]:
@@ -29,6 +34,14 @@ class SearchLM(LanguageModelFusion):
         self.score_boundary = first.score_boundary
         self.unk_score_offset = sum(m.unk_score_offset for m in members) / len(members)
         self._start = start
+
+    def check_scorable(self) -> None:
+        """A NaN weight in any member is a ValueError naming it: no beam would have a score to rank by (the
+        search would not end; pyctcdecode fails on it with a ValueError too)."""
+        for member in self.members:
+            for name in ("alpha", "beta", "unk_score_offset"):
+                if getattr(member, name) != getattr(member, name):  # NaN
+                    raise ValueError(f"cannot decode with {name}=nan: no beam has a score to rank by")
 
     @property
     def _char_trie_cache(self) -> Any:
