@@ -155,7 +155,10 @@ def test_lm_build_high_order_warns_up_front_and_the_file_loads_by_default(run, t
     assert decoder.language_model is not None and decoder.language_model.order == 10
     rc, _, err = run("lm", "build", str(corpus), "--order", "0", "-o", str(out_path))
     assert rc == 2
-    usage_error(err, "argument --order: expected >= 1")
+    usage_error(err, "argument --order: expected an integer from 1 to 20, got 0")
+    rc, _, err = run("lm", "build", str(corpus), "--order", "1000000000", "-o", str(out_path))
+    assert rc == 2  # an order no corpus fills, whose tables were allocated before counting anything
+    usage_error(err, "argument --order: expected an integer from 1 to 20")
 
 
 def test_lm_build_directories_are_clear_errors(run, tmp_path) -> None:

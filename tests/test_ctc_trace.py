@@ -543,7 +543,7 @@ def test_ctc_explain_drawings(ctc_cli, fmt):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (("--beam", "0"), "argument --beam: expected >= 1"),
+        (("--beam", "0"), "argument --beam: expected an integer from 1 to 100,000, got 0"),
         (("--utterance", "2"), "--utterance must lie in [0, 1]"),
         (("--token-min-logp", "1"), "argument --token-min-logp: expected <= 0"),
         (("--blank", "9"), "blank index 9 out of range"),

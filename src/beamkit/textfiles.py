@@ -1,7 +1,7 @@
 """Reading the text files users give (language models, corpora, label lists): one place that says which file is
 wrong and how.
 
-:func:`text_lines` and :func:`read_text` read UTF-8 (a leading byte-order mark is dropped, as Windows editors
+:func:`text_lines` and :func:`read_text_file` read UTF-8 (a leading byte-order mark is dropped, as Windows editors
 write one; ``.gz`` files are decompressed). A path that is missing, a folder, or not a regular file (a named
 pipe, a device, a socket) is refused before reading; bytes that are not UTF-8 text (a binary file, UTF-16) are a
 ValueError naming the file and the line.
@@ -81,6 +81,6 @@ def text_lines(path: str | os.PathLike[str], what: str = "file") -> Iterator[str
     return _lines(check_text_file(path, what), what)
 
 
-def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
+def read_text_file(path: str | os.PathLike[str], what: str = "file") -> str:
     """The whole UTF-8 text file ``path`` (see :func:`text_lines`)."""
     return "".join(text_lines(path, what))

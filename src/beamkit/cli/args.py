@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from beamkit.cli.types import finite_float, lm_weight, positive_int
-from beamkit.textfiles import read_text
+from beamkit.textfiles import read_text_file
 
 MODEL_HELP = (
     "the model: a shipped model's name (default: {default}; `beamkit models` lists them), a beamkit checkpoint "
@@ -111,7 +111,7 @@ def read_labels(path: str | None, alphabet: str | None = None) -> list[str]:
     if path is None or not os.path.exists(path) or os.path.isdir(path):
         what = "is a directory" if path is not None and os.path.isdir(path) else "not found"
         raise FileNotFoundError(f"labels file {what}: {path} (use --alphabet for a string of characters)")
-    lines = read_text(path, "labels file").split("\n")  # UTF-8; a byte-order mark is dropped
+    lines = read_text_file(path, "labels file").split("\n")  # UTF-8; a byte-order mark is dropped
     if lines and lines[-1] == "":
         lines = lines[:-1]
     return [" " if lab in ("<space>", " ") else lab for lab in lines]
