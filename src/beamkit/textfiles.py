@@ -9,6 +9,7 @@ ValueError naming the file and the line.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import stat
@@ -34,7 +35,7 @@ def check_text_file(path: str | os.PathLike[str], what: str = "file") -> str:
     except OSError as exc:
         raise FileNotFoundError(f"cannot open {what} {path}: {exc.strerror or exc}") from None
     if stat.S_ISDIR(mode):
-        raise IsADirectoryError(f"{what} is a folder, not a file: {path}")
+        raise IsADirectoryError(errno.EISDIR, f"{what} is a folder, not a file", path)
     for test, kind in _KINDS:
         if test(mode):
             raise ValueError(f"{what} is {kind}, not a regular file: {path} (save its content to a file first)")
