@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from beamkit.cli.args import StoreGiven, add_lm_args, lm_options_given, parse_blank, read_labels
+from beamkit.cli.args import (
+    StoreGiven,
+    add_force_arg,
+    add_lm_args,
+    check_output,
+    lm_options_given,
+    parse_blank,
+    read_labels,
+)
 from beamkit.cli.types import non_negative_int, non_positive_float, positive_int
 from beamkit.lm import KENLM_MAX_ORDER
 
@@ -122,6 +130,8 @@ def _cmd_ctc_explain(args: argparse.Namespace) -> int:
     from beamkit.viz import to_dot, to_html, to_svg
 
     _check_lm_options(args)
+    if args.output is not None:
+        check_output(args.output, "-o", args.force, inputs=[args.file])
     mats = _load_matrices(args.file)
     if not 0 <= args.utterance < len(mats):
         raise ValueError(f"--utterance must lie in [0, {len(mats) - 1}] for {args.file}, got {args.utterance}")
@@ -157,8 +167,7 @@ def _cmd_ctc_explain(args: argparse.Namespace) -> int:
 def _cmd_lm_build(args: argparse.Namespace) -> int:
     from beamkit.lm import write_arpa
 
-    if os.path.exists(args.corpus) and os.path.exists(args.output) and os.path.samefile(args.corpus, args.output):
-        raise ValueError(f"-o {args.output} is the corpus itself: choose another output file")
+    check_output(args.output, "-o", args.force, inputs=[args.corpus])
     if args.order > KENLM_MAX_ORDER:
         print(
             f"beamkit lm build: warning: kenlm reads orders up to {KENLM_MAX_ORDER}; this order-{args.order} "
@@ -298,6 +307,7 @@ def register(subparsers: Any) -> None:
     )
     exp.add_argument("--format", choices=EXPLAIN_FORMATS, default="html", help="output format")
     exp.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    add_force_arg(exp, "-o")
     exp.set_defaults(func=_cmd_ctc_explain)
 
     lm_sub = _command_group(
@@ -313,5 +323,6 @@ def register(subparsers: Any) -> None:
     build.add_argument("corpus", help="UTF-8 text file, one sentence per line, words separated by whitespace")
     build.add_argument("--order", type=positive_int, default=3, help="n-gram order")
     build.add_argument("-o", "--output", required=True, help="output ARPA file path")
+    add_force_arg(build, "-o")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=_cmd_lm_build)

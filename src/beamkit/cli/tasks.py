@@ -11,7 +11,8 @@ import sys
 from typing import Any
 
 from beamkit import ops
-from beamkit.cli.args import add_command, add_model_arg, add_search_args
+from beamkit.cli.args import add_command, add_force_arg, add_model_arg, add_search_args, check_output
+from beamkit.cli.format import format_score
 from beamkit.cli.types import finite_float, non_negative_int, positive_int
 from beamkit.scoring import LengthPenalty
 
@@ -67,6 +68,22 @@ def _check_dates(texts: list[str], strict: bool) -> None:
         print(f"beamkit translate: warning: {text!r}: {reason}; its output is a guess", file=sys.stderr)
 
 
+def _check_date_outputs(texts: list[str], outs: list[Any], strict: bool) -> int:
+    """Check each input's best output is a real date in the supported years: a warning on stderr for each that
+    is not, an error line with ``strict``; the exit code (1 when ``strict`` found one, else 0)."""
+    from beamkit.tasks.dates import output_reason
+
+    failed = 0
+    for text, out in zip(texts, outs, strict=True):
+        reason = output_reason(out[0].text) if out else "no output"
+        if reason is None:
+            continue
+        failed += 1
+        kind = "error" if strict else "warning"
+        print(f"beamkit translate: {kind}: {text!r}: {reason}", file=sys.stderr)
+    return 1 if strict and failed else 0
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     """Decode each TEXT with the ``--model`` model and print its n-best with log-probabilities and scores."""
     from beamkit.adapters import decode_texts, load, parse
@@ -81,7 +98,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         kind = parse(args.model).kind
     except ImportError as exc:
         return _fail_import("translate", exc)
-    if kind == "checkpoint":
+    dates = kind == "checkpoint"
+    if dates:
         _check_dates(texts, args.strict)
     elif args.strict:
         raise ValueError("--strict applies to the dates models; leave it out with this --model")
@@ -97,6 +115,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         )  # fmt: skip
     finally:
         bar.close()
+    code = _check_date_outputs(texts, outs, args.strict) if dates else 0
     if args.json:
         payload = [
             {
@@ -108,13 +127,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
             for src, out in zip(texts, outs, strict=True)
         ]
         print(json.dumps(payload))
-        return 0
+        return code
     for src, out in zip(texts, outs, strict=True):
         print(src)
         for rank, h in enumerate(out, 1):
             flag = "" if h.finished else "  (unfinished)"
-            print(f"  {rank}. {h.text}  logprob {h.logprob:.4f}  score {h.score:.4f}{flag}")
-    return 0
+            print(f"  {rank}. {h.text}  logprob {format_score(h.logprob)}  score {format_score(h.score)}{flag}")
+    return code
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -187,6 +206,7 @@ def _eval_dates(args: argparse.Namespace) -> int:
     try:
         if args.plot:
             check_plot_path(args.plot)  # before the evaluation, so a bad path does not cost the table
+            check_output(args.plot, "--plot", args.force)
         model = load_model(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("eval", exc)
@@ -227,6 +247,7 @@ def _eval_g2p(args: argparse.Namespace) -> int:
     try:
         if args.plot:
             check_plot_path(args.plot)
+            check_output(args.plot, "--plot", args.force)
         results = {
             a: evaluate(
                 beams,
@@ -248,6 +269,7 @@ def _eval_g2p(args: argparse.Namespace) -> int:
 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Write a task's LM training corpus (one sentence per line) for ``beamkit lm build``."""
+    check_output(args.output, "-o", args.force)
     if args.task == "g2p":
         from beamkit.tasks.g2p import phoneme_corpus
 
@@ -266,24 +288,27 @@ def cmd_corpus(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[float], metric: str, title: str) -> int:
+    """Print the results (JSON or tables), then write the ``--plot`` file: a plot that cannot be written fails
+    the command (exit code 1) after the figures are printed."""
     from beamkit.tasks.evaluate import format_fusion_table, format_table, plot
 
+    main = results[1.0] if 1.0 in results else results[alphas[0]]
+    if args.json:
+        print(json.dumps(main))
+    else:
+        print(f"{title}: {main['n']} examples")
+        print(format_table(results, metric))
+        if "fusion" in main:
+            print(f"with the LM (shallow fusion), {metric}:")
+            print(format_fusion_table(main, metric))
+    sys.stdout.flush()
     if args.plot:
         try:
             plot(results, args.plot, metric=metric, title=title)
         except ImportError as exc:
             return _fail_import("eval", exc)
-    main = results[1.0] if 1.0 in results else results[alphas[0]]
-    if args.json:
-        print(json.dumps(main))
-        return 0
-    print(f"{title}: {main['n']} examples")
-    print(format_table(results, metric))
-    if "fusion" in main:
-        print(f"with the LM (shallow fusion), {metric}:")
-        print(format_fusion_table(main, metric))
-    if args.plot:
-        print(f"plot written to {args.plot}")
+        if not args.json:
+            print(f"plot written to {args.plot}")
     return 0
 
 
@@ -307,8 +332,10 @@ def register(subparsers: Any) -> None:
         "decode texts with a shipped or saved model (or g2p-en, or hf:DIR); print the n-best",
         "All inputs are decoded in batched searches; '-' reads them from standard input, one per line. "
         "A progress bar goes to standard error when it is a terminal. The dates models read dates from the years "
-        f"{FIRST_DAY.year}-{LAST_DAY.year}; an input with no date-like token (no digit, month or weekday name) or "
-        "a year outside that range gets a warning on standard error (--strict refuses it).",
+        f"{FIRST_DAY.year}-{LAST_DAY.year}; an input with no date-like token (no digit, month or weekday name), "
+        "a year outside that range, or a month or day out of range (2024-13-45, 31 February 2001) gets a warning "
+        "on standard error (--strict refuses it), and so does an output that is not a calendar date in those "
+        "years (--strict: an error, exit code 1, the other inputs still printed).",
     )
     p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'; '-' reads standard input")
     add_model_arg(p)
@@ -317,7 +344,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--strict",
         action="store_true",
-        help="refuse an input with no date-like token or a year out of range (dates models only)",
+        help="refuse an input with no date-like token, a year, month or day out of range, and fail (exit code 1) "
+        "on an output that is not a calendar date (dates models only)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend(p)
@@ -370,6 +398,7 @@ def register(subparsers: Any) -> None:
         p.add_argument(
             "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"
         )
+        add_force_arg(p, "--plot")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument(
             "--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in (default: none)"
@@ -414,4 +443,5 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "-o", "--output", required=True, help="output text file, one sentence per line (required, no default)"
     )
+    add_force_arg(p, "-o")
     p.set_defaults(func=cmd_corpus)
