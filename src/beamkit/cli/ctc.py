@@ -189,8 +189,11 @@ def _cmd_ocr(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the ocr extra is missing: a failure, not a usage error
         print(f"beamkit ocr: error: {exc}", file=sys.stderr)
         return 1
+    for r in readings:
+        if r.warning is not None:
+            print(f"beamkit ocr: warning: {r.image}: {r.warning}", file=sys.stderr)
     if args.json:
-        print(json.dumps([{"image": r.image, "text": r.text, "score": r.score} for r in readings]))
+        print(json.dumps([{"image": r.image, "text": r.text, "score": r.score, "warning": r.warning} for r in readings]))
     else:
         for r in readings:
             print(r.text)
@@ -245,13 +248,15 @@ def register(subparsers: Any) -> None:
         description="Read single text-line images with the PP-OCRv4 recognition model shipped in "
         "rapidocr-onnxruntime (the ocr extra), decoded greedily (--beam 1: rapidocr's own "
         "text) or by prefix beam search with an optional word n-gram LM. Prints one text per image, or with "
-        "--json a list of {image, text, score} (score: log-probability of the best path, or the beam's "
-        "combined score).",
+        "--json a list of {image, text, score, warning} (score: log-probability of the best path, or the beam's "
+        "combined score). An image that cannot be one horizontal line (taller than wide by 1.5 or more, or two "
+        "text lines) is refused before any is read; one that reads far better turned upside down is read as "
+        "given, with a warning on standard error.",
     )
     ocr.add_argument("images", nargs="+", metavar="IMAGE", help="image files, one text line each")
     ocr.add_argument("--beam", type=positive_int, default=1, help="beam width (1: greedy)")
     add_lm_args(ocr, backend=False)
-    ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score}")
+    ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score, warning}")
     ocr.set_defaults(func=_cmd_ocr)
 
     ctc_sub = _command_group(

@@ -188,9 +188,33 @@ def _lm_args(args: argparse.Namespace, vocab: list[str]) -> tuple[Any, list[floa
     if args.lm_weight is None:
         raise ValueError("--lm needs --lm-weight (one weight, or several to compare)")
     weights = parse_weights(args.lm_weight)
+    return _target_lm(args.lm, vocab), weights
+
+
+def _target_lm(path: str, vocab: list[str]) -> Any:
+    """The ``--lm`` ARPA file as an n-gram LM over the model's target tokens ``vocab``. Its refusal, and each
+    warning about it, reach the user as one line naming ``--lm``; an LM none of whose words is a target token
+    (a word LM for a character model) is refused: it would change no score."""
+    import warnings
+
     from beamkit.lm import NGramLM
 
-    return NGramLM(args.lm, vocab), weights
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            lm = NGramLM(path, vocab)
+        except ValueError as exc:
+            raise ValueError(f"--lm {path}: {exc}") from None
+    for warning in caught:
+        print(f"beamkit eval: warning: --lm {path}: {warning.message}", file=sys.stderr)
+    tokens = [w for w in vocab if not (w.startswith("<") and w.endswith(">"))]  # no <s>, </s>, <pad>, <unk>
+    if not any(w in lm.lm for w in tokens):
+        shown = " ".join(tokens[:8])
+        raise ValueError(
+            f"--lm {path} shares no word with the model's output tokens ({shown} ...): it would change nothing; "
+            "build an LM over them (`beamkit corpus` then `beamkit lm build`)"
+        )
+    return lm
 
 
 def _eval_dates(args: argparse.Namespace) -> int:
