@@ -64,3 +64,11 @@ def format_score(value: float) -> str:
     if value == 0 or round(value, 4) != 0 or value != value:
         return f"{value:.4f}"
     return f"{value:.3e}"
+
+
+def shown(text: str, most: int = 60) -> str:
+    """``text`` quoted for a message (``repr``), its middle cut to keep it under ``most`` characters."""
+    if len(text) <= most:
+        return repr(text)
+    half = (most - 5) // 2
+    return repr(text[:half]) + "..." + repr(text[-half:])

@@ -12,8 +12,8 @@ from typing import Any
 
 from beamkit import ops
 from beamkit.cli.args import add_command, add_force_arg, add_model_arg, add_search_args, check_output
-from beamkit.cli.format import format_score
-from beamkit.cli.types import finite_float, non_negative_int, positive_int
+from beamkit.cli.format import format_score, shown
+from beamkit.cli.types import finite_float, learning_rate, non_negative_int, positive_int
 from beamkit.scoring import LengthPenalty
 
 
@@ -64,8 +64,8 @@ def _check_dates(texts: list[str], strict: bool) -> None:
         if reason is None:
             continue
         if strict:
-            raise ValueError(f"{text!r} is not a date the model can read: {reason}")
-        print(f"beamkit translate: warning: {text!r}: {reason}; its output is a guess", file=sys.stderr)
+            raise ValueError(f"{shown(text)} is not a date the model can read: {reason}")
+        print(f"beamkit translate: warning: {shown(text)}: {reason}; its output is a guess", file=sys.stderr)
 
 
 def _check_date_outputs(texts: list[str], outs: list[Any], strict: bool) -> int:
@@ -80,7 +80,7 @@ def _check_date_outputs(texts: list[str], outs: list[Any], strict: bool) -> int:
             continue
         failed += 1
         kind = "error" if strict else "warning"
-        print(f"beamkit translate: {kind}: {text!r}: {reason}", file=sys.stderr)
+        print(f"beamkit translate: {kind}: {shown(text)}: {reason}", file=sys.stderr)
     return 1 if strict and failed else 0
 
 
@@ -99,14 +99,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return _fail_import("translate", exc)
     dates = kind == "checkpoint"
-    if dates:
-        _check_dates(texts, args.strict)
-    elif args.strict:
+    if args.strict and not dates:
         raise ValueError("--strict applies to the dates models; leave it out with this --model")
     try:
         adapter = load(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("translate", exc)
+    if dates:  # an input longer than the model takes is refused by the decoding, without a warning first
+        _check_dates([t for t in texts if len(t) <= adapter.max_prompt_tokens], args.strict)
     bar = progress_bar(len(texts), "translate", enabled=progress_enabled(args.quiet))
     try:
         outs = decode_texts(
@@ -162,6 +162,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a dates model and save the checkpoint folder."""
     from beamkit.models import training
+    from beamkit.progress import progress_enabled
     from beamkit.tasks.train import TrainConfig, check_out
 
     config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
@@ -169,9 +170,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_out(out, force=args.force)
     try:
         ops.set_torch_threads(args.threads)
-        model = training.train(config, out=out, progress=not args.quiet)
+        model = training.train(config, out=out, progress=progress_enabled(args.quiet))
     except ImportError as exc:
         return _fail_import("train", exc)
+    except RuntimeError as exc:  # the loss diverged: a failure of this run
+        print(f"beamkit train: error: {exc}", file=sys.stderr)
+        return 1
     info = model.meta["train"]
     print(f"saved {out}  ({info['seconds']} s, final loss {info['final_loss']})")
     return 0
@@ -349,6 +353,7 @@ def add_backend(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
     from beamkit.tasks.dates import FIRST_DAY, LAST_DAY
+    from beamkit.tasks.train import MAX_LR
 
     p = add_command(
         subparsers,
@@ -385,7 +390,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--epochs", type=positive_int, default=None, help="passes over the training split (default: the arch's)"
     )
-    p.add_argument("--lr", type=finite_float, default=None, help="peak learning rate (default: the arch's)")
+    p.add_argument(
+        "--lr",
+        type=learning_rate,
+        default=None,
+        help=f"peak learning rate, above 0 and at most {MAX_LR:g} (default: the arch's)",
+    )
     p.add_argument(
         "--train-size", type=positive_int, default=None, help="use only the first N training pairs (default: all)"
     )

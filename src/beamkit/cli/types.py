@@ -47,3 +47,10 @@ def non_negative_float(text: str) -> float:
 def non_positive_float(text: str) -> float:
     """A finite number <= 0 (a log-probability threshold)."""
     return float(_checked(check_float, _parsed(float, text, "a number"), most=0.0))
+
+
+def learning_rate(text: str) -> float:
+    """A peak learning rate: a number above 0 and at most :data:`beamkit.tasks.train.MAX_LR`."""
+    from beamkit.tasks.train import MAX_LR
+
+    return float(_checked(check_float, _parsed(float, text, "a number"), above=0.0, most=MAX_LR))

@@ -260,7 +260,8 @@ def _numeric_reason(text: str) -> str | None:
     """Why the numbers of ``text`` cannot be a day, a month and a year, or None."""
     for number in re.findall(r"\d+", text):
         if len(number) > 4:
-            return f"the number {number} is not a day, a month or a year"
+            cut = number if len(number) <= 12 else f"{number[:4]}...{number[-4:]} ({len(number)} digits)"
+            return f"the number {cut} is not a day, a month or a year"
     for match in _NUMERIC.finditer(text):
         first, sep, second, third = match.groups()
         a, b, c = int(first), int(second), int(third)
