@@ -307,7 +307,7 @@ def test_scores_print_with_enough_digits_to_rank(capsys):
     assert len(set(want)) == 3 and max(abs(s) for s in want) < 1e-50  # all would print as -0.0000
     code, out, _ = run_main(capsys, *argv)
     printed = [float(m) for m in re.findall(r"score (\S+)", out)]
-    assert printed == pytest.approx(want, rel=1e-3)
+    assert printed == pytest.approx(want, rel=1e-3, abs=0)
     assert sorted(printed, reverse=True) == printed
 
 
