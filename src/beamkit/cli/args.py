@@ -67,14 +67,19 @@ def add_force_arg(parser: argparse.ArgumentParser, option: str = "--output") -> 
 
 
 def check_output(
-    path: str, option: str, force: bool, inputs: Iterable[str | None] = (), resumable: bool = False
+    path: str,
+    option: str,
+    force: bool,
+    inputs: Iterable[str | None] = (),
+    resumable: bool = False,
+    makes_folder: bool = False,
 ) -> None:
     """The one rule of every command that writes a file, checked before any work: refuse ``path`` (given as
-    ``option``) when it is one of ``inputs``, a folder, in a folder that does not exist or cannot be written, or
-    an existing file unless ``force`` (or ``resumable``: a file this command wrote in an earlier run, which a
-    rerun resumes). A device or a pipe (``/dev/null``, ``/dev/stdout``) is written as it is. ValueError /
-    FileNotFoundError for a usage error, PermissionError for a folder that cannot be written, each naming
-    ``option`` and ``path`` as given."""
+    ``option``) when it is one of ``inputs``, a folder, in a folder that does not exist (unless ``makes_folder``:
+    the command creates it) or cannot be written, or an existing file unless ``force`` (or ``resumable``: a file
+    this command wrote in an earlier run, which a rerun resumes). A device or a pipe (``/dev/null``,
+    ``/dev/stdout``) is written as it is. ValueError / FileNotFoundError for a usage error, PermissionError for
+    a folder that cannot be written, each naming ``option`` and ``path`` as given."""
     out = Path(path)
     for source in inputs:
         if source is None:
@@ -84,13 +89,17 @@ def check_output(
             same = os.path.samefile(out, source)
         if same:
             raise ValueError(f"{option} {path} is the input {source}; choose another output file")
-    if out.is_dir():
-        raise ValueError(f"{option} {path} is a folder; give the file to write")
+    if out.is_dir() or path.endswith(("/", os.sep)):
+        raise ValueError(f"{option} {path} is a folder, not a file; give the file to write")
     if out.exists() and not out.is_file():
         return  # a device or a pipe: nothing is replaced
     folder = out.parent
     if not folder.is_dir():
-        raise FileNotFoundError(f"{option} {path}: the folder {folder} does not exist")
+        if not makes_folder or folder.exists():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise FileNotFoundError(f"{option} {path}: the output folder {folder} {what}")
+        while not folder.is_dir() and folder != folder.parent:  # the nearest folder above that exists
+            folder = folder.parent
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass

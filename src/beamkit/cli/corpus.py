@@ -49,7 +49,7 @@ def _check_output(args: argparse.Namespace) -> None:
             "choose another --output"
         )
     ours = os.path.isfile(os.path.join(parts, "manifest.json"))
-    check_output(output, "--output", args.force, inputs=[args.input], resumable=ours)
+    check_output(output, "--output", args.force, inputs=[args.input], resumable=ours, makes_folder=True)
 
 
 def cmd_decode(args: argparse.Namespace) -> int:

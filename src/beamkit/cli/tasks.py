@@ -55,28 +55,33 @@ def read_texts(texts: list[str]) -> list[str]:
     return out
 
 
-def _check_dates(texts: list[str], strict: bool) -> None:
-    """Warn on stderr about each input the dates models cannot mean; with ``strict``, refuse the first."""
+def _check_dates(texts: list[str], strict: bool) -> set[str]:
+    """Warn on stderr about each input the dates models cannot mean; with ``strict``, refuse the first. The
+    inputs warned about (their outputs need no second warning)."""
     from beamkit.tasks.dates import out_of_range_reason
 
+    warned = set()
     for text in texts:
         reason = out_of_range_reason(text)
         if reason is None:
             continue
+        warned.add(text)
         if strict:
             raise ValueError(f"{shown(text)} is not a date the model can read: {reason}")
         print(f"beamkit translate: warning: {shown(text)}: {reason}; its output is a guess", file=sys.stderr)
+    return warned
 
 
-def _check_date_outputs(texts: list[str], outs: list[Any], strict: bool) -> int:
+def _check_date_outputs(texts: list[str], outs: list[Any], strict: bool, warned: set[str]) -> int:
     """Check each input's best output is a real date in the supported years: a warning on stderr for each that
-    is not, an error line with ``strict``; the exit code (1 when ``strict`` found one, else 0)."""
+    is not (unless its input was ``warned`` about), an error line with ``strict``; the exit code (1 when
+    ``strict`` found one, else 0)."""
     from beamkit.tasks.dates import output_reason
 
     failed = 0
     for text, out in zip(texts, outs, strict=True):
         reason = output_reason(out[0].text) if out else "no output"
-        if reason is None:
+        if reason is None or text in warned:
             continue
         failed += 1
         kind = "error" if strict else "warning"
@@ -105,8 +110,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
         adapter = load(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("translate", exc)
+    warned: set[str] = set()
     if dates:  # an input longer than the model takes is refused by the decoding, without a warning first
-        _check_dates([t for t in texts if len(t) <= adapter.max_prompt_tokens], args.strict)
+        warned = _check_dates([t for t in texts if len(t) <= adapter.max_prompt_tokens], args.strict)
     bar = progress_bar(len(texts), "translate", enabled=progress_enabled(args.quiet))
     try:
         outs = decode_texts(
@@ -115,7 +121,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         )  # fmt: skip
     finally:
         bar.close()
-    code = _check_date_outputs(texts, outs, args.strict) if dates else 0
+    code = _check_date_outputs(texts, outs, args.strict, warned) if dates else 0
     if args.json:
         payload = [
             {

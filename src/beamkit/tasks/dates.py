@@ -283,14 +283,17 @@ def _numeric_reason(text: str) -> str | None:
             return _day_reason(day, month, year)
     years = [int(y) for y in _YEAR.findall(text)]
     year = years[0] if len(years) == 1 else None
+    with_day = set()  # months written after their day (3 Mar 99): a number after them is the year
     for match in _DAY_MONTH.finditer(text):
+        with_day.add(match.start(2))
         if len(match.group(1)) < 4:
             reason = _day_reason(int(match.group(1)), _MONTH_OF[match.group(2).lower()], year)
             if reason is not None:
                 return reason
     for match in _MONTH_DAY.finditer(text):
-        if len(match.group(2)) < 4:
-            reason = _day_reason(int(match.group(2)), _MONTH_OF[match.group(1).lower()], year)
+        day = int(match.group(2))
+        if match.start(1) not in with_day and day <= 31:  # above 31: a two-digit year (March 99)
+            reason = _day_reason(day, _MONTH_OF[match.group(1).lower()], year)
             if reason is not None:
                 return reason
     return None
