@@ -193,7 +193,8 @@ def _cmd_ocr(args: argparse.Namespace) -> int:
         if r.warning is not None:
             print(f"beamkit ocr: warning: {r.image}: {r.warning}", file=sys.stderr)
     if args.json:
-        print(json.dumps([{"image": r.image, "text": r.text, "score": r.score, "warning": r.warning} for r in readings]))
+        rows = [{"image": r.image, "text": r.text, "score": r.score, "warning": r.warning} for r in readings]
+        print(json.dumps(rows))
     else:
         for r in readings:
             print(r.text)

@@ -72,9 +72,9 @@ def decode_corpus(
     ``error``.
     ``progress`` shows a tqdm bar on stderr; ``on_batch(n)`` is called as each batch of ``n`` inputs arrives.
     """
-    for name, value in (("input", input), ("output", output)):
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{name} must be a path (a str or os.PathLike), got {value!r}")
+    for role, path in (("input", input), ("output", output)):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"{role} must be a path (a str or os.PathLike), got {path!r}")
     if not isinstance(options, DecodeOptions):
         raise TypeError(f"options must be a DecodeOptions, got {options!r}")
     options.check()
