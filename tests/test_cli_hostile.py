@@ -317,3 +317,18 @@ def test_explain_shows_the_best_hypothesis_as_text(capsys, tmp_path):
     code, out, err = run_main(capsys, "explain", "3rd of March 1999", "-o", str(tmp_path / "t.html"))
     assert code == 0, err
     assert out.rstrip().endswith(f"best: {best!r}"), out
+
+
+def test_train_stops_with_one_line_when_the_loss_diverges(capsys, tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+
+    class NanLoss(torch.nn.CrossEntropyLoss):
+        def forward(self, logits, gold):  # the loss of a run whose weights overflowed
+            return super().forward(logits, gold) * float("nan")
+
+    monkeypatch.setattr(torch.nn, "CrossEntropyLoss", NanLoss)
+    out = tmp_path / "ckpt"
+    code, stdout, err = run_main(capsys, "train", "dates", "--out", str(out), "--train-size", "64", "--epochs", "1")
+    assert code == 1 and stdout == ""
+    assert "diverged" in one_line(err, "train") and "Traceback" not in err
+    assert not out.exists() or not any(out.iterdir())  # no checkpoint of NaN weights
