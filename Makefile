@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEER := .venv-peer
 PEER_STAMP := $(PEER)/.installed
 
-.PHONY: demo test lint typecheck pytest peer hf-newest docs numerics wheel-check mutation bench clean
+.PHONY: demo test test-fast lint typecheck pytest peer hf-newest docs numerics wheel-check mutation bench clean
 
 # The demo needs beamkit alone (numpy: the shipped models run on it); the checks need all of dev.
 DEMO_STAMP := $(VENV)/.installed-demo
@@ -29,6 +29,24 @@ $(DEMO_STAMP): pyproject.toml $(VENV)/bin/python
 demo: $(DEMO_STAMP)
 	$(BIN)/beamkit demo
 	$(BIN)/beamkit translate --beam 5 "3rd of March 1999"
+
+# The quick checks: the numpy core (search, engine, processors, variants, the numpy models) and the command line,
+# under a minute, with beamkit, numpy, pytest and hypothesis alone (no torch, nothing else downloaded). Where .venv
+# already holds the dev tools, the same tests run there.
+FAST_STAMP := $(VENV)/.installed-fast
+FAST_TESTS := tests/test_search.py tests/test_engine_rules.py tests/test_engine.py tests/test_contract.py \
+	tests/test_batch.py tests/test_fusion.py tests/test_weights.py tests/test_processors.py tests/test_trace.py \
+	tests/test_exact.py tests/test_constrained.py tests/test_diverse.py tests/test_keep_state.py \
+	tests/test_lm_arpa.py tests/test_api_errors.py tests/test_dates.py tests/test_cli_usability.py \
+	tests/test_cli_safety.py tests/test_cli_hostile.py
+
+$(FAST_STAMP): pyproject.toml $(VENV)/bin/python
+	@echo "installing beamkit, pytest and hypothesis into $(VENV) (numpy only, no torch)"
+	$(BIN)/pip install -q -e . "pytest>=8" "hypothesis>=6.100"
+	touch $(FAST_STAMP) $(DEMO_STAMP)
+
+test-fast: $(FAST_STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench docs/_ext

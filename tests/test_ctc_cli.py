@@ -171,10 +171,10 @@ def test_lm_build_directories_are_clear_errors(run, tmp_path) -> None:
     for target in (str(tmp_path / "d"), str(tmp_path / "e") + "/"):
         rc, _, err = run("lm", "build", str(corpus), "-o", target)
         assert rc == 2
-        one_error_line(err, "not a directory")
+        one_error_line(err, "is a folder, not a file")
     rc, _, err = run("lm", "build", str(corpus), "-o", str(tmp_path / "nowhere" / "x.arpa"))
     assert rc == 2
-    one_error_line(err, "output directory not found")
+    one_error_line(err, "output folder", "does not exist")
 
 
 def test_help_texts_explain_the_options_and_the_labels_format(run) -> None:

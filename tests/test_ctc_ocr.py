@@ -95,3 +95,52 @@ def test_ocr_cli_json_and_errors(images, monkeypatch, capsys, tmp_path) -> None:
     (tmp_path / "not.png").write_text("not an image")
     assert cli.main(["ocr", str(tmp_path / "not.png")]) == 2
     assert "cannot read image" in capsys.readouterr().err
+
+
+def render_lines(lines: list[str], path: str, turn: int = 0) -> None:
+    """Text lines one under the other (48 px apart, black on white), turned by ``turn`` degrees."""
+    font = ImageFont.truetype(DEJAVU, 32) if os.path.exists(DEJAVU) else ImageFont.load_default(size=32)
+    width = int(max(font.getlength(t) for t in lines)) + 24
+    img = PIL_Image.new("RGB", (width, 48 * len(lines)), "white")
+    draw = ImageDraw.Draw(img)
+    for i, text in enumerate(lines):
+        draw.text((12, 6 + 48 * i), text, font=font, fill="black")
+    img.rotate(turn, expand=True).save(path)
+
+
+def test_images_that_cannot_be_one_line_are_refused_before_the_model_runs(tmp_path, monkeypatch, capsys) -> None:
+    two, turned = str(tmp_path / "two.png"), str(tmp_path / "turned.png")
+    render_lines(["The first line of text", "and the second one"], two)
+    render_lines(["A line turned on its side"], turned, turn=90)
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.cli.ctc",))
+    for path, says in ((two, "2 text lines"), (turned, "taller than wide")):
+        assert cli.main(["ocr", path]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and path in err[0] and says in err[0], err
+    with pytest.raises(ValueError, match="2 text lines"):
+        ocr.read_lines([two], recognizer=object())  # refused before any model call
+    # the oracle of the profile: the bands are where the lines were drawn (48 px apart)
+    bands = ocr.ink_bands(ocr.load_line_image(two))
+    assert len(bands) == 2 and bands[0][1] <= 48 <= bands[1][0]
+
+
+def test_one_line_images_pass_the_geometry_check(images) -> None:
+    assert [ocr.line_problem(ocr.load_line_image(p)) for p in images] == [None] * len(images)
+
+
+def test_an_upside_down_line_is_read_with_a_warning(tmp_path, recognizer, monkeypatch, capsys) -> None:
+    up, down, same = (str(tmp_path / f"{n}.png") for n in ("up", "down", "same"))
+    render_lines([LINES[0]], up)
+    render_lines([LINES[0]], down, turn=180)
+    render_lines(["NOON SWIMS"], same, turn=180)  # reads the same both ways: nothing to tell
+    got = ocr.read_lines([up, down, same], recognizer=recognizer)
+    assert got[0].warning is None and got[0].text.strip() == LINES[0]
+    assert got[1].warning is not None and "upside down" in got[1].warning and LINES[0] in got[1].warning
+    assert got[2].warning is None
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("beamkit.cli.ctc",))
+    assert cli.main(["ocr", up, down, "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out[0]["warning"] is None and "upside down" in out[1]["warning"]
+    warned = captured.err.strip().splitlines()
+    assert len(warned) == 1 and warned[0].startswith(f"beamkit ocr: warning: {down}: the image looks upside down")

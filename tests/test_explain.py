@@ -104,12 +104,14 @@ def _tiny_hf(folder) -> None:
 def test_hugging_face_folder(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     _tiny_hf(tmp_path / "hf")
+    capsys.readouterr()  # what saving the folder printed
     out = tmp_path / "t.json"
     code, _, err = _run(
         capsys, "explain", "the cat sat", "--model", f"hf:{tmp_path / 'hf'}", "--beam", "3", "--max-len", "6",
         "--format", "json", "-o", str(out),
     )  # fmt: skip
     assert code == 0, err
+    assert "Loading weights" not in err and "%|" not in err  # transformers' own bar is kept off standard error
     trace = Trace.from_json(out.read_text())
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()

@@ -87,3 +87,15 @@ def test_make_test_runs_the_hf_tests_again_on_the_newest_transformers_after_the_
     installs = [line for line in lines if line.startswith(".venv-hf/bin/pip install")]
     assert any("transformers==" in line and "torch==" in line for line in installs), installs
     assert installs[-1].endswith("pip install -q -e . --no-deps")  # beamkit from this tree, nothing else
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_test_fast_installs_no_extra_and_runs_tests_that_exist(tmp_path):
+    lines = planned("test-fast", tmp_path)
+    installs = [line for line in lines if "pip install" in line and "-e" in line]
+    assert installs and all("[" not in line for line in installs), installs  # no extras: no torch to download
+    run = lines[-1]
+    assert "-m pytest" in run and '-m "not slow"' in run
+    files = [word for word in run.split() if word.startswith("tests/")]
+    assert len(files) >= 10 and all((ROOT / f).is_file() for f in files), files
+    assert "tests/test_cli_hostile.py" in files and "tests/test_search.py" in files  # the command line, the core

@@ -12,6 +12,9 @@ from beamkit.trace import Trace
 FORMATS = ("html", "svg", "dot", "json")
 
 
+MAX_BEAM = 256  # the widest beam drawn: a beam of 256 is some 30,000 nodes, already more than a page shows
+
+
 def explain(
     model: Any,
     text: str,
@@ -28,8 +31,9 @@ def explain(
     ``generate``) refuses another."""
     from beamkit._checks import check_int
     from beamkit.adapters import HF_PREFIX, Ask, ModelAdapter, load, search
+    from beamkit.adapters.driver import check_prompt_length
 
-    check_int("--beam", beam_size, least=1)
+    check_int("--beam", beam_size, least=1, most=MAX_BEAM)
     if policy is not None and isinstance(model, str) and model.startswith(HF_PREFIX):  # before the folder loads
         raise ValueError(
             "--policy: a Hugging Face model decodes with the 'pool' policy, as generate does; leave it out"
@@ -42,6 +46,7 @@ def explain(
         )
     shared: dict[str, Any] = {} if policy is None else {"policy": policy}
     ids = adapter.encode(text)
+    check_prompt_length(adapter, ids, "the input")
     runs = []
     for beam, trace in ((beam_size, True), (1, False)):
         request = adapter.request(Ask(beam, beam, max_len, length_penalty, prompt_len=len(ids)))  # the whole final beam
@@ -55,6 +60,8 @@ def explain(
     out = beam_run.trace[0].with_vocab(adapter.vocab)
     out.greedy = list(greedy_run.hypotheses[0][0].tokens)
     out.source = text
+    if beam_run.hypotheses and beam_run.hypotheses[0]:
+        out.best_text = adapter.decode(beam_run.hypotheses[0][0].tokens)
     return out
 
 

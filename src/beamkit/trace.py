@@ -66,7 +66,8 @@ class Trace:
     why it stopped, and the node ids it returned (``result``, best first).
 
     ``greedy``: optionally, the greedy decode's tokens for the same request (set by ``beamkit explain``), drawn
-    along the tree. ``vocab``: optional token texts by id (see :meth:`with_vocab`).
+    along the tree. ``vocab``: optional token texts by id (see :meth:`with_vocab`). ``best_text``: optionally,
+    the best hypothesis as the model's own text (set by ``beamkit explain``).
     """
 
     request_id: int
@@ -82,6 +83,7 @@ class Trace:
     greedy: list[int] | None = None
     vocab: list[str] | None = None
     source: str | None = None
+    best_text: str | None = None
 
     # ------------------------------------------------------------------------------------------ queries
     def path(self, node: int) -> list[int]:

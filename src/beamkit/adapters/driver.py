@@ -52,6 +52,14 @@ def search(
     return result
 
 
+def check_prompt_length(adapter: ModelAdapter, ids: Sequence[int], what: str) -> None:
+    """Refuse a prompt longer than the model takes (``adapter.max_prompt_tokens``) before any search runs:
+    ValueError naming ``what`` (``"input 3"``), its length and the limit."""
+    limit = adapter.max_prompt_tokens
+    if len(ids) > limit:
+        raise ValueError(f"{what} is {len(ids)} tokens long; this model takes at most {limit}")
+
+
 def decode_texts(
     adapter: ModelAdapter,
     texts: Sequence[str],
@@ -77,6 +85,8 @@ def decode_texts(
     if isinstance(texts, str):
         raise TypeError("expected a sequence of texts, got one string")
     ids = [adapter.encode(text) for text in texts]
+    for i, row in enumerate(ids):
+        check_prompt_length(adapter, row, f"input {i + 1}" if len(ids) > 1 else "the input")
     groups: dict[Any, list[int]] = {}
     for i, row in enumerate(ids):
         groups.setdefault(adapter.batch_key(tuple(row)), []).append(i)

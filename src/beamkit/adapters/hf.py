@@ -42,6 +42,21 @@ PROCESSOR_FIELDS = {
 }
 
 
+@contextlib.contextmanager
+def _no_loading_bars() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights") off while a folder loads: a command's standard error
+    keeps to its own lines (and to its own bar, shown on a terminal only)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 class HFAdapter(ModelAdapter):
     """A Hugging Face model folder with its tokenizer (loaded by :func:`beamkit.hf.load_pretrained`)."""
 
@@ -50,7 +65,8 @@ class HFAdapter(ModelAdapter):
     def __init__(self, directory: str | Path, name: str | None = None, allow_pickle: bool = False):
         from beamkit.hf import DecoderOnlyStep, EncoderDecoderStep, load_pretrained
 
-        loaded = load_pretrained(directory, allow_pickle=allow_pickle)
+        with _no_loading_bars():
+            loaded = load_pretrained(directory, allow_pickle=allow_pickle)
         self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
         self.encoder_decoder = loaded.encoder_decoder
         self.vocab = self.tokenizer

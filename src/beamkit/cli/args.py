@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from beamkit.cli.types import finite_float, lm_weight, positive_int
@@ -52,9 +55,59 @@ def add_search_args(
 
 
 def add_render_args(parser: argparse.ArgumentParser, formats: tuple[str, ...]) -> None:
-    """Add ``--format`` (one of ``formats``, the first the default) and ``-o/--output`` (default: stdout)."""
+    """Add ``--format`` (one of ``formats``, the first the default), ``-o/--output`` (default: stdout) and
+    ``--force`` (replace an existing ``-o`` file)."""
     parser.add_argument("--format", choices=formats, default=formats[0], help="output format")
     parser.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    add_force_arg(parser, "-o")
+
+
+def add_force_arg(parser: argparse.ArgumentParser, option: str = "--output") -> None:
+    """Add ``--force``: replace an existing ``option`` file (see :func:`check_output`)."""
+    parser.add_argument("--force", action="store_true", help=f"replace an existing {option} file")
+
+
+def check_output(
+    path: str,
+    option: str,
+    force: bool,
+    inputs: Iterable[str | None] = (),
+    resumable: bool = False,
+    makes_folder: bool = False,
+) -> None:
+    """The one rule of every command that writes a file, checked before any work: refuse ``path`` (given as
+    ``option``) when it is one of ``inputs``, a folder, in a folder that does not exist (unless ``makes_folder``:
+    the command creates it) or cannot be written, or an existing file unless ``force`` (or ``resumable``: a file
+    this command wrote in an earlier run, which a rerun resumes). A device or a pipe (``/dev/null``,
+    ``/dev/stdout``) is written as it is. ValueError / FileNotFoundError for a usage error, PermissionError for
+    a folder that cannot be written, each naming ``option`` and ``path`` as given."""
+    out = Path(path)
+    for source in inputs:
+        if source is None:
+            continue
+        same = out.absolute() == Path(source).absolute()
+        if not same and out.exists() and Path(source).exists():
+            same = os.path.samefile(out, source)
+        if same:
+            raise ValueError(f"{option} {path} is the input {source}; choose another output file")
+    if out.is_dir() or path.endswith(("/", os.sep)):
+        raise ValueError(f"{option} {path} is a folder, not a file; give the file to write")
+    if out.exists() and not out.is_file():
+        return  # a device or a pipe: nothing is replaced
+    folder = out.parent
+    if not folder.is_dir():
+        if not makes_folder or folder.exists():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise FileNotFoundError(f"{option} {path}: the output folder {folder} {what}")
+        while not folder.is_dir() and folder != folder.parent:  # the nearest folder above that exists
+            folder = folder.parent
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise PermissionError(f"{option} {path}: cannot write in the folder {folder} ({exc.strerror})") from None
+    if out.exists() and not (force or resumable):
+        raise ValueError(f"{option} {path} exists; add --force to replace it")
 
 
 def add_lm_args(parser: argparse.ArgumentParser, backend: bool = True) -> None:

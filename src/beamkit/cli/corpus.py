@@ -7,7 +7,15 @@ import os
 import sys
 from typing import Any
 
-from beamkit.cli.args import add_command, add_lm_args, add_model_arg, add_search_args, parse_blank, read_labels
+from beamkit.cli.args import (
+    add_command,
+    add_lm_args,
+    add_model_arg,
+    add_search_args,
+    check_output,
+    parse_blank,
+    read_labels,
+)
 from beamkit.cli.types import positive_int
 from beamkit.corpus.options import DecodeOptions
 
@@ -30,34 +38,31 @@ def _options(args: argparse.Namespace) -> DecodeOptions:
 
 
 def _check_output(args: argparse.Namespace) -> None:
-    """Refuse an ``--output`` that is the input, a folder, or an existing file that no earlier run of ``decode``
-    wrote (one without ``OUTPUT.parts/manifest.json`` next to it) unless ``--force``."""
-    output, source = args.output, args.input
-    same = os.path.abspath(output) == os.path.abspath(source)
-    if not same and os.path.exists(output) and os.path.exists(source):
-        same = os.path.samefile(output, source)
-    if same:
-        raise ValueError(f"--output {output} is the input; choose another output file")
-    if os.path.isdir(output):
-        raise ValueError(f"--output {output} is a folder; give the JSONL file to write")
-    ours = os.path.isfile(os.path.join(f"{output}.parts", "manifest.json"))
-    if os.path.exists(output) and not ours and not args.force:
+    """``--output`` by the rule of every command that writes (:func:`beamkit.cli.args.check_output`): an existing
+    file is resumed when an earlier run of ``decode`` wrote it (``OUTPUT.parts/manifest.json`` beside it), else
+    replaced only with ``--force``. ``OUTPUT.parts`` must be a folder (or not exist)."""
+    output = args.output
+    parts = f"{output}.parts"
+    if os.path.exists(parts) and not os.path.isdir(parts):
         raise ValueError(
-            f"--output {output} exists and no record of a beamkit decode run is beside it "
-            f"({output}.parts/manifest.json); add --force to replace it"
+            f"--output {output}: {parts} is a file, where decode keeps its finished shards; move it away or "
+            "choose another --output"
         )
+    ours = os.path.isfile(os.path.join(parts, "manifest.json"))
+    check_output(output, "--output", args.force, inputs=[args.input], resumable=ours, makes_folder=True)
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
     """Decode a corpus into a JSONL file; resumable (rerun the same command after an interruption)."""
     from beamkit.corpus.run import decode_corpus
+    from beamkit.progress import progress_enabled
 
     _check_output(args)
     options = _options(args)
     try:
         result = decode_corpus(
             args.input, args.output, options, workers=args.workers, ray=args.ray, batch_size=args.batch_size,
-            shard_size=args.shard_size, progress=not args.quiet,
+            shard_size=args.shard_size, progress=progress_enabled(args.quiet),
         )  # fmt: skip
     except ImportError as exc:
         print(f"beamkit decode: error: {exc}", file=sys.stderr)

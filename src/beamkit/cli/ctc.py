@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from beamkit.cli.args import StoreGiven, add_lm_args, lm_options_given, parse_blank, read_labels
+from beamkit.cli.args import (
+    StoreGiven,
+    add_force_arg,
+    add_lm_args,
+    check_output,
+    lm_options_given,
+    parse_blank,
+    read_labels,
+)
 from beamkit.cli.types import bounded_int, non_negative_int, non_positive_float, positive_int
 from beamkit.ctc.options import MAX_BEAM_WIDTH
 from beamkit.lm import KENLM_MAX_ORDER
@@ -140,6 +148,8 @@ def _cmd_ctc_explain(args: argparse.Namespace) -> int:
     from beamkit.viz import to_dot, to_html, to_svg
 
     _check_lm_options(args)
+    if args.output is not None:
+        check_output(args.output, "-o", args.force, inputs=[args.file])
     mats = _load_matrices(args.file)
     if not 0 <= args.utterance < len(mats):
         raise ValueError(f"--utterance must lie in [0, {len(mats) - 1}] for {args.file}, got {args.utterance}")
@@ -175,8 +185,7 @@ def _cmd_ctc_explain(args: argparse.Namespace) -> int:
 def _cmd_lm_build(args: argparse.Namespace) -> int:
     from beamkit.lm import write_arpa
 
-    if os.path.exists(args.corpus) and os.path.exists(args.output) and os.path.samefile(args.corpus, args.output):
-        raise ValueError(f"-o {args.output} is the corpus itself: choose another output file")
+    check_output(args.output, "-o", args.force, inputs=[args.corpus])
     if args.order > KENLM_MAX_ORDER:
         print(
             f"beamkit lm build: warning: kenlm reads orders up to {KENLM_MAX_ORDER}; this order-{args.order} "
@@ -198,8 +207,12 @@ def _cmd_ocr(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the ocr extra is missing: a failure, not a usage error
         print(f"beamkit ocr: error: {exc}", file=sys.stderr)
         return 1
+    for r in readings:
+        if r.warning is not None:
+            print(f"beamkit ocr: warning: {r.image}: {r.warning}", file=sys.stderr)
     if args.json:
-        print(json.dumps([{"image": r.image, "text": r.text, "score": r.score} for r in readings]))
+        rows = [{"image": r.image, "text": r.text, "score": r.score, "warning": r.warning} for r in readings]
+        print(json.dumps(rows))
     else:
         for r in readings:
             print(r.text)
@@ -260,13 +273,15 @@ def register(subparsers: Any) -> None:
         description="Read single text-line images with the PP-OCRv4 recognition model shipped in "
         "rapidocr-onnxruntime (the ocr extra), decoded greedily (--beam 1: rapidocr's own "
         "text) or by prefix beam search with an optional word n-gram LM. Prints one text per image, or with "
-        "--json a list of {image, text, score} (score: log-probability of the best path, or the beam's "
-        "combined score).",
+        "--json a list of {image, text, score, warning} (score: log-probability of the best path, or the beam's "
+        "combined score). An image that cannot be one horizontal line (taller than wide by 1.5 or more, or two "
+        "text lines) is refused before any is read; one that reads far better turned upside down is read as "
+        "given, with a warning on standard error.",
     )
     ocr.add_argument("images", nargs="+", metavar="IMAGE", help="image files, one text line each")
     ocr.add_argument("--beam", type=positive_int, default=1, help="beam width (1: greedy)")
     add_lm_args(ocr, backend=False)
-    ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score}")
+    ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score, warning}")
     ocr.set_defaults(func=_cmd_ocr)
 
     ctc_sub = _command_group(
@@ -328,6 +343,7 @@ def register(subparsers: Any) -> None:
     )
     exp.add_argument("--format", choices=EXPLAIN_FORMATS, default="html", help="output format")
     exp.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    add_force_arg(exp, "-o")
     exp.set_defaults(func=_cmd_ctc_explain)
 
     lm_sub = _command_group(
@@ -343,5 +359,6 @@ def register(subparsers: Any) -> None:
     build.add_argument("corpus", help="UTF-8 text file, one sentence per line, words separated by whitespace")
     build.add_argument("--order", type=bounded_int(1, MAX_ORDER), default=3, help=f"n-gram order, 1 to {MAX_ORDER}")
     build.add_argument("-o", "--output", required=True, help="output ARPA file path")
+    add_force_arg(build, "-o")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=_cmd_lm_build)

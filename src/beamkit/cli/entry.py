@@ -26,7 +26,10 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every feature's subcommands registered."""
+    from beamkit import __version__
+
     parser = Parser(prog="beamkit", description="Beam-search decoding for any sequence model.")
+    parser.add_argument("--version", action="version", version=f"beamkit {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

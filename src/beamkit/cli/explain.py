@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from beamkit.cli.args import add_command, add_model_arg, add_render_args, add_search_args
-from beamkit.explain import FORMATS, explain, render
+from beamkit.cli.args import add_command, add_model_arg, add_render_args, add_search_args, check_output
+from beamkit.explain import FORMATS, MAX_BEAM, explain, render
 
 
 def run(args: argparse.Namespace) -> int:
     """``beamkit explain``: trace one search, write the drawing to ``-o`` (or stdout)."""
+    if args.output is not None:
+        check_output(args.output, "-o", args.force)
     try:
         trace = explain(args.model, args.text, args.beam, args.length_penalty, args.max_len, args.policy)
     except ImportError as exc:
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(page)
         return 0
     Path(args.output).write_text(page, encoding="utf-8")
-    best = " ".join(trace.text(t) for t in trace.tokens(trace.result[0])) if trace.result else "-"
+    best = "-" if trace.best_text is None else repr(trace.best_text)
     print(f"wrote {args.output}: {len(trace.nodes)} nodes over {len(trace.steps)} steps; best: {best}")
     return 0
 
@@ -46,7 +48,7 @@ def register(subparsers: Any) -> None:
     add_model_arg(p)
     add_search_args(  # no --n-best: one tree is drawn
         p,
-        beam_help="beam width",
+        beam_help=f"beam width (at most {MAX_BEAM}: the drawing of a wider beam is too large to read)",
         with_n_best=False,
         max_len_help="most output tokens (default: the model's; hf:DIR: 20)",
     )

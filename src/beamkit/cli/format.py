@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import textwrap
 from typing import NoReturn
 
@@ -37,14 +38,37 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return "\n\n".join(out)
 
 
+# A negative number as an option's value: argparse's own pattern takes -3 and -0.5 but reads -1e-3 as an option.
+NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^-(?:inf|infinity|nan)$", re.IGNORECASE)
+
+
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose help uses :class:`HelpFormatter`; its sub-parsers are Parsers too."""
+    """An argument parser whose help uses :class:`HelpFormatter`; its sub-parsers are Parsers too. A negative
+    number in any notation (``-3``, ``-.5``, ``-1e-3``, ``-inf``) is read as a value, never as an option."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         """A usage error: one line ``beamkit COMMAND: error: MESSAGE`` on standard error, exit code 2 (argparse
         prints its usage lines first; ``--help`` shows them)."""
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def format_score(value: float) -> str:
+    """A log-probability or score as the commands print it: four decimals (``-0.0742``), or four significant
+    digits in scientific notation (``-7.891e-104``) where four decimals would print a non-zero value as 0, so
+    that printed scores still rank."""
+    if value == 0 or round(value, 4) != 0 or value != value:
+        return f"{value:.4f}"
+    return f"{value:.3e}"
+
+
+def shown(text: str, most: int = 60) -> str:
+    """``text`` quoted for a message (``repr``), its middle cut to keep it under ``most`` characters."""
+    if len(text) <= most:
+        return repr(text)
+    half = (most - 5) // 2
+    return repr(text[:half]) + "..." + repr(text[-half:])

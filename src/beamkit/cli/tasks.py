@@ -11,8 +11,9 @@ import sys
 from typing import Any
 
 from beamkit import ops
-from beamkit.cli.args import add_command, add_model_arg, add_search_args
-from beamkit.cli.types import finite_float, non_negative_int, positive_int
+from beamkit.cli.args import add_command, add_force_arg, add_model_arg, add_search_args, check_output
+from beamkit.cli.format import format_score, shown
+from beamkit.cli.types import finite_float, learning_rate, non_negative_int, positive_int
 from beamkit.scoring import LengthPenalty
 
 
@@ -54,17 +55,38 @@ def read_texts(texts: list[str]) -> list[str]:
     return out
 
 
-def _check_dates(texts: list[str], strict: bool) -> None:
-    """Warn on stderr about each input the dates models cannot mean; with ``strict``, refuse the first."""
+def _check_dates(texts: list[str], strict: bool) -> set[str]:
+    """Warn on stderr about each input the dates models cannot mean; with ``strict``, refuse the first. The
+    inputs warned about (their outputs need no second warning)."""
     from beamkit.tasks.dates import out_of_range_reason
 
+    warned = set()
     for text in texts:
         reason = out_of_range_reason(text)
         if reason is None:
             continue
+        warned.add(text)
         if strict:
-            raise ValueError(f"{text!r} is not a date the model can read: {reason}")
-        print(f"beamkit translate: warning: {text!r}: {reason}; its output is a guess", file=sys.stderr)
+            raise ValueError(f"{shown(text)} is not a date the model can read: {reason}")
+        print(f"beamkit translate: warning: {shown(text)}: {reason}; its output is a guess", file=sys.stderr)
+    return warned
+
+
+def _check_date_outputs(texts: list[str], outs: list[Any], strict: bool, warned: set[str]) -> int:
+    """Check each input's best output is a real date in the supported years: a warning on stderr for each that
+    is not (unless its input was ``warned`` about), an error line with ``strict``; the exit code (1 when
+    ``strict`` found one, else 0)."""
+    from beamkit.tasks.dates import output_reason
+
+    failed = 0
+    for text, out in zip(texts, outs, strict=True):
+        reason = output_reason(out[0].text) if out else "no output"
+        if reason is None or text in warned:
+            continue
+        failed += 1
+        kind = "error" if strict else "warning"
+        print(f"beamkit translate: {kind}: {shown(text)}: {reason}", file=sys.stderr)
+    return 1 if strict and failed else 0
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -81,14 +103,16 @@ def cmd_translate(args: argparse.Namespace) -> int:
         kind = parse(args.model).kind
     except ImportError as exc:
         return _fail_import("translate", exc)
-    if kind == "checkpoint":
-        _check_dates(texts, args.strict)
-    elif args.strict:
+    dates = kind == "checkpoint"
+    if args.strict and not dates:
         raise ValueError("--strict applies to the dates models; leave it out with this --model")
     try:
         adapter = load(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("translate", exc)
+    warned: set[str] = set()
+    if dates:  # an input longer than the model takes is refused by the decoding, without a warning first
+        warned = _check_dates([t for t in texts if len(t) <= adapter.max_prompt_tokens], args.strict)
     bar = progress_bar(len(texts), "translate", enabled=progress_enabled(args.quiet))
     try:
         outs = decode_texts(
@@ -97,6 +121,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         )  # fmt: skip
     finally:
         bar.close()
+    code = _check_date_outputs(texts, outs, args.strict, warned) if dates else 0
     if args.json:
         payload = [
             {
@@ -108,13 +133,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
             for src, out in zip(texts, outs, strict=True)
         ]
         print(json.dumps(payload))
-        return 0
+        return code
     for src, out in zip(texts, outs, strict=True):
         print(src)
         for rank, h in enumerate(out, 1):
             flag = "" if h.finished else "  (unfinished)"
-            print(f"  {rank}. {h.text}  logprob {h.logprob:.4f}  score {h.score:.4f}{flag}")
-    return 0
+            print(f"  {rank}. {h.text}  logprob {format_score(h.logprob)}  score {format_score(h.score)}{flag}")
+    return code
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -143,6 +168,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a dates model and save the checkpoint folder."""
     from beamkit.models import training
+    from beamkit.progress import progress_enabled
     from beamkit.tasks.train import TrainConfig, check_out
 
     config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
@@ -150,9 +176,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_out(out, force=args.force)
     try:
         ops.set_torch_threads(args.threads)
-        model = training.train(config, out=out, progress=not args.quiet)
+        model = training.train(config, out=out, progress=progress_enabled(args.quiet))
     except ImportError as exc:
         return _fail_import("train", exc)
+    except RuntimeError as exc:  # the loss diverged: a failure of this run
+        print(f"beamkit train: error: {exc}", file=sys.stderr)
+        return 1
     info = model.meta["train"]
     print(f"saved {out}  ({info['seconds']} s, final loss {info['final_loss']})")
     return 0
@@ -169,9 +198,33 @@ def _lm_args(args: argparse.Namespace, vocab: list[str]) -> tuple[Any, list[floa
     if args.lm_weight is None:
         raise ValueError("--lm needs --lm-weight (one weight, or several to compare)")
     weights = parse_weights(args.lm_weight)
+    return _target_lm(args.lm, vocab), weights
+
+
+def _target_lm(path: str, vocab: list[str]) -> Any:
+    """The ``--lm`` ARPA file as an n-gram LM over the model's target tokens ``vocab``. Its refusal, and each
+    warning about it, reach the user as one line naming ``--lm``; an LM none of whose words is a target token
+    (a word LM for a character model) is refused: it would change no score."""
+    import warnings
+
     from beamkit.lm import NGramLM
 
-    return NGramLM(args.lm, vocab), weights
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            lm = NGramLM(path, vocab)
+        except ValueError as exc:
+            raise ValueError(f"--lm {path}: {exc}") from None
+    for warning in caught:
+        print(f"beamkit eval: warning: --lm {path}: {warning.message}", file=sys.stderr)
+    tokens = [w for w in vocab if not (w.startswith("<") and w.endswith(">"))]  # no <s>, </s>, <pad>, <unk>
+    if not any(w in lm.lm for w in tokens):
+        shown = " ".join(tokens[:8])
+        raise ValueError(
+            f"--lm {path} shares no word with the model's output tokens ({shown} ...): it would change nothing; "
+            "build an LM over them (`beamkit corpus` then `beamkit lm build`)"
+        )
+    return lm
 
 
 def _eval_dates(args: argparse.Namespace) -> int:
@@ -187,6 +240,7 @@ def _eval_dates(args: argparse.Namespace) -> int:
     try:
         if args.plot:
             check_plot_path(args.plot)  # before the evaluation, so a bad path does not cost the table
+            check_output(args.plot, "--plot", args.force)
         model = load_model(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("eval", exc)
@@ -227,6 +281,7 @@ def _eval_g2p(args: argparse.Namespace) -> int:
     try:
         if args.plot:
             check_plot_path(args.plot)
+            check_output(args.plot, "--plot", args.force)
         results = {
             a: evaluate(
                 beams,
@@ -248,6 +303,7 @@ def _eval_g2p(args: argparse.Namespace) -> int:
 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Write a task's LM training corpus (one sentence per line) for ``beamkit lm build``."""
+    check_output(args.output, "-o", args.force)
     if args.task == "g2p":
         from beamkit.tasks.g2p import phoneme_corpus
 
@@ -266,24 +322,27 @@ def cmd_corpus(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[float], metric: str, title: str) -> int:
+    """Print the results (JSON or tables), then write the ``--plot`` file: a plot that cannot be written fails
+    the command (exit code 1) after the figures are printed."""
     from beamkit.tasks.evaluate import format_fusion_table, format_table, plot
 
+    main = results[1.0] if 1.0 in results else results[alphas[0]]
+    if args.json:
+        print(json.dumps(main))
+    else:
+        print(f"{title}: {main['n']} examples")
+        print(format_table(results, metric))
+        if "fusion" in main:
+            print(f"with the LM (shallow fusion), {metric}:")
+            print(format_fusion_table(main, metric))
+    sys.stdout.flush()
     if args.plot:
         try:
             plot(results, args.plot, metric=metric, title=title)
         except ImportError as exc:
             return _fail_import("eval", exc)
-    main = results[1.0] if 1.0 in results else results[alphas[0]]
-    if args.json:
-        print(json.dumps(main))
-        return 0
-    print(f"{title}: {main['n']} examples")
-    print(format_table(results, metric))
-    if "fusion" in main:
-        print(f"with the LM (shallow fusion), {metric}:")
-        print(format_fusion_table(main, metric))
-    if args.plot:
-        print(f"plot written to {args.plot}")
+        if not args.json:
+            print(f"plot written to {args.plot}")
     return 0
 
 
@@ -300,6 +359,7 @@ def add_backend(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
     from beamkit.tasks.dates import FIRST_DAY, LAST_DAY
+    from beamkit.tasks.train import MAX_LR
 
     p = add_command(
         subparsers,
@@ -307,8 +367,10 @@ def register(subparsers: Any) -> None:
         "decode texts with a shipped or saved model (or g2p-en, or hf:DIR); print the n-best",
         "All inputs are decoded in batched searches; '-' reads them from standard input, one per line. "
         "A progress bar goes to standard error when it is a terminal. The dates models read dates from the years "
-        f"{FIRST_DAY.year}-{LAST_DAY.year}; an input with no date-like token (no digit, month or weekday name) or "
-        "a year outside that range gets a warning on standard error (--strict refuses it).",
+        f"{FIRST_DAY.year}-{LAST_DAY.year}; an input with no date-like token (no digit, month or weekday name), "
+        "a year outside that range, or a month or day out of range (2024-13-45, 31 February 2001) gets a warning "
+        "on standard error (--strict refuses it), and so does an output that is not a calendar date in those "
+        "years (--strict: an error, exit code 1, the other inputs still printed).",
     )
     p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'; '-' reads standard input")
     add_model_arg(p)
@@ -317,7 +379,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--strict",
         action="store_true",
-        help="refuse an input with no date-like token or a year out of range (dates models only)",
+        help="refuse an input with no date-like token, a year, month or day out of range, and fail (exit code 1) "
+        "on an output that is not a calendar date (dates models only)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend(p)
@@ -333,7 +396,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--epochs", type=positive_int, default=None, help="passes over the training split (default: the arch's)"
     )
-    p.add_argument("--lr", type=finite_float, default=None, help="peak learning rate (default: the arch's)")
+    p.add_argument(
+        "--lr",
+        type=learning_rate,
+        default=None,
+        help=f"peak learning rate, above 0 and at most {MAX_LR:g} (default: the arch's)",
+    )
     p.add_argument(
         "--train-size", type=positive_int, default=None, help="use only the first N training pairs (default: all)"
     )
@@ -370,6 +438,7 @@ def register(subparsers: Any) -> None:
         p.add_argument(
             "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"
         )
+        add_force_arg(p, "--plot")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument(
             "--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in (default: none)"
@@ -414,4 +483,5 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "-o", "--output", required=True, help="output text file, one sentence per line (required, no default)"
     )
+    add_force_arg(p, "-o")
     p.set_defaults(func=cmd_corpus)

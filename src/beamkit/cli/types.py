@@ -67,3 +67,10 @@ def bounded_int(least: int, most: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def learning_rate(text: str) -> float:
+    """A peak learning rate: a number above 0 and at most :data:`beamkit.tasks.train.MAX_LR`."""
+    from beamkit.tasks.train import MAX_LR
+
+    return float(_checked(check_float, _parsed(float, text, "a number"), above=0.0, most=MAX_LR))

@@ -57,7 +57,10 @@ class _Adapted:
         self.adapter.request(Ask(options.beam, options.n_best, options.max_len, options.length_penalty))  # settings
 
     def prepare(self, item: Item) -> Any:
-        self.adapter.encode(item.text)  # raises on an input the model cannot take
+        from beamkit.adapters.driver import check_prompt_length
+
+        ids = self.adapter.encode(item.text)  # raises on an input the model cannot take
+        check_prompt_length(self.adapter, ids, "the input")
         return item.text
 
     def decode(self, texts: list[Any]) -> list[list[Scored]]:

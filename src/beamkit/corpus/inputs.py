@@ -47,7 +47,29 @@ def read_text(path: Path) -> list[Item]:
 
 
 def read_jsonl(path: Path) -> list[Item]:
-    """One Item per line of ``{"id": ..., "text": ...}``; a missing id is the line number (1-based)."""
+    """One Item per line of ``{"id": ..., "text": ...}``; a missing id is the line number (1-based). An id that
+    an earlier line has (compared as JSON: ``1`` and ``"1"`` differ) makes the later line an error record, so
+    every id in the output names one input; the earlier line is decoded as usual."""
+    return _unique_ids(_read_jsonl(path))
+
+
+def _unique_ids(items: list[Item]) -> list[Item]:
+    """``items`` with each one whose id an earlier item has turned into an error naming both lines."""
+    first: dict[str, int] = {}
+    out = []
+    for item in items:
+        key = json.dumps(item.id, sort_keys=True)
+        if key in first and item.error is None:
+            item = item._replace(
+                error=f"line {item.position + 1}: id {key} repeats the id of line {first[key] + 1}; "
+                "give each input its own id"
+            )
+        first.setdefault(key, item.position)
+        out.append(item)
+    return out
+
+
+def _read_jsonl(path: Path) -> list[Item]:
     items = []
     for i, raw in enumerate(_lines(path)):
         line_no = i + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -71,6 +72,9 @@ def decode_corpus(
     ``error``.
     ``progress`` shows a tqdm bar on stderr; ``on_batch(n)`` is called as each batch of ``n`` inputs arrives.
     """
+    for role, path in (("input", input), ("output", output)):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"{role} must be a path (a str or os.PathLike), got {path!r}")
     if not isinstance(options, DecodeOptions):
         raise TypeError(f"options must be a DecodeOptions, got {options!r}")
     options.check()

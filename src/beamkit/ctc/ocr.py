@@ -6,6 +6,12 @@ probabilities, ``T = width / 8``, over ``V = 6,625`` labels: rapidocr's blank fi
 model's ``character`` metadata, then a space. Images are run one at a time (rapidocr's batching pads them
 to a common width, which changes the outputs).
 
+The recogniser reads one horizontal line. An image that cannot be one is refused before the model runs
+(:func:`line_problem`: taller than wide by :data:`TALL_RATIO` or more, a line rotated by 90 degrees; or two text
+lines, found as ink bands of the horizontal projection profile with a clear gap between them). An image that reads
+far more confidently turned by 180 degrees is read as given, with a warning (:data:`UPSIDE_DOWN_MARGIN`); text that
+reads the same both ways (``NOON``) cannot be told apart and gets none.
+
 Needs the ``ocr`` extra, ``pip install ".[ocr]"`` (onnxruntime, rapidocr-onnxruntime for its model file, pillow;
 rapidocr brings opencv for the resize). Nothing is downloaded: the model ships in the wheel.
 """
@@ -24,6 +30,11 @@ from beamkit.extras import install_hint
 
 REC_HEIGHT = 48
 REC_MIN_WIDTH = 320
+TALL_RATIO = 1.5  # height / width from which a crop is a rotated line (rapidocr's own pipeline turns such crops)
+INK_CONTRAST = 64  # a pixel this far (0-255 grey levels) from the background's level is ink
+LINE_SHARE = 0.3  # an ink band at least this share of the tallest band's height is a text line (not a dot or rule)
+# mean greedy log-probability per frame: the image turned by 180 degrees reading better by this much is upside down
+UPSIDE_DOWN_MARGIN = 0.05
 _EXTRA = install_hint("ocr")
 
 
@@ -62,6 +73,45 @@ def load_line_image(path: str | os.PathLike[str]) -> np.ndarray:
     return np.ascontiguousarray(rgb[:, :, ::-1])
 
 
+def ink_bands(image: np.ndarray) -> list[tuple[int, int]]:
+    """The ``(first, last + 1)`` rows of each run of rows holding ink (pixels :data:`INK_CONTRAST` or more grey
+    levels from the image's median, its background), top to bottom: the horizontal projection profile's bands."""
+    grey = image.astype(np.float32).mean(axis=2)  # shape: (H, W)
+    ink = np.abs(grey - np.median(grey)) >= INK_CONTRAST  # shape: (H, W)
+    rows = ink.any(axis=1)  # shape: (H,)
+    bands: list[tuple[int, int]] = []
+    start = None
+    for y, has_ink in enumerate(rows.tolist() + [False]):
+        if has_ink and start is None:
+            start = y
+        elif not has_ink and start is not None:
+            bands.append((start, y))
+            start = None
+    return bands
+
+
+def line_problem(image: np.ndarray) -> str | None:
+    """Why a BGR image cannot be one horizontal text line, or None: it is :data:`TALL_RATIO` times taller than
+    wide or more (a line turned by 90 degrees), or it holds two or more text lines (ink bands of at least
+    :data:`LINE_SHARE` of the tallest one's height, separated by rows without ink)."""
+    h, w = image.shape[:2]
+    if h >= TALL_RATIO * w:
+        return (
+            f"it is taller than wide ({w}x{h} pixels): the recogniser reads one horizontal line; "
+            "turn the image so that the text runs left to right"
+        )
+    bands = ink_bands(image)
+    if bands:
+        tallest = max(b - a for a, b in bands)
+        lines = [band for band in bands if band[1] - band[0] >= LINE_SHARE * tallest]
+        if len(lines) > 1:
+            return (
+                f"it holds {len(lines)} text lines (rows {', '.join(f'{a}-{b - 1}' for a, b in lines)}): the "
+                "recogniser reads one line; crop each line to its own image"
+            )
+    return None
+
+
 def preprocess(image: np.ndarray) -> np.ndarray:
     """rapidocr's recogniser input for one BGR line image: ``(1, 3, 48, W)`` float32 in ``[-1, 1]``."""
     cv2 = _require("cv2")
@@ -80,11 +130,13 @@ def preprocess(image: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class LineReading:
     """One image read: ``text`` and ``score`` (log-probability of the best path for greedy decoding, the
-    decoder's combined score for beam search)."""
+    decoder's combined score for beam search); ``warning`` says why the reading is doubtful (the image reads far
+    better turned by 180 degrees), else None."""
 
     image: str
     text: str
     score: float
+    warning: str | None = None
 
 
 class LineRecognizer:
@@ -124,6 +176,17 @@ class LineRecognizer:
             score = float(np.log(probs[np.arange(len(best)), best].astype(np.float64)).sum())
         return text, score
 
+    def upside_down(self, image: np.ndarray, probs: np.ndarray) -> str | None:
+        """A warning when ``image`` (whose posteriors are ``probs``) reads far more confidently turned by 180
+        degrees: its greedy path's mean log-probability per frame is higher by :data:`UPSIDE_DOWN_MARGIN` or
+        more. None otherwise (text that reads alike both ways, ``NOON``, cannot be told apart)."""
+        turned = self.posteriors(np.ascontiguousarray(image[::-1, ::-1]))  # shape: (T, V)
+        as_given = self.greedy(probs)[1] / max(1, len(probs))
+        text, score = self.greedy(turned)
+        if score / max(1, len(turned)) - as_given < UPSIDE_DOWN_MARGIN:
+            return None
+        return f"the image looks upside down: turned by 180 degrees it reads {text.strip()!r} far more confidently"
+
 
 def read_lines(
     paths: list[str],
@@ -134,15 +197,24 @@ def read_lines(
     recognizer: LineRecognizer | None = None,
 ) -> list[LineReading]:
     """Read each text-line image: greedy (``beam=1``, rapidocr's text) or prefix beam search of width ``beam``
-    with an optional word n-gram ``lm`` (ARPA or KenLM binary)."""
+    with an optional word n-gram ``lm`` (ARPA or KenLM binary).
+
+    Every image is checked before the model loads: a missing or unreadable file, or an image that cannot be one
+    horizontal line (:func:`line_problem`), is a ValueError naming it. A reading of an image that looks upside
+    down carries a ``warning`` (each image is also run turned by 180 degrees to tell)."""
     check_int("beam", beam, least=1)
     if lm is not None and beam == 1:
         raise ValueError("an LM needs beam search: give --beam N with N > 1")
     images = [load_line_image(p) for p in paths]  # every path checked before the model loads
+    for path, image in zip(paths, images, strict=True):
+        problem = line_problem(image)
+        if problem is not None:
+            raise ValueError(f"{path}: {problem}")
     rec = recognizer if recognizer is not None else LineRecognizer()
     probs = [rec.posteriors(im) for im in images]
+    warnings = [rec.upside_down(im, x) for im, x in zip(images, probs, strict=True)]
     if beam == 1:
-        return [LineReading(p, *rec.greedy(x)) for p, x in zip(paths, probs, strict=True)]
+        return [LineReading(p, *rec.greedy(x), w) for p, x, w in zip(paths, probs, warnings, strict=True)]
     from .decoder import Decoder
     from .lm import fusion_of
     from .options import CTCOptions
@@ -151,6 +223,6 @@ def read_lines(
     decoder = Decoder(rec.labels, fusion, CTCOptions(beam_width=beam), blank=rec.blank, input_kind="probs")
     results = decoder.decode(probs)  # one search over all lines
     return [
-        LineReading(p, hyps[0].text, hyps[0].score) if hyps else LineReading(p, "", -math.inf)
-        for p, hyps in zip(paths, results, strict=True)
+        LineReading(p, hyps[0].text, hyps[0].score, w) if hyps else LineReading(p, "", -math.inf, w)
+        for p, hyps, w in zip(paths, results, warnings, strict=True)
     ]

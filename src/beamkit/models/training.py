@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -10,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from beamkit._checks import check_int
+from beamkit._checks import check_float, check_int
 from beamkit.models.common import pad_batch
 from beamkit.models.vocab import source_vocab, target_vocab
 from beamkit.tasks import dates
-from beamkit.tasks.train import ProgressBar, TrainConfig, check_out
+from beamkit.tasks.train import MAX_LR, ProgressBar, TrainConfig, check_out
 
 
 def _batches(pairs: Sequence[tuple[list[int], list[int]]], size: int, rng: random.Random) -> list[list[int]]:
@@ -53,6 +54,7 @@ def train(config: TrainConfig, out: str | Path | None = None, progress: bool = T
         check_out(out, force=True)
     for name in ("epochs", "batch_size", "train_size"):
         check_int(name, getattr(config, name), 1)
+    check_float("lr", config.lr, above=0.0, most=MAX_LR)
     torch.manual_seed(config.seed)
     sv, tv = source_vocab(), target_vocab()
     model = checkpoint.build_model(config.arch, sv.to_list(), tv.to_list(), config.hparams)
@@ -77,7 +79,14 @@ def train(config: TrainConfig, out: str | Path | None = None, progress: bool = T
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            avg = loss.item() if avg is None else 0.98 * avg + 0.02 * loss.item()
+            value = loss.item()
+            if not math.isfinite(value):
+                bar.close()
+                raise RuntimeError(
+                    f"training diverged: the loss is {value} at step {bar.done + 1} of {total}; lower the "
+                    f"learning rate (it was {config.lr:g})"
+                )
+            avg = value if avg is None else 0.98 * avg + 0.02 * value
             bar.update(1, f"epoch {epoch + 1}/{config.epochs} loss {avg:.4f}")
     bar.close()
     model.eval()

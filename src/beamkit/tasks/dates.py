@@ -229,12 +229,81 @@ def lm_vocab() -> list[str]:
 
 _DATE_WORDS = frozenset(w.lower() for name in MONTHS + WEEKDAYS for w in (name, name[:3]))
 _YEAR = re.compile(r"(?<!\d)\d{4}(?!\d)")
+_MONTH_OF = {w.lower(): i + 1 for i, name in enumerate(MONTHS) for w in (name, name[:3])}
+_MONTH_WORD = "|".join(sorted(_MONTH_OF, key=len, reverse=True))
+# three numbers joined by one separator: 2024-13-45, 03/04/99, 31.12.1999
+_NUMERIC = re.compile(r"(?<![\d.\-/])(\d+)\s*([/.\-])\s*(\d+)\s*\2\s*(\d+)(?![\d.\-/])")
+# a day written as a number beside a month name: 31 February, 31st of Feb, February 31st
+_DAY_MONTH = re.compile(rf"(?<![\d\w])(\d+)(?:st|nd|rd|th)?\s*(?:of\s+)?-?({_MONTH_WORD})\b", re.IGNORECASE)
+_MONTH_DAY = re.compile(rf"\b({_MONTH_WORD})\.?\s*(\d+)(?:st|nd|rd|th)?(?!\d)", re.IGNORECASE)
+
+
+def _days_in(month: int, year: int | None) -> int:
+    """Days of ``month`` in ``year``; without a year (a two-digit one names no century), February has 29."""
+    if month == 2 and year is None:
+        return 29
+    import calendar
+
+    return calendar.monthrange(year if year is not None else 2000, month)[1]
+
+
+def _day_reason(day: int, month: int, year: int | None) -> str | None:
+    """Why ``day`` is not a day of ``month`` (1-12, checked) in ``year``, or None."""
+    last = _days_in(month, year)
+    if 1 <= day <= last:
+        return None
+    where = f"{MONTHS[month - 1]} {year}" if year is not None else MONTHS[month - 1]
+    return f"{where} has no day {day} (it has {last} days)"
+
+
+def _numeric_reason(text: str) -> str | None:
+    """Why the numbers of ``text`` cannot be a day, a month and a year, or None."""
+    for number in re.findall(r"\d+", text):
+        if len(number) > 4:
+            cut = number if len(number) <= 12 else f"{number[:4]}...{number[-4:]} ({len(number)} digits)"
+            return f"the number {cut} is not a day, a month or a year"
+    for match in _NUMERIC.finditer(text):
+        first, sep, second, third = match.groups()
+        a, b, c = int(first), int(second), int(third)
+        if len(first) == 4:  # year first: year, month, day
+            if not 1 <= b <= 12:
+                return f"{match.group(0)} has no month {b} (months are 1-12)"
+            reason = _day_reason(c, b, a)
+            if reason is not None:
+                return reason
+            continue
+        year = c if len(third) == 4 else None
+        if len(third) not in (2, 4):
+            return f"{match.group(0)} has no year (two or four digits last)"
+        orders = [(b, a)] if sep == "." else [(a, b), (b, a)]  # (month, day): dots are day-first
+        if not any(1 <= m <= 12 and _day_reason(d, m, year) is None for m, d in orders):
+            if not any(1 <= m <= 12 for m, _ in orders):
+                return f"{match.group(0)} has no month ({' and '.join(str(m) for m, _ in orders)} > 12)"
+            month, day = next((m, d) for m, d in orders if 1 <= m <= 12)
+            return _day_reason(day, month, year)
+    years = [int(y) for y in _YEAR.findall(text)]
+    year = years[0] if len(years) == 1 else None
+    with_day = set()  # months written after their day (3 Mar 99): a number after them is the year
+    for match in _DAY_MONTH.finditer(text):
+        with_day.add(match.start(2))
+        if len(match.group(1)) < 4:
+            reason = _day_reason(int(match.group(1)), _MONTH_OF[match.group(2).lower()], year)
+            if reason is not None:
+                return reason
+    for match in _MONTH_DAY.finditer(text):
+        day = int(match.group(2))
+        if match.start(1) not in with_day and day <= 31:  # above 31: a two-digit year (March 99)
+            reason = _day_reason(day, _MONTH_OF[match.group(1).lower()], year)
+            if reason is not None:
+                return reason
+    return None
 
 
 def out_of_range_reason(text: str) -> str | None:
     """Why the dates models cannot mean ``text``, or None when they can: it has no date-like token (no digit and
-    no month or weekday name), or a four-digit year outside the years they were trained on
-    (:data:`FIRST_DAY` .. :data:`LAST_DAY`)."""
+    no month or weekday name), a four-digit year outside the years they were trained on (:data:`FIRST_DAY` ..
+    :data:`LAST_DAY`), a number too long to be part of a date, or a month or day written as a number that is out
+    of range (``2024-13-45``, ``33/33/33``, ``31 February 2001``)."""
     first, last = FIRST_DAY.year, LAST_DAY.year
     words = set(re.findall(r"[a-z]+", text.lower()))
     if not any(ch.isdigit() for ch in text) and not words & _DATE_WORDS:
@@ -242,6 +311,21 @@ def out_of_range_reason(text: str) -> str | None:
     for year in _YEAR.findall(text):
         if not first <= int(year) <= last:
             return f"the year {year} is outside the supported years {first}-{last}"
+    return _numeric_reason(text)
+
+
+def output_reason(output: str) -> str | None:
+    """Why a dates model's output is not an answer, or None when it is: it must be ``YYYY-MM-DD``, a real
+    calendar date from :data:`FIRST_DAY` to :data:`LAST_DAY`."""
+    match = re.fullmatch(r"(\d{4})-(\d{2})-(\d{2})", output)
+    if match is None:
+        return f"the output {output!r} is not a date written YYYY-MM-DD"
+    try:
+        day = _dt.date(*(int(g) for g in match.groups()))
+    except ValueError:
+        return f"the output {output} is not a calendar date"
+    if not FIRST_DAY <= day <= LAST_DAY:
+        return f"the output {output} is outside the supported years {FIRST_DAY.year}-{LAST_DAY.year}"
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -227,6 +228,21 @@ def plot(results: dict[float, dict[str, Any]], path: str | Path, metric: str = "
     ax.legend()
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out)
+    image = io.BytesIO()
+    fig.savefig(image, format=out.suffix.lower().lstrip(".") or "png")
     plt.close(fig)
+    write_file(out, image.getvalue(), "--plot")
     return out
+
+
+def write_file(path: Path, data: bytes, option: str) -> None:
+    """Write ``data`` to ``path`` and make sure it arrived: a write or flush error (a full disk, ``/dev/full``) or
+    a regular file shorter than ``data`` afterwards is an OSError naming ``option`` and ``path``."""
+    try:
+        with path.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+    except OSError as exc:
+        raise OSError(f"{option} {path}: could not write the file ({exc.strerror or exc})") from None
+    if path.is_file() and path.stat().st_size != len(data):
+        raise OSError(f"{option} {path}: the file holds {path.stat().st_size} of {len(data)} bytes written")

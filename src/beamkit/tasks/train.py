@@ -12,6 +12,8 @@ from typing import Any, TextIO
 
 from beamkit.moved import forward
 
+MAX_LR = 1.0  # the highest peak learning rate taken: an Adam step above 1 diverges (1e308 overflows torch)
+
 # The shipped models' settings: sized so that greedy decoding is good but imperfect on the test split.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "seq2seq": {

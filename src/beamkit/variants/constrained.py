@@ -216,6 +216,22 @@ class Constrained:
         return key.reshape(rows, w)
 
 
+def _check_fits(sel: Constrained, max_len: Any) -> None:
+    """Refuse, before any search, a constraint whose shortest alternative is longer than ``max_len``: no output
+    of at most ``max_len`` tokens can contain it (ValueError naming the constraint and both lengths)."""
+    from beamkit._checks import check_int
+
+    max_len = check_int("max_len", max_len, least=1)
+    for r, cons in enumerate(sel._parsed):
+        for i, alts in enumerate(cons):
+            need = min(len(a) for a in alts)
+            if need > max_len:
+                which = f"constraint {i}" + (f" of request {r}" if sel.per_request is not None else "")
+                raise ValueError(
+                    f"{which} is {need} tokens long, more than max_len={max_len}: no output can contain it"
+                )
+
+
 def constrained_beam_search(
     step_fn: StepFn,
     init_state: Any,
@@ -237,6 +253,7 @@ def constrained_beam_search(
     if "selector" in options:
         raise ValueError("constrained_beam_search sets its own selector")
     sel = Constrained(per_request=constraints) if per_request else Constrained(constraints)
+    _check_fits(sel, max_len)
     num_return = options.pop("num_return", None)  # cut after the constraint filter, not before
     result = BeamSearch(make_options(beam_size, max_len, selector=sel, **options)).search(step_fn, init_state, bos, eos)
     out = []
