@@ -90,7 +90,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--port", type=port_number, default=8000, help="port (0: any free port; the one taken is printed)")
     p.add_argument(
-        "--max-queue", type=positive_int, default=64, help="requests waiting to join the engine at most; more get 503"
+        "--max-queue",
+        type=positive_int,
+        default=64,
+        help="requests waiting to join the engine at most, each counted once whatever its prompts; more get 503",
     )
     p.add_argument("--max-rows", type=positive_int, default=256, help="beam rows in the engine at most")
     p.add_argument(
