@@ -58,3 +58,32 @@ def test_the_queue_counts_requests_not_prompts():
             small.submit([toy_job(loop, "cab", request=3)])
     finally:
         loop.close()
+
+
+# ------------------------------------------------------------------------------------------------ the command
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--max-request-rows", "300"], ("--max-request-rows 300", "--max-rows 256")),
+        (["--max-rows", "8", "--max-request-rows", "9"], ("--max-request-rows 9", "--max-rows 8")),
+    ],
+)
+def test_a_request_share_above_the_engine_rows_is_a_usage_error(capsys, argv, needles):
+    """Refused in one line, exit 2, before the model is loaded (it used to be taken, and the share meant
+    nothing)."""
+    from beamkit.cli import main
+    from tests.test_adapters import cli_error
+
+    code, line = cli_error(capsys, main, ["serve", "--port", "0", "--model", "no/such/checkpoint", *argv])
+    assert code == 2 and line.startswith("beamkit serve: error:")
+    assert all(n in line for n in needles), line
+
+
+def test_the_api_refuses_a_request_share_above_the_engine_rows():
+    from beamkit.serve.app import create_app
+
+    with pytest.raises(ValueError, match="max_request_rows must be between 1 and 8, got 9"):
+        create_app(ToyAdapter(), max_rows=8, max_request_rows=9)
+    with pytest.raises(ValueError, match="request_rows must be between 1 and 8, got 9"):
+        Runner(ToyAdapter(), Metrics("toy"), max_rows=8, request_rows=9)
+    create_app(ToyAdapter(), max_rows=8, max_request_rows=8)  # equal is fine: one request may fill the engine

@@ -38,6 +38,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     if key is not None and not key.strip():
         raise ValueError(f"--api-key (or {API_KEY_ENV}) must not be empty")
+    if args.max_request_rows is not None and args.max_request_rows > args.max_rows:
+        raise ValueError(
+            f"--max-request-rows {args.max_request_rows} is above --max-rows {args.max_rows}: one request cannot "
+            "hold more beam rows than the engine has; lower it or raise --max-rows"
+        )
     try:
         from beamkit.adapters import load
         from beamkit.serve.app import create_app
@@ -100,8 +105,8 @@ def register(subparsers: Any) -> None:
         "--max-request-rows",
         type=positive_int,
         default=None,
-        help="beam rows one request holds at most, leaving room for requests that arrive behind it "
-        "(default: half of --max-rows)",
+        help="beam rows one request holds at most, leaving room for requests that arrive behind it; at most "
+        "--max-rows (default: half of --max-rows)",
     )
     p.add_argument(
         "--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, help="request body size at most; larger gets 413"

@@ -200,6 +200,8 @@ def create_app(
         raise ValueError("api_key must not be empty")
     for name, value in (("max_body_bytes", max_body_bytes), ("max_request_cost", max_request_cost)):
         check_int(name, value, 1)
+    if max_request_rows is not None:
+        check_int("max_request_rows", max_request_rows, 1, check_int("max_rows", max_rows, 1))
     metrics = Metrics(adapter.name)
     runner = Runner(adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows)
     requests = itertools.count(1)

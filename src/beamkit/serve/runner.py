@@ -85,8 +85,9 @@ class Runner:
         request_rows: int | None = None,
     ):
         request_rows = max(1, max_rows // 2) if request_rows is None else request_rows
-        for name, value in (("max_queue", max_queue), ("max_rows", max_rows), ("request_rows", request_rows)):
+        for name, value in (("max_queue", max_queue), ("max_rows", max_rows)):
             check_int(name, value, least=1)
+        check_int("request_rows", request_rows, 1, max_rows)
         self.adapter = adapter
         self.metrics = metrics
         self.max_queue, self.max_rows, self.request_rows = max_queue, max_rows, request_rows
