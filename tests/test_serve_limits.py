@@ -87,3 +87,40 @@ def test_the_api_refuses_a_request_share_above_the_engine_rows():
     with pytest.raises(ValueError, match="request_rows must be between 1 and 8, got 9"):
         Runner(ToyAdapter(), Metrics("toy"), max_rows=8, request_rows=9)
     create_app(ToyAdapter(), max_rows=8, max_request_rows=8)  # equal is fine: one request may fill the engine
+
+
+# ------------------------------------------------------------------------------------------------ API pages
+PAGES = ("/docs", "/redoc", "/openapi.json")
+
+
+def test_the_api_description_pages_are_off_unless_asked_for():
+    """/docs, /redoc and /openapi.json describe every route to whoever reaches the server: 404 by default; with
+    api_docs they are served, and behind the key when there is one."""
+    from starlette.testclient import TestClient
+
+    from beamkit.serve.app import create_app
+
+    client = TestClient(create_app(ToyAdapter()))
+    assert [client.get(p).status_code for p in PAGES] == [404, 404, 404]
+    client = TestClient(create_app(ToyAdapter(), api_docs=True))
+    assert [client.get(p).status_code for p in PAGES] == [200, 200, 200]
+    assert "/v1/completions" in client.get("/openapi.json").json()["paths"]
+    client = TestClient(create_app(ToyAdapter(), api_docs=True, api_key="k3y"))
+    assert [client.get(p).status_code for p in PAGES] == [401, 401, 401]
+    key = {"Authorization": "Bearer k3y"}
+    assert [client.get(p, headers=key).status_code for p in PAGES] == [200, 200, 200]
+
+
+@pytest.mark.parametrize(("flag", "status"), [([], 404), (["--api-docs"], 200)])
+def test_the_command_serves_the_api_pages_only_with_the_flag(monkeypatch, flag, status):
+    """``beamkit serve`` builds its app with the pages only under ``--api-docs`` (the app is taken from the
+    command instead of being served)."""
+    from starlette.testclient import TestClient
+
+    import beamkit.cli.serve
+    from beamkit.cli import main
+
+    served: list[Any] = []
+    monkeypatch.setattr(beamkit.cli.serve, "run_server", lambda app, *args, **kw: served.append(app) or 0)
+    assert main(["serve", "--port", "0", "--model", "dates-seq2seq", *flag]) == 0
+    assert [TestClient(served[0]).get(p).status_code for p in PAGES] == [status] * 3

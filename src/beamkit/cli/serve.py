@@ -61,6 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_request_cost=args.max_request_cost,
         max_request_rows=args.max_request_rows,
+        api_docs=args.api_docs,
     )
     if needs_key_warning(args.host, key):
         print(
@@ -116,6 +117,12 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         default=MAX_REQUEST_COST,
         help="prompts x beam width x max_tokens of one request at most; more gets 400",
+    )
+    p.add_argument(
+        "--api-docs",
+        action="store_true",
+        help="serve the API description at /docs, /redoc and /openapi.json (off by default; behind --api-key when "
+        "one is set)",
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from beamkit._checks import check_int
+from beamkit._checks import check_bool, check_int
 from beamkit.adapters import Ask, ModelAdapter
 from beamkit.hypothesis import Hypothesis
 from beamkit.serve.malloc import IdleTrim
@@ -188,13 +188,16 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_cost: int = MAX_REQUEST_COST,
     max_request_rows: int | None = None,
+    api_docs: bool = False,
 ) -> FastAPI:
     """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan.
 
     ``api_key``: when set, every endpoint but ``/health`` needs ``Authorization: Bearer API_KEY`` (401 otherwise).
     ``max_body_bytes``: a larger request body is a 413. ``max_request_cost``: prompts x beam width x
     ``max_tokens`` of one request at most (400 beyond). ``max_request_rows``: beam rows one request holds at
-    most, leaving room for requests that arrive behind it (default half of ``max_rows``).
+    most, leaving room for requests that arrive behind it (default half of ``max_rows``). ``api_docs``: serve the
+    API description pages ``/docs``, ``/redoc`` and ``/openapi.json`` (off by default: they describe the server
+    to anyone who reaches it; with ``api_key`` they need the key like every other page).
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
@@ -213,7 +216,10 @@ def create_app(
         yield
         await asyncio.to_thread(runner.close)
 
-    app = FastAPI(title="beamkit serve", lifespan=lifespan, default_response_class=StrictJSONResponse)
+    pages: dict[str, Any] = (
+        {} if check_bool("api_docs", api_docs) else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    )
+    app = FastAPI(title="beamkit serve", lifespan=lifespan, default_response_class=StrictJSONResponse, **pages)
     if api_key is not None:
         app.add_middleware(KeyCheck, key=api_key, metrics=metrics)
     app.state.runner = runner
