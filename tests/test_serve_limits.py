@@ -19,6 +19,7 @@ from beamkit.scoring import as_length_penalty  # noqa: E402
 from beamkit.serve.metrics import Metrics  # noqa: E402
 from beamkit.serve.runner import Job, QueueFull, Runner  # noqa: E402
 from tests.serve_toy import ToyAdapter  # noqa: E402
+from tests.test_serve_models import hf_dir, pickled_dir  # noqa: E402, F401, F811 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -124,3 +125,80 @@ def test_the_command_serves_the_api_pages_only_with_the_flag(monkeypatch, flag, 
     monkeypatch.setattr(beamkit.cli.serve, "run_server", lambda app, *args, **kw: served.append(app) or 0)
     assert main(["serve", "--port", "0", "--model", "dates-seq2seq", *flag]) == 0
     assert [TestClient(served[0]).get(p).status_code for p in PAGES] == [status] * 3
+
+
+# ------------------------------------------------------------------------------------------------ pickles
+class _Runs:
+    """Unpickling it runs ``os.system(command)``."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self) -> Any:
+        import os
+
+        return (os.system, (self.command,))
+
+
+@pytest.fixture(scope="module")
+def code_pickle_dir(hf_dir, tmp_path_factory):  # noqa: F811 (the fixture)
+    """The tiny GPT-2 with pickled weights whose state dict also holds an object that runs a shell command when
+    unpickled (it would create ``ran``)."""
+    import shutil
+
+    import torch
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny-gpt2-code")
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, folder / f.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), use_safetensors=True)
+    weights = dict(model.state_dict())
+    weights["lm_head.extra"] = _Runs(f"touch {folder / 'ran'}")
+    torch.save(weights, folder / "pytorch_model.bin")
+    return folder
+
+
+def test_serving_a_pickle_that_holds_code_is_one_line(capsys, code_pickle_dir):
+    """--allow-pickle lets a trusted folder's pickled weights load; a pickle that would run code is still refused,
+    in one line naming it, and nothing in it runs (it used to end in a 12-frame traceback from torch)."""
+    import os
+
+    from beamkit.cli import main
+    from tests.test_adapters import cli_error
+
+    argv = ["serve", "--port", "0", "--allow-pickle", "--model", f"hf:{code_pickle_dir}"]
+    code, line = cli_error(capsys, main, argv)
+    assert code == 2 and line.startswith("beamkit serve: error:")
+    assert "the pickle holds code" in line and "pytorch_model.bin" in line
+    assert f"{os.system.__module__}.system" in line
+    assert not (code_pickle_dir / "ran").exists()
+
+
+def test_the_pickle_check_reads_every_format_and_passes_weights(tmp_path, pickled_dir):  # noqa: F811
+    """Weights in torch's zip and legacy formats pass, whatever tensors they hold; code is found in both formats
+    and in plain pickles of every protocol; a callable the file names by an extension code is refused too."""
+    import os
+    import pickle
+
+    import torch
+
+    from beamkit.hf.pickles import code_in_pickle
+
+    assert code_in_pickle(pickled_dir / "pytorch_model.bin") is None
+    tensors = {"a": torch.zeros(3, dtype=torch.bfloat16), "p": torch.nn.Parameter(torch.ones(2)), "i": [1, (2, "x")]}
+    system = f"{os.system.__module__}.system"
+    for legacy in (False, True):
+        torch.save(tensors, tmp_path / "w.bin", _use_new_zipfile_serialization=not legacy)
+        assert code_in_pickle(tmp_path / "w.bin") is None
+        torch.save({**tensors, "x": _Runs("true")}, tmp_path / "w.bin", _use_new_zipfile_serialization=not legacy)
+        assert code_in_pickle(tmp_path / "w.bin") == system
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        (tmp_path / "p.pkl").write_bytes(pickle.dumps({"w": [1.0], "x": _Runs("true")}, protocol=protocol))
+        assert code_in_pickle(tmp_path / "p.pkl") == system, protocol
+    (tmp_path / "ext.pkl").write_bytes(b"\x80\x02\x82\x01)R.")  # EXT1 1, an empty tuple, REDUCE
+    assert code_in_pickle(tmp_path / "ext.pkl") == "a callable whose name it computes"
+    (tmp_path / "text.bin").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="text.bin is not a pickle"):
+        code_in_pickle(tmp_path / "text.bin")
