@@ -202,3 +202,56 @@ def test_the_pickle_check_reads_every_format_and_passes_weights(tmp_path, pickle
     (tmp_path / "text.bin").write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match="text.bin is not a pickle"):
         code_in_pickle(tmp_path / "text.bin")
+
+
+# ------------------------------------------------------------------------------------------------ what is logged
+DISCONNECT_SERVER = """
+import sys
+from beamkit.serve.app import create_app
+from beamkit.cli.serve import run_server
+from tests.serve_toy import ToyAdapter
+sys.exit(run_server(create_app(ToyAdapter()), "127.0.0.1", int(sys.argv[1]), sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("level", ["warning", "info"])
+def test_a_client_gone_mid_body_is_one_info_line_not_a_traceback(level):
+    """A real server process on a free loopback port, at the command's default log level and at info; three raw
+    clients each send the headers and part of the body, then close. At warning nothing is logged, at info one
+    line per client; never a traceback. The server still answers, then ends by SIGTERM (its PID only)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import beamkit
+    from tests.test_serve import _up, free_port, post, wait_until
+
+    root = Path(__file__).resolve().parents[1]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    under_test = Path(beamkit.__file__).resolve().parents[1]  # the server runs the beamkit this test imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(under_test), str(root)])}
+    argv = [sys.executable, "-c", DISCONNECT_SERVER, str(port), level]
+    proc = subprocess.Popen(argv, env=env, cwd=root, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _up(url), timeout=60)
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                raw.sendall(head + b"Content-Length: 100\r\n\r\n" + b'{"model": "toy", ')
+                time.sleep(0.2)  # the body is being read when the client closes
+        assert post(url, {"model": "toy", "prompt": "abc"}).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert "Traceback" not in err and "ClientDisconnect" not in err and "ERROR" not in err, err
+    gone = [line for line in err.splitlines() if "went away before sending the whole request body" in line]
+    assert len(gone) == (3 if level == "info" else 0), err

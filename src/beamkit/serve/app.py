@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import itertools
 import json
+import logging
 import math
 import time
 import uuid
@@ -28,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from beamkit._checks import check_bool, check_int
@@ -47,6 +49,7 @@ from beamkit.serve.protocol import (
 from beamkit.serve.runner import Done, Job, QueueFull, Runner, ShuttingDown, Update
 
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait
+LOG = logging.getLogger("uvicorn.error")  # uvicorn's own server log, so that --log-level governs these lines too
 
 
 def _error(err: ApiError, metrics: Metrics, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -256,6 +259,11 @@ def create_app(
                 )
         except ApiError as err:
             return _error(err, metrics)
+        except ClientDisconnect:  # a client's own doing, not a server fault: one line at info, no traceback
+            client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+            LOG.info("%s went away before sending the whole request body; nothing was decoded", client)
+            metrics.response(499)
+            return Response(status_code=499)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Update | Done]] = asyncio.Queue()
 
