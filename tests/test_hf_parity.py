@@ -1,0 +1,87 @@
+"""beamkit.hf against Hugging Face's own ``model.generate`` where the two used to part: the warnings for length
+settings that cannot both hold, the per-step ``scores`` of ``output_scores``, and the cache returned for a
+continuation (continue-from-cache must give what one longer call gives, as Hugging Face's own test checks).
+
+Oracles are ``model.generate`` on tiny seeded models built from a config (offline).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import beamkit.hf as bh  # noqa: E402
+from tests.test_hf import setup  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _length_warnings(call):
+    """The result of ``call()`` and the texts of the length warnings it gave (UserWarning), in order."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = call()
+    return out, [str(w.message) for w in caught if "Unfeasible length constraints" in str(w.message)]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+@pytest.mark.parametrize(
+    "lengths",
+    [  # lengths that count the prompt are given past it: p is the decoder prefix (7 prompt tokens, 1 start token)
+        lambda p: dict(min_new_tokens=10, max_new_tokens=5),
+        lambda p: dict(min_new_tokens=30),
+        lambda p: dict(min_length=p + 5, max_new_tokens=3),
+        lambda p: dict(min_length=p + 5, max_length=p + 3),
+        lambda p: dict(min_new_tokens=3, max_length=p + 2),
+        lambda p: dict(min_new_tokens=3, max_new_tokens=5),  # feasible: no warning from either
+    ],
+    ids=[
+        "min_new>max_new",
+        "min_new>default",
+        "min_length>max_new",
+        "min_length>max_length",
+        "min_new>max_length",
+        "feasible",
+    ],
+)
+@pytest.mark.parametrize("beams", [1, 3])
+def test_unfeasible_lengths_warn_as_hugging_face_does(name, lengths, beams):
+    """A minimum length beyond the maximum: Hugging Face warns (its two 'Unfeasible length constraints'
+    warnings when min_new_tokens is given) and stops at the maximum; beamkit.hf.generate gives the same warnings,
+    word for word, and the same tokens."""
+    model, ids, mask, eos, pad = setup(name)
+    lengths = lengths(1 if model.config.is_encoder_decoder else ids.shape[1])
+    kw = dict(num_beams=beams, eos_token_id=eos, pad_token_id=pad, do_sample=False, **lengths)
+    want, hf_said = _length_warnings(lambda: model.generate(ids[:2], attention_mask=mask[:2], **kw))
+    got, bk_said = _length_warnings(lambda: bh.generate(model, ids[:2], mask[:2], **kw))
+    assert bk_said == hf_said
+    assert torch.equal(got, want)
+    feasible = lengths == dict(min_new_tokens=3, max_new_tokens=5)  # noqa: C408
+    assert bool(hf_said) is not feasible
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart"])
+@pytest.mark.parametrize("beams", [1, 3])
+def test_output_scores_are_hugging_faces_per_step_scores(name, beams):
+    """``output_scores=True, return_dict_in_generate=True``: the per-step ``scores`` tables Hugging Face returns
+    (``[batch * beams, V]`` per step, in its row layout), with its sequences, sequences_scores and beam_indices
+    (the engine bridge keeps no such tables and used to return ``scores=None``)."""
+    model, ids, mask, eos, pad = setup(name)
+    kw = dict(num_beams=beams, max_new_tokens=6, eos_token_id=eos, pad_token_id=pad, do_sample=False)
+    kw.update(return_dict_in_generate=True, output_scores=True)
+    want = model.generate(ids, attention_mask=mask, **kw)
+    got = bh.generate(model, ids, mask, **kw)
+    assert type(got).__name__ == type(want).__name__
+    assert torch.equal(got.sequences, want.sequences)
+    assert got.scores is not None and len(got.scores) == len(want.scores)
+    for a, b in zip(got.scores, want.scores, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)
+    if beams > 1:
+        assert torch.equal(got.sequences_scores, want.sequences_scores)
+        assert torch.equal(got.beam_indices, want.beam_indices)
