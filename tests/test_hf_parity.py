@@ -85,3 +85,54 @@ def test_output_scores_are_hugging_faces_per_step_scores(name, beams):
     if beams > 1:
         assert torch.equal(got.sequences_scores, want.sequences_scores)
         assert torch.equal(got.beam_indices, want.beam_indices)
+
+
+def _continue_from_inputs_embeds(model):
+    """Hugging Face's own test_generate_continue_from_inputs_embeds, step by step: 4 new tokens from
+    ``inputs_embeds`` in one call; then 3, and 1 more from the prompt's and the 3 tokens' embeddings with the
+    returned cache. Returns (the one call's output, the continuation's output, the 3 + 1 tokens)."""
+    from beamkit.hf.versions import release
+
+    model.generation_config.pad_token_id = model.generation_config.eos_token_id = -1
+    model.generation_config.forced_eos_token_id = None
+    model.config.is_decoder = True
+    model.generation_config.use_cache = True
+    kw = dict(return_dict_in_generate=True, do_sample=False)
+    ids = torch.randint(3, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    embeds = model.get_input_embeddings()(ids)
+    whole = model.generate(inputs_embeds=embeds, max_new_tokens=4, **kw)
+    first = model.generate(inputs_embeds=embeds, max_new_tokens=3, **kw)
+    name = "cache" if release() >= (5, 24) else "past_key_values"  # the release's own keyword and field
+    continued = torch.cat([embeds, model.get_input_embeddings()(first.sequences)], dim=1)
+    rest = model.generate(inputs_embeds=continued, max_new_tokens=1, **{name: getattr(first, name)}, **kw)
+    return whole, rest, torch.cat([first.sequences, rest.sequences], dim=1), name
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_continuing_from_the_returned_cache_gives_hugging_faces_cache(name):
+    """Patched or not, the tokens continued from a returned cache are the one call's, and the cache returned by
+    the continuation is Hugging Face's, position for position (layers, keys and values, same length)."""
+    import copy
+
+    from tests.test_hf import _config_model
+
+    model = _config_model(name).eval()
+    with torch.no_grad():
+        want_whole, want_rest, want_tokens, field = _continue_from_inputs_embeds(copy.deepcopy(model))
+        with bh.patch(copy.deepcopy(model)) as handle:
+            whole, rest, tokens, _ = _continue_from_inputs_embeds(handle.model)
+    assert torch.equal(want_whole.sequences, want_tokens)  # Hugging Face's own check, unpatched
+    assert torch.equal(whole.sequences, tokens) and torch.equal(tokens, want_tokens)
+    for got, want in (
+        (getattr(whole, field), getattr(want_whole, field)),
+        (getattr(rest, field), getattr(want_rest, field)),
+    ):
+        assert got.get_seq_length() == want.get_seq_length()
+        assert len(got.layers) == len(want.layers)
+        for a, b in zip(got.layers, want.layers, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    # and the one call's cache equals the continuation's, as Hugging Face's test asserts
+    # (float32 defaults: the same positions computed in one forward or position by position round apart)
+    for a, b in zip(getattr(whole, field).layers, getattr(rest, field).layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys)
+        torch.testing.assert_close(a.values, b.values)
