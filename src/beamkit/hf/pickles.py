@@ -72,8 +72,8 @@ def named_callables(data: bytes) -> Iterator[tuple[str, str] | None]:
             yield module, name
             pushed.append(None)
         elif kind == "STACK_GLOBAL":
-            module, name = (pushed[0], pushed[1]) if len(pushed) == 2 else (None, None)
-            yield (module, name) if isinstance(module, str) and isinstance(name, str) else None
+            top = tuple(pushed) if len(pushed) == 2 else (None, None)
+            yield (top[0], top[1]) if isinstance(top[0], str) and isinstance(top[1], str) else None
             pushed.append(None)
         elif kind in ("EXT1", "EXT2", "EXT4"):
             yield None
