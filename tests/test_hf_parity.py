@@ -108,15 +108,29 @@ def _continue_from_inputs_embeds(model):
     return whole, rest, torch.cat([first.sequences, rest.sequences], dim=1), name
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def _decoder_model(name):
+    """A tiny seeded decoder-only model: tests.test_hf's GPT-2 or Llama, or Whisper's decoder alone
+    (``WhisperForCausalLM``, the Whisper class Hugging Face's continuation test runs)."""
+    from tests.test_hf import _config_model
+
+    if name != "whisper-decoder":
+        return _config_model(name).eval()
+    torch.manual_seed(0)
+    cfg = transformers.WhisperConfig(
+        vocab_size=48, d_model=16, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4,
+        encoder_attention_heads=4, decoder_ffn_dim=16, encoder_ffn_dim=16, max_target_positions=40,
+        max_source_positions=30, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )  # fmt: skip
+    return transformers.WhisperForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "whisper-decoder"])
 def test_continuing_from_the_returned_cache_gives_hugging_faces_cache(name):
     """Patched or not, the tokens continued from a returned cache are the one call's, and the cache returned by
     the continuation is Hugging Face's, position for position (layers, keys and values, same length)."""
     import copy
 
-    from tests.test_hf import _config_model
-
-    model = _config_model(name).eval()
+    model = _decoder_model(name)
     with torch.no_grad():
         want_whole, want_rest, want_tokens, field = _continue_from_inputs_embeds(copy.deepcopy(model))
         with bh.patch(copy.deepcopy(model)) as handle:
