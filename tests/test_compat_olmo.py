@@ -911,3 +911,23 @@ def test_a_failing_batch_element_keeps_the_others(compat):
         compat.BeamSearch(3, max_steps=4, beam_size=2).search(tokens, state, step)
     assert set(info.value.errors) == {1}
     assert info.value.results[1] == [] and info.value.results[0] and info.value.results[2]
+
+
+@pytest.mark.parametrize("value", [[1, 2], 3.0, "abc", (torch.zeros((2, 1)),), torch.tensor(1.0)])
+def test_a_state_value_that_is_not_a_tensor_is_refused_by_name(compat, value):
+    """OLMo's state is a dict of tensors gathered by row: any other value is a TypeError naming its key (it used
+    to fail after the search with an AttributeError about ``.shape``)."""
+    if STAND_IN:
+        pytest.skip("beamkit.compat.olmo is not in this tree")
+    model = Model(10, 3, 0)
+    tokens, state = start(2, 10, 0)
+    state["extra"] = value
+    with pytest.raises(TypeError, match=r"start_state\['extra'\] must be a torch tensor"):
+        compat.BeamSearch(3, max_steps=4, beam_size=2).search(tokens, state, model.step)
+
+    def step(last_predictions, state):
+        lp, new = model.step(last_predictions, {k: v for k, v in state.items() if k != "bad"})
+        return lp, {**new, "bad": value}
+
+    with pytest.raises(TypeError, match=r"the state the step function returned\['bad'\] must be a torch tensor"):
+        compat.BeamSearch(3, max_steps=4, beam_size=2).search(*start(2, 10, 0), step)

@@ -131,9 +131,19 @@ def setup(name: str):
     return model, ids, mask, eos, pad
 
 
+def engine_generate(model, *args, **kw):
+    """beamkit.hf.generate on the engine bridge alone: a call asking for per-step scores is not handed to the
+    loop (beamkit.hf.generate does that, since only the loop keeps Hugging Face's tables), so that the bridge's
+    sequences_scores are what is compared."""
+    from beamkit.hf.generation import prepare
+
+    inputs, second = (list(args) + [None, None])[:2]
+    return prepare(model, inputs, second, kw, exact_only=False)()
+
+
 def full(model, *args, **kw):
-    """beamkit.hf.generate asking for the output object with sequences_scores (as the peer calls below do)."""
-    return bh.generate(model, *args, return_dict_in_generate=True, output_scores=True, **kw)
+    """The engine bridge asking for the output object with sequences_scores (as the peer calls below do)."""
+    return engine_generate(model, *args, return_dict_in_generate=True, output_scores=True, **kw)
 
 
 def check(name: str, batch: int, **kw):

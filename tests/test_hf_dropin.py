@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 import beamkit.hf as bh  # noqa: E402
-from tests.test_hf import MODELS, VOCAB, setup  # noqa: E402
+from tests.test_hf import MODELS, VOCAB, engine_generate, setup  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -50,7 +50,7 @@ def test_dict_output_matches_hugging_face_fields(name):
     kw = dict(num_beams=4, num_return_sequences=3, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad)
     for scores in (False, True):
         want = _hf(model, ids, attention_mask=mask, return_dict_in_generate=True, output_scores=scores, **kw)
-        got = bh.generate(model, ids, mask, return_dict_in_generate=True, output_scores=scores, **kw)
+        got = engine_generate(model, ids, mask, return_dict_in_generate=True, output_scores=scores, **kw)
         assert isinstance(got, type(want))
         assert torch.equal(got.sequences, want.sequences)
         assert torch.equal(got.beam_indices, want.beam_indices), (got.beam_indices, want.beam_indices)

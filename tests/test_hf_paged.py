@@ -28,7 +28,7 @@ from beamkit.hf.paged import PagedCache  # noqa: E402
 from beamkit.hf.settings import merge_config, resolve  # noqa: E402
 from beamkit.kv import PagedKVCache  # noqa: E402
 from beamkit.search import BeamSearch, make_options  # noqa: E402
-from tests.test_hf import VOCAB, setup  # noqa: E402
+from tests.test_hf import VOCAB, engine_generate, setup  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PAGED_MODELS = ("gpt2", "llama")
@@ -50,7 +50,7 @@ def steps(monkeypatch):
 
 
 def _generate(model, ids, mask, eos, pad, beams, **kw):
-    return bh.generate(
+    return engine_generate(
         model, ids, mask, num_beams=beams, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=pad,
         return_dict_in_generate=True, output_scores=True, **kw,
     )  # fmt: skip

@@ -38,6 +38,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     if key is not None and not key.strip():
         raise ValueError(f"--api-key (or {API_KEY_ENV}) must not be empty")
+    if args.max_request_rows is not None and args.max_request_rows > args.max_rows:
+        raise ValueError(
+            f"--max-request-rows {args.max_request_rows} is above --max-rows {args.max_rows}: one request cannot "
+            "hold more beam rows than the engine has; lower it or raise --max-rows"
+        )
     try:
         from beamkit.adapters import load
         from beamkit.serve.app import create_app
@@ -56,6 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_request_cost=args.max_request_cost,
         max_request_rows=args.max_request_rows,
+        api_docs=args.api_docs,
     )
     if needs_key_warning(args.host, key):
         print(
@@ -90,15 +96,18 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--port", type=port_number, default=8000, help="port (0: any free port; the one taken is printed)")
     p.add_argument(
-        "--max-queue", type=positive_int, default=64, help="requests waiting to join the engine at most; more get 503"
+        "--max-queue",
+        type=positive_int,
+        default=64,
+        help="requests waiting to join the engine at most, each counted once whatever its prompts; more get 503",
     )
     p.add_argument("--max-rows", type=positive_int, default=256, help="beam rows in the engine at most")
     p.add_argument(
         "--max-request-rows",
         type=positive_int,
         default=None,
-        help="beam rows one request holds at most, leaving room for requests that arrive behind it "
-        "(default: half of --max-rows)",
+        help="beam rows one request holds at most, leaving room for requests that arrive behind it; at most "
+        "--max-rows (default: half of --max-rows)",
     )
     p.add_argument(
         "--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, help="request body size at most; larger gets 413"
@@ -108,6 +117,12 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         default=MAX_REQUEST_COST,
         help="prompts x beam width x max_tokens of one request at most; more gets 400",
+    )
+    p.add_argument(
+        "--api-docs",
+        action="store_true",
+        help="serve the API description at /docs, /redoc and /openapi.json (off by default; behind --api-key when "
+        "one is set)",
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")

@@ -44,10 +44,12 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
 def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool) -> Any:
     """:func:`generate` with its keywords as a dict: the engine bridge where it takes the call, else beamkit's
     decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`: Whisper and other models with
-    their own ``generate``, inputs other than token ids, model inputs and per-step tables the bridge does not
-    pass on). ``exact_only`` is :func:`prepare`'s."""
+    their own ``generate``, inputs other than token ids, model inputs the bridge does not pass on, and per-step
+    ``scores``, which only the loop keeps in Hugging Face's layout). ``exact_only`` is :func:`prepare`'s."""
     try:
         job = prepare(model, inputs, attention_mask, kwargs, exact_only)
+        if wants_tables(job.settings) and loop_decodes(job.settings):
+            raise Unsupported("per-step scores: the loop keeps Hugging Face's tables")
     except Unsupported:
         kwargs = dict(kwargs)
         if attention_mask is not None:  # beamkit's second positional: a GenerationConfig or the attention mask
@@ -110,7 +112,8 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     ``input_ids`` (``inputs_embeds``, or nothing), models whose inputs are not token ids, and settings it does
     not reproduce; with ``exact_only``
     also per-step score tables (``output_scores`` with ``return_dict_in_generate``) and sampling (beamkit's
-    bridge draws from its own noise, not from Hugging Face's RNG stream). ValueError / TypeError for bad input."""
+    bridge draws from its own noise, not from Hugging Face's RNG stream). ValueError / TypeError for bad input.
+    The bridge itself returns no per-step tables (``scores`` is None)."""
     kwargs = dict(kwargs)
     check_model(model)
     own = getattr(type(model), "generate", None)
@@ -141,12 +144,26 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
     if outside:  # Hugging Face warns and never stops on them
         raise Unsupported(f"eos ids {outside} outside the model's output")
-    if exact_only and settings.return_dict and settings.output_scores:
-        raise Unsupported("output_scores=True with return_dict_in_generate: per-step scores are not kept")
+    if exact_only and wants_tables(settings):
+        raise Unsupported("output_scores=True with return_dict_in_generate: per-step scores come from the loop")
     if exact_only and settings.do_sample:
         raise Unsupported("do_sample=True: beamkit samples from its own noise, not Hugging Face's RNG stream")
     mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
     return Prepared(model, input_ids, mask, settings)
+
+
+def wants_tables(settings: Settings) -> bool:
+    """Whether a call asks for Hugging Face's per-step ``scores`` (``output_scores`` with
+    ``return_dict_in_generate``): ``[batch * beams, V]`` tables in Hugging Face's row layout, finished requests
+    included, which beamkit's loop keeps and the engine's compact rows do not."""
+    return settings.return_dict and settings.output_scores
+
+
+def loop_decodes(settings: Settings) -> bool:
+    """Whether beamkit's loop inside Hugging Face's ``generate`` takes a call with these settings: one of Hugging
+    Face's own modes (not diverse or constrained beam search, which Hugging Face 5.x no longer ships) and no
+    beamkit search options (Hugging Face's ``generate`` takes none)."""
+    return settings.groups == 1 and not settings.force_words and not settings.search_options
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 The folder is read from disk only (``local_files_only=True``: nothing is downloaded), its own Python code never
 runs (``trust_remote_code=False``, stated on every call), and weights that are only pickled (``pytorch_model.bin``
-and the like, which ``torch.load`` unpickles and so can run code) are refused unless ``allow_pickle``.
+and the like, which ``torch.load`` unpickles and so can run code) are refused unless ``allow_pickle``. With
+``allow_pickle``, a pickle that holds code (it names a callable that rebuilding tensors never needs, see
+:mod:`beamkit.hf.pickles`) is still refused, in one line, before anything unpickles it.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from beamkit.extras import install_hint
+from beamkit.hf.pickles import code_in_pickle
 
 PICKLED = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")  # weight files that torch unpickles
+LOADED_PICKLES = "pytorch_model*.bin"  # the pickled weights that from_pretrained reads
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,24 @@ def check_folder(folder: str | Path) -> Path:
     return path
 
 
+def check_pickles(path: Path) -> None:
+    """Raise ValueError, in one line, when a pickled weights file of ``path`` that ``from_pretrained`` would read
+    holds code (names a callable beyond those that rebuild tensors); the files are read, never unpickled."""
+    for weights in sorted(path.glob(LOADED_PICKLES)):
+        code = code_in_pickle(weights)
+        if code is not None:
+            raise ValueError(
+                f"{path}: the pickle holds code: {weights.name} would call {code} when loaded, which a file of "
+                "weights never needs; it was not loaded (get the weights as safetensors from a source you trust)"
+            )
+
+
 def load_pretrained(folder: str | Path, allow_pickle: bool = False) -> Pretrained:
     """Load the model, tokenizer and config saved in ``folder`` with ``save_pretrained``: decoder-only models with
     ``AutoModelForCausalLM``, encoder-decoder models with ``AutoModelForSeq2SeqLM``; safetensors weights are
     preferred. Raises FileNotFoundError for a folder without a model, ValueError for pickled-only weights
-    without ``allow_pickle``, ImportError (naming the extra) without transformers."""
+    without ``allow_pickle`` or for a pickle that holds code, ImportError (naming the extra) without
+    transformers."""
     path = check_folder(folder)
     try:
         import transformers
@@ -52,6 +69,8 @@ def load_pretrained(folder: str | Path, allow_pickle: bool = False) -> Pretraine
             f"{path}: the weights are pickled ({pickled[0]}), and loading a pickle can run code; convert them "
             "to safetensors, or pass --allow-pickle if you trust the folder"
         )
+    if not safe:
+        check_pickles(path)
     local = {"trust_remote_code": False, "local_files_only": True}
     config = transformers.AutoConfig.from_pretrained(str(path), **local)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), **local)

@@ -4,8 +4,9 @@ With ``return_dict_in_generate`` false (Hugging Face's default) that is the ``se
 Hugging Face's own output classes, subclassed to carry beamkit's ``hypotheses`` (float64 scores, token
 log-probs), the search ``stats`` and ``forward_seconds``: ``sequences``, ``sequences_scores`` (beam search with
 ``output_scores``, else None, as Hugging Face) and ``beam_indices`` (beam search) in Hugging Face's layout.
-Per-step tables (``scores``, ``logits``, attentions, hidden states) are None: beamkit keeps no per-step
-``[rows, V]`` tables (``beamkit.hf.patch`` hands calls that ask for them to Hugging Face).
+Per-step tables (``scores``, ``logits``, attentions, hidden states) are None: the engine keeps no per-step
+``[rows, V]`` tables (:func:`beamkit.hf.generate` and ``beamkit.hf.patch`` hand calls that ask for ``scores``
+to beamkit's loop, which keeps them in Hugging Face's layout).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -341,6 +342,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
     positions = getattr(cfg, "n_positions", None)  # learned absolute positions (GPT-2 style): a hard limit
     if positions is not None and not encoder_decoder:
         _check_positions(int(positions), prompt_len, max_new, gc, given)
+    _warn_unfeasible_lengths(gc, prompt_len, max_new)
     min_new = _min_new_tokens(gc, prompt_len) if eos else 0
     groups = _int(gc.num_beam_groups, "num_beam_groups", 1)
     force_words = gc.force_words_ids
@@ -454,6 +456,34 @@ def _check_positions(positions: int, prompt_len: int, max_new: int, gc: Any, giv
         f"n_positions={positions}: at most {fit} new tokens fit (max_new_tokens <= {fit}, or max_length <= "
         f"{positions + 1})"
     )
+
+
+def _warn_unfeasible_lengths(gc: Any, prompt_len: int, max_new: int) -> None:
+    """Hugging Face 5.x's warnings (its wording, UserWarning) when the minimum length is beyond the maximum: the
+    tokens stop at the maximum. Lengths count the prompt (decoder-only) or the start token."""
+    max_length = prompt_len + max_new
+    suffix = (
+        " Generation will stop at the defined maximum length. You should decrease the minimum length and/or "
+        "increase the maximum length."
+    )
+    if gc.max_length is None:  # Hugging Face's "default max_length": neither set nor in a generation config
+        suffix += f" Note that `max_length` is set to {max_length}, its default value."
+    min_new = gc.min_new_tokens
+    min_length = gc.min_length if min_new is None else _int(min_new, "min_new_tokens", 0) + prompt_len
+    if min_length is not None and _int(min_length, "min_length", 0) > max_length:
+        warnings.warn(
+            f"Unfeasible length constraints: `min_length` ({min_length}) is larger than the maximum possible length "
+            f"({max_length})." + suffix,
+            UserWarning,
+            stacklevel=4,
+        )
+    if min_new is not None and min_length > max_length:
+        warnings.warn(
+            f"Unfeasible length constraints: `min_new_tokens` ({min_new}), when added to the prompt length "
+            f"({prompt_len}), is larger than the maximum possible length ({max_length})." + suffix,
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _min_new_tokens(gc: Any, prompt_len: int) -> int:

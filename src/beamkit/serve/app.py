@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import itertools
 import json
+import logging
 import math
 import time
 import uuid
@@ -28,9 +29,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from beamkit._checks import check_int
+from beamkit._checks import check_bool, check_int
 from beamkit.adapters import Ask, ModelAdapter
 from beamkit.hypothesis import Hypothesis
 from beamkit.serve.malloc import IdleTrim
@@ -47,6 +49,7 @@ from beamkit.serve.protocol import (
 from beamkit.serve.runner import Done, Job, QueueFull, Runner, ShuttingDown, Update
 
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait
+LOG = logging.getLogger("uvicorn.error")  # uvicorn's own server log, so that --log-level governs these lines too
 
 
 def _error(err: ApiError, metrics: Metrics, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -188,18 +191,23 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_request_cost: int = MAX_REQUEST_COST,
     max_request_rows: int | None = None,
+    api_docs: bool = False,
 ) -> FastAPI:
     """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan.
 
     ``api_key``: when set, every endpoint but ``/health`` needs ``Authorization: Bearer API_KEY`` (401 otherwise).
     ``max_body_bytes``: a larger request body is a 413. ``max_request_cost``: prompts x beam width x
     ``max_tokens`` of one request at most (400 beyond). ``max_request_rows``: beam rows one request holds at
-    most, leaving room for requests that arrive behind it (default half of ``max_rows``).
+    most, leaving room for requests that arrive behind it (default half of ``max_rows``). ``api_docs``: serve the
+    API description pages ``/docs``, ``/redoc`` and ``/openapi.json`` (off by default: they describe the server
+    to anyone who reaches it; with ``api_key`` they need the key like every other page).
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
     for name, value in (("max_body_bytes", max_body_bytes), ("max_request_cost", max_request_cost)):
         check_int(name, value, 1)
+    if max_request_rows is not None:
+        check_int("max_request_rows", max_request_rows, 1, check_int("max_rows", max_rows, 1))
     metrics = Metrics(adapter.name)
     runner = Runner(adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows)
     requests = itertools.count(1)
@@ -211,7 +219,10 @@ def create_app(
         yield
         await asyncio.to_thread(runner.close)
 
-    app = FastAPI(title="beamkit serve", lifespan=lifespan, default_response_class=StrictJSONResponse)
+    pages: dict[str, Any] = (
+        {} if check_bool("api_docs", api_docs) else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    )
+    app = FastAPI(title="beamkit serve", lifespan=lifespan, default_response_class=StrictJSONResponse, **pages)
     if api_key is not None:
         app.add_middleware(KeyCheck, key=api_key, metrics=metrics)
     app.state.runner = runner
@@ -248,6 +259,11 @@ def create_app(
                 )
         except ApiError as err:
             return _error(err, metrics)
+        except ClientDisconnect:  # a client's own doing, not a server fault: one line at info, no traceback
+            client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+            LOG.info("%s went away before sending the whole request body; nothing was decoded", client)
+            metrics.response(499)
+            return Response(status_code=499)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Update | Done]] = asyncio.Queue()
 

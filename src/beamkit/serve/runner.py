@@ -1,6 +1,7 @@
 """The one engine of a server process, stepping in a background thread; requests join it as they arrive.
 
-HTTP handlers :meth:`Runner.submit` jobs (one per prompt) into a bounded waiting list and :meth:`Runner.cancel`
+HTTP handlers :meth:`Runner.submit` jobs (one per prompt, all of one request at once) into a waiting list bounded
+in requests and :meth:`Runner.cancel`
 them when their client goes away. The thread admits waiting jobs into the :class:`beamkit.Engine` before each
 step (while their beams fit in ``max_rows``; requests take turns, and one request holds at most
 ``request_rows`` of them, so a small request does not wait behind a heavy one), runs :meth:`beamkit.Engine.step`, and
@@ -28,7 +29,7 @@ from beamkit.serve.metrics import Metrics
 
 
 class QueueFull(Exception):
-    """The waiting list is full (``--max-queue``): answer 503 with Retry-After."""
+    """``--max-queue`` requests are waiting already: answer 503 with Retry-After."""
 
 
 class ShuttingDown(Exception):
@@ -70,7 +71,8 @@ class Job:
 
 
 class Runner:
-    """Owns the engine and its thread. ``max_queue``: waiting jobs at most; ``max_rows``: beam rows in the
+    """Owns the engine and its thread. ``max_queue``: requests waiting at most (a request waits while any of its
+    jobs has not joined the engine, however many prompts it has); ``max_rows``: beam rows in the
     engine at most (a job is admitted when its ``beam`` fits next to the running ones); ``request_rows``: rows
     one request holds at most once it has a job running (default half of ``max_rows``)."""
 
@@ -83,14 +85,16 @@ class Runner:
         request_rows: int | None = None,
     ):
         request_rows = max(1, max_rows // 2) if request_rows is None else request_rows
-        for name, value in (("max_queue", max_queue), ("max_rows", max_rows), ("request_rows", request_rows)):
+        for name, value in (("max_queue", max_queue), ("max_rows", max_rows)):
             check_int(name, value, least=1)
+        check_int("request_rows", request_rows, 1, max_rows)
         self.adapter = adapter
         self.metrics = metrics
         self.max_queue, self.max_rows, self.request_rows = max_queue, max_rows, request_rows
         self.engine = self._new_engine()
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
+        self._waiting_jobs: Counter[int] = Counter()  # request -> its jobs in _waiting
         self._running: dict[int, Job] = {}
         self._cancel: list[Job] = []
         self._outbox: list[tuple[Job, Update | Done]] = []  # events of this iteration, sent by _flush
@@ -118,15 +122,17 @@ class Runner:
         self._thread.start()
 
     def submit(self, jobs: list[Job]) -> None:
-        """Queue all ``jobs`` or none: :class:`QueueFull` when they do not fit, :class:`ShuttingDown` after
-        :meth:`close`."""
+        """Queue all ``jobs`` (the prompts of one request) or none: :class:`QueueFull` when ``max_queue``
+        requests are waiting already, :class:`ShuttingDown` after :meth:`close`."""
         with self._cond:
             if not self._accepting:
                 raise ShuttingDown("the server is shutting down")
-            if len(self._waiting) + len(jobs) > self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-queue {self.max_queue})")
+            new = {job.request for job in jobs} - set(self._waiting_jobs)
+            if len(self._waiting_jobs) + len(new) > self.max_queue:
+                raise QueueFull(f"{len(self._waiting_jobs)} requests are waiting (--max-queue {self.max_queue})")
             self._waiting.extend(jobs)
-            self.metrics.queue_depth = len(self._waiting)
+            self._waiting_jobs.update(job.request for job in jobs)
+            self.metrics.queue_depth = len(self._waiting_jobs)
             self._cond.notify()
 
     def cancel(self, job: Job) -> None:
@@ -146,8 +152,15 @@ class Runner:
 
     @property
     def depth(self) -> int:
-        """Jobs waiting to join the engine."""
-        return len(self._waiting)
+        """Requests waiting to join the engine (a request waits while any of its prompts has not joined)."""
+        return len(self._waiting_jobs)
+
+    def _unqueue(self, job: Job) -> None:
+        """Take ``job`` out of the waiting list (called holding the lock)."""
+        self._waiting.remove(job)
+        self._waiting_jobs[job.request] -= 1
+        if not self._waiting_jobs[job.request]:
+            del self._waiting_jobs[job.request]
 
     # ------------------------------------------------------------------------------------ engine thread
     def _loop(self) -> None:
@@ -166,11 +179,11 @@ class Runner:
             cancels, self._cancel = self._cancel, []
             for job in cancels:
                 if job in self._waiting:
-                    self._waiting.remove(job)
+                    self._unqueue(job)
                     self._outbox.append((job, Done([], "cancelled", 0)))
                     self.metrics.outcomes["cancelled"] += 1
             admit = self._take_admissible()
-            self.metrics.queue_depth = len(self._waiting)
+            self.metrics.queue_depth = len(self._waiting_jobs)
         for job in cancels:
             if job.rid is not None and job.rid in self._running:
                 self.engine.cancel(job.rid)
@@ -217,7 +230,7 @@ class Runner:
                 width = len(job.ids) if width is None else width
                 if len(job.ids) != width:
                     break
-            self._waiting.remove(job)
+            self._unqueue(job)
             self._reserved += job.beam
             held[job.request] += job.beam
             out.append(job)

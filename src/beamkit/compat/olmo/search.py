@@ -128,6 +128,7 @@ class BeamSearch:
         batch = int(start_predictions.shape[0])
         if batch == 0:
             raise ValueError("start_predictions is empty: give at least one start token")
+        _check_state(start_state, "start_state")
         call = _Step(step, start_state, start_predictions.device, beam, per_node)
         processors = (_Constraints(list(self.constraints), batch),) if self.constraints else ()
         opts = SearchOptions(
@@ -190,6 +191,22 @@ class BeamSearch:
         return predictions, scores
 
 
+def _check_state(state: Any, what: str) -> None:
+    """Raise TypeError unless ``state`` is a dict whose values are torch tensors with a row per hypothesis on
+    axis 0, or None (OLMo's state, which the search gathers by row), naming the first key that is not."""
+    if not isinstance(state, dict):
+        raise TypeError(f"{what} must be a dict of torch tensors (one row per hypothesis), got {type(state).__name__}")
+    for name, value in state.items():
+        if value is None:
+            continue
+        if not ops.is_torch(value) or value.dim() == 0:
+            kind = "a 0-dimensional tensor" if ops.is_torch(value) else type(value).__name__
+            raise TypeError(
+                f"{what}[{name!r}] must be a torch tensor with one row per hypothesis on its first axis (or None), "
+                f"got {kind}: the search gathers every state value by row"
+            )
+
+
 def _padded(hyps: list[Hypothesis], beam: int, end: int) -> list[Hypothesis]:
     """``hyps`` with places up to ``beam`` filled by end tokens at log-probability -inf (the best one's state)."""
     state = hyps[0].state if hyps else None
@@ -245,6 +262,7 @@ class _Step:
             log_probs, new_state = self.step(last, state, self.timestep)
         else:
             log_probs, new_state = self.step(last, state)
+        _check_state(new_state, "the state the step function returned")
         if self.timestep == 0:
             self._first(log_probs, new_state)
         self.timestep += 1
