@@ -710,3 +710,22 @@ def inverse_cdf(log_weights: Any, u: Any) -> np.ndarray:
         found[r] = np.searchsorted(acc[r], goal[r], side="right")
     end = np.where(rel > 0, np.arange(v), 0).max(axis=1, keepdims=True) if v else np.zeros((rows, 1), np.int64)
     return np.minimum(found, end)
+
+
+def keep_pairs(x: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
+    """Set every entry of ``x`` ``[rows, V]`` to ``-inf`` except ``x[rows[i], cols[i]]``, in place (rows with
+    no pair become all ``-inf``); returns ``x``. One write of the table and one gather / scatter of the kept
+    entries, no ``[rows, V]`` mask."""
+    if is_torch(x):
+        import torch
+
+        r = torch.as_tensor(rows, device=x.device)
+        c = torch.as_tensor(cols, device=x.device)
+        kept = x[r, c].clone()
+        x.fill_(float("-inf"))
+        x[r, c] = kept
+        return x
+    kept = x[rows, cols].copy()
+    x.fill(-np.inf)
+    x[rows, cols] = kept
+    return x
