@@ -64,7 +64,10 @@ class Trie:
 
     # ------------------------------------------------------------------------------------------ construction
     @classmethod
-    def _from_arrays(cls, indptr: np.ndarray, labels: np.ndarray, terminal: np.ndarray, count: int, **meta: Any) -> Trie:
+    def _from_arrays(
+        cls, indptr: np.ndarray, labels: np.ndarray, terminal: np.ndarray, count: int, **meta: Any
+    ) -> Trie:
+        """A trie over given CSR arrays (what :meth:`load` reads)."""
         trie = cls.__new__(cls)
         trie.indptr, trie.labels, trie.terminal = indptr, labels, terminal
         trie.count, trie.depth, trie.vocab_size = count, int(meta["depth"]), meta.get("vocab_size")
@@ -263,16 +266,73 @@ class TrieMask:
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
         vocab = int(scores.shape[1])
-        if self.trie.max_id >= vocab:
-            raise ValueError(
-                f"the dictionary holds token id {self.trie.max_id} but the model's vocabulary has {vocab} ids"
-            )
+        check_vocab(self.trie, vocab, "the dictionary")
         node = self.nodes(ctx)  # shape: (rows,)
         if ctx.carry is not None:
             ctx.carry[:] = node
         stops = ctx.eos if self.eos is None else self.eos
         rows, cols = allowed_pairs(self.trie, node, tuple(e for e in stops if 0 <= e < vocab))
         return ops.keep_pairs(scores, rows, cols)
+
+
+class TrieTable:
+    """Processor for an engine shared by requests (a server's): named tries, each request constrained by the one
+    it was :meth:`assign`-ed (none: unconstrained). Rows of one trie are masked together as :class:`TrieMask`
+    masks them (nodes carried per row, the request's stop tokens allowed where an entry ends). Call :meth:`bind`
+    with the engine before its first step (it maps the rows' slots to request ids)."""
+
+    carries = True
+    bounds_outputs = True
+
+    def __init__(self, tries: dict[str, Trie]):
+        self.names = tuple(tries)
+        self.tries = tuple(tries.values())
+        self._which: dict[int, int] = {}  # engine request id -> index into tries
+        self.engine: Any = None
+
+    def bind(self, engine: Any) -> None:
+        """The engine whose requests this table constrains."""
+        self.engine = engine
+
+    def assign(self, request_id: int, name: str | None) -> None:
+        """Constrain request ``request_id`` by the trie called ``name`` (None: not at all); ValueError for a
+        name not in the table."""
+        if name is None:
+            return
+        if name not in self.names:
+            raise ValueError(f"no dictionary {name!r}; this table has {list(self.names)}")
+        self._which[request_id] = self.names.index(name)
+
+    def forget(self, request_id: int) -> None:
+        """Drop a completed request."""
+        self._which.pop(request_id, None)
+
+    def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        if self.engine is None:
+            raise RuntimeError("TrieTable.bind(engine) was not called")
+        if not self._which or ctx.request.size == 0:
+            return scores
+        rids = self.engine.book.rid[ctx.request]  # shape: (rows,) request ids
+        uniq, inverse = np.unique(rids, return_inverse=True)  # per request, not per row
+        trie_of = np.array([self._which.get(int(r), -1) for r in uniq.tolist()], np.int64)[inverse.reshape(-1)]
+        for k in np.unique(trie_of[trie_of >= 0]).tolist():
+            sel = np.flatnonzero(trie_of == k)  # shape: (rows of trie k,)
+            trie, vocab = self.tries[k], int(scores.shape[1])
+            check_vocab(trie, vocab, f"the dictionary {self.names[k]!r}")
+            carried = None if ctx.carry is None else ctx.carry[sel]
+            part = StepContext(ctx.step, ctx.tokens[sel], ctx.request[sel], ctx.eos, carry=carried)
+            node = TrieMask(trie).nodes(part)  # shape: (rows of trie k,)
+            if ctx.carry is not None:
+                ctx.carry[sel] = node
+            rows, cols = allowed_pairs(trie, node, tuple(e for e in ctx.eos if 0 <= e < vocab))
+            scores = ops.keep_pairs(scores, sel[rows], cols, among=sel)
+        return scores
+
+
+def check_vocab(trie: Trie, vocab: int, what: str) -> None:
+    """ValueError when ``trie`` holds an id the model's ``vocab`` ids do not reach."""
+    if trie.max_id >= vocab:
+        raise ValueError(f"{what} holds token id {trie.max_id} but the model's vocabulary has {vocab} ids")
 
 
 def allowed_pairs(trie: Trie, node: np.ndarray, eos: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

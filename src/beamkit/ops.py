@@ -712,20 +712,26 @@ def inverse_cdf(log_weights: Any, u: Any) -> np.ndarray:
     return np.minimum(found, end)
 
 
-def keep_pairs(x: Any, rows: np.ndarray, cols: np.ndarray) -> Any:
-    """Set every entry of ``x`` ``[rows, V]`` to ``-inf`` except ``x[rows[i], cols[i]]``, in place (rows with
-    no pair become all ``-inf``); returns ``x``. One write of the table and one gather / scatter of the kept
-    entries, no ``[rows, V]`` mask."""
+def keep_pairs(x: Any, rows: np.ndarray, cols: np.ndarray, among: np.ndarray | None = None) -> Any:
+    """Set every entry of the rows ``among`` of ``x`` ``[rows, V]`` (None: all rows) to ``-inf`` except
+    ``x[rows[i], cols[i]]``, in place (a row of ``among`` with no pair becomes all ``-inf``); returns ``x``. One
+    write of the rows and one gather / scatter of the kept entries, no ``[rows, V]`` mask."""
     if is_torch(x):
         import torch
 
         r = torch.as_tensor(rows, device=x.device)
         c = torch.as_tensor(cols, device=x.device)
         kept = x[r, c].clone()
-        x.fill_(float("-inf"))
+        if among is None:
+            x.fill_(float("-inf"))
+        else:
+            x[torch.as_tensor(among, device=x.device)] = float("-inf")
         x[r, c] = kept
         return x
     kept = x[rows, cols].copy()
-    x.fill(-np.inf)
+    if among is None:
+        x.fill(-np.inf)
+    else:
+        x[among] = -np.inf
     x[rows, cols] = kept
     return x

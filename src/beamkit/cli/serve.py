@@ -31,6 +31,30 @@ def port_number(text: str) -> int:
     return port
 
 
+def trie_spec(text: str) -> tuple[str, str]:
+    """``NAME=FILE`` of ``--trie``."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE, got {text!r}")
+    return name.strip(), path.strip()
+
+
+def load_tries(specs: list[tuple[str, str]]) -> dict[str, Any]:
+    """The dictionaries of ``--trie NAME=FILE`` (a saved ``.npz`` trie, a ``.npy`` array or a text file), by
+    name; ValueError for a name given twice or a file that is not a dictionary."""
+    from beamkit.constraints import Trie
+
+    tries: dict[str, Any] = {}
+    for name, path in specs:
+        if name in tries:
+            raise ValueError(f"--trie {name}= is given twice")
+        try:
+            tries[name] = Trie.load(path) if path.endswith(".npz") else Trie(path)
+        except ValueError as exc:
+            raise ValueError(f"--trie {name}={path}: {exc}") from exc
+    return tries
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the model, build the app, serve it."""
     from beamkit import ops
@@ -46,6 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"beamkit serve: error: {exc} ({install_hint('serve')})", file=sys.stderr)
         return 2
+    tries = load_tries(args.trie or [])
     ops.set_torch_threads(args.threads)
     sock = bind(args.host, args.port)
     app = create_app(
@@ -56,6 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_request_cost=args.max_request_cost,
         max_request_rows=args.max_request_rows,
+        tries=tries,
     )
     if needs_key_warning(args.host, key):
         print(
@@ -108,6 +134,14 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         default=MAX_REQUEST_COST,
         help="prompts x beam width x max_tokens of one request at most; more gets 400",
+    )
+    p.add_argument(
+        "--trie",
+        type=trie_spec,
+        action="append",
+        metavar="NAME=FILE",
+        help="load a dictionary of valid outputs (one sequence of token ids a line, .npy or a saved .npz trie); "
+        'a request\'s "trie": NAME constrains its outputs to it (repeatable)',
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")

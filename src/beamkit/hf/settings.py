@@ -138,7 +138,8 @@ class Settings:
     count lengths from (the prompt for decoder-only models, the start token for encoder-decoder models).
     ``search_options`` are the remaining :class:`beamkit.SearchOptions` keywords, as (name, value) pairs.
     ``prefix_fn`` is a ``prefix_allowed_tokens_fn`` made by :meth:`beamkit.Trie.prefix_allowed_tokens_fn`
-    (the only kind the bridge takes: it applies the trie vectorised). ``kv`` is the decoder-only key/value cache (:class:`beamkit.hf.DecoderOnlyStep`'s ``kv``): ``"paged"``
+    (the only kind the bridge takes: it applies the trie vectorised). ``kv`` is the decoder-only key/value cache
+    (:class:`beamkit.hf.DecoderOnlyStep`'s ``kv``): ``"paged"``
     unless ``cache_implementation`` names one of Hugging Face's caches (``"dynamic"``, ``"static"``, ...), which
     selects the dense ``DynamicCache`` bridge (the same output either way).
     """

@@ -52,7 +52,6 @@ class BeamSearch:
         traces = [done[i].trace for i in ids] if self.options.record_trace else None
         return SearchResult(results, engine.stats, errors, traces)  # type: ignore[arg-type]
 
-
     def _warn_short(self, results: list[list[Hypothesis]], errors: dict[int, str]) -> None:
         """Warn when a processor that bounds the outputs (a dictionary constraint) left a request with fewer
         hypotheses than asked: the dictionary holds fewer valid sequences than that (none of them is invalid)."""
@@ -62,10 +61,10 @@ class BeamSearch:
         wanted = opt.num_return or opt.beam_size
         short = [n for n, hyps in enumerate(results) if n not in errors and len(hyps) < wanted]
         if short:
-            got = ", ".join(f"request {n}: {len(results[n])}" for n in short[:5])
+            got = ", ".join(f"request {n}: {len(results[n])}" for n in short[:5]) + (", ..." if len(short) > 5 else "")
             warnings.warn(
-                f"the dictionary allows fewer sequences than the {wanted} asked ({got}{', ...' if len(short) > 5 else ''})"
-                ": those requests return fewer hypotheses",
+                f"the dictionary allows fewer sequences than the {wanted} asked ({got}): those requests return "
+                "fewer hypotheses",
                 stacklevel=3,
             )
 
