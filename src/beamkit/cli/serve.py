@@ -62,6 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     if key is not None and not key.strip():
         raise ValueError(f"--api-key (or {API_KEY_ENV}) must not be empty")
+    tries = load_tries(args.trie or [])  # before the model: a bad dictionary fails fast
     try:
         from beamkit.adapters import load
         from beamkit.serve.app import create_app
@@ -70,7 +71,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"beamkit serve: error: {exc} ({install_hint('serve')})", file=sys.stderr)
         return 2
-    tries = load_tries(args.trie or [])
     ops.set_torch_threads(args.threads)
     sock = bind(args.host, args.port)
     app = create_app(
