@@ -363,7 +363,9 @@ def _table(source: Any, pad: int | None) -> tuple[np.ndarray, np.ndarray]:
     if ops.is_array(source):
         return _from_array(ops.to_numpy(source), pad)
     seqs = [s.tolist() if ops.is_array(s) else s for s in source]
-    if seqs and all(isinstance(s, (list, tuple)) for s in seqs):
+    if not seqs:
+        return np.zeros((0, 0), np.int64), np.zeros(0, np.int64)
+    if all(isinstance(s, (list, tuple)) for s in seqs):
         lengths = np.fromiter((len(s) for s in seqs), np.int64, len(seqs))
         if lengths.size and lengths.min() == lengths.max():  # rectangular: one conversion
             return _int_array(seqs, "Trie").reshape(len(seqs), -1), lengths
