@@ -18,7 +18,7 @@ Prints a table per part, then the headline lines::
     trie-build[1000000x4]: 1.71 s, 26.5 MB arrays, 80.2 MB peak
     speedup[20000 items, width 50]: 31.2x (top-1 4/4, n-best overlap 98.5%)
 
-Run: ``.venv/bin/python bench/generative_retrieval.py [--quick] [--threads 2]``. ``--quick`` (the test's
+Run: ``.venv/bin/python bench/generative_retrieval.py [--quick] [--threads 1]``. ``--quick`` (the test's
 setting) shrinks everything to a few seconds.
 """
 
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--width", type=int, default=50, help="width of the comparison with model.generate")
     parser.add_argument("--widths", default="50,100,200,400", help="widths of the throughput table")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: tiny model, shared machine)")
     args = parser.parse_args(argv)
     if args.quick:
         args.build_items, args.levels, args.items, args.prompts = "2000", "3", 500, 2

@@ -388,7 +388,7 @@ def _int_array(values: Any, what: str) -> np.ndarray:
         raise TypeError(f"{what} must hold integer token ids, got {arr.dtype} values")
     if arr.dtype == bool:
         raise TypeError(f"{what} must hold integer token ids, got booleans")
-    return arr.astype(np.int64)
+    return arr.astype(np.int64, copy=False)
 
 
 def _from_array(arr: np.ndarray, pad: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -431,9 +431,11 @@ def _check_ids(table: np.ndarray, lengths: np.ndarray, vocab_size: int | None) -
         raise ValueError("the dictionary is empty: a Trie needs at least one sequence")
     if lengths.min() == 0:
         raise ValueError(f"sequence {int(np.argmin(lengths))} of the dictionary is empty")
-    inside = np.arange(table.shape[1])[None, :] < lengths[:, None]  # shape: (n, L)
-    if (table[inside] < 0).any():
-        raise ValueError(f"token ids must be >= 0, got {int(table[inside].min())}")
+    negative = table < 0  # shape: (n, L)
+    if lengths.min() < table.shape[1]:  # ragged: the padding (-1) is not an id
+        negative &= np.arange(table.shape[1])[None, :] < lengths[:, None]
+    if negative.any():
+        raise ValueError(f"token ids must be >= 0, got {int(table[negative].min())}")
     if vocab_size is not None and table.max() >= vocab_size:
         raise ValueError(f"token id {int(table.max())} is outside the vocabulary of {vocab_size} ids")
     if table.max() >= 2**31 - 1:
@@ -445,26 +447,32 @@ def _build(table: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarr
     sort the rows (lexsort, padding first, so a prefix precedes its extensions), drop duplicates, then per
     depth the rows whose prefix of that depth is new are the nodes of that depth, breadth first."""
     n, depth = table.shape
+    table = table.astype(np.int32)  # ids are below 2**31 - 1 (checked): half the memory of the sort
     order = np.lexsort(table.T[::-1])  # shape: (n,) rows in lexicographic order
     rows = table[order]
+    del table, order
     if n > 1:
         differ = rows[1:] != rows[:-1]  # shape: (n - 1, L)
         keep = np.concatenate([[True], differ.any(axis=1)])
         rows, differ = rows[keep], differ[keep[1:]]
         first_diff = np.concatenate([[0], np.where(differ.any(axis=1), differ.argmax(axis=1), depth)])
+        del differ
     else:
         first_diff = np.zeros(1, np.int64)
     lengths = (rows >= 0).sum(axis=1)  # shape: (m,) padding is -1 and only at the end
     m = rows.shape[0]
-    parent_of_row = np.zeros(m, np.int64)  # shape: (m,) the node of each row's prefix of the previous depth
+    kind = np.int32 if m * depth < 2**31 - 1 else np.int64  # node ids
+    parent_of_row = np.zeros(m, kind)  # shape: (m,) the node of each row's prefix of the previous depth
     labels, parents = [], []
     next_id = 1
-    ends = np.zeros(m, np.int64)  # shape: (m,) the node where each row ends
+    ends = np.zeros(m, kind)  # shape: (m,) the node where each row ends
     for d in range(1, depth + 1):
         valid = lengths >= d
         new = valid & (first_diff < d)  # shape: (m,) rows whose prefix of length d is a new node
-        ids = next_id + np.cumsum(new) - 1  # shape: (m,) the id of each row's prefix node of length d
-        node_of_row = np.where(valid, ids, 0)
+        ids = np.cumsum(new, dtype=kind)
+        ids += next_id - 1  # shape: (m,) the id of each row's prefix node of length d
+        node_of_row = np.where(valid, ids, 0).astype(kind, copy=False)
+        del ids
         labels.append(rows[new, d - 1])
         parents.append(parent_of_row[new])
         next_id += int(new.sum())
@@ -472,7 +480,9 @@ def _build(table: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarr
         ends[done] = node_of_row[done]
         parent_of_row = node_of_row
     nodes = next_id
-    parent = np.concatenate(parents) if parents else np.zeros(0, np.int64)  # shape: (nodes - 1,) ascending
+    del rows, parent_of_row
+    parent = np.concatenate(parents) if parents else np.zeros(0, kind)  # shape: (nodes - 1,) ascending
+    del parents
     counts = np.bincount(parent, minlength=nodes)  # shape: (nodes,)
     indptr = np.zeros(nodes + 1, np.int64)
     np.cumsum(counts, out=indptr[1:])
