@@ -118,17 +118,18 @@ def compare(model: Any, trie: Trie, ids: Any, width: int, repeats: int) -> dict[
     mine = outs["beamkit"].sequences[:, p:].tolist()
     theirs = outs["hf"].sequences[:, p:].tolist()
     top1 = sum(mine[r * width] == theirs[r * width] for r in range(n))
-    overlap = [
-        len({tuple(x) for x in mine[r * width : (r + 1) * width]} & {tuple(x) for x in theirs[r * width : (r + 1) * width]})
-        / width
-        for r in range(n)
-    ]  # fmt: skip
+    overlap = [len(_ids(mine, r, width) & _ids(theirs, r, width)) / width for r in range(n)]
     valid = all(list(row) in trie for row in mine if row)
     hf, bk = statistics.median(times["hf"]), statistics.median(times["beamkit"])
     return {
         "items": len(trie), "width": width, "prompts": n, "prompt_len": p, "hf_s": hf, "beamkit_s": bk,
         "speedup": hf / bk, "top1": top1, "overlap": statistics.mean(overlap), "valid": valid,
     }  # fmt: skip
+
+
+def _ids(rows: list[list[int]], request: int, width: int) -> set[tuple[int, ...]]:
+    """The n-best of one request, as a set of ID tuples."""
+    return {tuple(x) for x in rows[request * width : (request + 1) * width]}
 
 
 def throughput(model: Any, trie: Trie, ids: Any, width: int, repeats: int) -> dict[str, Any]:

@@ -14,8 +14,18 @@ import pytest
 
 import beamkit
 from beamkit import Trie
-from beamkit.constraints import DEAD, TrieTable
+
+try:
+    import torch
+    import transformers
+
+    import beamkit.hf as bh
+except ImportError:  # the Hugging Face tests are skipped, the others run
+    torch = transformers = bh = None
+from beamkit.constraints import DEAD, PrefixFn, TrieTable
 from tests.toy import BOS, ToyModel, log_softmax_ref
+
+needs_hf = pytest.mark.skipif(bh is None, reason="needs torch and transformers")
 
 EOS = 0
 
@@ -283,16 +293,11 @@ def test_trie_table_constrains_each_request_by_its_own_dictionary():
 
 
 # ------------------------------------------------------------------------------------------------ Hugging Face
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-import beamkit.hf as bh  # noqa: E402
-from beamkit.constraints import PrefixFn  # noqa: E402
-
 V, P = 40, 6
 
 
 @pytest.fixture(scope="module")
-def gpt2():
+def gpt2():  # only the tests marked needs_hf use it
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=V, n_positions=64)
     cfg.bos_token_id = cfg.eos_token_id = EOS
@@ -328,6 +333,7 @@ class Counting:
         monkeypatch.setattr(PrefixFn, "__call__", counted)
 
 
+@needs_hf
 def test_hf_generate_matches_model_generate_with_the_same_callable(gpt2, monkeypatch):
     items = semantic_ids(300)
     trie = Trie(items, vocab_size=V)
@@ -354,6 +360,7 @@ def test_hf_generate_matches_model_generate_with_the_same_callable(gpt2, monkeyp
     torch.testing.assert_close(got.sequences_scores, want.sequences_scores, atol=1e-4, rtol=1e-5)
 
 
+@needs_hf
 def test_hf_generate_width_at_least_the_items_ranks_every_item_exactly(gpt2):
     """20 items, 24 beams: the 20 returned (then Hugging Face's -1e9 placeholders) are every item, ranked by
     the exact log-probability of one forward over prompt + item; the output keeps model.generate's shape."""
@@ -376,6 +383,7 @@ def test_hf_generate_width_at_least_the_items_ranks_every_item_exactly(gpt2):
     assert theirs == mine  # Hugging Face ranks the 20 items the same way
 
 
+@needs_hf
 def test_patch_runs_the_callable_vectorised_with_model_generates_exact_output(gpt2, monkeypatch):
     items = semantic_ids(200, seed=5)
     fn = Trie(items).prefix_allowed_tokens_fn(prompt_len=P)
@@ -396,6 +404,7 @@ def test_patch_runs_the_callable_vectorised_with_model_generates_exact_output(gp
     assert torch.equal(greedy, greedy_want)
 
 
+@needs_hf
 def test_a_callable_of_another_prompt_length_or_kind_goes_to_the_loop(gpt2):
     """beamkit.hf.generate takes only a Trie's callable made for the call's prompt length on the engine; a plain
     function or another prompt length runs in the loop, with model.generate's output."""
@@ -413,6 +422,7 @@ def test_a_callable_of_another_prompt_length_or_kind_goes_to_the_loop(gpt2):
                            gpt2.generate(ids, prefix_allowed_tokens_fn=fn, **kw))  # fmt: skip
 
 
+@needs_hf
 def test_prefix_fn_protocol_and_leaves(gpt2):
     """The callable reads the row after the prompt; where an entry ends without a stop token it allows the
     stop token only when given one; a row off the dictionary gets a non-empty answer (Hugging Face raises on
@@ -447,3 +457,44 @@ def test_the_engine_carries_each_rows_node_instead_of_walking_its_tokens(monkeyp
         model.step, model.init(), BOS, EOS, beam_size=8, max_len=5, length_penalty=0.0, processors=[trie.mask()]
     )
     assert [h.tokens for h in got] == [h.tokens for h in want]
+
+
+def test_prefix_allowed_tokens_recognises_a_tries_callable_on_the_engine(monkeypatch):
+    """``PrefixAllowedTokens(trie.prefix_allowed_tokens_fn(prompt_len=0))`` gives what the same callable gives
+    called row by row (a plain function wrapping it), without calling it; a callable that skips a prompt is
+    refused, since the engine's rows hold generated tokens only."""
+    entries = {e for e in toy_dictionary(9, 40, 12) if all(0 < t < 12 for t in e[:-1])}
+    fn = Trie(entries).prefix_allowed_tokens_fn(prompt_len=0)
+    model = ToyModel(12, seed=9)
+    opts = dict(beam_size=6, max_len=5, length_penalty=0.0)
+    by_row = beamkit.beam_search(
+        model.step, model.init(), BOS, EOS, processors=[beamkit.PrefixAllowedTokens(lambda b, ids: fn(b, ids))], **opts
+    )
+    calls = []
+    monkeypatch.setattr(PrefixFn, "__call__", lambda *a: calls.append(a))
+    got = beamkit.beam_search(model.step, model.init(), BOS, EOS, processors=[beamkit.PrefixAllowedTokens(fn)], **opts)
+    assert [h.tokens for h in got] == [h.tokens for h in by_row] and not calls
+    skipping = Trie(entries).prefix_allowed_tokens_fn(prompt_len=3)
+    with pytest.raises(ValueError, match="prompt_len=0"):
+        beamkit.BeamSearch(beamkit.SearchOptions(processors=(beamkit.PrefixAllowedTokens(skipping),), **opts)).search(
+            model.step, model.init(), BOS, EOS
+        )
+
+
+@pytest.mark.parametrize("among", [None, np.array([0, 2])])
+def test_keep_pairs_keeps_exactly_the_pairs_in_numpy_and_torch(among):
+    """The mask's one scatter: in the rows ``among`` (all by default) every entry but the pairs is -inf; a row
+    with no pair is all -inf; other rows are untouched. The oracle is a loop over entries."""
+    from beamkit import ops
+
+    x = np.random.default_rng(0).normal(size=(4, 6))
+    rows, cols = np.array([0, 0, 2]), np.array([1, 4, 5])
+    want = x.copy()
+    for r in range(4) if among is None else among:
+        for c in range(6):
+            if (r, c) not in set(zip(rows.tolist(), cols.tolist(), strict=True)):
+                want[r, c] = -np.inf
+    np.testing.assert_array_equal(ops.keep_pairs(x.copy(), rows, cols, among), want)
+    if torch is not None:
+        got = ops.keep_pairs(torch.tensor(x), rows, cols, among).numpy()
+        np.testing.assert_array_equal(got, want)

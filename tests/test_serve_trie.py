@@ -20,7 +20,16 @@ pytest.importorskip("fastapi")
 from beamkit import Trie, search_batch  # noqa: E402
 from beamkit.cli import main  # noqa: E402
 from tests.serve_toy import BOS, EOS, LETTERS, ToyAdapter, toy_alone  # noqa: E402
-from tests.test_serve import post, serving, sse_events  # noqa: E402
+from tests.test_serve import in_thread, post, serving, sse_events  # noqa: E402
+
+try:  # the tiny GPT-2 folder fixture
+    from tests.test_serve_models import hf_dir  # noqa: F401
+except pytest.skip.Exception:  # no torch: the Hugging Face test is skipped, the others run
+
+    @pytest.fixture
+    def hf_dir():
+        pytest.skip("needs torch")
+
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -166,3 +175,45 @@ def test_cli_loads_dictionaries_and_refuses_bad_ones_in_one_line(tmp_path, capsy
     ):
         code, line = cli_error(capsys, main, argv)
         assert code == 2 and line.startswith("beamkit serve: error:") and needle in line, line
+
+
+def test_a_hugging_face_model_serves_dictionary_requests_as_generate_with_the_callable(tmp_path, hf_dir):  # noqa: F811
+    """A tiny GPT-2 served from a folder: a dictionary request (beside a plain one) answers what
+    ``beamkit.hf.generate`` gives the same prompt alone with the trie's ``prefix_allowed_tokens_fn``, whose best
+    is ``model.generate``'s own best with that callable."""
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    import beamkit.hf as bh
+    from beamkit.adapters import load as load_adapter
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir)).eval()
+    eos = int(model.generation_config.eos_token_id)
+    rng = np.random.default_rng(0)
+    codes = [c for c in range(4, 48) if c != eos]
+    items = {tuple(int(x) for x in rng.choice(codes, 3)) + (eos,) for _ in range(120)}
+    path = tmp_path / "items.txt"
+    path.write_text("".join(" ".join(map(str, it)) + "\n" for it in sorted(items)))
+    trie = Trie(path)
+    prompt = "w1 w2 w3"
+    ids = torch.tensor([tok(prompt)["input_ids"]])
+    fn = trie.prefix_allowed_tokens_fn(prompt_len=ids.shape[1])
+    kw = dict(num_beams=30, num_return_sequences=30, max_new_tokens=6, length_penalty=1.0)
+    out = bh.generate(model, ids, prefix_allowed_tokens_fn=fn, return_dict_in_generate=True, **kw)
+    want = [(tok.decode(h.tokens[:-1]), h.logprob) for h in out.hypotheses[0]]
+    theirs = model.generate(ids, prefix_allowed_tokens_fn=fn, **kw)
+    assert theirs[0, ids.shape[1] :].tolist() == out.hypotheses[0][0].tokens
+    adapter = load_adapter(f"hf:{hf_dir}")
+    with serving(adapter, tries={"items": trie}) as (url, _):
+        body = {"model": adapter.name, "prompt": prompt, "best_of": 30, "n": 30, "max_tokens": 6, "trie": "items"}
+        plain = {"model": adapter.name, "prompt": "w7 w8", "best_of": 3, "n": 1, "max_tokens": 6}
+        runs = [in_thread(post, url, body), in_thread(post, url, plain)]
+        for t, _ in runs:
+            t.join(120)
+    r = runs[0][1]["out"]
+    assert r.status_code == 200 and runs[1][1]["out"].status_code == 200
+    same(texts(r.json()), want)
+    assert len(want) == 30
+    allowed = {tok.decode(list(it[:-1])) for it in items}
+    assert {t for t, _ in texts(r.json())} <= allowed

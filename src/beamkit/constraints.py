@@ -28,6 +28,7 @@ import numpy as np
 from beamkit import ops
 from beamkit._checks import check_int, check_optional_int
 from beamkit.processors import StepContext
+from beamkit.search.inputs import eos_ids
 
 ROOT = 0  # the node of the empty prefix
 DEAD = -2  # a row whose tokens left the dictionary (never produced by a search that applies the mask)
@@ -196,12 +197,8 @@ class Trie:
 
 
 def _stops(eos: int | Sequence[int] | None) -> tuple[int, ...]:
-    """Stop token ids as a tuple (empty for none)."""
-    if eos is None:
-        return ()
-    if isinstance(eos, (int, np.integer)) and not isinstance(eos, bool):
-        return (int(eos),)
-    out = tuple(int(e) for e in eos)
+    """Stop token ids as a tuple (empty for none); ValueError for a negative one."""
+    out = eos_ids(eos)
     if any(e < 0 for e in out):
         raise ValueError(f"stop token ids are token ids (>= 0), got {list(out)}")
     return out
@@ -218,6 +215,16 @@ class PrefixFn:
     trie: Trie
     prompt_len: int
     eos: tuple[int, ...] = ()
+
+    def vectorised(self) -> TrieMask:
+        """The same constraint as a :class:`TrieMask`, for a search whose rows hold generated tokens only
+        (:class:`beamkit.PrefixAllowedTokens`); ValueError unless ``prompt_len`` is 0."""
+        if self.prompt_len:
+            raise ValueError(
+                f"this prefix_allowed_tokens_fn skips a prompt of {self.prompt_len} tokens, but beamkit's engine hands "
+                "it generated tokens only: make it with prompt_len=0 (or pass processors=[trie.mask()])"
+            )
+        return TrieMask(self.trie, self.eos)
 
     def __call__(self, batch_id: int, input_ids: Any) -> list[int]:
         new = input_ids[self.prompt_len :]

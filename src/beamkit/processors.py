@@ -259,11 +259,21 @@ class ForcedPrefix:
 
 @dataclass(frozen=True)
 class PrefixAllowedTokens:
-    """Hugging Face's ``prefix_allowed_tokens_fn``: ``fn(request, tokens) -> allowed ids`` for each row."""
+    """Hugging Face's ``prefix_allowed_tokens_fn``: ``fn(request, tokens) -> allowed ids`` for each row (its
+    generated tokens). A callable made by :meth:`beamkit.Trie.prefix_allowed_tokens_fn` (with ``prompt_len=0``:
+    the rows here hold generated tokens only) is applied vectorised, as :class:`beamkit.TrieMask`."""
 
     fn: Callable[[int, list[int]], Sequence[int]]
 
+    @property
+    def carries(self) -> bool:
+        """Whether the engine carries a per-row value for it (a trie's node, for a Trie's callable)."""
+        return callable(getattr(self.fn, "vectorised", None))
+
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        vectorised = getattr(self.fn, "vectorised", None)
+        if callable(vectorised):
+            return vectorised()(scores, ctx)
         nrows, vocab = scores.shape
         mask = np.ones((nrows, vocab), dtype=bool)  # shape: (rows, V), True = banned
         for r in range(nrows):

@@ -52,7 +52,7 @@ class BeamSearch:
         traces = [done[i].trace for i in ids] if self.options.record_trace else None
         return SearchResult(results, engine.stats, errors, traces)  # type: ignore[arg-type]
 
-    def _warn_short(self, results: list[list[Hypothesis]], errors: dict[int, str]) -> None:
+    def _warn_short(self, results: list[list[Hypothesis]], errors: dict[int, str | None]) -> None:
         """Warn when a processor that bounds the outputs (a dictionary constraint) left a request with fewer
         hypotheses than asked: the dictionary holds fewer valid sequences than that (none of them is invalid)."""
         opt = self.options
