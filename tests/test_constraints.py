@@ -379,6 +379,8 @@ def test_hf_generate_width_at_least_the_items_ranks_every_item_exactly(gpt2):
     assert mine == [it for _, it in exact]
     np.testing.assert_allclose(got.sequences_scores[:20].numpy(), [lp for lp, _ in exact], atol=1e-4)
     assert (got.sequences_scores[20:] == -1e9).all()  # Hugging Face's placeholder score for missing rows
+    assert torch.equal(got.sequences_scores[20:], want.sequences_scores[20:])  # ... which model.generate gives
+    assert (got.sequences[20:, P:] == EOS).all()  # padding, where Hugging Face fills in IDs outside the dictionary
     theirs = [tuple(r) for r in want.sequences[:20, P:].tolist()]
     assert theirs == mine  # Hugging Face ranks the 20 items the same way
 

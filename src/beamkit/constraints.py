@@ -17,6 +17,7 @@ terminal cannot occur; a terminal leaf with no stop token to take) has no contin
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -125,9 +126,9 @@ class Trie:
         """Bytes held by the trie's arrays."""
         return int(self.indptr.nbytes + self.labels.nbytes + self.terminal.nbytes)
 
-    @property
+    @functools.cached_property
     def max_id(self) -> int:
-        """The largest token id in the dictionary."""
+        """The largest token id in the dictionary (checked against the model's vocabulary at every step)."""
         return int(self.labels.max())
 
     def child(self, node: np.ndarray, token: np.ndarray) -> np.ndarray:

@@ -141,7 +141,7 @@ def register(subparsers: Any) -> None:
         action="append",
         metavar="NAME=FILE",
         help="load a dictionary of valid outputs (one sequence of token ids a line, .npy or a saved .npz trie); "
-        'a request\'s "trie": NAME constrains its outputs to it (repeatable)',
+        'a request\'s "trie": NAME constrains its outputs to it (repeatable; default: none, no request may name one)',
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")
