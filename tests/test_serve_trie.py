@@ -72,11 +72,14 @@ def test_a_request_naming_a_dictionary_gets_only_its_entries_as_alone():
     with serving(ToyAdapter(), tries=tries) as (url, _):
         r = post(url, {"model": "toy", "prompt": "abc", "best_of": 5, "n": 5, "trie": "short", "max_tokens": 8})
         free = post(url, {"model": "toy", "prompt": "abc", "best_of": 5, "n": 5, "max_tokens": 8})
+        wide = post(url, {"model": "toy", "prompt": "abc", "best_of": 10, "n": 10, "trie": "short", "max_tokens": 8})
     assert r.status_code == 200, r.text
     got = texts(r.json())
     assert {t for t, _ in got} <= set(SHORT)
     same(got, alone("abc", tries["short"], 5, 5))
     same(texts(free.json()), toy_alone("abc", 5, 5, 8))  # a request naming none is not constrained
+    # a dictionary of 7 entries and 10 asked: the 7, each once, and nothing outside it
+    assert sorted(t for t, _ in texts(wide.json())) == sorted(SHORT)
 
 
 def test_an_unknown_dictionary_is_a_400_naming_the_field_and_the_server_stays_up():
