@@ -425,6 +425,19 @@ def test_a_callable_of_another_prompt_length_or_kind_goes_to_the_loop(gpt2):
 
 
 @needs_hf
+def test_a_dictionary_past_the_models_vocabulary_is_refused_by_every_route(gpt2):
+    """An id the model cannot produce: beamkit.hf.generate refuses before decoding, the patched loop at its
+    first step, both naming the id and the vocabulary."""
+    fn = Trie([[3, V + 5, EOS]]).prefix_allowed_tokens_fn(prompt_len=P)
+    ids = torch.randint(1, V, (1, P), generator=torch.Generator().manual_seed(5))
+    kw = dict(num_beams=2, max_new_tokens=3, eos_token_id=EOS, pad_token_id=EOS)
+    with pytest.raises(ValueError, match=f"token id {V + 5} but the model's vocabulary has {V} ids"):
+        bh.generate(gpt2, ids, prefix_allowed_tokens_fn=fn, **kw)
+    with bh.patch(gpt2), pytest.raises(ValueError, match=f"token id {V + 5} but the model's vocabulary has {V} ids"):
+        gpt2.generate(ids, prefix_allowed_tokens_fn=fn, **kw)
+
+
+@needs_hf
 def test_prefix_fn_protocol_and_leaves(gpt2):
     """The callable reads the row after the prompt; where an entry ends without a stop token it allows the
     stop token only when given one; a row off the dictionary gets a non-empty answer (Hugging Face raises on

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.constraints import ROOT, PrefixFn, TrieMask, allowed_pairs
+from beamkit.constraints import ROOT, PrefixFn, TrieMask, allowed_pairs, check_vocab
 from beamkit.hf.settings import Settings
 from beamkit.processors import (
     BadWords,
@@ -137,6 +137,7 @@ class TrieLogitsProcessor:
         import torch
 
         fn = self.fn
+        check_vocab(fn.trie, int(scores.shape[-1]), "the prefix_allowed_tokens_fn's dictionary")
         tokens = input_ids[:, fn.prompt_len :].cpu().numpy()  # shape: (rows, t)
         node = fn.trie.walk(tokens)  # shape: (rows,)
         dead = node < 0
