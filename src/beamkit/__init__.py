@@ -5,6 +5,7 @@ One engine (:class:`Engine`, step-wise: requests join and leave at every step) r
 ``step_fn(state, y_prev) -> (logits [rows, V], state)``.
 """
 
+from beamkit.constraints import Trie, TrieMask
 from beamkit.decode import beam_search, greedy_decode
 from beamkit.fusion import Fused, fuse
 from beamkit.hypothesis import BatchDecodeError, Hypothesis, SearchStats
@@ -90,6 +91,8 @@ __all__ = [
     "StepContext",
     "SuppressTokens",
     "Temperature",
+    "Trie",
+    "TrieMask",
     "beam_search",
     "concat_state",
     "fuse",

@@ -710,3 +710,28 @@ def inverse_cdf(log_weights: Any, u: Any) -> np.ndarray:
         found[r] = np.searchsorted(acc[r], goal[r], side="right")
     end = np.where(rel > 0, np.arange(v), 0).max(axis=1, keepdims=True) if v else np.zeros((rows, 1), np.int64)
     return np.minimum(found, end)
+
+
+def keep_pairs(x: Any, rows: np.ndarray, cols: np.ndarray, among: np.ndarray | None = None) -> Any:
+    """Set every entry of the rows ``among`` of ``x`` ``[rows, V]`` (None: all rows) to ``-inf`` except
+    ``x[rows[i], cols[i]]``, in place (a row of ``among`` with no pair becomes all ``-inf``); returns ``x``. One
+    write of the rows and one gather / scatter of the kept entries, no ``[rows, V]`` mask."""
+    if is_torch(x):
+        import torch
+
+        r = torch.as_tensor(rows, device=x.device)
+        c = torch.as_tensor(cols, device=x.device)
+        kept = x[r, c].clone()
+        if among is None:
+            x.fill_(float("-inf"))
+        else:
+            x[torch.as_tensor(among, device=x.device)] = float("-inf")
+        x[r, c] = kept
+        return x
+    kept = x[rows, cols].copy()
+    if among is None:
+        x.fill(-np.inf)
+    else:
+        x[among] = -np.inf
+    x[rows, cols] = kept
+    return x

@@ -3,7 +3,10 @@
 A processor is any callable ``processor(scores, ctx) -> scores``: ``scores`` are the step's log-probabilities
 (numpy or torch, edited in place or replaced), ``ctx`` a :class:`StepContext`. Per-row state is derived from the
 token history in ``ctx``, which the engine gathers by parent like the model state, so no processor keeps a
-Python object per beam. Masked entries are ``-inf`` and are never chosen.
+Python object per beam. A processor whose per-row state is cheaper to carry than to derive (a dictionary trie's
+node) sets the class attribute ``carries = True``: the engine then keeps one int64 per row for it, hands it in
+``ctx.carry`` (the value it stored for the row's parent at the previous step, ``-1`` for a row it has not seen),
+and gathers what it stores there by parent with the row. Masked entries are ``-inf`` and are never chosen.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ class StepContext:
     # the temperature each row's request set (Engine.add(..., temperature=T)), NaN where it set none; samplers
     # draw with it instead of their own, the deterministic selector and processors may ignore it
     temperature: np.ndarray | None = None  # shape: (rows,) float64
+    # a carrying processor's own per-row value (see the module docstring): the parent's at the previous step, -1
+    # for a new row; the processor writes the row's value in place, the engine gathers it by parent
+    carry: np.ndarray | None = None  # shape: (rows,) int64, writable
 
     def sequences(self, prompts: Sequence[Sequence[int]] | None) -> np.ndarray:
         """Each row's prompt + generated tokens, left-padded with ``-1`` to one width ``[rows, P + step]``."""
@@ -253,11 +259,21 @@ class ForcedPrefix:
 
 @dataclass(frozen=True)
 class PrefixAllowedTokens:
-    """Hugging Face's ``prefix_allowed_tokens_fn``: ``fn(request, tokens) -> allowed ids`` for each row."""
+    """Hugging Face's ``prefix_allowed_tokens_fn``: ``fn(request, tokens) -> allowed ids`` for each row (its
+    generated tokens). A callable made by :meth:`beamkit.Trie.prefix_allowed_tokens_fn` (with ``prompt_len=0``:
+    the rows here hold generated tokens only) is applied vectorised, as :class:`beamkit.TrieMask`."""
 
     fn: Callable[[int, list[int]], Sequence[int]]
 
+    @property
+    def carries(self) -> bool:
+        """Whether the engine carries a per-row value for it (a trie's node, for a Trie's callable)."""
+        return callable(getattr(self.fn, "vectorised", None))
+
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        vectorised = getattr(self.fn, "vectorised", None)
+        if callable(vectorised):
+            return vectorised()(scores, ctx)
         nrows, vocab = scores.shape
         mask = np.ones((nrows, vocab), dtype=bool)  # shape: (rows, V), True = banned
         for r in range(nrows):

@@ -31,6 +31,30 @@ def port_number(text: str) -> int:
     return port
 
 
+def trie_spec(text: str) -> tuple[str, str]:
+    """``NAME=FILE`` of ``--trie``."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE, got {text!r}")
+    return name.strip(), path.strip()
+
+
+def load_tries(specs: list[tuple[str, str]]) -> dict[str, Any]:
+    """The dictionaries of ``--trie NAME=FILE`` (a saved ``.npz`` trie, a ``.npy`` array or a text file), by
+    name; ValueError for a name given twice or a file that is not a dictionary."""
+    from beamkit.constraints import Trie
+
+    tries: dict[str, Any] = {}
+    for name, path in specs:
+        if name in tries:
+            raise ValueError(f"--trie {name}= is given twice")
+        try:
+            tries[name] = Trie.load(path) if path.endswith(".npz") else Trie(path)
+        except ValueError as exc:
+            raise ValueError(f"--trie {name}={path}: {exc}") from exc
+    return tries
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the model, build the app, serve it."""
     from beamkit import ops
@@ -43,6 +67,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"--max-request-rows {args.max_request_rows} is above --max-rows {args.max_rows}: one request cannot "
             "hold more beam rows than the engine has; lower it or raise --max-rows"
         )
+    tries = load_tries(args.trie or [])  # before the model: a bad dictionary fails fast
     try:
         from beamkit.adapters import load
         from beamkit.serve.app import create_app
@@ -62,6 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_request_cost=args.max_request_cost,
         max_request_rows=args.max_request_rows,
         api_docs=args.api_docs,
+        tries=tries,
     )
     if needs_key_warning(args.host, key):
         print(
@@ -123,6 +149,14 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="serve the API description at /docs, /redoc and /openapi.json (off by default; behind --api-key when "
         "one is set)",
+    )
+    p.add_argument(
+        "--trie",
+        type=trie_spec,
+        action="append",
+        metavar="NAME=FILE",
+        help="load a dictionary of valid outputs (one sequence of token ids a line, .npy or a saved .npz trie); "
+        'a request\'s "trie": NAME constrains its outputs to it (repeatable; default: none, no request may name one)',
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")

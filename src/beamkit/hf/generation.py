@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from beamkit.constraints import check_vocab
 from beamkit.hf.inputs import attention_mask_for, check_input_ids, check_model, output_size
 from beamkit.hf.output import build_output
 from beamkit.hf.paged import BLOCK_SIZE
@@ -141,6 +142,8 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     input_ids = check_input_ids(inputs, model)
     settings = resolve(model, gc, rest, given, input_ids.shape[1])
     width = output_size(model)
+    if settings.prefix_fn is not None and width is not None:
+        check_vocab(settings.prefix_fn.trie, width, "the prefix_allowed_tokens_fn's dictionary")
     outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
     if outside:  # Hugging Face warns and never stops on them
         raise Unsupported(f"eos ids {outside} outside the model's output")

@@ -45,7 +45,10 @@ def decode(
     model keywords it built; returns what Hugging Face's own method for the mode returns. Raises
     :class:`~beamkit.hf.Unsupported` (before any forward) for modes other than greedy, sampling, beam search and
     beam sampling."""
+    from beamkit.hf.processors import vectorise_prefix_fns
+
     loop = loop_for(generation_config)
+    logits_processor = vectorise_prefix_fns(logits_processor)  # a beamkit.Trie's callable: applied vectorised
     run = Run(model, logits_processor, stopping_criteria, generation_config, bool(synced_gpus), model_kwargs)
     return loop(run).decode(input_ids)
 

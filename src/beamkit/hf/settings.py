@@ -138,7 +138,9 @@ class Settings:
     Token ids are ints; ``eos`` is empty when there is none. ``prompt_len`` is the decoder prefix the settings
     count lengths from (the prompt for decoder-only models, the start token for encoder-decoder models).
     ``search_options`` are the remaining :class:`beamkit.SearchOptions` keywords, as (name, value) pairs.
-    ``kv`` is the decoder-only key/value cache (:class:`beamkit.hf.DecoderOnlyStep`'s ``kv``): ``"paged"``
+    ``prefix_fn`` is a ``prefix_allowed_tokens_fn`` made by :meth:`beamkit.Trie.prefix_allowed_tokens_fn`
+    (the only kind the bridge takes: it applies the trie vectorised). ``kv`` is the decoder-only key/value cache
+    (:class:`beamkit.hf.DecoderOnlyStep`'s ``kv``): ``"paged"``
     unless ``cache_implementation`` names one of Hugging Face's caches (``"dynamic"``, ``"static"``, ...), which
     selects the dense ``DynamicCache`` bridge (the same output either way).
     """
@@ -173,6 +175,7 @@ class Settings:
     top_p: float = 1.0
     search_options: tuple[tuple[str, Any], ...] = ()
     kv: str = "paged"
+    prefix_fn: Any = None  # a beamkit.Trie's prefix_allowed_tokens_fn (applied vectorised), or None
 
     @property
     def fill(self) -> int:
@@ -295,6 +298,19 @@ def _refuse_call_arguments(rest: dict[str, Any]) -> None:
         raise Unsupported(f"{name}= is not reproduced by beamkit.hf (pass beamkit processors= instead)")
 
 
+def _prefix_fn(fn: Any) -> Any:
+    """A ``prefix_allowed_tokens_fn`` the bridge applies itself: one made by
+    :meth:`beamkit.Trie.prefix_allowed_tokens_fn` (None stays None); :class:`Unsupported` for any other."""
+    from beamkit.constraints import PrefixFn
+
+    if fn is None or isinstance(fn, PrefixFn):
+        return fn
+    raise Unsupported(
+        "prefix_allowed_tokens_fn= is not reproduced by beamkit.hf unless it comes from beamkit.Trie."
+        "prefix_allowed_tokens_fn (pass beamkit processors= instead)"
+    )
+
+
 def _length_setting(gc: Any, given: set[str], name: str) -> str:
     """How the user set ``name``: as an argument or through the generation config."""
     return name if name in given else f"generation_config.{name}"
@@ -304,6 +320,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
     """The :class:`Settings` of one call: ``gc`` is the merged generation config, ``rest`` the other keywords
     (SearchOptions fields; consumed), ``width`` the columns of ``input_ids``."""
     _refuse_unmapped(gc, given)
+    prefix_fn = _prefix_fn(rest.pop("prefix_allowed_tokens_fn", None))
     _refuse_call_arguments(rest)
     for name, instead in (("num_return", "num_return_sequences"), ("min_len", "min_new_tokens")):
         if name in rest:
@@ -338,6 +355,11 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         if start_id is None:
             raise ValueError("encoder-decoder model without decoder_start_token_id; pass decoder_start_token_id=")
         start, prompt_len = int(_eos_list(start_id)[0]), 1
+    if prefix_fn is not None and prefix_fn.prompt_len != prompt_len:
+        raise Unsupported(
+            f"prefix_allowed_tokens_fn was made with prompt_len={prefix_fn.prompt_len} but the decoder's prefix is "
+            f"{prompt_len} tokens long"
+        )
     max_new = _max_new_tokens(cfg, gc, given, prompt_len, encoder_decoder)
     positions = getattr(cfg, "n_positions", None)  # learned absolute positions (GPT-2 style): a hard limit
     if positions is not None and not encoder_decoder:
@@ -388,6 +410,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         output_scores=bool(gc.output_scores),
         search_options=tuple(rest.items()),
         kv="paged" if gc.cache_implementation in (None, "paged") else "dense",
+        prefix_fn=prefix_fn,
         **sampling,
     )
 

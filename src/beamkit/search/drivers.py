@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,8 +48,25 @@ class BeamSearch:
             raise RuntimeError(f"the search did not end within max_len={self.options.max_len} steps")
         results = [done[i].hypotheses for i in ids]
         errors = {n: done[i].error for n, i in enumerate(ids) if done[i].error is not None}
+        self._warn_short(results, errors)
         traces = [done[i].trace for i in ids] if self.options.record_trace else None
         return SearchResult(results, engine.stats, errors, traces)  # type: ignore[arg-type]
+
+    def _warn_short(self, results: list[list[Hypothesis]], errors: dict[int, str | None]) -> None:
+        """Warn when a processor that bounds the outputs (a dictionary constraint) left a request with fewer
+        hypotheses than asked: the dictionary holds fewer valid sequences than that (none of them is invalid)."""
+        opt = self.options
+        if not any(getattr(p, "bounds_outputs", False) for p in opt.processors or ()):
+            return
+        wanted = opt.num_return or opt.beam_size
+        short = [n for n, hyps in enumerate(results) if n not in errors and len(hyps) < wanted]
+        if short:
+            got = ", ".join(f"request {n}: {len(results[n])}" for n in short[:5]) + (", ..." if len(short) > 5 else "")
+            warnings.warn(
+                f"the dictionary allows fewer sequences than the {wanted} asked ({got}): those requests return "
+                "fewer hypotheses",
+                stacklevel=3,
+            )
 
 
 def search_batch(

@@ -113,7 +113,10 @@ class Engine:
         self.policy = make_policy(options.policy, options.exact_exit)  # StepView -> StepDecision
         self.book = Book()
         self.stats = EngineStats()
-        self._rows = Rows.start(np.zeros(0, np.int64), 0)
+        # processors that carry a per-row value (StepContext.carry): processor index -> column of Rows.carry
+        procs = options.processors or ()
+        self._carried = {i: k for k, i in enumerate(i for i, p in enumerate(procs) if getattr(p, "carries", False))}
+        self._rows = Rows.start(np.zeros(0, np.int64), 0, len(self._carried))
         self._state: Any = None
         self._y = np.zeros(0, np.int64)  # shape: (rows,) host copy of the next y_prev
         self._ref: Any = None  # y_prev follows this array's library and device (the last logits)
@@ -353,7 +356,10 @@ class Engine:
             part = scores[lo:hi]
             edited = part
             for i, proc in enumerate(procs):
-                edited = proc(edited, ctx)
+                seen = ctx
+                if i in self._carried and rows.carry is not None:  # its per-row values, written in place
+                    seen = replace(ctx, carry=rows.carry[lo:hi, self._carried[i]])
+                edited = proc(edited, seen)
                 if edited is None:
                     raise TypeError(f"processors[{i}] returned None: a processor returns the edited scores")
             if len(segments) == 1:

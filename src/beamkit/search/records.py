@@ -34,15 +34,19 @@ class Rows:
     token_lp: np.ndarray  # shape: (rows, W) step scores
     beam: np.ndarray  # shape: (rows, W) beam slot of the parent at each step
     cov: np.ndarray | None = None  # shape: (rows, S) accumulated attention
+    carry: np.ndarray | None = None  # shape: (rows, K) int64, the carrying processors' per-row values (-1: new)
     _slots: np.ndarray | None = field(default=None, repr=False)  # shape: (rows,) cache of slots()
     _reqs: np.ndarray | None = field(default=None, repr=False)  # shape: (requests,) cache of requests()
 
     @classmethod
-    def start(cls, req: np.ndarray, width: int) -> Rows:
-        """One empty row per request of ``req``, histories padded to ``width``."""
+    def start(cls, req: np.ndarray, width: int, carried: int = 0) -> Rows:
+        """One empty row per request of ``req``, histories padded to ``width``; ``carried``: the columns of
+        carried processor values (none: no ``carry`` table)."""
         n = req.shape[0]
         pad = np.zeros((n, width))
-        return cls(req, np.zeros(n), np.zeros(n), np.full((n, width), -1, np.int64), pad, pad.astype(np.int64))
+        carry = np.full((n, carried), -1, np.int64) if carried else None
+        tokens = np.full((n, width), -1, np.int64)
+        return cls(req, np.zeros(n), np.zeros(n), tokens, pad, pad.astype(np.int64), carry=carry)
 
     def slots(self) -> np.ndarray:
         """Each row's beam slot: its rank within its request (computed once per step)."""
@@ -68,6 +72,7 @@ class Rows:
             self.token_lp[idx, cols],
             self.beam[idx, cols],
             None if self.cov is None else self.cov[idx],
+            None if self.carry is None else self.carry[idx],
         )
 
     def join(self, req: np.ndarray) -> Rows:
@@ -75,7 +80,7 @@ class Rows:
         cov = self.cov
         if cov is not None:
             cov = np.concatenate([cov, np.zeros((req.shape[0], cov.shape[1]))])
-        new = Rows.start(req, self.tokens.shape[1])
+        new = Rows.start(req, self.tokens.shape[1], 0 if self.carry is None else self.carry.shape[1])
         cat = np.concatenate
         return Rows(
             cat([self.req, new.req]),
@@ -85,6 +90,7 @@ class Rows:
             cat([self.token_lp, new.token_lp]),
             cat([self.beam, new.beam]),
             cov,
+            None if self.carry is None or new.carry is None else cat([self.carry, new.carry]),
         )
 
     def extend(self, cand: Candidates, sel: np.ndarray) -> Rows:
@@ -98,6 +104,7 @@ class Rows:
             token_lp=np.concatenate([self.token_lp[parents], (cand.lp[sel] - self.lp[parents])[:, None]], axis=1),
             beam=np.concatenate([self.beam[parents], self.slots()[parents, None]], axis=1),
             cov=None if self.cov is None else self.cov[parents],
+            carry=None if self.carry is None else self.carry[parents],
         )
 
 

@@ -192,6 +192,7 @@ def create_app(
     max_request_cost: int = MAX_REQUEST_COST,
     max_request_rows: int | None = None,
     api_docs: bool = False,
+    tries: dict[str, Any] | None = None,
 ) -> FastAPI:
     """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan.
 
@@ -200,7 +201,9 @@ def create_app(
     ``max_tokens`` of one request at most (400 beyond). ``max_request_rows``: beam rows one request holds at
     most, leaving room for requests that arrive behind it (default half of ``max_rows``). ``api_docs``: serve the
     API description pages ``/docs``, ``/redoc`` and ``/openapi.json`` (off by default: they describe the server
-    to anyone who reaches it; with ``api_key`` they need the key like every other page).
+    to anyone who reaches it; with ``api_key`` they need the key like every other page). ``tries``: dictionaries
+    by name (:class:`beamkit.Trie`); a request's ``"trie": NAME`` constrains its outputs to that one (an unknown
+    name is a 400).
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
@@ -209,7 +212,9 @@ def create_app(
     if max_request_rows is not None:
         check_int("max_request_rows", max_request_rows, 1, check_int("max_rows", max_rows, 1))
     metrics = Metrics(adapter.name)
-    runner = Runner(adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows)
+    runner = Runner(
+        adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows, tries=tries
+    )
     requests = itertools.count(1)
     started = int(time.time())
 
@@ -247,6 +252,9 @@ def create_app(
     async def completions(request: Request) -> Response:
         try:
             c = parse_completion(parse_body(await _read_body(request, max_body_bytes)), adapter)
+            if c.trie is not None and c.trie not in (tries or {}):
+                have = ", ".join(repr(name) for name in tries or {}) or "none (start it with --trie NAME=FILE)"
+                raise ApiError(400, f"no dictionary {c.trie!r}; this server loaded {have}", "trie")
             if c.beam > max_rows:
                 raise ApiError(400, f"'best_of' ({c.beam}) exceeds the server's --max-rows {max_rows}", "best_of")
             cost = len(c.prompt_ids) * c.beam * c.max_tokens
@@ -286,7 +294,7 @@ def create_app(
             )
         number = next(requests)
         jobs = [
-            Job(ids, options, c.beam, c.stream, deliver_to(i), loop, request=number)
+            Job(ids, options, c.beam, c.stream, deliver_to(i), loop, request=number, trie=c.trie)
             for i, ids in enumerate(c.prompt_ids)
         ]
         try:

@@ -17,6 +17,7 @@ MAX_STOP = 4  # as OpenAI
 MAX_BODY_BYTES = 1 << 20  # a completions body of 1 MiB at most (413 beyond)
 MAX_REQUEST_COST = 64 * 16 * 256  # prompts x beam width x max_tokens of one request at most (400 beyond)
 MAX_PROMPTS = 64  # prompts in one request (each is one engine request)
+MAX_BEST_OF = 1000  # beam width ('best_of') and returned hypotheses ('n') of one request at most
 ECHO_LIMIT = 200  # characters of a client's input an error message quotes at most
 MAX_MESSAGE = 1000  # characters of an error message at most (a decoding error may quote anything)
 # fields OpenAI clients may send that change nothing for a beam search
@@ -37,6 +38,7 @@ KNOWN = frozenset(
         "stream",
         "temperature",
         "echo",
+        "trie",
     }
 )
 
@@ -76,6 +78,7 @@ class Completion:
     stop: tuple[str, ...]
     logprobs: bool
     stream: bool
+    trie: str | None = None  # the dictionary (``serve --trie NAME=FILE``) the outputs are constrained to
 
 
 def _shown(value: Any) -> str:
@@ -154,9 +157,9 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
     if temperature is not None and temperature != 0 and temperature != 1:
         raise ApiError(400, "'temperature' must be 0 or 1: beam search does not sample", "temperature")
     max_tokens = _int(body, "max_tokens", adapter.default_max_tokens, 1, adapter.max_tokens_limit)
-    n = _int(body, "n", 1, 1, 64)
+    n = _int(body, "n", 1, 1, MAX_BEST_OF)
     beam_search = _bool(body, "use_beam_search")
-    best_of = _int(body, "best_of", None, 1, 64)
+    best_of = _int(body, "best_of", None, 1, MAX_BEST_OF)
     assert max_tokens is not None and n is not None
     beam = best_of if best_of is not None else n
     if beam_search and best_of is None and n == 1:
@@ -193,6 +196,9 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
     if any(s == "" for s in stops):
         raise ApiError(400, "'stop' strings must not be empty", "stop")
     logprobs = _int(body, "logprobs", None, 0, 1)
+    trie = body.get("trie")
+    if trie is not None and not isinstance(trie, str):
+        raise ApiError(400, f"'trie' must be the name of a dictionary the server loaded, got {_shown(trie)}", "trie")
     ids = []
     for p in prompts:
         try:
@@ -223,6 +229,7 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
         stop=stops,
         logprobs=logprobs is not None,
         stream=_bool(body, "stream"),
+        trie=trie,
     )
 
 

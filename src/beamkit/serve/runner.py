@@ -22,6 +22,7 @@ from typing import Any
 
 from beamkit._checks import check_int
 from beamkit.adapters import ModelAdapter
+from beamkit.constraints import TrieTable
 from beamkit.hypothesis import Hypothesis
 from beamkit.moved import forward
 from beamkit.search import Completed, Engine
@@ -65,6 +66,7 @@ class Job:
     deliver: Callable[[Update | Done], None]
     loop: asyncio.AbstractEventLoop
     request: int = 0  # the HTTP request the job belongs to: requests take turns for rows
+    trie: str | None = None  # the dictionary its outputs are constrained to (Runner's tries), None: none
     rid: int | None = None  # the engine's request id once admitted
     steps: int = 0
     last: tuple[int, ...] | None = field(default=None, repr=False)  # tokens of the last streamed best
@@ -74,7 +76,9 @@ class Runner:
     """Owns the engine and its thread. ``max_queue``: requests waiting at most (a request waits while any of its
     jobs has not joined the engine, however many prompts it has); ``max_rows``: beam rows in the
     engine at most (a job is admitted when its ``beam`` fits next to the running ones); ``request_rows``: rows
-    one request holds at most once it has a job running (default half of ``max_rows``)."""
+    one request holds at most once it has a job running (default half of ``max_rows``); ``tries``: the
+    dictionaries jobs may name (:class:`beamkit.Trie` by name), applied by one :class:`beamkit.constraints.TrieTable`
+    after the adapter's processors."""
 
     def __init__(
         self,
@@ -83,6 +87,7 @@ class Runner:
         max_queue: int = 64,
         max_rows: int = 256,
         request_rows: int | None = None,
+        tries: dict[str, Any] | None = None,
     ):
         request_rows = max(1, max_rows // 2) if request_rows is None else request_rows
         for name, value in (("max_queue", max_queue), ("max_rows", max_rows)):
@@ -91,6 +96,8 @@ class Runner:
         self.adapter = adapter
         self.metrics = metrics
         self.max_queue, self.max_rows, self.request_rows = max_queue, max_rows, request_rows
+        self.tries = dict(tries or {})
+        self.table: TrieTable | None = None
         self.engine = self._new_engine()
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
@@ -108,7 +115,10 @@ class Runner:
         ``continuous_options()`` where it has them (processors that read the engine's per-request options are
         bound to it), else its ``engine_options``."""
         shared = getattr(self.adapter, "continuous_options", None)
-        options = shared() if callable(shared) else self.adapter.engine_options
+        options = dict(shared() if callable(shared) else self.adapter.engine_options)
+        if self.tries:
+            self.table = TrieTable(self.tries)
+            options["processors"] = [*(options.get("processors") or ()), self.table]
         engine = Engine(self.adapter.step_fn, on_step_error="fail", **options)
         for proc in engine.options.processors:
             bind = getattr(proc, "bind", None)
@@ -263,6 +273,8 @@ class Runner:
             for job, rid in zip(members, ids, strict=True):
                 job.rid = rid
                 self._running[rid] = job
+                if self.table is not None:
+                    self.table.assign(rid, job.trie)
             with self.metrics.lock:
                 self.metrics.prompt_tokens += sum(len(job.ids) for job in members)
         self.metrics.running = len(self._running)
@@ -305,6 +317,8 @@ class Runner:
 
     def _finish(self, c: Completed) -> None:
         job = self._running.pop(c.request_id)
+        if self.table is not None:
+            self.table.forget(c.request_id)
         self._reserved -= job.beam
         outcome = "completed" if c.error is None else ("cancelled" if c.error == "cancelled" else "failed")
         self.metrics.outcomes[outcome] += 1

@@ -1,0 +1,38 @@
+"""``bench/generative_retrieval.py``: its semantic IDs are what it says, and its quick run checks what it reports
+(every beamkit output in the dictionary, the comparison with ``model.generate`` made)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "generative_retrieval.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("generative_retrieval", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_semantic_ids_are_distinct_and_each_level_has_its_own_codes():
+    bench = load_bench()
+    ids = bench.semantic_ids(5000, 3, seed=4, stop=True)
+    assert ids.shape == (5000, 4) and (ids[:, -1] == bench.EOS).all()
+    assert len(np.unique(ids, axis=0)) == 5000
+    for level in range(3):
+        assert ids[:, level].min() >= 1 + 256 * level and ids[:, level].max() < 1 + 256 * (level + 1)
+
+
+def test_the_quick_run_reports_valid_outputs_and_agreement(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    rows = load_bench().main(["--quick"])
+    assert rows["compare"]["valid"] and all(r["valid"] for r in rows["throughput"])
+    assert rows["compare"]["top1"] == rows["compare"]["prompts"]  # tiny sizes: the same best ID as generate
+    assert rows["builds"][0]["items"] == 2000
+    assert "speedup[" in capsys.readouterr().out
