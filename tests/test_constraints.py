@@ -23,6 +23,7 @@ try:
 except ImportError:  # the Hugging Face tests are skipped, the others run
     torch = transformers = bh = None
 from beamkit.constraints import DEAD, PrefixFn, TrieTable
+from tests.test_hf import engine_generate
 from tests.toy import BOS, ToyModel, log_softmax_ref
 
 needs_hf = pytest.mark.skipif(bh is None, reason="needs torch and transformers")
@@ -347,7 +348,7 @@ def test_hf_generate_matches_model_generate_with_the_same_callable(gpt2, monkeyp
     want = gpt2.generate(ids, prefix_allowed_tokens_fn=fn, **kw)
     assert counter.calls > 0  # Hugging Face runs the callable row by row
     counter.calls = 0
-    got = bh.generate(gpt2, ids, prefix_allowed_tokens_fn=fn, **kw)
+    got = engine_generate(gpt2, ids, prefix_allowed_tokens_fn=fn, **kw)
     assert counter.calls == 0  # beamkit applies the trie itself
     entries = {tuple(r) for r in items.tolist()}
     assert got.sequences.shape == want.sequences.shape
@@ -371,7 +372,7 @@ def test_hf_generate_width_at_least_the_items_ranks_every_item_exactly(gpt2):
         num_beams=24, num_return_sequences=24, max_new_tokens=4, eos_token_id=EOS, pad_token_id=EOS,
         length_penalty=0.0, return_dict_in_generate=True, output_scores=True, early_stopping=True,
     )  # fmt: skip
-    got = bh.generate(gpt2, prompt[None], prefix_allowed_tokens_fn=fn, **kw)
+    got = engine_generate(gpt2, prompt[None], prefix_allowed_tokens_fn=fn, **kw)
     want = gpt2.generate(prompt[None], prefix_allowed_tokens_fn=fn, **kw)
     assert got.sequences.shape[0] == want.sequences.shape[0] == 24
     exact = sorted(((gpt2_logprob(gpt2, prompt, it), tuple(it)) for it in items.tolist()), reverse=True)
