@@ -74,13 +74,16 @@ def check_output(
     inputs: Iterable[str | None] = (),
     resumable: bool = False,
     makes_folder: bool = False,
+    input_name: str = "input",
 ) -> None:
     """The one rule of every command that writes a file, checked before any work: refuse ``path`` (given as
     ``option``) when it is one of ``inputs``, a folder, in a folder that does not exist (unless ``makes_folder``:
     the command creates it) or cannot be written, or an existing file unless ``force`` (or ``resumable``: a file
     this command wrote in an earlier run, which a rerun resumes). A device or a pipe (``/dev/null``,
     ``/dev/stdout``) is written as it is. ValueError / FileNotFoundError for a usage error, PermissionError for
-    a folder that cannot be written, each naming ``option`` and ``path`` as given."""
+    a folder that cannot be written, each naming ``option`` and ``path`` as given.
+    ``input_name`` is what the message calls the inputs.
+    """
     out = Path(path)
     for source in inputs:
         if source is None:
@@ -89,7 +92,7 @@ def check_output(
         if not same and out.exists() and Path(source).exists():
             same = os.path.samefile(out, source)
         if same:
-            raise ValueError(f"{option} {path} is the input {source}; choose another output file")
+            raise ValueError(f"{option} {path} is the {input_name} {source}; choose another output file")
     if out.is_dir() or path.endswith(("/", os.sep)):
         raise ValueError(f"{option} {path} is a folder, not a file; give the file to write")
     if out.exists() and not out.is_file():

@@ -185,7 +185,7 @@ def _cmd_ctc_explain(args: argparse.Namespace) -> int:
 def _cmd_lm_build(args: argparse.Namespace) -> int:
     from beamkit.lm import write_arpa
 
-    check_output(args.output, "-o", args.force, inputs=[args.corpus])
+    check_output(args.output, "-o", args.force, inputs=[args.corpus], input_name="corpus")
     if args.order > KENLM_MAX_ORDER:
         print(
             f"beamkit lm build: warning: kenlm reads orders up to {KENLM_MAX_ORDER}; this order-{args.order} "
