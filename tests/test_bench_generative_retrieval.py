@@ -3,20 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "generative_retrieval.py"
+from tests.bench_script import load_bench as load_script
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("generative_retrieval", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("generative_retrieval")
 
 
 def test_semantic_ids_are_distinct_and_each_level_has_its_own_codes():

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from tests.bench_script import load_bench as load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "hf_vs_beamkit.py"
-
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("hf_vs_beamkit", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("hf_vs_beamkit")
 
 
 def test_rotation_orders_written_out():
