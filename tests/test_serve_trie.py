@@ -62,9 +62,9 @@ def texts(body: dict) -> list[tuple[str, float]]:
     return [(c["text"], c["logprob"]) for c in body["choices"]]
 
 
-def same(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> None:
+def same(got: list[tuple[str, float]], want: list[tuple[str, float]], rel: float = 0.0) -> None:
     assert [t for t, _ in got] == [t for t, _ in want]
-    assert [lp for _, lp in got] == pytest.approx([lp for _, lp in want], abs=1e-9)
+    assert [lp for _, lp in got] == pytest.approx([lp for _, lp in want], abs=1e-9, rel=rel)
 
 
 def test_a_request_naming_a_dictionary_gets_only_its_entries_as_alone():
@@ -216,7 +216,10 @@ def test_a_hugging_face_model_serves_dictionary_requests_as_generate_with_the_ca
             t.join(120)
     r = runs[0][1]["out"]
     assert r.status_code == 200 and runs[1][1]["out"].status_code == 200
-    same(texts(r.json()), want)
+    # Served, the prompt shares a padded batch with the plain request; float32 matmuls over a different batch
+    # shape may round each logit differently (a few float32 ulps, 2**-23 relative each), and a hypothesis' score
+    # sums 7 such log-probabilities: 7 steps x 8 ulps x 2**-23 ~ 7e-6 relative bounds it.
+    same(texts(r.json()), want, rel=7 * 8 * 2.0**-23)
     assert len(want) == 30
     allowed = {tok.decode(list(it[:-1])) for it in items}
     assert {t for t, _ in texts(r.json())} <= allowed
