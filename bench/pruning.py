@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from beamkit import BeamSearch, NGramLM, fuse
-from beamkit.engine import make_options
+from beamkit.search import make_options
 
 BEAMS = (5, 10, 20, 50)
 

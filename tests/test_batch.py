@@ -376,7 +376,7 @@ def test_compete_displaces_a_finished_hypothesis():
 
 
 def test_rank_candidates_against_a_sort():
-    from beamkit.engine import rank_candidates
+    from beamkit.search import rank_candidates
 
     rng = np.random.default_rng(4)
     n = 60
@@ -400,7 +400,7 @@ def test_rank_candidates_against_a_sort():
 @pytest.mark.parametrize("seed", range(5))
 def test_rank_candidates_of_ordered_rows_against_a_sort(seed):
     """``ordered=True`` (rows as the deterministic selector returns them) gives the full four-key order."""
-    from beamkit.engine import rank_candidates
+    from beamkit.search import rank_candidates
 
     rng = np.random.default_rng(seed)
     rows, m = 12, 6
@@ -423,7 +423,7 @@ def test_rank_candidates_of_ordered_rows_against_a_sort(seed):
 
 
 def test_group_starts():
-    from beamkit.engine import group_starts
+    from beamkit.search import group_starts
 
     assert group_starts(np.array([], dtype=np.int64)).tolist() == []
     assert group_starts(np.array([7])).tolist() == [0]

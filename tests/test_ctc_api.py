@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import pytest
 import beamkit.ctc.compat as compat
 from beamkit.ctc import CTCBatchDecodeError, CTCHypothesis, CTCOptions, Decoder
 from beamkit.lm import ArpaLM, build_arpa
+from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 from tests.test_ctc_prefix_search import oracle
 
 LABELS = ["", " ", "a", "b", "c"]
@@ -143,39 +143,38 @@ def test_options_accept_the_limits_and_keep_hotwords_as_a_tuple() -> None:
 
 
 @pytest.mark.parametrize(
-    "module, name, new",
+    "module, name",
     [
-        ("beamkit.ctc", "CTCDecoder", "beamkit.ctc.Decoder"),
-        ("beamkit.ctc", "build_ctcdecoder", "beamkit.ctc.Decoder"),
-        ("beamkit.ctc", "greedy_decode", "greedy_ctc"),
-        ("beamkit.ctc", "ArpaLM", "beamkit.lm.ArpaLM"),
-        ("beamkit.ctc", "HotwordScorer", "Hotwords"),
-        ("beamkit.ctc", "log_softmax", "beamkit.ops.log_softmax"),
-        ("beamkit.ctc.lm", "kenlm_available", "beamkit.lm.kenlm_available"),
-        ("beamkit.ctc.kneser_ney", "build_arpa", "beamkit.lm.build_arpa"),
-        ("beamkit.ctc.decoder", "OutputBeam", "beamkit.ctc.compat.decoder.OutputBeam"),
-        ("beamkit.ctc.options", "SearchOptions", "CTCOptions"),
-        ("beamkit.ngram", "NGramLM", "beamkit.lm.NGramLM"),
-        ("beamkit.viz.ctc", "describe", "describe_ctc"),
-        ("beamkit.ctc.search", "Recorder", "CTCRecorder"),
-        ("beamkit.ctc.posteriors", "Candidates", "FrameCandidates"),
+        ("beamkit.ctc", "CTCDecoder"),
+        ("beamkit.ctc", "build_ctcdecoder"),
+        ("beamkit.ctc", "greedy_decode"),
+        ("beamkit.ctc", "ArpaLM"),
+        ("beamkit.ctc", "HotwordScorer"),
+        ("beamkit.ctc", "log_softmax"),
+        ("beamkit.ctc.lm", "kenlm_available"),
+        ("beamkit.ctc.decoder", "OutputBeam"),
+        ("beamkit.ctc.options", "SearchOptions"),
+        ("beamkit.viz.ctc", "describe"),
+        ("beamkit.ctc.search", "Recorder"),
+        ("beamkit.ctc.posteriors", "Candidates"),
     ],
 )
-def test_old_names_warn_and_still_work(module, name, new) -> None:
+def test_old_names_are_gone(module, name) -> None:
+    """Each name has one import path: the earlier names are AttributeErrors, not forwards."""
     mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
-        obj = getattr(mod, name)
-    assert callable(obj) or isinstance(obj, type)
-    with pytest.raises(AttributeError):
-        mod.no_such_name  # noqa: B018
+    with pytest.raises(AttributeError, match=f"has no attribute '{name}'"):
+        getattr(mod, name)
 
 
-def test_the_deprecated_decoder_still_decodes_as_the_native_one() -> None:
+@pytest.mark.parametrize("module", ["beamkit.ctc.kneser_ney", "beamkit.ngram", "beamkit.ctc.compat.legacy"])
+def test_old_modules_are_gone(module) -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(module)
+
+
+def test_the_tests_tuple_front_end_decodes_as_the_native_one() -> None:
     rng = np.random.default_rng(5)
     mats = [frames(rng, 6) for _ in range(3)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from beamkit.ctc import build_ctcdecoder
     old = build_ctcdecoder(LABELS)
     assert old.vocab.labels == LABELS and old.language_model is None
     assert old.pyctcdecode_compat is False and old.input_kind == "auto"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from beamkit.cli import entry as cli
-from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 from beamkit.lm import build_arpa, kenlm_available, write_arpa
+from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 
 LABELS = ["", " ", "a", "b", "c", "t", "h", "e", "s"]
 

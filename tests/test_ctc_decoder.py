@@ -11,9 +11,9 @@ import pytest
 
 from beamkit.cli import ctc as ctc_cli
 from beamkit.ctc import Vocabulary, greedy_ctc, normalize_logits
-from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 from beamkit.hypothesis import BatchDecodeError
 from beamkit.lm import build_arpa
+from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 
 LABELS = ["", " ", "a", "b", "c", "t"]
 

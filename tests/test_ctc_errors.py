@@ -11,9 +11,9 @@ import pytest
 import beamkit.ctc.compat as compat
 from beamkit.cli import entry as cli
 from beamkit.ctc import prefix_beam_search
-from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 from beamkit.hypothesis import BatchDecodeError
 from beamkit.lm import build_arpa
+from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 
 LABELS = ["", " ", "a", "b", "c", "t"]
 

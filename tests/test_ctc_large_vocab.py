@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from beamkit.ctc import Vocabulary, prefix_beam_search, release_cached_memory
-from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
 from beamkit.ctc.kernel import clear_edges, rehash_edges
 from beamkit.ctc.lm import LanguageModelFusion
 from beamkit.ctc.nodes import NODE, edge_find
 from beamkit.lm import ArpaLM, build_arpa
+from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 
 
 def test_edge_map_agrees_with_a_dict() -> None:

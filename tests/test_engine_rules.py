@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from beamkit import BeamSearch, Engine, concat_state, search_batch, select_state
-from beamkit.engine import make_options
 from beamkit.processors import StepContext
+from beamkit.search import make_options
 from tests.toy import BOS, ToyModel, all_outputs, log_softmax_ref, prefix_logits
 
 EOS = 0

@@ -334,7 +334,7 @@ def ctc_matrices(draw, vocab: int):
 @given(data=st.data(), labels=LABELS, call=st.sampled_from(["decode", "beams", "batch", "greedy"]))
 def test_ctc_decoder_api(data, labels, call):
     from beamkit.ctc import greedy_ctc
-    from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
+    from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 
     decoder = outcome(lambda: build_ctcdecoder(labels))
     if isinstance(decoder, Exception):
@@ -490,7 +490,7 @@ def test_ctc_decode_of_an_empty_file(files):
 
 @pytest.mark.parametrize("dtype", ["complex128", "bool"])
 def test_ctc_decoder_refuses_complex_and_bool_posteriors(dtype):
-    from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder
+    from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 
     decoder = build_ctcdecoder(["", " ", "a", "b"])
     mat = np.log(np.full((3, 4), 0.25)).astype(dtype) if dtype != "bool" else np.ones((3, 4), dtype=bool)

@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 import beamkit  # noqa: E402
 import beamkit.hf as bh  # noqa: E402
+import beamkit.search  # noqa: E402
 from tests.test_hf import MODELS, setup  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -88,7 +89,7 @@ def test_joining_requests_decode_as_alone(name, seed):
     engine = beamkit.Engine(step, beam_size=1, max_len=NEW, policy="pool")
     cancelled = int(rng.integers(0, len(reqs)))
     ids_of: dict[int, int] = {}
-    done: dict[int, beamkit.engine.Completed] = {}
+    done: dict[int, beamkit.search.Completed] = {}
     t = 0
     with torch.inference_mode():
         while len(ids_of) < len(reqs) or not engine.idle:

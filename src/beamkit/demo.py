@@ -6,8 +6,6 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.moved import forward
-
 EOS, A, B = 0, 1, 2
 NAMES = {EOS: "eos", A: "a", B: "b"}
 DEMO_PROBS = {(): [0.1, 0.5, 0.4], (A,): [0.2, 0.1, 0.7], (B,): [0.9, 0.05, 0.05]}
@@ -22,6 +20,3 @@ def table_step(state: np.ndarray, y_prev: Any) -> tuple[np.ndarray, np.ndarray]:
     # shape: (rows, 3) logits (log-probabilities here)
     logits = np.log(np.array([DEMO_PROBS.get(p, [1 / 3] * 3) for p in new]))
     return logits, new
-
-
-__getattr__ = forward(__name__, {"TABLE": "beamkit.demo.DEMO_PROBS"})

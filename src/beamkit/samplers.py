@@ -20,7 +20,7 @@ What each one does per step (``m`` is the number of candidates the engine asks p
   the first ``k`` draws, the best ``k`` others by running log-probability run on; one beam: the first draw).
 
 Stochastic beam search (Gumbel-top-k, :func:`beamkit.variants.stochastic_beam_search`) lives in
-:mod:`beamkit.variants.stochastic`; its old names here still work for one release, with a DeprecationWarning.
+:mod:`beamkit.variants.stochastic`.
 
 Temperature ``T`` changes only what is drawn, never what is accumulated: the log-probabilities added to a
 hypothesis (``Hypothesis.logprob``, and the key the engine ranks by) stay the model's (processed)
@@ -47,7 +47,6 @@ import numpy as np
 
 from beamkit import ops
 from beamkit._checks import check_bool, check_float, check_int, check_optional_int
-from beamkit.moved import forward
 from beamkit.ops import NEG_INF
 from beamkit.processors import StepContext
 
@@ -383,17 +382,3 @@ def _draw_rank(values: np.ndarray, request: np.ndarray) -> np.ndarray:
 def _top_per_request(values: np.ndarray, request: np.ndarray, m: int) -> np.ndarray:
     """Mask of the ``m`` largest finite entries of ``values`` ``[rows, w]`` within each request's rows."""
     return (_draw_rank(values, request) < m) & np.isfinite(values)
-
-
-__getattr__ = forward(
-    __name__,
-    {
-        "PrefixTable": "beamkit.variants.stochastic.PrefixTable",
-        "truncated_gumbel": "beamkit.variants.stochastic.truncated_gumbel",
-        "GumbelTopK": "beamkit.variants.stochastic.GumbelTopK",
-        "Sample": "beamkit.variants.stochastic.Sample",
-        "stochastic_beam_search": "beamkit.variants.stochastic.stochastic_beam_search",
-        "as_float64": "beamkit.ops.plus_offset64",
-        "gather_cols": "beamkit.ops.gather_cols",
-    },
-)

@@ -20,7 +20,8 @@ import pytest
 
 pyctcdecode = pytest.importorskip("pyctcdecode")
 
-from beamkit.ctc.compat.legacy import build_legacy_decoder as build_ctcdecoder  # noqa: E402
+from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder  # noqa: E402
+
 from beamkit.lm import build_arpa  # noqa: E402
 
 logging.getLogger("pyctcdecode").setLevel(logging.ERROR)

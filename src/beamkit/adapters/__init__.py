@@ -7,6 +7,7 @@ from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.adapters.checkpoint import CheckpointAdapter
 from beamkit.adapters.driver import Output, decode_texts, search
 from beamkit.adapters.g2p import G2PAdapter
+from beamkit.adapters.hf import HFAdapter
 from beamkit.adapters.load import G2P_MODEL, HF_PREFIX, KINDS, ModelSpec, load, parse
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "KINDS",
     "CheckpointAdapter",
     "G2PAdapter",
+    "HFAdapter",
     "ModelAdapter",
     "ModelSpec",
     "Output",
@@ -24,12 +26,3 @@ __all__ = [
     "parse",
     "search",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """:class:`~beamkit.adapters.hf.HFAdapter` is imported on first use (it needs torch)."""
-    if name == "HFAdapter":
-        from beamkit.adapters.hf import HFAdapter
-
-        return HFAdapter
-    raise AttributeError(f"module 'beamkit.adapters' has no attribute {name!r}")

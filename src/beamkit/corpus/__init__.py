@@ -9,7 +9,6 @@ from beamkit.corpus.inputs import Item, read_inputs
 from beamkit.corpus.options import DecodeOptions
 from beamkit.corpus.ray_backend import decode_dataset
 from beamkit.corpus.run import CorpusResult, decode_corpus
-from beamkit.moved import forward
 
 __all__ = [
     "CorpusResult",
@@ -22,5 +21,3 @@ __all__ = [
     "read_inputs",
     "record",
 ]
-
-__getattr__ = forward(__name__, {"Decoder": "beamkit.corpus.decoder.CorpusDecoder"})

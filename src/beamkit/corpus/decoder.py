@@ -16,7 +16,6 @@ from beamkit import ops
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import DecodeOptions
 from beamkit.models import torch_available
-from beamkit.moved import forward
 
 
 class Scored(NamedTuple):
@@ -160,6 +159,3 @@ class CorpusDecoder:
             return record(item, self.model.decode([prepared])[0])
         except (ValueError, TypeError, RuntimeError) as exc:
             return record(item, error=str(exc))
-
-
-__getattr__ = forward(__name__, {"Decoder": "beamkit.corpus.decoder.CorpusDecoder"})

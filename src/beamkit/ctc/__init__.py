@@ -5,9 +5,7 @@ The search is compiled by numba (the ``ctc`` extra: ``pip install ".[ctc]"``); w
 plain Python, much slower. The n-gram models are :mod:`beamkit.lm`'s (``kenlm`` used when installed).
 """
 
-from beamkit.moved import forward
-
-from .decoder import LEGACY_MOVES, Decoder, normalize_logits
+from .decoder import Decoder, normalize_logits
 from .errors import CTCBatchDecodeError
 from .lm import Hotwords, LanguageModelFusion, UnigramPrefixIndex, fusion_of
 from .options import CTCOptions
@@ -31,20 +29,3 @@ __all__ = [
     "prefix_beam_search",
     "release_cached_memory",
 ]
-
-__getattr__ = forward(
-    __name__,
-    {
-        **LEGACY_MOVES,
-        "greedy_decode": "beamkit.ctc.prefix_search.greedy_ctc",
-        "log_softmax": ("beamkit.ops", "moved to beamkit.ops.log_softmax"),
-        "HotwordScorer": "beamkit.ctc.lm.Hotwords",
-        "ArpaLM": "beamkit.lm",
-        "KenLMModel": "beamkit.lm",
-        "build_arpa": "beamkit.lm",
-        "write_arpa": "beamkit.lm",
-        "kenlm_available": "beamkit.lm",
-        "load_language_model": "beamkit.lm",
-        "load_unigrams_from_arpa": "beamkit.lm",
-    },
-)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from beamkit._checks import check_choice
-from beamkit.moved import forward
 
 from .errors import CTCBatchDecodeError
 from .lm import LanguageModelFusion, fusion_of
@@ -237,20 +236,3 @@ def checked(results: list[Any], errors: dict[int, Exception]) -> list[Any]:
     """``results`` when no utterance failed, else :class:`CTCBatchDecodeError` carrying them."""
     CTCBatchDecodeError.raise_if({i: str(exc) for i, exc in errors.items()}, results)
     return results
-
-
-_LEGACY = "is deprecated: use beamkit.ctc.Decoder (named hypotheses) or beamkit.ctc.compat (pyctcdecode's API)"
-# the first CTC front end, importable from here and from beamkit.ctc for one release
-LEGACY_MOVES = {
-    "CTCDecoder": ("beamkit.ctc.compat.legacy", _LEGACY),
-    "build_ctcdecoder": ("beamkit.ctc.compat.legacy.build_legacy_decoder", _LEGACY),
-}
-__getattr__ = forward(
-    __name__,
-    {
-        **LEGACY_MOVES,
-        "OutputBeam": "beamkit.ctc.compat.decoder",
-        "OutputBeamMPSafe": "beamkit.ctc.compat.decoder",
-        "WordFrames": "beamkit.ctc.compat.decoder",
-    },
-)

@@ -21,7 +21,6 @@ from typing import Any, overload
 from beamkit._checks import check_float
 from beamkit.lm.arpa import ArpaLM, NGramModel, load_unigrams_from_arpa
 from beamkit.lm.kenlm_model import KenLMModel, load_language_model
-from beamkit.moved import forward
 
 LOG10_TO_LN = math.log(10.0)
 AVG_TOKEN_LEN = 6  # characters per word assumed when scaling the unknown-partial-word penalty
@@ -257,19 +256,3 @@ def fusion_of(
     return LanguageModelFusion(
         model, unigrams, alpha=alpha, beta=beta, unk_score_offset=unk_score_offset, score_boundary=score_boundary
     )
-
-
-__getattr__ = forward(
-    __name__,
-    {
-        "ArpaLM": "beamkit.lm",
-        "KenLMModel": "beamkit.lm",
-        "NGramModel": "beamkit.lm",
-        "kenlm_available": "beamkit.lm",
-        "load_language_model": "beamkit.lm",
-        "load_unigrams_from_arpa": "beamkit.lm",
-        "KENLM_MAX_ORDER": "beamkit.lm",
-        "SPECIAL_WORDS": "beamkit.lm.arpa",
-        "HotwordScorer": "beamkit.ctc.lm.Hotwords",
-    },
-)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from beamkit._checks import check_bool, check_float, check_int
-from beamkit.moved import forward
 
 MAX_BEAM_WIDTH = 100_000  # the search holds beam_width * (candidates per frame + 1) rows a frame, allocated up front
 
@@ -68,6 +67,3 @@ def word_tuple(words: Any) -> tuple[str, ...]:
     if bad:
         raise TypeError(f"hotwords must be a list of strings, got {bad[0]!r} among them")
     return out
-
-
-__getattr__ = forward(__name__, {"SearchOptions": "beamkit.ctc.options.CTCOptions"})

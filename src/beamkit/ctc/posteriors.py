@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.moved import forward
-
 from .jit import njit
 
 MIN_TOKEN_CLIP_P = 1e-15  # probabilities are clipped here before the log
@@ -315,6 +313,3 @@ def collect_candidates(parts: Iterable[Part], lens: np.ndarray) -> FrameCandidat
         values=np.concatenate(values) if values else np.zeros(0),
         lp_blank=lp_blank,
     )
-
-
-__getattr__ = forward(__name__, {"Candidates": "beamkit.ctc.posteriors.FrameCandidates"})

@@ -13,8 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.moved import forward
-
 from .lm import LanguageModelFusion
 from .options import CTCOptions, word_tuple
 from .posteriors import as_real_array, collect_candidates, dense_part
@@ -181,12 +179,3 @@ def prefix_beam_search(
         return results[0] if single else results
     traces = recorder.traces()
     return (results[0], traces[0]) if single else (results, traces)
-
-
-__getattr__ = forward(
-    __name__,
-    {
-        "greedy_decode": "beamkit.ctc.prefix_search.greedy_ctc",
-        "log_softmax": ("beamkit.ops", "moved to beamkit.ops.log_softmax"),
-    },
-)

@@ -20,7 +20,6 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from beamkit._checks import check_int
-from beamkit.moved import forward
 from beamkit.ops import NEG_INF
 
 from . import kernel as K
@@ -516,5 +515,3 @@ def _texts(ws: Workspace, fusion: Fusion, targets: np.ndarray) -> list[str]:
 
 
 __all__ = ["COMPILED", "CTCHypothesis", "FrameSnapshot", "CTCRecorder", "release_cached_memory", "search_candidates"]
-
-__getattr__ = forward(__name__, {"Recorder": "beamkit.ctc.search.CTCRecorder"})

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from beamkit._checks import is_int
-from beamkit.moved import forward
 
 CHECKPOINT_FORMAT = "beamkit-checkpoint"
 VERSION = 1
@@ -212,13 +211,3 @@ def _load_numpy(folder: Path, config: dict[str, Any], vocab: dict[str, Any]) -> 
         return cls(src_vocab, tgt_vocab, Params(state, folder), **hparams)
     except TypeError as exc:
         raise ValueError(f"bad hyper-parameters for {arch}: {exc}") from exc
-
-
-__getattr__ = forward(
-    __name__,
-    {
-        "load": "beamkit.models.checkpoint.load_checkpoint",
-        "FORMAT": "beamkit.models.checkpoint.CHECKPOINT_FORMAT",
-        "BACKENDS": "beamkit.models.checkpoint.MODEL_BACKENDS",
-    },
-)

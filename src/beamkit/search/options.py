@@ -9,7 +9,6 @@ from typing import Any, Literal
 import numpy as np
 
 from beamkit._checks import check_bool, check_choice, check_float
-from beamkit.moved import forward
 from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.search.selectors import Deterministic, Selector
@@ -204,6 +203,3 @@ def make_options(beam_size: int, max_len: int, **options: Any) -> SearchOptions:
     if "processors" in options:
         options["processors"] = tuple(options["processors"])
     return SearchOptions(beam_size=beam_size, max_len=max_len, **options)
-
-
-__getattr__ = forward(__name__, {"Policy": "beamkit.search.options.PolicyName"})

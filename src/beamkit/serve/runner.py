@@ -24,7 +24,6 @@ from beamkit._checks import check_int
 from beamkit.adapters import ModelAdapter
 from beamkit.constraints import TrieTable
 from beamkit.hypothesis import Hypothesis
-from beamkit.moved import forward
 from beamkit.search import Completed, Engine
 from beamkit.serve.metrics import Metrics
 
@@ -329,6 +328,3 @@ def _deliver_all(items: list[tuple[Job, Update | Done]]) -> None:
     """On the event loop: hand each job its event."""
     for job, event in items:
         job.deliver(event)
-
-
-__getattr__ = forward(__name__, {"Progress": "beamkit.serve.runner.Update"})

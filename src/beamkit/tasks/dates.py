@@ -24,7 +24,6 @@ from collections.abc import Callable
 from functools import cache
 
 from beamkit._checks import check_int
-from beamkit.moved import forward
 
 FIRST_DAY = _dt.date(1800, 1, 1)
 LAST_DAY = _dt.date(2099, 12, 31)
@@ -327,6 +326,3 @@ def output_reason(output: str) -> str | None:
     if not FIRST_DAY <= day <= LAST_DAY:
         return f"the output {output} is outside the supported years {FIRST_DAY.year}-{LAST_DAY.year}"
     return None
-
-
-__getattr__ = forward(__name__, {"render": "beamkit.tasks.dates.render_date"})

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from beamkit._checks import check_int
-from beamkit.moved import forward
 from beamkit.progress import progress_bar
 
 DEFAULT_SEED = 1234
@@ -144,8 +143,3 @@ def _correct(hyps: list[list[Any]], sample: list[tuple[str, list[tuple[str, ...]
 
 def _entry(correct: np.ndarray, logprobs: list) -> dict[str, Any]:
     return {"word_accuracy": float(np.mean(correct)), "mean_logprob": float(np.mean(logprobs))}
-
-
-__getattr__ = forward(
-    __name__, {"split": "beamkit.tasks.g2p.word_split", "lm_corpus": "beamkit.tasks.g2p.phoneme_corpus"}
-)

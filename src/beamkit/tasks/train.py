@@ -1,6 +1,5 @@
 """Settings for training the dates models: the shipped models' settings, the run's config, a progress bar and
-the check of the output folder. The training loop itself is torch code: :func:`beamkit.models.training.train`
-(``beamkit.tasks.train.train`` still works for one release, with a DeprecationWarning)."""
+the check of the output folder. The training loop itself is torch code: :func:`beamkit.models.training.train`."""
 
 from __future__ import annotations
 
@@ -9,8 +8,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
-
-from beamkit.moved import forward
 
 MAX_LR = 1.0  # the highest peak learning rate taken: an Adam step above 1 diverges (1e308 overflows torch)
 
@@ -105,6 +102,3 @@ def check_out(out: str | Path, force: bool = False) -> None:
         raise ValueError(f"--out {out} is a file; a checkpoint is a folder")
     if not force and path.is_dir() and any(path.iterdir()):
         raise ValueError(f"--out {out} is a folder that is not empty; add --force to write the checkpoint into it")
-
-
-__getattr__ = forward(__name__, {"train": "beamkit.models.training.train"})

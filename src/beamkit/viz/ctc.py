@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from html import escape
 
 from beamkit.ctc.trace import BLANK_TEXT, CTCEntry, CTCTrace
-from beamkit.moved import forward
 from beamkit.viz.layout import BOX_H, BOX_W, COL_W, MARGIN, ROW_H
 from beamkit.viz.render import CSS, dot_end, dot_head, dot_string, edge_path
 
@@ -385,6 +384,3 @@ def ctc_dot(trace: CTCTrace) -> str:
             attrs = 'color="#8e44ad" penwidth=2'
         lines.append(f"  n{node.parent} -> n{node.id} [{attrs}];")
     return dot_end(lines, [(node.frame, node.id) for node in lay.nodes])
-
-
-__getattr__ = forward(__name__, {"describe": "beamkit.viz.ctc.describe_ctc"})

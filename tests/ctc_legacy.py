@@ -1,7 +1,7 @@
-"""beamkit's first CTC front end, kept for one release: ``build_ctcdecoder(labels, path, ...)`` and
-:class:`CTCDecoder`, pyctcdecode-shaped (tuples, ``pool``, ``decode_beams``) with beamkit's defaults (the
-correct end-of-utterance score, a named blank, ``input_kind``). Reached through the deprecated names
-``beamkit.ctc.CTCDecoder`` / ``beamkit.ctc.build_ctcdecoder``; new code uses :class:`beamkit.ctc.Decoder`."""
+"""A test-side front end over :class:`beamkit.ctc.Decoder`: pyctcdecode's method family (tuples, ``pool``,
+``decode_beams``, ``reset_params``) with beamkit's defaults (the correct end-of-utterance score, a named blank,
+``input_kind``). The CTC tests were written against this shape (beamkit's first CTC front end, no longer part
+of the package); it keeps their assertions while every call runs the package's ``Decoder``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import os
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from ..decoder import Decoder, checked
-from ..lm import LanguageModelFusion, fusion_of
-from ..options import CTCOptions
-from ..vocab import Vocabulary
-from .decoder import OutputBeamMPSafe, beams_of, call_options, mp_safe_beams_of, raise_single
+from beamkit.ctc.compat.decoder import OutputBeamMPSafe, beams_of, call_options, mp_safe_beams_of, raise_single
+from beamkit.ctc.decoder import Decoder, checked
+from beamkit.ctc.lm import LanguageModelFusion, fusion_of
+from beamkit.ctc.options import CTCOptions
+from beamkit.ctc.vocab import Vocabulary
 
 
 class CTCDecoder:
@@ -164,7 +164,7 @@ def build_legacy_decoder(
     blank: int | str | None = None,
     input_kind: str = "auto",
 ) -> CTCDecoder:
-    """The decoder ``beamkit.ctc.build_ctcdecoder`` built (deprecated): labels, an LM path or model, the
+    """A :class:`CTCDecoder` of labels, an LM path or model, the
     fusion weights, ``pyctcdecode_compat``, ``blank`` and ``input_kind``, as :class:`~beamkit.ctc.Decoder`
     and :func:`~beamkit.ctc.lm.fusion_of` take them."""
     vocab = Vocabulary.from_labels(labels, blank=blank)
