@@ -267,6 +267,24 @@ def _command_group(subparsers: Any, name: str, help: str, description: str) -> A
 def register(subparsers: Any) -> None:
     """Add the ``ctc`` (``decode``, ``explain``), ``lm`` (``build``) and ``ocr`` subcommands to an argparse subparsers
     object."""
+    register_ocr(subparsers)
+    ctc_sub = _command_group(
+        subparsers,
+        "ctc",
+        help="CTC decoding (greedy / prefix beam search with an n-gram LM)",
+        description="CTC decoding of posterior matrices saved as .npy: greedy or prefix beam search, "
+        "optionally fused with a word n-gram language model.",
+    )
+    register_ctc_decode(ctc_sub)
+    register_ctc_explain(ctc_sub)
+    lm_sub = _command_group(
+        subparsers, "lm", help="n-gram language models", description="Word n-gram language models for CTC decoding."
+    )
+    register_lm_build(lm_sub)
+
+
+def register_ocr(subparsers: Any) -> None:
+    """Add ``beamkit ocr``: read text-line images with PP-OCRv4 and CTC beam search."""
     ocr = subparsers.add_parser(
         "ocr",
         help="read text-line images with PP-OCRv4 and CTC beam search",
@@ -284,13 +302,9 @@ def register(subparsers: Any) -> None:
     ocr.add_argument("--json", action="store_true", help="print a JSON list of {image, text, score, warning}")
     ocr.set_defaults(func=_cmd_ocr)
 
-    ctc_sub = _command_group(
-        subparsers,
-        "ctc",
-        help="CTC decoding (greedy / prefix beam search with an n-gram LM)",
-        description="CTC decoding of posterior matrices saved as .npy: greedy or prefix beam search, "
-        "optionally fused with a word n-gram language model.",
-    )
+
+def register_ctc_decode(ctc_sub: Any) -> None:
+    """Add ``beamkit ctc decode``: decode a .npy of CTC posteriors."""
     dec = ctc_sub.add_parser(
         "decode",
         help="decode a .npy of (T, V) or (N, T, V) CTC posteriors",
@@ -311,6 +325,9 @@ def register(subparsers: Any) -> None:
     )
     dec.set_defaults(func=_cmd_ctc_decode)
 
+
+def register_ctc_explain(ctc_sub: Any) -> None:
+    """Add ``beamkit ctc explain``: draw the prefix search of one utterance."""
     exp = ctc_sub.add_parser(
         "explain",
         help="draw the prefix search of one utterance (HTML, SVG, DOT or JSON)",
@@ -346,9 +363,9 @@ def register(subparsers: Any) -> None:
     add_force_arg(exp, "-o")
     exp.set_defaults(func=_cmd_ctc_explain)
 
-    lm_sub = _command_group(
-        subparsers, "lm", help="n-gram language models", description="Word n-gram language models for CTC decoding."
-    )
+
+def register_lm_build(lm_sub: Any) -> None:
+    """Add ``beamkit lm build``: build a Kneser-Ney ARPA model from a corpus."""
     build = lm_sub.add_parser(
         "build",
         help="build an interpolated modified Kneser-Ney ARPA from a corpus",

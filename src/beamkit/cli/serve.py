@@ -121,6 +121,28 @@ def register(subparsers: Any) -> None:
         "which keeps the key out of the process list; without either, no key is required)",
     )
     p.add_argument("--port", type=port_number, default=8000, help="port (0: any free port; the one taken is printed)")
+    add_limit_args(p)
+    p.add_argument(
+        "--api-docs",
+        action="store_true",
+        help="serve the API description at /docs, /redoc and /openapi.json (off by default; behind --api-key when "
+        "one is set)",
+    )
+    p.add_argument(
+        "--trie",
+        type=trie_spec,
+        action="append",
+        metavar="NAME=FILE",
+        help="load a dictionary of valid outputs (one sequence of token ids a line, .npy or a saved .npz trie); "
+        'a request\'s "trie": NAME constrains its outputs to it (repeatable; default: none, no request may name one)',
+    )
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")
+    p.set_defaults(func=cmd_serve)
+
+
+def add_limit_args(p: argparse.ArgumentParser) -> None:
+    """The server's limits: queue, beam rows, body size and cost of one request (beyond them: 503, 413, 400)."""
     p.add_argument(
         "--max-queue",
         type=positive_int,
@@ -144,20 +166,3 @@ def register(subparsers: Any) -> None:
         default=MAX_REQUEST_COST,
         help="prompts x beam width x max_tokens of one request at most; more gets 400",
     )
-    p.add_argument(
-        "--api-docs",
-        action="store_true",
-        help="serve the API description at /docs, /redoc and /openapi.json (off by default; behind --api-key when "
-        "one is set)",
-    )
-    p.add_argument(
-        "--trie",
-        type=trie_spec,
-        action="append",
-        metavar="NAME=FILE",
-        help="load a dictionary of valid outputs (one sequence of token ids a line, .npy or a saved .npz trie); "
-        'a request\'s "trie": NAME constrains its outputs to it (repeatable; default: none, no request may name one)',
-    )
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
-    p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")
-    p.set_defaults(func=cmd_serve)

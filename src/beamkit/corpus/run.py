@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,16 +72,7 @@ def decode_corpus(
     ``error``.
     ``progress`` shows a tqdm bar on stderr; ``on_batch(n)`` is called as each batch of ``n`` inputs arrives.
     """
-    for role, path in (("input", input), ("output", output)):
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"{role} must be a path (a str or os.PathLike), got {path!r}")
-    if not isinstance(options, DecodeOptions):
-        raise TypeError(f"options must be a DecodeOptions, got {options!r}")
-    options.check()
-    for name, value in (("workers", workers), ("batch_size", batch_size), ("shard_size", shard_size)):
-        check_int(f"{name} (--{name.replace('_', '-')})", value, 1)
-    if ray is not None and not isinstance(ray, str):
-        raise TypeError(f"ray must be a cluster address (a string) or None, got {ray!r}")
+    _check_call(input, output, options, workers, ray, batch_size, shard_size)
     began = time.perf_counter()
     items = read_inputs(input)
     plan = ShardPlan(len(items), shard_size)
@@ -94,30 +85,10 @@ def decode_corpus(
     pending = [s for s in range(plan.shards) if s not in set(done)]
     reused = len(done)
     if pending:
-        batches = _batches(items, plan, pending, batch_size)
-        if ray is not None:
-            from beamkit.corpus.ray_backend import ray_results
-
-            results = ray_results(options, batches, workers, ray or None)
-        else:
-            from beamkit.corpus.local import local_results
-
-            results = local_results(options, batches, workers)
+        results = _backend_results(options, _batches(items, plan, pending, batch_size), workers, ray)
         bar = _progress(plan.count, sum(len(plan.span(s)) for s in done), progress)
-        partial: dict[int, dict[int, list[dict[str, Any]]]] = {}
         try:
-            for start, records in results:
-                shard = start // plan.size
-                got = partial.setdefault(shard, {})
-                got[start] = records
-                if bar is not None:
-                    bar.update(len(records))
-                if on_batch is not None:
-                    on_batch(len(records))
-                if sum(len(r) for r in got.values()) == len(plan.span(shard)):
-                    store.finish_shard(shard, [r for s in sorted(got) for r in got[s]])
-                    done.append(shard)
-                    del partial[shard]
+            _write_shards(results, plan, store, done, bar, on_batch)
         finally:
             if bar is not None:
                 bar.close()
@@ -127,3 +98,57 @@ def decode_corpus(
     with Path(output).open("rb") as fh:
         errors = sum(1 for line in fh if not line.endswith(_CLEAN_END))
     return CorpusResult(str(output), plan.count, errors, len(pending), reused, time.perf_counter() - began)
+
+
+def _check_call(
+    input: Any, output: Any, options: Any, workers: Any, ray: Any, batch_size: Any, shard_size: Any
+) -> None:
+    """Refuse a bad argument of :func:`decode_corpus` (TypeError / ValueError naming it) before anything runs."""
+    for role, path in (("input", input), ("output", output)):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"{role} must be a path (a str or os.PathLike), got {path!r}")
+    if not isinstance(options, DecodeOptions):
+        raise TypeError(f"options must be a DecodeOptions, got {options!r}")
+    options.check()
+    for name, value in (("workers", workers), ("batch_size", batch_size), ("shard_size", shard_size)):
+        check_int(f"{name} (--{name.replace('_', '-')})", value, 1)
+    if ray is not None and not isinstance(ray, str):
+        raise TypeError(f"ray must be a cluster address (a string) or None, got {ray!r}")
+
+
+def _backend_results(
+    options: DecodeOptions, batches: list[tuple[int, list[Item]]], workers: int, ray: str | None
+) -> Iterable[tuple[int, list[dict[str, Any]]]]:
+    """The decoded batches ``(first position, records)`` as they finish, from Ray actors (``ray`` set) or local
+    worker processes."""
+    if ray is not None:
+        from beamkit.corpus.ray_backend import ray_results
+
+        return ray_results(options, batches, workers, ray or None)
+    from beamkit.corpus.local import local_results
+
+    return local_results(options, batches, workers)
+
+
+def _write_shards(
+    results: Iterable[tuple[int, list[dict[str, Any]]]],
+    plan: ShardPlan,
+    store: ShardStore,
+    done: list[int],
+    bar: Any,
+    on_batch: Callable[[int], None] | None,
+) -> None:
+    """Gather the batches of each shard; write a shard (and add it to ``done``) as soon as all its inputs came."""
+    partial: dict[int, dict[int, list[dict[str, Any]]]] = {}
+    for start, records in results:
+        shard = start // plan.size
+        got = partial.setdefault(shard, {})
+        got[start] = records
+        if bar is not None:
+            bar.update(len(records))
+        if on_batch is not None:
+            on_batch(len(records))
+        if sum(len(r) for r in got.values()) == len(plan.span(shard)):
+            store.finish_shard(shard, [r for s in sorted(got) for r in got[s]])
+            done.append(shard)
+            del partial[shard]
