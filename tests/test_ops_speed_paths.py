@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from beamkit import ops
+from beamkit.ops import chunks, normalize, top
 
 torch = pytest.importorskip("torch")
 
@@ -85,8 +86,9 @@ def test_top_candidates_and_logsumexp_against_oracles(dtype, layout):
         x = np.repeat(x, 2, axis=1)[:, ::2]
     elif layout == "row-slice":  # rows padded in memory, as logits[:, -1, :] of a bigger buffer
         x = np.concatenate([x, x[:, :5]], axis=1)[:, :V]
-    assert ops._threshold_path(*x.shape, M)
-    assert x.shape[0] > ops._chunk_rows(V, ops._TOP_CHUNK) > ops._chunk_rows(V) and x.shape[0] % ops._chunk_rows(V)
+    assert top._threshold_path(*x.shape, M)
+    rows = chunks.chunk_rows
+    assert x.shape[0] > rows(V, chunks.TOP_CHUNK) > rows(V) and x.shape[0] % rows(V)
     vals, idx, lse = top_and_lse(x, M)
     _check_top(x, vals, idx, M)
     assert lse.dtype == np.float64 and lse.shape == (x.shape[0],)
@@ -168,5 +170,5 @@ def test_chunked_log_softmax_and_shifted_logsumexp(dtype):
     np.testing.assert_array_equal(ls, want)
     finite = np.isfinite(_lse_oracle(x))
     np.testing.assert_allclose(np.exp(ls[finite].astype(np.float64)).sum(axis=1), 1.0, rtol=1e-5)
-    shifted = ops._shifted_logsumexp(x)
+    shifted = normalize._shifted_logsumexp(x)
     np.testing.assert_allclose(shifted, _lse_oracle(x), rtol=0, atol=LSE_ATOL[dtype])
