@@ -313,13 +313,13 @@ def test_stochastic_beam_search_one_failing_request_keeps_the_others() -> None:
 
 
 @pytest.mark.parametrize("name", ["GumbelTopK", "stochastic_beam_search", "PrefixTable", "Sample", "truncated_gumbel"])
-def test_stochastic_names_moved_to_variants_and_the_old_path_warns(name: str) -> None:
+def test_stochastic_names_live_only_in_variants(name: str) -> None:
     import beamkit.samplers
     import beamkit.variants.stochastic
 
-    with pytest.warns(DeprecationWarning, match=f"beamkit.samplers.{name} moved to beamkit.variants.stochastic"):
-        old = getattr(beamkit.samplers, name)
-    assert old is getattr(beamkit.variants.stochastic, name)
+    assert hasattr(beamkit.variants.stochastic, name)
+    with pytest.raises(AttributeError, match=f"no attribute '{name}'"):
+        getattr(beamkit.samplers, name)
 
 
 def test_samplers_has_no_other_hidden_names() -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from beamkit import BeamSearch, Engine, SearchOptions, beam_search
 from beamkit.demo import EOS, NAMES, table_step
-from beamkit.trace import Trace, traced_search
+from beamkit.search import traced_search
+from beamkit.trace import Trace
 from beamkit.viz import to_dot, to_html, to_svg
 from tests.toy import BOS, MultiToy, ToyModel, log_softmax_ref
 

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 from beamkit.demo import NAMES
-from beamkit.trace import Trace, traced_search
+from beamkit.search import traced_search
+from beamkit.trace import Trace
 from beamkit.viz import to_html
 from tests.toy import BOS, ToyModel
 

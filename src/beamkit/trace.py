@@ -14,7 +14,7 @@ the pool after it; at the end, why the request stopped and which nodes were retu
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -171,24 +171,3 @@ def token_texts(vocab: Any, nodes: Sequence[TraceNode] = ()) -> list[str]:
     if isinstance(vocab, str) or not isinstance(vocab, Sequence):
         raise TypeError(f"vocab must be a list of strings, a mapping, a Vocab or a tokenizer, got {type(vocab)}")
     return [str(s) for s in vocab]
-
-
-def traced_search(
-    step_fn: Callable[[Any, Any], Any],
-    init_state: Any,
-    bos: int | Sequence[int],
-    eos: int | Sequence[int] | None,
-    beam_size: int,
-    max_len: int,
-    **options: Any,
-) -> tuple[list[list[Any]], list[Trace]]:
-    """:func:`beamkit.search_batch` with tracing on: each request's hypotheses and its :class:`Trace`."""
-    from beamkit.hypothesis import BatchDecodeError
-    from beamkit.search import BeamSearch, make_options  # the search records traces with this module's classes
-
-    result = BeamSearch(make_options(beam_size, max_len, record_trace=True, **options)).search(
-        step_fn, init_state, bos, eos
-    )
-    BatchDecodeError.raise_if(result.errors, result.hypotheses)
-    assert result.trace is not None
-    return result.hypotheses, [t for t in result.trace if t is not None]

@@ -2,7 +2,7 @@
 drivers (see each module)."""
 
 from beamkit.search.book import Book
-from beamkit.search.drivers import BeamSearch, search_batch
+from beamkit.search.drivers import BeamSearch, search_batch, traced_search
 from beamkit.search.engine import Engine
 from beamkit.search.inputs import StepFn, bos_array, count_requests, eos_ids, unpack_step
 from beamkit.search.options import (
@@ -68,6 +68,7 @@ __all__ = [
     "rank_candidates",
     "request_options",
     "search_batch",
+    "traced_search",
     "survivor_mask",
     "unpack_step",
 ]

@@ -3,50 +3,51 @@ running request's finished pool in one :class:`~beamkit.search.records.PoolTable
 
 from __future__ import annotations
 
+from typing import Annotated, Any, get_type_hints
+
 import numpy as np
 
 from beamkit.hypothesis import Hypothesis
 from beamkit.search.ranking import group_starts
 from beamkit.search.records import PoolTable
 
+Ints = Annotated[np.ndarray, np.int64]  # shape: (R,) a column of int64, one entry per request slot
+Floats = Annotated[np.ndarray, np.float64]  # shape: (R,) a column of float64 (new slots start at -inf)
+
 
 class Book:
     """Per-request bookkeeping: arrays indexed by request slot (grown as requests are added) and the pools.
 
     Options per request (``beam``, ``max_len``, ``min_len``, ``m`` candidates per row, ``pool`` size, early
-    stopping mode ``es``, length penalty ``lp`` (index into the engine's list) and its ``alpha``, ``patience``,
-    stop tokens ``eos`` (index), ``nret``: ``num_return`` or 0, the sampling temperature ``temp``: NaN where the
-    request set none), the tokens generated so far ``t``, and the pool counters (``count``, ``worst``, ``nth``),
-    kept in step with ``table`` by :meth:`commit`.
+    stopping mode ``es`` (an :class:`~beamkit.search.options.EarlyMode`), length penalty ``lp`` (index into the
+    engine's list) and its ``alpha``, ``patience``, stop tokens ``eos`` (index), ``nret``: ``num_return`` or 0, the
+    sampling temperature ``temp``: NaN where the request set none), the tokens generated so far ``t``, and the pool
+    counters (``count``, ``worst``, ``nth``), kept in step with ``table`` by :meth:`commit`. The columns are the
+    class's annotations, declared once here (:data:`BOOK_COLUMNS` reads their dtypes).
     """
 
-    _INT = ("rid", "t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nret", "count")
-    _FLOAT = ("alpha", "patience", "worst", "nth", "temp")
-
-    rid: np.ndarray  # shape: (R,) each array is indexed by slot; rid: the request id in the slot
-    t: np.ndarray
-    beam: np.ndarray
-    max_len: np.ndarray
-    min_len: np.ndarray
-    m: np.ndarray
-    pool: np.ndarray
-    es: np.ndarray
-    lp: np.ndarray
-    eos: np.ndarray
-    nret: np.ndarray
-    count: np.ndarray
-    alpha: np.ndarray
-    patience: np.ndarray
-    worst: np.ndarray
-    nth: np.ndarray
-    temp: np.ndarray
+    rid: Ints  # the request id in the slot
+    t: Ints
+    beam: Ints
+    max_len: Ints
+    min_len: Ints
+    m: Ints
+    pool: Ints
+    es: Ints
+    lp: Ints
+    eos: Ints
+    nret: Ints
+    count: Ints
+    alpha: Floats
+    patience: Floats
+    worst: Floats
+    nth: Floats
+    temp: Floats
 
     def __init__(self) -> None:
         self.size = 0
-        for name in self._INT:
-            setattr(self, name, np.zeros(0, np.int64))
-        for name in self._FLOAT:
-            setattr(self, name, np.zeros(0))
+        for name, dtype in BOOK_COLUMNS.items():
+            setattr(self, name, np.zeros(0, dtype))
         self.table = PoolTable.empty()
         self.held: set[int] = set()  # slots of the requests added and not yet completed
         self.errors: dict[int, str] = {}
@@ -61,9 +62,9 @@ class Book:
         need, cap = self.size + n, self.t.shape[0]
         if need > cap:
             new = max(need, 2 * cap, 16)
-            for name in self._INT + self._FLOAT:
+            for name, dtype in BOOK_COLUMNS.items():
                 old = getattr(self, name)
-                out = np.zeros(new, old.dtype) if name in self._INT else np.full(new, -np.inf)
+                out = np.zeros(new, dtype) if dtype is np.int64 else np.full(new, -np.inf)
                 out[:cap] = old
                 setattr(self, name, out)
         ids = np.arange(self.size, need)
@@ -77,7 +78,7 @@ class Book:
         looked up again)."""
         remap = np.empty(self.size, dtype=np.int64)  # shape: (R,) old slot -> new slot
         remap[live] = np.arange(live.shape[0])
-        for name in self._INT + self._FLOAT:
+        for name in BOOK_COLUMNS:
             setattr(self, name, getattr(self, name)[live].copy())
         self.table.req = remap[self.table.req]  # the table holds only held requests' entries: all of them stay
         self.held = set(range(live.shape[0]))
@@ -121,3 +122,9 @@ class Book:
         if gone.any():  # the other requests' entries and counters are unchanged
             self.table = table.take(np.flatnonzero(~gone))
         return out
+
+
+# the book's columns and their dtypes, in declaration order (read from Book's annotations)
+BOOK_COLUMNS: dict[str, Any] = {
+    name: hint.__metadata__[0] for name, hint in get_type_hints(Book, include_extras=True).items()
+}

@@ -1,5 +1,5 @@
-"""Drivers of the engine over a closed batch: :class:`BeamSearch` (options once, many searches) and
-:func:`search_batch` (one call)."""
+"""Drivers of the engine over a closed batch: :class:`BeamSearch` (options once, many searches),
+:func:`search_batch` (one call) and :func:`traced_search` (one call, each request's trace too)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from beamkit.search.engine import Engine
 from beamkit.search.inputs import StepFn
 from beamkit.search.options import SearchOptions, make_options
 from beamkit.search.records import Completed, SearchResult
+from beamkit.trace import Trace
 
 
 class BeamSearch:
@@ -88,3 +89,21 @@ def search_batch(
     result = BeamSearch(make_options(beam_size, max_len, **options)).search(step_fn, init_state, bos, eos)
     BatchDecodeError.raise_if(result.errors, result.hypotheses)
     return result.hypotheses
+
+
+def traced_search(
+    step_fn: StepFn,
+    init_state: Any,
+    bos: int | Sequence[int],
+    eos: int | Sequence[int] | None,
+    beam_size: int,
+    max_len: int,
+    **options: Any,
+) -> tuple[list[list[Hypothesis]], list[Trace]]:
+    """:func:`search_batch` with tracing on: each request's hypotheses and its :class:`~beamkit.trace.Trace`."""
+    result = BeamSearch(make_options(beam_size, max_len, record_trace=True, **options)).search(
+        step_fn, init_state, bos, eos
+    )
+    BatchDecodeError.raise_if(result.errors, result.hypotheses)
+    assert result.trace is not None
+    return result.hypotheses, [t for t in result.trace if t is not None]

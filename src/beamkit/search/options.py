@@ -4,6 +4,7 @@ of an :class:`beamkit.Engine` may set for itself)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import IntEnum
 from typing import Any, Literal
 
 import numpy as np
@@ -147,7 +148,18 @@ REQUEST_FIELDS = (
     "temperature",
 )
 SHARED_FIELDS = tuple(f for f in SearchOptions.__dataclass_fields__ if f not in REQUEST_FIELDS)
-EARLY_MODES = {False: 0, True: 1, "never": 2}  # early_stopping as a small int per request (Book.es)
+
+
+class EarlyMode(IntEnum):
+    """A pool request's stopping rule, the ``early_stopping`` option as the small int the engine keeps per
+    request (``Book.es``)."""
+
+    HEURISTIC = 0  # early_stopping=False: the best running beam, scored at the current length, cannot beat the worst
+    FULL = 1  # early_stopping=True: the pool is full
+    NEVER = 2  # early_stopping="never": the exact bound, the best running beam scored at max_len when alpha > 0
+
+
+EARLY_MODES = {False: EarlyMode.HEURISTIC, True: EarlyMode.FULL, "never": EarlyMode.NEVER}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from beamkit.search.book import Book
+from beamkit.search.options import EarlyMode
 from beamkit.search.ranking import group_starts, without
 from beamkit.search.records import PoolTable, StepDecision, StepView, Stop, StopReason
 
@@ -211,9 +212,9 @@ class Pool:
         count, worst, nth = (c[reqs] for c in counters)
         full = count >= book.pool[reqs]
         es = book.es[reqs]
-        to_max = (es == 2) & (book.alpha[reqs] > 0)
+        to_max = (es == EarlyMode.NEVER) & (book.alpha[reqs] > 0)
         horizon = np.where(to_max, book.max_len[reqs], book.t[reqs] + 1)
-        stop = np.where(es == 1, full, full & (scoring.penalised(best, horizon, reqs) <= worst))
+        stop = np.where(es == EarlyMode.FULL, full, full & (scoring.penalised(best, horizon, reqs) <= worst))
         exit_ = nth >= best if self.exact_exit else np.zeros(reqs.shape[0], dtype=bool)
         out: dict[int, Stop] = {}
         for j in np.flatnonzero(stop | exit_).tolist():  # only the requests that stop: Python per request is fine
@@ -224,7 +225,7 @@ class Pool:
             if exit_[j]:
                 detail = f"exact exit: the n-th best finished score {nth[j]:.4f} >= best running {best[j]:.4f}"
                 out[r] = Stop(StopReason.EXACT_EXIT, detail)
-            elif es[j] == 1:
+            elif es[j] == EarlyMode.FULL:
                 out[r] = Stop(StopReason.POOL_FULL, f"{pool} full (early_stopping=True)")
             else:
                 at = "max_len" if to_max[j] else "its current length"
