@@ -544,7 +544,6 @@ LONG_FUNCTIONS = {
     "serve/app.py:completions",  # the closure inside create_app, split with it
     "serve/protocol.py:parse_completion",  # being turned into a field table
     "hf/settings.py:resolve",  # being split by concern
-    "ctc/prefix_search.py:prefix_beam_search",  # the CTC front door, to become a thin call of Decoder
 }
 
 

@@ -74,6 +74,40 @@ def _as_vocab(vocab: Vocabulary | Sequence[str]) -> Vocabulary:
     return Vocabulary.from_labels(vocab)
 
 
+def _as_batch(log_probs: Any, lengths: Sequence[int] | np.ndarray | None) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """:func:`prefix_beam_search`'s input as one zero-padded ``(N, T, V)`` batch, the valid frames per utterance
+    and whether one ``(T, V)`` matrix was given; None for an empty list. Bad shapes or lengths: ValueError."""
+    single = False
+    if isinstance(log_probs, (list, tuple)):
+        mats = [to_numpy_2d_or_3d(m, check_nan=False) for m in log_probs]
+        if any(m.ndim != 2 for m in mats):
+            raise ValueError("a list of utterances must hold 2-D (T, V) matrices")
+        if not mats:
+            return None
+        lens = np.array([m.shape[0] for m in mats], dtype=np.int64)
+        if len({m.shape[1] for m in mats}) != 1:
+            raise ValueError("all utterances must have the same number of columns V")
+        batch = np.zeros((len(mats), int(lens.max(initial=0)), mats[0].shape[1]))  # shape: (N, T, V)
+        for i, m in enumerate(mats):
+            batch[i, : m.shape[0]] = m
+        if lengths is not None:
+            raise ValueError("lengths must not be given with a list of matrices")
+    else:
+        batch = to_numpy_2d_or_3d(log_probs, check_nan=False)
+        if batch.ndim == 2:
+            single = True
+            batch = batch[None]
+        if lengths is None:
+            lens = np.full(batch.shape[0], batch.shape[1], dtype=np.int64)
+        else:
+            lens = np.asarray(lengths, dtype=np.int64)
+            if lens.shape != (batch.shape[0],):
+                raise ValueError(f"lengths must have shape ({batch.shape[0]},), got {lens.shape}")
+            if (lens < 0).any() or (lens > batch.shape[1]).any():
+                raise ValueError(f"lengths must lie in [0, {batch.shape[1]}]")
+    return batch, lens, single
+
+
 def prefix_beam_search(
     log_probs: Any,
     vocab: Vocabulary | Sequence[str],
@@ -125,42 +159,32 @@ def prefix_beam_search(
     )
     if lm is not None and not isinstance(lm, LanguageModelFusion):
         raise TypeError("lm must be a LanguageModelFusion (wrap the n-gram model) or None")
-    single = False
-    if isinstance(log_probs, (list, tuple)):
-        mats = [to_numpy_2d_or_3d(m, check_nan=False) for m in log_probs]
-        if any(m.ndim != 2 for m in mats):
-            raise ValueError("a list of utterances must hold 2-D (T, V) matrices")
-        if not mats:
-            return []
-        lens = np.array([m.shape[0] for m in mats], dtype=np.int64)
-        if len({m.shape[1] for m in mats}) != 1:
-            raise ValueError("all utterances must have the same number of columns V")
-        batch = np.zeros((len(mats), int(lens.max(initial=0)), mats[0].shape[1]))  # shape: (N, T, V)
-        for i, m in enumerate(mats):
-            batch[i, : m.shape[0]] = m
-        if lengths is not None:
-            raise ValueError("lengths must not be given with a list of matrices")
-    else:
-        batch = to_numpy_2d_or_3d(log_probs, check_nan=False)
-        if batch.ndim == 2:
-            single = True
-            batch = batch[None]
-        if lengths is None:
-            lens = np.full(batch.shape[0], batch.shape[1], dtype=np.int64)
-        else:
-            lens = np.asarray(lengths, dtype=np.int64)
-            if lens.shape != (batch.shape[0],):
-                raise ValueError(f"lengths must have shape ({batch.shape[0]},), got {lens.shape}")
-            if (lens < 0).any() or (lens > batch.shape[1]).any():
-                raise ValueError(f"lengths must lie in [0, {batch.shape[1]}]")
+    shaped = _as_batch(log_probs, lengths)
+    if shaped is None:  # an empty list of utterances
+        return []
+    batch, lens, single = shaped
     if batch.shape[2] != voc.size:
         raise ValueError(f"log_probs has {batch.shape[2]} columns but the vocabulary has {voc.size} labels")
+    return _run(batch, lens, single, voc, lm, opts, record_trace)
+
+
+def _run(
+    batch: np.ndarray,
+    lens: np.ndarray,
+    single: bool,
+    voc: Vocabulary,
+    lm: LanguageModelFusion | None,
+    opts: CTCOptions,
+    record_trace: bool,
+) -> Any:
+    """Search the ``(N, T, V)`` ``batch`` (``lens`` valid frames each); an utterance holding NaN is searched as
+    empty and reported (a single matrix: ValueError) after the others, whose results are kept."""
     failed = np.flatnonzero([np.isnan(batch[i, :n]).any() for i, n in enumerate(lens.tolist())])
     if single and len(failed):
         raise ValueError("log_probs contains NaN")
     lens = lens.copy()
     lens[failed] = 0  # searched as empty; reported below, the others' results kept
-    parts = (dense_part(batch[i, :n], token_min_logp, voc.blank) for i, n in enumerate(lens.tolist()))
+    parts = (dense_part(batch[i, :n], opts.token_min_logp, voc.blank) for i, n in enumerate(lens.tolist()))
     cands = collect_candidates(parts, lens)
     recorder = None
     if record_trace:
