@@ -57,6 +57,47 @@ def test_no_import_cycle_between_trace_and_the_search():
     assert ("beamkit.trace", "Trace") in _imports(SRC / "search" / "recorder.py", top_level_only=True)
 
 
+def test_the_trace_module_is_a_leaf_of_plain_data():
+    """trace.py holds the trace records only: it imports no beamkit module at load, and none of the search even
+    lazily (its driver is beamkit.search.traced_search); drawing a trace imports beamkit.viz on use."""
+    assert not [m for m, _ in _imports(SRC / "trace.py", top_level_only=True) if m.startswith("beamkit")]
+    assert {m for m, _ in _imports(SRC / "trace.py")} <= {"beamkit.viz", "beamkit.viz.page"}
+    tree = ast.parse((SRC / "trace.py").read_text())
+    assert "traced_search" not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert beamkit.search.traced_search.__module__ == "beamkit.search.drivers"
+
+
+def test_the_book_columns_are_declared_once_with_their_dtypes():
+    from beamkit.search.book import BOOK_COLUMNS, Book
+
+    ints = ["rid", "t", "beam", "max_len", "min_len", "m", "pool", "es", "lp", "eos", "nret", "count"]
+    floats = ["alpha", "patience", "worst", "nth", "temp"]
+    assert BOOK_COLUMNS == {**dict.fromkeys(ints, np.int64), **dict.fromkeys(floats, np.float64)}
+    book = Book()
+    book.grow(3)
+    for name, dtype in BOOK_COLUMNS.items():
+        column = getattr(book, name)
+        assert column.dtype == dtype and column.shape[0] >= 3, name
+        assert (column == (0 if dtype is np.int64 else -np.inf)).all(), name  # a new slot's starting values
+    book.compact(np.array([0, 2]))
+    assert all(getattr(book, name).shape == (2,) for name in BOOK_COLUMNS)
+
+
+@pytest.mark.parametrize(
+    ("early_stopping", "mode"),
+    [(False, "HEURISTIC"), (True, "FULL"), ("never", "NEVER")],
+)
+def test_each_request_keeps_its_early_stopping_rule_as_an_enum(early_stopping, mode):
+    from beamkit.search.options import EarlyMode
+
+    engine = beamkit.Engine(lambda state, y: (np.zeros((len(y), 3)), state), beam_size=2, max_len=3, policy="pool")
+    rid = engine.add(np.zeros((1, 1)), bos=0, eos=1, early_stopping=early_stopping)
+    slot = int(np.flatnonzero(engine.book.rid[: engine.book.size] == rid)[0])
+    assert engine.book.es[slot] == EarlyMode[mode] and int(EarlyMode[mode]) == [False, True, "never"].index(
+        early_stopping
+    )
+
+
 # ------------------------------------------------------------------------------------------------ survivor rules
 def _brute_compete(req, key, beam, pool_req, pool_key):
     """Per request: sort (key desc, pool entries before candidates, each side in its order), take beam places."""
