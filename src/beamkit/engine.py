@@ -1,7 +1,6 @@
 """The search engine under its earlier name: everything here is re-exported from :mod:`beamkit.search`."""
 
 from beamkit.search import (
-    REQUEST_FIELDS,
     BeamSearch,
     Completed,
     Deterministic,
@@ -23,7 +22,6 @@ from beamkit.search import (
 )
 
 __all__ = [
-    "REQUEST_FIELDS",
     "BeamSearch",
     "Completed",
     "Deterministic",

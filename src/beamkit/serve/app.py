@@ -285,7 +285,7 @@ def create_app(
             longest = max(len(ids) for ids in c.prompt_ids)
             ask = Ask(c.beam, c.n, c.max_tokens, c.length_penalty, c.early_stopping, c.min_tokens, longest)
             options = adapter.request(ask)
-            refusal = adapter.continuous_refusal(options)
+            refusal = adapter.continuous_refusal(ask)
         except (ValueError, TypeError) as exc:
             return _error(ApiError(400, str(exc)), metrics)
         if refusal is not None:
