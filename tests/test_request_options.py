@@ -22,7 +22,7 @@ BAD = [
     ("min_len", -1, ValueError, "min_len must be >= 0, got -1"),
     ("min_len", 1.0, ValueError, "min_len must be >= 0"),
     ("num_return", 0, ValueError, "num_return must be >= 1, got 0"),
-    ("num_return", "2", TypeError, "num_return must be an integer or None"),
+    ("num_return", "2", TypeError, "num_return must be an integer, got '2'"),
     ("length_penalty", "long", TypeError, "length_penalty"),
     ("length_penalty", math.nan, ValueError, "length_penalty"),
     ("early_stopping", "sometimes", ValueError, "early_stopping must be True, False or 'never'"),

@@ -400,7 +400,7 @@ def _tokens(gc: Any, cfg: Any, encoder_decoder: bool, width: int) -> dict[str, A
 
 def _lengths(
     cfg: Any, gc: Any, given: set[str], prompt_len: int, encoder_decoder: bool, eos: tuple[int, ...]
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """``max_new_tokens`` and ``min_new_tokens`` (0 without stop tokens), checked against the model's learned
     positions; Hugging Face's warning for lengths that cannot be met."""
     max_new = _max_new_tokens(cfg, gc, given, prompt_len, encoder_decoder)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from beamkit._checks import check_bool, check_choice, check_float
+from beamkit._checks import check_bool, check_choice, check_float, check_int
 from beamkit.moved import forward
 from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
@@ -138,9 +138,10 @@ def check_request_fields(options: SearchOptions | RequestOptions) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
             raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
     if o.length_penalty is not None or not request:
-        object.__setattr__(o, "length_penalty", as_length_penalty(o.length_penalty))  # a plain alpha too
+        penalty = as_length_penalty(o.length_penalty)  # type: ignore[arg-type]  # a plain alpha too; None refused
+        object.__setattr__(o, "length_penalty", penalty)
         if request and o.max_len is not None:
-            o.length_penalty.check_max_len(int(o.max_len))
+            penalty.check_max_len(int(o.max_len))
     if o.early_stopping is not None or not request:
         if not (isinstance(o.early_stopping, bool) or o.early_stopping == "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {o.early_stopping!r}")
@@ -149,12 +150,10 @@ def check_request_fields(options: SearchOptions | RequestOptions) -> None:
             raise ValueError(f"patience must be > 0, got {o.patience}")
         check_float("patience", o.patience)  # inf: no pool size; a large finite patience never fills the pool
     if o.num_return is not None:
-        if isinstance(o.num_return, bool) or not isinstance(o.num_return, (int, np.integer)):
-            raise TypeError(f"num_return must be an integer or None, got {o.num_return!r}")
-        if o.beam_size is not None and not 1 <= o.num_return <= o.beam_size:
+        if o.beam_size is None:  # a request leaving the beam width to the engine: checked again there
+            check_int("num_return", o.num_return, 1)
+        elif not 1 <= o.num_return <= o.beam_size:
             raise ValueError(f"num_return must be between 1 and beam_size={o.beam_size}, got {o.num_return}")
-        if o.num_return < 1:
-            raise ValueError(f"num_return must be >= 1, got {o.num_return}")
     if o.min_len is not None or not request:
         if isinstance(o.min_len, bool) or not isinstance(o.min_len, (int, np.integer)) or o.min_len < 0:
             raise ValueError(f"min_len must be >= 0, got {o.min_len}")
