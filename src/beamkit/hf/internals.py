@@ -3,7 +3,8 @@
 The loop runs inside Hugging Face's own ``generate`` and does what its decoding methods do, so it calls some of
 their helpers that ``transformers`` does not publish: the prefill, the model-keyword update after a forward, the
 stop check across processes, the cache reorder, the compile check and the decode-time optimisation, the
-generation config's prepared token tensors, and the output classes and cache names of ``generation/utils.py``.
+generation config's prepared token tensors, the output classes and cache names of ``generation/utils.py``, and
+what a ``PrefixConstrainedLogitsProcessor`` holds.
 Each is reached through one function here, so a ``transformers`` release that renames one changes this module
 only (the releases tested are :data:`beamkit.hf.versions.TESTED_TRANSFORMERS`; names that differ between them
 are resolved in :mod:`beamkit.hf.versions`).
@@ -78,3 +79,10 @@ def reorder_cache(model: Any) -> Any:
     """The model's own cache reorder for beam search (``PreTrainedModel._reorder_cache``, legacy models), or
     None: the cache reorders itself."""
     return getattr(model, "_reorder_cache", None)
+
+
+def prefix_constraint(processor: Any) -> tuple[Any, int] | None:
+    """A ``PrefixConstrainedLogitsProcessor``'s function and beam count (its ``_prefix_allowed_tokens_fn`` and
+    ``_num_beams``), None for any other processor."""
+    fn = getattr(processor, "_prefix_allowed_tokens_fn", None)
+    return None if fn is None else (fn, int(processor._num_beams))
