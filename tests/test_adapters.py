@@ -277,24 +277,24 @@ def test_the_server_refuses_what_a_shared_engine_cannot_apply(hf_folder):
 
     kind, folder, model, tok = hf_folder
     adapter = load(f"hf:{folder}")
-    greedy_min = adapter.request(Ask(1, 1, 6, 1.0, min_len=2))
+    greedy_min = Ask(1, 1, 6, 1.0, min_len=2)
     if kind == "t5":  # an encoder-decoder engine applies these per request (tests/test_serve_hf_encdec.py) ...
         adapter.model.generation_config.no_repeat_ngram_size = 2
         try:
             assert adapter.continuous_refusal(greedy_min) is None
             adapter.model.generation_config.repetition_penalty = 1.5
-            assert adapter.continuous_refusal(adapter.request(Ask(3, 2, 6, 1.0))) is None
-            refusal = adapter.continuous_refusal(adapter.request(Ask(1, 1, 6, 1.0)))
+            assert adapter.continuous_refusal(Ask(3, 2, 6, 1.0)) is None
+            refusal = adapter.continuous_refusal(Ask(1, 1, 6, 1.0))
         finally:
             adapter.model.generation_config.no_repeat_ngram_size = None
             adapter.model.generation_config.repetition_penalty = 1.0
         assert refusal is not None and "repetition_penalty with a beam of one" in refusal  # ... but this
         return
     assert "'min_tokens' with a beam of one" in adapter.continuous_refusal(greedy_min)
-    assert adapter.continuous_refusal(adapter.request(Ask(3, 2, 6, 1.0, min_len=2))) is None
+    assert adapter.continuous_refusal(Ask(3, 2, 6, 1.0, min_len=2)) is None
     adapter.model.generation_config.no_repeat_ngram_size = 2
     try:
-        refusal = adapter.continuous_refusal(adapter.request(Ask(3, 2, 6, 1.0)))
+        refusal = adapter.continuous_refusal(Ask(3, 2, 6, 1.0))
     finally:
         adapter.model.generation_config.no_repeat_ngram_size = None
     assert refusal is not None and "generation_config.no_repeat_ngram_size" in refusal

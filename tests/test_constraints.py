@@ -273,7 +273,6 @@ def test_trie_table_constrains_each_request_by_its_own_dictionary():
     model = ToyModel(10, seed=4)
     table = TrieTable({"a": a, "b": b})
     engine = beamkit.Engine(model.step, max_len=5, length_penalty=0.0, processors=[table])
-    table.bind(engine)
     rids = []
     for name in ("a", "b", None):
         rid = engine.add(model.init(), BOS, EOS, beam_size=4)

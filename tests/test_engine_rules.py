@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from beamkit import BeamSearch, Engine, concat_state, search_batch, select_state
+from beamkit import BeamSearch, Engine, RequestOptions, concat_state, search_batch, select_state
 from beamkit.processors import StepContext
 from beamkit.search import make_options
 from tests.toy import BOS, ToyModel, all_outputs, log_softmax_ref, prefix_logits
@@ -597,7 +597,7 @@ def test_engine_api_errors_name_the_problem_exactly():
     with pytest.raises(TypeError, match=_exactly(unknown)):
         engine.add(m.init(), BOS, EOS, max_len=3, beams=3)
     with pytest.raises(ValueError, match=_exactly("the number of requests must be an integer >= 0, got -1")):
-        engine.add_batch(m.init(), BOS, EOS, -1, max_len=3)
+        engine.add_batch(m.init(), BOS, EOS, -1, request=RequestOptions(max_len=3))
     with pytest.raises(ValueError, match=_exactly("no request 0 was added to this engine")):
         engine.cancel(0)
     with pytest.raises(TypeError, match=_exactly("eos must be an int, a sequence of ints or None, got 'x'")):

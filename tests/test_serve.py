@@ -589,6 +589,7 @@ def test_a_small_request_behind_a_heavy_one_starts_within_a_few_steps():
     waiting list; a small request arriving after 3 steps is done a few steps after its own length."""
     import asyncio
 
+    from beamkit import RequestOptions
     from beamkit.scoring import as_length_penalty
     from beamkit.serve.metrics import Metrics
     from beamkit.serve.runner import Done, Job, Runner
@@ -597,8 +598,8 @@ def test_a_small_request_behind_a_heavy_one_starts_within_a_few_steps():
     got: dict[str, Done] = {}
 
     def job(name: str, prompt: str, beam: int, length: int, request: int) -> Job:
-        options = {"beam_size": beam, "max_len": length, "min_len": length, "num_return": beam,
-                   "length_penalty": as_length_penalty(1.0), "early_stopping": False}  # fmt: skip
+        options = RequestOptions(**{"beam_size": beam, "max_len": length, "min_len": length, "num_return": beam,
+                   "length_penalty": as_length_penalty(1.0), "early_stopping": False})  # fmt: skip
 
         def deliver(event: Any) -> None:
             if isinstance(event, Done):

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from beamkit import RequestOptions  # noqa: E402
 from beamkit.scoring import as_length_penalty  # noqa: E402
 from beamkit.serve.metrics import Metrics  # noqa: E402
 from beamkit.serve.runner import Job, QueueFull, Runner  # noqa: E402
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def toy_job(loop: asyncio.AbstractEventLoop, prompt: str, request: int, beam: int = 2) -> Job:
-    options = {"beam_size": beam, "max_len": 5, "min_len": 5, "num_return": beam,
-               "length_penalty": as_length_penalty(1.0), "early_stopping": False}  # fmt: skip
+    options = RequestOptions(**{"beam_size": beam, "max_len": 5, "min_len": 5, "num_return": beam,
+               "length_penalty": as_length_penalty(1.0), "early_stopping": False})  # fmt: skip
     return Job(tuple(ToyAdapter().encode(prompt)), options, beam, False, lambda event: None, loop, request=request)
 
 

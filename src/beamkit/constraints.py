@@ -286,8 +286,8 @@ class TrieMask:
 class TrieTable:
     """Processor for an engine shared by requests (a server's): named tries, each request constrained by the one
     it was :meth:`assign`-ed (none: unconstrained). Rows of one trie are masked together as :class:`TrieMask`
-    masks them (nodes carried per row, the request's stop tokens allowed where an entry ends). Call :meth:`bind`
-    with the engine before its first step (it maps the rows' slots to request ids)."""
+    masks them (nodes carried per row, the request's stop tokens allowed where an entry ends). Rows are matched to
+    their request by the engine's request ids (``StepContext.request_id``)."""
 
     carries = True
     bounds_outputs = True
@@ -296,11 +296,6 @@ class TrieTable:
         self.names = tuple(tries)
         self.tries = tuple(tries.values())
         self._which: dict[int, int] = {}  # engine request id -> index into tries
-        self.engine: Any = None
-
-    def bind(self, engine: Any) -> None:
-        """The engine whose requests this table constrains."""
-        self.engine = engine
 
     def assign(self, request_id: int, name: str | None) -> None:
         """Constrain request ``request_id`` by the trie called ``name`` (None: not at all); ValueError for a
@@ -316,11 +311,11 @@ class TrieTable:
         self._which.pop(request_id, None)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
-        if self.engine is None:
-            raise RuntimeError("TrieTable.bind(engine) was not called")
         if not self._which or ctx.request.size == 0:
             return scores
-        rids = self.engine.book.rid[ctx.request]  # shape: (rows,) request ids
+        if ctx.request_id is None:
+            raise ValueError("TrieTable needs each row's request id (StepContext.request_id), as an Engine gives it")
+        rids = ctx.request_id  # shape: (rows,) request ids
         uniq, inverse = np.unique(rids, return_inverse=True)  # per request, not per row
         trie_of = np.array([self._which.get(int(r), -1) for r in uniq.tolist()], np.int64)[inverse.reshape(-1)]
         for k in np.unique(trie_of[trie_of >= 0]).tolist():

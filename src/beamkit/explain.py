@@ -49,8 +49,8 @@ def explain(
     check_prompt_length(adapter, ids, "the input")
     runs = []
     for beam, trace in ((beam_size, True), (1, False)):
-        request = adapter.request(Ask(beam, beam, max_len, length_penalty, prompt_len=len(ids)))  # the whole final beam
-        result = search(adapter, [ids], request, record_trace=trace, **shared)
+        ask = Ask(beam, beam, max_len, length_penalty, prompt_len=len(ids))  # the whole final beam
+        result = search(adapter, [ids], ask, record_trace=trace, **shared)
         if result.errors:
             raise ValueError(result.errors[0])
         runs.append(result)

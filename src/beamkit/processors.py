@@ -47,6 +47,11 @@ class StepContext:
     # a carrying processor's own per-row value (see the module docstring): the parent's at the previous step, -1
     # for a new row; the processor writes the row's value in place, the engine gathers it by parent
     carry: np.ndarray | None = None  # shape: (rows,) int64, writable
+    # each row's request's own options and id, for processors of an engine shared by requests (a server's): the
+    # beam width, the longest output (max_len), the engine's request id (Engine.add's return value)
+    beam: np.ndarray | None = None  # shape: (rows,) int64
+    max_len: np.ndarray | None = None  # shape: (rows,) int64
+    request_id: np.ndarray | None = None  # shape: (rows,) int64
 
     def sequences(self, prompts: Sequence[Sequence[int]] | None) -> np.ndarray:
         """Each row's prompt + generated tokens, left-padded with ``-1`` to one width ``[rows, P + step]``."""

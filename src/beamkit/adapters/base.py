@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beamkit.scoring import LengthPenalty, as_length_penalty
+from beamkit.search.options import EarlyStopping, RequestOptions
 
 
 @dataclass(frozen=True)
@@ -19,17 +20,9 @@ class Ask:
     n_best: int  # hypotheses returned (<= beam)
     max_len: int | None = None  # most generated tokens
     length_penalty: float | None = None  # alpha of the model's length penalty
-    early_stopping: bool | str | None = None  # when a beam is done (see beamkit.SearchOptions)
+    early_stopping: EarlyStopping | None = None  # when a beam is done (see beamkit.SearchOptions)
     min_len: int | None = None  # fewest generated tokens before a stop token may end a hypothesis
     prompt_len: int = 1  # the prompt's tokens (a decoder-only model counts some limits from it)
-
-    @classmethod
-    def of(cls, request: dict[str, Any], prompt_len: int = 1) -> Ask:
-        """The ask behind per-request engine options that :meth:`ModelAdapter.request` made."""
-        return cls(
-            request["beam_size"], request["num_return"], request["max_len"], request["length_penalty"].alpha,
-            request.get("early_stopping", False), request.get("min_len", 0), prompt_len,
-        )  # fmt: skip
 
 
 class ModelAdapter:
@@ -86,32 +79,34 @@ class ModelAdapter:
         """The length penalty the offline decoder uses for ``alpha``."""
         return as_length_penalty(alpha)
 
-    def request(self, ask: Ask) -> dict[str, Any]:
-        """The per-request engine options (the fields of :data:`beamkit.search.REQUEST_FIELDS`) for ``ask``, as
-        the model's offline decoder sets them; None in ``ask`` means the model's default (``max_len``:
-        :attr:`default_max_tokens`; ``length_penalty``: 1; ``min_len``: 0)."""
-        options: dict[str, Any] = {
-            "beam_size": ask.beam,
-            "num_return": ask.n_best,
-            "max_len": self.default_max_tokens if ask.max_len is None else ask.max_len,
-            "length_penalty": self.length_penalty(1.0 if ask.length_penalty is None else ask.length_penalty),
-        }
-        if ask.early_stopping is not None:
-            options["early_stopping"] = ask.early_stopping
-        if ask.min_len is not None:
-            options["min_len"] = ask.min_len
-        return options
+    def request(self, ask: Ask) -> RequestOptions:
+        """The engine's :class:`beamkit.RequestOptions` for ``ask``, as the model's offline decoder sets them;
+        None in ``ask`` means the model's default (``max_len``: :attr:`default_max_tokens`; ``length_penalty``:
+        1; ``min_len`` and ``early_stopping``: the engine's own)."""
+        return RequestOptions(
+            beam_size=ask.beam,
+            num_return=ask.n_best,
+            max_len=self.default_max_tokens if ask.max_len is None else ask.max_len,
+            length_penalty=self.length_penalty(1.0 if ask.length_penalty is None else ask.length_penalty),
+            early_stopping=ask.early_stopping,
+            min_len=ask.min_len,
+        )
 
-    def batch_options(self, prompts: Sequence[Sequence[int]], request: dict[str, Any]) -> dict[str, Any]:
-        """The search-wide options beyond :attr:`engine_options` that decoding ``prompts`` together with the
-        per-request options ``request`` needs (e.g. a Hugging Face model's logits processors); a running engine
-        shared by other requests can serve the request only when this is empty (default: nothing more)."""
+    def batch_options(self, prompts: Sequence[Sequence[int]], ask: Ask) -> dict[str, Any]:
+        """The search-wide options beyond :attr:`engine_options` that decoding ``prompts`` together for ``ask``
+        needs (e.g. a Hugging Face model's logits processors); a running engine shared by other requests can
+        serve the request only when this is empty (default: nothing more)."""
         return {}
 
-    def continuous_refusal(self, request: dict[str, Any]) -> str | None:
-        """Why a running engine shared by other requests (a server's) cannot decode ``request`` as the offline
+    def continuous_refusal(self, ask: Ask) -> str | None:
+        """Why a running engine shared by other requests (a server's) cannot decode ``ask`` as the offline
         decoder would, naming the setting; None when it can (the default)."""
         return None
+
+    def continuous_options(self) -> dict[str, Any]:
+        """The search-wide options of a running engine shared by requests (a server's): :attr:`engine_options`
+        by default; a model whose offline decoder applies processors per request adds them here."""
+        return dict(self.engine_options)
 
     @contextlib.contextmanager
     def step_context(self) -> Iterator[None]:

@@ -3,8 +3,8 @@
 Inputs are encoded by the adapter, grouped by :meth:`~beamkit.adapters.ModelAdapter.batch_key` (a Hugging Face
 model decodes prompts of one length together: no padding) in their order, and each group is decoded in batches of
 ``batch_size`` with one :class:`beamkit.BeamSearch` call: the per-request options of
-:meth:`~beamkit.adapters.ModelAdapter.request`, the search-wide ones of ``engine_options`` and
-:meth:`~beamkit.adapters.ModelAdapter.batch_options`.
+:meth:`~beamkit.adapters.ModelAdapter.request` (a :class:`beamkit.RequestOptions`), the search-wide
+ones of ``engine_options`` and :meth:`~beamkit.adapters.ModelAdapter.batch_options`.
 """
 
 from __future__ import annotations
@@ -32,18 +32,19 @@ class Output(NamedTuple):
 def search(
     adapter: ModelAdapter,
     prompts: list[list[int]],
-    request: dict[str, Any],
+    ask: Ask,
     progress: Progress | None = None,
     **shared: Any,
 ) -> SearchResult:
-    """One closed-batch search of ``prompts`` (token ids, one batch) with the per-request options ``request``;
-    ``shared``: more search-wide :class:`beamkit.SearchOptions` fields (``record_trace``, ``policy``).
-    ``progress`` advances by one per prompt as the search runs."""
+    """One closed-batch search of ``prompts`` (token ids, one batch) for ``ask``: the adapter's
+    :class:`beamkit.RequestOptions` for it over the search-wide options (``engine_options``,
+    :meth:`~beamkit.adapters.ModelAdapter.batch_options` and ``shared``: more :class:`beamkit.SearchOptions`
+    fields, such as ``record_trace`` or ``policy``). ``progress`` advances by one per prompt as the search runs."""
     from beamkit.progress import BatchTicker, Silent
-    from beamkit.search import BeamSearch, make_options
+    from beamkit.search import BeamSearch
 
-    fields = {**adapter.engine_options, **adapter.batch_options(prompts, request), **shared, **request}
-    options = make_options(fields.pop("beam_size"), fields.pop("max_len"), **fields)
+    request = adapter.request(ask)
+    options = request.search_options(**adapter.engine_options, **adapter.batch_options(prompts, ask), **shared)
     ticker = BatchTicker(progress or Silent(), len(prompts), options.max_len)
     with adapter.step_context():
         state = adapter.init_state(prompts)
@@ -95,8 +96,8 @@ def decode_texts(
         for start in range(0, len(members), batch_size):
             chunk = members[start : start + batch_size]
             prompts = [ids[i] for i in chunk]
-            request = adapter.request(Ask(beam, n_best, max_len, length_penalty, prompt_len=len(prompts[0])))
-            result = search(adapter, prompts, request, progress)
+            ask = Ask(beam, n_best, max_len, length_penalty, prompt_len=len(prompts[0]))
+            result = search(adapter, prompts, ask, progress)
             BatchDecodeError.raise_if(result.errors, result.hypotheses)
             for i, hyps in zip(chunk, result.hypotheses, strict=True):
                 out[i] = [

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from beamkit.adapters.base import Ask, ModelAdapter
+from beamkit.search.options import RequestOptions
 
 NAME = "g2p-en"
 
@@ -50,7 +51,7 @@ class G2PAdapter(ModelAdapter):
 
         return self.model.init_state(["".join(GRAPHEMES[t] for t in ids[:-1]) for ids in prompts])
 
-    def request(self, ask: Ask) -> dict[str, Any]:
+    def request(self, ask: Ask) -> RequestOptions:
         """As :meth:`ModelAdapter.request`; g2p-en's decoder stops at 20 phonemes, so ``max_len`` must be left
         out (or be 20)."""
         if ask.max_len not in (None, self.max_tokens_limit):

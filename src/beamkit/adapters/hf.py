@@ -26,7 +26,7 @@ import numpy as np
 from beamkit import ops
 from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.scoring import LengthPenalty
-from beamkit.search import REQUEST_FIELDS
+from beamkit.search.options import RequestOptions
 
 # Settings a continuous engine cannot apply per request (they need processors built for one batch of prompts),
 # as the generation-config fields users know them by.
@@ -104,17 +104,19 @@ class HFAdapter(ModelAdapter):
         gc, rest, given = merge_config(None, self.model.generation_config, kwargs)
         return resolve(self.model, gc, rest, given, 1 if self.encoder_decoder else ask.prompt_len)
 
-    def request(self, ask: Ask) -> dict[str, Any]:
+    def request(self, ask: Ask) -> RequestOptions:
         """``generate``'s per-request options: greedy search (one beam) stops at the first finished hypothesis,
         ``max_len`` None is the generation config's length (else 20 new tokens), ``min_len`` None its minimum."""
         from beamkit.hf.search import search_options
 
         s = self.settings(ask)
         options = search_options(s, [])
-        out = {name: options[name] for name in REQUEST_FIELDS if name in options}
-        return {**out, "beam_size": s.num_beams, "max_len": s.max_new_tokens, "num_return": s.num_return}
+        given = {name: options[name] for name in _REQUEST if name in options}
+        return RequestOptions(
+            **{**given, "beam_size": s.num_beams, "max_len": s.max_new_tokens, "num_return": s.num_return}
+        )
 
-    def batch_options(self, prompts: Sequence[Sequence[int]], request: dict[str, Any]) -> dict[str, Any]:
+    def batch_options(self, prompts: Sequence[Sequence[int]], ask: Ask) -> dict[str, Any]:
         """The logits processors ``generate`` builds for these prompts (from the generation config), with greedy
         search processing raw logits where that changes the scores; the rest of the shared options (sampling,
         diverse or constrained search) is refused, naming the setting."""
@@ -122,7 +124,7 @@ class HFAdapter(ModelAdapter):
         from beamkit.hf.search import search_options
         from beamkit.hf.settings import Unsupported
 
-        s = self.settings(Ask.of(request, len(prompts[0]) if prompts else 1))
+        s = self.settings(ask)
         for field, used in (("do_sample", s.do_sample), ("num_beam_groups", s.groups > 1)):
             if used:
                 raise Unsupported(f"generation_config.{field} is not decoded by beamkit's commands (use beamkit.hf)")
@@ -133,7 +135,7 @@ class HFAdapter(ModelAdapter):
         if not processors and not (s.num_beams == 1 and s.min_new_tokens > 0):
             return {}  # raw logits or log-probabilities: the same scores when nothing changes them
         shared = search_options(s, processors)
-        return {name: value for name, value in shared.items() if name not in REQUEST_FIELDS and name != "policy"}
+        return {name: value for name, value in shared.items() if name not in _REQUEST and name != "policy"}
 
     def continuous_options(self) -> dict[str, Any]:
         """The search-wide options of a running engine shared by requests (a server's): :attr:`engine_options`,
@@ -148,13 +150,13 @@ class HFAdapter(ModelAdapter):
         processors = build_processors(s, ((s.start,),), [0])
         return {**self.engine_options, "processors": [SharedProcessors(processors, s.forced_eos, _NO_LIMIT - 1)]}
 
-    def continuous_refusal(self, request: dict[str, Any]) -> str | None:
-        """Why a running engine shared by other requests cannot decode ``request`` as ``generate`` would: the
+    def continuous_refusal(self, ask: Ask) -> str | None:
+        """Why a running engine shared by other requests cannot decode ``ask`` as ``generate`` would: the
         generation-config settings that need processors built for one batch of prompts, or greedy search with a
         minimum length (``generate`` renormalises its raw logits then); None when it can. An encoder-decoder
         model's engine applies them per request (:meth:`continuous_options`), except a repetition penalty with a
         beam of one (``generate`` scales raw logits then, not log-probabilities)."""
-        s = self.settings(Ask.of(request))
+        s = self.settings(ask)
         if self.encoder_decoder:
             if s.num_beams == 1 and s.repetition_penalty != 1.0:
                 return (
@@ -220,6 +222,7 @@ class HFAdapter(ModelAdapter):
 
 
 _NO_LIMIT = 1 << 30  # generated tokens: more than any request asks for
+_REQUEST = frozenset(RequestOptions.__dataclass_fields__)  # the options each request sets for itself
 
 
 class SharedProcessors:
@@ -230,7 +233,8 @@ class SharedProcessors:
     request, so each row is processed as its request alone: the rows are passed as if of request 0); the one
     that forces ``forced_eos`` at generated step ``built_last`` is applied instead at each request's own last step
     (its ``max_len`` - 1). Rows of greedy requests (a beam of one) are renormalised after the processors, as
-    ``generate`` does when it processes raw logits. Call :meth:`bind` with the engine before its first step.
+    ``generate`` does when it processes raw logits. Each row's request options come from the step's context
+    (``StepContext.max_len``, ``StepContext.beam``).
     """
 
     def __init__(self, processors: list[Any], forced_eos: tuple[int, ...] | None, built_last: int):
@@ -243,30 +247,24 @@ class SharedProcessors:
                 side = self.after  # the forced stop token: per request, in its place in the order
                 continue
             side.append(proc)
-        self.engine: Any = None
-
-    def bind(self, engine: Any) -> None:
-        """The engine whose requests' options (beam width, longest output) the rows are processed by."""
-        self.engine = engine
 
     def __call__(self, scores: Any, ctx: Any) -> Any:
         """Process one run of rows (one step, one beam width): the shared processors, the forced stop token at
         each row's last step, a greedy row's renormalisation."""
-        if self.engine is None:
-            raise RuntimeError("SharedProcessors.bind(engine) was not called")
-        book = self.engine.book  # per-request options, indexed by the rows' request slots (ctx.request)
+        if ctx.max_len is None or ctx.beam is None:
+            raise ValueError("SharedProcessors needs each row's max_len and beam (StepContext), as an Engine gives")
         alone = dataclasses.replace(ctx, request=np.zeros_like(ctx.request))  # every row as request 0's
         for proc in self.before:
             scores = proc(scores, alone)
         if self.forced_eos:
-            last = np.flatnonzero(book.max_len[ctx.request] - 1 == ctx.step)  # shape: (forced rows,)
+            last = np.flatnonzero(ctx.max_len - 1 == ctx.step)  # shape: (forced rows,)
             if last.size:
                 eos = np.asarray(self.forced_eos, dtype=np.int64)
                 scores = ops.keep_only(scores, last, np.full(last.size, eos[0]))
                 scores = ops.fill(scores, np.repeat(last, eos.size), np.tile(eos, last.size), 0.0)
         for proc in self.after:
             scores = proc(scores, alone)
-        if ctx.request.size and int(book.beam[ctx.request[0]]) == 1:  # a run of rows has one beam width
+        if ctx.request.size and int(ctx.beam[0]) == 1:  # a run of rows has one beam width
             scores = ops.log_softmax(scores)  # shape: (rows, V)
         return scores
 

@@ -34,71 +34,30 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
     Hugging Face 5.x no longer ships. Other keywords are :class:`beamkit.SearchOptions` fields (``patience``,
     ``exact_exit``, extra ``processors`` applied after the mapped ones, ...).
 
+    Where the call runs is decided once, by :func:`beamkit.hf.route.route`: the engine bridge where it takes
+    the call, else beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`:
+    Whisper and other models with their own ``generate``, inputs other than token ids, model inputs the bridge
+    does not pass on, per-step ``scores``).
+
     Returns the ``sequences`` tensor, or with ``return_dict_in_generate`` Hugging Face's output object with
     beamkit's ``hypotheses`` and ``stats`` added (see :mod:`beamkit.hf.output`). Raises
     :class:`beamkit.hf.Unsupported` (a ValueError) for settings beamkit.hf does not reproduce exactly, naming
     them; ValueError / TypeError for bad input; :class:`beamkit.BatchDecodeError` when a request fails.
     """
-    return run_generate(model, inputs, second, kwargs, exact_only=False)
+    from beamkit.hf.route import route
+
+    return run_route(model, route(model, (inputs, second), kwargs))
 
 
-def run_generate(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool) -> Any:
-    """:func:`generate` with its keywords as a dict: the engine bridge where it takes the call, else beamkit's
-    decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`: Whisper and other models with
-    their own ``generate``, inputs other than token ids, model inputs the bridge does not pass on, and per-step
-    ``scores``, which only the loop keeps in Hugging Face's layout). ``exact_only`` is :func:`prepare`'s."""
-    try:
-        job = prepare(model, inputs, attention_mask, kwargs, exact_only)
-        if wants_tables(job.settings) and loop_decodes(job.settings):
-            raise Unsupported("per-step scores: the loop keeps Hugging Face's tables")
-    except Unsupported:
-        kwargs = dict(kwargs)
-        if attention_mask is not None:  # beamkit's second positional: a GenerationConfig or the attention mask
-            key = "generation_config" if is_generation_config(attention_mask) else "attention_mask"
-            if key in kwargs:
-                raise TypeError(f"generate() got {key} twice") from None
-            kwargs[key] = attention_mask
-        return generate_in_loop(model, () if inputs is None else (inputs,), kwargs)
-    return job()
-
-
-def generate_in_loop(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], original: Any = None) -> Any:
-    """``model.generate(*args, **kwargs)`` (``original``: the unpatched ``generate``) with beamkit's loop as its
-    decoding method; :class:`Unsupported` for arguments the loop is not handed (an assistant model, a streamer,
-    a tokenizer, a decoding method of the caller's own, ``synced_gpus=True``) and, from the loop, for generation
-    modes it does not decode."""
-    from beamkit.hf.loop import decode
-
-    taken = sorted(n for n in HOST_ONLY if kwargs.get(n) not in (None, False))
-    if taken or len(args) > 2:
-        names = ", ".join(f"{n}=" for n in taken) or "positional arguments after generation_config"
-        raise Unsupported(f"{names}: Hugging Face's generate does not hand it to a custom decoding method")
-    check_mode(model, args, kwargs)
-    call = original if original is not None else unpatched(model)
-    return call(*args, custom_generate=decode, **kwargs)
-
-
-def check_mode(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """:class:`Unsupported` when the call's generation mode (from its settings merged over the model's
-    generation config) is one beamkit's loop does not decode: refused before Hugging Face's ``generate`` runs,
-    since it expands some inputs in place (a given ``encoder_outputs``) and a rerun would see them expanded."""
-    from beamkit.hf.loop import loop_for
-
-    passed = args[1] if len(args) > 1 else kwargs.get("generation_config")
-    if not is_generation_config(passed):
-        passed = None
-    settings = {k: v for k, v in kwargs.items() if k != "generation_config"}
-    gc, _, _ = merge_config(passed, getattr(model, "generation_config", None), settings)
-    try:
-        loop_for(gc)
-    except Unsupported:
-        raise
-    except (ValueError, TypeError):  # settings Hugging Face rejects: its own generate says so
-        return
-
-
-# generate()'s arguments that reach only Hugging Face's own decoding methods, never a custom one
-HOST_ONLY = ("assistant_model", "streamer", "tokenizer", "assistant_tokenizer", "custom_generate", "synced_gpus")
+def run_route(model: Any, chosen: Any, original: Any = None) -> Any:
+    """Run a :class:`beamkit.hf.route.Route` of ``generate``: on the engine, or in beamkit's loop inside the
+    model's unpatched ``generate`` (``original`` where given); a route to Hugging Face's own decoding is
+    :class:`Unsupported` with its reason (:func:`generate` never runs Hugging Face's own)."""
+    if chosen.kind == "engine":
+        return chosen.prepared()
+    if chosen.kind == "loop":
+        return chosen.prepared(original if original is not None else unpatched(model))
+    raise Unsupported(chosen.reason)
 
 
 def unpatched(model: Any) -> Any:

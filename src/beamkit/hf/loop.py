@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.nn import functional
 
+from beamkit.hf import internals
 from beamkit.hf.settings import Unsupported
 from beamkit.hf.versions import release
 
@@ -54,16 +55,27 @@ def decode(
 
 
 def loop_for(generation_config: Any) -> type[TokenLoop] | type[BeamLoop]:
-    """The loop that decodes ``generation_config``'s generation mode; :class:`~beamkit.hf.Unsupported` for the
-    modes it does not (contrastive search, DoLa, assisted, diverse and constrained beam search) and for
-    ``low_memory=True``."""
-    mode = generation_config.get_generation_mode().value
-    loop = LOOPS.get(mode)
-    if loop is None:
-        raise Unsupported(f"generation mode {mode!r} is not decoded by beamkit")
+    """The loop that decodes ``generation_config``'s generation mode; :class:`~beamkit.hf.Unsupported` naming
+    :func:`mode_refusal`'s reason for the modes it does not decode."""
+    refusal = mode_refusal(generation_config)
+    if refusal is not None:
+        raise Unsupported(refusal)
+    return LOOPS[generation_config.get_generation_mode().value]
+
+
+def mode_refusal(generation_config: Any) -> str | None:
+    """Why the loop does not decode ``generation_config``'s generation mode (contrastive search, DoLa, assisted,
+    diverse and constrained beam search; ``low_memory=True``), None when it does. Settings Hugging Face itself
+    rejects (its ``get_generation_mode`` raises) are no refusal: its own ``generate`` raises its error."""
+    try:
+        mode = generation_config.get_generation_mode().value
+    except (ValueError, TypeError):  # Hugging Face's own check: raised again when its generate runs the call
+        return None
+    if mode not in LOOPS:
+        return f"generation mode {mode!r} is not decoded by beamkit"
     if getattr(generation_config, "low_memory", False):
-        raise Unsupported("low_memory=True")
-    return loop
+        return "low_memory=True"
+    return None
 
 
 @dataclass
@@ -87,7 +99,7 @@ class Run:
         """The first forward over the whole prompt (Hugging Face's own prefill: chunking, embeddings, a given
         cache's offset)."""
         first = not getattr(self.config, "is_assistant", False)
-        return self.model._prefill(input_ids, self.config, self.kwargs, is_first_iteration=first)
+        return internals.prefill(self.model, input_ids, self.config, self.kwargs, first)
 
     def forward(self, rows: torch.Tensor, call: Any = None) -> Any:
         """One forward of the rows' tokens so far (``[rows, L]``): only the last one with the cache, all of them
@@ -98,19 +110,15 @@ class Run:
 
     def absorb(self, outputs: Any) -> None:
         """Take the forward's cache, masks and positions into the model keywords (Hugging Face's update)."""
-        self.kwargs = self.model._update_model_kwargs_for_generation(
-            outputs, self.kwargs, is_encoder_decoder=self.encoder_decoder
-        )
+        self.kwargs = internals.update_model_kwargs(self.model, outputs, self.kwargs, self.encoder_decoder)
 
     def more(self, finished: bool, device: torch.device) -> bool:
         """Whether to run another step (with ``synced_gpus``, until every process is done)."""
-        return bool(self.model._has_unfinished_sequences(finished, self.synced_gpus, device=device))
+        return internals.has_unfinished(self.model, finished, self.synced_gpus, device)
 
     def cache(self) -> tuple[str, Any] | None:
         """The cache keyword and its value, when the model keeps one (the installed release's cache names)."""
-        from transformers.generation.utils import ALL_CACHE_NAMES
-
-        for name in ALL_CACHE_NAMES:
+        for name in internals.cache_names():
             if name in self.kwargs:
                 return name, self.kwargs[name]
         return None
@@ -165,10 +173,8 @@ class Tables:
 
     def output(self, run: Run, kind: str, **fields: Any) -> Any:
         """Hugging Face's output object of ``kind`` (``"Generate"`` or ``"GenerateBeam"``)."""
-        from transformers.generation import utils
-
         cache = run.cache()
-        cls = getattr(utils, f"{kind}{'EncoderDecoder' if run.encoder_decoder else 'DecoderOnly'}Output")
+        cls = internals.output_class(kind, run.encoder_decoder)
         field = "cache" if "cache" in cls.__dataclass_fields__ else "past_key_values"  # renamed in 5.24
         common = {"scores": self.scores, "logits": self.logits, field: cache[1] if cache else None}
         if run.encoder_decoder:
@@ -190,16 +196,16 @@ class TokenLoop:
     def decode(self, input_ids: torch.Tensor) -> Any:
         """Decode ``input_ids`` (``[batch, P]``) to Hugging Face's return value."""
         run, gc, model = self.run, self.run.config, self.run.model
-        pad = gc._pad_token_tensor
+        pad = internals.pad_token_tensor(gc)
         if pad is not None:
             pad = pad.to(input_ids.device)
         pads_finished = any(hasattr(c, "eos_token_id") for c in run.stopping)
         tables = Tables.asked(run)
         live = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)  # shape: (B,)
-        compiled = model._valid_auto_compile_criteria(run.kwargs, gc)
+        compiled = internals.auto_compiles(model, run.kwargs, gc)
         call = model.get_compiled_call(gc.compile_config) if compiled else model.__call__
         outputs, finished = run.prefill(input_ids), False
-        with model._optimize_model_for_decode():
+        with internals.optimized_for_decode(model):
             while run.more(finished, input_ids.device):
                 if outputs is None:
                     outputs = run.forward(input_ids, call)
@@ -287,9 +293,9 @@ class BeamLoop:
         gc = run.config
         self.run = run
         self.k = int(gc.num_beams)
-        eos = gc._eos_token_tensor
+        eos = internals.eos_token_tensor(gc)
         self.c = max(2, 1 + (eos.shape[0] if eos is not None else 0)) * self.k
-        pad = gc._pad_token_tensor
+        pad = internals.pad_token_tensor(gc)
         self.fill = (pad or eos[0]) if eos is not None else -1  # Hugging Face's fill value, precedence included
         self.alpha = gc.length_penalty
         self.early = gc.early_stopping
@@ -383,8 +389,9 @@ class BeamLoop:
         name, cache = held
         order = beams.running_from[..., cur - self.prompt].reshape(-1)  # shape: (B*K,)
         model = self.run.model
-        if hasattr(model, "_reorder_cache"):
-            self.run.kwargs[name] = model._reorder_cache(cache, order)
+        own = internals.reorder_cache(model)
+        if own is not None:
+            self.run.kwargs[name] = own(cache, order)
         elif hasattr(cache, "reorder_cache"):
             cache.reorder_cache(order)
         else:

@@ -1,10 +1,10 @@
 """``beamkit.hf.patch(model)``: ``model.generate`` runs through beamkit where beamkit reproduces it exactly.
 
-Each call goes to the first that takes it: beamkit's engine bridge (:func:`beamkit.hf.generation.prepare`), then
-beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`), then Hugging Face's own
-decoding method, with the reason logged once. No call breaks that Hugging Face would serve: whatever the bridge
-refuses or rejects (a check stricter than Hugging Face's) goes on to the loop, where Hugging Face's own checks
-decide.
+Each call is routed once (:func:`beamkit.hf.route.route`): beamkit's engine bridge, else beamkit's decoding loop
+inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`, Hugging Face's float32 arithmetic), else Hugging
+Face's own decoding method, with the reason logged once. No call breaks that Hugging Face would serve: whatever
+the bridge refuses or rejects (a check stricter than Hugging Face's) goes on to the loop, where Hugging Face's own
+checks decide (bad input raises Hugging Face's own error).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import logging
 from typing import Any
 
 from beamkit._checks import check_bool
-from beamkit.hf.generation import generate_in_loop, prepare
+from beamkit.hf.generation import run_route
 from beamkit.hf.inputs import check_model
-from beamkit.hf.settings import Settings, Unsupported
+from beamkit.hf.route import route
 from beamkit.hypothesis import BatchDecodeError
 
 log = logging.getLogger("beamkit.hf")
@@ -45,27 +45,17 @@ class Patch:
         model.generate = generate
 
     def _generate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One patched call: the engine bridge, else beamkit's loop in Hugging Face's generate, else Hugging
-        Face's own."""
-        job = None
-        if len(args) <= 2:
-            inputs = args[0] if args else None
-            second = args[1] if len(args) > 1 else None
+        """One patched call, run where :func:`beamkit.hf.route.route` sends it; a call the engine refuses at run
+        time (a :class:`beamkit.BatchDecodeError`, nothing of the caller's changed) is routed again without it."""
+        chosen = route(self.model, args, kwargs, patched=True, fast=self.fast)
+        if chosen.kind == "engine":
             try:
-                job = prepare(self.model, inputs, second, kwargs, exact_only=True)
-            except (ValueError, TypeError):  # Unsupported among them: the loop or Hugging Face decides
-                job = None
-            if job is not None and not self.fast and _plain_beam_search(job.settings):
-                job = None  # beam search ranks by float64 sums on the engine: exact only to float32 near-ties
-        if job is not None:
-            try:
-                return job()
-            except BatchDecodeError:  # a request the engine refused (nothing of the caller's was changed)
-                pass
-        try:
-            return generate_in_loop(self.model, args, kwargs, self.original)
-        except Unsupported as err:  # raised before anything ran: Hugging Face's own method runs the call
-            return self._fall_back(str(err), args, kwargs)
+                return run_route(self.model, chosen)
+            except BatchDecodeError:
+                chosen = route(self.model, args, kwargs, patched=True, engine=False)
+        if chosen.kind == "huggingface":
+            return self._fall_back(chosen.reason, args, kwargs)
+        return run_route(self.model, chosen, self.original)
 
     @staticmethod
     def _check_generates(model: Any) -> None:
@@ -95,12 +85,6 @@ class Patch:
 
     def __exit__(self, *exc: object) -> None:
         self.undo()
-
-
-def _plain_beam_search(settings: Settings) -> bool:
-    """Whether the engine bridge would run a plain beam search (not greedy, not diverse or constrained beam
-    search, which the loop does not decode)."""
-    return settings.num_beams > 1 and settings.groups == 1 and not settings.force_words
 
 
 def patch(model: Any, fast: bool = False) -> Patch:

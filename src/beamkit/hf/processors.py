@@ -10,6 +10,7 @@ import numpy as np
 
 from beamkit import ops
 from beamkit.constraints import ROOT, PrefixFn, TrieMask, allowed_pairs, check_vocab
+from beamkit.hf.internals import prefix_constraint
 from beamkit.hf.settings import Settings
 from beamkit.processors import (
     BadWords,
@@ -168,7 +169,7 @@ def vectorise_prefix_fns(processors: Any) -> Any:
     """Hugging Face's processor list with each ``PrefixConstrainedLogitsProcessor`` over a :class:`beamkit.Trie`'s
     callable replaced by a :class:`TrieLogitsProcessor` (in place, same position); others untouched."""
     for i, proc in enumerate(processors):
-        fn = getattr(proc, "_prefix_allowed_tokens_fn", None)
-        if isinstance(fn, PrefixFn):
-            processors[i] = TrieLogitsProcessor(fn, int(proc._num_beams))
+        held = prefix_constraint(proc)
+        if held is not None and isinstance(held[0], PrefixFn):
+            processors[i] = TrieLogitsProcessor(held[0], held[1])
     return processors

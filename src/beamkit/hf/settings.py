@@ -318,14 +318,54 @@ def _length_setting(gc: Any, given: set[str], name: str) -> str:
 
 def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: int) -> Settings:
     """The :class:`Settings` of one call: ``gc`` is the merged generation config, ``rest`` the other keywords
-    (SearchOptions fields; consumed), ``width`` the columns of ``input_ids``."""
+    (SearchOptions fields; consumed), ``width`` the columns of ``input_ids``. Each concern is resolved by its own
+    function, in this order: the call's arguments, the beams, the tokens the search starts and stops with, the
+    lengths, the logits processors' settings, sampling."""
     _refuse_unmapped(gc, given)
+    prefix_fn = _call_arguments(model, rest)
+    cfg = model.config
+    encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
+    num_beams = _int(gc.num_beams, "num_beams", 1)
+    num_return = _int(gc.num_return_sequences, "num_return_sequences", 1)
+    early_stopping = False if gc.early_stopping is None else gc.early_stopping
+    check_int("num_beams", num_beams, 1)
+    check_int("num_return_sequences", num_return, 1, num_beams)
+    check_choice("early_stopping", early_stopping, (True, False, "never"))
+    tokens = _tokens(gc, cfg, encoder_decoder, width)
+    prompt_len, eos = tokens["prompt_len"], tokens["eos"]
+    if prefix_fn is not None and prefix_fn.prompt_len != prompt_len:
+        raise Unsupported(
+            f"prefix_allowed_tokens_fn was made with prompt_len={prefix_fn.prompt_len} but the decoder's prefix is "
+            f"{prompt_len} tokens long"
+        )
+    lengths = _lengths(cfg, gc, given, prompt_len, encoder_decoder, eos)
+    return Settings(
+        encoder_decoder=encoder_decoder,
+        num_beams=num_beams,
+        early_stopping=early_stopping,
+        length_penalty=float(1.0 if gc.length_penalty is None else gc.length_penalty),
+        num_return=num_return,
+        **tokens,
+        **lengths,
+        **_variants(gc, num_beams),
+        **_processor_settings(gc),
+        return_dict=bool(gc.return_dict_in_generate),
+        output_scores=bool(gc.output_scores),
+        search_options=tuple(rest.items()),
+        kv="paged" if gc.cache_implementation in (None, "paged") else "dense",
+        prefix_fn=prefix_fn,
+        **_sampling(gc, num_beams, eos),
+    )
+
+
+def _call_arguments(model: Any, rest: dict[str, Any]) -> Any:
+    """Check the call's keywords beyond the generation config (``rest``: :class:`beamkit.SearchOptions` fields,
+    its ``prefix_allowed_tokens_fn`` taken out); returns that function's trie form, or None."""
     prefix_fn = _prefix_fn(rest.pop("prefix_allowed_tokens_fn", None))
     _refuse_call_arguments(rest)
     for name, instead in (("num_return", "num_return_sequences"), ("min_len", "min_new_tokens")):
         if name in rest:
             raise TypeError(f"generate() takes {instead}=, not the SearchOptions field {name}=")
-    cfg = model.config
     unknown = sorted(set(rest) - SEARCH_OPTION_NAMES)
     if unknown:
         forward_inputs = [n for n in unknown if _model_takes(model, n)]
@@ -335,17 +375,17 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
             f"generate() got unexpected keyword arguments {unknown}: neither Hugging Face settings beamkit.hf "
             "maps nor beamkit.SearchOptions fields"
         )
-    encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
-    num_beams = _int(gc.num_beams, "num_beams", 1)
-    num_return = _int(gc.num_return_sequences, "num_return_sequences", 1)
-    early_stopping = False if gc.early_stopping is None else gc.early_stopping
-    check_int("num_beams", num_beams, 1)
-    check_int("num_return_sequences", num_return, 1, num_beams)
-    check_choice("early_stopping", early_stopping, (True, False, "never"))
+    return prefix_fn
+
+
+def _tokens(gc: Any, cfg: Any, encoder_decoder: bool, width: int) -> dict[str, Any]:
+    """The stop tokens ``eos``, the ``pad`` id (``eos[0]`` when unset, as Hugging Face does with a warning), the
+    decoder's ``start`` token and the ``prompt_len`` lengths count from (the prompt's ``width`` for a
+    decoder-only model, the start token for an encoder-decoder one)."""
     eos = _eos_list(gc.eos_token_id)
     pad = gc.pad_token_id
     if pad is None and eos:
-        pad = eos[0]  # what Hugging Face does (with a warning)
+        pad = eos[0]
     start = 0  # decoder-only: ignored, the first call runs the prompt
     prompt_len = width
     if encoder_decoder:
@@ -355,23 +395,39 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         if start_id is None:
             raise ValueError("encoder-decoder model without decoder_start_token_id; pass decoder_start_token_id=")
         start, prompt_len = int(_eos_list(start_id)[0]), 1
-    if prefix_fn is not None and prefix_fn.prompt_len != prompt_len:
-        raise Unsupported(
-            f"prefix_allowed_tokens_fn was made with prompt_len={prefix_fn.prompt_len} but the decoder's prefix is "
-            f"{prompt_len} tokens long"
-        )
+    return {"eos": eos, "pad": None if pad is None else int(pad), "start": start, "prompt_len": prompt_len}
+
+
+def _lengths(
+    cfg: Any, gc: Any, given: set[str], prompt_len: int, encoder_decoder: bool, eos: tuple[int, ...]
+) -> dict[str, Any]:
+    """``max_new_tokens`` and ``min_new_tokens`` (0 without stop tokens), checked against the model's learned
+    positions; Hugging Face's warning for lengths that cannot be met."""
     max_new = _max_new_tokens(cfg, gc, given, prompt_len, encoder_decoder)
     positions = getattr(cfg, "n_positions", None)  # learned absolute positions (GPT-2 style): a hard limit
     if positions is not None and not encoder_decoder:
         _check_positions(int(positions), prompt_len, max_new, gc, given)
     _warn_unfeasible_lengths(gc, prompt_len, max_new)
     min_new = _min_new_tokens(gc, prompt_len) if eos else 0
+    return {"max_new_tokens": max_new, "min_new_tokens": min_new}
+
+
+def _variants(gc: Any, num_beams: int) -> dict[str, Any]:
+    """Diverse beam search (``num_beam_groups``, ``diversity_penalty``) and constrained beam search
+    (``force_words_ids``), which cannot be combined."""
     groups = _int(gc.num_beam_groups, "num_beam_groups", 1)
     force_words = gc.force_words_ids
     if groups > 1 and force_words:
         raise ValueError("num_beam_groups and force_words_ids cannot be combined")
     if groups > 1 and num_beams % groups:
         raise ValueError(f"num_beams ({num_beams}) must be a multiple of num_beam_groups ({groups})")
+    force = tuple(force_words) if force_words else None
+    return {"groups": groups, "diversity": float(gc.diversity_penalty or 0.0), "force_words": force}
+
+
+def _processor_settings(gc: Any) -> dict[str, Any]:
+    """The settings of the logits processors: n-gram blocking, repetition penalty, bad words, suppressed
+    tokens, sequence bias, forced first / last tokens (a token both forced and suppressed is refused)."""
     forced_bos = None if gc.forced_bos_token_id is None else int(gc.forced_bos_token_id)
     forced_eos = _eos_list(gc.forced_eos_token_id) or None
     suppress = None if gc.suppress_tokens is None else _token_ids(gc.suppress_tokens, "suppress_tokens")
@@ -380,39 +436,17 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         clash = sorted(forced & set(suppress))
         if clash:
             raise ValueError(f"suppress_tokens {clash} are also forced (forced_bos_token_id / forced_eos_token_id)")
-    sampling = _sampling(gc, num_beams, eos)
     begin = gc.begin_suppress_tokens
-    bad = gc.bad_words_ids
-    return Settings(
-        encoder_decoder=encoder_decoder,
-        prompt_len=prompt_len,
-        start=start,
-        num_beams=num_beams,
-        max_new_tokens=max_new,
-        min_new_tokens=min_new,
-        early_stopping=early_stopping,
-        length_penalty=float(1.0 if gc.length_penalty is None else gc.length_penalty),
-        num_return=num_return,
-        eos=eos,
-        pad=None if pad is None else int(pad),
-        no_repeat_ngram=_int(gc.no_repeat_ngram_size, "no_repeat_ngram_size", 0),
-        repetition_penalty=float(1.0 if gc.repetition_penalty is None else gc.repetition_penalty),
-        bad_words=_bad_words(bad),
-        suppress=suppress,
-        begin_suppress=None if begin is None else _token_ids(begin, "begin_suppress_tokens"),
-        sequence_bias=None if gc.sequence_bias is None else _sequence_biases(gc.sequence_bias),
-        forced_bos=forced_bos,
-        forced_eos=forced_eos,
-        groups=groups,
-        diversity=float(gc.diversity_penalty or 0.0),
-        force_words=tuple(force_words) if force_words else None,
-        return_dict=bool(gc.return_dict_in_generate),
-        output_scores=bool(gc.output_scores),
-        search_options=tuple(rest.items()),
-        kv="paged" if gc.cache_implementation in (None, "paged") else "dense",
-        prefix_fn=prefix_fn,
-        **sampling,
-    )
+    return {
+        "no_repeat_ngram": _int(gc.no_repeat_ngram_size, "no_repeat_ngram_size", 0),
+        "repetition_penalty": float(1.0 if gc.repetition_penalty is None else gc.repetition_penalty),
+        "bad_words": _bad_words(gc.bad_words_ids),
+        "suppress": suppress,
+        "begin_suppress": None if begin is None else _token_ids(begin, "begin_suppress_tokens"),
+        "sequence_bias": None if gc.sequence_bias is None else _sequence_biases(gc.sequence_bias),
+        "forced_bos": forced_bos,
+        "forced_eos": forced_eos,
+    }
 
 
 def _sampling(gc: Any, num_beams: int, eos: tuple[int, ...]) -> dict[str, Any]:

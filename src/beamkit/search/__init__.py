@@ -6,13 +6,10 @@ from beamkit.search.drivers import BeamSearch, search_batch, traced_search
 from beamkit.search.engine import Engine
 from beamkit.search.inputs import StepFn, bos_array, count_requests, eos_ids, unpack_step
 from beamkit.search.options import (
-    REQUEST_FIELDS,
-    SHARED_FIELDS,
     EarlyStopping,
     RequestOptions,
     SearchOptions,
     make_options,
-    request_options,
 )
 from beamkit.search.policies import Compete, Narrow, Policy, Pool, make_policy, survivor_mask
 from beamkit.search.ranking import group_starts, rank_candidates
@@ -32,8 +29,6 @@ from beamkit.search.records import (
 from beamkit.search.selectors import Deterministic, Selector
 
 __all__ = [
-    "REQUEST_FIELDS",
-    "SHARED_FIELDS",
     "BeamSearch",
     "Book",
     "Candidates",
@@ -66,7 +61,6 @@ __all__ = [
     "make_options",
     "make_policy",
     "rank_candidates",
-    "request_options",
     "search_batch",
     "traced_search",
     "survivor_mask",

@@ -30,7 +30,7 @@ from beamkit.processors import StepContext, is_stop
 from beamkit.scoring import LengthPenalty
 from beamkit.search.book import Book
 from beamkit.search.inputs import StepFn, bos_array, count_requests, eos_ids, unpack_step
-from beamkit.search.options import EARLY_MODES, SearchOptions, make_options, request_options
+from beamkit.search.options import EARLY_MODES, RequestOptions, SearchOptions, make_options
 from beamkit.search.policies import make_policy
 from beamkit.search.ranking import group_starts, requests_of, without
 from beamkit.search.records import (
@@ -64,7 +64,7 @@ class Engine:
     request and returns the requests that ended at it::
 
         engine = Engine(model.step, beam_size=5, max_len=64, policy="pool")
-        rid = engine.add(model.init_state(src), bos, eos, beam_size=3)
+        rid = engine.add(model.init_state(src), bos, eos, RequestOptions(beam_size=3))
         while not engine.idle:
             for done in engine.step():
                 deliver(done.request_id, done.hypotheses, done.error)
@@ -139,11 +139,23 @@ class Engine:
             self.recorder = TraceRecorder(self)
 
     # ---------------------------------------------------------------------------------------------- requests
-    def add(self, init_state: Any, bos: int, eos: int | Sequence[int] | None, **given: Any) -> int:
+    def add(
+        self,
+        init_state: Any,
+        bos: int,
+        eos: int | Sequence[int] | None,
+        request: RequestOptions | None = None,
+        **given: Any,
+    ) -> int:
         """Add one request (``init_state`` has one row on axis 0 of every array leaf); it joins at the next
-        :meth:`step`. ``given`` (per-request options): ``beam_size``, ``max_len``, ``min_len``, ``num_return``,
-        ``length_penalty``, ``early_stopping``, ``patience``, ``temperature``. Returns the request id."""
-        return self.add_batch(init_state, bos, eos, 1, **given)[0]
+        :meth:`step`. ``request``: its :class:`RequestOptions` (None: the engine's own); or, for short, the same
+        fields as keywords (``beam_size``, ``max_len``, ``min_len``, ``num_return``, ``length_penalty``,
+        ``early_stopping``, ``patience``, ``temperature``). Returns the request id."""
+        if given:
+            if request is not None:
+                raise TypeError("give add() either request= or the request's options as keywords, not both")
+            request = RequestOptions.of(given)
+        return self.add_batch(init_state, bos, eos, 1, request=request)[0]
 
     def add_batch(
         self,
@@ -151,13 +163,20 @@ class Engine:
         bos: int | Sequence[int],
         eos: int | Sequence[int] | None,
         n: int | None = None,
-        **given: Any,
+        *,
+        request: RequestOptions | None = None,
     ) -> list[int]:
         """Add ``n`` requests with the same options at once (``init_state`` has one row each; ``n`` defaults to
-        the rows of its first array leaf, else ``len(bos)``); returns their ids, in row order. ``given``: the
-        per-request options of :meth:`add`, and ``temperature`` (a sampling selector's temperature for these
-        requests; the deterministic selector ignores it)."""
-        opts = request_options(self.options, given, self._need_max_len)
+        the rows of its first array leaf, else ``len(bos)``); returns their ids, in row order. ``request``: their
+        :class:`RequestOptions` (None: the engine's own), checked against the engine's shared options (a
+        ``temperature`` is a sampling selector's for these requests; the deterministic selector ignores it)."""
+        if request is None:
+            request = RequestOptions()
+        elif not isinstance(request, RequestOptions):
+            raise TypeError(f"request must be a beamkit.RequestOptions, got {type(request).__name__}")
+        if self._need_max_len and request.max_len is None:
+            raise ValueError("max_len is needed: give it to Engine() or to add()")
+        opts = request.over(self.options)  # every rule checked on the whole
         n = count_requests(init_state, bos) if n is None else n
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"the number of requests must be an integer >= 0, got {n!r}")
@@ -173,7 +192,7 @@ class Engine:
         b.beam[ids] = opts.beam_size
         b.max_len[ids] = opts.max_len
         b.min_len[ids] = opts.min_len
-        b.m[ids] = opts.per_row
+        b.m[ids] = 2 * opts.beam_size if opts.policy == "pool" else opts.beam_size  # candidates per row
         b.pool[ids] = opts.pool_size
         b.es[ids] = EARLY_MODES[opts.early_stopping]
         b.patience[ids] = opts.patience
@@ -546,6 +565,9 @@ class Engine:
                 finished=self.book.count[rows.req[lo:hi]],
                 pool=(self.book.table.req, self.book.table.key),
                 temperature=temp[lo:hi],
+                beam=self.book.beam[rows.req[lo:hi]],
+                max_len=self.book.max_len[rows.req[lo:hi]],
+                request_id=self.book.rid[rows.req[lo:hi]],
             )
             out.append((lo, hi, ctx))
         return out

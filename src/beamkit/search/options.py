@@ -3,13 +3,14 @@ of an :class:`beamkit.Engine` may set for itself)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum
 from typing import Any, Literal
 
 import numpy as np
 
-from beamkit._checks import check_bool, check_choice, check_float
+from beamkit._checks import check_bool, check_choice, check_float, check_int
 from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.search.selectors import Deterministic, Selector
@@ -84,25 +85,10 @@ class SearchOptions:
     temperature: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("beam_size", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
-                raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
-        object.__setattr__(self, "length_penalty", as_length_penalty(self.length_penalty))  # a plain alpha too
+        check_request_fields(self)  # length_penalty a LengthPenalty from here on
         self.length_penalty.check_max_len(int(self.max_len))
         check_choice("policy", self.policy, POLICIES)
         check_bool("keep_state", self.keep_state)
-        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
-            raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
-        if isinstance(self.patience, bool) or not isinstance(self.patience, (int, float)) or not self.patience > 0:
-            raise ValueError(f"patience must be > 0, got {self.patience}")
-        check_float("patience", self.patience)  # inf: no pool size; a large finite patience never fills the pool
-        if self.num_return is not None and not 1 <= self.num_return <= self.beam_size:
-            raise ValueError(f"num_return must be between 1 and beam_size={self.beam_size}, got {self.num_return}")
-        if isinstance(self.min_len, bool) or not isinstance(self.min_len, (int, np.integer)) or self.min_len < 0:
-            raise ValueError(f"min_len must be >= 0, got {self.min_len}")
-        if self.min_len > self.max_len:
-            raise ValueError(f"min_len={self.min_len} must be <= max_len={self.max_len}")
         if self.exact_exit and (self.policy != "pool" or self.length_penalty.alpha != 0):
             raise ValueError("exact_exit needs policy='pool' and length penalty alpha == 0")
         if self.beam_threshold is not None and (
@@ -121,7 +107,6 @@ class SearchOptions:
                 f"got {self.selector!r}"
             )
         if self.temperature is not None:
-            object.__setattr__(self, "temperature", check_float("temperature", self.temperature, above=0))
             refuse = getattr(self.selector, "check_temperature", None)  # a selector may refuse temperatures
             if callable(refuse):
                 refuse(self.temperature)
@@ -136,20 +121,6 @@ class SearchOptions:
         return max(1, round(min(self.beam_size * self.patience, POOL_NEVER_FULL)))
 
 
-# per-request options: they may differ between the requests of one Engine; the other SearchOptions fields are shared
-REQUEST_FIELDS = (
-    "beam_size",
-    "max_len",
-    "min_len",
-    "num_return",
-    "length_penalty",
-    "early_stopping",
-    "patience",
-    "temperature",
-)
-SHARED_FIELDS = tuple(f for f in SearchOptions.__dataclass_fields__ if f not in REQUEST_FIELDS)
-
-
 class EarlyMode(IntEnum):
     """A pool request's stopping rule, the ``early_stopping`` option as the small int the engine keeps per
     request (``Book.es``)."""
@@ -162,50 +133,104 @@ class EarlyMode(IntEnum):
 EARLY_MODES = {False: EarlyMode.HEURISTIC, True: EarlyMode.FULL, "never": EarlyMode.NEVER}
 
 
+def check_request_fields(options: SearchOptions | RequestOptions) -> None:
+    """Check the per-request fields of ``options`` (those of :class:`RequestOptions`), each on its own and
+    against the others given with it, normalising ``length_penalty`` to a :class:`LengthPenalty` and
+    ``temperature`` to a float; None (a :class:`RequestOptions` field left to the engine's default) is skipped.
+    ValueError / TypeError naming the field."""
+    o = options
+    request = isinstance(o, RequestOptions)
+    for name in ("beam_size", "max_len"):
+        value = getattr(o, name)
+        if request and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
+            raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
+    if o.length_penalty is not None or not request:
+        penalty = as_length_penalty(o.length_penalty)  # type: ignore[arg-type]  # a plain alpha too; None refused
+        object.__setattr__(o, "length_penalty", penalty)
+        if request and o.max_len is not None:
+            penalty.check_max_len(int(o.max_len))
+    if o.early_stopping is not None or not request:
+        if not (isinstance(o.early_stopping, bool) or o.early_stopping == "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {o.early_stopping!r}")
+    if o.patience is not None or not request:
+        if isinstance(o.patience, bool) or not isinstance(o.patience, (int, float)) or not o.patience > 0:
+            raise ValueError(f"patience must be > 0, got {o.patience}")
+        check_float("patience", o.patience)  # inf: no pool size; a large finite patience never fills the pool
+    if o.num_return is not None:
+        if o.beam_size is None:  # a request leaving the beam width to the engine: checked again there
+            check_int("num_return", o.num_return, 1)
+        elif not 1 <= o.num_return <= o.beam_size:
+            raise ValueError(f"num_return must be between 1 and beam_size={o.beam_size}, got {o.num_return}")
+    if o.min_len is not None or not request:
+        if isinstance(o.min_len, bool) or not isinstance(o.min_len, (int, np.integer)) or o.min_len < 0:
+            raise ValueError(f"min_len must be >= 0, got {o.min_len}")
+        if o.max_len is not None and o.min_len > o.max_len:
+            raise ValueError(f"min_len={o.min_len} must be <= max_len={o.max_len}")
+    if o.temperature is not None:
+        object.__setattr__(o, "temperature", check_float("temperature", o.temperature, above=0))
+
+
 @dataclass(frozen=True)
 class RequestOptions:
-    """The options of one request: the per-request fields of :class:`SearchOptions`, checked together with the
-    shared ones (build it with :func:`request_options`)."""
+    """What one request of an :class:`beamkit.Engine` may set for itself: the per-request fields of
+    :class:`SearchOptions`, the one record a request's options travel in, from an HTTP body or a command line
+    (through :meth:`beamkit.adapters.ModelAdapter.request`) to :meth:`beamkit.Engine.add_batch`.
 
-    beam_size: int
-    max_len: int
-    min_len: int
-    num_return: int | None
-    length_penalty: LengthPenalty
-    early_stopping: EarlyStopping
-    patience: float
-    pool_size: int  # finished hypotheses that make the pool full
-    per_row: int  # candidates each row offers: 2 * beam_size for the pool policy, else beam_size
-    temperature: float | None = None  # the sampling temperature; None: the selector's own
+    Each field means what the :class:`SearchOptions` field of that name means; None (the default) leaves it to
+    the engine's own options. Checked on construction, each field by name (ValueError / TypeError), and the
+    fields given together against each other (``num_return <= beam_size``, ``min_len <= max_len``, the length
+    penalty within the float range at ``max_len``); the engine checks the whole request again against its shared
+    options when it is added (:meth:`over`).
+    """
+
+    beam_size: int | None = None
+    max_len: int | None = None
+    min_len: int | None = None
+    num_return: int | None = None
+    length_penalty: LengthPenalty | float | None = None
+    early_stopping: EarlyStopping | None = None
+    patience: float | None = None
+    temperature: float | None = None  # a sampling selector's temperature; None: the engine's (the selector's own)
+
+    def __post_init__(self) -> None:
+        check_request_fields(self)
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any]) -> RequestOptions:
+        """The record of per-request options given by name (``Engine.add(..., beam_size=3)``): TypeError for a
+        field shared by every request of an engine (give it to ``Engine()``) or one that is no option at all."""
+        shared = sorted(set(given) & set(SearchOptions.__dataclass_fields__) - set(_NAMES))
+        if shared:
+            raise TypeError(f"{', '.join(shared)} are shared by every request: give them to Engine(), not add()")
+        unknown = sorted(set(given) - set(_NAMES))
+        if unknown:
+            raise TypeError(f"unknown request options {unknown}; per-request options are {list(_NAMES)}")
+        return cls(**given)
+
+    def given(self) -> dict[str, Any]:
+        """The fields set (not None), by name."""
+        return {name: getattr(self, name) for name in _NAMES if getattr(self, name) is not None}
+
+    def over(self, options: SearchOptions) -> SearchOptions:
+        """``options`` with this request's fields in place of their defaults, every rule checked again on the
+        whole (the shared fields constrain some: a selector may refuse a temperature, ``exact_exit`` needs
+        ``alpha == 0``)."""
+        given = self.given()
+        return replace(options, **given) if given else options
+
+    def search_options(self, **shared: Any) -> SearchOptions:
+        """The :class:`SearchOptions` of a closed batch of requests with these options: ``shared`` (the
+        search-wide fields, as :func:`make_options` takes them) under this request's fields; ``beam_size`` and
+        ``max_len`` must be set here."""
+        for name in ("beam_size", "max_len"):
+            if getattr(self, name) is None:
+                raise ValueError(f"{name} is needed: set it on the RequestOptions")
+        return self.over(make_options(int(self.beam_size or 1), int(self.max_len or 1), **shared))
 
 
-def request_options(options: SearchOptions, given: dict[str, Any], need_max_len: bool = False) -> RequestOptions:
-    """One request's options: ``given`` over the defaults in ``options``, checked as a whole (TypeError for a
-    shared or unknown field, ValueError for a bad value)."""
-    shared = sorted(set(given) & set(SHARED_FIELDS))
-    if shared:
-        raise TypeError(f"{', '.join(shared)} are shared by every request: give them to Engine(), not add()")
-    unknown = sorted(set(given) - set(REQUEST_FIELDS))
-    if unknown:
-        raise TypeError(f"unknown request options {unknown}; per-request options are {list(REQUEST_FIELDS)}")
-    if need_max_len and "max_len" not in given:
-        raise ValueError("max_len is needed: give it to Engine() or to add()")
-    values = dict(given)
-    if "length_penalty" in values:
-        values["length_penalty"] = as_length_penalty(values["length_penalty"])
-    full = replace(options, **values) if values else options  # replace re-runs every check
-    return RequestOptions(
-        beam_size=int(full.beam_size),
-        max_len=int(full.max_len),
-        min_len=int(full.min_len),
-        num_return=full.num_return,
-        length_penalty=full.length_penalty,
-        early_stopping=full.early_stopping,
-        patience=full.patience,
-        pool_size=full.pool_size,
-        per_row=2 * int(full.beam_size) if full.policy == "pool" else int(full.beam_size),
-        temperature=full.temperature,
-    )
+_NAMES = tuple(f.name for f in fields(RequestOptions))  # the per-request fields, in declaration order
 
 
 def make_options(beam_size: int, max_len: int, **options: Any) -> SearchOptions:

@@ -24,6 +24,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,8 +34,9 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from beamkit._checks import check_bool, check_int
-from beamkit.adapters import Ask, ModelAdapter
+from beamkit.adapters import ModelAdapter
 from beamkit.hypothesis import Hypothesis
+from beamkit.search.options import RequestOptions
 from beamkit.serve.malloc import IdleTrim
 from beamkit.serve.metrics import Metrics
 from beamkit.serve.protocol import (
@@ -183,6 +185,151 @@ def _sse(payload: Any) -> str:
     return f"data: {dumps(payload)}\n\n"
 
 
+class Completions:
+    """The handler of ``POST /v1/completions`` (and the small pages beside it) over one :class:`Runner`: a
+    request is read and checked whole (:func:`~beamkit.serve.protocol.parse_completion`, then this server's
+    limits), its :class:`~beamkit.adapters.Ask` becomes the model's :class:`beamkit.RequestOptions`
+    (:meth:`~beamkit.adapters.ModelAdapter.request`), each prompt is one :class:`Job` holding them, and the
+    answer is one JSON body or a stream of events."""
+
+    def __init__(self, adapter: ModelAdapter, runner: Runner, limits: Limits, tries: dict[str, Any] | None):
+        self.adapter, self.runner, self.metrics, self.limits = adapter, runner, runner.metrics, limits
+        self.tries = dict(tries or {})
+        self.numbers = itertools.count(1)  # requests take turns for rows by this number
+        self.started = int(time.time())
+        # once the engine has been idle a while, the freed key/value buffers go back to the system (glibc)
+        self.idle_trim = IdleTrim(lambda: runner.engine.idle and not runner.depth)
+
+    async def models(self) -> dict[str, Any]:
+        """``GET /v1/models``: the one served model."""
+        a = self.adapter
+        entry = {"id": a.name, "object": "model", "created": self.started, "owned_by": a.owned_by}
+        return {"object": "list", "data": [entry]}
+
+    async def health(self) -> JSONResponse:
+        """``GET /health``: up, the model, the waiting requests."""
+        return JSONResponse({"status": "ok", "model": self.adapter.name, "queue": self.runner.depth})
+
+    async def prometheus(self) -> PlainTextResponse:
+        """``GET /metrics``: Prometheus' text format."""
+        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def complete(self, request: Request) -> Response:
+        """``POST /v1/completions``."""
+        try:
+            c = parse_completion(parse_body(await _read_body(request, self.limits.max_body_bytes)), self.adapter)
+            self.check_limits(c)
+            options = self.request_options(c)
+        except ApiError as err:
+            return _error(err, self.metrics)
+        except ClientDisconnect:  # a client's own doing, not a server fault: one line at info, no traceback
+            client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+            LOG.info("%s went away before sending the whole request body; nothing was decoded", client)
+            self.metrics.response(499)
+            return Response(status_code=499)
+        events: asyncio.Queue[tuple[int, Update | Done]] = asyncio.Queue()
+        jobs = self.jobs(c, options, events)
+        try:
+            self.runner.submit(jobs)
+        except QueueFull as exc:
+            busy = ApiError(503, f"the server is busy: {exc}; retry later", None, "server_busy")
+            return _error(busy, self.metrics, {"Retry-After": str(RETRY_AFTER_S)})
+        except ShuttingDown as exc:
+            return _error(ApiError(503, str(exc), None, "server_busy"), self.metrics)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if c.stream:
+            self.metrics.response(200)
+            stream = _stream(request, self.runner, self.adapter, c, jobs, events, rid, created, self.idle_trim)
+            return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await self.answer(request, c, jobs, events, rid, created)
+
+    def check_limits(self, c: Completion) -> None:
+        """This server's limits on a checked request: a dictionary it loaded, the beam within ``max_rows``, the
+        request's cost within ``max_request_cost`` (ApiError 400 naming each)."""
+        limits = self.limits
+        if c.trie is not None and c.trie not in self.tries:
+            have = ", ".join(repr(name) for name in self.tries) or "none (start it with --trie NAME=FILE)"
+            raise ApiError(400, f"no dictionary {c.trie!r}; this server loaded {have}", "trie")
+        if c.beam > limits.max_rows:
+            raise ApiError(400, f"'best_of' ({c.beam}) exceeds the server's --max-rows {limits.max_rows}", "best_of")
+        cost = len(c.prompt_ids) * c.beam * c.max_tokens
+        if cost > limits.max_request_cost:
+            raise ApiError(
+                400,
+                f"the request asks for {len(c.prompt_ids)} prompts x {c.beam} beams ('best_of') x {c.max_tokens} "
+                f"'max_tokens' = {cost} beam steps; this server takes at most {limits.max_request_cost} per "
+                "request (--max-request-cost): send fewer prompts, a narrower beam or fewer tokens",
+            )
+
+    def request_options(self, c: Completion) -> RequestOptions:
+        """The model's engine options for the request (ApiError 400 for settings it refuses, or that a running
+        engine shared by other requests cannot apply as the model would alone)."""
+        ask = c.ask()
+        try:
+            options = self.adapter.request(ask)
+            refusal = self.adapter.continuous_refusal(ask)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, str(exc)) from exc
+        if refusal is not None:
+            raise ApiError(400, f"this server cannot decode the request as the model would alone: {refusal}")
+        return options
+
+    def jobs(
+        self, c: Completion, options: RequestOptions, events: asyncio.Queue[tuple[int, Update | Done]]
+    ) -> list[Job]:
+        """One job per prompt, each delivering its events to ``events`` tagged with the prompt's index."""
+        loop, number = asyncio.get_running_loop(), next(self.numbers)
+
+        def deliver_to(i: int) -> Any:
+            def deliver(event: Update | Done) -> None:
+                events.put_nowait((i, event))
+
+            return deliver
+
+        return [
+            Job(ids, options, c.beam, c.stream, deliver_to(i), loop, request=number, trie=c.trie)
+            for i, ids in enumerate(c.prompt_ids)
+        ]
+
+    async def answer(
+        self,
+        request: Request,
+        c: Completion,
+        jobs: list[Job],
+        events: asyncio.Queue[tuple[int, Update | Done]],
+        rid: str,
+        created: int,
+    ) -> Response:
+        """The JSON answer once every job is done (499 when the client went away first, its jobs cancelled)."""
+        done = await _collect(request, self.runner, jobs, events)
+        self.idle_trim.poke()
+        if done is None:
+            self.metrics.response(499)
+            return Response(status_code=499)
+        failure = _failure(done)
+        if failure is not None:
+            return _error(failure, self.metrics)
+        body = _body(self.adapter, c, done, rid, created)
+        with self.metrics.lock:
+            self.metrics.generated_tokens += body["usage"]["completion_tokens"]
+        self.metrics.response(200)
+        return StrictJSONResponse(body)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A server's limits on one request: its body's bytes, its cost (prompts x beam width x ``max_tokens``), and
+    the engine's beam rows (a request's beam must fit)."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_request_cost: int = MAX_REQUEST_COST
+    max_rows: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_request_cost", "max_rows"):
+            check_int(name, getattr(self, name), 1)
+
+
 def create_app(
     adapter: ModelAdapter,
     max_queue: int = 64,
@@ -207,16 +354,14 @@ def create_app(
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
-    for name, value in (("max_body_bytes", max_body_bytes), ("max_request_cost", max_request_cost)):
-        check_int(name, value, 1)
+    limits = Limits(max_body_bytes, max_request_cost, max_rows)
     if max_request_rows is not None:
-        check_int("max_request_rows", max_request_rows, 1, check_int("max_rows", max_rows, 1))
+        check_int("max_request_rows", max_request_rows, 1, max_rows)
     metrics = Metrics(adapter.name)
     runner = Runner(
         adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows, tries=tries
     )
-    requests = itertools.count(1)
-    started = int(time.time())
+    handler = Completions(adapter, runner, limits, tries)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -230,100 +375,11 @@ def create_app(
     app = FastAPI(title="beamkit serve", lifespan=lifespan, default_response_class=StrictJSONResponse, **pages)
     if api_key is not None:
         app.add_middleware(KeyCheck, key=api_key, metrics=metrics)
-    app.state.runner = runner
-    app.state.metrics = metrics
-    # once the engine has been idle a while, the freed key/value buffers go back to the system (glibc)
-    app.state.idle_trim = idle_trim = IdleTrim(lambda: runner.engine.idle and not runner.depth)
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        entry = {"id": adapter.name, "object": "model", "created": started, "owned_by": adapter.owned_by}
-        return {"object": "list", "data": [entry]}
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok", "model": adapter.name, "queue": runner.depth})
-
-    @app.get("/metrics")
-    async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        try:
-            c = parse_completion(parse_body(await _read_body(request, max_body_bytes)), adapter)
-            if c.trie is not None and c.trie not in (tries or {}):
-                have = ", ".join(repr(name) for name in tries or {}) or "none (start it with --trie NAME=FILE)"
-                raise ApiError(400, f"no dictionary {c.trie!r}; this server loaded {have}", "trie")
-            if c.beam > max_rows:
-                raise ApiError(400, f"'best_of' ({c.beam}) exceeds the server's --max-rows {max_rows}", "best_of")
-            cost = len(c.prompt_ids) * c.beam * c.max_tokens
-            if cost > max_request_cost:
-                raise ApiError(
-                    400,
-                    f"the request asks for {len(c.prompt_ids)} prompts x {c.beam} beams ('best_of') x {c.max_tokens} "
-                    f"'max_tokens' = {cost} beam steps; this server takes at most {max_request_cost} per request "
-                    "(--max-request-cost): send fewer prompts, a narrower beam or fewer tokens",
-                )
-        except ApiError as err:
-            return _error(err, metrics)
-        except ClientDisconnect:  # a client's own doing, not a server fault: one line at info, no traceback
-            client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
-            LOG.info("%s went away before sending the whole request body; nothing was decoded", client)
-            metrics.response(499)
-            return Response(status_code=499)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[tuple[int, Update | Done]] = asyncio.Queue()
-
-        def deliver_to(i: int) -> Any:
-            def deliver(event: Update | Done) -> None:
-                events.put_nowait((i, event))
-
-            return deliver
-
-        try:
-            longest = max(len(ids) for ids in c.prompt_ids)
-            ask = Ask(c.beam, c.n, c.max_tokens, c.length_penalty, c.early_stopping, c.min_tokens, longest)
-            options = adapter.request(ask)
-            refusal = adapter.continuous_refusal(options)
-        except (ValueError, TypeError) as exc:
-            return _error(ApiError(400, str(exc)), metrics)
-        if refusal is not None:
-            return _error(
-                ApiError(400, f"this server cannot decode the request as the model would alone: {refusal}"), metrics
-            )
-        number = next(requests)
-        jobs = [
-            Job(ids, options, c.beam, c.stream, deliver_to(i), loop, request=number, trie=c.trie)
-            for i, ids in enumerate(c.prompt_ids)
-        ]
-        try:
-            runner.submit(jobs)
-        except QueueFull as exc:
-            busy = ApiError(503, f"the server is busy: {exc}; retry later", None, "server_busy")
-            return _error(busy, metrics, {"Retry-After": str(RETRY_AFTER_S)})
-        except ShuttingDown as exc:
-            return _error(ApiError(503, str(exc), None, "server_busy"), metrics)
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        if c.stream:
-            metrics.response(200)
-            stream = _stream(request, runner, adapter, c, jobs, events, rid, created, idle_trim)
-            return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        done = await _collect(request, runner, jobs, events)
-        idle_trim.poke()
-        if done is None:  # the client went away; its jobs were cancelled
-            metrics.response(499)
-            return Response(status_code=499)
-        failure = _failure(done)
-        if failure is not None:
-            return _error(failure, metrics)
-        body = _body(adapter, c, done, rid, created)
-        with metrics.lock:
-            metrics.generated_tokens += body["usage"]["completion_tokens"]
-        metrics.response(200)
-        return StrictJSONResponse(body)
-
+    app.state.runner, app.state.metrics, app.state.idle_trim = runner, metrics, handler.idle_trim
+    app.add_api_route("/v1/models", handler.models, methods=["GET"])
+    app.add_api_route("/health", handler.health, methods=["GET"])
+    app.add_api_route("/metrics", handler.prometheus, methods=["GET"])
+    app.add_api_route("/v1/completions", handler.complete, methods=["POST"])
     return app
 
 

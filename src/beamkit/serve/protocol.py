@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from beamkit.adapters import ModelAdapter
+from beamkit.adapters import Ask, ModelAdapter
 from beamkit.scoring import LengthPenalty
+from beamkit.search.options import EarlyStopping
 
 MAX_STOP = 4  # as OpenAI
 MAX_BODY_BYTES = 1 << 20  # a completions body of 1 MiB at most (413 beyond)
@@ -73,12 +75,20 @@ class Completion:
     n: int
     beam: int
     length_penalty: float | None  # None: the model's own (a Hugging Face model's generation config)
-    early_stopping: bool | str | None  # None: the model's own
+    early_stopping: EarlyStopping | None  # None: the model's own
     min_tokens: int
     stop: tuple[str, ...]
     logprobs: bool
     stream: bool
     trie: str | None = None  # the dictionary (``serve --trie NAME=FILE``) the outputs are constrained to
+
+    def ask(self) -> Ask:
+        """What the request asks of the model (the model's adapter turns it into the engine's
+        :class:`beamkit.RequestOptions`); limits a model counts from the prompt count from the longest one."""
+        longest = max(len(ids) for ids in self.prompt_ids)
+        return Ask(
+            self.beam, self.n, self.max_tokens, self.length_penalty, self.early_stopping, self.min_tokens, longest
+        )
 
 
 def _shown(value: Any) -> str:
@@ -138,7 +148,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
-    """Check a completions body against the served model; raise :class:`ApiError` naming the first bad field."""
+    """Check a completions body against the served model; raise :class:`ApiError` naming the first bad field.
+    The envelope first (unknown fields, the model, a prompt), then each entry of :data:`FIELDS` in order."""
     unknown = sorted(set(body) - KNOWN - IGNORED)
     if unknown:
         raise ApiError(400, f"unknown field '{unknown[0]}'", unknown[0])
@@ -149,40 +160,72 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
         raise ApiError(404, f"the model '{model}' does not exist; this server runs '{adapter.name}'", "model")
     if "prompt" not in body:
         raise ApiError(400, "'prompt' is required", "prompt")
-    prompts = _prompts(body["prompt"])
-    for flag in ("echo",):
-        if _bool(body, flag):
-            raise ApiError(400, f"'{flag}' is not supported", flag)
+    got: dict[str, Any] = {}
+    for name, read in FIELDS:
+        value = read(body, adapter, got)
+        if name is not None:
+            got[name] = value
+    return Completion(**got)
+
+
+Reader = Callable[[dict[str, Any], ModelAdapter, dict[str, Any]], Any]
+
+
+def _read_prompts(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> tuple[str, ...]:
+    return _prompts(body["prompt"])
+
+
+def _refuse_echo(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> None:
+    if _bool(body, "echo"):
+        raise ApiError(400, "'echo' is not supported", "echo")
+
+
+def _refuse_sampling(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> None:
     temperature = body.get("temperature")
     if temperature is not None and temperature != 0 and temperature != 1:
         raise ApiError(400, "'temperature' must be 0 or 1: beam search does not sample", "temperature")
-    max_tokens = _int(body, "max_tokens", adapter.default_max_tokens, 1, adapter.max_tokens_limit)
-    n = _int(body, "n", 1, 1, MAX_BEST_OF)
+
+
+def _read_beam(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> int:
+    """The beam width: ``best_of``, else ``n`` (``use_beam_search`` needs a width above one)."""
+    n = got["n"]
     beam_search = _bool(body, "use_beam_search")
     best_of = _int(body, "best_of", None, 1, MAX_BEST_OF)
-    assert max_tokens is not None and n is not None
     beam = best_of if best_of is not None else n
     if beam_search and best_of is None and n == 1:
         raise ApiError(400, "'use_beam_search' needs 'best_of' (the beam width) or 'n' > 1", "best_of")
     if n > beam:
         raise ApiError(400, f"'n' ({n}) must not exceed 'best_of' ({beam}), the beam width", "n")
+    return beam
+
+
+def _read_length_penalty(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> float | None:
+    """``length_penalty`` checked by the search's own rule at ``max_tokens`` (None: the model's own; checked as
+    the default 1)."""
     alpha = body.get("length_penalty")
-    if alpha is None:
-        alpha = 1.0  # checked as the default; the request leaves the model's own
-    finite = isinstance(alpha, int) or (isinstance(alpha, float) and math.isfinite(alpha))
-    if isinstance(alpha, bool) or not finite:
-        raise ApiError(400, f"'length_penalty' must be a finite number, got {_shown(alpha)}", "length_penalty")
+    checked = 1.0 if alpha is None else alpha
+    finite = isinstance(checked, int) or (isinstance(checked, float) and math.isfinite(checked))
+    if isinstance(checked, bool) or not finite:
+        raise ApiError(400, f"'length_penalty' must be a finite number, got {_shown(checked)}", "length_penalty")
     try:  # the search's own rule: |alpha| <= 100 and lp(max_tokens) within the float range
-        LengthPenalty(float(alpha)).check_max_len(max_tokens)
+        LengthPenalty(float(checked)).check_max_len(got["max_tokens"])
     except OverflowError as exc:  # an integer beyond any float
-        raise ApiError(400, f"'length_penalty' must be a finite number, got {_shown(alpha)}", "length_penalty") from exc
+        raise ApiError(
+            400, f"'length_penalty' must be a finite number, got {_shown(checked)}", "length_penalty"
+        ) from exc
     except ValueError as exc:
         raise ApiError(400, f"'length_penalty': {_cut(str(exc))}", "length_penalty") from exc
+    return None if alpha is None else float(alpha)
+
+
+def _read_early_stopping(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> EarlyStopping | None:
     early = body.get("early_stopping")
     if not (early is None or isinstance(early, bool) or early == "never"):
         raise ApiError(400, "'early_stopping' must be true, false or \"never\"", "early_stopping")
-    min_tokens = _int(body, "min_tokens", 0, 0, max_tokens)
-    assert min_tokens is not None
+    return early  # type: ignore[no-any-return]
+
+
+def _read_stop(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> tuple[str, ...]:
     stop = body.get("stop")
     stops: tuple[str, ...]
     if stop is None:
@@ -195,42 +238,60 @@ def parse_completion(body: dict[str, Any], adapter: ModelAdapter) -> Completion:
         raise ApiError(400, f"'stop' must be a string or a list of at most {MAX_STOP} strings", "stop")
     if any(s == "" for s in stops):
         raise ApiError(400, "'stop' strings must not be empty", "stop")
-    logprobs = _int(body, "logprobs", None, 0, 1)
+    return stops
+
+
+def _read_trie(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> str | None:
     trie = body.get("trie")
     if trie is not None and not isinstance(trie, str):
         raise ApiError(400, f"'trie' must be the name of a dictionary the server loaded, got {_shown(trie)}", "trie")
+    return trie
+
+
+def _read_prompt_ids(body: dict[str, Any], adapter: ModelAdapter, got: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """Each prompt's token ids, within the model's prompt length and, with ``max_tokens``, its positions."""
     ids = []
-    for p in prompts:
+    max_tokens = got["max_tokens"]
+    for p in got["prompts"]:
         try:
-            got = adapter.encode(p)
+            tokens = adapter.encode(p)
         except (ValueError, TypeError) as exc:
             raise ApiError(400, f"'prompt': {_cut(str(exc))}", "prompt") from exc
-        if len(got) > adapter.max_prompt_tokens:
-            raise ApiError(
-                400, f"'prompt' has {len(got)} tokens; this model takes at most {adapter.max_prompt_tokens}", "prompt"
-            )
-        if adapter.context is not None and len(got) + max_tokens > adapter.context:
+        if len(tokens) > adapter.max_prompt_tokens:
             raise ApiError(
                 400,
-                f"'prompt' has {len(got)} tokens and 'max_tokens' is {max_tokens}: together more than the model's "
+                f"'prompt' has {len(tokens)} tokens; this model takes at most {adapter.max_prompt_tokens}",
+                "prompt",
+            )
+        if adapter.context is not None and len(tokens) + max_tokens > adapter.context:
+            raise ApiError(
+                400,
+                f"'prompt' has {len(tokens)} tokens and 'max_tokens' is {max_tokens}: together more than the model's "
                 f"{adapter.context} positions",
                 "prompt",
             )
-        ids.append(tuple(got))
-    return Completion(
-        prompts=prompts,
-        prompt_ids=tuple(ids),
-        max_tokens=max_tokens,
-        n=n,
-        beam=beam,
-        length_penalty=None if body.get("length_penalty") is None else float(alpha),
-        early_stopping=early,
-        min_tokens=min_tokens,
-        stop=stops,
-        logprobs=logprobs is not None,
-        stream=_bool(body, "stream"),
-        trie=trie,
-    )
+        ids.append(tuple(tokens))
+    return tuple(ids)
+
+
+# The fields of a completions body in the order they are checked: (the Completion field it fills, or None for a
+# check alone; its reader, given the body, the served model and the fields read so far).
+FIELDS: tuple[tuple[str | None, Reader], ...] = (
+    ("prompts", _read_prompts),
+    (None, _refuse_echo),
+    (None, _refuse_sampling),
+    ("max_tokens", lambda b, a, got: _int(b, "max_tokens", a.default_max_tokens, 1, a.max_tokens_limit)),
+    ("n", lambda b, a, got: _int(b, "n", 1, 1, MAX_BEST_OF)),
+    ("beam", _read_beam),
+    ("length_penalty", _read_length_penalty),
+    ("early_stopping", _read_early_stopping),
+    ("min_tokens", lambda b, a, got: _int(b, "min_tokens", 0, 0, got["max_tokens"])),
+    ("stop", _read_stop),
+    ("logprobs", lambda b, a, got: _int(b, "logprobs", None, 0, 1) is not None),
+    ("trie", _read_trie),
+    ("prompt_ids", _read_prompt_ids),
+    ("stream", lambda b, a, got: _bool(b, "stream")),
+)
 
 
 def trim_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:

@@ -24,7 +24,7 @@ from beamkit._checks import check_int
 from beamkit.adapters import ModelAdapter
 from beamkit.constraints import TrieTable
 from beamkit.hypothesis import Hypothesis
-from beamkit.search import Completed, Engine
+from beamkit.search import Completed, Engine, RequestOptions
 from beamkit.serve.metrics import Metrics
 
 
@@ -59,7 +59,7 @@ class Job:
     on ``loop``)."""
 
     ids: tuple[int, ...]
-    options: dict[str, Any]  # the engine's per-request options
+    options: RequestOptions  # the engine's per-request options (from the model's adapter)
     beam: int
     stream: bool
     deliver: Callable[[Update | Done], None]
@@ -110,20 +110,13 @@ class Runner:
         self._thread = threading.Thread(target=self._loop, name="beamkit-engine", daemon=True)
 
     def _new_engine(self) -> Engine:
-        """An engine over the adapter's step function with the options of a shared engine: the adapter's
-        ``continuous_options()`` where it has them (processors that read the engine's per-request options are
-        bound to it), else its ``engine_options``."""
-        shared = getattr(self.adapter, "continuous_options", None)
-        options = dict(shared() if callable(shared) else self.adapter.engine_options)
+        """An engine over the adapter's step function with the options of a shared engine (the adapter's
+        :meth:`~beamkit.adapters.ModelAdapter.continuous_options`), the dictionaries' table after its processors."""
+        options = self.adapter.continuous_options()
         if self.tries:
             self.table = TrieTable(self.tries)
             options["processors"] = [*(options.get("processors") or ()), self.table]
-        engine = Engine(self.adapter.step_fn, on_step_error="fail", **options)
-        for proc in engine.options.processors:
-            bind = getattr(proc, "bind", None)
-            if callable(bind):
-                bind(engine)
-        return engine
+        return Engine(self.adapter.step_fn, on_step_error="fail", **options)
 
     # ------------------------------------------------------------------------------------ handler side
     def start(self) -> None:
@@ -262,7 +255,7 @@ class Runner:
             try:
                 with a.step_context():
                     state = a.init_state([list(job.ids) for job in members])
-                ids = self.engine.add_batch(state, a.bos, a.eos, len(members), **members[0].options)
+                ids = self.engine.add_batch(state, a.bos, a.eos, len(members), request=members[0].options)
             except Exception as exc:  # noqa: BLE001 - the jobs fail, the server goes on
                 for job in members:
                     self._reserved -= job.beam

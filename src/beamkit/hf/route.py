@@ -1,0 +1,154 @@
+"""Where one ``generate`` call runs, decided once and as data: :func:`route` returns a :class:`Route`.
+
+Three ways to run a call, tried in this order:
+
+- ``"engine"``: beamkit's engine bridge (:func:`beamkit.hf.generation.prepare`), the call checked and ready
+  (:class:`beamkit.hf.generation.Prepared`);
+- ``"loop"``: beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`), which
+  reproduces Hugging Face's float32 arithmetic (:class:`LoopCall`);
+- ``"huggingface"``: Hugging Face's own decoding method (only :func:`beamkit.hf.patch` runs it;
+  :func:`beamkit.hf.generate` raises :class:`~beamkit.hf.Unsupported` with the reason instead).
+
+A route names why it was taken (``reason``: why the engine was passed over, or why the loop was), so a table of
+calls and their routes can be printed and tested. Input errors are raised, never turned into a route: by the
+bridge for :func:`beamkit.hf.generate`, by Hugging Face's own checks for a patched ``model.generate`` (the
+bridge's checks are stricter in places; a patched model keeps Hugging Face's errors and serves every call Hugging
+Face serves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from beamkit.hf.generation import Prepared, loop_decodes, prepare, wants_tables
+from beamkit.hf.settings import Settings, Unsupported, is_generation_config, merge_config
+
+RouteKind = Literal["engine", "loop", "huggingface"]
+ENGINE_REASON = "the engine bridge reproduces this call"
+
+# generate()'s arguments that reach only Hugging Face's own decoding methods, never a custom one
+HOST_ONLY = ("assistant_model", "streamer", "tokenizer", "assistant_tokenizer", "custom_generate", "synced_gpus")
+
+
+@dataclass(frozen=True)
+class LoopCall:
+    """A call for beamkit's loop: Hugging Face's ``generate(*args, **kwargs)`` with the loop as its decoding
+    method."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, generate: Callable[..., Any]) -> Any:
+        """Run the call through ``generate`` (the model's unpatched ``generate``)."""
+        from beamkit.hf.loop import decode
+
+        return generate(*self.args, custom_generate=decode, **self.kwargs)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a call runs (``kind``), why (``reason``), and the call ready to run there (``prepared``: a
+    :class:`~beamkit.hf.generation.Prepared` for the engine, a :class:`LoopCall` for the loop, None for Hugging
+    Face's own, which runs the call as it was made)."""
+
+    kind: RouteKind
+    reason: str
+    prepared: Prepared | LoopCall | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+def route(
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    patched: bool = False,
+    fast: bool = False,
+    engine: bool = True,
+) -> Route:
+    """The route of ``generate(model, *args, **kwargs)``.
+
+    ``patched``: the call is a patched ``model.generate`` (:func:`beamkit.hf.patch`): ``args`` are Hugging
+    Face's positionals (inputs, generation config), the engine takes only what it reproduces exactly (no
+    per-step score tables, no sampling, and beam search only with ``fast``), and a call the bridge rejects goes
+    to the loop, where Hugging Face's own checks decide. Otherwise (:func:`beamkit.hf.generate`) ``args`` are
+    the inputs and the attention mask or generation config, and bad input raises ValueError / TypeError naming
+    it. ``engine=False`` passes the engine over (a call the engine could not finish). Raises nothing for a call
+    beamkit does not reproduce: that is a route."""
+    why = _engine_refusal(model, args, kwargs, patched, fast) if engine else "the engine could not decode the call"
+    if isinstance(why, Prepared):
+        return Route("engine", ENGINE_REASON, why)
+    call = LoopCall(args, dict(kwargs)) if patched else _loop_call(args, kwargs)
+    refusal = loop_refusal(model, call)
+    if refusal is not None:
+        return Route("huggingface", refusal)
+    return Route("loop", why, call)
+
+
+def _engine_refusal(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], patched: bool, fast: bool
+) -> Prepared | str:
+    """The engine bridge's prepared call, or why it does not take the call (its :class:`Unsupported` message;
+    for a patched call, also an input it rejects, which Hugging Face's checks then judge)."""
+    if len(args) > 2:
+        return "positional arguments after generation_config"
+    inputs, second = (*args, None, None)[:2]
+    try:
+        prepared = prepare(model, inputs, second, kwargs, exact_only=patched)
+    except Unsupported as err:  # the bridge's "not reproduced": a route, not an error
+        return str(err)
+    except (ValueError, TypeError) as err:
+        if not patched:
+            raise
+        return f"the engine bridge rejects the call ({err}); Hugging Face's own checks decide"
+    s = prepared.settings
+    if not patched and wants_tables(s) and loop_decodes(s):
+        return "per-step scores: the loop keeps Hugging Face's tables"
+    if patched and not fast and plain_beam_search(s):
+        return "beam search: the loop ranks with Hugging Face's float32 sums and tie order (fast=True: the engine)"
+    return prepared
+
+
+def _loop_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> LoopCall:
+    """:func:`beamkit.hf.generate`'s call as Hugging Face's ``generate`` takes it: beamkit's second positional
+    (an attention mask or a generation config) as the keyword it is."""
+    kwargs = dict(kwargs)
+    inputs, second = (*args, None, None)[:2]
+    if second is not None:
+        key = "generation_config" if is_generation_config(second) else "attention_mask"
+        if key in kwargs:
+            raise TypeError(f"generate() got {key} twice")
+        kwargs[key] = second
+    return LoopCall(() if inputs is None else (inputs,), kwargs)
+
+
+def loop_refusal(model: Any, call: LoopCall) -> str | None:
+    """Why beamkit's loop cannot decode ``call``, before Hugging Face's ``generate`` runs (it expands some inputs
+    in place, a given ``encoder_outputs``, so a rerun would see them expanded): arguments Hugging Face hands only
+    to its own methods, or a generation mode the loop does not decode; None when it can. Settings Hugging Face
+    rejects are left to its own checks (None: the call raises Hugging Face's error in the loop's route)."""
+    from beamkit.hf.loop import mode_refusal
+
+    taken = sorted(n for n in HOST_ONLY if call.kwargs.get(n) not in (None, False))
+    if taken or len(call.args) > 2:
+        names = ", ".join(f"{n}=" for n in taken) or "positional arguments after generation_config"
+        return f"{names}: Hugging Face's generate does not hand it to a custom decoding method"
+    passed = call.args[1] if len(call.args) > 1 else call.kwargs.get("generation_config")
+    settings = {k: v for k, v in call.kwargs.items() if k != "generation_config"}
+    gc, _, _ = merge_config(passed if is_generation_config(passed) else None, model_config(model), settings)
+    return mode_refusal(gc)
+
+
+def model_config(model: Any) -> Any:
+    """The model's own generation config (None without one)."""
+    return getattr(model, "generation_config", None)
+
+
+def plain_beam_search(settings: Settings) -> bool:
+    """Whether the engine bridge would run a plain beam search (not greedy, not diverse or constrained beam
+    search, which the loop does not decode)."""
+    return settings.num_beams > 1 and settings.groups == 1 and not settings.force_words
