@@ -1,0 +1,160 @@
+"""One-pass selection: each row's log-sum-exp and its top candidates from one read of the logits.
+
+A row's order does not change when a constant is added to it, so the ``m`` best tokens of the log-probabilities
+``x - lse(x)`` are the ``m`` best of the logits ``x``: both can come from the same read of a row. On the host the
+logits are walked in chunks of rows small enough to stay in cache: numpy exponentiates and sums a chunk (the
+log-sum-exp, bit for bit that of :func:`beamkit.ops.logsumexp`), then, where numba is installed, a compiled scan
+takes the chunk's top candidates while it is still in cache. Without numba, and for large tables (where numpy's
+group-maximum threshold selection reads the table at memory speed), the candidates come from
+:func:`beamkit.ops.top_candidates`. Tensors on an accelerator stay there (``logsumexp`` and ``topk`` on the
+device; only ``[rows]`` and ``[rows, m]`` tables come back).
+
+Either way the candidates obey the engine's rule exactly: the ``m`` largest per row, value descending, equal
+values by column ascending.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from beamkit import ops
+
+_CHUNK = 1 << 18  # elements of a [rows, V] table exponentiated and scanned at a time (about 1 MB of float32)
+_TINY_SUM = 1e-30  # below this an unshifted sum of exps may have lost precision: the row is redone with a shift
+_BLOCK = 16  # columns whose maximum the compiled scan compares with the row's m-th best before looking closer
+_MIN_SCAN = 4096  # rows * V from which the compiled scan is used (below it the call costs more than it saves)
+_LARGE = 1 << 20  # rows * V from which numpy's threshold selection (beamkit.ops.top_candidates) is faster
+
+_scan: Callable[..., None] | None = None
+_scan_tried = False
+
+
+def compiled() -> bool:
+    """Whether the compiled scan is available: numba importable and ``BEAMKIT_NO_JIT`` not set (compiled on the
+    first call, cached on disk by numba)."""
+    return _compiled_scan() is not None
+
+
+def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise log-sum-exp and the ``m`` best entries of ``x`` ``[rows, V]`` (logits), from one read.
+
+    Returns host arrays ``(lse float64 [rows], values float64 [rows, m'], columns int64 [rows, m'])`` with
+    ``m' = min(m, V)``: ``lse`` as :func:`beamkit.ops.logsumexp` gives it (NaN, +inf and all ``-inf`` rows
+    included), the candidates as :func:`beamkit.ops.top_candidates` gives them (value descending, ties to the
+    lowest column). ``jit``: take the candidates by the compiled scan (None: where numba is installed and the
+    table is neither tiny nor large; True without numba falls back to numpy). Large tables take numpy's
+    group-maximum threshold selection, which reads the table at memory speed.
+    """
+    rows, v = int(x.shape[0]), int(x.shape[1])
+    m = min(int(m), v)
+    x = ops.cpu_view(x)
+    if ops.is_torch(x) and x.device.type == "cpu":  # bfloat16 / float16: numpy reads them as float32
+        x = ops.cpu_view(x.float())
+    if ops.is_torch(x):  # on an accelerator: the device does both, two small tables come back
+        return ops.logsumexp(x), *ops.top_candidates(x, m)
+    x = np.asarray(x)
+    if x.dtype != np.float32 and x.dtype != np.float64:
+        x = x.astype(np.float64)
+    size = rows * v
+    scan = _compiled_scan() if jit or (jit is None and _MIN_SCAN <= size < _LARGE) else None
+    if scan is not None and not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+    sums = np.empty(rows, dtype=x.dtype)  # shape: (rows,) unshifted sums of exps, in x's dtype
+    vals = np.empty((rows, m), dtype=x.dtype)  # shape: (rows, m)
+    idx = np.empty((rows, m), dtype=np.int64)  # shape: (rows, m)
+    step = max(1, _CHUNK // max(1, v))
+    buf = np.empty((min(step, rows), v), dtype=x.dtype)  # shape: (step, V) one exp buffer for every chunk
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, rows, step):
+            part = x[lo : lo + step]
+            e = buf[: part.shape[0]]
+            np.exp(part, out=e)
+            np.add.reduce(e, axis=1, out=sums[lo : lo + step])
+            if scan is not None and m:  # the chunk's candidates while it is in cache
+                scan(part, m, vals[lo : lo + step], idx[lo : lo + step])
+    if scan is None:
+        top, idx = ops.top_candidates(x, m)
+        return _log_of_sums(x, sums), top, idx
+    return _log_of_sums(x, sums), vals.astype(np.float64), idx
+
+
+def _log_of_sums(x: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """``log(sums)`` as float64, the rows whose unshifted sum over- or underflowed (or holds NaN / inf) redone by
+    :func:`beamkit.ops.logsumexp`, which shifts them."""
+    ok = (sums >= _TINY_SUM) & (sums < np.inf)
+    out = np.log(np.where(ok, sums, 1.0), dtype=np.float64)  # shape: (rows,)
+    if not ok.all():
+        redo = np.flatnonzero(~ok)
+        out[redo] = ops.logsumexp(x[redo])
+    return out
+
+
+def _compiled_scan() -> Callable[..., None] | None:
+    """The numba-compiled top-m scan, built on first use; None without numba or with ``BEAMKIT_NO_JIT`` set."""
+    global _scan, _scan_tried
+    if not _scan_tried:
+        _scan_tried = True
+        if not os.environ.get("BEAMKIT_NO_JIT"):
+            try:
+                import numba
+            except ImportError:
+                numba = None
+            if numba is not None:
+                flags = {"nnan", "nsz"}  # lets the block maximum vectorise; NaN rows fail their request anyway
+                try:
+                    _scan = numba.njit(cache=True, nogil=True, fastmath=flags)(top_scan)
+                except RuntimeError:  # no writable place for numba's cache: compile in each process
+                    _scan = numba.njit(nogil=True, fastmath=flags)(top_scan)
+    return _scan
+
+
+def top_scan(x: np.ndarray, m: int, vals: np.ndarray, idx: np.ndarray) -> None:
+    """Write each row's ``m`` best entries of ``x`` ``[rows, V]`` (``1 <= m <= V``) into ``vals`` (x's dtype) /
+    ``idx`` ``[rows, m]``: value descending, equal values by column ascending (plain Python; numba compiles it).
+
+    A row's columns fall into ``nb = V // 16`` groups (group ``g``: columns ``g, g + nb, ...``, 16 of them; the
+    last ``V % 16`` columns apart), whose maxima come from one vectorisable pass of element-wise maxima. Then
+    the groups are visited in order, holding the row's best ``m`` so far: a group whose maximum does not reach
+    the m-th best is passed over, the others are read entry by entry. An entry enters when it beats the m-th
+    best, or equals it at a lower column, and is placed after the equal values of lower columns, so the result
+    obeys the tie rule whatever order the columns are met in. A row holding NaN belongs to a request that fails
+    (its log-sum-exp is NaN), so what such a row yields is never used.
+    """
+    rows, v = x.shape
+    nb = v // _BLOCK  # groups of _BLOCK columns each
+    peak = np.empty(max(nb, 1), dtype=x.dtype)  # shape: (nb,) group maxima of one row
+    for r in range(rows):
+        row, vr, ir = x[r], vals[r], idx[r]
+        for g in range(nb):
+            peak[g] = row[g]
+        for i in range(1, _BLOCK):  # element-wise maxima of contiguous slices: vectorised
+            base = i * nb
+            for g in range(nb):
+                b = row[base + g]
+                peak[g] = b if b > peak[g] else peak[g]
+        n = 0
+        for g in range(nb + 1):
+            if g < nb:
+                if n == m and peak[g] < vr[m - 1]:
+                    continue
+                lo, hi, stride = g, g + nb * _BLOCK, nb
+            else:
+                lo, hi, stride = nb * _BLOCK, v, 1
+            for c in range(lo, hi, stride):
+                a = row[c]
+                if n == m and not (a > vr[m - 1] or (a == vr[m - 1] and c < ir[m - 1])):
+                    continue
+                p = n if n < m else m - 1
+                while p > 0 and (vr[p - 1] < a or (vr[p - 1] == a and ir[p - 1] > c)):
+                    if p < m:
+                        vr[p] = vr[p - 1]
+                        ir[p] = ir[p - 1]
+                    p -= 1
+                vr[p] = a
+                ir[p] = c
+                if n < m:
+                    n += 1
