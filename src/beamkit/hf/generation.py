@@ -198,9 +198,11 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
         step = EncoderDecoderStep(model)
     else:
         prefix = input_ids
-        variant = settings.groups > 1 or bool(settings.force_words)  # diverse / constrained search: dense cache
+        # diverse / constrained search, and greedy decoding (one row per request: nothing to share), keep a dense
+        # cache
+        dense = settings.groups > 1 or bool(settings.force_words) or settings.num_beams == 1
         blocks = pool_blocks(mask, settings.num_beams, settings.max_new_tokens)
-        step = DecoderOnlyStep(model, kv="dense" if variant else settings.kv, blocks=blocks)
+        step = DecoderOnlyStep(model, kv="dense" if dense else settings.kv, blocks=blocks)
     # Hugging Face's processors see prompt + generated tokens (decoder-only, left padding included) or the
     # decoder tokens from the start token on (encoder-decoder)
     prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
