@@ -305,10 +305,10 @@ class Engine:
         """Everything after the model call: normalise -> select -> rank -> policy -> commit (the commit comes
         only once nothing can fail any more)."""
         rows, t_row = self._rows, self.book.t[self._rows.req]  # shape: (rows,) tokens so far of each row's request
-        segments = self._segments(rows, t_row)
         if self._one_pass(extras, rows, t_row):  # log-sum-exp and candidates from one read of the logits
             logp, tok, key = self._select_one_pass(logits, rows)  # shape: (rows, m)
         else:
+            segments = self._segments(rows, t_row)
             scores, offset = self._normalise(logits, extras, rows, t_row, segments)  # shape: (rows, V), (rows,)
             logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
         view = self._view(self._with_coverage(rows, extras), logp, tok, key)

@@ -75,7 +75,7 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
             np.exp(part, out=e)
             np.add.reduce(e, axis=1, out=sums[lo : lo + step])
             if scan is not None and m:  # the chunk's candidates while it is in cache
-                scan(part, m, vals[lo : lo + step], idx[lo : lo + step])
+                scan(part, m, group_peaks(part), vals[lo : lo + step], idx[lo : lo + step])
     if scan is None:
         top, idx = ops.top_candidates(x, m)
         return _log_of_sums(x, sums), top, idx
@@ -104,42 +104,63 @@ def _compiled_scan() -> Callable[..., None] | None:
             except ImportError:
                 numba = None
             if numba is not None:
-                flags = {"nnan", "nsz"}  # lets the block maximum vectorise; NaN rows fail their request anyway
                 try:
-                    _scan = numba.njit(cache=True, nogil=True, fastmath=flags)(top_scan)
+                    _scan = numba.njit(cache=True, nogil=True)(top_scan)
                 except RuntimeError:  # no writable place for numba's cache: compile in each process
-                    _scan = numba.njit(nogil=True, fastmath=flags)(top_scan)
+                    _scan = numba.njit(nogil=True)(top_scan)
     return _scan
 
 
-def top_scan(x: np.ndarray, m: int, vals: np.ndarray, idx: np.ndarray) -> None:
+def group_peaks(x: np.ndarray) -> np.ndarray:
+    """The group maxima :func:`top_scan` reads: ``[rows, V // 16]``, group ``g`` of a row holding its columns
+    ``g, g + nb, ..., g + 15 nb`` (``nb = V // 16``; the last ``V % 16`` columns belong to no group), from
+    element-wise maxima of contiguous slices (vectorised). NaN propagates."""
+    rows, v = x.shape
+    nb = v // _BLOCK
+    if nb >= 256:  # long slices: one reduction over the middle axis
+        return x[:, : nb * _BLOCK].reshape(rows, _BLOCK, nb).max(axis=1)  # shape: (rows, nb)
+    peak = x[:, :nb].copy()  # shape: (rows, nb)
+    for i in range(1, _BLOCK):
+        np.maximum(peak, x[:, i * nb : (i + 1) * nb], out=peak)
+    return peak
+
+
+def top_scan(x: np.ndarray, m: int, peak: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> None:
     """Write each row's ``m`` best entries of ``x`` ``[rows, V]`` (``1 <= m <= V``) into ``vals`` (x's dtype) /
     ``idx`` ``[rows, m]``: value descending, equal values by column ascending (plain Python; numba compiles it).
 
-    A row's columns fall into ``nb = V // 16`` groups (group ``g``: columns ``g, g + nb, ...``, 16 of them; the
-    last ``V % 16`` columns apart), whose maxima come from one vectorisable pass of element-wise maxima. Then
-    the groups are visited in order, holding the row's best ``m`` so far: a group whose maximum does not reach
-    the m-th best is passed over, the others are read entry by entry. An entry enters when it beats the m-th
-    best, or equals it at a lower column, and is placed after the equal values of lower columns, so the result
-    obeys the tie rule whatever order the columns are met in. A row holding NaN belongs to a request that fails
-    (its log-sum-exp is NaN), so what such a row yields is never used.
+    ``peak`` holds the row's group maxima (:func:`group_peaks`). The m-th largest of them is a floor every one of
+    the m best entries reaches (m groups hold an entry at least that large). The groups are visited in order,
+    holding the row's best ``m`` so far: a group whose maximum is below the floor, or below the m-th best so
+    far, is passed over, the others are read entry by entry, and so are the last ``V % 16`` columns. An entry enters when it beats the m-th best, or
+    equals it at a lower column, and is placed after the equal values of lower columns, so the result obeys the
+    tie rule whatever order the columns are met in. A row holding NaN belongs to a request that fails (its
+    log-sum-exp is NaN), so what such a row yields is never used.
     """
     rows, v = x.shape
-    nb = v // _BLOCK  # groups of _BLOCK columns each
-    peak = np.empty(max(nb, 1), dtype=x.dtype)  # shape: (nb,) group maxima of one row
+    nb = peak.shape[1]
     for r in range(rows):
-        row, vr, ir = x[r], vals[r], idx[r]
+        row, vr, ir, pk = x[r], vals[r], idx[r], peak[r]
+        # floor: the m-th largest group maximum (m groups reach it, so the m best entries all do): only groups
+        # whose maximum reaches it are read. Fewer than m groups: all are read.
+        n = 0
         for g in range(nb):
-            peak[g] = row[g]
-        for i in range(1, _BLOCK):  # element-wise maxima of contiguous slices: vectorised
-            base = i * nb
-            for g in range(nb):
-                b = row[base + g]
-                peak[g] = b if b > peak[g] else peak[g]
+            a = pk[g]
+            if n == m and not a > vr[m - 1]:
+                continue
+            p = n if n < m else m - 1
+            while p > 0 and vr[p - 1] < a:
+                if p < m:
+                    vr[p] = vr[p - 1]
+                p -= 1
+            vr[p] = a
+            if n < m:
+                n += 1
+        floor = vr[m - 1] if n == m else -np.inf
         n = 0
         for g in range(nb + 1):
             if g < nb:
-                if n == m and peak[g] < vr[m - 1]:
+                if pk[g] < floor or (n == m and pk[g] < vr[m - 1]):
                     continue
                 lo, hi, stride = g, g + nb * _BLOCK, nb
             else:
