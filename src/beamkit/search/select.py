@@ -3,10 +3,10 @@
 A row's order does not change when a constant is added to it, so the ``m`` best tokens of the log-probabilities
 ``x - lse(x)`` are the ``m`` best of the logits ``x``: both can come from the same read of a row. On the host the
 logits are walked in chunks of rows small enough to stay in cache: numpy exponentiates and sums a chunk (the
-log-sum-exp, bit for bit that of :func:`beamkit.ops.logsumexp`), then, where numba is installed, a compiled scan
-takes the chunk's top candidates while it is still in cache. Without numba, and for large tables (where numpy's
-group-maximum threshold selection reads the table at memory speed), the candidates come from
-:func:`beamkit.ops.top_candidates`. Tensors on an accelerator stay there (``logsumexp`` and ``topk`` on the
+log-sum-exp, bit for bit that of :func:`beamkit.ops.logsumexp`), takes the chunk's group maxima (element-wise
+maxima of 16 slices of each row), and, where numba is installed, a compiled scan reads only the groups that can
+hold one of the m best (:func:`top_scan`), while the chunk is still in cache. Without numba the candidates come
+from :func:`beamkit.ops.top_candidates`. Tensors on an accelerator stay there (``logsumexp`` and ``topk`` on the
 device; only ``[rows]`` and ``[rows, m]`` tables come back).
 
 Either way the candidates obey the engine's rule exactly: the ``m`` largest per row, value descending, equal
@@ -27,7 +27,6 @@ _CHUNK = 1 << 18  # elements of a [rows, V] table exponentiated and scanned at a
 _TINY_SUM = 1e-30  # below this an unshifted sum of exps may have lost precision: the row is redone with a shift
 _BLOCK = 16  # columns whose maximum the compiled scan compares with the row's m-th best before looking closer
 _MIN_SCAN = 4096  # rows * V from which the compiled scan is used (below it the call costs more than it saves)
-_LARGE = 1 << 20  # rows * V from which numpy's threshold selection (beamkit.ops.top_candidates) is faster
 
 _scan: Callable[..., None] | None = None
 _scan_tried = False
@@ -46,8 +45,7 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
     ``m' = min(m, V)``: ``lse`` as :func:`beamkit.ops.logsumexp` gives it (NaN, +inf and all ``-inf`` rows
     included), the candidates as :func:`beamkit.ops.top_candidates` gives them (value descending, ties to the
     lowest column). ``jit``: take the candidates by the compiled scan (None: where numba is installed and the
-    table is neither tiny nor large; True without numba falls back to numpy). Large tables take numpy's
-    group-maximum threshold selection, which reads the table at memory speed.
+    table is not tiny; True without numba falls back to numpy).
     """
     rows, v = int(x.shape[0]), int(x.shape[1])
     m = min(int(m), v)
@@ -60,7 +58,7 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
     if x.dtype != np.float32 and x.dtype != np.float64:
         x = x.astype(np.float64)
     size = rows * v
-    scan = _compiled_scan() if jit or (jit is None and _MIN_SCAN <= size < _LARGE) else None
+    scan = _compiled_scan() if jit or (jit is None and size >= _MIN_SCAN) else None
     if scan is not None and not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
     sums = np.empty(rows, dtype=x.dtype)  # shape: (rows,) unshifted sums of exps, in x's dtype
