@@ -31,8 +31,7 @@ def engine_search(options: SearchOptions, step, init, bos, eos, n: int):
 def fields(hyps):
     """Everything a hypothesis reports, for an exact comparison."""
     return [
-        [(h.tokens, h.logprob, h.score, h.finished, h.token_logprobs, h.beam_indices, h.key) for h in hs]
-        for hs in hyps
+        [(h.tokens, h.logprob, h.score, h.finished, h.token_logprobs, h.beam_indices, h.key) for h in hs] for hs in hyps
     ]
 
 

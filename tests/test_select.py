@@ -101,8 +101,8 @@ def test_rows_of_many_chunks_and_bad_rows() -> None:
 
 
 def test_torch_tensors() -> None:
-    """A CPU tensor is read through numpy (float32, and bfloat16 read as float32); results match the numpy
-    table's, and ops' own two calls."""
+    """A CPU float32 tensor is read through numpy, a bfloat16 one by torch: both match the full sort and ops' own
+    log-sum-exp."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(5)
     x = rng.integers(-3, 3, size=(9, 513)).astype(np.float32)

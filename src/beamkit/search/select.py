@@ -6,8 +6,9 @@ logits are walked in chunks of rows small enough to stay in cache: numpy exponen
 log-sum-exp, bit for bit that of :func:`beamkit.ops.logsumexp`), takes the chunk's group maxima (element-wise
 maxima of 16 slices of each row), and, where numba is installed, a compiled scan reads only the groups that can
 hold one of the m best (:func:`top_scan`), while the chunk is still in cache. Without numba the candidates come
-from :func:`beamkit.ops.top_candidates`. Tensors on an accelerator stay there (``logsumexp`` and ``topk`` on the
-device; only ``[rows]`` and ``[rows, m]`` tables come back).
+from :func:`beamkit.ops.top_candidates`. CPU float32 / float64 tensors are read through a numpy view of their
+memory; other tensors (on an accelerator, or in half precision) stay with torch (``logsumexp`` and ``topk`` on
+their device; only ``[rows]`` and ``[rows, m]`` tables come back).
 
 Either way the candidates obey the engine's rule exactly: the ``m`` largest per row, value descending, equal
 values by column ascending.
@@ -49,12 +50,9 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
     """
     rows, v = int(x.shape[0]), int(x.shape[1])
     m = min(int(m), v)
-    x = ops.cpu_view(x)
-    if ops.is_torch(x) and x.device.type == "cpu":  # bfloat16 / float16: numpy reads them as float32
-        x = ops.cpu_view(x.float())
-    if ops.is_torch(x):  # on an accelerator: the device does both, two small tables come back
+    x = ops.cpu_view(x)  # a CPU float32 / float64 tensor: a numpy view of its memory
+    if not isinstance(x, np.ndarray):  # on an accelerator, or half precision: torch does both, small tables back
         return ops.logsumexp(x), *ops.top_candidates(x, m)
-    x = np.asarray(x)
     if x.dtype != np.float32 and x.dtype != np.float64:
         x = x.astype(np.float64)
     size = rows * v
@@ -99,13 +97,12 @@ def _compiled_scan() -> Callable[..., None] | None:
         if not os.environ.get("BEAMKIT_NO_JIT"):
             try:
                 import numba
-            except ImportError:
-                numba = None
-            if numba is not None:
-                try:
-                    _scan = numba.njit(cache=True, nogil=True)(top_scan)
-                except RuntimeError:  # no writable place for numba's cache: compile in each process
-                    _scan = numba.njit(nogil=True)(top_scan)
+            except ImportError:  # numba is optional (the ctc extra): numpy then selects
+                return None
+            try:
+                _scan = numba.njit(cache=True, nogil=True)(top_scan)
+            except RuntimeError:  # no writable place for numba's cache: compile in each process
+                _scan = numba.njit(nogil=True)(top_scan)
     return _scan
 
 
@@ -130,10 +127,10 @@ def top_scan(x: np.ndarray, m: int, peak: np.ndarray, vals: np.ndarray, idx: np.
     ``peak`` holds the row's group maxima (:func:`group_peaks`). The m-th largest of them is a floor every one of
     the m best entries reaches (m groups hold an entry at least that large). The groups are visited in order,
     holding the row's best ``m`` so far: a group whose maximum is below the floor, or below the m-th best so
-    far, is passed over, the others are read entry by entry, and so are the last ``V % 16`` columns. An entry enters when it beats the m-th best, or
-    equals it at a lower column, and is placed after the equal values of lower columns, so the result obeys the
-    tie rule whatever order the columns are met in. A row holding NaN belongs to a request that fails (its
-    log-sum-exp is NaN), so what such a row yields is never used.
+    far, is passed over, the others are read entry by entry, and so are the last ``V % 16`` columns. An entry
+    enters when it beats the m-th best, or equals it at a lower column, and is placed after the equal values of
+    lower columns, so the result obeys the tie rule whatever order the columns are met in. A row holding NaN
+    belongs to a request that fails (its log-sum-exp is NaN), so what such a row yields is never used.
     """
     rows, v = x.shape
     nb = peak.shape[1]
