@@ -46,7 +46,7 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
     ``m' = min(m, V)``: ``lse`` as :func:`beamkit.ops.logsumexp` gives it (NaN, +inf and all ``-inf`` rows
     included), the candidates as :func:`beamkit.ops.top_candidates` gives them (value descending, ties to the
     lowest column). ``jit``: take the candidates by the compiled scan (None: where numba is installed and the
-    table is not tiny; True without numba falls back to numpy).
+    table is not tiny; True without numba falls back to numpy). ``m == 1`` (greedy) is numpy's ``argmax``.
     """
     rows, v = int(x.shape[0]), int(x.shape[1])
     m = min(int(m), v)
@@ -55,6 +55,10 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
         return ops.logsumexp(x), *ops.top_candidates(x, m)
     if x.dtype != np.float32 and x.dtype != np.float64:
         x = x.astype(np.float64)
+    if m == 1:  # greedy: numpy's argmax is the first column holding the maximum (NaN: the row fails anyway)
+        best = x.argmax(axis=1)[:, None]  # shape: (rows, 1)
+        top = np.take_along_axis(x, best, axis=1).astype(np.float64)
+        return ops.logsumexp(x), top, best.astype(np.int64)
     size = rows * v
     scan = _compiled_scan() if jit or (jit is None and size >= _MIN_SCAN) else None
     if scan is not None and not x.flags.c_contiguous:
