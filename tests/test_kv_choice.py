@@ -62,7 +62,8 @@ def test_the_rule(monkeypatch):
     monkeypatch.setattr(generation, "DENSE_BELOW_BYTES", 1 << 40)
     paged = settings_for(model, 7, num_beams=1, cache_implementation="paged")
     assert choose(model, paged, mask).kind == "paged"
-    diverse = settings_for(model, 7, num_beams=4, num_beam_groups=2, diversity_penalty=0.5, cache_implementation="paged")
+    groups = dict(num_beams=4, num_beam_groups=2, diversity_penalty=0.5)
+    diverse = settings_for(model, 7, **groups, cache_implementation="paged")
     assert choose(model, diverse, mask).kind == "dense"
 
 
