@@ -218,8 +218,8 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
 #: KV bytes per row (every layer's keys and values at the prompt's length plus the new tokens) below which the
 #: dense cache is chosen: there the paged cache's host work a step (block tables, the gather index, copy-on-write)
 #: costs more than the dense cache's copies save. Measured by bench/kv_choice.py (beam 5, 8 requests, one torch
-#: thread): paged/dense 1.35x at 32 KiB a row, 1.14x at 48, 1.03x at 80, 0.97x at 112, 0.89x at 144, 0.78-0.83x
-#: from 320 KiB (4 x 128 to 6 x 512 models); the crossing lies between 80 and 112 KiB.
+#: thread): paged/dense 1.17-1.35x at 32 KiB a row, 1.14-1.17x at 48, 0.92-1.03x at 80, 0.97-1.06x at 112,
+#: 0.89-0.95x at 144, 0.78-0.88x from 320 KiB (4 x 128 to 6 x 512 models): the crossing lies between 64 and 128.
 DENSE_BELOW_BYTES = 96 << 10
 
 
