@@ -75,7 +75,8 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
             np.exp(part, out=e)
             np.add.reduce(e, axis=1, out=sums[lo : lo + step])
             if scan is not None and m:  # the chunk's candidates while it is in cache
-                scan(part, m, group_peaks(part), vals[lo : lo + step], idx[lo : lo + step])
+                peak = group_peaks(part)  # shape: (k, V // 16)
+                scan(part, m, peak, peak_floors(peak, m), vals[lo : lo + step], idx[lo : lo + step])
     if scan is None:
         top, idx = ops.top_candidates(x, m)
         return _log_of_sums(x, sums), top, idx
@@ -124,12 +125,22 @@ def group_peaks(x: np.ndarray) -> np.ndarray:
     return peak
 
 
-def top_scan(x: np.ndarray, m: int, peak: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> None:
+def peak_floors(peak: np.ndarray, m: int) -> np.ndarray:
+    """Each row's m-th largest group maximum (``-inf`` when there are fewer than m groups): m groups hold an entry
+    at least that large, so the row's m best entries all reach it (one numpy partition for all rows). A NaN floor
+    (a row with NaN, whose request fails anyway) passes no group over."""
+    rows, nb = peak.shape
+    if nb < m:
+        return np.full(rows, -np.inf, dtype=peak.dtype)
+    return np.partition(peak, nb - m, axis=1)[:, nb - m]  # shape: (rows,)
+
+
+def top_scan(x: np.ndarray, m: int, peak: np.ndarray, floors: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> None:
     """Write each row's ``m`` best entries of ``x`` ``[rows, V]`` (``1 <= m <= V``) into ``vals`` (x's dtype) /
     ``idx`` ``[rows, m]``: value descending, equal values by column ascending (plain Python; numba compiles it).
 
-    ``peak`` holds the row's group maxima (:func:`group_peaks`). The m-th largest of them is a floor every one of
-    the m best entries reaches (m groups hold an entry at least that large). The groups are visited in order,
+    ``peak`` holds the row's group maxima (:func:`group_peaks`), ``floors`` the m-th largest of them
+    (:func:`peak_floors`), which every one of the m best entries reaches. The groups are visited in order,
     holding the row's best ``m`` so far: a group whose maximum is below the floor, or below the m-th best so
     far, is passed over, the others are read entry by entry, and so are the last ``V % 16`` columns. An entry
     enters when it beats the m-th best, or equals it at a lower column, and is placed after the equal values of
@@ -140,22 +151,7 @@ def top_scan(x: np.ndarray, m: int, peak: np.ndarray, vals: np.ndarray, idx: np.
     nb = peak.shape[1]
     for r in range(rows):
         row, vr, ir, pk = x[r], vals[r], idx[r], peak[r]
-        # floor: the m-th largest group maximum (m groups reach it, so the m best entries all do): only groups
-        # whose maximum reaches it are read. Fewer than m groups: all are read.
-        n = 0
-        for g in range(nb):
-            a = pk[g]
-            if n == m and not a > vr[m - 1]:
-                continue
-            p = n if n < m else m - 1
-            while p > 0 and vr[p - 1] < a:
-                if p < m:
-                    vr[p] = vr[p - 1]
-                p -= 1
-            vr[p] = a
-            if n < m:
-                n += 1
-        floor = vr[m - 1] if n == m else -np.inf
+        floor = floors[r]
         n = 0
         for g in range(nb + 1):
             if g < nb:
