@@ -40,7 +40,8 @@ def compiled() -> bool:
 
 
 def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Row-wise log-sum-exp and the ``m`` best entries of ``x`` ``[rows, V]`` (logits), from one read.
+    """Row-wise log-sum-exp and the ``m`` best entries of ``x`` ``[rows, V]`` (logits): from one read where the
+    compiled scan runs, else from :func:`beamkit.ops.top_candidates` after the sums.
 
     Returns host arrays ``(lse float64 [rows], values float64 [rows, m'], columns int64 [rows, m'])`` with
     ``m' = min(m, V)``: ``lse`` as :func:`beamkit.ops.logsumexp` gives it (NaN, +inf and all ``-inf`` rows
