@@ -14,14 +14,14 @@ with only the live rows evaluated. ``narrow`` (beamkit's default, the exact cont
 keep its slot while the beam narrows, so its results may differ from OLMo's. For each policy, after a checked
 run, the two searches alternate (``--repeats`` times each, the order swapped every repeat) and the medians print::
 
-    olmo-speed[compete]: 1.23x (beamkit 45.1 ms, OLMo 55.4 ms; model rows 3840 vs 4800)
+    olmo-speed[compete]: 1.23x (beamkit 45.1 ms, OLMo 55.4 ms; model rows 3840 vs 4800); target >= 1.5x: missed
     olmo-top1[compete]: 32/32 identical
 
 ``1.23x`` is OLMo's time over beamkit's; model rows are the rows each search sent to the step function. Then the
 drop-in, ``beamkit.compat.olmo``, runs OLMo's own program (the same ``BeamSearch(...).search`` call and step
 function, which returns ``log_softmax`` itself) against OLMo's module::
 
-    olmo-speed[compat]: 1.60x (beamkit.compat.olmo 46.0 ms, OLMo 73.6 ms)
+    olmo-speed[compat]: 1.60x (beamkit.compat.olmo 46.0 ms, OLMo 73.6 ms); target >= 1.5x: met
     olmo-top1[compat]: 32/32 identical; top-1 log-probabilities at most 3.8e-06 apart
 
 ``identical`` counts the requests whose best hypothesis has the same tokens (OLMo's ``predictions[b, 0]`` cut
@@ -42,7 +42,11 @@ package index (``pip download --no-deps``) into ``bench/.cache/``, extracts only
 against the wheel's RECORD; it imports only torch and the standard library), deletes the wheel, and loads that
 one module with importlib; the package and its dependencies are never installed.
 
-Run: ``.venv/bin/python bench/vs_olmo.py [--repeats 7] [--batch 32] [--beam 5] [--vocab 1000] [--steps 30]``.
+The target is 1.5x in each line; ``--profile`` prints where beamkit's time goes (its top functions under
+cProfile) for each line that misses it.
+
+Run: ``.venv/bin/python bench/vs_olmo.py [--repeats 7] [--batch 32] [--beam 5] [--vocab 1000] [--steps 30]
+[--profile]``.
 """
 
 from __future__ import annotations
@@ -166,6 +170,32 @@ def compare(
     return same, lists, worst, first
 
 
+TARGET = 1.5  # beamkit at least 1.5x OLMo's speed, in each policy and through the drop-in
+
+
+def target(ratio: float) -> str:
+    """The target and whether ``ratio`` (OLMo's time over beamkit's) meets it."""
+    return f"target >= {TARGET}x: {'met' if ratio >= TARGET else 'missed'}"
+
+
+def profile(fn: Callable[[], Any], what: str, runs: int = 5) -> None:
+    """Where ``fn``'s time goes (``--profile``, printed when a target is missed): its top functions by own time
+    over ``runs`` calls, under cProfile (which inflates the many small Python calls against the model's)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(runs):
+        fn()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+    body = out.getvalue().split("ncalls", 1)[-1]
+    print(f"  profile of {what} ({runs} runs; own time, seconds):\n  ncalls" + body.rstrip().replace("\n", "\n  "))
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -180,6 +210,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--float64", action="store_true", help="float64 logits: both searches rank float64 sums")
+    ap.add_argument("--profile", action="store_true", help="profile beamkit's search where a target is missed")
     args = ap.parse_args()
     for name in ("repeats", "batch", "beam", "vocab", "steps"):
         if getattr(args, name) < 1:
@@ -224,8 +255,10 @@ def main() -> None:
         bk, ol = statistics.median(times["beamkit"]), statistics.median(times["olmo"])
         print(
             f"olmo-speed[{policy}]: {ol / bk:.2f}x (beamkit {bk * 1e3:.1f} ms, OLMo {ol * 1e3:.1f} ms; "
-            f"model rows {rows} vs {olmo_rows})"
+            f"model rows {rows} vs {olmo_rows}); {target(ol / bk)}"
         )
+        if args.profile and ol / bk < TARGET:
+            profile(functools.partial(run_beamkit, model, args, policy), f"beamkit[{policy}]")
         print(f"olmo-top1[{policy}]: {same}/{args.batch} identical")
         note = f"; first difference: {first}" if first else ""
         print(
@@ -252,7 +285,10 @@ def main() -> None:
             in_step[name].append(model.step_s)
     co, ol = statistics.median(times["compat"]), statistics.median(times["olmo"])
     cs, os_ = statistics.median(in_step["compat"]), statistics.median(in_step["olmo"])
-    print(f"olmo-speed[compat]: {ol / co:.2f}x (beamkit.compat.olmo {co * 1e3:.1f} ms, OLMo {ol * 1e3:.1f} ms)")
+    print(
+        f"olmo-speed[compat]: {ol / co:.2f}x (beamkit.compat.olmo {co * 1e3:.1f} ms, OLMo {ol * 1e3:.1f} ms); "
+        f"{target(ol / co)}"
+    )
     print(
         f"  in the step function (model + log_softmax): beamkit.compat.olmo {cs * 1e3:.1f} ms, OLMo {os_ * 1e3:.1f} "
         f"ms; the rest (the search): {(co - cs) * 1e3:.1f} ms against {(ol - os_) * 1e3:.1f} ms"

@@ -50,6 +50,7 @@ def steps(monkeypatch):
 
 
 def _generate(model, ids, mask, eos, pad, beams, **kw):
+    kw.setdefault("cache_implementation", "paged")  # the test models are small enough for the dense default
     return engine_generate(
         model, ids, mask, num_beams=beams, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=pad,
         return_dict_in_generate=True, output_scores=True, **kw,

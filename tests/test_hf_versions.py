@@ -74,7 +74,8 @@ def deprecations(records: _Records) -> list[str]:
 @pytest.mark.parametrize(
     ("name", "extra"),
     [
-        ("gpt2", {}),  # paged keys/values (beamkit's own Cache)
+        ("gpt2", {"cache_implementation": "paged"}),  # paged keys/values (beamkit's own Cache)
+        ("gpt2", {}),  # a model this small: the dense cache by size
         ("gpt2", {"cache_implementation": "dynamic"}),  # Hugging Face's DynamicCache
         ("gpt2", {"num_beams": 1}),  # greedy
         ("t5", {}),  # encoder-decoder: EncoderDecoderCache

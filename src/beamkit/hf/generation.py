@@ -157,9 +157,8 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
         step = EncoderDecoderStep(model)
     else:
         prefix = input_ids
-        variant = settings.groups > 1 or bool(settings.force_words)  # diverse / constrained search: dense cache
         blocks = pool_blocks(mask, settings.num_beams, settings.max_new_tokens)
-        step = DecoderOnlyStep(model, kv="dense" if variant else settings.kv, blocks=blocks)
+        step = DecoderOnlyStep(model, kv=choose_cache(model, settings, mask).kind, blocks=blocks)
     # Hugging Face's processors see prompt + generated tokens (decoder-only, left padding included) or the
     # decoder tokens from the start token on (encoder-decoder)
     prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
@@ -173,6 +172,51 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
     with torch.inference_mode():  # once here, not per step
         hyps, traces = run_search(step, state, settings, batch, processors, seeds)
     return build_output(settings, prefix, hyps, step.stats, step.forward_seconds, traces)
+
+
+#: KV bytes per row (every layer's keys and values at the prompt's length plus the new tokens) below which the
+#: dense cache is chosen: there the paged cache's host work a step (block tables, the gather index, copy-on-write)
+#: costs more than the dense cache's copies save. Measured by bench/kv_choice.py (beam 5, 8 requests, one torch
+#: thread): paged/dense 1.17-1.35x at 32 KiB a row, 1.14-1.17x at 48, 0.92-1.03x at 80, 0.97-1.06x at 112,
+#: 0.89-0.95x at 144, 0.78-0.88x from 320 KiB (4 x 128 to 6 x 512 models): the crossing lies between 64 and 128.
+DENSE_BELOW_BYTES = 96 << 10
+
+
+@dataclass(frozen=True)
+class CacheChoice:
+    """The decoder-only key/value cache a call decodes with (``"paged"`` or ``"dense"``) and why."""
+
+    kind: str
+    reason: str
+
+
+def choose_cache(model: Any, settings: Settings, mask: torch.Tensor) -> CacheChoice:
+    """The cache for one call: dense for diverse and constrained beam search (their variants gather rows their
+    own way) and where the call named one of Hugging Face's caches; paged where it named ``"paged"``; with no
+    cache named, dense for greedy decoding (one row per request: nothing to share) and for rows whose keys and
+    values stay below :data:`DENSE_BELOW_BYTES`, paged otherwise."""
+    if settings.groups > 1 or settings.force_words:
+        return CacheChoice("dense", "diverse or constrained beam search")
+    if not settings.kv_chosen:
+        return CacheChoice(settings.kv, "cache_implementation names it")
+    if settings.num_beams == 1:
+        return CacheChoice("dense", "greedy decoding: one row per request, nothing to share")
+    per_row = kv_row_bytes(model, int(mask.shape[1]) + settings.max_new_tokens)
+    if per_row < DENSE_BELOW_BYTES:
+        return CacheChoice("dense", f"{per_row} KV bytes per row, below {DENSE_BELOW_BYTES}")
+    return CacheChoice("paged", f"{per_row} KV bytes per row, from {DENSE_BELOW_BYTES} on")
+
+
+def kv_row_bytes(model: Any, length: int) -> int:
+    """Bytes of one row's keys and values over every layer at ``length`` positions, from the model's config
+    (``num_hidden_layers``, the key/value heads and head width) and its dtype."""
+    cfg = model.config
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    heads = int(getattr(cfg, "num_attention_heads", 1) or 1)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or int(getattr(cfg, "hidden_size", 0) or 0) // heads)
+    width = torch.empty(0, dtype=getattr(model, "dtype", torch.float32)).element_size()
+    return 2 * layers * kv_heads * head_dim * width * length
 
 
 def request_seeds(input_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:

@@ -142,7 +142,8 @@ class Settings:
     (the only kind the bridge takes: it applies the trie vectorised). ``kv`` is the decoder-only key/value cache
     (:class:`beamkit.hf.DecoderOnlyStep`'s ``kv``): ``"paged"``
     unless ``cache_implementation`` names one of Hugging Face's caches (``"dynamic"``, ``"static"``, ...), which
-    selects the dense ``DynamicCache`` bridge (the same output either way).
+    selects the dense ``DynamicCache`` bridge (the same output either way). ``kv_chosen``: the call named no
+    cache, so :func:`beamkit.hf.generation.choose_cache` may keep it dense where paging does not pay.
     """
 
     encoder_decoder: bool
@@ -175,6 +176,7 @@ class Settings:
     top_p: float = 1.0
     search_options: tuple[tuple[str, Any], ...] = ()
     kv: str = "paged"
+    kv_chosen: bool = False  # True: the call named no cache (cache_implementation=None), beamkit picks by size
     prefix_fn: Any = None  # a beamkit.Trie's prefix_allowed_tokens_fn (applied vectorised), or None
 
     @property
@@ -353,6 +355,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         output_scores=bool(gc.output_scores),
         search_options=tuple(rest.items()),
         kv="paged" if gc.cache_implementation in (None, "paged") else "dense",
+        kv_chosen=gc.cache_implementation is None,
         prefix_fn=prefix_fn,
         **_sampling(gc, num_beams, eos),
     )

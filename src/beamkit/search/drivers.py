@@ -9,6 +9,7 @@ from typing import Any
 
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.search.engine import Engine
+from beamkit.search.greedy import greedy_applies, greedy_search
 from beamkit.search.inputs import StepFn
 from beamkit.search.options import SearchOptions, make_options
 from beamkit.search.records import Completed, SearchResult
@@ -18,7 +19,8 @@ from beamkit.trace import Trace
 class BeamSearch:
     """A configured search over a closed batch: ``BeamSearch(options).search(step_fn, init_state, bos, eos)``.
 
-    A thin driver of :class:`Engine`: add every request, step until idle.
+    A thin driver of :class:`Engine`: add every request, step until idle. Plain greedy decoding (one beam, see
+    :func:`beamkit.search.greedy.greedy_applies`) skips the beam machinery: the same results, less work a step.
     """
 
     def __init__(self, options: SearchOptions):
@@ -37,6 +39,10 @@ class BeamSearch:
         ``eos`` is the stop token, or several (any of them finishes a hypothesis); ``None`` means no stop token:
         every hypothesis runs to ``max_len``.
         """
+        if greedy_applies(self.options):  # one beam: the same results without the beam machinery
+            result = greedy_search(self.options, step_fn, init_state, bos, eos, batch_size)
+            self._warn_short(result.hypotheses, result.errors)  # type: ignore[arg-type]
+            return result
         engine = Engine(step_fn, self.options, on_step_error="raise")
         ids = engine.add_batch(init_state, bos, eos, batch_size)
         done: dict[int, Completed] = {}

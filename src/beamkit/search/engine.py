@@ -47,6 +47,7 @@ from beamkit.search.records import (
     StopReason,
     add_coverage,
 )
+from beamkit.search.select import lse_and_top
 from beamkit.search.selectors import Deterministic
 from beamkit.state import check_rows, concat_state, first_array, is_identity, select_state
 
@@ -323,9 +324,12 @@ class Engine:
         """Everything after the model call: normalise -> select -> rank -> policy -> commit (the commit comes
         only once nothing can fail any more)."""
         rows, t_row = self._rows, self.book.t[self._rows.req]  # shape: (rows,) tokens so far of each row's request
-        segments = self._segments(rows, t_row)
-        scores, offset = self._normalise(logits, extras, rows, t_row, segments)  # shape: (rows, V), (rows,)
-        logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
+        if self._one_pass(extras, rows, t_row):  # log-sum-exp and candidates from one read of the logits
+            logp, tok, key = self._select_one_pass(logits, rows)  # shape: (rows, m)
+        else:
+            segments = self._segments(rows, t_row)
+            scores, offset = self._normalise(logits, extras, rows, t_row, segments)  # shape: (rows, V), (rows,)
+            logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
         view = self._view(self._with_coverage(rows, extras), logp, tok, key)
         if self.recorder is not None:
             self.recorder.considered(view)
@@ -339,6 +343,42 @@ class Engine:
         if self.recorder is not None:
             self.recorder.decided(view, decision)
         self._commit(view, decision, state, logits, ended)
+
+    def _one_pass(self, extras: dict[str, Any], rows: Rows, t_row: np.ndarray) -> bool:
+        """Whether this step's selection is the deterministic one on plain log-probabilities (no processor, no raw
+        scores, no stop token masked below ``min_len``): then one read of the logits gives both."""
+        opt = self.options
+        return (
+            type(opt.selector) is Deterministic
+            and not opt.processors
+            and extras.get("log_softmax") is not False
+            and not (t_row < self.book.min_len[rows.req]).any()
+        )
+
+    def _select_one_pass(self, logits: Any, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The deterministic selection from one read of the logits (:func:`beamkit.search.select.lse_and_top`):
+        each row's m best tokens and its log-sum-exp; rows with NaN or +inf logits fail their request."""
+        b = self.book
+        m_row = b.m[rows.req]
+        lse, vals, tok = lse_and_top(logits, int(m_row.max()))  # shape: (rows,), (rows, m), (rows, m)
+        self._fail_bad_rows(lse, rows)
+        offset = np.where(np.isfinite(lse), -lse, -np.inf)  # shape: (rows,)
+        with np.errstate(invalid="ignore"):  # +inf logits in a failed row: inf - inf, dropped as not finite
+            logp = vals + offset[:, None]
+            key = rows.key[:, None] + logp
+        if int(m_row.min()) < tok.shape[1]:  # other beam sizes: each row keeps its own top m
+            key = np.where(np.arange(tok.shape[1]) >= m_row[:, None], np.nan, key)  # dropped by rank_all
+        return logp, tok, key
+
+    def _fail_bad_rows(self, lse: np.ndarray, rows: Rows) -> np.ndarray:
+        """Fail the requests of the rows whose logits hold NaN or +inf (``lse`` NaN / +inf); returns those rows."""
+        b = self.book
+        bad = np.isnan(lse) | (lse == np.inf)  # shape: (rows,) their requests fail; all -inf rows: no candidate
+        if bad.any():
+            for r in np.unique(rows.req[bad]).tolist():
+                what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
+                b.errors[r] = f"step_fn returned {what} logits at step {int(b.t[r])}"
+        return bad
 
     def _normalise(
         self,
@@ -359,11 +399,7 @@ class Engine:
         else:
             lse = ops.logsumexp(logits)  # shape: (rows,)
         ok = np.isfinite(lse)
-        bad = np.isnan(lse) | (lse == np.inf)  # shape: (rows,) their requests fail; all -inf rows: no candidate
-        if bad.any():
-            for r in np.unique(rows.req[bad]).tolist():
-                what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
-                b.errors[r] = f"step_fn returned {what} logits at step {int(b.t[r])}"
+        bad = self._fail_bad_rows(lse, rows)
         masked = t_row < b.min_len[rows.req]  # shape: (rows,) eos is masked until min_len
         procs = opt.processors
         if not procs:

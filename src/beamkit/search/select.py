@@ -1,0 +1,177 @@
+"""One-pass selection: each row's log-sum-exp and its top candidates from one read of the logits.
+
+A row's order does not change when a constant is added to it, so the ``m`` best tokens of the log-probabilities
+``x - lse(x)`` are the ``m`` best of the logits ``x``: both can come from the same read of a row. On the host the
+logits are walked in chunks of rows small enough to stay in cache: numpy exponentiates and sums a chunk (the
+log-sum-exp, bit for bit that of :func:`beamkit.ops.logsumexp`), takes the chunk's group maxima (element-wise
+maxima of 16 slices of each row), and, where numba is installed, a compiled scan reads only the groups that can
+hold one of the m best (:func:`top_scan`), while the chunk is still in cache. Without numba the candidates come
+from :func:`beamkit.ops.top_candidates`. CPU float32 / float64 tensors are read through a numpy view of their
+memory; other tensors (on an accelerator, or in half precision) stay with torch (``logsumexp`` and ``topk`` on
+their device; only ``[rows]`` and ``[rows, m]`` tables come back).
+
+Either way the candidates obey the engine's rule exactly: the ``m`` largest per row, value descending, equal
+values by column ascending.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from beamkit import ops
+
+_CHUNK = 1 << 18  # elements of a [rows, V] table exponentiated and scanned at a time (about 1 MB of float32)
+_TINY_SUM = 1e-30  # below this an unshifted sum of exps may have lost precision: the row is redone with a shift
+_BLOCK = 16  # columns whose maximum the compiled scan compares with the row's m-th best before looking closer
+_MIN_SCAN = 4096  # rows * V from which the compiled scan is used (below it the call costs more than it saves)
+
+_scan: Callable[..., None] | None = None
+_scan_tried = False
+
+
+def compiled() -> bool:
+    """Whether the compiled scan is available: numba importable and ``BEAMKIT_NO_JIT`` not set (compiled on the
+    first call, cached on disk by numba)."""
+    return _compiled_scan() is not None
+
+
+def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise log-sum-exp and the ``m`` best entries of ``x`` ``[rows, V]`` (logits): from one read where the
+    compiled scan runs, else from :func:`beamkit.ops.top_candidates` after the sums.
+
+    Returns host arrays ``(lse float64 [rows], values float64 [rows, m'], columns int64 [rows, m'])`` with
+    ``m' = min(m, V)``: ``lse`` as :func:`beamkit.ops.logsumexp` gives it (NaN, +inf and all ``-inf`` rows
+    included), the candidates as :func:`beamkit.ops.top_candidates` gives them (value descending, ties to the
+    lowest column). ``jit``: take the candidates by the compiled scan (None: where numba is installed and the
+    table is not tiny; True without numba falls back to numpy). ``m == 1`` (greedy) is numpy's ``argmax``.
+    """
+    rows, v = int(x.shape[0]), int(x.shape[1])
+    m = min(int(m), v)
+    x = ops.cpu_view(x)  # a CPU float32 / float64 tensor: a numpy view of its memory
+    if not isinstance(x, np.ndarray):  # on an accelerator, or half precision: torch does both, small tables back
+        return ops.logsumexp(x), *ops.top_candidates(x, m)
+    if x.dtype != np.float32 and x.dtype != np.float64:
+        x = x.astype(np.float64)
+    if m == 1:  # greedy: numpy's argmax is the first column holding the maximum (NaN: the row fails anyway)
+        best = x.argmax(axis=1)[:, None]  # shape: (rows, 1)
+        top = np.take_along_axis(x, best, axis=1).astype(np.float64)
+        return ops.logsumexp(x), top, best.astype(np.int64)
+    size = rows * v
+    scan = _compiled_scan() if jit or (jit is None and size >= _MIN_SCAN) else None
+    if scan is not None and not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+    sums = np.empty(rows, dtype=x.dtype)  # shape: (rows,) unshifted sums of exps, in x's dtype
+    vals = np.empty((rows, m), dtype=x.dtype)  # shape: (rows, m)
+    idx = np.empty((rows, m), dtype=np.int64)  # shape: (rows, m)
+    step = max(1, _CHUNK // max(1, v))
+    buf = np.empty((min(step, rows), v), dtype=x.dtype)  # shape: (step, V) one exp buffer for every chunk
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, rows, step):
+            part = x[lo : lo + step]
+            e = buf[: part.shape[0]]
+            np.exp(part, out=e)
+            np.add.reduce(e, axis=1, out=sums[lo : lo + step])
+            if scan is not None and m:  # the chunk's candidates while it is in cache
+                peak = group_peaks(part)  # shape: (k, V // 16)
+                scan(part, m, peak, peak_floors(peak, m), vals[lo : lo + step], idx[lo : lo + step])
+    if scan is None:
+        top, idx = ops.top_candidates(x, m)
+        return _log_of_sums(x, sums), top, idx
+    return _log_of_sums(x, sums), vals.astype(np.float64), idx
+
+
+def _log_of_sums(x: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """``log(sums)`` as float64, the rows whose unshifted sum over- or underflowed (or holds NaN / inf) redone by
+    :func:`beamkit.ops.logsumexp`, which shifts them."""
+    ok = (sums >= _TINY_SUM) & (sums < np.inf)
+    out = np.log(np.where(ok, sums, 1.0), dtype=np.float64)  # shape: (rows,)
+    if not ok.all():
+        redo = np.flatnonzero(~ok)
+        out[redo] = ops.logsumexp(x[redo])
+    return out
+
+
+def _compiled_scan() -> Callable[..., None] | None:
+    """The numba-compiled top-m scan, built on first use; None without numba or with ``BEAMKIT_NO_JIT`` set."""
+    global _scan, _scan_tried
+    if not _scan_tried:
+        _scan_tried = True
+        if not os.environ.get("BEAMKIT_NO_JIT"):
+            try:
+                import numba
+            except ImportError:  # numba is optional (the ctc extra): numpy then selects
+                return None
+            try:
+                _scan = numba.njit(cache=True, nogil=True)(top_scan)
+            except RuntimeError:  # no writable place for numba's cache: compile in each process
+                _scan = numba.njit(nogil=True)(top_scan)
+    return _scan
+
+
+def group_peaks(x: np.ndarray) -> np.ndarray:
+    """The group maxima :func:`top_scan` reads: ``[rows, V // 16]``, group ``g`` of a row holding its columns
+    ``g, g + nb, ..., g + 15 nb`` (``nb = V // 16``; the last ``V % 16`` columns belong to no group), from
+    element-wise maxima of contiguous slices (vectorised). NaN propagates."""
+    rows, v = x.shape
+    nb = v // _BLOCK
+    if nb >= 256:  # long slices: one reduction over the middle axis
+        return x[:, : nb * _BLOCK].reshape(rows, _BLOCK, nb).max(axis=1)  # shape: (rows, nb)
+    peak = x[:, :nb].copy()  # shape: (rows, nb)
+    for i in range(1, _BLOCK):
+        np.maximum(peak, x[:, i * nb : (i + 1) * nb], out=peak)
+    return peak
+
+
+def peak_floors(peak: np.ndarray, m: int) -> np.ndarray:
+    """Each row's m-th largest group maximum (``-inf`` when there are fewer than m groups): m groups hold an entry
+    at least that large, so the row's m best entries all reach it (one numpy partition for all rows). A NaN floor
+    (a row with NaN, whose request fails anyway) passes no group over."""
+    rows, nb = peak.shape
+    if nb < m:
+        return np.full(rows, -np.inf, dtype=peak.dtype)
+    return np.partition(peak, nb - m, axis=1)[:, nb - m]  # shape: (rows,)
+
+
+def top_scan(x: np.ndarray, m: int, peak: np.ndarray, floors: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> None:
+    """Write each row's ``m`` best entries of ``x`` ``[rows, V]`` (``1 <= m <= V``) into ``vals`` (x's dtype) /
+    ``idx`` ``[rows, m]``: value descending, equal values by column ascending (plain Python; numba compiles it).
+
+    ``peak`` holds the row's group maxima (:func:`group_peaks`), ``floors`` the m-th largest of them
+    (:func:`peak_floors`), which every one of the m best entries reaches. The groups are visited in order,
+    holding the row's best ``m`` so far: a group whose maximum is below the floor, or below the m-th best so
+    far, is passed over, the others are read entry by entry, and so are the last ``V % 16`` columns. An entry
+    enters when it beats the m-th best, or equals it at a lower column, and is placed after the equal values of
+    lower columns, so the result obeys the tie rule whatever order the columns are met in. A row holding NaN
+    belongs to a request that fails (its log-sum-exp is NaN), so what such a row yields is never used.
+    """
+    rows, v = x.shape
+    nb = peak.shape[1]
+    for r in range(rows):
+        row, vr, ir, pk = x[r], vals[r], idx[r], peak[r]
+        floor = floors[r]
+        n = 0
+        for g in range(nb + 1):
+            if g < nb:
+                if pk[g] < floor or (n == m and pk[g] < vr[m - 1]):
+                    continue
+                lo, hi, stride = g, g + nb * _BLOCK, nb
+            else:
+                lo, hi, stride = nb * _BLOCK, v, 1
+            for c in range(lo, hi, stride):
+                a = row[c]
+                if n == m and not (a > vr[m - 1] or (a == vr[m - 1] and c < ir[m - 1])):
+                    continue
+                p = n if n < m else m - 1
+                while p > 0 and (vr[p - 1] < a or (vr[p - 1] == a and ir[p - 1] > c)):
+                    if p < m:
+                        vr[p] = vr[p - 1]
+                        ir[p] = ir[p - 1]
+                    p -= 1
+                vr[p] = a
+                ir[p] = c
+                if n < m:
+                    n += 1
