@@ -1,7 +1,8 @@
 """A paged key/value cache: beams share the blocks they have in common, a block is copied only when written.
 
-One preallocated pool per layer holds keys and values in blocks of ``block_size`` positions
-(``[n_blocks, heads, block_size, d_head]``). Each row (hypothesis) owns a *block table* (the ids of its blocks, in
+One preallocated pool per layer holds keys and values in blocks of ``block_size`` positions, head first
+(``[heads, n_blocks, block_size, d_head]``: the blocks of a run of block ids are one strided view per head, so
+attention can read a shared prefix in place, see :mod:`beamkit.kv.attention`). Each row (hypothesis) owns a *block table* (the ids of its blocks, in
 order) and a length. Forking rows by parent (``beamkit_select``, the engine's gather) copies tables and raises
 reference counts, never block contents; appending a position to a partial block that other rows also hold copies
 that one block first (copy-on-write); blocks whose count drops to zero return to the free list. Full blocks are
@@ -39,7 +40,7 @@ class PagedKVCache:
     """A block pool per layer for self-attention keys and values, with reference counts and a free list.
 
     ``PagedKVCache(layers, heads, d_head, n_blocks, block_size=16, dtype=torch.float32, device="cpu")``
-    preallocates ``2 * layers`` tensors of ``[n_blocks, heads, block_size, d_head]``. Rows live in
+    preallocates ``2 * layers`` tensors of ``[heads, n_blocks, block_size, d_head]``. Rows live in
     :class:`PagedRows` handles made by :meth:`rows` or :meth:`prefill`; rows of different requests and lengths
     share one pool.
     """
@@ -60,7 +61,7 @@ class PagedKVCache:
         self.d_head = check_int("d_head", d_head, 1)
         self.n_blocks = check_int("n_blocks", n_blocks, 1)
         self.block_size = check_int("block_size", block_size, 1)
-        shape = (self.n_blocks, self.heads, self.block_size, self.d_head)
+        shape = (self.heads, self.n_blocks, self.block_size, self.d_head)
         self.k = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers))
         self.v = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers))
         self.device = self.k[0].device
@@ -105,9 +106,9 @@ class PagedKVCache:
             return
 
         def bigger(pool: Tensor) -> Tensor:
-            out = pool.new_zeros((n_blocks, *pool.shape[1:]))  # shape: (n_blocks, heads, block_size, d_head)
+            out = pool.new_zeros((pool.shape[0], n_blocks, *pool.shape[2:]))  # shape: (heads, n_blocks, bs, d_head)
             with torch.no_grad():
-                out[:old] = pool
+                out[:, :old] = pool
             return out
 
         self.k = tuple(bigger(p) for p in self.k)
@@ -123,19 +124,21 @@ class PagedKVCache:
                 f"PagedKVCache out of blocks: {n} needed, {len(self._free)} free of {self.n_blocks} "
                 f"(block_size {self.block_size}); create the cache with more n_blocks"
             )
-        out = np.array([self._free.pop() for _ in range(n)], dtype=np.int64)
+        out = np.sort(np.array([self._free.pop() for _ in range(n)], dtype=np.int64))  # runs of ids stay runs
         self.refcount[out] = 1
         self._peak = max(self._peak, self.blocks_in_use())
         return out
 
     def _incref(self, blocks: np.ndarray) -> None:
-        np.add.at(self.refcount, blocks, 1)
+        if blocks.size:
+            self.refcount += np.bincount(blocks, minlength=self.n_blocks)
 
     def _decref(self, blocks: np.ndarray) -> None:
         if blocks.size == 0:
             return
-        np.subtract.at(self.refcount, blocks, 1)
-        touched = np.unique(blocks)
+        counts = np.bincount(blocks, minlength=self.n_blocks)
+        self.refcount -= counts
+        touched = np.flatnonzero(counts)
         if (self.refcount[touched] < 0).any():
             raise RuntimeError("PagedKVCache reference count below zero: a handle was released twice")
         self._free.extend(touched[self.refcount[touched] == 0][::-1].tolist())
@@ -145,7 +148,7 @@ class PagedKVCache:
         d = torch.as_tensor(dst, device=self.device)
         with torch.no_grad():
             for pool in (*self.k, *self.v):
-                pool[d] = pool[s]
+                pool[:, d] = pool[:, s]
         self.copied_blocks += int(src.shape[0])
 
     # ------------------------------------------------------------------------------------------ handles
@@ -176,8 +179,8 @@ class PagedKVCache:
                 for pool, x in zip((*self.k, *self.v), (*keys, *values), strict=True):
                     pad = x.new_zeros(n, self.heads, nb * bs - p, self.d_head)
                     full = torch.cat([x.detach().to(pool.dtype), pad], dim=2)  # shape: (rows, heads, nb * bs, d)
-                    blocks_of = full.view(n, self.heads, nb, bs, self.d_head).transpose(1, 2)
-                    pool[dst] = blocks_of.reshape(-1, *pool.shape[1:])  # shape: (rows * nb, heads, bs, d)
+                    blocks_of = full.view(n, self.heads, nb, bs, self.d_head).transpose(0, 1)
+                    pool[:, dst] = blocks_of.reshape(self.heads, n * nb, bs, self.d_head)  # rows' blocks in order
         self.written_positions += n * p
         return PagedRows(self, blocks.reshape(n, nb), np.full(n, p, np.int64))
 
@@ -186,9 +189,9 @@ class PagedKVCache:
 class Pages:
     """Where one step writes and reads, on the cache's device (computed once per step for every layer).
 
-    ``slots`` ``[rows * heads]``: where each row's newest position goes, as rows of a pool viewed
-    ``[n_blocks * heads * block_size, d_head]``; ``table`` ``[rows, nb]``: block ids
-    to gather (unused entries point at block 0 and are masked); ``width``: the longest row;
+    ``slots`` ``[rows]``: where each row's newest position goes, as a column of a pool viewed
+    ``[heads, n_blocks * block_size, d_head]`` (the same column in every head); ``table`` ``[rows, nb]``: block
+    ids to gather (unused entries point at block 0 and are masked); ``width``: the longest row;
     ``mask`` ``[rows, 1, 1, width]`` (True = may attend) or None when every row holds ``width`` positions.
     """
 
@@ -321,11 +324,8 @@ class PagedRows:
             if len(self) and int(self.length.min()) < width:
                 length = torch.as_tensor(self.length, device=dev)
                 mask = (torch.arange(width, device=dev)[None, :] < length[:, None])[:, None, None, :]
-            block, offset = (torch.as_tensor(a, device=dev) for a in where)
-            heads, bs = self.cache.heads, self.cache.block_size
-            slots = (
-                (block[:, None] * heads + torch.arange(heads, device=dev)[None, :]) * bs + offset[:, None]
-            ).reshape(-1)
+            block, offset = where
+            slots = torch.as_tensor(block * self.cache.block_size + offset, device=dev)  # shape: (rows,)
             self._pages = Pages(slots, table, width, mask)
         return self._pages
 
@@ -335,19 +335,19 @@ class PagedRows:
         c = self.cache
         with torch.no_grad():
             for pool, x in ((c.k[layer], k), (c.v[layer], v)):
-                new = x[:, :, 0].detach().to(pool.dtype).reshape(-1, c.d_head)  # shape: (rows * heads, d_head)
-                pool.view(-1, c.d_head).index_copy_(0, p.slots, new)
+                new = x[:, :, 0].detach().to(pool.dtype).transpose(0, 1)  # shape: (heads, rows, d_head)
+                pool.view(c.heads, -1, c.d_head).index_copy_(1, p.slots, new)
 
     def read(self, layer: int) -> tuple[Tensor, Tensor]:
-        """Every row's keys and values of ``layer``, ``[rows, heads, width, d_head]`` (positions past a row's
-        length hold whatever their block holds: mask them with :attr:`Pages.mask`)."""
+        """Every row's keys and values of ``layer``, ``[rows, heads, width, d_head]`` gathered into new tensors
+        (positions past a row's length hold whatever their block holds: mask them with :attr:`Pages.mask`).
+        :func:`beamkit.kv.attention.shared_prefix_attention` attends without this copy."""
         p = self.pages()
         c = self.cache
         n, nb = p.table.shape
         flat = p.table.reshape(-1)
         out = []
         for pool in (c.k[layer], c.v[layer]):
-            g = pool.index_select(0, flat).view(n, nb, c.heads, c.block_size, c.d_head)
-            whole = g.transpose(1, 2).reshape(n, c.heads, nb * c.block_size, c.d_head)
-            out.append(whole[:, :, : p.width])  # shape: (rows, heads, width, d_head)
+            g = pool.index_select(1, flat).view(c.heads, n, nb * c.block_size, c.d_head)
+            out.append(g[:, :, : p.width].transpose(0, 1))  # shape: (rows, heads, width, d_head)
         return out[0], out[1]
