@@ -4,8 +4,8 @@ Oracles, none of them the paged code: ``model.generate`` itself (tokens identica
 1e-4, see below); the dense bridge (``cache_implementation="dynamic"``: Hugging Face's ``DynamicCache``, which
 never touches the pool), whose logits the gathering paged step (``attention="gather"``) must reproduce bit for
 bit on a static batch, since attention gets the same keys/values in the same layout, and the shared-prefix step
-(the default) within float32 rounding (its softmax sums the prefix and the tail apart, then merges them); each request decoded alone, for requests joining a
-running engine; and block counts worked out by hand.
+(the default) within float32 rounding (its softmax sums the prefix and the tail apart, then merges them); each
+request decoded alone, for requests joining a running engine; and block counts worked out by hand.
 """
 
 from __future__ import annotations
@@ -361,4 +361,6 @@ def test_served_models_use_the_paged_cache(tmp_path):
         _tokenizer(folder, False)
         model.generation_config.cache_implementation = implementation
         model.save_pretrained(folder)
-        assert load(f"hf:{folder}")._step.kv == kv
+        step = load(f"hf:{folder}")._step
+        assert step.kv == kv
+        assert kv == "dense" or step.pool.attention == "shared-prefix"  # the beams' prompt read once

@@ -9,13 +9,24 @@ all the beams of a request); a step copies only a partial last block that other 
 once per step for all layers); rows of finished requests give their blocks back.
 
 :class:`PagedCache` is what the model sees: a ``Cache`` whose layers answer ``update(key, value, layer_idx)``
-by writing the new position into the pool and returning every row's keys and values gathered from it, as
-``[rows, heads, L, d]`` in the layout the dense bridge would hold: rows of different lengths are aligned on
-the right and the columns before a row's first position are left padding (masked by the attention mask, which
-the step function keeps left-padded as before). The gather index of a step is built once (on the host, a
-``[rows, L]`` table) and used by every layer, so a decoding step sees the same keys and values as with the
-dense cache and gives the same logits. A prompt's leading padding is not stored: its columns are padding of
-the gather (masked either way).
+by writing the new position into the pool. How the step then attends is the pool's ``attention``:
+
+- ``"shared-prefix"`` (the default): for the step's forward the model's attention implementation is beamkit's
+  function, registered in ``transformers``' ``AttentionInterface`` (so GPT-2, Llama, Mistral, Qwen2 and the like
+  need no code of ours). It reads the blocks all the beams of a request share (the prompt, and generated blocks
+  no beam has left) once per layer, in place, for all those beams' queries, and gathers only each row's own
+  tail; the two softmax parts merge exactly (:mod:`beamkit.kv.attention`). A step's plan is built once on the
+  host for every layer. A model whose layers do not attend through the registry (or ask for something it does
+  not compute, such as attention sinks) is noticed at its first step, which runs again gathered.
+- ``"gather"``: ``update`` returns every row's keys and values gathered from the pool, as ``[rows, heads, L,
+  d]`` in the layout the dense bridge would hold: rows of different lengths are aligned on the right and the
+  columns before a row's first position are left padding (masked by the attention mask, which the step
+  function keeps left-padded as before). The gather index of a step is built once (on the host, a ``[rows,
+  L]`` table) and used by every layer, so a decoding step sees the same keys and values as with the dense
+  cache and gives the same logits, bit for bit.
+
+A prompt's leading padding is not stored: its columns are padding of the gather (masked either way) and the
+shared-prefix attention never reads them.
 
 Only caches made of plain ``DynamicLayer`` layers are paged (GPT-2, Llama and most decoder-only models);
 :func:`pages_fit` tells. Everything here needs torch and transformers.
@@ -321,12 +332,17 @@ class PagedCache(Cache):
         before = config.__dict__.get("_attn_implementation_internal")
         token = _STEP.set(s)
         config._attn_implementation_internal = ATTENTION
+        out = None
         try:
             out = run()
+        except Exception:
+            if s.calls == kv.layers and not s.refused:
+                raise  # the model failed after attending here: not the attention's doing
+            # a layer attended on its own (over the new position alone) and failed: gathered below
         finally:
             config._attn_implementation_internal = before
             _STEP.reset(token)
-        if s.refused or s.calls != kv.layers:
+        if out is None or s.refused or s.calls != kv.layers:
             s.pool.attention = "gather"
             self._gather_index()
             out = run()

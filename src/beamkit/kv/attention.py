@@ -214,7 +214,7 @@ def shared_prefix_attention(
         top = torch.maximum(mt, ms)
         a, c = torch.exp(mt - top), torch.exp(ms - top)
         merged = (top, tt * a + ts * c, ot * a + os * c)
-        if b.keep is not None:
+        if b.targets is not None:
             for whole, part in zip((m, total, out), merged, strict=True):
                 whole.index_copy_(1, b.targets, part)
         else:

@@ -2,11 +2,11 @@
 
 One preallocated pool per layer holds keys and values in blocks of ``block_size`` positions, head first
 (``[heads, n_blocks, block_size, d_head]``: the blocks of a run of block ids are one strided view per head, so
-attention can read a shared prefix in place, see :mod:`beamkit.kv.attention`). Each row (hypothesis) owns a *block table* (the ids of its blocks, in
-order) and a length. Forking rows by parent (``beamkit_select``, the engine's gather) copies tables and raises
-reference counts, never block contents; appending a position to a partial block that other rows also hold copies
-that one block first (copy-on-write); blocks whose count drops to zero return to the free list. Full blocks are
-never copied, and nothing is ever recomputed.
+attention can read a shared prefix in place, see :mod:`beamkit.kv.attention`). Each row (hypothesis) owns a
+*block table* (the ids of its blocks, in order) and a length. Forking rows by parent (``beamkit_select``, the
+engine's gather) copies tables and raises reference counts, never block contents; appending a position to a
+partial block that other rows also hold copies that one block first (copy-on-write); blocks whose count drops
+to zero return to the free list. Full blocks are never copied, and nothing is ever recomputed.
 
 Handles (:class:`PagedRows`) are *linear*: ``beamkit_select``, ``beamkit_concat`` and :meth:`PagedRows.append`
 consume the handle they are called on and return the one that now owns its references; using a consumed handle
