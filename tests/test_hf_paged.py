@@ -199,9 +199,10 @@ def test_the_pool_grows_instead_of_failing():
 
 def test_generate_sizes_its_pool_once(steps):
     # hand-worked bound, blocks of 16: prompts of 16 and 17 attended positions take 1 and 2 blocks; each of 4
-    # beams at most ceil(64 / 16) = 4 blocks of new positions plus one copied partial block: 21 + 22
+    # beams at most the blocks of its own tail: ceil((0 + 64) / 16) = 4 and ceil((1 + 64) / 16) = 5 (its copy of
+    # the partial prompt block and its new positions): 1 + 16 + 2 + 20
     mask = torch.tensor([[0] + [1] * 16, [1] * 17])
-    assert generation.pool_blocks(mask, 4, 64) == 43
+    assert generation.pool_blocks(mask, 4, 64) == 39
     model, ids, mask, eos, pad = setup("gpt2")
     for beams in (1, 4, 8):
         _generate(model, ids, mask, None, pad, beams)  # no eos: every beam runs all NEW steps

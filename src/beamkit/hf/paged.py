@@ -280,7 +280,7 @@ class PagedCache(Cache):
         s = self._shared
         kv = s.pool.kv
         assert kv is not None
-        s.pool.reserve(len(s.rows))  # at most one new block per row
+        s.pool.reserve(s.rows.blocks_needed())  # a fresh block or a copy-on-write, for some rows
         s.rows = s.rows.append()
         if int(s.rows.length.max(initial=0)) > s.length + 1:
             raise RuntimeError("PagedCache rows longer than the cache width")

@@ -143,12 +143,16 @@ class PagedKVCache:
             raise RuntimeError("PagedKVCache reference count below zero: a handle was released twice")
         self._free.extend(touched[self.refcount[touched] == 0][::-1].tolist())
 
-    def _copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
+    def _copy_blocks(self, src: np.ndarray, dst: np.ndarray, positions: int | None = None) -> None:
+        """Copy blocks ``src`` into blocks ``dst`` in every pool: their first ``positions`` positions (all when
+        None; the rest of a destination keeps what it held)."""
         s = torch.as_tensor(src, device=self.device)
         d = torch.as_tensor(dst, device=self.device)
+        upto = self.block_size if positions is None else positions
         with torch.no_grad():
             for pool in (*self.k, *self.v):
-                pool[:, d] = pool[:, s]
+                head = pool[:, :, :upto]  # shape: (heads, n_blocks, upto, d_head) view
+                head.index_copy_(1, d, head.index_select(1, s))
         self.copied_blocks += int(src.shape[0])
 
     # ------------------------------------------------------------------------------------------ handles
@@ -254,6 +258,8 @@ class PagedRows:
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"row index out of range for {len(self)} rows")
+        if idx.shape[0] == len(self) and bool((idx == np.arange(len(self))).all()):
+            return self._hand_over(self.table, self.length)  # the identity: no reference count changes
         table, length = self.table[idx], self.length[idx]
         self.cache._incref(table[table >= 0])
         self.cache._decref(self.table[self.table >= 0])
@@ -274,6 +280,15 @@ class PagedRows:
         return self._hand_over(table, length)
 
     # ------------------------------------------------------------------------------------------ one step
+    def blocks_needed(self) -> int:
+        """Free blocks the next :meth:`append` takes at most: one per row starting a block, one per row whose
+        partial last block other rows also hold."""
+        self._check()
+        col, off = np.divmod(self.length, self.cache.block_size)
+        part = np.flatnonzero(off > 0)
+        shared = self.cache.refcount[self.table[part, col[part]]] > 1
+        return int((off == 0).sum()) + int(shared.sum())
+
     def append(self) -> PagedRows:
         """Make room for one more position per row; returns the handle that owns the longer rows.
 
@@ -301,7 +316,7 @@ class PagedRows:
         if cow.size:
             src = table[cow, col[cow]]
             dst = new[fresh.shape[0] :]
-            c._copy_blocks(src, dst)
+            c._copy_blocks(src, dst, int(off[cow].max()))  # the positions the rows hold in them
             table[cow, col[cow]] = dst
             c._decref(src)
         c.written_positions += n
