@@ -156,11 +156,12 @@ def _bucket(
 
 
 def _partial(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(max, sum of exp(scores - max), unnormalised output) of softmax(scores) @ values over the last axis."""
+    """(max, sum of exp(scores - max), unnormalised output) of softmax(scores) @ values over the last axis, in
+    the scores' dtype."""
     m = scores.amax(dim=-1, keepdim=True)
     e = torch.exp(scores - m)
     out = torch.matmul(e.to(values.dtype), values)
-    return m, e.sum(dim=-1, keepdim=True), out.float()
+    return m, e.sum(dim=-1, keepdim=True), out.to(scores.dtype)
 
 
 def shared_prefix_attention(
@@ -170,15 +171,17 @@ def shared_prefix_attention(
     values in the pools ``[kv_heads, n_blocks, block_size, d]`` (q_heads a multiple of kv_heads: grouped
     queries), ``scale`` times the dot products (``softcap``: ``tanh(s / cap) * cap`` of the scaled ones).
     Returns ``[rows, q_heads, d]`` in ``query``'s dtype: softmax over each row's positions, merged exactly
-    from the shared-prefix and tail parts."""
+    from the shared-prefix and tail parts (the sums in float32, or float64 for float64 queries)."""
     rows, q_heads, _, d = query.shape
     heads, _, bs, _ = k_pool.shape
     g = q_heads // heads
     q = (query[:, :, 0] * scale).view(rows, heads, g, d).transpose(0, 1)  # shape: (heads, rows, g, d)
     k_flat, v_flat = k_pool.view(heads, -1, d), v_pool.view(heads, -1, d)  # shape: (heads, n_blocks * bs, d)
 
+    work = torch.promote_types(query.dtype, torch.float32)  # softmax sums in float32 at least
+
     def scores_of(qq: Tensor, kk: Tensor) -> Tensor:
-        s = torch.matmul(qq, kk.transpose(-1, -2)).float()
+        s = torch.matmul(qq, kk.transpose(-1, -2)).to(work)
         return s if softcap is None else torch.tanh(s / softcap) * softcap
 
     t = plan.tail

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from beamkit._checks import check_int
+from beamkit.kv.attention import PrefixPlan, plan_prefix, shared_prefix_attention
 
 
 class CacheFullError(RuntimeError):
@@ -216,6 +217,7 @@ class PagedRows:
         self.length = length  # shape: (rows,) positions held
         self._live = True
         self._pages: Pages | None = None
+        self._plan: PrefixPlan | None = None
         self._write_at: tuple[np.ndarray, np.ndarray] | None = None  # (block, offset) per row, set by append()
 
     def __len__(self) -> int:
@@ -352,6 +354,17 @@ class PagedRows:
             for pool, x in ((c.k[layer], k), (c.v[layer], v)):
                 new = x[:, :, 0].detach().to(pool.dtype).transpose(0, 1)  # shape: (heads, rows, d_head)
                 pool.view(c.heads, -1, c.d_head).index_copy_(1, p.slots, new)
+
+    def attend(self, layer: int, query: Tensor, scale: float) -> Tensor:
+        """Attention of the rows' newest queries ``[rows, q_heads, 1, d_head]`` over their positions of ``layer``
+        (after :meth:`write`), ``[rows, q_heads, d_head]``: shared-prefix attention (a group of rows reads the
+        blocks they all hold once, in place; see :mod:`beamkit.kv.attention`), planned once per step."""
+        self._check()
+        if self._write_at is None:
+            raise ValueError("attend() needs the handle returned by append()")
+        if self._plan is None:
+            self._plan = plan_prefix(self.table, self.length, self.cache.block_size, self.cache.device)
+        return shared_prefix_attention(self._plan, query, self.cache.k[layer], self.cache.v[layer], scale)
 
     def read(self, layer: int) -> tuple[Tensor, Tensor]:
         """Every row's keys and values of ``layer``, ``[rows, heads, width, d_head]`` gathered into new tensors
