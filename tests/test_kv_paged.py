@@ -108,9 +108,9 @@ def test_blocks_needed_counts_fresh_blocks_and_copies_on_write():
     a = c.prefill(kv(1, 4, 0, layers=1, heads=1, d=2)[:1], kv(1, 4, 1, layers=1, heads=1, d=2)[:1])  # full block
     b = c.prefill(kv(1, 6, 2, layers=1, heads=1, d=2)[:1], kv(1, 6, 3, layers=1, heads=1, d=2)[:1])  # 4 + 2
     rows = a.beamkit_concat([b]).beamkit_select(np.array([0, 0, 1, 1, 1]))
-    # hand-worked: rows 0-1 start a block (2 fresh); rows 2-4 write into a partial block the three hold (3 of
-    # them may need a copy: the count is an upper bound, append gives the first holder the original)
-    assert rows.blocks_needed() == 5
+    # hand-worked: rows 0-1 start a block (2 fresh); rows 2-4 write into a partial block only the three hold:
+    # the first keeps it, the other two copy it
+    assert rows.blocks_needed() == 4
     before = c.free_blocks()
     rows = rows.append()
     assert before - c.free_blocks() == 4 and rows.blocks_needed() == 0  # now 4 + 1 kept; all partial, own

@@ -282,14 +282,25 @@ class PagedRows:
         return self._hand_over(table, length)
 
     # ------------------------------------------------------------------------------------------ one step
+    def _next_blocks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(column, offset) of each row's next position, the rows starting a block, and the rows that must copy
+        their partial last block first (held by other rows too; when every holder is here, the first keeps it)."""
+        c, bs = self.cache, self.cache.block_size
+        col, off = np.divmod(self.length, bs)
+        fresh = np.flatnonzero(off == 0)  # shape: (f,) rows starting a block
+        part = np.flatnonzero(off > 0)  # shape: (p,) rows writing into their last block
+        last = self.table[part, col[part]]
+        uniq, first, count = np.unique(last, return_index=True, return_counts=True)
+        keeps = np.zeros(part.shape[0], dtype=bool)
+        keeps[first[c.refcount[uniq] == count]] = True  # every holder is here: the first keeps it
+        shared = c.refcount[last] > 1
+        return col, off, fresh, part[shared & ~keeps]
+
     def blocks_needed(self) -> int:
-        """Free blocks the next :meth:`append` takes at most: one per row starting a block, one per row whose
-        partial last block other rows also hold."""
+        """Free blocks the next :meth:`append` takes: one per row starting a block, one per copy-on-write."""
         self._check()
-        col, off = np.divmod(self.length, self.cache.block_size)
-        part = np.flatnonzero(off > 0)
-        shared = self.cache.refcount[self.table[part, col[part]]] > 1
-        return int((off == 0).sum()) + int(shared.sum())
+        _, _, fresh, cow = self._next_blocks()
+        return int(fresh.shape[0] + cow.shape[0])
 
     def append(self) -> PagedRows:
         """Make room for one more position per row; returns the handle that owns the longer rows.
@@ -300,17 +311,9 @@ class PagedRows:
         free list is short.
         """
         self._check()
-        c, bs = self.cache, self.cache.block_size
+        c = self.cache
         n = len(self)
-        col, off = np.divmod(self.length, bs)
-        fresh = np.flatnonzero(off == 0)  # shape: (f,) rows starting a block
-        part = np.flatnonzero(off > 0)  # shape: (p,) rows writing into their last block
-        last = self.table[part, col[part]]
-        uniq, first, count = np.unique(last, return_index=True, return_counts=True)
-        keeps = np.zeros(part.shape[0], dtype=bool)
-        keeps[first[c.refcount[uniq] == count]] = True  # every holder is here: the first keeps it
-        shared = c.refcount[last] > 1
-        cow = part[shared & ~keeps]
+        col, off, fresh, cow = self._next_blocks()
         new = c._alloc(fresh.shape[0] + cow.shape[0])
         nb = int(col.max()) + 1 if n else 0
         table = _pad_table(self.table, nb)
