@@ -29,5 +29,5 @@ def test_a_tiny_run_prints_the_table_and_the_figures(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", argv)
     bench.main()
     out = capsys.readouterr().out
-    assert "| 2 |" in out and "| 3 |" in out and "100 %" in out  # Hugging Face's n-best, the same
+    assert "| 2 |" in out and "| 3 |" in out and "100.0 %" in out  # Hugging Face's n-best, the same
     assert "wide-beam[vs-gather,w2,p20,n2]" in out and "differ" not in out
