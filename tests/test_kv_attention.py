@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import beamkit.kv.attention as attention  # noqa: E402
 from beamkit.kv import PagedKVCache  # noqa: E402
 from beamkit.kv.attention import plan_prefix, shared_prefix_attention  # noqa: E402
 
@@ -92,11 +93,14 @@ def test_a_wide_request_reads_its_prompt_once_in_place():
     torch.testing.assert_close(got, _reference(rows, q, 0.5, 1), atol=1e-5, rtol=0)
 
 
-def test_groups_of_different_sizes_are_bucketed_and_padded_exactly():
+@pytest.mark.parametrize("few", [0, 4])
+def test_groups_of_different_sizes_are_bucketed_and_padded_exactly(few, monkeypatch):
     # requests of 1, 5 and 7 rows and prompts of 5, 9 and 13 positions (blocks of 2), one position appended:
     # shared full blocks 2, 4 and 6 (hand-worked: the block of the newest position is never shared); the last
     # two requests fall in one bucket (rows 4-7, blocks 4-7), padded to 7 rows and 6 blocks: the padding must
-    # not leak into any row's result
+    # not leak into any row's result. With up to ``few`` groups a bucket whose groups hold runs of block ids
+    # reads each group in place instead (one unpadded product per group).
+    monkeypatch.setattr(attention, "_IN_PLACE_GROUPS", few)
     gen = torch.Generator().manual_seed(1)
     kv = PagedKVCache(1, 1, 4, 200, 2)
     parts = [
@@ -106,7 +110,9 @@ def test_groups_of_different_sizes_are_bucketed_and_padded_exactly():
     rows = parts[0].beamkit_concat(parts[1:]).beamkit_select(np.repeat([0, 1, 2], [1, 5, 7])).append()
     rows.write(0, torch.randn(13, 1, 1, 4, generator=gen), torch.randn(13, 1, 1, 4, generator=gen))
     plan = plan_prefix(rows.table, rows.length, 2, "cpu")
-    assert sorted((b.groups, b.width, b.blocks) for b in plan.buckets) == [(1, 1, 2), (2, 7, 6)]
+    want = [(1, 1, 2), (2, 7, 6)] if few == 0 else [(1, 1, 2), (1, 5, 4), (1, 7, 6)]
+    assert sorted((b.groups, b.width, b.blocks) for b in plan.buckets) == want
+    assert all(b.block_ids is None for b in plan.buckets) == (few > 0)  # in place
     q = torch.randn(13, 1, 1, 4, generator=gen)
     torch.testing.assert_close(
         shared_prefix_attention(plan, q, kv.k[0], kv.v[0], 0.5), _reference(rows, q, 0.5, 1), atol=1e-5, rtol=0

@@ -15,7 +15,8 @@ unnormalised outputs):
 
 :func:`plan_prefix` does the host work once per step (every layer reads the same plan);
 :func:`shared_prefix_attention` is one layer's attention. Groups are bucketed by size (powers of two of their
-rows and shared blocks) so that many requests share one product per bucket and padding stays below 2x.
+rows and shared blocks) so that many requests share one product per bucket and padding stays below 2x; a
+bucket of a few groups whose blocks are runs of ids (the usual wide case) reads each group in place instead.
 
 Requires torch (the ``torch`` extra).
 """
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor
 
 _NEG = float("-inf")
+_IN_PLACE_GROUPS = 4  # a bucket of at most this many groups over runs of blocks reads each group in place
 
 
 @dataclass(frozen=True)
@@ -121,10 +123,19 @@ def plan_prefix(table: np.ndarray, length: np.ndarray, block_size: int, device: 
     keys = (np.log2(sizes[live]).astype(np.int64) << 32) | np.log2(shared[live]).astype(np.int64)
     for key in np.unique(keys):
         mine = live[keys == key]  # shape: (n,) groups of the bucket
-        buckets.append(_bucket(table, starts[mine], sizes[mine], shared[mine], bs, device))
+        if mine.shape[0] <= _IN_PLACE_GROUPS and all(_run(table[starts[g], : shared[g]]) for g in mine):
+            for g in mine:  # a few groups over runs of blocks: each read in place, one product each
+                buckets.append(_bucket(table, starts[g : g + 1], sizes[g : g + 1], shared[g : g + 1], bs, device))
+        else:
+            buckets.append(_bucket(table, starts[mine], sizes[mine], shared[mine], bs, device))
     return PrefixPlan(
         rows, bs, tuple(buckets), tail, tail_slots, tail_mask, int((shared * bs).sum()), int(tail_len.sum())
     )
+
+
+def _run(ids: np.ndarray) -> bool:
+    """Whether block ids are consecutive (a strided view of the pool)."""
+    return bool((np.diff(ids) == 1).all())
 
 
 def _bucket(
@@ -136,7 +147,7 @@ def _bucket(
     padded_keys = shared < blocks
     ids = np.where(np.arange(blocks)[None, :] < shared[:, None], ids, 0)
     start, block_ids = 0, None
-    if n == 1 and bool((np.diff(ids[0]) == 1).all()):
+    if n == 1 and _run(ids[0]):
         start = int(ids[0, 0])  # a run of consecutive blocks: read in place
     else:
         block_ids = torch.as_tensor(ids.reshape(-1), device=device)
