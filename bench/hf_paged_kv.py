@@ -9,7 +9,8 @@ requests (prompts of 256, 240, 200 and 256 tokens, joined left-padded into one p
 KV bytes: the paged pool's peak blocks in use times the block's bytes (``PagedKVCache.peak_bytes``; the pool's
 capacity is printed too), against the dense bridge's peak of the ``DynamicLayer`` keys/values it holds after a
 step. Transient tensors inside a step are left out of both figures and printed apart: the paged cache's
-gather of one layer (``[rows, heads, L, d]`` keys and values, freed after the layer's attention) and the
+gather of one layer (its shared-prefix attention gathers each row's own tail, ``[heads, rows, tail, d]`` keys
+and values, freed after the layer's attention; the prompt blocks every beam shares are read in place) and the
 dense cache's ``cat`` of one layer (the grown copy made while the old one is alive). Time per step: the
 engine steps after the prompt forward, divided by the steps, per run; the median over ``--repeats`` runs of
 each cache, interleaved, after one warm-up run of each (each cache keeps its step function, so the pool is
@@ -36,6 +37,7 @@ import transformers
 from beamkit import Engine
 from beamkit.hf import DecoderOnlyStep
 from beamkit.hf.paged import PagedCache
+from beamkit.kv.attention import plan_prefix
 
 BEAM = 8
 VOCAB = 8192
@@ -73,6 +75,8 @@ class Measured:
             kv = cache.pool.kv
             assert kv is not None
             rows, width = len(cache.rows), cache.length
+            if cache.pool.attention == "shared-prefix":  # each row's own tail, as the next step plans it
+                width = plan_prefix(cache.rows.table, cache.rows.length + 1, kv.block_size, "cpu").tail
             one_layer = 2 * rows * kv.heads * width * kv.d_head * kv.k[0].element_size()
             self.transient = max(self.transient, one_layer)  # the gather of one layer (keys and values)
         elif cache is not None:

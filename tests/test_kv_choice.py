@@ -72,7 +72,9 @@ def test_the_rule(monkeypatch):
 def test_both_choices_decode_what_model_generate_decodes(name, beams, kinds, monkeypatch):
     """With no cache named, the threshold decides: below it (these tiny models) the dense cache, above it (the
     threshold lowered to 0) the paged one for a beam; both give Hugging Face's sequences exactly, its scores
-    within 1e-4 (float32 against float64 sums, as in test_hf.py), and each other's scores bit for bit."""
+    within 1e-4 (float32 against float64 sums, as in test_hf.py), and each other's scores within the same 1e-4:
+    the paged cache's shared-prefix attention sums the same float32 products in another order, so a score of
+    8 steps moves by a few float32 roundings of each log-probability (about 8 x 2**-23 x |logp|), not more."""
     model, ids, mask, eos, pad = setup(name)
     kw = dict(num_beams=beams, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad, do_sample=False)
     kw |= dict(return_dict_in_generate=True, output_scores=True)
@@ -85,4 +87,6 @@ def test_both_choices_decode_what_model_generate_decodes(name, beams, kinds, mon
         assert torch.equal(out.sequences, want.sequences)
         if beams > 1:
             assert torch.allclose(out.sequences_scores, want.sequences_scores, atol=1e-4, rtol=0)
-    assert [[h.score for h in r] for r in small.hypotheses] == [[h.score for h in r] for r in large.hypotheses]
+    got = [[h.score for h in r] for r in large.hypotheses]
+    assert got == [pytest.approx([h.score for h in r], abs=1e-4) for r in small.hypotheses]
+    assert [[h.tokens for h in r] for r in small.hypotheses] == [[h.tokens for h in r] for r in large.hypotheses]

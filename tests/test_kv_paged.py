@@ -89,6 +89,34 @@ def test_full_blocks_are_never_copied():
     del h
 
 
+def test_selecting_the_identity_walks_no_reference_count(monkeypatch):
+    c = make_cache(2, 2, 3, n_blocks=16, block_size=2)
+    h = c.prefill(kv(3, 5, 0)[:2], kv(3, 5, 1)[:2])  # 3 rows of 5 positions: 3 blocks each
+    h = h.beamkit_select(np.array([0, 0, 2]))
+    counts = c.refcount.copy()
+    walked = []
+    monkeypatch.setattr(c, "_incref", lambda b: walked.append(b))
+    monkeypatch.setattr(c, "_decref", lambda b: walked.append(b))
+    h = h.beamkit_select(np.arange(3))
+    assert walked == [] and np.array_equal(c.refcount, counts)
+    monkeypatch.undo()
+    h.release()
+
+
+def test_blocks_needed_counts_fresh_blocks_and_copies_on_write():
+    c = make_cache(1, 1, 2, n_blocks=32, block_size=4)
+    a = c.prefill(kv(1, 4, 0, layers=1, heads=1, d=2)[:1], kv(1, 4, 1, layers=1, heads=1, d=2)[:1])  # full block
+    b = c.prefill(kv(1, 6, 2, layers=1, heads=1, d=2)[:1], kv(1, 6, 3, layers=1, heads=1, d=2)[:1])  # 4 + 2
+    rows = a.beamkit_concat([b]).beamkit_select(np.array([0, 0, 1, 1, 1]))
+    # hand-worked: rows 0-1 start a block (2 fresh); rows 2-4 write into a partial block only the three hold:
+    # the first keeps it, the other two copy it
+    assert rows.blocks_needed() == 4
+    before = c.free_blocks()
+    rows = rows.append()
+    assert before - c.free_blocks() == 4 and rows.blocks_needed() == 0  # now 4 + 1 kept; all partial, own
+    rows.release()
+
+
 def test_out_of_blocks_raises_and_changes_nothing():
     c = make_cache(1, 1, 2, n_blocks=3, block_size=2)
     t = kv(1, 2, 0, layers=1, heads=1, d=2)

@@ -236,8 +236,8 @@ def request_seeds(input_ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]
 
 def pool_blocks(mask: torch.Tensor, beams: int, new: int, block_size: int = BLOCK_SIZE) -> int:
     """Blocks a paged cache needs at most for these prompts (``mask`` ``[n, P]``): each request's prompt
-    positions once (its beams share them), and per beam its new positions plus one copied partial block; so the
-    pool is made once at its largest size instead of growing (each growth copies it)."""
+    positions once (its beams share them), and per beam the blocks of its own tail: its copy of the prompt's
+    partial last block and its new positions; so the pool is made once at its largest size instead of growing
+    (each growth copies it)."""
     prompt = (mask != 0).sum(dim=1).tolist()  # attended positions per prompt
-    per_beam = -(-new // block_size) + 1
-    return max(1, sum(-(-int(p) // block_size) + beams * per_beam for p in prompt))
+    return max(1, sum(-(-int(p) // block_size) + beams * -(-(int(p) % block_size + new) // block_size) for p in prompt))

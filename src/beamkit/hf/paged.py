@@ -9,13 +9,24 @@ all the beams of a request); a step copies only a partial last block that other 
 once per step for all layers); rows of finished requests give their blocks back.
 
 :class:`PagedCache` is what the model sees: a ``Cache`` whose layers answer ``update(key, value, layer_idx)``
-by writing the new position into the pool and returning every row's keys and values gathered from it, as
-``[rows, heads, L, d]`` in the layout the dense bridge would hold: rows of different lengths are aligned on
-the right and the columns before a row's first position are left padding (masked by the attention mask, which
-the step function keeps left-padded as before). The gather index of a step is built once (on the host, a
-``[rows, L]`` table) and used by every layer, so a decoding step sees the same keys and values as with the
-dense cache and gives the same logits. A prompt's leading padding is not stored: its columns are padding of
-the gather (masked either way).
+by writing the new position into the pool. How the step then attends is the pool's ``attention``:
+
+- ``"shared-prefix"`` (the default): for the step's forward the model's attention implementation is beamkit's
+  function, registered in ``transformers``' ``AttentionInterface`` (so GPT-2, Llama, Mistral, Qwen2 and the like
+  need no code of ours). It reads the blocks all the beams of a request share (the prompt, and generated blocks
+  no beam has left) once per layer, in place, for all those beams' queries, and gathers only each row's own
+  tail; the two softmax parts merge exactly (:mod:`beamkit.kv.attention`). A step's plan is built once on the
+  host for every layer. A model whose layers do not attend through the registry (or ask for something it does
+  not compute, such as attention sinks) is noticed at its first step, which runs again gathered.
+- ``"gather"``: ``update`` returns every row's keys and values gathered from the pool, as ``[rows, heads, L,
+  d]`` in the layout the dense bridge would hold: rows of different lengths are aligned on the right and the
+  columns before a row's first position are left padding (masked by the attention mask, which the step
+  function keeps left-padded as before). The gather index of a step is built once (on the host, a ``[rows,
+  L]`` table) and used by every layer, so a decoding step sees the same keys and values as with the dense
+  cache and gives the same logits, bit for bit.
+
+A prompt's leading padding is not stored: its columns are padding of the gather (masked either way) and the
+shared-prefix attention never reads them.
 
 Only caches made of plain ``DynamicLayer`` layers are paged (GPT-2, Llama and most decoder-only models);
 :func:`pages_fit` tells. Everything here needs torch and transformers.
@@ -23,17 +34,23 @@ Only caches made of plain ``DynamicLayer`` layers are paged (GPT-2, Llama and mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 
-from beamkit._checks import check_int
+from beamkit._checks import check_choice, check_int
 from beamkit.kv import PagedKVCache, PagedRows
+from beamkit.kv.attention import PrefixPlan, plan_prefix, shared_prefix_attention
 
 BLOCK_SIZE = 16  # positions per block unless a step function is given another size
+ATTENTION = "beamkit_shared_prefix"  # the name of beamkit's attention function in transformers' AttentionInterface
+PAGED_ATTENTION = ("shared-prefix", "gather")  # how a paged decoding step attends (PagedPool's attention)
 
 
 def pages_fit(model: Any) -> bool:
@@ -68,14 +85,23 @@ class PagedPool:
     first prompts need, at least 64). The pool is made at the first prompt (its layers, heads, head size, dtype
     and device come from the model's keys) and grows (by half, contents kept) whenever a step or a prompt
     needs more free blocks than it has.
+
+    ``attention``: how decoding steps attend. ``"shared-prefix"`` (the default): the model's attention layers
+    call beamkit's attention function (registered in ``transformers``' ``AttentionInterface``), which reads
+    the blocks every beam of a request shares once per layer, in place, and gathers only each row's own tail
+    (:mod:`beamkit.kv.attention`); a model whose layers do not attend through the registry is noticed at its
+    first step and decoded with ``"gather"`` from then on (``self.attention`` says which is in use).
+    ``"gather"``: every row's keys/values are gathered into ``[rows, heads, L, d]`` and the model's own
+    attention reads them.
     """
 
-    def __init__(self, block_size: int = BLOCK_SIZE, blocks: int = 0):
+    def __init__(self, block_size: int = BLOCK_SIZE, blocks: int = 0, attention: str = "shared-prefix"):
         self.block_size = check_int("block_size", block_size, 1)
         self.blocks = check_int("blocks", blocks, 0)
+        self.attention = check_choice("attention", attention, PAGED_ATTENTION)
         self.kv: PagedKVCache | None = None
         self.grown = 0  # times the pool grew
-        self._heads_offset: torch.Tensor | None = None  # shape: (heads,) h * block_size, on the pool's device
+        self._heads_offset: tuple[int, torch.Tensor] | None = None  # (n_blocks, first column of each head)
 
     def reserve(self, blocks: int) -> None:
         """Make sure at least ``blocks`` blocks are free (the pool grows by half, or more, when they are not)."""
@@ -87,12 +113,14 @@ class PagedPool:
             self.grown += 1
 
     def heads_offset(self) -> torch.Tensor:
-        """``h * block_size`` for every head ``h`` (the slot of head ``h`` within a block), on the pool's device."""
-        if self._heads_offset is None:
-            kv = self.kv
-            assert kv is not None
-            self._heads_offset = torch.arange(kv.heads, device=kv.device) * kv.block_size
-        return self._heads_offset
+        """``h * n_blocks * block_size`` for every head ``h`` (where head ``h`` starts in a pool viewed
+        ``[heads * n_blocks * block_size, d]``), on the pool's device."""
+        kv = self.kv
+        assert kv is not None
+        if self._heads_offset is None or self._heads_offset[0] != kv.n_blocks:  # the pool grew
+            offset = torch.arange(kv.heads, device=kv.device) * (kv.n_blocks * kv.block_size)  # shape: (heads,)
+            self._heads_offset = (kv.n_blocks, offset)
+        return self._heads_offset[1]
 
     def store_prompt(self, cache: Any, mask: torch.Tensor) -> PagedCache:
         """The rows of a prompt forward's ``DynamicCache`` (``[n, heads, P, d]`` per layer; ``mask`` ``[n, P]``)
@@ -132,13 +160,21 @@ class PagedPool:
 @dataclass
 class _Rows:
     """What a :class:`PagedCache` and its layers share (no reference back to the cache, so that dropping a
-    state frees its blocks at once): the rows, the cache width, and the current step's gather index."""
+    state frees its blocks at once): the rows, the cache width, and the current step's reading plan (the
+    shared-prefix plan, or the gather index)."""
 
     pool: PagedPool
     rows: PagedRows
     length: int  # positions every row spans, its leading padding included (the attention mask's width)
     index: torch.Tensor | None = None  # shape: (rows * heads * (length + 1),) slots of the step's gather
-    slots: torch.Tensor | None = None  # shape: (rows * heads,) where each row's new position goes
+    slots: torch.Tensor | None = None  # shape: (rows * heads,) / (rows,) where each row's new position goes
+    plan: PrefixPlan | None = None  # the step's shared-prefix plan (None: gather)
+    layer: int | None = None  # the layer whose update ran last (shared-prefix: its attention reads that layer)
+    calls: int = 0  # shared-prefix attention calls in this step's forward
+    refused: bool = False  # the attention function met a setting it does not compute (the step gathers instead)
+
+
+_STEP: ContextVar[_Rows | None] = ContextVar("beamkit_paged_step", default=None)  # the step being attended
 
 
 class PagedLayer(CacheLayerMixin):
@@ -163,20 +199,30 @@ class PagedLayer(CacheLayerMixin):
         """Write the step's new key/value ``[rows, heads, 1, d]`` into each row's last block and return every
         row's keys and values ``[rows, heads, L + 1, d]`` (left padding first, as the dense cache holds them)."""
         s = self._shared
-        if s.index is None or s.slots is None:
-            raise RuntimeError("PagedCache.update outside a step: call begin_step() before the model forward")
         kv = s.pool.kv
         assert kv is not None
         rows, heads, q, d = key_states.shape
-        if q != 1 or heads != kv.heads or d != kv.d_head or rows * heads != s.slots.shape[0]:
+        count = 0 if s.slots is None else int(s.slots.shape[0]) // (1 if s.plan is not None else kv.heads)
+        if q != 1 or heads != kv.heads or d != kv.d_head or rows != count:
+            if s.slots is None:
+                raise RuntimeError("PagedCache.update outside a step: call begin_step() before the model forward")
             raise ValueError(
-                f"PagedCache takes one new position per row, [{s.slots.shape[0] // kv.heads}, {kv.heads}, 1, "
-                f"{kv.d_head}], got {list(key_states.shape)}"
+                f"PagedCache takes one new position per row, [{count}, {kv.heads}, 1, {kv.d_head}], got "
+                f"{list(key_states.shape)}"
             )
+        assert s.slots is not None
+        if s.plan is not None:  # shared-prefix: store the position, the attention function reads the pool
+            for pool, x in ((kv.k[self.layer], key_states), (kv.v[self.layer], value_states)):
+                new = x[:, :, 0].to(pool.dtype).transpose(0, 1)  # shape: (heads, rows, d)
+                pool.view(heads, -1, d).index_copy_(1, s.slots, new)
+            s.layer = self.layer
+            return key_states, value_states
+        if s.index is None:
+            raise RuntimeError("PagedCache.update outside a step: call begin_step() before the model forward")
         width = s.length + 1
         out = []
         for pool, x in ((kv.k[self.layer], key_states), (kv.v[self.layer], value_states)):
-            flat = pool.view(-1, kv.d_head)  # shape: (n_blocks * heads * block_size, d)
+            flat = pool.view(-1, kv.d_head)  # shape: (heads * n_blocks * block_size, d)
             flat.index_copy_(0, s.slots, x.reshape(rows * heads, d).to(pool.dtype))
             out.append(flat.index_select(0, s.index).view(rows, heads, width, d))  # shape: (rows, heads, L + 1, d)
         return out[0], out[1]
@@ -230,32 +276,83 @@ class PagedCache(Cache):
 
     def begin_step(self) -> None:
         """Room for one new position per row (a fresh block, or a copy of a shared partial last block), and the
-        step's gather index, built once for every layer."""
+        step's reading plan, built once for every layer: the shared-prefix plan, or the gather index."""
         s = self._shared
         kv = s.pool.kv
         assert kv is not None
-        s.pool.reserve(len(s.rows))  # at most one new block per row
+        s.pool.reserve(s.rows.blocks_needed())  # a fresh block or a copy-on-write, for some rows
         s.rows = s.rows.append()
+        if int(s.rows.length.max(initial=0)) > s.length + 1:
+            raise RuntimeError("PagedCache rows longer than the cache width")
+        s.calls, s.refused, s.layer = 0, False, None
+        if s.pool.attention == "shared-prefix":
+            rows = s.rows
+            col = (rows.length - 1) // kv.block_size
+            block = rows.table[np.arange(len(rows)), col]
+            column = block * kv.block_size + (rows.length - 1) % kv.block_size  # shape: (rows,) in every head
+            s.slots = torch.from_numpy(column).to(kv.device)
+            s.plan = plan_prefix(rows.table, rows.length, kv.block_size, kv.device)
+            s.index = None
+        else:
+            self._gather_index()
+
+    def _gather_index(self) -> None:
+        """The step's gather index (every row's positions, left-padded to the cache width) and the slots of its
+        new positions, in the pool viewed ``[heads * n_blocks * block_size, d]``."""
+        s = self._shared
+        kv = s.pool.kv
+        assert kv is not None
+        s.plan = None
         width = s.length + 1
         own = s.rows.length  # shape: (rows,) positions each row holds, this step's included
         lead = width - own  # shape: (rows,) leading padding of each row
-        if lead.size and int(lead.min()) < 0:
-            raise RuntimeError("PagedCache rows longer than the cache width")
         bs = kv.block_size
         p = np.arange(width)[None, :] - lead[:, None]  # shape: (rows, L + 1) own position of each column
         pos = np.maximum(p, 0)
         block = np.take_along_axis(s.rows.table, pos // bs, axis=1)  # shape: (rows, L + 1)
-        base = np.where(p >= 0, block * (kv.heads * bs) + pos % bs, 0)  # padding reads slot 0 (masked)
+        base = np.where(p >= 0, block * bs + pos % bs, 0)  # padding reads slot 0 (masked)
         base_t = torch.from_numpy(base).to(kv.device)  # shape: (rows, L + 1)
         offset = s.pool.heads_offset()  # shape: (heads,)
         s.index = (base_t[:, None, :] + offset[None, :, None]).reshape(-1)  # shape: (rows * heads * (L + 1),)
         s.slots = (base_t[:, -1:] + offset[None, :]).reshape(-1)  # shape: (rows * heads,) the newest position
 
+    def forward(self, model: Any, run: Callable[[], Any]) -> Any:
+        """``run()`` (the step's model forward, after :meth:`begin_step`) with ``model``'s attention layers
+        calling beamkit's shared-prefix attention (the pool's ``attention``), and the output it returns. A model
+        whose layers did not all attend through it (attention modules with a configuration of their own, a
+        setting it does not compute) runs the step again over the gathered keys/values, and its pool gathers
+        from then on."""
+        s = self._shared
+        kv = s.pool.kv
+        assert kv is not None
+        if s.plan is None:
+            return run()
+        _register()
+        config = model.config
+        before = config.__dict__.get("_attn_implementation_internal")
+        token = _STEP.set(s)
+        config._attn_implementation_internal = ATTENTION
+        out = None
+        try:
+            out = run()
+        except Exception:
+            if s.calls == kv.layers and not s.refused:
+                raise  # the model failed after attending here: not the attention's doing
+            # a layer attended on its own (over the new position alone) and failed: gathered below
+        finally:
+            config._attn_implementation_internal = before
+            _STEP.reset(token)
+        if out is None or s.refused or s.calls != kv.layers:
+            s.pool.attention = "gather"
+            self._gather_index()
+            out = run()
+        return out
+
     def end_step(self) -> None:
         """The step's position is held: the width grows by one."""
         s = self._shared
         s.length += 1
-        s.index = s.slots = None
+        s.index = s.slots = s.plan = None
 
     def select(self, idx: np.ndarray) -> None:
         """Keep rows ``idx`` (parents; rows may repeat or disappear): block tables forked, no keys/values copied;
@@ -321,3 +418,43 @@ class PagedCache(Cache):
         """Bytes of the pool's blocks held by any row (all requests of the pool, not only these rows)."""
         kv = self._shared.pool.kv
         return 0 if kv is None else kv.bytes_in_use()
+
+
+def _register() -> None:
+    """Put beamkit's shared-prefix attention in ``transformers``' ``AttentionInterface`` (once)."""
+    if ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTENTION, _attention)
+
+
+def _attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The attention function a model's layers call during a paged shared-prefix step (``transformers``'
+    attention-function signature): ``query`` ``[rows, heads, 1, d]`` against the rows' keys/values in the pool
+    (``key`` / ``value`` are the new position only, already stored by the cache's update). Returns
+    ``([rows, 1, heads, d], None)``. A setting it does not compute (attention sinks, dropout, a sliding window
+    shorter than a row) marks the step refused, and :meth:`PagedCache.forward` runs it again gathered."""
+    s = _STEP.get()
+    if s is None or s.plan is None:
+        raise RuntimeError(f"the {ATTENTION!r} attention runs only inside a paged beamkit decoding step")
+    layer = s.layer
+    window = kwargs.get("sliding_window")
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    too_long = window is not None and int(s.rows.length.max()) > int(window)
+    if layer is None or dropout or sinks is not None or too_long or query.shape[2] != 1:
+        s.refused = True
+        return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3]), None
+    kv = s.pool.kv
+    assert kv is not None
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    out = shared_prefix_attention(s.plan, query, kv.k[layer], kv.v[layer], scale, kwargs.get("softcap"))
+    s.layer = None
+    s.calls += 1
+    return out.unsqueeze(1), None  # shape: (rows, 1, heads, d)

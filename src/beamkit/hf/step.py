@@ -266,7 +266,15 @@ class DecoderOnlyStep(_ModelStep):
 
     left_pad = True
 
-    def __init__(self, model: Any, kv: str = "paged", *, block_size: int = BLOCK_SIZE, blocks: int = 0):
+    def __init__(
+        self,
+        model: Any,
+        kv: str = "paged",
+        *,
+        block_size: int = BLOCK_SIZE,
+        blocks: int = 0,
+        attention: str = "shared-prefix",
+    ):
         self.model = model
         self.keep_one = accepts(model, "logits_to_keep")
         self.takes_pos = accepts(model, "position_ids")
@@ -277,7 +285,7 @@ class DecoderOnlyStep(_ModelStep):
         self.forward_seconds = 0.0  # time spent inside the model forward (benchmarks read it)
         self.stats = SearchStats()
         check_choice("kv", kv, ("paged", "dense"))
-        pool = PagedPool(block_size, blocks)  # checks the sizes whichever kv is used
+        pool = PagedPool(block_size, blocks, attention)  # checks the sizes whichever kv is used
         self.kv = "paged" if kv == "paged" and full else "dense"
         self.pool: PagedPool | None = pool if self.kv == "paged" else None
 
@@ -308,7 +316,10 @@ class DecoderOnlyStep(_ModelStep):
         if self.takes_pos:
             kwargs["position_ids"] = pos
         start = time.perf_counter()
-        out = self.model(input_ids=ids, attention_mask=mask, **kwargs)
+        if isinstance(state, CacheRows) and isinstance(state.cache, PagedCache):
+            out = state.cache.forward(self.model, lambda: self.model(input_ids=ids, attention_mask=mask, **kwargs))
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask, **kwargs)
         self.forward_seconds += time.perf_counter() - start
         logits = _last_logits(out)  # shape: (rows, V)
         if isinstance(state, CacheRows):

@@ -1,11 +1,12 @@
 """A paged key/value cache: beams share the blocks they have in common, a block is copied only when written.
 
-One preallocated pool per layer holds keys and values in blocks of ``block_size`` positions
-(``[n_blocks, heads, block_size, d_head]``). Each row (hypothesis) owns a *block table* (the ids of its blocks, in
-order) and a length. Forking rows by parent (``beamkit_select``, the engine's gather) copies tables and raises
-reference counts, never block contents; appending a position to a partial block that other rows also hold copies
-that one block first (copy-on-write); blocks whose count drops to zero return to the free list. Full blocks are
-never copied, and nothing is ever recomputed.
+One preallocated pool per layer holds keys and values in blocks of ``block_size`` positions, head first
+(``[heads, n_blocks, block_size, d_head]``: the blocks of a run of block ids are one strided view per head, so
+attention can read a shared prefix in place, see :mod:`beamkit.kv.attention`). Each row (hypothesis) owns a
+*block table* (the ids of its blocks, in order) and a length. Forking rows by parent (``beamkit_select``, the
+engine's gather) copies tables and raises reference counts, never block contents; appending a position to a
+partial block that other rows also hold copies that one block first (copy-on-write); blocks whose count drops
+to zero return to the free list. Full blocks are never copied, and nothing is ever recomputed.
 
 Handles (:class:`PagedRows`) are *linear*: ``beamkit_select``, ``beamkit_concat`` and :meth:`PagedRows.append`
 consume the handle they are called on and return the one that now owns its references; using a consumed handle
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from beamkit._checks import check_int
+from beamkit.kv.attention import PrefixPlan, plan_prefix, shared_prefix_attention
 
 
 class CacheFullError(RuntimeError):
@@ -39,7 +41,7 @@ class PagedKVCache:
     """A block pool per layer for self-attention keys and values, with reference counts and a free list.
 
     ``PagedKVCache(layers, heads, d_head, n_blocks, block_size=16, dtype=torch.float32, device="cpu")``
-    preallocates ``2 * layers`` tensors of ``[n_blocks, heads, block_size, d_head]``. Rows live in
+    preallocates ``2 * layers`` tensors of ``[heads, n_blocks, block_size, d_head]``. Rows live in
     :class:`PagedRows` handles made by :meth:`rows` or :meth:`prefill`; rows of different requests and lengths
     share one pool.
     """
@@ -60,7 +62,7 @@ class PagedKVCache:
         self.d_head = check_int("d_head", d_head, 1)
         self.n_blocks = check_int("n_blocks", n_blocks, 1)
         self.block_size = check_int("block_size", block_size, 1)
-        shape = (self.n_blocks, self.heads, self.block_size, self.d_head)
+        shape = (self.heads, self.n_blocks, self.block_size, self.d_head)
         self.k = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers))
         self.v = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers))
         self.device = self.k[0].device
@@ -105,9 +107,9 @@ class PagedKVCache:
             return
 
         def bigger(pool: Tensor) -> Tensor:
-            out = pool.new_zeros((n_blocks, *pool.shape[1:]))  # shape: (n_blocks, heads, block_size, d_head)
+            out = pool.new_zeros((pool.shape[0], n_blocks, *pool.shape[2:]))  # shape: (heads, n_blocks, bs, d_head)
             with torch.no_grad():
-                out[:old] = pool
+                out[:, :old] = pool
             return out
 
         self.k = tuple(bigger(p) for p in self.k)
@@ -123,29 +125,35 @@ class PagedKVCache:
                 f"PagedKVCache out of blocks: {n} needed, {len(self._free)} free of {self.n_blocks} "
                 f"(block_size {self.block_size}); create the cache with more n_blocks"
             )
-        out = np.array([self._free.pop() for _ in range(n)], dtype=np.int64)
+        out = np.sort(np.array([self._free.pop() for _ in range(n)], dtype=np.int64))  # runs of ids stay runs
         self.refcount[out] = 1
         self._peak = max(self._peak, self.blocks_in_use())
         return out
 
     def _incref(self, blocks: np.ndarray) -> None:
-        np.add.at(self.refcount, blocks, 1)
+        if blocks.size:
+            self.refcount += np.bincount(blocks, minlength=self.n_blocks)
 
     def _decref(self, blocks: np.ndarray) -> None:
         if blocks.size == 0:
             return
-        np.subtract.at(self.refcount, blocks, 1)
-        touched = np.unique(blocks)
+        counts = np.bincount(blocks, minlength=self.n_blocks)
+        self.refcount -= counts
+        touched = np.flatnonzero(counts)
         if (self.refcount[touched] < 0).any():
             raise RuntimeError("PagedKVCache reference count below zero: a handle was released twice")
         self._free.extend(touched[self.refcount[touched] == 0][::-1].tolist())
 
-    def _copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
+    def _copy_blocks(self, src: np.ndarray, dst: np.ndarray, positions: int | None = None) -> None:
+        """Copy blocks ``src`` into blocks ``dst`` in every pool: their first ``positions`` positions (all when
+        None; the rest of a destination keeps what it held)."""
         s = torch.as_tensor(src, device=self.device)
         d = torch.as_tensor(dst, device=self.device)
+        upto = self.block_size if positions is None else positions
         with torch.no_grad():
             for pool in (*self.k, *self.v):
-                pool[d] = pool[s]
+                head = pool[:, :, :upto]  # shape: (heads, n_blocks, upto, d_head) view
+                head.index_copy_(1, d, head.index_select(1, s))
         self.copied_blocks += int(src.shape[0])
 
     # ------------------------------------------------------------------------------------------ handles
@@ -176,8 +184,8 @@ class PagedKVCache:
                 for pool, x in zip((*self.k, *self.v), (*keys, *values), strict=True):
                     pad = x.new_zeros(n, self.heads, nb * bs - p, self.d_head)
                     full = torch.cat([x.detach().to(pool.dtype), pad], dim=2)  # shape: (rows, heads, nb * bs, d)
-                    blocks_of = full.view(n, self.heads, nb, bs, self.d_head).transpose(1, 2)
-                    pool[dst] = blocks_of.reshape(-1, *pool.shape[1:])  # shape: (rows * nb, heads, bs, d)
+                    blocks_of = full.view(n, self.heads, nb, bs, self.d_head).transpose(0, 1)
+                    pool[:, dst] = blocks_of.reshape(self.heads, n * nb, bs, self.d_head)  # rows' blocks in order
         self.written_positions += n * p
         return PagedRows(self, blocks.reshape(n, nb), np.full(n, p, np.int64))
 
@@ -186,9 +194,9 @@ class PagedKVCache:
 class Pages:
     """Where one step writes and reads, on the cache's device (computed once per step for every layer).
 
-    ``slots`` ``[rows * heads]``: where each row's newest position goes, as rows of a pool viewed
-    ``[n_blocks * heads * block_size, d_head]``; ``table`` ``[rows, nb]``: block ids
-    to gather (unused entries point at block 0 and are masked); ``width``: the longest row;
+    ``slots`` ``[rows]``: where each row's newest position goes, as a column of a pool viewed
+    ``[heads, n_blocks * block_size, d_head]`` (the same column in every head); ``table`` ``[rows, nb]``: block
+    ids to gather (unused entries point at block 0 and are masked); ``width``: the longest row;
     ``mask`` ``[rows, 1, 1, width]`` (True = may attend) or None when every row holds ``width`` positions.
     """
 
@@ -209,6 +217,7 @@ class PagedRows:
         self.length = length  # shape: (rows,) positions held
         self._live = True
         self._pages: Pages | None = None
+        self._plan: PrefixPlan | None = None
         self._write_at: tuple[np.ndarray, np.ndarray] | None = None  # (block, offset) per row, set by append()
 
     def __len__(self) -> int:
@@ -251,6 +260,8 @@ class PagedRows:
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"row index out of range for {len(self)} rows")
+        if idx.shape[0] == len(self) and bool((idx == np.arange(len(self))).all()):
+            return self._hand_over(self.table, self.length)  # the identity: no reference count changes
         table, length = self.table[idx], self.length[idx]
         self.cache._incref(table[table >= 0])
         self.cache._decref(self.table[self.table >= 0])
@@ -271,6 +282,26 @@ class PagedRows:
         return self._hand_over(table, length)
 
     # ------------------------------------------------------------------------------------------ one step
+    def _next_blocks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(column, offset) of each row's next position, the rows starting a block, and the rows that must copy
+        their partial last block first (held by other rows too; when every holder is here, the first keeps it)."""
+        c, bs = self.cache, self.cache.block_size
+        col, off = np.divmod(self.length, bs)
+        fresh = np.flatnonzero(off == 0)  # shape: (f,) rows starting a block
+        part = np.flatnonzero(off > 0)  # shape: (p,) rows writing into their last block
+        last = self.table[part, col[part]]
+        uniq, first, count = np.unique(last, return_index=True, return_counts=True)
+        keeps = np.zeros(part.shape[0], dtype=bool)
+        keeps[first[c.refcount[uniq] == count]] = True  # every holder is here: the first keeps it
+        shared = c.refcount[last] > 1
+        return col, off, fresh, part[shared & ~keeps]
+
+    def blocks_needed(self) -> int:
+        """Free blocks the next :meth:`append` takes: one per row starting a block, one per copy-on-write."""
+        self._check()
+        _, _, fresh, cow = self._next_blocks()
+        return int(fresh.shape[0] + cow.shape[0])
+
     def append(self) -> PagedRows:
         """Make room for one more position per row; returns the handle that owns the longer rows.
 
@@ -280,17 +311,9 @@ class PagedRows:
         free list is short.
         """
         self._check()
-        c, bs = self.cache, self.cache.block_size
+        c = self.cache
         n = len(self)
-        col, off = np.divmod(self.length, bs)
-        fresh = np.flatnonzero(off == 0)  # shape: (f,) rows starting a block
-        part = np.flatnonzero(off > 0)  # shape: (p,) rows writing into their last block
-        last = self.table[part, col[part]]
-        uniq, first, count = np.unique(last, return_index=True, return_counts=True)
-        keeps = np.zeros(part.shape[0], dtype=bool)
-        keeps[first[c.refcount[uniq] == count]] = True  # every holder is here: the first keeps it
-        shared = c.refcount[last] > 1
-        cow = part[shared & ~keeps]
+        col, off, fresh, cow = self._next_blocks()
         new = c._alloc(fresh.shape[0] + cow.shape[0])
         nb = int(col.max()) + 1 if n else 0
         table = _pad_table(self.table, nb)
@@ -298,7 +321,7 @@ class PagedRows:
         if cow.size:
             src = table[cow, col[cow]]
             dst = new[fresh.shape[0] :]
-            c._copy_blocks(src, dst)
+            c._copy_blocks(src, dst, int(off[cow].max()))  # the positions the rows hold in them
             table[cow, col[cow]] = dst
             c._decref(src)
         c.written_positions += n
@@ -321,11 +344,8 @@ class PagedRows:
             if len(self) and int(self.length.min()) < width:
                 length = torch.as_tensor(self.length, device=dev)
                 mask = (torch.arange(width, device=dev)[None, :] < length[:, None])[:, None, None, :]
-            block, offset = (torch.as_tensor(a, device=dev) for a in where)
-            heads, bs = self.cache.heads, self.cache.block_size
-            slots = (
-                (block[:, None] * heads + torch.arange(heads, device=dev)[None, :]) * bs + offset[:, None]
-            ).reshape(-1)
+            block, offset = where
+            slots = torch.as_tensor(block * self.cache.block_size + offset, device=dev)  # shape: (rows,)
             self._pages = Pages(slots, table, width, mask)
         return self._pages
 
@@ -335,19 +355,30 @@ class PagedRows:
         c = self.cache
         with torch.no_grad():
             for pool, x in ((c.k[layer], k), (c.v[layer], v)):
-                new = x[:, :, 0].detach().to(pool.dtype).reshape(-1, c.d_head)  # shape: (rows * heads, d_head)
-                pool.view(-1, c.d_head).index_copy_(0, p.slots, new)
+                new = x[:, :, 0].detach().to(pool.dtype).transpose(0, 1)  # shape: (heads, rows, d_head)
+                pool.view(c.heads, -1, c.d_head).index_copy_(1, p.slots, new)
+
+    def attend(self, layer: int, query: Tensor, scale: float) -> Tensor:
+        """Attention of the rows' newest queries ``[rows, q_heads, 1, d_head]`` over their positions of ``layer``
+        (after :meth:`write`), ``[rows, q_heads, d_head]``: shared-prefix attention (a group of rows reads the
+        blocks they all hold once, in place; see :mod:`beamkit.kv.attention`), planned once per step."""
+        self._check()
+        if self._write_at is None:
+            raise ValueError("attend() needs the handle returned by append()")
+        if self._plan is None:
+            self._plan = plan_prefix(self.table, self.length, self.cache.block_size, self.cache.device)
+        return shared_prefix_attention(self._plan, query, self.cache.k[layer], self.cache.v[layer], scale)
 
     def read(self, layer: int) -> tuple[Tensor, Tensor]:
-        """Every row's keys and values of ``layer``, ``[rows, heads, width, d_head]`` (positions past a row's
-        length hold whatever their block holds: mask them with :attr:`Pages.mask`)."""
+        """Every row's keys and values of ``layer``, ``[rows, heads, width, d_head]`` gathered into new tensors
+        (positions past a row's length hold whatever their block holds: mask them with :attr:`Pages.mask`).
+        :func:`beamkit.kv.attention.shared_prefix_attention` attends without this copy."""
         p = self.pages()
         c = self.cache
         n, nb = p.table.shape
         flat = p.table.reshape(-1)
         out = []
         for pool in (c.k[layer], c.v[layer]):
-            g = pool.index_select(0, flat).view(n, nb, c.heads, c.block_size, c.d_head)
-            whole = g.transpose(1, 2).reshape(n, c.heads, nb * c.block_size, c.d_head)
-            out.append(whole[:, :, : p.width])  # shape: (rows, heads, width, d_head)
+            g = pool.index_select(1, flat).view(c.heads, n, nb * c.block_size, c.d_head)
+            out.append(g[:, :, : p.width].transpose(0, 1))  # shape: (rows, heads, width, d_head)
         return out[0], out[1]

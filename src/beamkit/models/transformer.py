@@ -7,7 +7,8 @@ travel in a ``beamkit.Shared``, indexed by the state's ``req`` leaf, so beams ne
 
 With ``init_state(..., kv=cache)`` (a :class:`beamkit.kv.PagedKVCache`, see :meth:`Transformer.paged_cache`)
 the self-attention keys/values live in the cache's block pool instead: beams share the blocks of their common
-prefix and the gather by parent copies block tables only. A forced decoder ``prefix`` is fed teacher-forced
+prefix, the gather by parent copies block tables only, and attention reads a request's shared blocks once for
+all its beams, in place (:mod:`beamkit.kv.attention`). A forced decoder ``prefix`` is fed teacher-forced
 into the cache once per request.
 
 Requires torch (the ``torch`` extra).
@@ -131,12 +132,13 @@ class _DecoderLayer(nn.Module):
 
     def forward_paged(self, x: Tensor, rows: PagedRows, layer: int, ck: Tensor, cv: Tensor, m: Tensor) -> Tensor:
         """Run the layer on the newest position ``x`` (rows, 1, D): its key/value is written into the paged
-        cache ``rows`` (after :meth:`PagedRows.append`), attention reads every row's positions from the pages."""
+        cache ``rows`` (after :meth:`PagedRows.append`), attention reads the pages in place, each group of beams
+        its shared prefix once (:meth:`PagedRows.attend`)."""
         a = self.self_attn
         h = self.ln1(x)
         rows.write(layer, a.split(a.k(h)), a.split(a.v(h)))
-        k, v = rows.read(layer)  # shape: (rows, heads, width, d_head)
-        x = x + self.drop(a.attend(a.split(a.q(h)), k, v, rows.pages().mask))
+        out = rows.attend(layer, a.split(a.q(h)), 1.0 / math.sqrt(a.d_head))  # shape: (rows, heads, d_head)
+        x = x + self.drop(a.o(out.reshape(x.shape[0], 1, a.heads * a.d_head)))
         return self._cross_ff(x, ck, cv, m)
 
     def _cross_ff(self, x: Tensor, ck: Tensor, cv: Tensor, m: Tensor) -> Tensor:
