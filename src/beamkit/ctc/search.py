@@ -207,7 +207,7 @@ def search_candidates(
     nodes = min(1 << 22, max(1 << 12, int(cands.lens.sum(initial=0)) * min(width, 16) // max(N, 1)))
     knobs = K.Knobs(
         width, int(voc.blank), int(voc.size), bool(opts.split_blank), bool(opts.prune_history),
-        bool(opts.word_frames), bool(voc.is_bpe), recorder is not None, float(opts.beam_prune_logp),
+        bool(opts.word_frames), recorder is not None, float(opts.beam_prune_logp),
     )  # fmt: skip
     frame_input = K.FrameInput(c_off, cands.labels, cands.values)
 
