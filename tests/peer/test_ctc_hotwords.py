@@ -52,9 +52,8 @@ def test_long_hotword_lists_decode_as_pyctcdecode_does(size: int, weight: float,
     assert [bk.decode(m, hotwords=hot, hotword_weight=weight) for m in mats] == want
     assert want != [pc.decode(m) for m in mats]  # the hotwords change some texts
     for m in mats[:4]:
-        assert_same_beams(
-            pc.decode_beams(m, hotwords=hot, hotword_weight=weight), bk.decode_beams(m, hotwords=hot, hotword_weight=weight)
-        )
+        knobs = {"hotwords": hot, "hotword_weight": weight}
+        assert_same_beams(pc.decode_beams(m, **knobs), bk.decode_beams(m, **knobs))
 
 
 def test_hotwords_with_a_kenlm_model_decode_as_pyctcdecode_does(tmp_path) -> None:
