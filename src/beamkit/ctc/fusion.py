@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .chartrie import CharTrie, walk
-from .jit import njit, records
+from .jit import njit, njit_inline, records
 from .lm import AVG_TOKEN_LEN, Hotwords, LanguageModelFusion
 from .vocab import Vocabulary
 
@@ -161,7 +161,7 @@ def word_rehash(old: np.ndarray, new: np.ndarray) -> None:
             word_store(new, old[s].sid, old[s].whash, old[s].nsid, old[s].delta)
 
 
-@njit
+@njit_inline
 def complete_word(st: Static, wt: np.ndarray, src_hot: int, slot: int, n: Any) -> bool:
     """Score a word the new node ``n`` completes (``n.tscore`` and ``n.sid`` hold the source's): the hotword
     bonus (``src_hot``: the hotword state of the word), then the LM score found at ``slot`` of the word
@@ -177,7 +177,7 @@ def complete_word(st: Static, wt: np.ndarray, src_hot: int, slot: int, n: Any) -
     return True
 
 
-@njit
+@njit_inline
 def partial_score(st: Static, n: Any, uni: int, hot: int, t: int) -> None:
     """Walk the partial word's tries by label ``t``'s characters from states ``uni`` / ``hot`` and set
     ``n.score`` = ``n.tscore`` + the partial word's score."""

@@ -41,6 +41,19 @@ def njit(fn: F) -> F:
         return _numba.njit(nogil=True)(fn)  # type: ignore[no-any-return,return-value]
 
 
+def njit_inline(fn: F) -> F:
+    """:func:`njit`, with ``fn``'s body inlined into the compiled functions that call it (numba's
+    ``inline="always"``): a small helper called per prefix that takes the search's tables as one record would
+    otherwise receive a copy of the record at each call."""
+    if not COMPILED:
+        return fn
+    assert _numba is not None
+    try:
+        return _numba.njit(cache=True, nogil=True, inline="always")(fn)  # type: ignore[no-any-return,return-value]
+    except RuntimeError:  # no writable place for numba's cache: compile each run
+        return _numba.njit(nogil=True, inline="always")(fn)  # type: ignore[no-any-return,return-value]
+
+
 def records(n: int, dtype: np.dtype) -> np.ndarray:
     """An uninitialised array of ``n`` records; interpreted, a record array, so that the same code can read
     and write ``array[i].field`` as compiled code does."""

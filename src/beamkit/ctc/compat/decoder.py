@@ -122,6 +122,28 @@ class BeamSearchDecoderCTC:
         search_lm(language_model)  # unsupported model classes are refused here, not at the first decode
         self._model_key = os.urandom(16)
         BeamSearchDecoderCTC.model_container[self._model_key] = language_model
+        self._last_call: tuple[Any, CTCOptions] | None = None  # the last call's knobs and options
+
+    def _call_options(self, knobs: CallKnobs, best_only: bool = False) -> CTCOptions:
+        """The search options of one call's knobs (its hotwords as given: cleaned here as pyctcdecode cleans
+        them). A call with the knobs of the one before reuses its options: a list of 10,000 hotwords passed
+        with every call is cleaned and checked once, not per utterance."""
+        *scalars, hotwords, weight = knobs
+        key = None
+        if hotwords is None or type(hotwords) in (list, tuple):  # a string or another iterable: no shortcut
+            raw = None if hotwords is None else tuple(hotwords)
+            key = (*scalars, weight, best_only, tuple(map(type, (*scalars, weight))), raw)
+            last = self._last_call
+            if last is not None and last[0] == key:
+                return last[1]
+        beam_width, beam_prune_logp, token_min_logp, prune_history = scalars
+        cleaned: CallKnobs = (
+            beam_width, beam_prune_logp, token_min_logp, prune_history, _hotword_list(hotwords), weight
+        )  # fmt: skip
+        opts = call_options(PYCTCDECODE, cleaned, best_only)
+        if key is not None:
+            self._last_call = (key, opts)
+        return opts
 
     def reset_params(
         self,
@@ -196,10 +218,8 @@ class BeamSearchDecoderCTC:
         """Beams ``(text, lm_state, word_frames, logit_score, lm_score)``, best first; ``lm_start_state``
         (a beam's ``lm_state`` from the previous chunk) continues the LM context."""
         lp = self._prepared(logits)
-        hot = _hotword_list(hotwords)
-        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
-        opts = call_options(PYCTCDECODE, knobs)
-        results, errors = self._decoder(lm_start_state).search([lp], opts)
+        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight)
+        results, errors = self._decoder(lm_start_state).search([lp], self._call_options(knobs))
         raise_single(errors)
         return beams_of(results[0])
 
@@ -223,7 +243,7 @@ class BeamSearchDecoderCTC:
         """The hypotheses of each matrix from one search call, and what is wrong with each matrix that cannot
         be decoded (a matrix :meth:`_prepared` refuses raises, naming the utterance, as pyctcdecode fails)."""
         lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
-        return self._decoder().search(lps, call_options(PYCTCDECODE, knobs, best_only))
+        return self._decoder().search(lps, self._call_options(knobs, best_only))
 
     def decode_beams_batch(
         self,
@@ -256,11 +276,13 @@ class BeamSearchDecoderCTC:
         hotword_weight: float = DEFAULT_HOTWORD_WEIGHT,
         lm_start_state: Any = None,
     ) -> str:
-        """The best text (history pruning on, as in pyctcdecode)."""
-        beams = self.decode_beams(
-            logits, beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, lm_start_state
-        )
-        return beams[0][0]
+        """The best text (history pruning on, as in pyctcdecode): the text of :meth:`decode_beams`'s first
+        beam, found without spelling the other beams or any word frames."""
+        lp = self._prepared(logits)
+        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight)
+        results, errors = self._decoder(lm_start_state).search([lp], self._call_options(knobs, best_only=True))
+        raise_single(errors)
+        return beams_of(results[0])[0][0]
 
     def decode_batch(
         self,
@@ -355,7 +377,7 @@ def _hotword_list(hotwords: Iterable[str] | None) -> list[str] | None:
         return None
     if isinstance(hotwords, str):
         raise TypeError("hotwords must be a list of strings, not one string")
-    words = [s.strip() for s in word_tuple(hotwords) if len(s.strip()) > 0]
+    words = list(filter(None, map(str.strip, word_tuple(hotwords))))
     return words or None
 
 
