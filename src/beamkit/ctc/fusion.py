@@ -307,11 +307,27 @@ def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tu
     with _CACHES_LOCK:
         got = _LM_CACHES.get(lm)
         if got is None or got[0] != key or len(got[1].states) > _MAX_CACHED_STATES:
-            trie = CharTrie(lm.unigrams, alphabet) if lm.prefix_index is not None else None
+            trie = None
             if got is not None and got[0][0] == key[0]:
                 trie = got[1].trie  # same alphabet: the unigram trie still holds
+            elif lm.prefix_index is not None:
+                trie = _unigram_trie(lm, alphabet, key[0])
             got = _LM_CACHES[lm] = (key, LMCache(lm, trie))
     return got[1]
+
+
+def _unigram_trie(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> CharTrie:
+    """The character trie of ``lm``'s unigrams over ``alphabet``. A fusion made per call (the pyctcdecode
+    drop-in's, with a start state) keeps it where its class says, ``_char_trie_cache`` on a longer-lived
+    object, and finds it there again while the unigrams and the alphabet are the same."""
+    keeps = hasattr(type(lm), "_char_trie_cache")
+    held = getattr(lm, "_char_trie_cache", None) if keeps else None
+    if held is not None and held[0] == alphabet_key and held[1] is lm.unigrams:
+        return held[2]  # type: ignore[no-any-return]
+    trie = CharTrie(lm.unigrams, alphabet)
+    if keeps:
+        lm._char_trie_cache = (alphabet_key, lm.unigrams, trie)  # type: ignore[attr-defined]
+    return trie
 
 
 def _trie_arrays(trie: CharTrie | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:

@@ -37,7 +37,7 @@ from .constants import (
     MIN_TOKEN_CLIP_P,
 )
 from .language_model import AbstractLanguageModel, LanguageModel, load_unigram_set_from_arpa
-from .search_lm import search_lm
+from .search_lm import fusion_weights, search_lm
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,16 @@ class BeamSearchDecoderCTC:
         self._model_key = os.urandom(16)
         BeamSearchDecoderCTC.model_container[self._model_key] = language_model
         self._last_call: tuple[Any, CTCOptions] | None = None  # the last call's knobs and options
+        # the last call's search (its language model and weights, and the Decoder whose fusion keeps the scored
+        # words): calls without a start state and with unchanged weights reuse it
+        self._last_search: tuple[Any, Any, Decoder] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickles into a pool's workers: not the last search, which holds the language model (workers
+        find it in ``model_container``, as pyctcdecode's do)."""
+        state = self.__dict__.copy()
+        state["_last_search"] = None
+        return state
 
     def _call_options(self, knobs: CallKnobs, best_only: bool = False) -> CTCOptions:
         """The search options of one call's knobs (its hotwords as given: cleaned here as pyctcdecode cleans
@@ -188,10 +198,22 @@ class BeamSearchDecoderCTC:
             )
 
     def _decoder(self, lm_start_state: Any = None) -> Decoder:
-        lm = search_lm(self._language_model, lm_start_state)
+        """The search of one call. Without a start state, the previous call's when the language model and its
+        weights are unchanged: its fusion keeps the (context, word) scores already asked of the LM, as
+        beamkit's own :class:`Decoder` does across calls (a fusion built per call started cold, and with
+        10,000 unigrams spent about 100 ms a call rebuilding their prefix trie)."""
+        language_model = self._language_model
+        key = None if lm_start_state is not None else fusion_weights(language_model)
+        last = self._last_search
+        if key is not None and last is not None and last[0] is language_model and last[1] == key:
+            return last[2]
+        lm = search_lm(language_model, lm_start_state)
         if lm is not None:
             lm.check_scorable()  # the weights take any float, as pyctcdecode's; NaN cannot be decoded
-        return Decoder(self._vocab, lm, PYCTCDECODE, input_kind="log_probs")
+        decoder = Decoder(self._vocab, lm, PYCTCDECODE, input_kind="log_probs")
+        if key is not None:
+            self._last_search = (language_model, key, decoder)
+        return decoder
 
     def _prepared(self, logits: Any) -> np.ndarray:
         """Checked and normalised log-probabilities (NaN, +inf, or an all -inf frame: ValueError; pyctcdecode
