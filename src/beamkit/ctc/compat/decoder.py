@@ -138,7 +138,8 @@ class BeamSearchDecoderCTC:
         """The search options of one call's knobs (its hotwords as given: cleaned here as pyctcdecode cleans
         them). A call with the knobs of the one before reuses its options: a list of 10,000 hotwords passed
         with every call is cleaned and checked once, not per utterance."""
-        *scalars, hotwords, weight = knobs
+        beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, weight = knobs
+        scalars = (beam_width, beam_prune_logp, token_min_logp, prune_history)
         key = None
         if hotwords is None or type(hotwords) in (list, tuple):  # a string or another iterable: no shortcut
             raw = None if hotwords is None else tuple(hotwords)
@@ -146,7 +147,6 @@ class BeamSearchDecoderCTC:
             last = self._last_call
             if last is not None and last[0] == key:
                 return last[1]
-        beam_width, beam_prune_logp, token_min_logp, prune_history = scalars
         cleaned: CallKnobs = (
             beam_width, beam_prune_logp, token_min_logp, prune_history, _hotword_list(hotwords), weight
         )  # fmt: skip
