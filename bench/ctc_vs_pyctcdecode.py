@@ -15,13 +15,23 @@ beamkit use its pure-Python reader).
 
 Prints, per setting, ``ctc-speedup[no-lm]: 12.3x, agreement 99.6%`` where the speedup compares
 pyctcdecode's ``decode`` per utterance with beamkit's ``Decoder.decode`` (all utterances in one call, spread over
-one thread per core), plus the same call on one thread and one call per utterance. Every
-timing is the best of ``--repeats`` runs (default 3), each run starting after a full garbage collection.
+one thread per core), plus the same call on one thread and one call per utterance; with the LM also one call
+per utterance starting from an empty LM cache (beamkit keeps the words its LM scored across calls, pyctcdecode
+does not, and the repeated runs would otherwise all find them). Every timing is the best of ``--repeats`` runs
+(default 3), each run starting after a full garbage collection; the contenders' runs are interleaved, so that
+a busy spell of a shared machine slows them alike.
+
+The hotword sweep (``--hotwords 0,10,100,1000,10000``) times one call per utterance with hotword lists of
+each size (real words from the same word list, every tenth entry a two-word phrase), for beamkit's
+``Decoder``, its pyctcdecode drop-in and pyctcdecode itself (up to ``--pc-hotwords-max`` hotwords, 100 by
+default: its cost grows with the list), each against itself without hotwords, with the drop-in's agreement
+with pyctcdecode and the share of texts the hotwords changed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import math
@@ -260,6 +270,10 @@ def hotword_sweep(
             beam_width=100, prune_history=True, pyctcdecode_compat=True, num_hypotheses=1, hotwords=hot or None
         )
         runs[f"native/{n}"] = lambda opts=opts: [best_texts(native.decode([x], opts))[0] for x in utts]
+        # weight 0: the same search as without hotwords, with the whole trie carried along (the cost of the
+        # hotword machinery alone, apart from what the bonuses change in the search)
+        zero = dataclasses.replace(opts, hotword_weight=0.0)
+        runs[f"zero/{n}"] = lambda zero=zero: [best_texts(native.decode([x], zero))[0] for x in utts]
         runs[f"compat/{n}"] = lambda hot=hot: [compat.decode(x, beam_width=100, hotwords=hot) for x in utts]
         if n <= pc_max:
             runs[f"pc/{n}"] = lambda hot=hot: [pc_decoder.decode(x, beam_width=100, hotwords=hot) for x in utts]
@@ -267,8 +281,10 @@ def hotword_sweep(
     per = {k: v / len(utts) * 1e3 for k, v in secs.items()}
     print(f"hotword sweep [{name}] (one call per utterance, ms/utt; x: against the same decoder without hotwords)")
     for n in lists:
+        same = np.mean([a == b for a, b in zip(outs[f"zero/{n}"], outs["zero/0"], strict=True)]) * 100
         line = (
-            f"  {n:>6} hotwords: beamkit {per[f'native/{n}']:.2f} ({per[f'native/{n}'] / per['native/0']:.2f}x), "
+            f"  {n:>6} hotwords: beamkit {per[f'native/{n}']:.2f} ({per[f'native/{n}'] / per['native/0']:.2f}x; "
+            f"weight 0: {per[f'zero/{n}']:.2f}, {per[f'zero/{n}'] / per['zero/0']:.2f}x, same texts {same:.0f}%), "
             f"drop-in {per[f'compat/{n}']:.2f} ({per[f'compat/{n}'] / per['compat/0']:.2f}x)"
         )
         if f"pc/{n}" in per:
