@@ -15,13 +15,23 @@ beamkit use its pure-Python reader).
 
 Prints, per setting, ``ctc-speedup[no-lm]: 12.3x, agreement 99.6%`` where the speedup compares
 pyctcdecode's ``decode`` per utterance with beamkit's ``Decoder.decode`` (all utterances in one call, spread over
-one thread per core), plus the same call on one thread and one call per utterance. Every
-timing is the best of ``--repeats`` runs (default 3), each run starting after a full garbage collection.
+one thread per core), plus the same call on one thread and one call per utterance; with the LM also one call
+per utterance starting from an empty LM cache (beamkit keeps the words its LM scored across calls, pyctcdecode
+does not, and the repeated runs would otherwise all find them). Every timing is the best of ``--repeats`` runs
+(default 3), each run starting after a full garbage collection; the contenders' runs are interleaved, so that
+a busy spell of a shared machine slows them alike.
+
+The hotword sweep (``--hotwords 0,10,100,1000,10000``) times one call per utterance with hotword lists of
+each size (real words from the same word list, every tenth entry a two-word phrase), for beamkit's
+``Decoder``, its pyctcdecode drop-in and pyctcdecode itself (up to ``--pc-hotwords-max`` hotwords, 100 by
+default: its cost grows with the list), each against itself without hotwords, with the drop-in's agreement
+with pyctcdecode and the share of texts the hotwords changed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import math
@@ -163,14 +173,46 @@ def native_decoder(lm: Any = None) -> Any:
     return Decoder(LABELS, lm, options)
 
 
-def run_setting(name: str, pc_decoder, bk_decoder, utts: list[np.ndarray], refs: list[str], repeats: int = 3) -> dict:
-    """Time both decoders on ``utts`` (best of ``repeats`` runs each); return figures and print the
-    summary line."""
-    t_pc, pc_out = best_of(repeats, lambda: [pc_decoder.decode(x, beam_width=100) for x in utts])
-    t_bk_batch, bk_batch = best_of(repeats, lambda: best_texts(bk_decoder.decode(utts)))
-    t_bk_one, _ = best_of(repeats, lambda: best_texts(bk_decoder.decode(utts, threads=1)))
-    t_bk_single, bk_single = best_of(repeats, lambda: [best_texts(bk_decoder.decode([x]))[0] for x in utts])
-    t_pc, t_bk_batch, t_bk_one, t_bk_single = (t / len(utts) for t in (t_pc, t_bk_batch, t_bk_one, t_bk_single))
+def interleaved(repeats: int, runs: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """``(seconds, output)`` per name of the fastest of ``repeats`` calls of each ``runs[name]()``, the runs
+    interleaved (each repeat calls every run once, in turn), so that a busy spell of a shared machine slows
+    every contender alike instead of one of them; each call starts after a full garbage collection."""
+    best = dict.fromkeys(runs, math.inf)
+    outs: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            outs[name] = run()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best, outs
+
+
+def run_setting(
+    name: str, pc_decoder, bk_decoder, utts: list[np.ndarray], refs: list[str], repeats: int = 3, cold=None
+) -> dict:
+    """Time both decoders on ``utts`` (best of ``repeats`` interleaved runs each); return figures and print
+    the summary line. ``cold``: a function returning a fresh beamkit decoder whose LM cache is empty (its
+    single-utterance pass is timed too: beamkit keeps scored words across calls, pyctcdecode does not)."""
+    runs = {
+        "pc": lambda: [pc_decoder.decode(x, beam_width=100) for x in utts],
+        "batch": lambda: best_texts(bk_decoder.decode(utts)),
+        "one": lambda: best_texts(bk_decoder.decode(utts, threads=1)),
+        "single": lambda: [best_texts(bk_decoder.decode([x]))[0] for x in utts],
+    }
+    if cold is not None:
+
+        def cold_pass() -> list[str]:
+            fresh = cold()
+            t0 = time.perf_counter()
+            out = [best_texts(fresh.decode([x]))[0] for x in utts]
+            cold_pass.seconds = min(getattr(cold_pass, "seconds", math.inf), time.perf_counter() - t0)
+            return out
+
+        runs["cold"] = cold_pass
+    secs, outs = interleaved(repeats, runs)
+    t_pc, t_bk_batch, t_bk_one, t_bk_single = (secs[k] / len(utts) for k in ("pc", "batch", "one", "single"))
+    pc_out, bk_batch, bk_single = outs["pc"], outs["batch"], outs["single"]
     agree = np.mean([a == b for a, b in zip(pc_out, bk_batch, strict=False)]) * 100
     agree_single = np.mean([a == b for a, b in zip(pc_out, bk_single, strict=False)]) * 100
     wer_pc = np.mean([a != r for a, r in zip(pc_out, refs, strict=False)]) * 100
@@ -179,14 +221,80 @@ def run_setting(name: str, pc_decoder, bk_decoder, utts: list[np.ndarray], refs:
     print(
         f"  pyctcdecode {t_pc * 1e3:.1f} ms/utt; beamkit batched {t_bk_batch * 1e3:.2f} ms/utt "
         f"({_threads(len(utts))} threads; one thread {t_bk_one * 1e3:.2f} ms/utt, {t_pc / t_bk_one:.1f}x), "
-        f"single-utterance {t_bk_single * 1e3:.1f} ms/utt ({t_pc / t_bk_single:.1f}x, "
+        f"single-utterance {t_bk_single * 1e3:.2f} ms/utt ({t_pc / t_bk_single:.1f}x, "
         f"agreement {agree_single:.1f}%); sentence error vs reference: pyctcdecode {wer_pc:.1f}%, "
         f"beamkit {wer_bk:.1f}%"
     )
+    if cold is not None:
+        t_cold = cold_pass.seconds / len(utts)
+        agree_cold = np.mean([a == b for a, b in zip(pc_out, outs["cold"], strict=False)]) * 100
+        print(
+            f"  single-utterance from an empty LM cache {t_cold * 1e3:.2f} ms/utt ({t_pc / t_cold:.1f}x, "
+            f"agreement {agree_cold:.1f}%)"
+        )
     for a, b, r in list(zip(pc_out, bk_batch, refs, strict=False))[:200]:
         if a != b:
             print(f"  differ: ref={r!r}\n          pyctcdecode={a!r}\n          beamkit    ={b!r}")
     return {"speedup": t_pc / t_bk_batch, "agreement": agree, "single_s": t_bk_single, "out": bk_single}
+
+
+def hotword_lists(words: list[str], sizes: list[int], seed: int) -> dict[int, list[str]]:
+    """Hotword lists of each size, each the start of one shuffled list of ``words``: every tenth entry is a
+    two-word phrase (pyctcdecode scores a phrase word by word, and so does beamkit)."""
+    rng = np.random.default_rng(seed + 2)
+    pool = [words[i] for i in rng.permutation(len(words))]
+    entries: list[str] = []
+    for i in range(max(sizes, default=0)):
+        w = pool[i % len(pool)]
+        entries.append(f"{w} {pool[(i + 1) % len(pool)]}" if i % 10 == 9 else w)
+    return {n: entries[:n] for n in sizes}
+
+
+def hotword_sweep(
+    name: str, pc_decoder, labels_lm: dict, utts: list[np.ndarray], lists: dict[int, list[str]], repeats: int,
+    pc_max: int,
+) -> None:  # fmt: skip
+    """Time one call per utterance with 0, 10, 100, ... hotwords: beamkit's :class:`Decoder` (the list in its
+    options), beamkit's pyctcdecode drop-in (``decode(x, hotwords=...)``, the list passed on every call, as
+    pyctcdecode's users do) and pyctcdecode itself (up to ``pc_max`` hotwords: its cost grows with the list);
+    prints each against the same decoder without hotwords, and the drop-in's agreement with pyctcdecode."""
+    from beamkit.ctc import CTCOptions, Decoder
+    from beamkit.ctc.compat import build_ctcdecoder
+
+    base = CTCOptions(beam_width=100, prune_history=True, pyctcdecode_compat=True, num_hypotheses=1)
+    native = Decoder(LABELS, labels_lm.get("fusion"), base)
+    compat = build_ctcdecoder(LABELS, **labels_lm.get("compat", {}))
+    runs: dict[str, Any] = {}
+    for n, hot in lists.items():
+        opts = CTCOptions(
+            beam_width=100, prune_history=True, pyctcdecode_compat=True, num_hypotheses=1, hotwords=hot or None
+        )
+        runs[f"native/{n}"] = lambda opts=opts: [best_texts(native.decode([x], opts))[0] for x in utts]
+        # weight 0: the same search as without hotwords, with the whole trie carried along (the cost of the
+        # hotword machinery alone, apart from what the bonuses change in the search)
+        zero = dataclasses.replace(opts, hotword_weight=0.0)
+        runs[f"zero/{n}"] = lambda zero=zero: [best_texts(native.decode([x], zero))[0] for x in utts]
+        runs[f"compat/{n}"] = lambda hot=hot: [compat.decode(x, beam_width=100, hotwords=hot) for x in utts]
+        if n <= pc_max:
+            runs[f"pc/{n}"] = lambda hot=hot: [pc_decoder.decode(x, beam_width=100, hotwords=hot) for x in utts]
+    secs, outs = interleaved(repeats, runs)
+    per = {k: v / len(utts) * 1e3 for k, v in secs.items()}
+    print(f"hotword sweep [{name}] (one call per utterance, ms/utt; x: against the same decoder without hotwords)")
+    for n in lists:
+        same = np.mean([a == b for a, b in zip(outs[f"zero/{n}"], outs["zero/0"], strict=True)]) * 100
+        line = (
+            f"  {n:>6} hotwords: beamkit {per[f'native/{n}']:.2f} ({per[f'native/{n}'] / per['native/0']:.2f}x; "
+            f"weight 0: {per[f'zero/{n}']:.2f}, {per[f'zero/{n}'] / per['zero/0']:.2f}x, same texts {same:.0f}%), "
+            f"drop-in {per[f'compat/{n}']:.2f} ({per[f'compat/{n}'] / per['compat/0']:.2f}x)"
+        )
+        if f"pc/{n}" in per:
+            agree = np.mean([a == b for a, b in zip(outs[f"pc/{n}"], outs[f"compat/{n}"], strict=True)]) * 100
+            changed = np.mean([a != b for a, b in zip(outs[f"pc/{n}"], outs["pc/0"], strict=True)]) * 100
+            line += (
+                f", pyctcdecode {per[f'pc/{n}']:.1f} ({per[f'pc/{n}'] / per['pc/0']:.2f}x; drop-in agreement "
+                f"{agree:.1f}%, {changed:.0f}% of texts changed by the hotwords)"
+            )
+        print(line)
 
 
 def flashlight_column(utts: list[np.ndarray], refs: list[str], bk_out: list[str], bk_single_s: float, repeats: int):
@@ -247,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beamkit-lm", choices=["auto", "arpa", "kenlm"], default="auto")
     p.add_argument("--quick", action="store_true", help="skip the LM setting")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per decoder and setting (the best counts)")
+    p.add_argument("--hotwords", default="0,10,100,1000,10000", help="hotword list sizes of the sweep ('': none)")
+    p.add_argument("--pc-hotwords-max", type=int, default=100, help="largest list pyctcdecode is timed with")
     args = p.parse_args(argv)
+    sizes = sorted({0, *(int(n) for n in args.hotwords.split(",") if n.strip())}) if args.hotwords else []
     logging.disable(logging.WARNING)
     import pyctcdecode
 
@@ -270,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     bk0.decode(utts[:2])
     plain = run_setting("no-lm", pc0, bk0, utts, refs, args.repeats)
     flashlight_column(utts, refs, plain["out"], plain["single_s"], args.repeats)
+    lists = hotword_lists(load_wordsegment(max(sizes, default=0) + 10)[0], sizes, args.seed) if sizes else {}
+    if lists:
+        hotword_sweep("no-lm", pc0, {}, utts, lists, args.repeats, args.pc_hotwords_max)
     if args.quick:
         return 0
     with tempfile.TemporaryDirectory() as work:
@@ -290,7 +404,18 @@ def main(argv: list[str] | None = None) -> int:
         bk.decode(utts[:2])
         backend = type(fusion.model).__name__
         print(f"lm backend: pyctcdecode kenlm, beamkit {backend}")
-        run_setting("lm", pc, bk, utts, refs, args.repeats)
+        warm_up = make_posteriors(np.random.default_rng(args.seed + 3), "the")
+
+        def cold_decoder():
+            """A decoder over the loaded model whose LM cache is empty (one short utterance decoded)."""
+            fresh = native_decoder(fusion_of(fusion.model, unigrams))
+            fresh.decode([warm_up])
+            return fresh
+
+        run_setting("lm", pc, bk, utts, refs, args.repeats, cold=cold_decoder)
+        if lists:
+            lm_args = {"fusion": fusion, "compat": {"kenlm_model_path": arpa, "unigrams": unigrams}}
+            hotword_sweep("lm", pc, lm_args, utts, lists, args.repeats, args.pc_hotwords_max)
     return 0
 
 

@@ -236,6 +236,7 @@ def test_the_first_decode_on_a_cold_cache_says_it_compiles_once(monkeypatch, cap
     dec.decode(lp)
     assert capsys.readouterr().err == ""  # a warm cache: nothing printed
     monkeypatch.setenv("BEAMKIT_COMPILE_NOTE", "0")
+    monkeypatch.setattr(jit, "_noted", False)
     cold["now"] = True
     dec.decode(lp)
     assert capsys.readouterr().err == ""  # silenced

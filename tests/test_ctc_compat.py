@@ -115,3 +115,32 @@ def test_importing_the_drop_in_loads_a_cached_compiled_search(monkeypatch) -> No
     assert decoder.load_compiled_search() is False  # a cold cache is left to the first decode (it says so)
     monkeypatch.setattr(jit, "is_cold", lambda dispatcher: False)
     assert decoder.load_compiled_search() is True
+
+
+def test_the_drop_in_keeps_the_words_its_lm_scored_across_calls(tmp_path) -> None:
+    # each call built its fusion afresh: every word asked of KenLM again and the unigram trie rebuilt per call
+    pytest.importorskip("kenlm")
+    labels = ["", " ", "a", "b", "c", "t"]
+    dec = pyctcdecode.build_ctcdecoder(labels, _arpa(tmp_path))
+    lp = matrix([2, 1, 4, 2, 5, 0, 1, 3, 2, 5], 6)  # "a cat bat"
+    model = dec._language_model._fusion.model
+    asked: list[str] = []
+    score_many = model.score_many
+
+    def counted(states, words):
+        asked.extend(words)
+        return score_many(states, words)
+
+    model.score_many = counted
+    first = dec.decode_beams(lp)
+    n_first = len(asked)
+    assert n_first > 0
+    assert dec.decode_beams(lp) == first and len(asked) == n_first  # nothing asked again
+    # new weights: the scores follow them (as a decoder built with them decodes)
+    dec.reset_params(alpha=0.9, beta=-0.5)
+    fresh = pyctcdecode.build_ctcdecoder(labels, _arpa(tmp_path), alpha=0.9, beta=-0.5)
+    assert [b[0] for b in dec.decode_beams(lp)] == [b[0] for b in fresh.decode_beams(lp)]
+    assert [b[4] for b in dec.decode_beams(lp)] == pytest.approx([b[4] for b in fresh.decode_beams(lp)], abs=1e-9)
+    # a start state (streaming) still decodes from it
+    state = first[0][1]
+    assert dec.decode(lp, lm_start_state=state) == fresh.decode(lp, lm_start_state=state)

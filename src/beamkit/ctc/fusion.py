@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .chartrie import CharTrie, walk
-from .jit import njit, records
+from .jit import njit, njit_inline, records
 from .lm import AVG_TOKEN_LEN, Hotwords, LanguageModelFusion
 from .vocab import Vocabulary
 
@@ -102,6 +102,58 @@ def word_store(wt: np.ndarray, sid: int, wh: np.uint64, nsid: int, delta: float)
 
 
 @njit
+def word_store_many(wt: np.ndarray, sids: np.ndarray, hashes: np.ndarray, nsid0: int, deltas: np.ndarray) -> None:
+    """:func:`word_store` of each pair ``(sids[j], hashes[j])``, its new context being ``nsid0 + j``."""
+    for j in range(len(sids)):
+        word_store(wt, sids[j], hashes[j], nsid0 + j, deltas[j])
+
+
+@njit
+def pending_words(
+    nodes: np.ndarray, starts_word: np.ndarray, pend: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (context, word) pairs of the word queries in ``pend`` (:data:`PENDING` records; an
+    end-of-utterance query, node -1, is skipped), first occurrence first, and the labels that spell each word
+    (its partial word, last label first). Returns ``(sids, hashes, labels, offsets)``: word ``j`` is
+    ``labels[offsets[j]:offsets[j + 1]]`` read backwards."""
+    n = len(pend)
+    sids = np.empty(n, dtype=np.int64)
+    hashes = np.empty(n, dtype=np.uint64)
+    firsts = np.empty(n, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        if pend[i].node < 0:
+            continue
+        seen = False
+        for j in range(k):  # a handful of queries per stop: a scan beats a hash table
+            if sids[j] == pend[i].sid and hashes[j] == pend[i].whash:
+                seen = True
+                break
+        if not seen:
+            sids[k] = pend[i].sid
+            hashes[k] = pend[i].whash
+            firsts[k] = pend[i].node
+            k += 1
+    offsets = np.zeros(k + 1, dtype=np.int64)
+    for j in range(k):
+        d = 0
+        x = firsts[j]
+        while x > 0:
+            d += 1
+            if starts_word[nodes[x].last]:
+                break
+            x = nodes[x].parent
+        offsets[j + 1] = offsets[j] + d
+    labels = np.empty(offsets[k], dtype=np.int64)
+    for j in range(k):
+        x = firsts[j]
+        for q in range(offsets[j], offsets[j + 1]):
+            labels[q] = nodes[x].last
+            x = nodes[x].parent
+    return sids[:k], hashes[:k], labels, offsets
+
+
+@njit
 def word_rehash(old: np.ndarray, new: np.ndarray) -> None:
     """Move every pair of ``old`` into the (larger, empty) table ``new``."""
     for s in range(len(old)):
@@ -109,7 +161,7 @@ def word_rehash(old: np.ndarray, new: np.ndarray) -> None:
             word_store(new, old[s].sid, old[s].whash, old[s].nsid, old[s].delta)
 
 
-@njit
+@njit_inline
 def complete_word(st: Static, wt: np.ndarray, src_hot: int, slot: int, n: Any) -> bool:
     """Score a word the new node ``n`` completes (``n.tscore`` and ``n.sid`` hold the source's): the hotword
     bonus (``src_hot``: the hotword state of the word), then the LM score found at ``slot`` of the word
@@ -125,7 +177,7 @@ def complete_word(st: Static, wt: np.ndarray, src_hot: int, slot: int, n: Any) -
     return True
 
 
-@njit
+@njit_inline
 def partial_score(st: Static, n: Any, uni: int, hot: int, t: int) -> None:
     """Walk the partial word's tries by label ``t``'s characters from states ``uni`` / ``hot`` and set
     ``n.score`` = ``n.tscore`` + the partial word's score."""
@@ -197,15 +249,15 @@ class LMCache:
         self.eos = np.full(1 << 10, np.nan)  # shape: (contexts,) end-of-utterance scores (NaN: not asked yet)
         self.lock = SharedLock()
 
-    def store(self, sids: Sequence[int], hashes: Sequence[int], words: Sequence[str]) -> None:
-        """Score the distinct new (context, word) pairs with the LM in one batch and put them in the table
-        (while no search reads it)."""
+    def store(self, sids: np.ndarray, hashes: np.ndarray, words: Sequence[str]) -> None:
+        """Score the distinct new (context, word) pairs (``sids``: int64, ``hashes``: uint64) with the LM in
+        one batch and put them in the table (while no search reads it)."""
         with self.lock.exclusive():
             self._store(sids, hashes, words)
 
-    def _store(self, sids: Sequence[int], hashes: Sequence[int], words: Sequence[str]) -> None:
+    def _store(self, sids: np.ndarray, hashes: np.ndarray, words: Sequence[str]) -> None:
         states = self.states
-        deltas, new_states = self.lm.score_words([states[s] for s in sids], list(words))
+        deltas, new_states = self.lm.score_words([states[s] for s in sids.tolist()], list(words))
         if 2 * (self.count + len(sids)) > len(self.table):
             size = len(self.table)
             while 2 * (self.count + len(sids)) > size:
@@ -216,8 +268,7 @@ class LMCache:
             self.table = grown
         base = len(states)
         states.extend(new_states)
-        for j, (sid, h, d) in enumerate(zip(sids, hashes, deltas, strict=True)):
-            word_store(self.table, sid, np.uint64(h), base + j, d)
+        word_store_many(self.table, sids, hashes, base, np.asarray(deltas, dtype=np.float64))
         self.count += len(sids)
 
     def eos_scores(self, sids: np.ndarray) -> np.ndarray:
@@ -256,11 +307,27 @@ def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tu
     with _CACHES_LOCK:
         got = _LM_CACHES.get(lm)
         if got is None or got[0] != key or len(got[1].states) > _MAX_CACHED_STATES:
-            trie = CharTrie(lm.unigrams, alphabet) if lm.prefix_index is not None else None
+            trie = None
             if got is not None and got[0][0] == key[0]:
                 trie = got[1].trie  # same alphabet: the unigram trie still holds
+            elif lm.prefix_index is not None:
+                trie = _unigram_trie(lm, alphabet, key[0])
             got = _LM_CACHES[lm] = (key, LMCache(lm, trie))
     return got[1]
+
+
+def _unigram_trie(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> CharTrie:
+    """The character trie of ``lm``'s unigrams over ``alphabet``. A fusion made per call (the pyctcdecode
+    drop-in's, with a start state) keeps it where its class says, ``_char_trie_cache`` on a longer-lived
+    object, and finds it there again while the unigrams and the alphabet are the same."""
+    keeps = hasattr(type(lm), "_char_trie_cache")
+    held = getattr(lm, "_char_trie_cache", None) if keeps else None
+    if held is not None and held[0] == alphabet_key and held[1] is lm.unigrams:
+        return held[2]  # type: ignore[no-any-return]
+    trie = CharTrie(lm.unigrams, alphabet)
+    if keeps:
+        lm._char_trie_cache = (alphabet_key, lm.unigrams, trie)  # type: ignore[attr-defined]
+    return trie
 
 
 def _trie_arrays(trie: CharTrie | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -373,30 +440,17 @@ class Fusion:
             return _NO_WORDS
         return self.cache.table
 
-    def partial_word(self, nodes: np.ndarray, node: int) -> str:
-        """The partial word of ``node`` as a string (label pieces up to the label that started it)."""
-        pieces: list[str] = []
-        starts = self.starts_word
-        while node > 0:
-            tok = int(nodes[node]["last"])
-            pieces.append(self.clean[tok])
-            if starts[tok]:
-                break
-            node = int(nodes[node]["parent"])
-        return "".join(reversed(pieces))
-
     def resolve(self, nodes: np.ndarray, pending: np.ndarray) -> None:
         """Ask the LM for the pending (context, word) pairs (``pending``: :data:`PENDING` records)."""
         cache = self.cache
         assert cache is not None
-        seen: dict[tuple[int, int], int] = {}
-        for rec in pending.tolist():
-            sid, node, wh = int(rec[0]), int(rec[1]), int(rec[2])
-            if (sid, wh) not in seen:
-                seen[(sid, wh)] = node
-        sids = [k[0] for k in seen]
-        hashes = [k[1] for k in seen]
-        words = [self.partial_word(nodes, nd) for nd in seen.values()]
+        sids, hashes, labels, offsets = pending_words(nodes, self.starts_word, pending)
+        if not len(sids):
+            return
+        clean = self.clean
+        labs = labels.tolist()
+        bounds = offsets.tolist()
+        words = ["".join([clean[t] for t in reversed(labs[a:b])]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         cache.store(sids, hashes, words)
 
 

@@ -108,7 +108,6 @@ class Knobs(NamedTuple):
     split: bool  # pyctcdecode's beam unit (see CTCOptions.split_blank)
     history: bool  # prune by history
     frames: bool  # record word frames
-    bpe: bool  # a BPE vocabulary
     trace: bool  # stop after every frame for a recorder
     prune_logp: float  # the beam threshold
 
@@ -448,7 +447,6 @@ def _advance(
     cnt: np.ndarray,
     t: int,
     frames: bool,
-    bpe: bool,
 ) -> None:
     """Make the kept merged beams the beams (their word offsets follow their most probable row)."""
     for i in range(kept):
@@ -465,13 +463,18 @@ def _advance(
         if frames:
             is_ext = not r.stay
             sw = is_ext and st.starts_word[r.tok]
+            # a word starts at its first label that spells characters: a BPE piece "▁the" starts one there, a
+            # bare delimiter (" ", a lone "▁") does not (the next piece does)
+            opens = sw and st.piece_len[r.tok] > 0
             if is_ext:
-                if sw:
-                    b.ps = t if bpe else -1
+                if opens:
+                    b.ps = t
+                elif sw:
+                    b.ps = -1
                 elif ob.ps < 0:
                     b.ps = t
             if r.nb:
-                b.pe = -1 if (sw and not bpe) else t + 1
+                b.pe = -1 if (sw and not opens) else t + 1
             if sw and nodes[ob.node].plen > 0:  # the label closes a word: record its frames
                 k = cnt[N_RECORDS]
                 cnt[N_RECORDS] += 1
@@ -513,7 +516,7 @@ def run_frames(
     )
     c_off, c_lab, c_val = cand.offsets, cand.labels, cand.values
     width, blank, V, prune_logp = kn.width, kn.blank, kn.V, kn.prune_logp
-    split, history, frames, bpe, trace = kn.split, kn.history, kn.frames, kn.bpe, kn.trace
+    split, history, frames, trace = kn.split, kn.history, kn.frames, kn.trace
     while t < T:
         n_beams = cnt[N_BEAMS]
         if n_beams == 0:
@@ -569,7 +572,7 @@ def run_frames(
         kept = _rank(merged, M, nodes, order, mslot, scratch, width, prune_logp, history, split)
         if trace:
             _label_of_rep(merged, M, rows, beams)
-        _advance(st, merged, order, kept, rows, beams, nxt, nodes, recs, cnt, t, frames, bpe)
+        _advance(st, merged, order, kept, rows, beams, nxt, nodes, recs, cnt, t, frames)
         cnt[N_MERGED] = M
         cnt[N_KEPT] = kept
         t += 1

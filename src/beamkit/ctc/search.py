@@ -206,7 +206,7 @@ def search_candidates(
     nodes = min(1 << 22, max(1 << 12, int(cands.lens.sum(initial=0)) * min(width, 16) // max(N, 1)))
     knobs = K.Knobs(
         width, int(voc.blank), int(voc.size), bool(opts.split_blank), bool(opts.prune_history),
-        bool(opts.word_frames), bool(voc.is_bpe), recorder is not None, float(opts.beam_prune_logp),
+        bool(opts.word_frames), recorder is not None, float(opts.beam_prune_logp),
     )  # fmt: skip
     frame_input = K.FrameInput(c_off, cands.labels, cands.values)
 
@@ -460,11 +460,13 @@ def _end(ws: Workspace, fusion: Fusion, opts: CTCOptions) -> tuple[list[CTCHypot
             break
         assert cache is not None
         pend = ws.pend[:n_pend]
-        words = pend[pend["node"] >= 0]
-        if len(words):
-            fusion.resolve(ws.nodes, words)
-        if len(words) < n_pend:
-            cache.eos_scores(pend["sid"][pend["node"] < 0])
+        known = len(cache.states)
+        fusion.resolve(ws.nodes, pend)  # the words (end-of-utterance queries are skipped)
+        # the end-of-utterance scores asked for, and those of the contexts the words just made (asked now, in
+        # the same batch, they spare the next round a stop)
+        eos = np.concatenate((pend["sid"][pend["node"] < 0], np.arange(known, len(cache.states), dtype=np.int64)))
+        if len(eos):
+            cache.eos_scores(eos)
     out_nodes = ws.beams["node"][rep_beam]
     texts = _texts(ws, fusion, out_nodes)
     states = cache.states if cache is not None else None

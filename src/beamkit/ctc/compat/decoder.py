@@ -37,7 +37,7 @@ from .constants import (
     MIN_TOKEN_CLIP_P,
 )
 from .language_model import AbstractLanguageModel, LanguageModel, load_unigram_set_from_arpa
-from .search_lm import search_lm
+from .search_lm import fusion_weights, search_lm
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,38 @@ class BeamSearchDecoderCTC:
         search_lm(language_model)  # unsupported model classes are refused here, not at the first decode
         self._model_key = os.urandom(16)
         BeamSearchDecoderCTC.model_container[self._model_key] = language_model
+        self._last_call: tuple[Any, CTCOptions] | None = None  # the last call's knobs and options
+        # the last call's search (its language model and weights, and the Decoder whose fusion keeps the scored
+        # words): calls without a start state and with unchanged weights reuse it
+        self._last_search: tuple[Any, Any, Decoder] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickles into a pool's workers: not the last search, which holds the language model (workers
+        find it in ``model_container``, as pyctcdecode's do)."""
+        state = self.__dict__.copy()
+        state["_last_search"] = None
+        return state
+
+    def _call_options(self, knobs: CallKnobs, best_only: bool = False) -> CTCOptions:
+        """The search options of one call's knobs (its hotwords as given: cleaned here as pyctcdecode cleans
+        them). A call with the knobs of the one before reuses its options: a list of 10,000 hotwords passed
+        with every call is cleaned and checked once, not per utterance."""
+        beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, weight = knobs
+        scalars = (beam_width, beam_prune_logp, token_min_logp, prune_history)
+        key = None
+        if hotwords is None or type(hotwords) in (list, tuple):  # a string or another iterable: no shortcut
+            raw = None if hotwords is None else tuple(hotwords)
+            key = (*scalars, weight, best_only, tuple(map(type, (*scalars, weight))), raw)
+            last = self._last_call
+            if last is not None and last[0] == key:
+                return last[1]
+        cleaned: CallKnobs = (
+            beam_width, beam_prune_logp, token_min_logp, prune_history, _hotword_list(hotwords), weight
+        )  # fmt: skip
+        opts = call_options(PYCTCDECODE, cleaned, best_only)
+        if key is not None:
+            self._last_call = (key, opts)
+        return opts
 
     def reset_params(
         self,
@@ -166,10 +198,22 @@ class BeamSearchDecoderCTC:
             )
 
     def _decoder(self, lm_start_state: Any = None) -> Decoder:
-        lm = search_lm(self._language_model, lm_start_state)
+        """The search of one call. Without a start state, the previous call's when the language model and its
+        weights are unchanged: its fusion keeps the (context, word) scores already asked of the LM, as
+        beamkit's own :class:`Decoder` does across calls (a fusion built per call started cold, and with
+        10,000 unigrams spent about 100 ms a call rebuilding their prefix trie)."""
+        language_model = self._language_model
+        key = None if lm_start_state is not None else fusion_weights(language_model)
+        last = self._last_search
+        if key is not None and last is not None and last[0] is language_model and last[1] == key:
+            return last[2]
+        lm = search_lm(language_model, lm_start_state)
         if lm is not None:
             lm.check_scorable()  # the weights take any float, as pyctcdecode's; NaN cannot be decoded
-        return Decoder(self._vocab, lm, PYCTCDECODE, input_kind="log_probs")
+        decoder = Decoder(self._vocab, lm, PYCTCDECODE, input_kind="log_probs")
+        if key is not None:
+            self._last_search = (language_model, key, decoder)
+        return decoder
 
     def _prepared(self, logits: Any) -> np.ndarray:
         """Checked and normalised log-probabilities (NaN, +inf, or an all -inf frame: ValueError; pyctcdecode
@@ -196,10 +240,8 @@ class BeamSearchDecoderCTC:
         """Beams ``(text, lm_state, word_frames, logit_score, lm_score)``, best first; ``lm_start_state``
         (a beam's ``lm_state`` from the previous chunk) continues the LM context."""
         lp = self._prepared(logits)
-        hot = _hotword_list(hotwords)
-        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hot, hotword_weight)
-        opts = call_options(PYCTCDECODE, knobs)
-        results, errors = self._decoder(lm_start_state).search([lp], opts)
+        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight)
+        results, errors = self._decoder(lm_start_state).search([lp], self._call_options(knobs))
         raise_single(errors)
         return beams_of(results[0])
 
@@ -223,7 +265,7 @@ class BeamSearchDecoderCTC:
         """The hypotheses of each matrix from one search call, and what is wrong with each matrix that cannot
         be decoded (a matrix :meth:`_prepared` refuses raises, naming the utterance, as pyctcdecode fails)."""
         lps = [_naming_utterance(i, self._prepared, x) for i, x in enumerate(logits_list)]
-        return self._decoder().search(lps, call_options(PYCTCDECODE, knobs, best_only))
+        return self._decoder().search(lps, self._call_options(knobs, best_only))
 
     def decode_beams_batch(
         self,
@@ -256,11 +298,13 @@ class BeamSearchDecoderCTC:
         hotword_weight: float = DEFAULT_HOTWORD_WEIGHT,
         lm_start_state: Any = None,
     ) -> str:
-        """The best text (history pruning on, as in pyctcdecode)."""
-        beams = self.decode_beams(
-            logits, beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight, lm_start_state
-        )
-        return beams[0][0]
+        """The best text (history pruning on, as in pyctcdecode): the text of :meth:`decode_beams`'s first
+        beam, found without spelling the other beams or any word frames."""
+        lp = self._prepared(logits)
+        knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight)
+        results, errors = self._decoder(lm_start_state).search([lp], self._call_options(knobs, best_only=True))
+        raise_single(errors)
+        return beams_of(results[0])[0][0]
 
     def decode_batch(
         self,
@@ -355,7 +399,7 @@ def _hotword_list(hotwords: Iterable[str] | None) -> list[str] | None:
         return None
     if isinstance(hotwords, str):
         raise TypeError("hotwords must be a list of strings, not one string")
-    words = [s.strip() for s in word_tuple(hotwords) if len(s.strip()) > 0]
+    words = list(filter(None, map(str.strip, word_tuple(hotwords))))
     return words or None
 
 

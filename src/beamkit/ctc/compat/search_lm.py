@@ -86,6 +86,26 @@ class SearchLM(LanguageModelFusion):
         return [sum(v) / n for v in zip(*cols, strict=True)]
 
 
+def fusion_weights(language_model: AbstractLanguageModel | None) -> tuple[Any, ...] | None:
+    """The fusion weights of ``language_model`` and of its members (each one's model, alpha, beta,
+    unknown-word offset and boundary scoring), to tell whether a search built for it still holds; None for a
+    class :func:`search_lm` refuses."""
+    if language_model is None:
+        return ()
+    if isinstance(language_model, LanguageModel):
+        members = [language_model]
+    elif isinstance(language_model, MultiLanguageModel):
+        members = list(language_model._language_models)
+        if not all(isinstance(m, LanguageModel) for m in members):
+            return None
+    else:
+        return None
+    return tuple(
+        (id(f), id(f.model), f.alpha, f.beta, f.unk_score_offset, f.score_boundary)
+        for f in (m._fusion for m in members)
+    )
+
+
 def search_lm(language_model: AbstractLanguageModel | None, start: Any = None) -> SearchLM | None:
     """The fusion object for ``language_model`` (None without one); other model classes: TypeError."""
     if language_model is None:
