@@ -144,6 +144,33 @@ def timed(fn: Any, repeats: int) -> tuple[float, Any]:
     return best, result
 
 
+def compare(name: str, ta_dec: Any, bk_dec: Any, batch: np.ndarray, texts: list[str], repeats: int) -> str:
+    """One setting's line: speed per utterance and batched, word error rates, agreement."""
+    import torch
+
+    tensors = [torch.from_numpy(batch[i : i + 1]) for i in range(len(texts))]
+    whole = torch.from_numpy(batch)
+    t_ta, ta_out = timed(lambda: [ta_dec(x)[0] for x in tensors], repeats)
+    t_bk, bk_out = timed(lambda: [bk_dec(x)[0] for x in tensors], repeats)
+    tb_ta, _ = timed(lambda: ta_dec(whole), repeats)
+    tb_bk, bk_batched = timed(lambda: bk_dec(whole), repeats)
+    top1 = sum(plain(a[:1]) == plain(b[:1]) for a, b in zip(ta_out, bk_out, strict=True))
+    nbest = sum(plain(a) == plain(b) for a, b in zip(ta_out, bk_out, strict=True))
+    batched_same = sum(plain(a) == plain(b) for a, b in zip(bk_out, bk_batched, strict=True))
+    refs = [t.split() for t in texts]
+    n_ref = sum(len(r) for r in refs)
+    wer_ta = sum(word_errors(r, transcript(ta_dec, h[0])) for r, h in zip(refs, ta_out, strict=True)) / n_ref
+    wer_bk = sum(word_errors(r, transcript(bk_dec, h[0])) for r, h in zip(refs, bk_out, strict=True)) / n_ref
+    n = len(texts)
+    return (
+        f"ctc-ta-speedup[{name}]: {t_ta / t_bk:.2f}x per utterance "
+        f"(torchaudio {1e3 * t_ta / n:.1f} ms, beamkit {1e3 * t_bk / n:.1f} ms), "
+        f"batched {tb_ta / tb_bk:.2f}x; WER torchaudio {100 * wer_ta:.1f}% beamkit {100 * wer_bk:.1f}%; "
+        f"agreement top-1 {100 * top1 / n:.1f}%, n-best {100 * nbest / n:.1f}% "
+        f"(batched = per utterance: {batched_same}/{n})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--utterances", type=int, default=40)
@@ -182,28 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             chosen = dict(list(chosen.items())[:2])
         for name, kwargs in chosen.items():
             common = {"tokens": TOKENS, "nbest": args.nbest, "beam_size": args.beam, **kwargs}
-            ta_dec = oracle.ctc_decoder(**common)
-            bk_dec = beamkit_ta.ctc_decoder(**common)
-            tensors = [torch.from_numpy(batch[i : i + 1]) for i in range(len(texts))]
-            t_ta, ta_out = timed(lambda d=ta_dec: [d(x)[0] for x in tensors], repeats)
-            t_bk, bk_out = timed(lambda d=bk_dec: [d(x)[0] for x in tensors], repeats)
-            whole = torch.from_numpy(batch)
-            tb_ta, _ = timed(lambda d=ta_dec: d(whole), repeats)
-            tb_bk, bk_batched = timed(lambda d=bk_dec: d(whole), repeats)
-            top1 = sum(plain(a[:1]) == plain(b[:1]) for a, b in zip(ta_out, bk_out))
-            nbest = sum(plain(a) == plain(b) for a, b in zip(ta_out, bk_out))
-            batched_same = sum(plain(a) == plain(b) for a, b in zip(bk_out, bk_batched))
-            n_ref = sum(len(t.split()) for t in texts)
-            wer_ta = sum(word_errors(t.split(), transcript(ta_dec, h[0])) for t, h in zip(texts, ta_out)) / n_ref
-            wer_bk = sum(word_errors(t.split(), transcript(bk_dec, h[0])) for t, h in zip(texts, bk_out)) / n_ref
-            n = len(texts)
-            print(
-                f"ctc-ta-speedup[{name}]: {t_ta / t_bk:.2f}x per utterance "
-                f"(torchaudio {1e3 * t_ta / n:.1f} ms, beamkit {1e3 * t_bk / n:.1f} ms), "
-                f"batched {tb_ta / tb_bk:.2f}x; WER torchaudio {100 * wer_ta:.1f}% beamkit {100 * wer_bk:.1f}%; "
-                f"agreement top-1 {100 * top1 / n:.1f}%, n-best {100 * nbest / n:.1f}% "
-                f"(batched = per utterance: {batched_same}/{n})"
-            )
+            print(compare(name, oracle.ctc_decoder(**common), beamkit_ta.ctc_decoder(**common), batch, texts, repeats))
     return 0
 
 

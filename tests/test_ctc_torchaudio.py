@@ -75,9 +75,7 @@ def test_lexicon_free_without_pruning_is_the_brute_force_ranking(seed, log_add):
     T = 5
     emissions = random_emissions(seed, T)
     sil_score = -0.25
-    dec = ctc_decoder(
-        None, TOKENS, nbest=6, beam_size=10_000, beam_threshold=1e9, sil_score=sil_score, log_add=log_add
-    )
+    dec = ctc_decoder(None, TOKENS, nbest=6, beam_size=10_000, beam_threshold=1e9, sil_score=sil_score, log_add=log_add)
     (hyps,) = dec(torch.from_numpy(emissions[None]))
     expected = sorted(brute_force(emissions, sil_score, log_add).values(), key=lambda v: -v[0])[:6]
     got = [(h.tokens.tolist(), h.score) for h in hyps]

@@ -21,12 +21,14 @@ import torchaudio_oracle  # noqa: E402
 
 oracle = torchaudio_oracle.load()
 if oracle is None:
-    pytest.skip("torchaudio's decoder (torch, flashlight-text, torchaudio wheel) is not installed", allow_module_level=True)
+    pytest.skip(
+        "torchaudio's decoder (torch, flashlight-text, torchaudio wheel) is not installed", allow_module_level=True
+    )
 
 import torch  # noqa: E402
+from tests.bench_script import load_bench  # noqa: E402
 
 from beamkit.ctc.compat import torchaudio as beamkit_ta  # noqa: E402
-from tests.bench_script import load_bench  # noqa: E402
 
 bench = load_bench("ctc_vs_torchaudio")
 UTTERANCES = 30

@@ -38,7 +38,9 @@ def read_lexicon(path: str | Path) -> dict[str, list[list[str]]]:
                 raise ValueError(f"lexicon file {str(path)!r} line {number}: expected a word and its spelling")
             continue
         if len(fields) < 2:
-            raise ValueError(f"lexicon file {str(path)!r} line {number}: expected a word and its spelling, got {line!r}")
+            raise ValueError(
+                f"lexicon file {str(path)!r} line {number}: expected a word and its spelling, got {line!r}"
+            )
         lexicon.setdefault(fields[0], []).append(fields[1:])
     lexicon[UNK_WORD] = []
     return lexicon

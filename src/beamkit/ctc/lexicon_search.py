@@ -173,7 +173,7 @@ class Hyp(NamedTuple):
     lm_score: float  # the LM's sum (unweighted; with a lexicon, look-ahead scores included)
 
 
-class SearchResult(NamedTuple):
+class LexiconResult(NamedTuple):
     """One final hypothesis: its token and word per frame (index 0: the start, 1 .. T: the frames, T + 1: the
     end; -1 where no word ends) and its scores."""
 
@@ -260,7 +260,7 @@ class LexiconSearch:
         self._final = self._store(candidates, best, sort=True)
         self.frames += 1
 
-    def results(self) -> list[SearchResult]:
+    def results(self) -> list[LexiconResult]:
         """The final hypotheses (after :meth:`end`; before it, an empty list), best first."""
         if self._final is None:
             return []
@@ -275,7 +275,7 @@ class LexiconSearch:
                 node = node.parent
             tokens.reverse()
             words.reverse()
-            out.append(SearchResult(tokens, words, hyp.score, hyp.am_score, hyp.lm_score))
+            out.append(LexiconResult(tokens, words, hyp.score, hyp.am_score, hyp.lm_score))
         return out
 
     # ------------------------------------------------------------------------------------------------------------

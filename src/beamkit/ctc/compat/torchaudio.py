@@ -22,10 +22,10 @@ from beamkit._checks import check_bool, check_float, check_int
 from beamkit.ctc.lexicon import UNK_WORD, build_trie, f32, read_lexicon
 from beamkit.ctc.lexicon_search import (
     KenLMWords,
+    LexiconResult,
     LexiconSearch,
     LexiconSearchOptions,
     LMState,
-    SearchResult,
     ZeroLM,
 )
 from beamkit.extras import install_hint
@@ -188,7 +188,7 @@ class CTCDecoder:
         self.blank = tokens_dict.get_index(blank_token)
         silence = tokens_dict.get_index(sil_token)
         self.lm = lm
-        search_lm = lm if isinstance(lm, (ZeroLM, KenLMWords)) else _UserLM(lm)
+        search_lm: Any = lm if isinstance(lm, (ZeroLM, KenLMWords)) else _UserLM(lm)
         if lexicon:
             assert word_dict is not None
             start = search_lm.start(False)
@@ -217,7 +217,7 @@ class CTCDecoder:
         steps = [i for i, idx in enumerate(idxs) if idx != self.blank and (i == 0 or idx != idxs[i - 1])]
         return torch.tensor(steps, dtype=torch.int32)
 
-    def _to_hypo(self, results: list[SearchResult]) -> list[CTCHypothesis]:
+    def _to_hypo(self, results: list[LexiconResult]) -> list[CTCHypothesis]:
         words = self.word_dict
         return [
             CTCHypothesis(
@@ -279,9 +279,7 @@ class CTCDecoder:
 
     def _check_tokens(self, n: int) -> None:
         if n != self.tokens_dict.index_size():
-            raise EmissionsError(
-                f"emissions must have one column per token ({self.tokens_dict.index_size()}), got {n}"
-            )
+            raise EmissionsError(f"emissions must have one column per token ({self.tokens_dict.index_size()}), got {n}")
 
 
 def _emissions(emissions: Any, ndim: int) -> np.ndarray:
