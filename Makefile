@@ -90,7 +90,7 @@ $(PEER_TA_STAMP): pyproject.toml
 	touch $(PEER_TA_STAMP)
 
 peer-torchaudio: $(PEER_TA_STAMP)
-	$(PEER_TA)/bin/python -m pytest tests/peer/test_ctc_torchaudio.py
+	$(PEER_TA)/bin/python -m pytest tests/peer/test_ctc_torchaudio.py tests/peer/test_torchaudio_own_tests.py
 
 # The Hugging Face tests (every tests/test_hf*.py) again on the newest transformers release beamkit supports
 # (beamkit.hf.versions.TESTED_TRANSFORMERS); the dev extra pins the oldest. torch and the test tools only; the

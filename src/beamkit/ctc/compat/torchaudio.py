@@ -203,7 +203,10 @@ class CTCDecoder:
             self.decoder = LexiconSearch(decoder_options, search_lm, trie=None, sil=silence, blank=self.blank)
 
     # ------------------------------------------------------------------------------------------------------------
-    def _get_tokens(self, idxs: Sequence[int]) -> torch.Tensor:
+    def _get_tokens(self, idxs: Any) -> torch.Tensor:
+        """The token ids of a per-step path: runs of one id as one, blanks dropped."""
+        if hasattr(idxs, "tolist"):
+            idxs = idxs.tolist()
         out = []
         prev = None
         for idx in idxs:
@@ -212,8 +215,10 @@ class CTCDecoder:
             prev = idx
         return torch.tensor(out, dtype=torch.int64)
 
-    def _get_timesteps(self, idxs: Sequence[int]) -> torch.Tensor:
+    def _get_timesteps(self, idxs: Any) -> torch.Tensor:
         """The step of each token (a token differing from the one before and not the blank)."""
+        if hasattr(idxs, "tolist"):
+            idxs = idxs.tolist()
         steps = [i for i, idx in enumerate(idxs) if idx != self.blank and (i == 0 or idx != idxs[i - 1])]
         return torch.tensor(steps, dtype=torch.int32)
 
@@ -278,8 +283,12 @@ class CTCDecoder:
         return [self.tokens_dict.get_entry(int(i)) for i in idxs]
 
     def _check_tokens(self, n: int) -> None:
-        if n != self.tokens_dict.index_size():
-            raise EmissionsError(f"emissions must have one column per token ({self.tokens_dict.index_size()}), got {n}")
+        """Emissions need a column per token; extra columns are decoded as token ids past the list (as torchaudio
+        does), which ``idxs_to_tokens`` cannot name."""
+        if n < self.tokens_dict.index_size():
+            raise EmissionsError(
+                f"emissions must have a column per token ({self.tokens_dict.index_size()}), got {n} columns"
+            )
 
 
 def _emissions(emissions: Any, ndim: int) -> np.ndarray:
