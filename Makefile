@@ -84,7 +84,7 @@ PEER_TA_STAMP := $(PEER_TA)/.installed
 $(PEER_TA_STAMP): pyproject.toml
 	$(PY) -m venv $(PEER_TA)
 	$(PEER_TA)/bin/pip install -q --upgrade pip
-	$(PEER_TA)/bin/pip install -q torch==2.13.0 numpy kenlm==0.3.0 pytest
+	$(PEER_TA)/bin/pip install -q torch==2.13.0 numpy kenlm==0.3.0 numba==0.68.1 pytest
 	$(PEER_TA)/bin/pip install -q --no-deps torchaudio==2.11.0 flashlight-text==0.0.7
 	$(PEER_TA)/bin/pip install -q -e . --no-deps
 	touch $(PEER_TA_STAMP)

@@ -243,3 +243,35 @@ def test_download_pretrained_files_is_refused_with_the_address():
         download_pretrained_files("librispeech-4-gram")
     with pytest.raises(ValueError, match="not supported"):
         download_pretrained_files("nope")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"log_add": True, "beam_size_token": 3, "beam_threshold": 6.0},
+        {"lexicon": True, "unk_score": -2.0, "sil_score": -0.3, "word_score": 0.4},
+        {"lexicon": True, "lm": "table", "log_add": True, "lm_weight": 0.7},
+    ],
+    ids=["free", "free-log-add-pruned", "lexicon-unk", "lexicon-custom-lm"],
+)
+def test_the_compiled_and_interpreted_searches_agree(kwargs, tmp_path):
+    from beamkit.ctc.jit import COMPILED
+
+    if not COMPILED:
+        pytest.skip("numba is not installed: only the interpreted search runs here")
+    kwargs = dict(kwargs)
+    if kwargs.pop("lexicon", False):
+        kwargs["lexicon"] = write_lexicon(tmp_path, ["ab a b |", "ba b a |", "a a |", "bab b a b |"])
+    else:
+        kwargs["lexicon"] = None
+
+    def build():
+        lm = kwargs.get("lm")
+        args = {**kwargs, "lm": TableLM({0: -0.5, 1: -1.0, 2: -2.0}) if lm == "table" else None}
+        return ctc_decoder(tokens=TOKENS, nbest=5, beam_size=6, **args)
+
+    batch = torch.from_numpy(np.stack([random_emissions(s, 25) for s in range(6)]))
+    compiled, interpreted = build(), build()
+    interpreted.decoder._compiled = None
+    assert plain(compiled(batch)) == plain(interpreted(batch))

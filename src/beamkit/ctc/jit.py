@@ -41,6 +41,18 @@ def njit(fn: F) -> F:
         return _numba.njit(nogil=True)(fn)  # type: ignore[no-any-return,return-value]
 
 
+def njit_inline(fn: F) -> F:
+    """As :func:`njit`, the function inlined into its compiled callers (numba's ``inline="always"``): for small
+    helpers taking records of arrays, whose calls would otherwise count references to every array."""
+    if not COMPILED:
+        return fn
+    assert _numba is not None
+    try:
+        return _numba.njit(cache=True, nogil=True, inline="always")(fn)  # type: ignore[no-any-return,return-value]
+    except RuntimeError:  # no writable place for numba's cache
+        return _numba.njit(nogil=True, inline="always")(fn)  # type: ignore[no-any-return,return-value]
+
+
 def records(n: int, dtype: np.dtype) -> np.ndarray:
     """An uninitialised array of ``n`` records; interpreted, a record array, so that the same code can read
     and write ``array[i].field`` as compiled code does."""
