@@ -26,7 +26,7 @@ import numpy as np
 
 from beamkit._checks import check_bool, check_float, check_int
 
-from .jit import COMPILED
+from .jit import COMPILED, note_if_cold
 from .lexicon import LexiconTrie, TrieNode, f32
 
 
@@ -555,6 +555,7 @@ class CompiledSearch:
         work = self._work(N)
         self._grow_back(T)
         emissions = np.ascontiguousarray(emissions)
+        note_if_cold(self.k.run_lexicon_frames)  # the first decode after an install compiles the loop
         t = 0
         while True:
             status, t = self.k.run_lexicon_frames(emissions, t, self.beam, self.trie, self.table, self.options, work)
