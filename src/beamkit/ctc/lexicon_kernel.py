@@ -131,6 +131,21 @@ def table_put(
 
 
 @njit
+def table_put_many(
+    keys: np.ndarray,
+    child: np.ndarray,
+    score: np.ndarray,
+    meta: np.ndarray,
+    new: np.ndarray,
+    c: np.ndarray,
+    s: np.ndarray,
+) -> None:
+    """Insert the (absent, distinct) keys ``new`` -> (``c``, ``s``) in one call."""
+    for i in range(new.shape[0]):
+        table_put(keys, child, score, meta, new[i], c[i], s[i])
+
+
+@njit
 def table_move(keys: np.ndarray, child: np.ndarray, score: np.ndarray, into: Any) -> None:
     """Copy every entry into the (larger, empty) table ``into``."""
     for i in range(keys.shape[0]):

@@ -566,14 +566,25 @@ class CompiledSearch:
                 continue
             found = min(int(self.table.meta[4]), work.misses.shape[0])
             self._grow_table(found)
-            pairs = {(int(p), int(i)) for p, i in work.misses[:found]}
+            pairs = sorted(set(map(tuple, work.misses[:found].tolist())))
             stride = int(self.table.meta[2])
+            lm, objects, state_id = self.search.lm, self.objects, self._state_id
+            keys, children, scores = [], [], []
             for parent, index in pairs:
-                child, score = self.search.lm.score(self.objects[parent], index)
-                t_ = self.table
-                self.k.table_put(
-                    t_.keys, t_.child, t_.score, t_.meta, parent * stride + index + 1, self._state_id(child), score
-                )
+                child, score = lm.score(objects[parent], index)
+                keys.append(parent * stride + index + 1)
+                children.append(state_id(child))
+                scores.append(score)
+            t_ = self.table
+            self.k.table_put_many(
+                t_.keys,
+                t_.child,
+                t_.score,
+                t_.meta,
+                np.array(keys, dtype=np.int64),
+                np.array(children, dtype=np.int64),
+                np.array(scores, dtype=np.float64),
+            )
 
     def end(self) -> None:
         """The LM's end-of-sentence score, merged and sorted as the interpreted search does."""
