@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEER := .venv-peer
 PEER_STAMP := $(PEER)/.installed
 
-.PHONY: demo test test-fast lint typecheck pytest peer hf-newest docs numerics wheel-check mutation bench clean
+.PHONY: demo test test-fast lint typecheck pytest peer peer-torchaudio hf-newest docs numerics wheel-check mutation bench clean
 
 # The demo needs beamkit alone (numpy: the shipped models run on it); the checks need all of dev.
 DEMO_STAMP := $(VENV)/.installed-demo
@@ -76,6 +76,22 @@ $(PEER_STAMP): pyproject.toml
 peer: $(PEER_STAMP)
 	$(PEER)/bin/python -m pytest tests/peer
 
+# torchaudio's CTC decoder, the oracle of beamkit.ctc.compat.torchaudio: torchaudio's wheel without its dependencies
+# (its compiled extension is not loaded, see tests/peer/torchaudio_oracle.py) next to torch and flashlight-text.
+PEER_TA := .venv-ta
+PEER_TA_STAMP := $(PEER_TA)/.installed
+
+$(PEER_TA_STAMP): pyproject.toml
+	$(PY) -m venv $(PEER_TA)
+	$(PEER_TA)/bin/pip install -q --upgrade pip
+	$(PEER_TA)/bin/pip install -q torch==2.13.0 numpy kenlm==0.3.0 numba==0.68.1 pytest
+	$(PEER_TA)/bin/pip install -q --no-deps torchaudio==2.11.0 flashlight-text==0.0.7
+	$(PEER_TA)/bin/pip install -q -e . --no-deps
+	touch $(PEER_TA_STAMP)
+
+peer-torchaudio: $(PEER_TA_STAMP)
+	$(PEER_TA)/bin/python -m pytest tests/peer/test_ctc_torchaudio.py tests/peer/test_torchaudio_own_tests.py
+
 # The Hugging Face tests (every tests/test_hf*.py) again on the newest transformers release beamkit supports
 # (beamkit.hf.versions.TESTED_TRANSFORMERS); the dev extra pins the oldest. torch and the test tools only; the
 # stamp names the release, so changing HF_NEWEST_TRANSFORMERS reinstalls.
@@ -96,7 +112,7 @@ hf-newest: $(HF_NEWEST_STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-test: lint typecheck pytest peer hf-newest docs
+test: lint typecheck pytest peer peer-torchaudio hf-newest docs
 
 # The modules whose figures come from floating-point kernels, run again with the CPU's vector instructions
 # switched off (torch, MKL, oneDNN, numpy) and other thread counts (torch and BLAS on one thread, the modules that
@@ -116,10 +132,11 @@ numerics: $(STAMP)
 mutation: $(STAMP)
 	$(BIN)/python bench/mutation.py
 
-bench: $(STAMP) $(PEER_STAMP)
+bench: $(STAMP) $(PEER_STAMP) $(PEER_TA_STAMP)
 	$(BIN)/python bench/search_overhead.py
 	$(BIN)/python bench/hf_vs_beamkit.py
 	$(PEER)/bin/python bench/ctc_vs_pyctcdecode.py
+	$(PEER_TA)/bin/python bench/ctc_vs_torchaudio.py
 	$(BIN)/python bench/paged_kv.py
 	$(BIN)/python bench/vs_olmo.py
 
@@ -127,4 +144,4 @@ wheel-check:
 	bash .ci/wheel-check
 
 clean:
-	rm -rf $(VENV) $(PEER) $(HF_NEWEST) site mutants .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEER) $(PEER_TA) $(HF_NEWEST) site mutants .pytest_cache .mypy_cache .ruff_cache

@@ -213,8 +213,8 @@ def test_contract_checks_are_counted_exactly():
 # ---------------------------------------------------------------------------------------------------------------
 # 2. torch code in its homes
 
-# modules (or rooms) that are torch by nature; compat/ is OLMo's torch API
-TORCH_HOMES = ("ops/", "hf/", "kv/", "models/", "compat/")
+# modules (or rooms) that are torch by nature; compat/ is OLMo's torch API, ctc/compat/torchaudio.py torchaudio's
+TORCH_HOMES = ("ops/", "hf/", "kv/", "models/", "compat/", "ctc/compat/torchaudio.py")
 
 
 def torch_branches(tree: ast.Module) -> list[int]:
@@ -263,9 +263,10 @@ def test_torch_code_only_in_ops_and_the_torch_rooms():
 
 # The command modules' protocol: every cli/<command>.py defines register(sub) and run(args) by design.
 PROTOCOL_NAMES = {"register", "run"}
-# A drop-in keeps the names of the library it replaces (beamkit.compat.olmo.BeamSearch is OLMo's BeamSearch): its
-# names are unique among themselves, not against beamkit's own.
-DROP_IN = "compat/"
+# A drop-in keeps the names of the library it replaces (beamkit.compat.olmo.BeamSearch is OLMo's BeamSearch,
+# beamkit.ctc.compat.torchaudio.CTCHypothesis torchaudio's): its names are unique among themselves, not against
+# beamkit's own.
+DROP_INS = ("compat/", "ctc/compat/torchaudio.py")
 
 
 def public_definitions(tree: ast.Module) -> set[str]:
@@ -285,12 +286,13 @@ def public_definitions(tree: ast.Module) -> set[str]:
 
 def defined_twice(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
     """Each public name defined in more than one module, with those modules (``cli/`` protocol names exempt)."""
-    where: dict[str, list[str]] = defaultdict(list)
+    where: dict[tuple[str, str], list[str]] = defaultdict(list)
     for path, tree in trees.items():
         for name in public_definitions(tree):
             if not (path.startswith("cli/") and name in PROTOCOL_NAMES):
-                where[(DROP_IN if path.startswith(DROP_IN) else "") + name].append(path)
-    return {name.removeprefix(DROP_IN): paths for name, paths in where.items() if len(paths) > 1}
+                room = next((d for d in DROP_INS if path.startswith(d)), "")
+                where[(room, name)].append(path)
+    return {name: paths for (_, name), paths in where.items() if len(paths) > 1}
 
 
 def test_the_twice_detector_finds_a_planted_pair():

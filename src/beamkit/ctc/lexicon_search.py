@@ -1,0 +1,443 @@
+"""Token-level CTC beam search with word-level LM scoring (flashlight's algorithm, behind torchaudio's
+``ctc_decoder``): with a lexicon trie the words are those of the lexicon (plus an unknown word where allowed), the
+LM scores each word as it ends and the trie's look-ahead scores partial words; without a lexicon any token
+sequence is allowed and the LM scores tokens.
+
+Each frame extends every hypothesis by the frame's ``beam_size_token`` best tokens, drops candidates scoring more
+than ``beam_threshold`` below the best, merges candidates in the same state (same LM state, trie node, last token
+and blank flag: by max or, with ``log_add``, by log-sum) and keeps the ``beam_size`` best. Scores are float64 sums
+of the float32 emissions and the LM's float32 scores, in flashlight's order of operations, so they match it to
+the bit.
+
+:class:`LexiconSearch` decodes incrementally (:meth:`~LexiconSearch.begin`, :meth:`~LexiconSearch.step` on
+``(frames, tokens)`` float32 arrays, :meth:`~LexiconSearch.end`, :meth:`~LexiconSearch.results`). Language models
+follow the :class:`WordLM` protocol (``start`` / ``score`` / ``finish`` over :class:`LMState` objects whose identity
+is the hypothesis state): :class:`ZeroLM` (no LM) and :class:`KenLMWords` (a KenLM ARPA or binary file) are here.
+Where numba is installed the frame loop runs compiled (:mod:`beamkit.ctc.lexicon_compiled`); the interpreted loop
+below is the reference and the fallback.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from beamkit._checks import check_bool, check_float, check_int
+
+from .jit import COMPILED
+from .lexicon import LexiconTrie, TrieNode, f32
+
+
+class LMState:
+    """A language model state: a node of the tree of histories the search has asked about. ``child(index)``
+    returns (creating it once) the state after one more word (token) ``index``; two hypotheses are in the same
+    LM state only when they hold the same state object."""
+
+    def __init__(self) -> None:
+        """A state with no children yet."""
+        self.children: dict[int, Any] = {}
+
+    def child(self, usr_index: int) -> Any:
+        """The state after ``usr_index``, created on first use (as an instance of this state's class)."""
+        state = self.children.get(usr_index)
+        if state is None:
+            state = self.children[usr_index] = type(self)()
+        return state
+
+    def compare(self, state: LMState) -> int:
+        """0 for the same state, else -1 or 1 (an arbitrary but fixed order)."""
+        return 0 if self is state else (-1 if id(self) < id(state) else 1)
+
+
+class WordLM(Protocol):
+    """What the search asks of a language model (torchaudio's ``CTCDecoderLM``): the start state, the next state
+    and its score (log10 for KenLM; any log scale works) for a word (lexicon) or token (lexicon-free) index, and
+    the end-of-sentence state and score."""
+
+    def start(self, start_with_nothing: bool) -> Any: ...
+
+    def score(self, state: Any, usr_token_idx: int) -> tuple[Any, float]: ...
+
+    def finish(self, state: Any) -> tuple[Any, float]: ...
+
+
+class ZeroLM:
+    """No language model: every score is 0; the state still follows the history (so only equal histories merge)."""
+
+    def start(self, start_with_nothing: bool) -> LMState:
+        """A fresh root state."""
+        return LMState()
+
+    def score(self, state: LMState, usr_token_idx: int) -> tuple[LMState, float]:
+        """The child state, score 0."""
+        return state.child(usr_token_idx), 0.0
+
+    def finish(self, state: LMState) -> tuple[LMState, float]:
+        """The same state, score 0."""
+        return state, 0.0
+
+
+class _KenState(LMState):
+    __slots__ = ("ken", "cached")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ken: Any = None
+        self.cached: float | None = None
+
+
+class KenLMWords:
+    """A KenLM model (ARPA or binary, through the ``kenlm`` module) scoring word (or token) indices: index ``i``
+    is the LM word ``words[i]`` (a word the model lacks is its ``<unk>``); scores are KenLM's log10 float32."""
+
+    def __init__(self, model: Any, words: list[str]) -> None:
+        """Wrap a loaded ``kenlm.Model`` with the index-to-word list."""
+        import kenlm
+
+        self._kenlm = kenlm
+        self.model = model
+        self.words = words
+
+    def start(self, start_with_nothing: bool) -> _KenState:
+        """A fresh state at the sentence start (or with no context)."""
+        state = _KenState()
+        state.ken = self._kenlm.State()
+        if start_with_nothing:
+            self.model.NullContextWrite(state.ken)
+        else:
+            self.model.BeginSentenceWrite(state.ken)
+        return state
+
+    def _advance(self, state: _KenState, key: int, word: str) -> tuple[_KenState, float]:
+        child = state.child(key)
+        if child.cached is None:
+            child.ken = self._kenlm.State()
+            child.cached = f32(self.model.BaseScore(state.ken, word, child.ken))
+        return child, child.cached
+
+    def score(self, state: _KenState, usr_token_idx: int) -> tuple[_KenState, float]:
+        """The state after word ``usr_token_idx`` and its log10 probability."""
+        if not 0 <= usr_token_idx < len(self.words):
+            raise ValueError(f"word index {usr_token_idx} is out of range for the LM's {len(self.words)} words")
+        return self._advance(state, usr_token_idx, self.words[usr_token_idx])
+
+    def finish(self, state: _KenState) -> tuple[_KenState, float]:
+        """The state after the end of sentence and its log10 probability."""
+        return self._advance(state, -1, "</s>")
+
+
+@dataclass(frozen=True)
+class LexiconSearchOptions:
+    """The knobs of one token-level CTC search (torchaudio's ``ctc_decoder`` arguments). A bad value is a
+    TypeError / ValueError naming the field."""
+
+    # hypotheses kept after each frame
+    beam_size: int = 50
+    # tokens tried per frame (the frame's best); 0: all of them
+    beam_size_token: int = 0
+    # candidates scoring more than this below the frame's best are dropped
+    beam_threshold: float = 50.0
+    # weight of the language model's scores
+    lm_weight: float = 2.0
+    # added for each word ending (a lexicon word)
+    word_score: float = 0.0
+    # added for each unknown word (a token sequence off the lexicon); -inf: no unknown words
+    unk_score: float = -math.inf
+    # added for each silence token
+    sil_score: float = 0.0
+    # merge candidates in the same state by log-sum of their scores (False: keep the max)
+    log_add: bool = False
+
+    def __post_init__(self) -> None:
+        """Check every field (see :mod:`beamkit._checks`)."""
+        check_int("beam_size", self.beam_size, least=1)
+        check_int("beam_size_token", self.beam_size_token, least=0)
+        for name in ("beam_threshold", "lm_weight", "word_score", "sil_score"):
+            check_float(name, getattr(self, name))
+        check_float("unk_score", self.unk_score, minus_inf=True)
+        check_bool("log_add", self.log_add)
+
+
+class Hyp(NamedTuple):
+    """One hypothesis at one frame (a node of the search's back-pointer tree)."""
+
+    score: float  # total: emissions + lm_weight * LM + word / unk / sil scores
+    lm_state: Any  # the LM state (its identity is part of the hypothesis state)
+    lex: TrieNode | None  # the trie node of the partial word (None without a lexicon)
+    parent: Hyp | None  # the hypothesis one frame earlier
+    token: int  # the token of this frame (the silence token at the start and the end)
+    word: int  # the word ending at this frame, -1 if none
+    prev_blank: bool  # this frame's token is the blank
+    am_score: float  # the emissions' sum
+    lm_score: float  # the LM's sum (unweighted; with a lexicon, look-ahead scores included)
+
+
+class LexiconResult(NamedTuple):
+    """One final hypothesis: its token and word per frame (index 0: the start, 1 .. T: the frames, T + 1: the
+    end; -1 where no word ends) and its scores."""
+
+    tokens: list[int]  # shape: (T + 2,)
+    words: list[int]  # shape: (T + 2,)
+    score: float
+    am_score: float
+    lm_score: float
+
+
+class LexiconSearch:
+    """The search over one utterance at a time (``begin``, ``step`` any number of times, ``end``, ``results``),
+    with a lexicon trie (``trie``) or lexicon-free (``trie=None``)."""
+
+    def __init__(
+        self,
+        options: LexiconSearchOptions,
+        lm: WordLM,
+        *,
+        trie: LexiconTrie | None,
+        sil: int,
+        blank: int,
+        unk: int = -1,
+        compiled: bool = True,
+    ) -> None:
+        """A search with these options and LM; ``sil`` / ``blank`` are token ids, ``unk`` the unknown word's id.
+        ``compiled``: run the frame loop compiled where numba is installed (False: interpreted, same results)."""
+        self.options = options
+        self.lm = lm
+        self.trie = trie
+        self.sil = sil
+        self.blank = blank
+        self.unk = unk
+        self.frames = 0
+        self._beam: list[Hyp] = []
+        self._final: list[Hyp] | None = None
+        self._compiled: Any = None
+        if compiled and COMPILED:
+            from .lexicon_compiled import CompiledSearch
+
+            self._compiled = CompiledSearch(self)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start an utterance: one hypothesis at the LM's sentence start, on the silence token."""
+        if self._compiled is not None:
+            self.frames = 0
+            return self._compiled.begin()
+        root = self.trie.root if self.trie is not None else None
+        self._beam = [Hyp(0.0, self.lm.start(False), root, None, self.sil, -1, False, 0.0, 0.0)]
+        self._final = None
+        self.frames = 0
+
+    def step(self, emissions: np.ndarray) -> None:
+        """Decode more frames: ``emissions`` float32 of shape ``(frames, tokens)``."""
+        # shape: (T, N)
+        T, N = emissions.shape
+        if self._compiled is not None:
+            self._compiled.step(emissions)
+            self.frames += T
+            return
+        k = self.options.beam_size_token or N
+        for t in range(T):
+            row = emissions[t]
+            if N > k:
+                order = np.argsort(-row, kind="stable")[:k].tolist()
+            else:
+                order = list(range(N))
+            values = row.tolist()
+            tried = [(n, values[n]) for n in order]
+            if self.trie is None:
+                candidates, best = self._free_candidates(tried, values)
+            else:
+                candidates, best = self._lexicon_candidates(tried, values)
+            self._beam = self._store(candidates, best, sort=False)
+        self.frames += T
+
+    def end(self) -> None:
+        """End the utterance: the LM's end-of-sentence score (with a lexicon, only hypotheses at a word boundary
+        finish, unless none is), then the final hypotheses, best first."""
+        if self._compiled is not None:
+            return self._compiled.end()
+        w = self.options.lm_weight
+        thr = self.options.beam_threshold
+        root = self.trie.root if self.trie is not None else None
+        nice = self.trie is not None and any(h.lex is root for h in self._beam)
+        best = -math.inf
+        candidates: list[Hyp] = []
+        for prev in self._beam:
+            if nice and prev.lex is not root:
+                continue
+            state, s = self.lm.finish(prev.lm_state)
+            score = prev.score + w * s
+            if score >= best:
+                best = score
+            if score >= best - thr:
+                candidates.append(
+                    Hyp(score, state, prev.lex, prev, self.sil, -1, False, prev.am_score, prev.lm_score + s)
+                )
+        self._final = self._store(candidates, best, sort=True)
+        self.frames += 1
+
+    def results(self) -> list[LexiconResult]:
+        """The final hypotheses (after :meth:`end`; before it, an empty list), best first."""
+        if self._compiled is not None:
+            return self._compiled.results()
+        if self._final is None:
+            return []
+        out = []
+        for hyp in self._final:
+            tokens: list[int] = []
+            words: list[int] = []
+            node: Hyp | None = hyp
+            while node is not None:
+                tokens.append(node.token)
+                words.append(node.word)
+                node = node.parent
+            tokens.reverse()
+            words.reverse()
+            out.append(LexiconResult(tokens, words, hyp.score, hyp.am_score, hyp.lm_score))
+        return out
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _free_candidates(self, tried: list[tuple[int, float]], values: list[float]) -> tuple[list[Hyp], float]:
+        """Every hypothesis extended by every tried token (lexicon-free): a new token is scored by the LM."""
+        w = self.options.lm_weight
+        thr = self.options.beam_threshold
+        sil_score = self.options.sil_score
+        sil, blank, lm = self.sil, self.blank, self.lm
+        best = -math.inf
+        out: list[Hyp] = []
+        add = out.append
+        for prev in self._beam:
+            prev_token, prev_blank, pscore = prev.token, prev.prev_blank, prev.score
+            for n, e in tried:
+                score = pscore + e
+                if n == sil:
+                    score += sil_score
+                if n != blank and (n != prev_token or prev_blank):
+                    state, s = lm.score(prev.lm_state, n)
+                    total = score + w * s
+                    if total >= best:
+                        best = total
+                    if total >= best - thr:
+                        add(Hyp(total, state, None, prev, n, -1, False, prev.am_score + e, prev.lm_score + s))
+                else:
+                    if score >= best:
+                        best = score
+                    if score >= best - thr:
+                        add(Hyp(score, prev.lm_state, None, prev, n, -1, n == blank, prev.am_score + e, prev.lm_score))
+        return out, best
+
+    def _lexicon_candidates(self, tried: list[tuple[int, float]], values: list[float]) -> tuple[list[Hyp], float]:
+        """Every hypothesis extended along the trie (a word ends where the node holds words; an unknown word where
+        it holds none and unknown words are allowed), kept on its node (repeat, or silence at the root), or by
+        the blank."""
+        o = self.options
+        w, thr, sil_score, word_score, unk_score = o.lm_weight, o.beam_threshold, o.sil_score, o.word_score, o.unk_score
+        allow_unk = unk_score > -math.inf
+        sil, blank, unk, lm = self.sil, self.blank, self.unk, self.lm
+        assert self.trie is not None
+        root = self.trie.root
+        best = -math.inf
+        out: list[Hyp] = []
+        add = out.append
+        for prev in self._beam:
+            prev_lex = prev.lex
+            assert prev_lex is not None
+            prev_token, pscore, pam, plm = prev.token, prev.score, prev.am_score, prev.lm_score
+            at_root = prev_lex is root
+            lex_max = 0.0 if at_root else prev_lex.max_score
+            children = prev_lex.children
+            # (1) the trie's children
+            for n, e in tried:
+                lex = children.get(n)
+                if lex is None:
+                    continue
+                score = pscore + e
+                if n == sil:
+                    score += sil_score
+                if prev.prev_blank or n != prev_token:
+                    if lex.children:
+                        s = f32(lex.max_score - lex_max)
+                        total = score + w * s
+                        if total >= best:
+                            best = total
+                        if total >= best - thr:
+                            add(Hyp(total, prev.lm_state, lex, prev, n, -1, False, pam + e, plm + s))
+                for label in lex.words:
+                    if at_root and prev_token == n:
+                        continue  # a one-token word repeated without a blank between is one word, not two
+                    state, s = lm.score(prev.lm_state, label)
+                    s = f32(s - lex_max)
+                    total = score + w * s + word_score
+                    if total >= best:
+                        best = total
+                    if total >= best - thr:
+                        add(Hyp(total, state, root, prev, n, label, False, pam + e, plm + s))
+                if not lex.words and allow_unk:
+                    state, s = lm.score(prev.lm_state, unk)
+                    s = f32(s - lex_max)
+                    total = score + w * s + unk_score
+                    if total >= best:
+                        best = total
+                    if total >= best - thr:
+                        add(Hyp(total, state, root, prev, n, unk, False, pam + e, plm + s))
+            # (2) the same node: the token repeated (or silence between words)
+            if not prev.prev_blank or at_root:
+                n = sil if at_root else prev_token
+                e = values[n]
+                score = pscore + e
+                if n == sil:
+                    score += sil_score
+                if score >= best:
+                    best = score
+                if score >= best - thr:
+                    add(Hyp(score, prev.lm_state, prev_lex, prev, n, -1, False, pam + e, plm))
+            # (3) the blank
+            e = values[blank]
+            score = pscore + e
+            if score >= best:
+                best = score
+            if score >= best - thr:
+                add(Hyp(score, prev.lm_state, prev_lex, prev, blank, -1, True, pam + e, plm))
+        return out, best
+
+    def _store(self, candidates: list[Hyp], best: float, *, sort: bool) -> list[Hyp]:
+        """The candidates within the threshold of the best, merged by state (max, or log-sum with ``log_add``),
+        the ``beam_size`` best of them (sorted best first when ``sort``)."""
+        floor = best - self.options.beam_threshold
+        groups: dict[tuple[int, int, int, bool], list[Hyp]] = {}
+        for c in candidates:
+            if c.score >= floor:
+                key = (id(c.lm_state), id(c.lex), c.token, c.prev_blank)
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [c]
+                else:
+                    group.append(c)
+        merged: list[Hyp] = []
+        log_add = self.options.log_add
+        for group in groups.values():
+            if len(group) == 1:
+                merged.append(group[0])
+                continue
+            group.sort(key=_score, reverse=True)
+            top = group[0]
+            acc = top.score
+            for other in group[1:]:
+                s = other.score
+                hi, lo = (acc, s) if acc >= s else (s, acc)
+                acc = hi + math.log1p(math.exp(lo - hi)) if log_add else hi
+            merged.append(top._replace(score=acc))
+        size = self.options.beam_size
+        if sort:
+            merged.sort(key=_score, reverse=True)
+            return merged[:size]
+        if len(merged) > size:
+            return heapq.nlargest(size, merged, key=_score)
+        return merged
+
+
+def _score(hyp: Hyp) -> float:
+    return hyp.score

@@ -1,0 +1,137 @@
+"""Agreement with torchaudio's ``ctc_decoder`` (the peer), in the torchaudio peer environment ``.venv-ta``
+(``make peer-torchaudio``): torch, kenlm, and torchaudio's wheel with flashlight-text, torchaudio's decoder loaded
+without its compiled extension (``torchaudio_oracle.py``). Skips cleanly elsewhere.
+
+The same emissions, lexicon and LM go to both decoders; each hypothesis must be the same to the bit (tokens,
+words, timesteps, score) on >= 99 % of the utterances and the whole n-best list on >= 95 %.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torchaudio_oracle  # noqa: E402
+
+oracle = torchaudio_oracle.load()
+if oracle is None:
+    pytest.skip(
+        "torchaudio's decoder (torch, flashlight-text, torchaudio wheel) is not installed", allow_module_level=True
+    )
+
+import torch  # noqa: E402
+from tests.bench_script import load_bench  # noqa: E402
+
+from beamkit.ctc.compat import torchaudio as beamkit_ta  # noqa: E402
+
+bench = load_bench("ctc_vs_torchaudio")
+UTTERANCES = 30
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return bench.write_assets(tmp_path_factory.mktemp("ta"), np.random.default_rng(2))
+
+
+@pytest.fixture(scope="module")
+def batch():
+    texts = bench.sentences(np.random.default_rng(5), UTTERANCES, length=(2, 5))
+    rng = np.random.default_rng(6)
+    return torch.from_numpy(np.stack([bench.emissions_for(rng, t, 70, 1.5) for t in texts]))
+
+
+def agreement(ta_results, bk_results) -> tuple[float, float]:
+    n = len(ta_results)
+    top1 = sum(bench.plain(a[:1]) == bench.plain(b[:1]) for a, b in zip(ta_results, bk_results, strict=True))
+    nbest = sum(bench.plain(a) == bench.plain(b) for a, b in zip(ta_results, bk_results, strict=True))
+    return top1 / n, nbest / n
+
+
+@pytest.mark.parametrize(
+    "name", ["lexicon-free", "lexicon-free+char-lm", "lexicon", "lexicon+word-lm", "lexicon+unk+log-add"]
+)
+def test_same_hypotheses_as_torchaudio(name, assets, batch):
+    kwargs = {"tokens": bench.TOKENS, "nbest": 8, "beam_size": 30, **bench.settings(assets)[name]}
+    ta_results = oracle.ctc_decoder(**kwargs)(batch)
+    bk_results = beamkit_ta.ctc_decoder(**kwargs)(batch)
+    top1, nbest = agreement(ta_results, bk_results)
+    assert top1 >= 0.99 and nbest >= 0.95, (name, top1, nbest)
+
+
+@pytest.mark.parametrize("lengths", [None, [70, 40, 1, 0]])
+def test_lengths_and_incremental_decoding_as_torchaudio(lengths, assets, batch):
+    kwargs = {"tokens": bench.TOKENS, "nbest": 5, "beam_size": 20, "lexicon": assets["lexicon.txt"]}
+    kwargs["lm"] = assets["words.arpa"]
+    ta_dec, bk_dec = oracle.ctc_decoder(**kwargs), beamkit_ta.ctc_decoder(**kwargs)
+    part = batch[:4].contiguous()
+    lens = None if lengths is None else torch.tensor(lengths)
+    assert [bench.plain(h) for h in ta_dec(part, lens)] == [bench.plain(h) for h in bk_dec(part, lens)]
+    for dec in (ta_dec, bk_dec):
+        dec.decode_begin()
+        for chunk in torch.split(batch[0], [10, 25, 35]):
+            dec.decode_step(chunk.contiguous())
+        dec.decode_end()
+    assert bench.plain(ta_dec.get_final_hypothesis()) == bench.plain(bk_dec.get_final_hypothesis())
+
+
+def custom_lm(base, state_class, words: list[str]):
+    """A Python word LM (a made-up unigram by word length, a bigram bonus after 'the') subclassing ``base``,
+    with states of ``state_class``; ``words``: the LM dictionary (index -> word)."""
+
+    class LengthLM(base):
+        def __init__(self):
+            base.__init__(self)
+            self.last = {}
+
+        def start(self, start_with_nothing):
+            state = state_class()
+            self.last[state] = "<s>"
+            return state
+
+        def score(self, state, usr_token_idx):
+            out = state.child(usr_token_idx)
+            word = words[usr_token_idx]
+            self.last[out] = word
+            bonus = 0.5 if self.last.get(state) == "the" else 0.0
+            return out, -0.3 * len(word) + bonus - (5.0 if word == "<unk>" else 0.0)
+
+        def finish(self, state):
+            return state.child(-1), -0.7
+
+    return LengthLM()
+
+
+def test_a_custom_python_lm_as_torchaudio(assets, batch, tmp_path):
+    lm_dict = tmp_path / "lm_dict.txt"
+    words = [*bench.WORDS, "<unk>"]
+    lm_dict.write_text("\n".join(words) + "\n", encoding="utf-8")
+    kwargs = {
+        "lexicon": assets["lexicon.txt"],
+        "tokens": bench.TOKENS,
+        "lm_dict": str(lm_dict),
+        "nbest": 5,
+        "beam_size": 20,
+        "lm_weight": 0.8,
+        "unk_score": -6.0,
+    }
+    ta_lm = custom_lm(oracle.CTCDecoderLM, oracle.CTCDecoderLMState, words)
+    bk_lm = custom_lm(beamkit_ta.CTCDecoderLM, beamkit_ta.CTCDecoderLMState, words)
+    ta_results = oracle.ctc_decoder(lm=ta_lm, **kwargs)(batch[:12].contiguous())
+    bk_results = beamkit_ta.ctc_decoder(lm=bk_lm, **kwargs)(batch[:12].contiguous())
+    top1, nbest = agreement(ta_results, bk_results)
+    assert top1 >= 0.99 and nbest >= 0.95, (top1, nbest)
+
+
+def test_scores_are_float64_sums_in_flashlights_order(assets, batch):
+    # a hypothesis's score is the same double to the bit, not only within float32 rounding
+    kwargs = {"tokens": bench.TOKENS, "lexicon": assets["lexicon.txt"], "lm": assets["words.arpa"]}
+    ta = oracle.ctc_decoder(**kwargs)(batch[:3].contiguous())
+    bk = beamkit_ta.ctc_decoder(**kwargs)(batch[:3].contiguous())
+    for a, b in zip(ta, bk, strict=True):
+        assert math.isfinite(a[0].score) and a[0].score.hex() == b[0].score.hex()
