@@ -1,5 +1,5 @@
 """Install hints are honest: every extra an error names exists in pyproject.toml, no text tells users to install
-beamkit from a package index (it is not on one), and the README's table of extras is pyproject's list."""
+beamkit from a package index (it is not on one), and the getting-started page's table of extras (and the README's line) is pyproject's list."""
 
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ def test_nothing_claims_an_index_install():
     assert offenders == []
 
 
-def test_the_readme_lists_every_extra():
-    rows = re.findall(r"^\| `([a-z0-9-]+)` \|", (ROOT / "README.md").read_text(), flags=re.M)
+def test_the_install_pages_list_every_extra():
+    """The getting-started page's table of extras is pyproject's list, and the README's line of extras names each."""
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \|", (ROOT / "docs" / "getting-started.md").read_text(), flags=re.M)
     assert set(rows) == EXTRAS
+    line = next(s for s in (ROOT / "README.md").read_text().split("\n\n") if s.startswith("Extras:"))
+    assert set(re.findall(r"`([a-z0-9-]+)`", line)) == EXTRAS
