@@ -170,7 +170,9 @@ BEAM, N_BEST, MAX_NEW = 3, 2, 6
 
 
 def _generate(model: Any, tok: Any, prompt: str, beam: int = BEAM, n: int = N_BEST) -> list[dict[str, Any]]:
-    """The oracle: ``beamkit.hf.generate`` on ``prompt`` alone."""
+    """The oracle: ``beamkit.hf.generate`` on ``prompt`` alone, with the paged cache the adapter uses (with no
+    cache named, ``generate`` keeps these tiny models' rows in the dense cache, whose float32 sums run in
+    another order)."""
     import torch
 
     import beamkit.hf
@@ -179,7 +181,7 @@ def _generate(model: Any, tok: Any, prompt: str, beam: int = BEAM, n: int = N_BE
     with torch.inference_mode():
         out = beamkit.hf.generate(
             model, ids, num_beams=beam, num_return_sequences=n, max_new_tokens=MAX_NEW, length_penalty=1.0,
-            return_dict_in_generate=True,
+            return_dict_in_generate=True, cache_implementation="paged" if beam > 1 else None,
         )  # fmt: skip
     return [
         {
