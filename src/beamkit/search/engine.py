@@ -434,22 +434,43 @@ class Engine:
         return replace(rows, cov=add_coverage(rows.cov, attn))
 
     def _view(self, rows: Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray) -> StepView:
-        """Rank the selected candidates within each request; drop those below ``beam_threshold``."""
+        """Rank the selected candidates within each request (without a recorder, only as many as the policy
+        reads); drop those below ``beam_threshold``."""
+        limit = None if self.recorder is not None else self.policy.ranked(self.book)
+        view = self._ranked_view(rows, logp, tok, key, limit)
+        if limit is not None and not self.policy.covered(view, self.book):  # e.g. many stop tokens ranked in
+            view = self._ranked_view(rows, logp, tok, key, None)
+        opt = self.options
+        if opt.beam_threshold is not None and view.considered.req.shape[0]:
+            if limit is None or view.considered.req.shape[0] == logp.size:
+                self.stats.pruned += int(view.considered.req.shape[0] - view.cand.req.shape[0])
+            else:  # the candidates left unranked count too: each finite one below its request's best - threshold
+                best = np.full(self.book.size, np.nan)
+                first = group_starts(view.considered.req)
+                best[view.considered.req[first]] = view.considered.key[first]
+                finite = np.isfinite(key) & np.isfinite(rows.lp[:, None] + logp)  # shape: (rows, m)
+                with np.errstate(invalid="ignore"):
+                    below = finite & ~(key >= (best[rows.req] - opt.beam_threshold)[:, None])
+                self.stats.pruned += int(below.sum())
+        return view
+
+    def _ranked_view(
+        self, rows: Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, limit: np.ndarray | None
+    ) -> StepView:
+        """The step's view with each request's first ``limit[r]`` candidates ranked (None: all)."""
         b, opt = self.book, self.options
-        considered = Candidates.rank_all(rows, logp, tok, key, self._ordered)
+        considered = Candidates.rank_all(rows, logp, tok, key, self._ordered, limit)
         if considered.req.shape[0] != logp.size:  # a row yields nothing only when some candidate was dropped
-            counts = np.bincount(considered.req, minlength=b.size)
-            for r in rows.requests().tolist():
-                if counts[r] == 0:
-                    msg = f"no finite candidate at step {int(b.t[r])} (every continuation is masked or -inf)"
-                    b.errors.setdefault(r, msg)
+            reqs = rows.requests()
+            for r in reqs[np.bincount(considered.req, minlength=b.size)[reqs] == 0].tolist():
+                msg = f"no finite candidate at step {int(b.t[r])} (every continuation is masked or -inf)"
+                b.errors.setdefault(r, msg)
         cand, kept = considered, None
         if opt.beam_threshold is not None and considered.req.shape[0]:
             first = group_starts(considered.req)
             best = np.repeat(considered.key[first], np.diff(np.append(first, considered.req.shape[0])))
             kept = np.flatnonzero(considered.key >= best - opt.beam_threshold)
             cand = considered.take(kept)
-            self.stats.pruned += int(considered.req.shape[0] - kept.shape[0])
         length = b.t[cand.req] + 1  # shape: (n,) length of each candidate
         last = length >= b.max_len[cand.req]
         return StepView(rows, considered, cand, kept, self._is_eos(cand.tok, cand.req), length, last, b.table)

@@ -44,6 +44,15 @@ class Policy(Protocol):
 
     def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision: ...
 
+    def ranked(self, book: Book) -> np.ndarray:
+        """How many of each request's ranked candidates (per slot) the step reads: the engine may rank only those."""
+        ...
+
+    def covered(self, view: StepView, book: Book) -> bool:
+        """Whether ``view``, ranked only to :meth:`ranked`, holds every candidate the step reads (if not, the
+        engine ranks them all)."""
+        ...
+
 
 # ------------------------------------------------------------------------------------------------ survivor rules
 def narrow_take(req: np.ndarray, rank: np.ndarray, beam: np.ndarray, finished: np.ndarray) -> np.ndarray:
@@ -149,6 +158,14 @@ class Narrow:
 
     name = "narrow"
 
+    def ranked(self, book: Book) -> np.ndarray:
+        """The first ``beam_size`` (at most that many are taken)."""
+        return book.beam
+
+    def covered(self, view: StepView, book: Book) -> bool:
+        """Always: the candidates taken are among the first ``beam_size``."""
+        return True
+
     def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision:
         """Take, finish, cut at ``max_len``."""
         cand, ends = view.cand, view.ends
@@ -173,6 +190,26 @@ class Pool:
 
     def __init__(self, exact_exit: bool = False) -> None:
         self.exact_exit = exact_exit
+
+    def ranked(self, book: Book) -> np.ndarray:
+        """The first ``2 beam_size``, as many as each row offers: with one stop token at most one per row ends,
+        so they hold ``beam_size`` that run on; :meth:`covered` checks it."""
+        return 2 * book.beam
+
+    def covered(self, view: StepView, book: Book) -> bool:
+        """Whether every request of ``view.cand`` has all its candidates there (fewer than :meth:`ranked`), or
+        ``beam_size`` that do not end, or has reached ``max_len`` (every candidate ends): what the step reads
+        (endings among the first ``beam_size``, the first ``beam_size`` that do not end) is then there."""
+        cand = view.cand
+        n = cand.req.shape[0]
+        if n == 0:
+            return True
+        starts = group_starts(cand.req)
+        reqs = cand.req[starts]
+        count = np.diff(np.append(starts, n))  # shape: (requests,)
+        going = np.add.reduceat((~(view.ends | view.last)).astype(np.int64), starts)  # shape: (requests,)
+        ok = (count < 2 * book.beam[reqs]) | (going >= book.beam[reqs]) | view.last[starts]
+        return bool(ok.all())
 
     def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision:
         """Admit, run on, stop by rule."""
@@ -239,6 +276,14 @@ class Compete:
     vectorised merge for every request)."""
 
     name = "compete"
+
+    def ranked(self, book: Book) -> np.ndarray:
+        """The first ``beam_size``: a request's pool entries can only push its candidates further down."""
+        return book.beam
+
+    def covered(self, view: StepView, book: Book) -> bool:
+        """Always: the candidates taken are among the first ``beam_size``."""
+        return True
 
     def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision:
         """Merge by key, finish, cut at ``max_len``."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+_CUT_FROM = 2048  # candidates of one request from which ranking only its first ``limit`` starts with a partition
+
 
 def rank_candidates(
     req: np.ndarray,
@@ -12,6 +14,7 @@ def rank_candidates(
     tok: np.ndarray,
     valid: np.ndarray | bool = True,
     ordered: bool = False,
+    limit: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The engine's candidate order: request, then key descending, then row (beam) and token ascending.
 
@@ -20,14 +23,54 @@ def rank_candidates(
     by row ascending and, within a row, by key descending with equal keys by token ascending, so a stable sort
     by (request, key) gives the same order. Selectors that must predict which beams the engine keeps (diverse
     beam search) rank with this same function.
+
+    ``limit`` (indexed by request id): only each request's first ``limit[r]`` candidates are returned, exactly
+    the head of the full order (same candidates, order and ranks). A request with many more candidates than that
+    (``req`` grouped by request) is first cut at the key of its ``limit[r]``-th best, found by one partition;
+    every candidate tied with that key is kept for the sort, so the tie order is the full one's. The cost then
+    grows with the candidates rather than as their sort.
     """
     finite = np.isfinite(key) & valid
-    neg_key = -key  # non-finite keys may sort anywhere (NaN last): they are dropped right after
-    order = np.lexsort((neg_key, req) if ordered else (tok, row, neg_key, req))
-    if not finite.all():
-        order = order[finite[order]]
+    if limit is not None:
+        finite = _cut(req, key, finite, limit)
+    if finite.all():
+        order = np.lexsort((-key, req) if ordered else (tok, row, -key, req))
+    else:
+        idx = np.flatnonzero(finite)  # ascending: a stable sort of the rest keeps the flat order among equals
+        r, k = req[idx], -key[idx]
+        order = idx[np.lexsort((k, r) if ordered else (tok[idx], row[idx], k, r))]
     sorted_req = req[order]
-    return order, np.arange(order.shape[0]) - sorted_req.searchsorted(sorted_req)
+    rank = np.arange(order.shape[0]) - sorted_req.searchsorted(sorted_req)
+    if limit is not None:
+        head = rank < limit[sorted_req]
+        if not head.all():
+            order, rank = order[head], rank[head]
+    return order, rank
+
+
+def _cut(req: np.ndarray, key: np.ndarray, finite: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """``finite`` without the candidates of large requests whose key is below their request's ``limit[r]``-th
+    best finite key (a request with fewer finite candidates keeps them all; ties with that key stay). Requests
+    must come grouped; otherwise (or with no large request) ``finite`` comes back as it is."""
+    n = req.shape[0]
+    if n < _CUT_FROM or (req[1:] < req[:-1]).any():
+        return finite
+    starts = group_starts(req)
+    sizes = np.diff(np.append(starts, n))  # shape: (groups,)
+    lim = limit[req[starts]]
+    big = np.flatnonzero((sizes >= _CUT_FROM) & (sizes > 2 * lim))
+    if big.size == 0:
+        return finite
+    out = finite.copy()
+    for g in big.tolist():  # only requests of thousands of candidates: the loop costs little beside the partition
+        lo, hi, k = int(starts[g]), int(starts[g] + sizes[g]), int(lim[g])
+        if k <= 0:
+            out[lo:hi] = False
+            continue
+        part = key[lo:hi] if finite[lo:hi].all() else np.where(finite[lo:hi], key[lo:hi], -np.inf)
+        floor = np.partition(part, part.shape[0] - k)[part.shape[0] - k]  # the k-th largest (-inf: fewer finite)
+        out[lo:hi] &= part >= floor
+    return out
 
 
 def group_starts(sorted_ids: np.ndarray) -> np.ndarray:

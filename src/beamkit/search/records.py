@@ -239,7 +239,8 @@ class StepView:
     """One step as the policy and a recorder see it, after the model call and the selection.
 
     ``considered`` are the ranked candidates before ``beam_threshold``; ``cand`` those it kept (``kept`` indexes
-    them in ``considered``). ``ends``, ``length`` and ``last`` are per candidate of ``cand``.
+    them in ``considered``). Without a recorder, each request's ranked candidates may be only the first
+    ``policy.ranked(book)[r]``, all the policy reads. ``ends``, ``length`` and ``last`` are per candidate of ``cand``.
     """
 
     rows: Rows
@@ -289,17 +290,27 @@ class Candidates:
     rank: np.ndarray  # shape: (n,) rank within the request
 
     @classmethod
-    def rank_all(cls, rows: Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, ordered: bool) -> Candidates:
+    def rank_all(
+        cls,
+        rows: Rows,
+        logp: np.ndarray,
+        tok: np.ndarray,
+        key: np.ndarray,
+        ordered: bool,
+        limit: np.ndarray | None = None,
+    ) -> Candidates:
         """Flatten the per-row tables ``[rows, m]``, drop non-finite candidates, rank within each request.
 
         ``ordered``: each row's candidates already come by key descending, equal keys by token ascending, so
         the flat row-major order breaks ties as the engine does and a stable sort by (request, key) suffices.
+        ``limit`` (per request id): keep only each request's first ``limit[r]`` (see
+        :func:`~beamkit.search.ranking.rank_candidates`).
         """
         c_row = np.repeat(np.arange(tok.shape[0]), tok.shape[1])  # shape: (rows * m,)
         c_tok, c_key = tok.ravel(), key.ravel()
-        c_lp = rows.lp[c_row] + logp.ravel()
-        c_req = rows.req[c_row]
-        order, rank = rank_candidates(c_req, c_key, c_row, c_tok, np.isfinite(c_lp), ordered)
+        c_lp = (rows.lp[:, None] + logp).ravel()  # shape: (rows * m,)
+        c_req = np.repeat(rows.req, tok.shape[1])  # shape: (rows * m,)
+        order, rank = rank_candidates(c_req, c_key, c_row, c_tok, np.isfinite(c_lp), ordered, limit)
         return cls(c_row[order], c_tok[order], c_lp[order], c_key[order], c_req[order], rank)
 
     def take(self, keep: np.ndarray) -> Candidates:

@@ -28,6 +28,8 @@ _CHUNK = 1 << 18  # elements of a [rows, V] table exponentiated and scanned at a
 _TINY_SUM = 1e-30  # below this an unshifted sum of exps may have lost precision: the row is redone with a shift
 _BLOCK = 16  # columns whose maximum the compiled scan compares with the row's m-th best before looking closer
 _MIN_SCAN = 4096  # rows * V from which the compiled scan is used (below it the call costs more than it saves)
+_MAX_SCAN_M = 128  # widest m the compiled scan takes: each entry it admits shifts up to m held ones (O(m) each),
+# so past this numpy's threshold selection (:func:`beamkit.ops.top_candidates`) is faster (wide beams: m = 2 W)
 
 _scan: Callable[..., None] | None = None
 _scan_tried = False
@@ -46,8 +48,9 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
     Returns host arrays ``(lse float64 [rows], values float64 [rows, m'], columns int64 [rows, m'])`` with
     ``m' = min(m, V)``: ``lse`` as :func:`beamkit.ops.logsumexp` gives it (NaN, +inf and all ``-inf`` rows
     included), the candidates as :func:`beamkit.ops.top_candidates` gives them (value descending, ties to the
-    lowest column). ``jit``: take the candidates by the compiled scan (None: where numba is installed and the
-    table is not tiny; True without numba falls back to numpy). ``m == 1`` (greedy) is numpy's ``argmax``.
+    lowest column). ``jit``: take the candidates by the compiled scan (None: where numba is installed, the
+    table is not tiny and ``m`` at most 128; True without numba falls back to numpy). ``m == 1`` (greedy) is
+    numpy's ``argmax``.
     """
     rows, v = int(x.shape[0]), int(x.shape[1])
     m = min(int(m), v)
@@ -61,7 +64,7 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
         top = np.take_along_axis(x, best, axis=1).astype(np.float64)
         return ops.logsumexp(x), top, best.astype(np.int64)
     size = rows * v
-    scan = _compiled_scan() if jit or (jit is None and size >= _MIN_SCAN) else None
+    scan = _compiled_scan() if jit or (jit is None and size >= _MIN_SCAN and m <= _MAX_SCAN_M) else None
     if scan is not None and not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
     sums = np.empty(rows, dtype=x.dtype)  # shape: (rows,) unshifted sums of exps, in x's dtype
