@@ -1,0 +1,161 @@
+"""The engine's candidate order when only each request's first candidates are ranked (wide beams): the same head as
+a plain Python sort of the candidates, ties and non-finite keys included; and wide pool beams, where the cut is
+taken, against a plain per-beam loop (one stop token, and many stop tokens ranked in, where the cut falls back)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from beamkit import BeamSearch, LengthPenalty, SearchOptions
+from beamkit.search import ranking
+from tests.test_batch import hf_reference
+from tests.toy import BOS, ToyModel, log_softmax_ref
+
+KEYS = (0.0, -1.0, -1.5, -2.0, -3.0, math.nan, math.inf, -math.inf)  # few values: many ties
+
+
+def candidates(seed: int, widths: list[int], m: int, ordered: bool):
+    """The engine's layout: rows grouped by request (request ids ascending, with gaps), ``m`` candidates per row
+    (distinct tokens), keys from a small set (ties, NaN, +-inf); ``ordered``: each row by key descending, equal
+    keys by token ascending."""
+    rng = np.random.default_rng(seed)
+    ids = np.sort(rng.choice(3 * len(widths), len(widths), replace=False))
+    row_req = np.repeat(ids, widths)  # shape: (rows,)
+    rows = row_req.shape[0]
+    tok = np.stack([rng.choice(4 * m, m, replace=False) for _ in range(rows)]) if rows else np.zeros((0, m), int)
+    key = rng.choice(np.array(KEYS), size=(rows, m), p=[0.2, 0.2, 0.15, 0.15, 0.1, 0.08, 0.04, 0.08])
+    if ordered:  # NaN and +-inf sort anywhere: they are dropped; order the finite ones as a selector would
+        sort_key = np.where(np.isfinite(key), -key, np.inf)
+        order = np.lexsort((tok, sort_key), axis=1)
+        key, tok = np.take_along_axis(key, order, axis=1), np.take_along_axis(tok, order, axis=1)
+    valid = rng.random((rows, m)) > 0.05
+    row = np.repeat(np.arange(rows), m)
+    return np.repeat(row_req, m), key.ravel(), row, tok.ravel(), valid.ravel(), ids
+
+
+def python_head(req, key, row, tok, valid, limit):
+    """Each request's first ``limit[r]`` candidates by a plain sort of tuples (request, -key, row, token, index)."""
+    items = [
+        (int(req[i]), -float(key[i]), int(row[i]), int(tok[i]), i)
+        for i in range(req.shape[0])
+        if valid[i] and math.isfinite(float(key[i]))
+    ]
+    items.sort()
+    out, rank, seen = [], [], {}
+    for r, _, _, _, i in items:
+        k = seen.get(r, 0)
+        seen[r] = k + 1
+        if limit is None or k < limit[r]:
+            out.append(i)
+            rank.append(k)
+    return out, rank
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    widths=st.lists(st.integers(1, 12), min_size=1, max_size=5),
+    m=st.integers(1, 8),
+    lim=st.lists(st.integers(0, 30), min_size=5, max_size=5),
+    ordered=st.booleans(),
+    cut_from=st.sampled_from([1, 8, 2048]),
+)
+def test_the_ranked_head_is_a_plain_sorts_head(seed, widths, m, lim, ordered, cut_from):
+    req, key, row, tok, valid, ids = candidates(seed, widths, m, ordered)
+    limit = np.zeros(3 * len(widths), np.int64)
+    limit[ids] = lim[: len(ids)]
+    saved = ranking._CUT_FROM
+    ranking._CUT_FROM = cut_from  # small: the partition cut runs on these small requests too
+    try:
+        order, rank = ranking.rank_candidates(req, key, row, tok, valid, ordered, limit)
+        full, full_rank = ranking.rank_candidates(req, key, row, tok, valid, ordered)
+    finally:
+        ranking._CUT_FROM = saved
+    want, want_rank = python_head(req, key, row, tok, valid, limit)
+    assert order.tolist() == want
+    assert rank.tolist() == want_rank
+    assert (full.tolist(), full_rank.tolist()) == python_head(req, key, row, tok, valid, None)
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_large_requests_of_different_widths_keep_the_full_orders_head(seed, ordered):
+    """Requests of thousands of candidates (the partition cut at its real size) beside small ones."""
+    req, key, row, tok, valid, ids = candidates(seed, [300, 3, 700, 1], 16, ordered)
+    limit = np.zeros(12, np.int64)
+    limit[ids] = [40, 5, 1000, 2]
+    order, rank = ranking.rank_candidates(req, key, row, tok, valid, ordered, limit)
+    want, want_rank = python_head(req, key, row, tok, valid, limit)
+    assert order.tolist() == want
+    assert rank.tolist() == want_rank
+
+
+def pool_reference(model: ToyModel, k: int, max_len: int, stops: set[int], cap: int):
+    """beamkit's pool policy with several stop tokens and early stopping, as a plain per-beam loop: each beam
+    offers its 2k best tokens (ties: lower token); all offers ranked (key descending, beam, token); stop tokens
+    (or anything at max_len) ranked < k join the pool (``cap`` entries, by log-probability); the first k others
+    run on; stop when the pool is full. Returns the prefixes each model call sees, in row order."""
+    running = [((), 0.0)]
+    pool: list[tuple[float, tuple, bool]] = []
+    seen: list[tuple[int, ...]] = [()]
+    for t in range(max_len):
+        cands = []
+        for b, (toks, lp) in enumerate(running):
+            logp = log_softmax_ref(model.logits(toks))
+            best = sorted(range(model.v), key=lambda v: (-logp[v], v))[: 2 * k]
+            cands += [(lp + logp[v], b, v) for v in best]
+        cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+        last = t + 1 == max_len
+        new_running, new_fin = [], []
+        for rank, (s, b, v) in enumerate(cands):
+            toks = running[b][0] + (v,)
+            if v in stops or last:
+                if rank < k:
+                    new_fin.append((s, toks, v in stops))
+            elif len(new_running) < k:
+                new_running.append((toks, s))
+        pool = sorted(pool + new_fin, key=lambda h: -h[0])[:cap]
+        running = new_running
+        if last or not running or len(pool) >= cap:
+            break
+        seen += [toks for toks, _ in running]
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_wide_pool_beam_matches_the_hugging_face_loop(seed):
+    """Width 40 over 120 tokens: 3,200 candidates a request from the second step, ranked only to 80."""
+    m = ToyModel(120, seed=seed, scale=1.5, eos_bias=3.0)
+    k, max_len = 40, 4
+    want, _ = hf_reference(m, k, max_len, 0.0, False)
+    opts = SearchOptions(k, max_len, LengthPenalty(0.0), policy="pool", early_stopping=False)
+    got = BeamSearch(opts).search(m.step, m.init(), BOS, 0)
+    hyps = got.hypotheses[0]
+    assert [tuple(h.tokens) for h in hyps] == [w[1] for w in want]
+    np.testing.assert_allclose([h.logprob for h in hyps], [w[2] for w in want], atol=1e-9)
+
+
+class Boosted(ToyModel):
+    """A toy model whose stop tokens 0-9 are each boosted: they fill the first candidates of every row."""
+
+    def logits(self, prefix):
+        out = super().logits(prefix)
+        out[:10] += 4.0
+        return out
+
+
+def test_many_stop_tokens_ranked_in_fall_back_to_the_full_ranking():
+    """Ten likely stop tokens fill more than half of a request's first 2k candidates: the k beams that run on
+    come from further down, past the ranked head, so the engine must rank everything."""
+    model = Boosted(100, seed=3, scale=1.0)
+    k, max_len, patience = 30, 4, 5.0
+    want = pool_reference(model, k, max_len, set(range(10)), round(k * patience))
+    opts = SearchOptions(k, max_len, policy="pool", early_stopping=True, patience=patience)
+    BeamSearch(opts).search(model.step, model.init(), BOS, list(range(10)))
+    assert len(want) > 1 + k  # the beams chosen past the first 2k ran on
+    assert model.seen == want
