@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beamkit import BeamSearch, LengthPenalty, SearchOptions
-from beamkit.search import ranking
+from beamkit.search import ranking, select
 from tests.test_batch import hf_reference
 from tests.toy import BOS, ToyModel, log_softmax_ref
 
@@ -127,11 +127,11 @@ def pool_reference(model: ToyModel, k: int, max_len: int, stops: set[int], cap: 
     return seen
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_a_wide_pool_beam_matches_the_hugging_face_loop(seed):
-    """Width 40 over 120 tokens: 3,200 candidates a request from the second step, ranked only to 80."""
-    m = ToyModel(120, seed=seed, scale=1.5, eos_bias=3.0)
-    k, max_len = 40, 4
+@pytest.mark.parametrize(("k", "v", "max_len"), [(40, 120, 4), (70, 4096, 3)])
+def test_a_wide_pool_beam_matches_the_hugging_face_loop(k, v, max_len):
+    """Width 40 over 120 tokens: 3,200 candidates a request from the second step, ranked only to 80; width 70 over
+    4,096 tokens: each row keeps only what may be among its request's 140 best (m = 140 > 128)."""
+    m = ToyModel(v, seed=k, scale=1.5, eos_bias=3.0)
     want, _ = hf_reference(m, k, max_len, 0.0, False)
     opts = SearchOptions(k, max_len, LengthPenalty(0.0), policy="pool", early_stopping=False)
     got = BeamSearch(opts).search(m.step, m.init(), BOS, 0)
@@ -149,9 +149,14 @@ class Boosted(ToyModel):
         return out
 
 
-def test_many_stop_tokens_ranked_in_fall_back_to_the_full_ranking():
+@pytest.mark.parametrize("shared_from", [None, 64])
+def test_many_stop_tokens_ranked_in_fall_back_to_the_full_ranking(shared_from, monkeypatch):
     """Ten likely stop tokens fill more than half of a request's first 2k candidates: the k beams that run on
-    come from further down, past the ranked head, so the engine must rank everything."""
+    come from further down, past the ranked head, so the engine must rank everything (``shared_from``: rows keep
+    only their request's 2k best at this small size, so the engine must select again)."""
+    if shared_from is not None:
+        monkeypatch.setattr(select, "_MAX_SCAN_M", 8)
+        monkeypatch.setattr(select, "_SHARE_FROM", shared_from)
     model = Boosted(100, seed=3, scale=1.0)
     k, max_len, patience = 30, 4, 5.0
     want = pool_reference(model, k, max_len, set(range(10)), round(k * patience))
@@ -159,3 +164,48 @@ def test_many_stop_tokens_ranked_in_fall_back_to_the_full_ranking():
     BeamSearch(opts).search(model.step, model.init(), BOS, list(range(10)))
     assert len(want) > 1 + k  # the beams chosen past the first 2k ran on
     assert model.seen == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    widths=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+    m=st.integers(2, 12),
+    float32=st.booleans(),
+)
+def test_rows_keep_every_candidate_of_their_requests_m_best(seed, widths, m, float32):
+    """Rows cut at their request's floor still hold the request's m best candidates by key, ties with the m-th
+    included (logits and keys from a few values), against a plain sort of every (row, token) of the table."""
+    rng = np.random.default_rng(seed)
+    v = 64
+    req = np.repeat(np.arange(len(widths)) * 2, widths)  # shape: (rows,)
+    x = rng.choice(np.array([0.0, -0.5, -1.0, -2.0, -np.inf]), size=(req.shape[0], v)).astype(
+        np.float32 if float32 else np.float64
+    )
+    x[:, 0] = 0.5  # every row has a finite best
+    key = rng.choice(np.array([0.0, -0.5, -1.0]), size=req.shape[0])
+    m_row = np.full(req.shape[0], m)
+    saved = select._SHARE_FROM, select._MAX_SCAN_M
+    select._SHARE_FROM, select._MAX_SCAN_M = 1, 1
+    try:
+        lse, vals, idx = select.lse_and_top(x, m, shared=(req, key, m_row))
+    finally:
+        select._SHARE_FROM, select._MAX_SCAN_M = saved
+    c_key = (key[:, None] + (vals - lse[:, None])).ravel()
+    got, _ = ranking.rank_candidates(
+        np.repeat(req, m), c_key, np.repeat(np.arange(req.shape[0]), m), idx.ravel(), limit=np.full(8, m)
+    )
+    got_items = [(int(np.repeat(np.arange(req.shape[0]), m)[i]), int(idx.ravel()[i])) for i in got]
+    items = []
+    for r in range(req.shape[0]):
+        for t in range(v):
+            k = float(key[r]) + (float(x[r, t]) - float(lse[r]))
+            if math.isfinite(k):
+                items.append((int(req[r]), -k, r, t))
+    items.sort()
+    want, seen = [], {}
+    for q, _, r, t in items:
+        seen[q] = seen.get(q, 0) + 1
+        if seen[q] <= m:
+            want.append((r, t))
+    assert got_items == want

@@ -324,13 +324,19 @@ class Engine:
         """Everything after the model call: normalise -> select -> rank -> policy -> commit (the commit comes
         only once nothing can fail any more)."""
         rows, t_row = self._rows, self.book.t[self._rows.req]  # shape: (rows,) tokens so far of each row's request
-        if self._one_pass(extras, rows, t_row):  # log-sum-exp and candidates from one read of the logits
-            logp, tok, key = self._select_one_pass(logits, rows)  # shape: (rows, m)
+        one_pass = self._one_pass(extras, rows, t_row)
+        shared = one_pass and self.recorder is None and self.options.beam_threshold is None
+        if one_pass:  # log-sum-exp and candidates from one read of the logits
+            logp, tok, key = self._select_one_pass(logits, rows, shared)  # shape: (rows, m)
         else:
             segments = self._segments(rows, t_row)
             scores, offset = self._normalise(logits, extras, rows, t_row, segments)  # shape: (rows, V), (rows,)
             logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
-        view = self._view(self._with_coverage(rows, extras), logp, tok, key)
+        view = self._view(self._with_coverage(rows, extras), logp, tok, key, shared)
+        if view is None:  # the policy reads past its requests' m best: every row's own m best, all ranked
+            logp, tok, key = self._select_one_pass(logits, rows, False)
+            view = self._view(self._with_coverage(rows, extras), logp, tok, key)
+            assert view is not None
         if self.recorder is not None:
             self.recorder.considered(view)
         first_new = self._next_entry
@@ -355,12 +361,16 @@ class Engine:
             and not (t_row < self.book.min_len[rows.req]).any()
         )
 
-    def _select_one_pass(self, logits: Any, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _select_one_pass(
+        self, logits: Any, rows: Rows, shared: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The deterministic selection from one read of the logits (:func:`beamkit.search.select.lse_and_top`):
-        each row's m best tokens and its log-sum-exp; rows with NaN or +inf logits fail their request."""
+        each row's m best tokens and its log-sum-exp; rows with NaN or +inf logits fail their request.
+        ``shared``: wide requests keep only the candidates that may be among their request's m best."""
         b = self.book
         m_row = b.m[rows.req]
-        lse, vals, tok = lse_and_top(logits, int(m_row.max()))  # shape: (rows,), (rows, m), (rows, m)
+        share = (rows.req, rows.key, m_row) if shared else None
+        lse, vals, tok = lse_and_top(logits, int(m_row.max()), shared=share)  # shape: (rows,), (rows, m), (rows, m)
         self._fail_bad_rows(lse, rows)
         offset = np.where(np.isfinite(lse), -lse, -np.inf)  # shape: (rows,)
         with np.errstate(invalid="ignore"):  # +inf logits in a failed row: inf - inf, dropped as not finite
@@ -433,12 +443,17 @@ class Engine:
         attn = ops.to_numpy(extras["attention"]).astype(np.float64)  # shape: (rows, S)
         return replace(rows, cov=add_coverage(rows.cov, attn))
 
-    def _view(self, rows: Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray) -> StepView:
+    def _view(
+        self, rows: Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, shared: bool = False
+    ) -> StepView | None:
         """Rank the selected candidates within each request (without a recorder, only as many as the policy
-        reads); drop those below ``beam_threshold``."""
+        reads); drop those below ``beam_threshold``. ``shared``: the rows hold only their requests' m best
+        candidates; None when the policy needs more (then the caller selects again)."""
         limit = None if self.recorder is not None else self.policy.ranked(self.book)
         view = self._ranked_view(rows, logp, tok, key, limit)
         if limit is not None and not self.policy.covered(view, self.book):  # e.g. many stop tokens ranked in
+            if shared:
+                return None
             view = self._ranked_view(rows, logp, tok, key, None)
         opt = self.options
         if opt.beam_threshold is not None and view.considered.req.shape[0]:

@@ -41,7 +41,9 @@ def compiled() -> bool:
     return _compiled_scan() is not None
 
 
-def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def lse_and_top(
+    x: Any, m: int, *, jit: bool | None = None, shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise log-sum-exp and the ``m`` best entries of ``x`` ``[rows, V]`` (logits): from one read where the
     compiled scan runs, else from :func:`beamkit.ops.top_candidates` after the sums.
 
@@ -51,6 +53,11 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
     lowest column). ``jit``: take the candidates by the compiled scan (None: where numba is installed, the
     table is not tiny and ``m`` at most 128; True without numba falls back to numpy). ``m == 1`` (greedy) is
     numpy's ``argmax``.
+
+    ``shared`` ``(req, key, m_row)``, per row its request (rows grouped), running key and ``m``: only each
+    request's ``m`` best candidates by key are wanted, so a row of a wide request (``m`` above 128) keeps just
+    its entries that may be among them (:func:`request_floors`), the rest of its ``[m]`` padded with NaN values:
+    the cost grows with the candidates kept, not with rows x m.
     """
     rows, v = int(x.shape[0]), int(x.shape[1])
     m = min(int(m), v)
@@ -64,6 +71,8 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
         top = np.take_along_axis(x, best, axis=1).astype(np.float64)
         return ops.logsumexp(x), top, best.astype(np.int64)
     size = rows * v
+    if shared is not None and m > _MAX_SCAN_M:
+        return _shared_top(x, m, shared)
     scan = _compiled_scan() if jit or (jit is None and size >= _MIN_SCAN and m <= _MAX_SCAN_M) else None
     if scan is not None and not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
@@ -85,6 +94,27 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
         top, idx = ops.top_candidates(x, m)
         return _log_of_sums(x, sums), top, idx
     return _log_of_sums(x, sums), vals.astype(np.float64), idx
+
+
+def _shared_top(
+    x: np.ndarray, m: int, shared: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`lse_and_top` for wide requests: the log-sum-exps, then each row's best entries above its request's
+    floor (:func:`top_above`); rows without a floor take their plain top ``m``."""
+    lse = ops.logsumexp(x)  # shape: (rows,)
+    req, key, m_row = shared
+    floors = request_floors(x, lse, req, key, m_row)
+    if floors is None:
+        return lse, *ops.top_candidates(x, m)
+    some = np.isfinite(floors)
+    if some.all():
+        return lse, *top_above(x, m, floors)
+    vals = np.full((x.shape[0], m), np.nan)
+    idx = np.zeros((x.shape[0], m), np.int64)
+    rest = np.flatnonzero(~some)
+    vals[some], idx[some] = top_above(x[some], m, floors[some])
+    vals[rest], idx[rest] = ops.top_candidates(x[rest], m)
+    return lse, vals, idx
 
 
 def _log_of_sums(x: np.ndarray, sums: np.ndarray) -> np.ndarray:
@@ -178,3 +208,64 @@ def top_scan(x: np.ndarray, m: int, peak: np.ndarray, floors: np.ndarray, vals: 
                 ir[p] = c
                 if n < m:
                     n += 1
+
+
+_SHARE_FROM = 1 << 14  # group maxima of one request from which its rows share a floor (below it: no floor)
+
+
+def request_floors(x: Any, lse: np.ndarray, req: np.ndarray, key: np.ndarray, m: np.ndarray) -> np.ndarray | None:
+    """Per row of ``x`` ``[rows, V]`` (logits, a numpy array; rows grouped by request), a value below which none
+    of its entries can be among its request's ``m`` best candidates by key (``key[r] + (x - lse[r])``, as the
+    engine ranks them), or None where no request is wide enough for it to pay.
+
+    Each row's group maxima (:func:`group_peaks`) are distinct entries whose keys are computed as the engine
+    computes them; the ``m``-th largest of a request's, ``L``, is reached by ``m`` of its candidates, so its
+    ``m`` best all have keys ``>= L`` and, keys growing with ``x``, logits ``>= (L - key[r]) + lse[r]``, taken a
+    little lower for rounding. Rows of small requests get ``-inf``.
+    """
+    x = ops.cpu_view(x)
+    rows = int(x.shape[0])
+    if not isinstance(x, np.ndarray) or rows == 0 or (req[1:] < req[:-1]).any():
+        return None
+    nb = x.shape[1] // _BLOCK
+    starts = np.flatnonzero(np.concatenate([[True], req[1:] != req[:-1]]))
+    ends = np.append(starts[1:], rows)
+    wide = [g for g in range(starts.shape[0]) if (ends[g] - starts[g]) * nb >= max(_SHARE_FROM, m[starts[g]])]
+    if not wide:
+        return None
+    floors = np.full(rows, -np.inf)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for g in wide:
+            lo, hi, k = int(starts[g]), int(ends[g]), int(m[starts[g]])
+            part = x[lo:hi]
+            if part.dtype != np.float32 and part.dtype != np.float64:
+                return None
+            peak = group_peaks(part).astype(np.float64)  # shape: (rows_g, nb)
+            pk = key[lo:hi, None] + (peak - lse[lo:hi, None])  # shape: (rows_g, nb) their keys, as ranked
+            pk = np.where(np.isfinite(pk), pk, -np.inf).ravel()
+            low = np.partition(pk, pk.shape[0] - k)[pk.shape[0] - k]  # m-th largest
+            if not np.isfinite(low):
+                continue
+            f = (low - key[lo:hi]) + lse[lo:hi]  # shape: (rows_g,)
+            slack = 8 * np.finfo(np.float64).eps * (abs(low) + np.abs(key[lo:hi]) + 2 * np.abs(lse[lo:hi]) + 1.0)
+            floors[lo:hi] = np.where(np.isfinite(f), f - slack, -np.inf)
+    return floors
+
+
+def top_above(x: Any, m: int, floors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``m`` best entries of ``x`` ``[rows, V]`` (numpy) among those ``>= floors[row]``: value
+    descending, equal values by column ascending, rows with fewer padded with NaN values (column 0). Returns
+    ``(values float64 [rows, m], columns int64 [rows, m])``."""
+    rows, v = x.shape
+    m = min(int(m), v)
+    r, c = np.divmod(np.flatnonzero(x >= floors[:, None]), v)  # float32 compared as float64, exactly
+    val = x[r, c].astype(np.float64)
+    order = np.lexsort((c, -val, r))
+    r, c, val = r[order], c[order], val[order]
+    rank = np.arange(r.shape[0]) - np.searchsorted(r, r)
+    keep = rank < m
+    out_val = np.full((rows, m), np.nan)
+    out_idx = np.zeros((rows, m), np.int64)
+    out_val[r[keep], rank[keep]] = val[keep]
+    out_idx[r[keep], rank[keep]] = c[keep]
+    return out_val, out_idx
