@@ -67,9 +67,13 @@ def _cut(req: np.ndarray, key: np.ndarray, finite: np.ndarray, limit: np.ndarray
         if k <= 0:
             out[lo:hi] = False
             continue
-        part = key[lo:hi] if finite[lo:hi].all() else np.where(finite[lo:hi], key[lo:hi], -np.inf)
-        floor = np.partition(part, part.shape[0] - k)[part.shape[0] - k]  # the k-th largest (-inf: fewer finite)
-        out[lo:hi] &= part >= floor
+        seg = finite[lo:hi]
+        part = key[lo:hi] if seg.all() else key[lo:hi][seg]  # shape: (finite candidates of the request,)
+        if part.shape[0] <= 2 * k:  # few finite ones (rows cut at their request's floor): the sort is cheap
+            continue
+        floor = np.partition(part, part.shape[0] - k)[part.shape[0] - k]  # the k-th largest
+        with np.errstate(invalid="ignore"):
+            out[lo:hi] &= key[lo:hi] >= floor
     return out
 
 
