@@ -91,7 +91,7 @@ def decode_kwargs(width: int, ids: Any) -> dict[str, Any]:
 
     return dict(
         num_beams=width, num_return_sequences=width, max_new_tokens=5, eos_token_id=EOS, pad_token_id=EOS,
-        attention_mask=torch.ones_like(ids), return_dict_in_generate=True, output_scores=True,
+        attention_mask=torch.ones_like(ids), return_dict_in_generate=True,
     )  # fmt: skip
 
 

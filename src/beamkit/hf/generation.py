@@ -106,6 +106,10 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
     if outside:  # Hugging Face warns and never stops on them
         raise Unsupported(f"eos ids {outside} outside the model's output")
+    if settings.allowed_output is not None:
+        from beamkit.hf.allowed import check_head
+
+        check_head(model)
     if exact_only and wants_tables(settings):
         raise Unsupported("output_scores=True with return_dict_in_generate: per-step scores come from the loop")
     if exact_only and settings.do_sample:
@@ -167,6 +171,15 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
         prompts = tuple(p for p in prompts for _ in range(settings.groups))
         first = [f for f in first for _ in range(settings.groups)]
     processors = build_processors(settings, prompts, first)
+    if settings.allowed_output is not None:  # the output layer over the ids the dictionary allows some row
+        from beamkit.hf.allowed import AllowedOutputStep
+
+        fn = settings.prefix_fn
+        wrapped = AllowedOutputStep(step, model, fn.trie, fn.eos, settings.allowed_output)
+        state = wrapped.init_state(input_ids, mask)
+        with torch.inference_mode():
+            hyps, traces = run_search(wrapped, state, settings, batch, processors, None)
+        return build_output(settings, prefix, hyps, step.stats, step.forward_seconds, traces)
     state = step.init_state(input_ids, mask)
     seeds = request_seeds(input_ids, mask) if settings.do_sample else None
     with torch.inference_mode():  # once here, not per step
