@@ -53,7 +53,8 @@ class AllowedRows:
     def beamkit_concat(self, others: list[Any]) -> AllowedRows:
         """These rows, then the others' (requests joining)."""
         return AllowedRows(
-            concat_state([self.inner, *[o.inner for o in others]]), np.concatenate([self.node, *[o.node for o in others]])
+            concat_state([self.inner, *[o.inner for o in others]]),
+            np.concatenate([self.node, *[o.node for o in others]]),
         )
 
     def kv_bytes(self) -> int:

@@ -171,19 +171,16 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
         prompts = tuple(p for p in prompts for _ in range(settings.groups))
         first = [f for f in first for _ in range(settings.groups)]
     processors = build_processors(settings, prompts, first)
+    runner: Any = step
     if settings.allowed_output is not None:  # the output layer over the ids the dictionary allows some row
         from beamkit.hf.allowed import AllowedOutputStep
 
         fn = settings.prefix_fn
-        wrapped = AllowedOutputStep(step, model, fn.trie, fn.eos, settings.allowed_output)
-        state = wrapped.init_state(input_ids, mask)
-        with torch.inference_mode():
-            hyps, traces = run_search(wrapped, state, settings, batch, processors, None)
-        return build_output(settings, prefix, hyps, step.stats, step.forward_seconds, traces)
-    state = step.init_state(input_ids, mask)
+        runner = AllowedOutputStep(step, model, fn.trie, fn.eos, settings.allowed_output)
+    state = runner.init_state(input_ids, mask)
     seeds = request_seeds(input_ids, mask) if settings.do_sample else None
     with torch.inference_mode():  # once here, not per step
-        hyps, traces = run_search(step, state, settings, batch, processors, seeds)
+        hyps, traces = run_search(runner, state, settings, batch, processors, seeds)
     return build_output(settings, prefix, hyps, step.stats, step.forward_seconds, traces)
 
 
