@@ -32,7 +32,10 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
     ``sequence_bias``, ``forced_bos_token_id``, ``forced_eos_token_id``, plus ``num_beam_groups`` +
     ``diversity_penalty`` (diverse beam search) and ``force_words_ids`` (constrained beam search), which
     Hugging Face 5.x no longer ships. Other keywords are :class:`beamkit.SearchOptions` fields (``patience``,
-    ``exact_exit``, extra ``processors`` applied after the mapped ones, ...).
+    ``exact_exit``, extra ``processors`` applied after the mapped ones, ...), and ``allowed_output`` (with a
+    :class:`beamkit.Trie`'s ``prefix_allowed_tokens_fn``: ``"allowed"`` computes the output layer only for the
+    ids some row may take and normalises over each row's allowed ids, ``"vocab"`` normalises over the whole
+    vocabulary, as Hugging Face does; see :mod:`beamkit.hf.allowed`).
 
     Where the call runs is decided once, by :func:`beamkit.hf.route.route`: the engine bridge where it takes
     the call, else beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`:
