@@ -152,11 +152,12 @@ def _fill_with_neg_inf(
     x: np.ndarray, rows: np.ndarray, counts: np.ndarray, out_val: np.ndarray, out_idx: np.ndarray, m: int
 ) -> None:
     """Complete the top m of ``rows`` (all their ``counts`` finite entries already placed first) with their
-    lowest ``-inf`` columns, in column order (ties to the lowest column), in place."""
+    lowest ``-inf`` columns, in column order (ties to the lowest column), in place. A row's first m columns hold
+    at least ``m - counts`` of its ``-inf`` entries, so only they are read."""
     if rows.size == 0:
         return
-    neg = x[rows] == -np.inf  # shape: (k, V)
-    nth = np.cumsum(neg, axis=1)  # shape: (k, V) the how-many-th -inf entry of its row each is
+    neg = x[rows, :m] == -np.inf  # shape: (k, m)
+    nth = np.cumsum(neg, axis=1)  # shape: (k, m) the how-many-th -inf entry of its row each is
     need = (m - counts[rows])[:, None]  # shape: (k, 1)
     ri, col = np.nonzero(neg & (nth <= need))  # row-major: each row's columns ascending
     rank = counts[rows][ri] + nth[ri, col] - 1
