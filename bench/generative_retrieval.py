@@ -119,6 +119,9 @@ def compare(model: Any, trie: Trie, ids: Any, width: int, repeats: int) -> dict[
                 else:
                     outs[side] = bh.generate(model, ids, prefix_allowed_tokens_fn=fn, **kw)
                 times[side].append(time.perf_counter() - start)
+    from beamkit.hf.route import route
+
+    where = route(model, (ids,), {**kw, "prefix_allowed_tokens_fn": fn}).kind  # "engine": beamkit's batched search
     n, p = ids.shape
     mine = outs["beamkit"].sequences[:, p:].tolist()
     theirs = outs["hf"].sequences[:, p:].tolist()
@@ -128,7 +131,7 @@ def compare(model: Any, trie: Trie, ids: Any, width: int, repeats: int) -> dict[
     hf, bk = statistics.median(times["hf"]), statistics.median(times["beamkit"])
     return {
         "items": len(trie), "width": width, "prompts": n, "prompt_len": p, "hf_s": hf, "beamkit_s": bk,
-        "speedup": hf / bk, "top1": top1, "overlap": statistics.mean(overlap), "valid": valid,
+        "speedup": hf / bk, "top1": top1, "overlap": statistics.mean(overlap), "valid": valid, "route": where,
     }  # fmt: skip
 
 
