@@ -169,3 +169,19 @@ def test_bad_input():
     capped.config.final_logit_softcapping = 30.0
     with pytest.raises(Unsupported, match="final_logit_softcapping"):
         beamkit.hf.generate(capped, prompts, prefix_allowed_tokens_fn=fn, allowed_output="allowed", **kw)
+
+
+@pytest.mark.parametrize("normalise", ["vocab", "allowed"])
+def test_greedy_decoding_gives_model_generates_ids(normalise):
+    """One row per request: normalising over the row's allowed ids does not move its best id, so both modes pick
+    what ``model.generate`` picks with the same callable."""
+    model, items = tiny_model(), entries(60, seed=4)
+    trie = Trie(items, vocab_size=V)
+    prompts = torch.randint(1, V, (3, P), generator=torch.Generator().manual_seed(8))
+    fn = trie.prefix_allowed_tokens_fn(prompt_len=P)
+    kw = dict(
+        num_beams=1, max_new_tokens=4, eos_token_id=EOS, pad_token_id=EOS, attention_mask=torch.ones_like(prompts)
+    )
+    theirs = model.generate(prompts, prefix_allowed_tokens_fn=fn, **kw)
+    mine = beamkit.hf.generate(model, prompts, prefix_allowed_tokens_fn=fn, allowed_output=normalise, **kw)
+    assert torch.equal(mine, theirs)
