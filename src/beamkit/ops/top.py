@@ -112,6 +112,9 @@ def _top_by_block_threshold(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarr
             part = view[lo:hi]  # shape: (k, bs, nb)
             group_max = part.max(axis=1)  # shape: (k, nb)
             t = _fold_threshold(group_max, m)  # shape: (k,) m entries of each row are >= t
+            # a row with fewer than m finite entries (a masked row: a dictionary's few allowed ids) has t = -inf,
+            # which every entry reaches: take its finite entries only, the -inf ones are filled in below
+            t = np.where(t == -np.inf, np.finfo(x.dtype).min, t).astype(x.dtype)
             gr, gg = np.divmod(np.flatnonzero(group_max >= t[:, None]), nb)  # shape: (n,) groups that may hold one
             # shape: (n, bs) the entries of those groups
             vals = np.take(x[lo:hi].reshape(-1), (gr * v + gg)[:, None] + in_group) if flat else part[gr, :, gg]
@@ -135,10 +138,31 @@ def _top_by_block_threshold(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarr
     out_val = np.full((rows, m), np.nan)
     out_idx[r[keep], rank[keep]] = c[keep]
     out_val[r[keep], rank[keep]] = val[keep]
-    for row in np.flatnonzero(counts < m):  # NaN rows: comparisons fail
-        out_idx[row] = _exact_top_row(x[row].astype(np.float64), m)
-        out_val[row] = x[row, out_idx[row]]
+    short = np.flatnonzero(counts < m)  # rows with fewer than m finite entries, or with NaN
+    if short.size:
+        nan = np.isnan(x[short]).any(axis=1)
+        _fill_with_neg_inf(x, short[~nan], counts, out_val, out_idx, m)
+        for row in short[nan]:  # NaN rows: comparisons fail
+            out_idx[row] = _exact_top_row(x[row].astype(np.float64), m)
+            out_val[row] = x[row, out_idx[row]]
     return out_val, out_idx
+
+
+def _fill_with_neg_inf(
+    x: np.ndarray, rows: np.ndarray, counts: np.ndarray, out_val: np.ndarray, out_idx: np.ndarray, m: int
+) -> None:
+    """Complete the top m of ``rows`` (all their ``counts`` finite entries already placed first) with their
+    lowest ``-inf`` columns, in column order (ties to the lowest column), in place. A row's first m columns hold
+    at least ``m - counts`` of its ``-inf`` entries, so only they are read."""
+    if rows.size == 0:
+        return
+    neg = x[rows, :m] == -np.inf  # shape: (k, m)
+    nth = np.cumsum(neg, axis=1)  # shape: (k, m) the how-many-th -inf entry of its row each is
+    need = (m - counts[rows])[:, None]  # shape: (k, 1)
+    ri, col = np.nonzero(neg & (nth <= need))  # row-major: each row's columns ascending
+    rank = counts[rows][ri] + nth[ri, col] - 1
+    out_idx[rows[ri], rank] = col
+    out_val[rows[ri], rank] = -np.inf
 
 
 def _fold_threshold(group_max: np.ndarray, m: int) -> np.ndarray:
