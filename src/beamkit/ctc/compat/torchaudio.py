@@ -361,17 +361,8 @@ def ctc_decoder(
     if lm_dict is not None and not isinstance(lm_dict, str):
         raise ValueError("lm_dict must be None or str type.")
     nbest = check_int("nbest", nbest, least=1)
-    if beam_size_token is not None:
-        beam_size_token = check_int("beam_size_token", beam_size_token, least=1)
-    for name, value in (("blank_token", blank_token), ("sil_token", sil_token), ("unk_word", unk_word)):
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a string, got {value!r}")
-    if not isinstance(tokens, (str, Path, list, tuple)):
-        raise TypeError(f"tokens must be a file path or a list of strings, got {type(tokens).__name__}")
-    tokens_dict = Dictionary(tokens)
-    for name, value in (("blank_token", blank_token), ("sil_token", sil_token)):
-        if not tokens_dict.contains(value):
-            raise ValueError(f"{name} {value!r} must be one of the tokens")
+    beam_size_token = None if beam_size_token is None else check_int("beam_size_token", beam_size_token, least=1)
+    tokens_dict = _tokens_dict(tokens, blank_token, sil_token, unk_word)
     options = LexiconSearchOptions(
         beam_size=beam_size,
         beam_size_token=beam_size_token or tokens_dict.index_size(),
@@ -384,24 +375,9 @@ def ctc_decoder(
     )
     words = read_lexicon(lexicon) if lexicon else None
     word_dict = _word_dict(words, lm, lm_dict, tokens_dict, unk_word)
-    if isinstance(lm, (str, Path)):
-        from beamkit.lm import KenLMModel
-
-        assert word_dict is not None
-        model = KenLMModel(str(lm)).model
-        search_lm: Any = KenLMWords(model, [word_dict.get_entry(i) for i in range(word_dict.index_size())])
-    elif lm is None:
-        search_lm = ZeroLM()
-    elif all(callable(getattr(lm, name, None)) for name in ("start", "score", "finish")):
-        search_lm = lm
-    else:
-        raise TypeError(f"lm must be a KenLM file path, a CTCDecoderLM or None, got {type(lm).__name__}")
+    search_lm = _search_lm(lm, word_dict)
     if words is not None and word_dict is not None:
-        if not word_dict.contains(unk_word) and word_dict._default < 0:
-            raise ValueError(f"unk_word {unk_word!r} must be in the LM dictionary")
-        for word in words:
-            if not word_dict.contains(word) and word_dict._default < 0:
-                raise ValueError(f"the lexicon word {word!r} must be in the LM dictionary (lm_dict)")
+        _check_words_in_lm(words, word_dict, unk_word)
     return CTCDecoder(
         nbest=nbest,
         lexicon=words,
@@ -413,6 +389,46 @@ def ctc_decoder(
         sil_token=sil_token,
         unk_word=unk_word,
     )
+
+
+def _tokens_dict(tokens: str | list[str], blank_token: str, sil_token: str, unk_word: str) -> Dictionary:
+    """``ctc_decoder``'s token dictionary, the special tokens checked: strings, the blank and silence among the
+    tokens (TypeError / ValueError naming the argument)."""
+    for name, value in (("blank_token", blank_token), ("sil_token", sil_token), ("unk_word", unk_word)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {value!r}")
+    if not isinstance(tokens, (str, Path, list, tuple)):
+        raise TypeError(f"tokens must be a file path or a list of strings, got {type(tokens).__name__}")
+    tokens_dict = Dictionary(tokens)
+    for name, value in (("blank_token", blank_token), ("sil_token", sil_token)):
+        if not tokens_dict.contains(value):
+            raise ValueError(f"{name} {value!r} must be one of the tokens")
+    return tokens_dict
+
+
+def _search_lm(lm: str | Path | CTCDecoderLM | None, word_dict: Dictionary | None) -> Any:
+    """The search's LM for ``ctc_decoder``'s ``lm``: a KenLM file's words through ``word_dict``, none, or the
+    user's :class:`CTCDecoderLM` (anything with ``start``, ``score`` and ``finish``). TypeError otherwise."""
+    if isinstance(lm, (str, Path)):
+        from beamkit.lm import KenLMModel
+
+        assert word_dict is not None
+        model = KenLMModel(str(lm)).model
+        return KenLMWords(model, [word_dict.get_entry(i) for i in range(word_dict.index_size())])
+    if lm is None:
+        return ZeroLM()
+    if all(callable(getattr(lm, name, None)) for name in ("start", "score", "finish")):
+        return lm
+    raise TypeError(f"lm must be a KenLM file path, a CTCDecoderLM or None, got {type(lm).__name__}")
+
+
+def _check_words_in_lm(words: Any, word_dict: Dictionary, unk_word: str) -> None:
+    """ValueError when the LM dictionary has no default entry and lacks ``unk_word`` or a lexicon word."""
+    if not word_dict.contains(unk_word) and word_dict._default < 0:
+        raise ValueError(f"unk_word {unk_word!r} must be in the LM dictionary")
+    for word in words:
+        if not word_dict.contains(word) and word_dict._default < 0:
+            raise ValueError(f"the lexicon word {word!r} must be in the LM dictionary (lm_dict)")
 
 
 def download_pretrained_files(model: str) -> Any:
