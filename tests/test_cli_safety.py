@@ -118,7 +118,7 @@ def test_train_refuses_the_shipped_folder_before_training(capsys, name):
 
 
 def test_train_refuses_an_existing_file_before_training(capsys, tmp_path, monkeypatch):
-    import beamkit.models.training as train_module
+    import beamkit.tasks.train as train_module
 
     def no_training(*args, **kwargs):
         raise AssertionError("trained before checking --out")
@@ -133,7 +133,7 @@ def test_train_refuses_an_existing_file_before_training(capsys, tmp_path, monkey
 
 
 def test_train_refuses_a_non_empty_folder_unless_forced(capsys, tmp_path, monkeypatch):
-    import beamkit.models.training as train_module
+    import beamkit.tasks.train as train_module
 
     calls = []
     real = train_module.train

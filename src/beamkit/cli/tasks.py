@@ -167,8 +167,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a dates model and save the checkpoint folder."""
-    from beamkit.models import training
     from beamkit.progress import progress_enabled
+    from beamkit.tasks import train as training
     from beamkit.tasks.train import TrainConfig, check_out
 
     config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
