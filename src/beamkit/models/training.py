@@ -1,6 +1,6 @@
 """Training a beamkit checkpoint on CPU: a plain teacher-forced cross-entropy loop (torch) over (source, target)
 pairs. The dates run that uses it (its data, settings, checks and saved metadata) is
-:func:`beamkit.tasks.train.train`."""
+:func:`beamkit.tasks.train.train_dates`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Training the dates models: the shipped models' settings, the run's config, a progress bar, the check of the
-output folder and :func:`train` (the run). The training loop itself is torch code:
+output folder and :func:`train_dates` (the run). The training loop itself is torch code:
 :func:`beamkit.models.training.fit`."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def check_out(out: str | Path, force: bool = False) -> None:
         raise ValueError(f"--out {out} is a folder that is not empty; add --force to write the checkpoint into it")
 
 
-def train(config: TrainConfig, out: str | Path | None = None, progress: bool = True) -> Any:
+def train_dates(config: TrainConfig, out: str | Path | None = None, progress: bool = True) -> Any:
     """Train a dates model with ``config``; save it to ``out`` when given; return the model (eval mode).
 
     Deterministic for a given seed and thread count. Prints a progress bar on stderr when ``progress``.
