@@ -82,6 +82,7 @@ def test_the_driver_refuses_its_own_settings_as_search_options(model):
     pooled.engine_options = {"policy": "pool"}  # a model whose decoder sets the policy (as a Hugging Face one)
     with pytest.raises(TypeError, match=r"policy: set by this model's decoder \(pooled\)"):
         decode_texts(pooled, SOURCES[:1], beam=2, policy="narrow")
+    assert decode_texts(pooled, SOURCES[:1], beam=2, policy="pool") == decode_texts(pooled, SOURCES[:1], beam=2)
 
 
 def test_a_source_longer_than_the_model_takes_names_its_max_len(model):

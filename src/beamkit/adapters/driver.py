@@ -51,16 +51,16 @@ def search(
     :class:`beamkit.RequestOptions` for it over the search-wide options (``engine_options``,
     :meth:`~beamkit.adapters.ModelAdapter.batch_options` and ``shared``: more :class:`beamkit.SearchOptions`
     fields, such as ``record_trace`` or ``policy``). ``progress`` advances by one per prompt as the search runs.
-    TypeError for a ``shared`` option the model's decoder sets itself."""
+    TypeError for a ``shared`` option the model's decoder sets itself to another value."""
     from beamkit.progress import BatchTicker, Silent
     from beamkit.search import BeamSearch
 
     request = adapter.request(ask)
     own = {**adapter.engine_options, **adapter.batch_options(prompts, ask)}
-    taken = sorted(set(own) & set(shared))
+    taken = sorted(name for name in set(own) & set(shared) if shared[name] != own[name])
     if taken:
         raise TypeError(f"{', '.join(taken)}: set by this model's decoder ({adapter.name}); leave it out")
-    options = request.search_options(**own, **shared)
+    options = request.search_options(**{**own, **shared})
     ticker = BatchTicker(progress or Silent(), len(prompts), options.max_len)
     with adapter.step_context():
         state = adapter.init_state(prompts)
