@@ -369,6 +369,10 @@ def test_no_module_getattr_but_documented_lazy_imports():
     "old",
     [
         "beamkit.tasks.train:train",
+        "beamkit.models.training:train",
+        "beamkit.models:Translation",
+        "beamkit.adapters:Output",
+        "beamkit.corpus:Scored",
         "beamkit.samplers:stochastic_beam_search",
         "beamkit.samplers:GumbelTopK",
         "beamkit.samplers:as_float64",
@@ -450,24 +454,29 @@ def _load_time_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
+def _targets(node: ast.Import | ast.ImportFrom, path: str, names: set[str]) -> list[str]:
+    """The modules an import statement of the module at ``path`` reaches (``from beamkit import ops`` reaches
+    ``beamkit.ops``, ``from .decoder import X`` is resolved), given the ``names`` of every module."""
+    module = _module_name(path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*up, *([node.module] if node.module else [])])
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names]
+
+
 def import_graph(trees: dict[str, ast.Module]) -> dict[tuple[str, str], set[str]]:
     """``(from room, to room) -> the importing modules``, for every load-time import of a beamkit module from
     another room (``from beamkit import ops`` reaches ``ops``; ``from .decoder import X`` is resolved)."""
-    names = {_module_name(path): path for path in trees}
+    names = {_module_name(path) for path in trees}
     edges: dict[tuple[str, str], set[str]] = defaultdict(set)
     for path, tree in trees.items():
         module = _module_name(path)
-        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
         for node in _load_time_imports(tree):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*up, *([node.module] if node.module else [])])
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names]
-            for target in targets:
+            for target in _targets(node, path, names):
                 if target.split(".")[0] == "beamkit" and room(target) != room(module):
                     edges[(room(module), room(target))].add(module)
     return dict(edges)
@@ -519,6 +528,58 @@ def test_no_import_cycle_between_packages():
         for group in cycles(edges)
     }
     assert not found, f"these packages import each other at load time (break the cycle): {found}"
+
+
+# Rooms that sit below others never import them, not even inside a function: "room -> rooms it must not import"
+# with why.
+FORBIDDEN_IMPORTS = {
+    "models": (
+        ("tasks",),
+        "models are networks, step functions and their checkpoints; a task (its data, settings and runs) uses "
+        "them, never the other way round",
+    ),
+}
+
+
+def forbidden_imports(trees: dict[str, ast.Module], rules: dict[str, tuple[tuple[str, ...], str]]) -> list[str]:
+    """``"file:line -> module"`` for every import statement anywhere in a module (top level, function bodies,
+    ``if TYPE_CHECKING:`` blocks) that reaches a room its own room must not import."""
+    names = {_module_name(path) for path in trees}
+    found = []
+    for path, tree in trees.items():
+        banned = rules.get(room(_module_name(path)), ((), ""))[0]
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [
+                    f"{path}:{node.lineno} -> {target}"
+                    for target in _targets(node, path, names)
+                    if target.split(".")[0] == "beamkit" and room(target) in banned
+                ]
+    return sorted(set(found))
+
+
+def test_the_forbidden_import_detector_finds_planted_imports():
+    trees = {
+        "models/a.py": ast.parse(
+            "import typing\nfrom beamkit.search import x\nif typing.TYPE_CHECKING:\n    from beamkit.tasks import d\n"
+            "def f():\n    import beamkit.tasks.train\n    from ..tasks.dates import split\n"
+        ),
+        "models/__init__.py": ast.parse("from beamkit.models.a import f"),
+        "tasks/dates.py": ast.parse("from beamkit.models import a"),
+        "tasks/__init__.py": ast.parse('"""doc"""'),
+    }
+    assert forbidden_imports(trees, {"models": (("tasks",), "why")}) == [
+        "models/a.py:4 -> beamkit.tasks",
+        "models/a.py:6 -> beamkit.tasks.train",
+        "models/a.py:7 -> beamkit.tasks.dates",
+    ]
+    assert forbidden_imports(trees, {"tasks": (("models",), "why")}) == ["tasks/dates.py:1 -> beamkit.models.a"]
+
+
+def test_no_import_of_a_room_above():
+    found = forbidden_imports(modules(), FORBIDDEN_IMPORTS)
+    why = "; ".join(f"{r}: {reason}" for r, (_, reason) in FORBIDDEN_IMPORTS.items())
+    assert not found, f"these modules import a room above their own ({why}): {found}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

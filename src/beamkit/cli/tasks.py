@@ -167,16 +167,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a dates model and save the checkpoint folder."""
-    from beamkit.models import training
     from beamkit.progress import progress_enabled
-    from beamkit.tasks.train import TrainConfig, check_out
+    from beamkit.tasks.train import TrainConfig, check_out, train_dates
 
     config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
     out = args.out or f"checkpoints/dates-{args.arch}"
     check_out(out, force=args.force)
     try:
         ops.set_torch_threads(args.threads)
-        model = training.train(config, out=out, progress=progress_enabled(args.quiet))
+        model = train_dates(config, out=out, progress=progress_enabled(args.quiet))
     except ImportError as exc:
         return _fail_import("train", exc)
     except RuntimeError as exc:  # the loss diverged: a failure of this run
