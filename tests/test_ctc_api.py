@@ -277,6 +277,10 @@ def test_two_decoders_share_no_search_state() -> None:
     assert n_first > 0
     assert rows(first.decode(mats)) == want and sum(asked) == n_first  # its own scored words, kept
     assert rows(second.decode(mats)) == want and sum(asked) == 2 * n_first  # none of the first's
+    third = first.with_lm(fusion)  # starts from the first's label tables (read-only), nothing else
+    assert rows(third.decode(mats)) == want and sum(asked) == 3 * n_first
+    assert third._caches._labels is first._caches._labels
     assert first.release_cached_memory() > 0
     assert second.release_cached_memory() > 0  # still there: its storage is its own
+    assert third.release_cached_memory() > 0
     assert first.release_cached_memory() == 0

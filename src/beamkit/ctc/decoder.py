@@ -107,6 +107,14 @@ class Decoder:
         self.input_kind = check_choice("input_kind", input_kind, INPUT_KINDS)
         self._caches = SearchCaches(self.vocab)  # this decoder's alone: no two decoders share search state
 
+    def with_lm(self, lm: Any) -> Decoder:
+        """This decoder over another ``lm`` (None, a fusion or a model, as the constructor takes it): the same
+        vocabulary, options and input kind, starting with this decoder's label tables (read-only once built);
+        its scored LM words and search storage are its own."""
+        other = Decoder(self.vocab, lm, self.options, input_kind=self.input_kind)
+        other._caches = self._caches.sharing_labels()
+        return other
+
     def release_cached_memory(self) -> int:
         """Free the search storage this decoder keeps for its next call (the scored LM words stay); returns the
         bytes released."""

@@ -206,6 +206,17 @@ class SearchCaches:
                 self._fusion = (key, Fusion(labels, cache, self._hot[1], weight))
             return self._fusion[1]
 
+    def sharing_labels(self) -> SearchCaches:
+        """New caches over the same vocabulary that start with these label tables and the last hotword trie
+        (both read-only once built: a vocabulary of 8,000 BPE pieces takes about 0.1 s to tabulate); the LM
+        cache, the fusion and the workspace are the new one's own."""
+        with self._lock:
+            if self._labels is None:
+                self._labels = LabelTables(self.vocab)
+            out = SearchCaches(self.vocab)
+            out._labels, out._hot = self._labels, self._hot
+        return out
+
     def _lm_cache(self, lm: LanguageModelFusion, labels: LabelTables) -> LMCache:
         key = (id(lm), *lm_cache_key(lm, labels.alphabet_key))
         got = self._lm
