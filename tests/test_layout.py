@@ -652,6 +652,53 @@ def test_the_ctc_kernel_takes_at_most_eight_parameters():
     assert len(names) <= 8, f"run_frames takes {len(names)} parameters: {names}"
 
 
+# Every CTC function (the kernels, the search, the front end) takes at most eight parameters: more travel bundled
+# (a record of arrays, a knobs tuple, an options object). Allowed: a function whose flat signature a numba-compiled
+# kernel needs, or a drop-in's signature copied from its peer; each named with why. A stale entry fails.
+MAX_CTC_PARAMETERS = 8
+CTC_WIDE_FUNCTIONS: dict[str, str] = {
+    "ctc/compat/torchaudio.py:ctc_decoder": "torchaudio's ctc_decoder signature (the drop-in), 16 parameters",
+    "ctc/compat/torchaudio.py:__init__": "torchaudio's CTCDecoder(nbest, lexicon, ..., unk_word) constructor",
+}
+
+
+def wide_functions(tree: ast.Module, limit: int = MAX_CTC_PARAMETERS) -> dict[str, int]:
+    """Every function or method (nested ones too) taking more than ``limit`` parameters (``self`` / ``cls`` not
+    counted; ``*args`` and ``**kwargs`` count one each), by name."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            named = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            n = len(named) + (a.vararg is not None) + (a.kwarg is not None)
+            if named and named[0].arg in ("self", "cls"):
+                n -= 1
+            if n > limit:
+                found[node.name] = n
+    return found
+
+
+def test_the_width_detector_finds_a_planted_wide_function():
+    planted = "def f(a, b, c, *d, e, **g): pass\nclass A:\n    def m(self, a, b, c, d): pass\n    def n(a, b): pass"
+    assert wide_functions(ast.parse(planted), limit=5) == {"f": 6}
+    assert wide_functions(ast.parse(planted), limit=3) == {"f": 6, "m": 4}
+
+
+def test_no_ctc_function_takes_more_than_eight_parameters():
+    found = {
+        f"{path}:{name}": n
+        for path, tree in modules().items()
+        if path.startswith("ctc/")
+        for name, n in wide_functions(tree).items()
+        if f"{path}:{name}" not in CTC_WIDE_FUNCTIONS
+    }
+    assert not found, f"bundle these functions' parameters (at most {MAX_CTC_PARAMETERS}): {found}"
+    gone = [k for k in CTC_WIDE_FUNCTIONS if k.split(":")[1] not in wide_functions(modules()[k.split(":")[0]])]
+    assert not gone, (
+        f"these functions take at most {MAX_CTC_PARAMETERS} parameters now: drop them from CTC_WIDE_FUNCTIONS: {gone}"
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # package __init__ files only re-export
 

@@ -126,6 +126,8 @@ class BeamSearchDecoderCTC:
         # the last call's search (its language model and weights, and the Decoder whose fusion keeps the scored
         # words): calls without a start state and with unchanged weights reuse it
         self._last_search: tuple[Any, Any, Decoder] | None = None
+        # an LM-free decoder over the alphabet: every call's decoder starts from its label tables
+        self._tables = Decoder(self._vocab, None, PYCTCDECODE, input_kind="log_probs")
 
     def __getstate__(self) -> dict[str, Any]:
         """What pickles into a pool's workers: not the last search, which holds the language model (workers
@@ -210,7 +212,7 @@ class BeamSearchDecoderCTC:
         lm = search_lm(language_model, lm_start_state)
         if lm is not None:
             lm.check_scorable()  # the weights take any float, as pyctcdecode's; NaN cannot be decoded
-        decoder = Decoder(self._vocab, lm, PYCTCDECODE, input_kind="log_probs")
+        decoder = self._tables.with_lm(lm)
         if key is not None:
             self._last_search = (language_model, key, decoder)
         return decoder

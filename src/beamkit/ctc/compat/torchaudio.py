@@ -361,7 +361,8 @@ def ctc_decoder(
     if lm_dict is not None and not isinstance(lm_dict, str):
         raise ValueError("lm_dict must be None or str type.")
     nbest = check_int("nbest", nbest, least=1)
-    beam_size_token = None if beam_size_token is None else check_int("beam_size_token", beam_size_token, least=1)
+    if beam_size_token is not None:
+        beam_size_token = check_int("beam_size_token", beam_size_token, least=1)
     tokens_dict = _tokens_dict(tokens, blank_token, sil_token, unk_word)
     options = LexiconSearchOptions(
         beam_size=beam_size,
@@ -376,8 +377,7 @@ def ctc_decoder(
     words = read_lexicon(lexicon) if lexicon else None
     word_dict = _word_dict(words, lm, lm_dict, tokens_dict, unk_word)
     search_lm = _search_lm(lm, word_dict)
-    if words is not None and word_dict is not None:
-        _check_words_in_lm(words, word_dict, unk_word)
+    _check_words(words, word_dict, unk_word)
     return CTCDecoder(
         nbest=nbest,
         lexicon=words,
@@ -392,8 +392,8 @@ def ctc_decoder(
 
 
 def _tokens_dict(tokens: str | list[str], blank_token: str, sil_token: str, unk_word: str) -> Dictionary:
-    """``ctc_decoder``'s token dictionary, the special tokens checked: strings, the blank and silence among the
-    tokens (TypeError / ValueError naming the argument)."""
+    """The tokens' dictionary, the special tokens checked (a string each; the blank and silence among the
+    tokens)."""
     for name, value in (("blank_token", blank_token), ("sil_token", sil_token), ("unk_word", unk_word)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a string, got {value!r}")
@@ -406,9 +406,9 @@ def _tokens_dict(tokens: str | list[str], blank_token: str, sil_token: str, unk_
     return tokens_dict
 
 
-def _search_lm(lm: str | Path | CTCDecoderLM | None, word_dict: Dictionary | None) -> Any:
-    """The search's LM for ``ctc_decoder``'s ``lm``: a KenLM file's words through ``word_dict``, none, or the
-    user's :class:`CTCDecoderLM` (anything with ``start``, ``score`` and ``finish``). TypeError otherwise."""
+def _search_lm(lm: str | CTCDecoderLM | None, word_dict: Dictionary | None) -> Any:
+    """The LM the search asks: a KenLM file's words (``word_dict``'s indices), no LM, or the user's
+    :class:`CTCDecoderLM`."""
     if isinstance(lm, (str, Path)):
         from beamkit.lm import KenLMModel
 
@@ -422,8 +422,11 @@ def _search_lm(lm: str | Path | CTCDecoderLM | None, word_dict: Dictionary | Non
     raise TypeError(f"lm must be a KenLM file path, a CTCDecoderLM or None, got {type(lm).__name__}")
 
 
-def _check_words_in_lm(words: Any, word_dict: Dictionary, unk_word: str) -> None:
-    """ValueError when the LM dictionary has no default entry and lacks ``unk_word`` or a lexicon word."""
+def _check_words(words: Any, word_dict: Dictionary | None, unk_word: str) -> None:
+    """With a lexicon and an LM dictionary, the unknown word and every lexicon word must be in the dictionary
+    (unless it has a default)."""
+    if words is None or word_dict is None:
+        return
     if not word_dict.contains(unk_word) and word_dict._default < 0:
         raise ValueError(f"unk_word {unk_word!r} must be in the LM dictionary")
     for word in words:
