@@ -6,13 +6,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from beamkit import ops
 from beamkit.cli.args import add_command, add_force_arg, add_model_arg, add_search_args, check_output
-from beamkit.cli.format import format_score, shown
+from beamkit.cli.format import format_score, json_text, shown
 from beamkit.cli.types import finite_float, learning_rate, non_negative_int, positive_int
 from beamkit.scoring import LengthPenalty
 
@@ -132,7 +131,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             }
             for src, out in zip(texts, outs, strict=True)
         ]
-        print(json.dumps(payload))
+        print(json_text(payload))
         return code
     for src, out in zip(texts, outs, strict=True):
         print(src)
@@ -328,7 +327,7 @@ def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[fl
 
     main = results[1.0] if 1.0 in results else results[alphas[0]]
     if args.json:
-        print(json.dumps(main))
+        print(json_text(main))
     else:
         print(f"{title}: {main['n']} examples")
         print(format_table(results, metric))
