@@ -30,6 +30,7 @@ from beamkit.cli.types import bounded_int, non_negative_int, non_positive_float,
 from beamkit.ctc.options import MAX_BEAM_WIDTH
 from beamkit.lm import KENLM_MAX_ORDER
 from beamkit.lm.kneser_ney import MAX_ORDER
+from beamkit.textfiles import check_text_file
 
 if TYPE_CHECKING:
     from beamkit.ctc import CTCOptions, Decoder
@@ -70,6 +71,8 @@ def _load_matrices(path: str) -> list[np.ndarray]:
     from beamkit.ctc.posteriors import as_real_array
 
     if not os.path.isfile(path):
+        if os.path.exists(path) and not os.path.isdir(path):
+            check_text_file(path, ".npy file")  # a named pipe, a device, a socket: named as such
         what = "is a folder, not a .npy file" if os.path.isdir(path) else "no such file"
         raise FileNotFoundError(f"{what}: {path}")
     with open(path, "rb") as fh:
