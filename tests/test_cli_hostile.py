@@ -410,3 +410,19 @@ def test_decode_writes_a_non_finite_score_as_null_with_an_error(tmp_path):
     assert got[0] == records[0] and lines[0].endswith('"error": null}')
     assert got[1]["n_best"] == [{"text": "y", "logprob": None, "score": None}]
     assert "not a finite number" in got[1]["error"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("translate", "--beam", "100000000", "3 May 1999"),
+        ("decode", "--input", "in.txt", "--output", "out.jsonl", "--beam", "100001"),
+        ("eval", "dates", "--beams", "1,100000000"),
+    ],
+)
+def test_text_commands_refuse_a_beam_beyond_the_documented_maximum(capsys, argv):
+    # a beam of 10**8 ran for minutes past 3.5 GB without an answer (ctc decode's --beam had the bound already)
+    code, out, err = run_main(capsys, *argv)
+    line = one_line(err, argv[0])
+    assert code == 2 and out == "" and "100,000" in line and "100000001" not in line
+    assert "100000000" in line or "100001" in line  # the value given, named
