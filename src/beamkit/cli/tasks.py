@@ -446,7 +446,9 @@ def register_eval(subparsers: Any) -> None:
 
 def _add_eval_args(p: argparse.ArgumentParser, default_beams: str, lp_default: str) -> None:
     """The options every ``beamkit eval TASK`` takes: beam widths, length penalty, output, the fused LM."""
-    p.add_argument("--beams", default=default_beams, help=f"comma-separated beam widths, each at most {MAX_SEARCH_BEAM:,}")
+    p.add_argument(
+        "--beams", default=default_beams, help=f"comma-separated beam widths, each at most {MAX_SEARCH_BEAM:,}"
+    )
     p.add_argument("--length-penalty", type=finite_float, default=None, help=f"one alpha (default: {lp_default})")
     p.add_argument("--json", action="store_true", help="print one JSON object (length penalty 1 by default)")
     p.add_argument(
