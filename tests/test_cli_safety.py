@@ -309,7 +309,7 @@ def test_check_reachable_names_the_address_and_leaves_other_forms_to_ray():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--beam", "0"], "argument --beam: expected >= 1"),
+        (["--beam", "0"], "argument --beam: expected an integer from 1 to 100,000, got 0"),
         (["--max-len", "0"], "argument --max-len: expected >= 1"),
         (["--length-penalty", "1e308"], "length_penalty alpha must be a finite number between -100 and 100"),
     ],

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...lm.kenlm_model import kenlm_failure
+from ...textfiles import check_text_file
 from ..decoder import Decoder, checked
 from ..options import CTCOptions, word_tuple
 from ..search import CTCHypothesis
@@ -420,6 +421,8 @@ def build_ctcdecoder(
     if kenlm_model_path is not None:
         import kenlm
 
+        if os.path.exists(kenlm_model_path):  # a named pipe or device would block kenlm (a missing file: its OSError)
+            check_text_file(kenlm_model_path, "language model file")
         try:
             kenlm_model = kenlm.Model(kenlm_model_path)
         except UnicodeDecodeError as exc:  # a UTF-16 or binary ARPA file: say which file and why
