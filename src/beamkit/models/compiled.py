@@ -31,6 +31,9 @@ log = logging.getLogger("beamkit")
 SLOW_COMPILE_SECONDS = 2.0  # a first compilation longer than this is announced on standard error
 MIN_ROWS = 4  # the smallest row bucket
 MIN_SOURCE = 8  # the smallest source bucket
+# graphs one step may hold (torch.compile's own default, 8 per function, would silently run a model with many
+# row and source buckets eagerly)
+RECOMPILE_LIMIT = 64
 
 
 def bucket(n: int, least: int) -> int:
@@ -91,7 +94,11 @@ class CompiledStep:
         first = key not in self.seen
         start = time.perf_counter()
         try:
-            out = self.compiled(*args)
+            if first:
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                    out = self.compiled(*args)
+            else:
+                out = self.compiled(*args)
         except Exception as exc:  # compilation failed (no C compiler, a backend error): eager from now on
             if not first:
                 raise
@@ -111,8 +118,9 @@ class CompiledStep:
 
 class StaticKV:
     """The self-attention keys/values of the compiled step: per layer a buffer ``(cap, heads, max_len, d_head)``
-    of which the first ``rows`` rows and ``t`` columns are filled, and the compiled step that fills them. A state leaf for beamkit: ``beamkit_select`` copies the chosen rows into the spare buffers and
-    consumes this handle (use the one it returns)."""
+    of which the first ``rows`` rows and ``t`` columns are filled, and the compiled step that fills them. A
+    state leaf for beamkit: ``beamkit_select`` copies the chosen rows into the spare buffers and consumes this
+    handle (use the one it returns)."""
 
     def __init__(
         self, keys: list[Tensor], values: list[Tensor], spare: list[Tensor], rows: int, t: int, step: CompiledStep

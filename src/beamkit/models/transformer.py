@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from beamkit.kv import PagedKVCache, PagedRows
-from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, StaticKV, bucket, compile_setting
 from beamkit.models.common import join_cross, join_self_cache, transformer_config, trim_self_cache
+from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, StaticKV, bucket, compile_setting
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
 
