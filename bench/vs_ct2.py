@@ -25,7 +25,10 @@ CTranslate2's best output is compared with Hugging Face's row by row and the cou
 of beamkit's time spent inside the model's forward calls: where the time goes. Without ``ctranslate2``
 installed the CTranslate2 columns are skipped with a note.
 
-Run: ``python bench/vs_ct2.py [--models tiny,gpt2-small,marian] [--modes beam,greedy] [--repeats 5] [--int8]``.
+``--device cuda`` runs all three on a GPU (figures then on wall time; ``make gpu-check`` runs it).
+
+Run: ``python bench/vs_ct2.py [--models tiny,gpt2-small,marian] [--modes beam,greedy] [--repeats 5] [--int8]
+[--device cuda]``.
 """
 
 from __future__ import annotations
@@ -144,11 +147,13 @@ def build(kind: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
 class CT2:
     """A converted CTranslate2 copy of a model (float32 weights), loaded once per compute type."""
 
-    def __init__(self, kind: str, model: Any, ids: torch.Tensor, mask: torch.Tensor, tmp: str, threads: int) -> None:
+    def __init__(
+        self, kind: str, model: Any, ids: torch.Tensor, mask: torch.Tensor, tmp: str, threads: int, device: str
+    ) -> None:
         import ctranslate2
         import tokenizers
 
-        self.ct2, self.kind, self.threads = ctranslate2, kind, threads
+        self.ct2, self.kind, self.threads, self.device = ctranslate2, kind, threads, device
         vocab, pad = int(model.config.vocab_size), int(model.config.pad_token_id)
         eos = int(model.config.eos_token_id)
         names = [f"t{i}" for i in range(vocab)]
@@ -164,7 +169,8 @@ class CT2:
             [names[t] for t, m in zip(row, keep, strict=True) if m]
             for row, keep in zip(ids.tolist(), mask.tolist(), strict=True)
         ]
-        model.save_pretrained(tmp)
+        model.to("cpu").save_pretrained(tmp)
+        model.to(device)
         tokenizer.save_pretrained(tmp)
         self.path = f"{tmp}/ct2"
         ctranslate2.converters.TransformersConverter(tmp).convert(self.path, quantization="float32", force=True)
@@ -175,7 +181,7 @@ class CT2:
         if compute_type not in self.loaded:
             cls = self.ct2.Translator if self.kind == "marian" else self.ct2.Generator
             self.loaded[compute_type] = cls(
-                self.path, device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=self.threads
+                self.path, device=self.device, compute_type=compute_type, inter_threads=1, intra_threads=self.threads
             )
         engine = self.loaded[compute_type]
         index = {w: i for i, w in enumerate(self.names)}
@@ -212,9 +218,13 @@ def new_tokens(model: Any, sequences: torch.Tensor) -> list[list[int]]:
     return [row[start:] for row in sequences.tolist()]
 
 
-def run(kind: str, mode: str, repeats: int, threads: int, int8: bool) -> list[tuple[str, float, float, bool]]:
-    """Time one model in one mode; print its line and targets; return the verdicts."""
+def run(
+    kind: str, mode: str, repeats: int, threads: int, int8: bool, device: str = "cpu"
+) -> list[tuple[str, float, float, bool]]:
+    """Time one model in one mode on ``device``; print its line and targets; return the verdicts (on CPU time,
+    or on wall time on a GPU, where the process's CPU time is not the cost)."""
     model, ids, mask = build(kind)
+    model, ids, mask = model.to(device), ids.to(device), mask.to(device)
     beams = MODES[mode]
     eos, pad = int(model.config.eos_token_id), int(model.config.pad_token_id)
     beam_only = dict(early_stopping=False, length_penalty=1.0) if beams > 1 else {}
@@ -228,7 +238,7 @@ def run(kind: str, mode: str, repeats: int, threads: int, int8: bool) -> list[tu
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         try:
-            ct2 = CT2(kind, model, ids, mask, tmp, threads)
+            ct2 = CT2(kind, model, ids, mask, tmp, threads, device)
         except ImportError:
             ct2 = None
             notes.append("ctranslate2 not installed (pip install ctranslate2): no CTranslate2 columns")
@@ -245,6 +255,8 @@ def run(kind: str, mode: str, repeats: int, threads: int, int8: bool) -> list[tu
             for name in rotation(i, list(calls)):
                 c0, w0 = time.process_time(), time.perf_counter()
                 out = calls[name]()
+                if device != "cpu":
+                    torch.cuda.synchronize()
                 wall = time.perf_counter() - w0
                 times[name].cpu.append(time.process_time() - c0)
                 times[name].wall.append(wall)
@@ -275,11 +287,12 @@ def run(kind: str, mode: str, repeats: int, threads: int, int8: bool) -> list[tu
     )
     for note in notes:
         print(f"[{label}] {note}")
-    bk_cpu = times["beamkit"].median_cpu()
-    hf_speedup = times["hf"].median_cpu() / bk_cpu
-    ct2_speedup = times["ct2"].median_cpu() / bk_cpu if "ct2" in times else None
+    cost = Timings.median_cpu if device == "cpu" else Timings.median_wall
+    bk_cost = cost(times["beamkit"])
+    hf_speedup = cost(times["hf"]) / bk_cost
+    ct2_speedup = cost(times["ct2"]) / bk_cost if "ct2" in times else None
     if "ct2-int8" in times:
-        print(f"ct2-int8-vs-bk[{label}]: {times['ct2-int8'].median_cpu() / bk_cpu:.2f}x (beamkit float32)")
+        print(f"ct2-int8-vs-bk[{label}]: {cost(times['ct2-int8']) / bk_cost:.2f}x (beamkit float32)")
     if "ct2" in outputs and rows_equal(outputs["ct2"], hf_rows) < ROWS_TARGET:
         print(f"[{label}] CTranslate2's rows equal Hugging Face's on fewer than {ROWS_TARGET} of {PROMPTS}")
     results = verdict(kind, hf_speedup, ct2_speedup)
@@ -296,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch and CTranslate2 CPU threads")
     parser.add_argument("--int8", action="store_true", help="add CTranslate2 int8 (same model, compute_type int8)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where all three systems run")
     args = parser.parse_args(argv)
     models, modes = args.models.split(","), args.modes.split(",")
     for name in models:
@@ -306,11 +320,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"unknown mode {name!r}: choose from {', '.join(MODES)}")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # the converter's save / load bars
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
-    summary = [r for kind in models for mode in modes for r in run(kind, mode, args.repeats, args.threads, args.int8)]
+    summary = [
+        r
+        for kind in models
+        for mode in modes
+        for r in run(kind, mode, args.repeats, args.threads, args.int8, args.device)
+    ]
     met = sum(m for *_, m in summary)
     print(f"targets met: {met} of {len(summary)}")
     sys.stdout.flush()
