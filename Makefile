@@ -142,7 +142,7 @@ bench: $(STAMP) $(PEER_STAMP) $(PEER_TA_STAMP)
 
 # On a machine with a CUDA GPU: the tests that take a `device` (their cuda cases), the compiled step under inductor,
 # and the side-by-side benchmark on the GPU. Under 8 minutes on one GPU; it stops at the first failing step.
-GPU_TESTS := tests/test_device_transfers.py tests/test_compiled_step.py
+GPU_TESTS := tests/test_device_transfers.py tests/test_kv_attention.py tests/test_compiled_step.py
 gpu-check: $(STAMP)
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device')"
 	BEAMKIT_TEST_INDUCTOR=1 $(BIN)/python -m pytest -q $(GPU_TESTS)
