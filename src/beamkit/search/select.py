@@ -23,9 +23,6 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.ops.backend import NUMPY_FLOATS
-from beamkit.ops.normalize import _log_of_sums
-from beamkit.ops.top import _mend_ties, _order_rows
 
 _CHUNK = 1 << 18  # elements of a [rows, V] table exponentiated and scanned at a time (about 1 MB of float32)
 _TINY_SUM = 1e-30  # below this an unshifted sum of exps may have lost precision: the row is redone with a shift
@@ -42,29 +39,6 @@ def compiled() -> bool:
     return _compiled_scan() is not None
 
 
-def _device_lse_and_top(x: Any, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`lse_and_top` of a float32 / float64 tensor on its device, with one transfer to the host: the
-    sums of ``exp``, the ``m + 1`` best values and their columns packed in one float64 table (columns below
-    2^53 are exact in float64). Same results as :func:`beamkit.ops.logsumexp` and
-    :func:`beamkit.ops.top_candidates` (rows that need a shifted sum or a tie mended read ``x`` again)."""
-    import torch
-
-    sums = x.exp().sum(dim=1)  # shape: (rows,), in x's dtype, as ops.logsumexp
-    vals, cols = x.topk(m + 1, dim=1, largest=True, sorted=True)  # shape: (rows, m + 1), value descending
-    packed = torch.cat([sums[:, None].double(), vals.double(), cols.double()], dim=1)  # shape: (rows, 2m + 3)
-    host = ops.to_numpy(packed)  # the one device-to-host transfer of the selection
-    lse = _log_of_sums(x, host[:, 0].astype(sums_dtype(x)))
-    top_vals, top_cols = host[:, 1 : m + 2], host[:, m + 2 :].astype(np.int64)
-    if not (top_vals[:, 1:] == top_vals[:, :-1]).any():  # no equal neighbours: set and order exact as they are
-        return lse, top_vals[:, :m], top_cols[:, :m]
-    return lse, *_order_rows(*_mend_ties(x, top_vals, top_cols, m))
-
-
-def sums_dtype(x: Any) -> Any:
-    """The numpy dtype of a float32 / float64 tensor."""
-    return np.float32 if str(x.dtype) == "torch.float32" else np.float64
-
-
 def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise log-sum-exp and the ``m`` best entries of ``x`` ``[rows, V]`` (logits): from one read where the
     compiled scan runs, else from :func:`beamkit.ops.top_candidates` after the sums.
@@ -79,9 +53,7 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
     m = min(int(m), v)
     x = ops.cpu_view(x)  # a CPU float32 / float64 tensor: a numpy view of its memory
     if not isinstance(x, np.ndarray):  # on an accelerator, or half precision: torch does both, small tables back
-        if m < v and str(x.dtype) in NUMPY_FLOATS:
-            return _device_lse_and_top(x, m)
-        return ops.logsumexp(x), *ops.top_candidates(x, m)
+        return ops.device_lse_and_top(x, m)
     if x.dtype != np.float32 and x.dtype != np.float64:
         x = x.astype(np.float64)
     if m == 1:  # greedy: numpy's argmax is the first column holding the maximum (NaN: the row fails anyway)
@@ -112,7 +84,7 @@ def lse_and_top(x: Any, m: int, *, jit: bool | None = None) -> tuple[np.ndarray,
     return _log_of_sums(x, sums), vals.astype(np.float64), idx
 
 
-def _log_of_sums(x: np.ndarray, sums: np.ndarray) -> np.ndarray:
+def _log_of_sums(x: Any, sums: np.ndarray) -> np.ndarray:
     """``log(sums)`` as float64, the rows whose unshifted sum over- or underflowed (or holds NaN / inf) redone by
     :func:`beamkit.ops.logsumexp`, which shifts them."""
     ok = (sums >= _TINY_SUM) & (sums < np.inf)
