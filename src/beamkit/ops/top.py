@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.ops.backend import cpu_view, is_torch, to_numpy
+from beamkit.ops.backend import NUMPY_FLOATS, cpu_view, is_torch, to_numpy
 from beamkit.ops.chunks import LARGE_TABLE, TOP_CHUNK, chunk_rows
 
 
@@ -206,3 +206,30 @@ def _exact_top_row(row: np.ndarray, m: int) -> np.ndarray:
     """The m largest columns of one row under the lowest-column tie rule (slow path for boundary ties)."""
     order = np.lexsort((np.arange(row.shape[0]), -row))
     return order[:m].astype(np.int64)
+
+
+def device_lse_and_top(x: Any, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise log-sum-exp and the ``m`` best entries of a tensor ``x`` ``[rows, V]`` that stays on its device.
+
+    Float32 / float64 with ``m`` < V (not on MPS, which has no float64): one transfer to the host, the sums of
+    ``exp``, the ``m + 1`` best values and their columns packed in one float64 table (columns below 2^53 are
+    exact in float64); else :func:`beamkit.ops.logsumexp` then :func:`top_candidates`. The same results as
+    those two either way (rows that need a shifted sum or a tie mended read ``x`` again). Returns host arrays
+    ``(lse float64 [rows], values float64 [rows, m'], columns int64 [rows, m'])``, ``m' = min(m, V)``.
+    """
+    import torch
+
+    from beamkit.ops.normalize import _log_of_sums, logsumexp
+
+    if not (m < int(x.shape[1]) and str(x.dtype) in NUMPY_FLOATS and x.device.type != "mps"):
+        return logsumexp(x), *top_candidates(x, m)
+
+    sums = x.exp().sum(dim=1)  # shape: (rows,), in x's dtype, as logsumexp
+    vals, cols = x.topk(m + 1, dim=1, largest=True, sorted=True)  # shape: (rows, m + 1), value descending
+    packed = torch.cat([sums[:, None].double(), vals.double(), cols.double()], dim=1)  # shape: (rows, 2m + 3)
+    host = to_numpy(packed)  # the one device-to-host transfer
+    lse = _log_of_sums(x, host[:, 0].astype(np.float32 if str(x.dtype) == "torch.float32" else np.float64))
+    top_vals, top_cols = host[:, 1 : m + 2], host[:, m + 2 :].astype(np.int64)
+    if not (top_vals[:, 1:] == top_vals[:, :-1]).any():  # no equal neighbours: set and order exact as they are
+        return lse, top_vals[:, :m], top_cols[:, :m]
+    return lse, *_order_rows(*_mend_ties(x, top_vals, top_cols, m))
