@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEER := .venv-peer
 PEER_STAMP := $(PEER)/.installed
 
-.PHONY: demo test test-fast lint typecheck pytest peer peer-torchaudio hf-newest docs numerics wheel-check mutation bench clean
+.PHONY: demo test test-fast lint typecheck pytest peer peer-torchaudio hf-newest docs numerics wheel-check mutation bench gpu-check clean
 
 # The demo needs beamkit alone (numpy: the shipped models run on it); the checks need all of dev.
 DEMO_STAMP := $(VENV)/.installed-demo
@@ -139,6 +139,14 @@ bench: $(STAMP) $(PEER_STAMP) $(PEER_TA_STAMP)
 	$(PEER_TA)/bin/python bench/ctc_vs_torchaudio.py
 	$(BIN)/python bench/paged_kv.py
 	$(BIN)/python bench/vs_olmo.py
+
+# On a machine with a CUDA GPU: the tests that take a `device` (their cuda cases), the compiled step under inductor,
+# and the side-by-side benchmark on the GPU. Under 8 minutes on one GPU; it stops at the first failing step.
+GPU_TESTS := tests/test_device_transfers.py tests/test_kv_attention.py tests/test_compiled_step.py
+gpu-check: $(STAMP)
+	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device')"
+	BEAMKIT_TEST_INDUCTOR=1 $(BIN)/python -m pytest -q $(GPU_TESTS)
+	$(BIN)/python bench/vs_ct2.py --device cuda --repeats 3 --int8
 
 wheel-check:
 	bash .ci/wheel-check

@@ -3,7 +3,8 @@
     python bench/ctc_trace_cost.py [--frames 400] [--labels 32] [--beam 10] [--repeats 5]
 
 Peaky random posteriors (a favourite label per frame, about 60% blank frames). Prints the best-of-N wall times of
-the plain search, the traced search (``record_trace=True``), JSON / HTML rendering, the entry count and sizes.
+the plain search (``Decoder.decode``), the traced search (``Decoder.trace``), JSON / HTML rendering, the entry
+count and sizes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from beamkit.ctc import prefix_beam_search
+from beamkit.ctc import CTCOptions, Decoder
 from beamkit.viz import to_html
 
 
@@ -47,14 +48,14 @@ def main() -> None:
     args = ap.parse_args()
     labels = ["", " "] + [chr(ord("a") + i % 26) + ("" if i < 26 else str(i)) for i in range(args.labels - 2)]
     lp = posteriors(args.frames, args.labels)
-    knobs = {"beam_width": args.beam, "split_blank": True}  # the decoder's beam unit
+    decoder = Decoder(labels, options=CTCOptions(beam_width=args.beam), input_kind="log_probs")
     traces = []
 
     def plain() -> None:
-        prefix_beam_search(lp, labels, **knobs)
+        decoder.decode(lp)
 
     def traced() -> None:
-        traces[:] = [prefix_beam_search(lp, labels, record_trace=True, **knobs)[1]]
+        traces[:] = decoder.trace(lp)
 
     plain()  # compile / warm up
     traced()

@@ -12,6 +12,10 @@ Three parts, one process:
    Checks every beamkit output is in the dictionary; reports top-1 agreement, n-best overlap and the speed ratio
    (median of ``--repeats`` runs each, interleaved).
 3. **Throughput by width** (beamkit): widths 50-400 on the same model and dictionary.
+4. **The output layer over the allowed ids** (``beamkit.hf.generate(..., allowed_output=...)``): the full
+   output layer against ``"vocab"`` (normalised over the vocabulary) and ``"allowed"`` (normalised over each
+   row's allowed ids) at ``--width``, on models of ``--output-vocabs`` ids (the codes, then other ids: a
+   language model with semantic-ID tokens added): time, and the n-best against the full layer's.
 
 Prints a table per part, then the headline lines::
 
@@ -67,15 +71,16 @@ def build_row(n: int, levels: int) -> dict[str, Any]:
     return {"items": n, "levels": levels, "seconds": seconds, "mb": trie.nbytes / 1e6, "peak_mb": peak / 1e6}
 
 
-def tiny_gpt2(levels: int, positions: int) -> Any:
-    """The random tiny GPT-2 every decoding run uses (seed 0)."""
+def tiny_gpt2(levels: int, positions: int, vocab: int | None = None) -> Any:
+    """The random tiny GPT-2 every decoding run uses (seed 0); ``vocab``: its vocabulary (default the codes and
+    the stop token; larger: the codes plus other ids, as a language model with semantic-ID tokens added)."""
     import torch
     import transformers
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=2, vocab_size=1 + CODES * levels, n_positions=positions, bos_token_id=EOS,
-        eos_token_id=EOS,
+        n_layer=2, n_embd=64, n_head=2, vocab_size=vocab or 1 + CODES * levels, n_positions=positions,
+        bos_token_id=EOS, eos_token_id=EOS,
     )  # fmt: skip
     return transformers.GPT2LMHeadModel(cfg).eval()
 
@@ -91,7 +96,7 @@ def decode_kwargs(width: int, ids: Any) -> dict[str, Any]:
 
     return dict(
         num_beams=width, num_return_sequences=width, max_new_tokens=5, eos_token_id=EOS, pad_token_id=EOS,
-        attention_mask=torch.ones_like(ids), return_dict_in_generate=True, output_scores=True,
+        attention_mask=torch.ones_like(ids), return_dict_in_generate=True,
     )  # fmt: skip
 
 
@@ -114,6 +119,9 @@ def compare(model: Any, trie: Trie, ids: Any, width: int, repeats: int) -> dict[
                 else:
                     outs[side] = bh.generate(model, ids, prefix_allowed_tokens_fn=fn, **kw)
                 times[side].append(time.perf_counter() - start)
+    from beamkit.hf.route import route
+
+    where = route(model, (ids,), {**kw, "prefix_allowed_tokens_fn": fn}).kind  # "engine": beamkit's batched search
     n, p = ids.shape
     mine = outs["beamkit"].sequences[:, p:].tolist()
     theirs = outs["hf"].sequences[:, p:].tolist()
@@ -123,7 +131,7 @@ def compare(model: Any, trie: Trie, ids: Any, width: int, repeats: int) -> dict[
     hf, bk = statistics.median(times["hf"]), statistics.median(times["beamkit"])
     return {
         "items": len(trie), "width": width, "prompts": n, "prompt_len": p, "hf_s": hf, "beamkit_s": bk,
-        "speedup": hf / bk, "top1": top1, "overlap": statistics.mean(overlap), "valid": valid,
+        "speedup": hf / bk, "top1": top1, "overlap": statistics.mean(overlap), "valid": valid, "route": where,
     }  # fmt: skip
 
 
@@ -151,6 +159,48 @@ def throughput(model: Any, trie: Trie, ids: Any, width: int, repeats: int) -> di
     return {"width": width, "seconds": seconds, "requests_per_s": ids.shape[0] / seconds, "valid": valid}
 
 
+def output_layer(
+    vocab: int, trie: Trie, prompts: int, prompt_len: int, width: int, repeats: int
+) -> list[dict[str, Any]]:
+    """``allowed_output=`` against the full output layer on a model of ``vocab`` ids: median seconds of each
+    (interleaved), and how the n-best of each mode compares with the full layer's (top-1, overlap, scores)."""
+    import torch
+
+    import beamkit.hf as bh
+
+    model = tiny_gpt2(4, prompt_len + 8, vocab)
+    ids = prompts_of(prompts, prompt_len, vocab)
+    fn = trie.prefix_allowed_tokens_fn(prompt_len=prompt_len)
+    kw = decode_kwargs(width, ids)
+    modes = (None, "vocab", "allowed")
+    times: dict[Any, list[float]] = {m: [] for m in modes}
+    outs: dict[Any, Any] = {}
+    with torch.inference_mode():
+        for i in range(repeats):
+            for mode in modes if i % 2 == 0 else modes[::-1]:
+                start = time.perf_counter()
+                outs[mode] = bh.generate(model, ids, prefix_allowed_tokens_fn=fn, allowed_output=mode, **kw)
+                times[mode].append(time.perf_counter() - start)
+    full = outs[None].sequences[:, prompt_len:].tolist()
+    n, rows = prompts, []
+    for mode in modes:
+        mine = outs[mode].sequences[:, prompt_len:].tolist()
+        gap = max(
+            abs(a.logprob - b.logprob)
+            for x, y in zip(outs[mode].hypotheses, outs[None].hypotheses, strict=True)
+            for a, b in zip(x, y, strict=False)
+            if a.tokens == b.tokens
+        )
+        rows.append({
+            "vocab": vocab, "mode": mode or "full", "seconds": statistics.median(times[mode]),
+            "speedup": statistics.median(times[None]) / statistics.median(times[mode]),
+            "top1": sum(mine[r * width] == full[r * width] for r in range(prompts)), "prompts": prompts,
+            "overlap": statistics.mean(len(_ids(mine, r, width) & _ids(full, r, width)) / width for r in range(n)),
+            "score_gap": gap, "valid": all(list(row) in trie for row in mine if row),
+        })  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the three parts; print the tables and the headline; return the rows (for the test)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -163,11 +213,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--width", type=int, default=50, help="width of the comparison with model.generate")
     parser.add_argument("--widths", default="50,100,200,400", help="widths of the throughput table")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--output-vocabs", default="1025,32768", help="model vocabularies of the output-layer comparison (part 4)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: tiny model, shared machine)")
     args = parser.parse_args(argv)
     if args.quick:
         args.build_items, args.levels, args.items, args.prompts = "2000", "3", 500, 2
         args.prompt_len, args.width, args.widths, args.repeats = 16, 8, "8,16", 1
+        args.output_vocabs = "1025"
     import torch
 
     torch.set_num_threads(args.threads)
@@ -194,6 +248,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("|---:|---:|---:|---|")
     for r in rates:
         print(f"| {r['width']} | {r['seconds']:.3f} | {r['requests_per_s']:.2f} | {'yes' if r['valid'] else 'NO'} |")
+    layers = [
+        row
+        for v in args.output_vocabs.split(",")
+        for row in output_layer(int(v), trie, args.prompts, args.prompt_len, args.width, args.repeats)
+    ]
+    print()
+    print(
+        "| vocabulary | output layer | beamkit s | vs full layer | top-1 as full | n-best as full | max score change |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for r in layers:
+        print(
+            f"| {r['vocab']:,} | {r['mode']} | {r['seconds']:.3f} | {r['speedup']:.2f}x | {r['top1']}/{r['prompts']} | "
+            f"{100 * r['overlap']:.1f}% | {r['score_gap']:.2g} |"
+        )
     print()
     for b in builds:
         print(
@@ -205,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{cmp['top1']}/{cmp['prompts']}, n-best overlap {100 * cmp['overlap']:.1f}%, all outputs valid: "
         f"{cmp['valid'] and all(r['valid'] for r in rates)})"
     )
-    return {"builds": builds, "compare": cmp, "throughput": rates}
+    return {"builds": builds, "compare": cmp, "throughput": rates, "output_layer": layers}
 
 
 if __name__ == "__main__":

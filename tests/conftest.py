@@ -47,3 +47,13 @@ def one_torch_thread():
     torch.set_num_threads(pinned_threads())
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request):
+    """A torch device to run a test on: ``cpu``, and ``cuda`` where a CUDA device is present (else skipped).
+    ``make gpu-check`` runs the tests that use it on a GPU machine."""
+    torch = pytest.importorskip("torch")
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch.device(request.param)

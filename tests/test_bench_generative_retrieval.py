@@ -27,6 +27,10 @@ def test_the_quick_run_reports_valid_outputs_and_agreement(capsys):
     pytest.importorskip("transformers")
     rows = load_bench().main(["--quick"])
     assert rows["compare"]["valid"] and all(r["valid"] for r in rows["throughput"])
+    assert rows["compare"]["route"] == "engine"  # beamkit's side is timed on its engine, not on the loop
+    layers = {r["mode"]: r for r in rows["output_layer"]}
+    assert layers["vocab"]["top1"] == layers["vocab"]["prompts"] and layers["vocab"]["overlap"] == 1.0
+    assert all(r["valid"] for r in rows["output_layer"])
     assert rows["compare"]["top1"] == rows["compare"]["prompts"]  # tiny sizes: the same best ID as generate
     assert rows["builds"][0]["items"] == 2000
     assert "speedup[" in capsys.readouterr().out

@@ -332,3 +332,97 @@ def test_train_stops_with_one_line_when_the_loss_diverges(capsys, tmp_path, monk
     assert code == 1 and stdout == ""
     assert "diverged" in one_line(err, "train") and "Traceback" not in err
     assert not out.exists() or not any(out.iterdir())  # no checkpoint of NaN weights
+
+
+# --- decode's input file: named pipes, UTF-16, byte-order marks ------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_decode_refuses_a_named_pipe_as_input(capsys, tmp_path):
+    # the input is read twice (its lines, then its digest for resuming): a pipe blocked the second read for ever
+    pipe = tmp_path / "in.txt"
+    os.mkfifo(pipe)
+    out = tmp_path / "out.jsonl"
+    code, _, err = run_main(capsys, "decode", "--input", str(pipe), "--output", str(out), "--quiet")
+    assert code == 2 and "named pipe" in one_line(err, "decode") and str(pipe) in err
+    assert not out.exists()
+
+
+def test_decode_refuses_a_utf16_input_in_one_line(capsys, tmp_path):
+    # each line became an error record of split UTF-16 bytes, and the command exited 0
+    src = tmp_path / "in.txt"
+    src.write_text("1 May 2000\n2 May 2001\n", encoding="utf-16")
+    out = tmp_path / "out.jsonl"
+    code, _, err = run_main(capsys, "decode", "--input", str(src), "--output", str(out), "--quiet")
+    line = one_line(err, "decode")
+    assert code == 2 and str(src) in line and "UTF-16" in line and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["in.txt", "in.jsonl"])
+def test_decode_reads_a_file_with_a_byte_order_mark_as_without(capsys, tmp_path, name):
+    # the mark was part of the first input: an unknown character (text) or "Unexpected UTF-8 BOM" (JSONL)
+    line = '{"id": 1, "text": "1 May 2000"}' if name.endswith(".jsonl") else "1 May 2000"
+    outs = []
+    for bom in (b"", b"\xef\xbb\xbf"):
+        src = tmp_path / f"{len(bom)}{name}"
+        src.write_bytes(bom + f"{line}\n".encode())
+        out = tmp_path / f"{len(bom)}out.jsonl"
+        code, _, err = run_main(capsys, "decode", "--input", str(src), "--output", str(out), "--quiet")
+        assert code == 0, err
+        outs.append([json.loads(r) for r in out.read_text(encoding="utf-8").splitlines()])
+    assert outs[1] == outs[0] and outs[0][0]["error"] is None and outs[0][0]["n_best"][0]["text"] == "2000-05-01"
+
+
+# --- no command prints a number JSON cannot hold -------------------------------------------------------------
+
+
+def _strict_loads(text: str):
+    def refuse(name: str):
+        raise AssertionError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan")])
+def test_translate_json_refuses_a_score_json_cannot_hold(capsys, monkeypatch, bad):
+    from types import SimpleNamespace
+
+    import beamkit.adapters
+
+    def decode_texts(adapter, texts, **kw):
+        return [[SimpleNamespace(text="2000-05-01", logprob=-1.0, score=bad, finished=True)] for _ in texts]
+
+    monkeypatch.setattr(beamkit.adapters, "decode_texts", decode_texts)
+    code, out, err = run_main(capsys, "translate", *FAST, "--json", "1 May 2000")
+    assert code == 2 and out == "" and "not a finite number" in one_line(err, "translate")
+
+
+def test_decode_writes_a_non_finite_score_as_null_with_an_error(tmp_path):
+    from beamkit.corpus.shards import encode_records
+
+    records = [
+        {"id": 1, "input": "a", "n_best": [{"text": "x", "logprob": -1.5, "score": -0.5}], "error": None},
+        {"id": 2, "input": "b", "n_best": [{"text": "y", "logprob": float("-inf"), "score": float("nan")}],
+         "error": None},
+    ]  # fmt: skip
+    lines = encode_records(records).decode("utf-8").splitlines()
+    got = [_strict_loads(line) for line in lines]  # "-Infinity" and "NaN" were written as they are
+    assert got[0] == records[0] and lines[0].endswith('"error": null}')
+    assert got[1]["n_best"] == [{"text": "y", "logprob": None, "score": None}]
+    assert "not a finite number" in got[1]["error"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("translate", "--beam", "100000000", "3 May 1999"),
+        ("decode", "--input", "in.txt", "--output", "out.jsonl", "--beam", "100001"),
+        ("eval", "dates", "--beams", "1,100000000"),
+    ],
+)
+def test_text_commands_refuse_a_beam_beyond_the_documented_maximum(capsys, argv):
+    # a beam of 10**8 ran for minutes past 3.5 GB without an answer (ctc decode's --beam had the bound already)
+    code, out, err = run_main(capsys, *argv)
+    line = one_line(err, argv[0])
+    assert code == 2 and out == "" and "100,000" in line and "100000001" not in line
+    assert "100000000" in line or "100001" in line  # the value given, named

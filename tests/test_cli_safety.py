@@ -118,12 +118,12 @@ def test_train_refuses_the_shipped_folder_before_training(capsys, name):
 
 
 def test_train_refuses_an_existing_file_before_training(capsys, tmp_path, monkeypatch):
-    import beamkit.models.training as train_module
+    import beamkit.tasks.train as train_module
 
     def no_training(*args, **kwargs):
         raise AssertionError("trained before checking --out")
 
-    monkeypatch.setattr(train_module, "train", no_training)
+    monkeypatch.setattr(train_module, "train_dates", no_training)
     out = tmp_path / "model.bin"
     out.write_text("keep me", encoding="utf-8")
     code, _, err = run_main(capsys, "train", "dates", "--out", str(out), *TINY_TRAIN)
@@ -133,11 +133,11 @@ def test_train_refuses_an_existing_file_before_training(capsys, tmp_path, monkey
 
 
 def test_train_refuses_a_non_empty_folder_unless_forced(capsys, tmp_path, monkeypatch):
-    import beamkit.models.training as train_module
+    import beamkit.tasks.train as train_module
 
     calls = []
-    real = train_module.train
-    monkeypatch.setattr(train_module, "train", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = train_module.train_dates
+    monkeypatch.setattr(train_module, "train_dates", lambda *a, **k: calls.append(1) or real(*a, **k))
     out = tmp_path / "work"
     out.mkdir()
     (out / "thesis.tex").write_text("keep me", encoding="utf-8")
@@ -309,7 +309,7 @@ def test_check_reachable_names_the_address_and_leaves_other_forms_to_ray():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--beam", "0"], "argument --beam: expected >= 1"),
+        (["--beam", "0"], "argument --beam: expected an integer from 1 to 100,000, got 0"),
         (["--max-len", "0"], "argument --max-len: expected >= 1"),
         (["--length-penalty", "1e308"], "length_penalty alpha must be a finite number between -100 and 100"),
     ],

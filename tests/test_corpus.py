@@ -344,7 +344,8 @@ def test_hf_directory_equals_generate_one_at_a_time(tmp_path, tiny_hf):
 
 def test_a_failing_batch_is_decoded_one_by_one():
     """A batched search that fails as a whole is retried input by input: only the culprit becomes an error."""
-    from beamkit.corpus import CorpusDecoder, Item, Scored
+    from beamkit.adapters import TextHypothesis
+    from beamkit.corpus import CorpusDecoder, Item
 
     class Picky:
         def prepare(self, item):
@@ -353,7 +354,7 @@ def test_a_failing_batch_is_decoded_one_by_one():
         def decode(self, batch):
             if "boom" in batch:
                 raise ValueError("cannot decode boom")
-            return [[Scored(t.upper(), -1.0, -0.5)] for t in batch]
+            return [[TextHypothesis(t.upper(), [], -1.0, -0.5, True)] for t in batch]
 
     decoder = CorpusDecoder.__new__(CorpusDecoder)
     decoder.model = Picky()

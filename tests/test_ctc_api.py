@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import beamkit.ctc.compat as compat
-from beamkit.ctc import CTCBatchDecodeError, CTCHypothesis, CTCOptions, Decoder
+from beamkit.ctc import CTCBatchDecodeError, CTCHypothesis, CTCOptions, Decoder, Vocabulary, fusion_of
 from beamkit.lm import ArpaLM, build_arpa
 from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 from tests.test_ctc_prefix_search import oracle
@@ -240,3 +240,47 @@ def test_the_first_decode_on_a_cold_cache_says_it_compiles_once(monkeypatch, cap
     cold["now"] = True
     dec.decode(lp)
     assert capsys.readouterr().err == ""  # silenced
+
+
+def test_two_decoders_share_no_search_state() -> None:
+    # decoders over one Vocabulary object with other LMs, labels and hotwords, their calls interleaved utterance by
+    # utterance, each give what each gives alone; two decoders of one LM fusion object each ask the LM for the
+    # words they score (each keeps its own scored words); freeing one decoder's storage leaves the other's
+    rng = np.random.default_rng(21)
+    vocab = Vocabulary.from_labels(LABELS)
+    mats = [frames(rng, int(rng.integers(6, 14))) for _ in range(6)]
+    lm_ab = fusion_of(ArpaLM.from_lines(build_arpa(CORPUS, order=2).splitlines()), alpha=0.8)
+    lm_c = fusion_of(ArpaLM.from_lines(build_arpa(["c c", "c a c", "b c", "cab c"] * 3, order=3).splitlines()))
+    setups = [
+        (vocab, lm_ab, CTCOptions(beam_width=8)),
+        (vocab, lm_c, CTCOptions(beam_width=8, hotwords=("cab",), hotword_weight=4.0)),
+        (["", " ", "c", "b", "a"], lm_ab, CTCOptions(beam_width=8, prune_history=True)),  # other letters, same width
+    ]
+
+    def rows(hyps: list[list[CTCHypothesis]]) -> list[list[tuple]]:
+        return [[(h.text, h.score, h.logit_score, h.word_frames) for h in hs] for hs in hyps]
+
+    alone = [rows(Decoder(v, lm, o, input_kind="log_probs").decode(mats)) for v, lm, o in setups]
+    assert alone[0] != alone[1] and alone[0] != alone[2] and alone[1] != alone[2]
+    decoders = [Decoder(v, lm, o, input_kind="log_probs") for v, lm, o in setups]
+    for m, mat in enumerate(mats):
+        for i, decoder in enumerate(decoders):
+            assert rows(decoder.decode([mat])) == [alone[i][m]], (m, i)
+
+    asked: list[int] = []
+    fusion = fusion_of(ArpaLM.from_lines(build_arpa(CORPUS, order=2).splitlines()))
+    score_words = fusion.score_words
+    fusion.score_words = lambda states, words: (asked.append(len(words)), score_words(states, words))[1]  # type: ignore[method-assign]
+    first, second = (Decoder(LABELS, fusion, CTCOptions(beam_width=8), input_kind="log_probs") for _ in range(2))
+    want = rows(first.decode(mats))
+    n_first = sum(asked)
+    assert n_first > 0
+    assert rows(first.decode(mats)) == want and sum(asked) == n_first  # its own scored words, kept
+    assert rows(second.decode(mats)) == want and sum(asked) == 2 * n_first  # none of the first's
+    third = first.with_lm(fusion)  # starts from the first's label tables (read-only), nothing else
+    assert rows(third.decode(mats)) == want and sum(asked) == 3 * n_first
+    assert third._caches._labels is first._caches._labels
+    assert first.release_cached_memory() > 0
+    assert second.release_cached_memory() > 0  # still there: its storage is its own
+    assert third.release_cached_memory() > 0
+    assert first.release_cached_memory() == 0

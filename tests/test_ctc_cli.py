@@ -324,3 +324,35 @@ def test_labels_named_pipe_is_called_one(run, files) -> None:
         release()
     assert rc == 2 and out == ""
     one_error_line(err, "labels file is a named pipe (FIFO), not a regular file", "pipe")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.parametrize("command", ["decode", "explain"])
+def test_a_named_pipe_as_the_matrix_file_is_called_one(run, files, command) -> None:
+    # it was "no such file" for a path that exists
+    from tests.test_lm_arpa import fifo_at
+
+    tmp_path, labels, _, _ = files
+    release = fifo_at(tmp_path / "m.npy")
+    try:
+        rc, out, err = run("ctc", command, str(tmp_path / "m.npy"), "--labels", str(labels))
+    finally:
+        release()
+    assert rc == 2 and out == ""
+    one_error_line(err, ".npy file is a named pipe (FIFO), not a regular file", "m.npy")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_as_an_ocr_image_is_called_one(tmp_path) -> None:
+    # it was "image not found" for a path that exists
+    from beamkit.ctc.ocr import load_line_image
+    from tests.test_lm_arpa import fifo_at
+
+    release = fifo_at(tmp_path / "line.png")
+    try:
+        with pytest.raises(ValueError, match=r"^image is a named pipe \(FIFO\), not a regular file: .*line\.png"):
+            load_line_image(tmp_path / "line.png")
+    finally:
+        release()
+    with pytest.raises(FileNotFoundError, match="image not found"):
+        load_line_image(tmp_path / "missing.png")

@@ -144,3 +144,17 @@ def test_the_drop_in_keeps_the_words_its_lm_scored_across_calls(tmp_path) -> Non
     # a start state (streaming) still decodes from it
     state = first[0][1]
     assert dec.decode(lp, lm_start_state=state) == fresh.decode(lp, lm_start_state=state)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no named pipes here")
+def test_build_ctcdecoder_refuses_a_named_pipe_as_the_lm(tmp_path) -> None:
+    # kenlm opened the pipe and waited for a writer for ever
+    pytest.importorskip("kenlm")
+    import os
+
+    pipe = tmp_path / "lm.arpa"
+    os.mkfifo(pipe)
+    with pytest.raises(ValueError, match=r"named pipe \(FIFO\), not a regular file: .*lm\.arpa"):
+        pyctcdecode.build_ctcdecoder(["", "a", "b", " "], str(pipe))
+    with pytest.raises(OSError):  # a missing file stays kenlm's OSError, as pyctcdecode raises it
+        pyctcdecode.build_ctcdecoder(["", "a", "b", " "], str(tmp_path / "missing.arpa"))

@@ -10,7 +10,7 @@ import pytest
 
 import beamkit.ctc.compat as compat
 from beamkit.cli import entry as cli
-from beamkit.ctc import prefix_beam_search
+from beamkit.ctc import CTCOptions, prefix_beam_search
 from beamkit.hypothesis import BatchDecodeError
 from beamkit.lm import build_arpa
 from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
@@ -64,7 +64,7 @@ def test_one_bad_matrix_keeps_the_other_results() -> None:
     assert info.value.results[0] == [] and info.value.results[2] == []
     assert info.value.results[1][0][0] == "bat"
     with pytest.raises(BatchDecodeError) as info:
-        prefix_beam_search(np.stack([bad, good]), LABELS, beam_width=4)
+        prefix_beam_search(np.stack([bad, good]), LABELS, CTCOptions(beam_width=4, split_blank=False))
     assert set(info.value.errors) == {0} and info.value.results[1][0].text == "a cat"
     # compat keeps pyctcdecode's return type and raises, naming the utterance
     with pytest.raises(ValueError, match="utterance 1"):

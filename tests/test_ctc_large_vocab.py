@@ -12,7 +12,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from beamkit.ctc import Vocabulary, prefix_beam_search, release_cached_memory
+from beamkit.ctc import CTCOptions, Vocabulary, prefix_beam_search
 from beamkit.ctc.kernel import clear_edges, rehash_edges
 from beamkit.ctc.lm import LanguageModelFusion
 from beamkit.ctc.nodes import NODE, edge_find
@@ -99,7 +99,7 @@ def test_v8000_bpe_search_equals_the_search_over_the_labels_in_play() -> None:
     small_labels = [labels[i] for i in used]
     small = [m[:, used] for m in mats]
     for fusion in (None, lm):
-        knobs = dict(beam_width=16, lm=fusion, num_hypotheses=8)
+        knobs = dict(options=CTCOptions(beam_width=16, num_hypotheses=8, split_blank=False), lm=fusion)
         big_vocab, small_vocab = Vocabulary.from_labels(labels), Vocabulary.from_labels(small_labels)
         tracemalloc.start()
         got = prefix_beam_search(mats, big_vocab, **knobs)
@@ -117,7 +117,6 @@ def test_v8000_bpe_search_equals_the_search_over_the_labels_in_play() -> None:
 def test_decode_batch_of_200_ocr_sized_lines_stays_far_under_1_gib() -> None:
     # 200 lines of float16 posteriors at V = 6,625 (PP-OCRv4's label count), T = 48: the dense child
     # table and the N x T x V float64 batch tried to allocate 16-60 GiB (MemoryError) before
-    release_cached_memory()
     V, T, N = 6625, 48, 200
     labels = ["blank", *[chr(0x4E00 + i) for i in range(V - 2)], " "]
     rng = np.random.default_rng(2)
@@ -134,6 +133,6 @@ def test_decode_batch_of_200_ocr_sized_lines_stays_far_under_1_gib() -> None:
     texts = decoder.decode_batch(None, lines)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    release_cached_memory()
+    decoder.decoder.release_cached_memory()
     assert peak < 1 << 30, f"peak {peak / 2**20:.0f} MiB"
     assert texts[:3] == [decoder.decode(m) for m in lines[:3]]  # batched = alone

@@ -13,12 +13,20 @@ import math
 import numpy as np
 import pytest
 
-from beamkit.ctc import LanguageModelFusion, Vocabulary, greedy_ctc, prefix_beam_search, release_cached_memory
+from beamkit.ctc import CTCOptions, Decoder, LanguageModelFusion, Vocabulary, greedy_ctc, prefix_beam_search
 from beamkit.ctc.chartrie import CharTrie, walk
 from beamkit.lm import ArpaLM, build_arpa
 from beamkit.ops import log_softmax
 
 WIDE = {"beam_width": 10_000, "beam_prune_logp": -math.inf, "token_min_logp": -math.inf}
+
+
+def search(log_probs, vocab, lm=None, lengths=None, **knobs):
+    """:func:`prefix_beam_search` with ``knobs`` as :class:`CTCOptions` (``split_blank`` off unless given: the
+    alignment-sum oracles merge a prefix's blank and label endings); one ``(T, V)`` matrix gives its own list of
+    hypotheses, a batch one list per utterance."""
+    got = prefix_beam_search(log_probs, vocab, CTCOptions(**{"split_blank": False, **knobs}), lm=lm, lengths=lengths)
+    return got[0] if getattr(log_probs, "ndim", 0) == 2 else got
 
 
 def random_log_probs(rng: np.random.Generator, T: int, V: int, peaky: float = 1.0) -> np.ndarray:
@@ -51,7 +59,7 @@ def test_wide_beam_equals_alignment_sum_plain_labels(seed: int, split_blank: boo
     labels = ["", "a", "b"]
     lp = random_log_probs(rng, 5, 3)
     expected = oracle(lp, labels, 0)
-    got = as_dict(prefix_beam_search(lp, Vocabulary(labels, 0, False), split_blank=split_blank, **WIDE))
+    got = as_dict(search(lp, Vocabulary(labels, 0, False), split_blank=split_blank, **WIDE))
     assert set(got) == set(expected)
     for text, value in expected.items():
         assert got[text] == pytest.approx(value, abs=1e-9)
@@ -63,7 +71,7 @@ def test_wide_beam_with_word_delimiter_normalises_spaces(seed: int) -> None:
     labels = ["", " ", "a", "b"]
     lp = random_log_probs(rng, 5, 4)
     expected = oracle(lp, labels, 0)
-    got = as_dict(prefix_beam_search(lp, Vocabulary(labels, 0, False), **WIDE))
+    got = as_dict(search(lp, Vocabulary(labels, 0, False), **WIDE))
     assert set(got) == set(expected)
     for text, value in expected.items():
         assert got[text] == pytest.approx(value, abs=1e-9)
@@ -79,7 +87,7 @@ def test_wide_beam_bpe_pieces(seed: int) -> None:
     assert vocab.is_bpe and vocab.blank == 2
     lp = random_log_probs(rng, 5, 4)
     expected = oracle(lp, labels, 2)
-    got = as_dict(prefix_beam_search(lp, vocab, **WIDE))
+    got = as_dict(search(lp, vocab, **WIDE))
     assert set(got) == set(expected)
     for text, value in expected.items():
         assert got[text] == pytest.approx(value, abs=1e-9)
@@ -92,7 +100,7 @@ def test_best_hypothesis_is_the_exact_argmax(seed: int) -> None:
     lp = random_log_probs(rng, 6, 4, peaky=0.5)
     expected = oracle(lp, labels, 0)
     best_text = max(expected, key=expected.__getitem__)
-    hyps = prefix_beam_search(lp, labels, **WIDE)
+    hyps = search(lp, labels, **WIDE)
     assert hyps[0].text == best_text
     assert hyps[0].logit_score == pytest.approx(expected[best_text], abs=1e-9)
     scores = [h.score for h in hyps]
@@ -115,28 +123,28 @@ def test_greedy_equals_beam_search_restricted_to_argmax(seed: int) -> None:
     labels = ["", " ", "a", "b", "c"]
     lp = random_log_probs(rng, 30, 5, peaky=0.3)
     for width in (1, 5):
-        hyps = prefix_beam_search(lp, labels, beam_width=width, token_min_logp=0.0)
+        hyps = search(lp, labels, beam_width=width, token_min_logp=0.0)
         assert hyps[0].text == greedy_ctc(lp, labels)
     # on a peaky input where the best path dominates, beam 1 agrees with greedy too
     ids = rng.integers(0, 5, size=25)
     peaky = np.full((25, 5), math.log(0.01 / 4))
     peaky[np.arange(25), ids] = math.log(0.99)
-    assert prefix_beam_search(peaky, labels, beam_width=1)[0].text == greedy_ctc(peaky, labels)
+    assert search(peaky, labels, beam_width=1)[0].text == greedy_ctc(peaky, labels)
 
 
 def test_batch_of_different_lengths_matches_single_calls() -> None:
     rng = np.random.default_rng(50)
     labels = ["", " ", "a", "b", "c"]
     mats = [random_log_probs(rng, T, 5, peaky=0.4) for T in (7, 12, 1, 9)]
-    batched = prefix_beam_search(mats, labels, beam_width=8)
+    batched = search(mats, labels, beam_width=8)
     for m, hyps in zip(mats, batched, strict=False):
-        single = prefix_beam_search(m, labels, beam_width=8)
+        single = search(m, labels, beam_width=8)
         assert [h.text for h in hyps] == [h.text for h in single]
         np.testing.assert_allclose([h.score for h in hyps], [h.score for h in single], atol=1e-12)
     padded = np.zeros((4, 12, 5))
     for i, m in enumerate(mats):
         padded[i, : len(m)] = m
-    again = prefix_beam_search(padded, labels, lengths=[7, 12, 1, 9], beam_width=8)
+    again = search(padded, labels, lengths=[7, 12, 1, 9], beam_width=8)
     assert [[h.text for h in u] for u in again] == [[h.text for h in u] for u in batched]
 
 
@@ -216,12 +224,12 @@ def test_split_blank_search_equals_frame_by_frame_search(seed: int, prune_histor
     labels = ["", " ", "a", "b", "c"]
     mats = [merge_frame_utterance(rng, int(rng.integers(10, 40))) for _ in range(8)]
     knobs = {"beam_width": 4, "beam_prune_logp": -6.0, "token_min_logp": -4.0}
-    got = prefix_beam_search(mats, labels, split_blank=True, prune_history=prune_history, **knobs)
+    got = search(mats, labels, split_blank=True, prune_history=prune_history, **knobs)
     for m, hyps in zip(mats, got, strict=True):
         expected = frame_by_frame(m, labels, knobs["beam_width"], -6.0, -4.0, prune_history)
         assert [h.text for h in hyps] == list(expected)
         np.testing.assert_allclose([h.logit_score for h in hyps], list(expected.values()), atol=1e-9)
-        single = prefix_beam_search(m, labels, split_blank=True, prune_history=prune_history, **knobs)
+        single = search(m, labels, split_blank=True, prune_history=prune_history, **knobs)
         assert [h.text for h in single] == list(expected)
 
 
@@ -245,7 +253,7 @@ def test_short_split_blank_cases_equal_frame_by_frame_search(
                 picks = rng.choice(4, size=int(rng.integers(1, 4)), replace=False)
                 row[picks] = np.log(rng.dirichlet(np.ones(len(picks))))
         mats.append(lp - np.logaddexp.reduce(lp, axis=1, keepdims=True))
-    got = prefix_beam_search(
+    got = search(
         mats,
         labels,
         beam_width=beam_width,
@@ -279,7 +287,7 @@ def test_history_pruning_at_merge_frames_equals_frame_by_frame_search(seed: int)
         mats.append(lp - np.logaddexp.reduce(lp, axis=1, keepdims=True))
     labels = ["", " ", "a", "b"]
     knobs = {"beam_width": 3, "beam_prune_logp": -8.0, "token_min_logp": -4.0}
-    got = prefix_beam_search(mats, labels, prune_history=True, split_blank=True, **knobs)
+    got = search(mats, labels, prune_history=True, split_blank=True, **knobs)
     for m, hyps in zip(mats, got, strict=True):
         expected = frame_by_frame(m, labels, 3, -8.0, -4.0, True)
         assert [h.text for h in hyps] == list(expected)
@@ -316,34 +324,32 @@ def test_char_trie_walk_follows_the_word_list(dense_limit: int) -> None:
 
 
 def test_node_storage_reused_by_later_calls_gives_the_same_results() -> None:
-    # a finished search hands its storage (edge map cleared) to the next one
-    from beamkit.ctc import search
-
+    # a finished search hands its storage (edge map cleared) to the decoder's next one
     rng = np.random.default_rng(11)
     labels = ["", " ", "a", "b", "c"]
     small = [random_log_probs(rng, 20, 5, peaky=0.3) for _ in range(3)]
     big = [random_log_probs(rng, 60, 5, peaky=0.3) for _ in range(6)]
-    search._SPARE.clear()
-    first = prefix_beam_search(small, labels, beam_width=16)
-    assert len(search._SPARE) == 1
-    prefix_beam_search(big, labels, beam_width=64)  # takes the arrays, fills many more nodes
+    decoder = Decoder(labels, options=CTCOptions(beam_width=16, split_blank=False), input_kind="log_probs")
+    first = decoder.decode(small)
+    assert decoder._caches.spare_bytes > 0
+    decoder.decode(big, CTCOptions(beam_width=64, split_blank=False))  # takes the arrays, fills many more nodes
     for _ in range(2):
-        again = prefix_beam_search(small, labels, beam_width=16)  # on the arrays the big search used
+        again = decoder.decode(small)  # on the arrays the big search used
         for a, b in zip(first, again, strict=True):
             assert [h.text for h in a] == [h.text for h in b]
             assert [h.score for h in a] == [h.score for h in b]
-        lp = random_log_probs(rng, 5, 3)  # another shape: fresh arrays, which then replace the spare ones
-        got = as_dict(prefix_beam_search(lp, ["", "a", "b"], **WIDE))
-        expected = oracle(lp, ["", "a", "b"], 0)
+        lp = random_log_probs(rng, 5, 5)  # a far wider beam: the arrays grow, and are kept for the next call
+        (hyps,) = decoder.decode([lp], CTCOptions(split_blank=False, **WIDE))
+        got, expected = as_dict(hyps), oracle(lp, labels, 0)
         assert got.keys() == expected.keys()
         np.testing.assert_allclose([got[t] for t in expected], list(expected.values()), atol=1e-9)
 
-    assert release_cached_memory() > 0 and search._SPARE == []
-    assert release_cached_memory() == 0
+    assert decoder.release_cached_memory() > 0 and decoder._caches.spare_bytes == 0
+    assert decoder.release_cached_memory() == 0
 
 
 def test_empty_utterance_gives_empty_text() -> None:
-    hyps = prefix_beam_search([np.zeros((0, 3)), np.log(np.full((2, 3), 1 / 3))], ["", "a", "b"])
+    hyps = search([np.zeros((0, 3)), np.log(np.full((2, 3), 1 / 3))], ["", "a", "b"])
     assert hyps[0][0].text == "" and hyps[0][0].logit_score == 0.0
     assert len(hyps[1]) > 0
 
@@ -353,7 +359,7 @@ def test_word_frames_follow_the_alignment() -> None:
     ids = [2, 2, 0, 3, 1, 1, 3, 0]  # "ab b": word 1 frames 0..4, word 2 frames 6..7
     lp = np.full((8, 4), math.log(0.01))
     lp[np.arange(8), ids] = math.log(0.97)
-    hyp = prefix_beam_search(lp, labels, beam_width=5)[0]
+    hyp = search(lp, labels, beam_width=5)[0]
     assert hyp.text == "ab b"
     assert hyp.word_frames == [("ab", (0, 4)), ("b", (6, 7))]
 
@@ -361,10 +367,10 @@ def test_word_frames_follow_the_alignment() -> None:
 def test_pruning_knobs_drop_hypotheses() -> None:
     rng = np.random.default_rng(60)
     lp = random_log_probs(rng, 6, 4)
-    wide = prefix_beam_search(lp, ["", " ", "a", "b"], **WIDE)
-    narrow = prefix_beam_search(lp, ["", " ", "a", "b"], beam_width=3)
+    wide = search(lp, ["", " ", "a", "b"], **WIDE)
+    narrow = search(lp, ["", " ", "a", "b"], beam_width=3)
     assert len(narrow) <= 3 < len(wide)
-    pruned = prefix_beam_search(lp, ["", " ", "a", "b"], beam_width=1000, beam_prune_logp=-1.0)
+    pruned = search(lp, ["", " ", "a", "b"], beam_width=1000, beam_prune_logp=-1.0)
     assert all(h.score >= pruned[0].score - 1.0 for h in pruned)
 
 
@@ -382,7 +388,7 @@ def test_lm_fusion_scores_match_independent_sum(seed: int) -> None:
     alpha, beta, unk = 0.7, 1.3, -4.0
     fusion = LanguageModelFusion(model, unigrams=["a", "b", "ab"], alpha=alpha, beta=beta, unk_score_offset=unk)
     expected_logit = oracle(lp, labels, 0)
-    got = prefix_beam_search(lp, labels, lm=fusion, **WIDE)
+    got = search(lp, labels, lm=fusion, **WIDE)
     assert {h.text for h in got} == set(expected_logit)
     ln10 = math.log(10)
     for h in got:
@@ -402,9 +408,9 @@ def test_partial_word_penalty_prefers_known_prefixes() -> None:
     # one frame: "a" vs "b"; only "ab" is a known word, so the partial "a" is free and "b" is penalised
     lp = np.log(np.array([[0.1, 0.0001, 0.45, 0.45]]))
     fusion = LanguageModelFusion(_lm_model(), unigrams=["ab"], unk_score_offset=-5.0)
-    hyps = prefix_beam_search(lp, ["", " ", "a", "b"], lm=fusion, **WIDE)
+    hyps = search(lp, ["", " ", "a", "b"], lm=fusion, **WIDE)
     assert hyps[0].text in ("a", "")
-    by_text = {h.text: h for h in prefix_beam_search(lp, ["", " ", "a", "b"], **WIDE)}
+    by_text = {h.text: h for h in search(lp, ["", " ", "a", "b"], **WIDE)}
     assert by_text["a"].logit_score == pytest.approx(math.log(0.45))
 
 
@@ -413,8 +419,8 @@ def test_hotwords_add_their_weight() -> None:
     ids = [2, 0, 3, 1, 3]  # "ab b"
     lp = np.full((5, 4), math.log(0.02))
     lp[np.arange(5), ids] = math.log(0.94)
-    plain = {h.text: h.score for h in prefix_beam_search(lp, labels, **WIDE)}
-    hot = {h.text: h.score for h in prefix_beam_search(lp, labels, hotwords=["b"], hotword_weight=3, **WIDE)}
+    plain = {h.text: h.score for h in search(lp, labels, **WIDE)}
+    hot = {h.text: h.score for h in search(lp, labels, hotwords=["b"], hotword_weight=3, **WIDE)}
     assert hot["ab b"] - plain["ab b"] == pytest.approx(3.0)
     assert hot["b b"] - plain["b b"] == pytest.approx(6.0)
     assert hot["ab"] - plain["ab"] == pytest.approx(0.0)
@@ -427,8 +433,8 @@ def test_logits_need_log_softmax_and_torch_input_is_accepted() -> None:
     logits = rng.normal(size=(6, 4)) * 3
     lp = log_softmax(logits)
     np.testing.assert_allclose(np.exp(lp).sum(axis=1), 1.0)
-    a = prefix_beam_search(lp, ["", " ", "a", "b"], beam_width=10)
-    b = prefix_beam_search(torch.tensor(lp), ["", " ", "a", "b"], beam_width=10)
+    a = search(lp, ["", " ", "a", "b"], beam_width=10)
+    b = search(torch.tensor(lp), ["", " ", "a", "b"], beam_width=10)
     assert [h.text for h in a] == [h.text for h in b]
 
 
@@ -442,20 +448,20 @@ def test_logits_need_log_softmax_and_torch_input_is_accepted() -> None:
 )
 def test_bad_parameters_raise(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        prefix_beam_search(np.zeros((2, 3)), ["", "a", "b"], **kwargs)
+        search(np.zeros((2, 3)), ["", "a", "b"], **kwargs)
 
 
 def test_bad_inputs_raise() -> None:
     with pytest.raises(ValueError, match="columns"):
-        prefix_beam_search(np.zeros((2, 4)), ["", "a", "b"])
+        search(np.zeros((2, 4)), ["", "a", "b"])
     with pytest.raises(ValueError, match="2-D"):
-        prefix_beam_search(np.zeros(3), ["", "a", "b"])
+        search(np.zeros(3), ["", "a", "b"])
     with pytest.raises(ValueError, match="NaN"):
-        prefix_beam_search(np.full((2, 3), np.nan), ["", "a", "b"])
+        search(np.full((2, 3), np.nan), ["", "a", "b"])
     with pytest.raises(ValueError, match="lengths"):
-        prefix_beam_search(np.zeros((2, 3, 3)), ["", "a", "b"], lengths=[1, 5])
+        search(np.zeros((2, 3, 3)), ["", "a", "b"], lengths=[1, 5])
     with pytest.raises(TypeError, match="LanguageModelFusion"):
-        prefix_beam_search(np.zeros((2, 3)), ["", "a", "b"], lm="model.arpa")  # type: ignore[arg-type]
+        search(np.zeros((2, 3)), ["", "a", "b"], lm="model.arpa")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="blank"):
         greedy_ctc(np.zeros((2, 3)), blank=5)
 
@@ -498,7 +504,7 @@ _INTERPRETED_CASES = r"""
 import json, sys
 import numpy as np
 from beamkit.lm import ArpaLM, build_arpa
-from beamkit.ctc import LanguageModelFusion, prefix_beam_search
+from beamkit.ctc import CTCOptions, LanguageModelFusion, prefix_beam_search
 from beamkit.ops import log_softmax
 corpus = ["a b", "a a b", "b a", "a b b", "b", "a b a b"] * 2 + ["ab ba", "a ab"]
 lm = LanguageModelFusion(ArpaLM.from_lines(build_arpa(corpus, order=2).splitlines()), unigrams=["a", "b", "ab"])
@@ -508,11 +514,11 @@ for case in range(12):
     bpe = case % 4 == 3
     labels = ["<pad>", "\u2581a", "\u2581b", "a", "b", "\u2581"] if bpe else ["", " ", "a", "b", "c"]
     lp = log_softmax(rng.normal(0, 2.5, (int(rng.integers(1, 14)), len(labels))))
-    hyps = prefix_beam_search(
-        lp, labels, beam_width=int(rng.integers(1, 8)), split_blank=bool(case % 2), prune_history=case % 3 == 0,
-        pyctcdecode_compat=case % 5 == 0, lm=None if bpe or case % 2 else lm,
-        hotwords=["ab"] if case % 3 == 1 else None,
+    options = CTCOptions(
+        beam_width=int(rng.integers(1, 8)), split_blank=bool(case % 2), prune_history=case % 3 == 0,
+        pyctcdecode_compat=case % 5 == 0, hotwords=["ab"] if case % 3 == 1 else None,
     )
+    (hyps,) = prefix_beam_search(lp, labels, options, lm=None if bpe or case % 2 else lm)
     out.append([(h.text, h.score, h.logit_score, h.word_frames) for h in hyps])
 json.dump(out, sys.stdout)
 """
@@ -555,7 +561,6 @@ def test_threaded_batch_equals_one_thread(threads: int) -> None:
     # give what one thread gives, utterance by utterance: texts, scores, word frames and LM states
     from beamkit.ctc.options import CTCOptions
     from beamkit.ctc.posteriors import collect_candidates, dense_part
-    from beamkit.ctc.search import search_candidates
 
     labels = ["", " ", "a", "b", "c"]
     vocab = Vocabulary.from_labels(labels)
@@ -566,7 +571,7 @@ def test_threaded_batch_equals_one_thread(threads: int) -> None:
     runs = []
     for n in (1, threads):
         fusion = LanguageModelFusion(_lm_model(), unigrams=["a", "b", "ab"], unk_score_offset=-3.0)  # a fresh cache
-        runs.append([_hyps_of(h) for h in search_candidates(cands, vocab, fusion, opts, threads=n)])
+        runs.append([_hyps_of(h) for h in Decoder(vocab, fusion, opts).search_candidates(cands, threads=n)])
     assert runs[0] == runs[1] and sum(len(h) for h in runs[0]) > 60
 
 

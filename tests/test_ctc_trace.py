@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from beamkit.cli import entry as cli
-from beamkit.ctc import prefix_beam_search
+from beamkit.ctc import CTCOptions, Decoder, prefix_beam_search
+from beamkit.ctc.posteriors import collect_candidates, dense_part
 from beamkit.ctc.search import FrameSnapshot
 from beamkit.ctc.trace import CTCTrace, CTCTraceRecorder, collapse, join_labels
 from beamkit.viz import to_dot, to_html, to_svg
@@ -298,11 +299,18 @@ def test_blank_only_frames_are_compressed():
 
 # ---------------------------------------------------------------------------------------------- the real search
 def traced(mats, labels, lm=None, **knobs):
-    """``prefix_beam_search`` of ``mats`` (log-probabilities, one (T, V) each) with ``record_trace=True``: its
-    hypotheses, the same search's hypotheses without tracing, and the traces."""
-    hyps, traces = prefix_beam_search(list(mats), labels, lm=lm, record_trace=True, **knobs)
-    plain = prefix_beam_search(list(mats), labels, lm=lm, **knobs)
-    return hyps, plain, traces
+    """The search of ``mats`` (log-probabilities taken as given, one (T, V) each; ``knobs``: CTCOptions' fields,
+    ``split_blank`` off unless given) recorded by a :class:`Decoder`: its hypotheses, the same search's
+    hypotheses from ``prefix_beam_search`` (no recorder), and the traces."""
+    options = CTCOptions(**{"split_blank": False, **knobs})
+    decoder = Decoder(labels, lm, options)
+    mats = [np.asarray(m, dtype=np.float64) for m in mats]
+    parts = (dense_part(m, options.token_min_logp, decoder.vocab.blank) for m in mats)
+    cands = collect_candidates(parts, np.array([len(m) for m in mats], dtype=np.int64))
+    recorder = CTCTraceRecorder(decoder.vocab.labels, decoder.vocab.blank)
+    hyps = decoder.search_candidates(cands, recorder=recorder)
+    plain = prefix_beam_search(mats, labels, options, lm=lm)
+    return hyps, plain, recorder.traces()
 
 
 def test_the_search_records_the_worked_example():

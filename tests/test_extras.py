@@ -1,5 +1,6 @@
 """Install hints are honest: every extra an error names exists in pyproject.toml, no text tells users to install
-beamkit from a package index (it is not on one), and the getting-started page's table of extras (and the README's line) is pyproject's list."""
+beamkit from a package index (it is not on one), and the extras' table (getting started; the README's line)
+is pyproject's list."""
 
 from __future__ import annotations
 

@@ -32,46 +32,46 @@ def _reference(rows, query, scale, groups, softcap=None):
     return (torch.softmax(s, dim=-1) @ v)[:, :, 0]  # shape: (rows, q_heads, d)
 
 
-def _random_rows(rng, gen, bs, heads, d, steps):
+def _random_rows(rng, gen, bs, heads, d, steps, device="cpu"):
     """Requests with random prompts, then ``steps`` of random forks / drops and one appended position each."""
-    kv = PagedKVCache(1, heads, d, 2000, bs)
+    kv = PagedKVCache(1, heads, d, 2000, bs, device=device)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
     parts = []
     for _ in range(int(rng.integers(1, 5))):
         p = int(rng.integers(1, 3 * bs + 2))
-        parts.append(
-            kv.prefill([torch.randn(1, heads, p, d, generator=gen)], [torch.randn(1, heads, p, d, generator=gen)])
-        )
+        parts.append(kv.prefill([randn(1, heads, p, d)], [randn(1, heads, p, d)]))
     rows = parts[0].beamkit_concat(parts[1:]) if len(parts) > 1 else parts[0]
     for _ in range(steps):
         n = len(rows)
         rows = rows.beamkit_select(np.sort(rng.integers(0, n, int(rng.integers(1, 9)))))
         rows = rows.append()
-        rows.write(
-            0, torch.randn(len(rows), heads, 1, d, generator=gen), torch.randn(len(rows), heads, 1, d, generator=gen)
-        )
+        rows.write(0, randn(len(rows), heads, 1, d), randn(len(rows), heads, 1, d))
     return kv, rows
 
 
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("bs", [1, 2, 4, 16])
-def test_equals_plain_attention_after_random_forks_and_joins(bs, groups):
+def test_equals_plain_attention_after_random_forks_and_joins(bs, groups, device):
     rng = np.random.default_rng(bs * 10 + groups)
     gen = torch.Generator().manual_seed(bs)
     heads, d = 2, 8
     for trial in range(30):
-        kv, rows = _random_rows(rng, gen, bs, heads, d, int(rng.integers(1, 12)))
-        plan = plan_prefix(rows.table, rows.length, bs, "cpu")
-        q = torch.randn(len(rows), heads * groups, 1, d, generator=gen)
+        kv, rows = _random_rows(rng, gen, bs, heads, d, int(rng.integers(1, 12)), device)
+        plan = plan_prefix(rows.table, rows.length, bs, device)
+        q = torch.randn(len(rows), heads * groups, 1, d, generator=gen).to(device)
         got = shared_prefix_attention(plan, q, kv.k[0], kv.v[0], 0.35)
         torch.testing.assert_close(got, _reference(rows, q, 0.35, groups), atol=1e-5, rtol=0, msg=f"trial {trial}")
 
 
-def test_softcap_matches_plain_attention():
+def test_softcap_matches_plain_attention(device):
     rng = np.random.default_rng(7)
     gen = torch.Generator().manual_seed(7)
-    kv, rows = _random_rows(rng, gen, 4, 2, 8, 6)
-    plan = plan_prefix(rows.table, rows.length, 4, "cpu")
-    q = 3 * torch.randn(len(rows), 2, 1, 8, generator=gen)
+    kv, rows = _random_rows(rng, gen, 4, 2, 8, 6, device)
+    plan = plan_prefix(rows.table, rows.length, 4, device)
+    q = 3 * torch.randn(len(rows), 2, 1, 8, generator=gen).to(device)
     got = shared_prefix_attention(plan, q, kv.k[0], kv.v[0], 1.0, softcap=2.0)
     torch.testing.assert_close(got, _reference(rows, q, 1.0, 1, softcap=2.0), atol=1e-5, rtol=0)
 

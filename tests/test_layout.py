@@ -369,6 +369,10 @@ def test_no_module_getattr_but_documented_lazy_imports():
     "old",
     [
         "beamkit.tasks.train:train",
+        "beamkit.models.training:train",
+        "beamkit.models:Translation",
+        "beamkit.adapters:Output",
+        "beamkit.corpus:Scored",
         "beamkit.samplers:stochastic_beam_search",
         "beamkit.samplers:GumbelTopK",
         "beamkit.samplers:as_float64",
@@ -450,24 +454,29 @@ def _load_time_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
+def _targets(node: ast.Import | ast.ImportFrom, path: str, names: set[str]) -> list[str]:
+    """The modules an import statement of the module at ``path`` reaches (``from beamkit import ops`` reaches
+    ``beamkit.ops``, ``from .decoder import X`` is resolved), given the ``names`` of every module."""
+    module = _module_name(path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*up, *([node.module] if node.module else [])])
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names]
+
+
 def import_graph(trees: dict[str, ast.Module]) -> dict[tuple[str, str], set[str]]:
     """``(from room, to room) -> the importing modules``, for every load-time import of a beamkit module from
     another room (``from beamkit import ops`` reaches ``ops``; ``from .decoder import X`` is resolved)."""
-    names = {_module_name(path): path for path in trees}
+    names = {_module_name(path) for path in trees}
     edges: dict[tuple[str, str], set[str]] = defaultdict(set)
     for path, tree in trees.items():
         module = _module_name(path)
-        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
         for node in _load_time_imports(tree):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*up, *([node.module] if node.module else [])])
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names]
-            for target in targets:
+            for target in _targets(node, path, names):
                 if target.split(".")[0] == "beamkit" and room(target) != room(module):
                     edges[(room(module), room(target))].add(module)
     return dict(edges)
@@ -519,6 +528,58 @@ def test_no_import_cycle_between_packages():
         for group in cycles(edges)
     }
     assert not found, f"these packages import each other at load time (break the cycle): {found}"
+
+
+# Rooms that sit below others never import them, not even inside a function: "room -> rooms it must not import"
+# with why.
+FORBIDDEN_IMPORTS = {
+    "models": (
+        ("tasks",),
+        "models are networks, step functions and their checkpoints; a task (its data, settings and runs) uses "
+        "them, never the other way round",
+    ),
+}
+
+
+def forbidden_imports(trees: dict[str, ast.Module], rules: dict[str, tuple[tuple[str, ...], str]]) -> list[str]:
+    """``"file:line -> module"`` for every import statement anywhere in a module (top level, function bodies,
+    ``if TYPE_CHECKING:`` blocks) that reaches a room its own room must not import."""
+    names = {_module_name(path) for path in trees}
+    found = []
+    for path, tree in trees.items():
+        banned = rules.get(room(_module_name(path)), ((), ""))[0]
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [
+                    f"{path}:{node.lineno} -> {target}"
+                    for target in _targets(node, path, names)
+                    if target.split(".")[0] == "beamkit" and room(target) in banned
+                ]
+    return sorted(set(found))
+
+
+def test_the_forbidden_import_detector_finds_planted_imports():
+    trees = {
+        "models/a.py": ast.parse(
+            "import typing\nfrom beamkit.search import x\nif typing.TYPE_CHECKING:\n    from beamkit.tasks import d\n"
+            "def f():\n    import beamkit.tasks.train\n    from ..tasks.dates import split\n"
+        ),
+        "models/__init__.py": ast.parse("from beamkit.models.a import f"),
+        "tasks/dates.py": ast.parse("from beamkit.models import a"),
+        "tasks/__init__.py": ast.parse('"""doc"""'),
+    }
+    assert forbidden_imports(trees, {"models": (("tasks",), "why")}) == [
+        "models/a.py:4 -> beamkit.tasks",
+        "models/a.py:6 -> beamkit.tasks.train",
+        "models/a.py:7 -> beamkit.tasks.dates",
+    ]
+    assert forbidden_imports(trees, {"tasks": (("models",), "why")}) == ["tasks/dates.py:1 -> beamkit.models.a"]
+
+
+def test_no_import_of_a_room_above():
+    found = forbidden_imports(modules(), FORBIDDEN_IMPORTS)
+    why = "; ".join(f"{r}: {reason}" for r, (_, reason) in FORBIDDEN_IMPORTS.items())
+    assert not found, f"these modules import a room above their own ({why}): {found}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -589,6 +650,53 @@ def test_the_ctc_kernel_takes_at_most_eight_parameters():
     (run_frames,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_frames"]
     names = [a.arg for a in run_frames.args.args]
     assert len(names) <= 8, f"run_frames takes {len(names)} parameters: {names}"
+
+
+# Every CTC function (the kernels, the search, the front end) takes at most eight parameters: more travel bundled
+# (a record of arrays, a knobs tuple, an options object). Allowed: a function whose flat signature a numba-compiled
+# kernel needs, or a drop-in's signature copied from its peer; each named with why. A stale entry fails.
+MAX_CTC_PARAMETERS = 8
+CTC_WIDE_FUNCTIONS: dict[str, str] = {
+    "ctc/compat/torchaudio.py:ctc_decoder": "torchaudio's ctc_decoder signature (the drop-in), 16 parameters",
+    "ctc/compat/torchaudio.py:__init__": "torchaudio's CTCDecoder(nbest, lexicon, ..., unk_word) constructor",
+}
+
+
+def wide_functions(tree: ast.Module, limit: int = MAX_CTC_PARAMETERS) -> dict[str, int]:
+    """Every function or method (nested ones too) taking more than ``limit`` parameters (``self`` / ``cls`` not
+    counted; ``*args`` and ``**kwargs`` count one each), by name."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            named = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            n = len(named) + (a.vararg is not None) + (a.kwarg is not None)
+            if named and named[0].arg in ("self", "cls"):
+                n -= 1
+            if n > limit:
+                found[node.name] = n
+    return found
+
+
+def test_the_width_detector_finds_a_planted_wide_function():
+    planted = "def f(a, b, c, *d, e, **g): pass\nclass A:\n    def m(self, a, b, c, d): pass\n    def n(a, b): pass"
+    assert wide_functions(ast.parse(planted), limit=5) == {"f": 6}
+    assert wide_functions(ast.parse(planted), limit=3) == {"f": 6, "m": 4}
+
+
+def test_no_ctc_function_takes_more_than_eight_parameters():
+    found = {
+        f"{path}:{name}": n
+        for path, tree in modules().items()
+        if path.startswith("ctc/")
+        for name, n in wide_functions(tree).items()
+        if f"{path}:{name}" not in CTC_WIDE_FUNCTIONS
+    }
+    assert not found, f"bundle these functions' parameters (at most {MAX_CTC_PARAMETERS}): {found}"
+    gone = [k for k in CTC_WIDE_FUNCTIONS if k.split(":")[1] not in wide_functions(modules()[k.split(":")[0]])]
+    assert not gone, (
+        f"these functions take at most {MAX_CTC_PARAMETERS} parameters now: drop them from CTC_WIDE_FUNCTIONS: {gone}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -172,3 +172,19 @@ def test_chunked_log_softmax_and_shifted_logsumexp(dtype):
     np.testing.assert_allclose(np.exp(ls[finite].astype(np.float64)).sum(axis=1), 1.0, rtol=1e-5)
     shifted = normalize._shifted_logsumexp(x)
     np.testing.assert_allclose(shifted, _lse_oracle(x), rtol=0, atol=LSE_ATOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_masked_tables_with_few_finite_entries_per_row(dtype):
+    """A dictionary's mask: each row keeps a few hundred ids of 32,768 (some rows fewer than m, one none), the
+    rest -inf: the top m against the oracle, -inf places filled by column."""
+    rng = np.random.default_rng(7)
+    rows, v, m = 60, 32768, 100
+    x = np.full((rows, v), -np.inf, dtype=dtype)
+    for r in range(rows):
+        keep = rng.choice(v, int(rng.integers(0, 300)) if r % 3 else int(rng.integers(1, m)), replace=False)
+        x[r, keep] = rng.standard_normal(keep.size) * 3.0
+    x[0] = -np.inf
+    assert top._threshold_path(rows, v, m)
+    vals, idx = ops.top_candidates(x, m)
+    _check_top(x, vals, idx, m)

@@ -1,11 +1,13 @@
 """One model-adapter layer for every command and the server: :class:`ModelAdapter` (what a model offers the
 engine), one module per model kind (:mod:`~beamkit.adapters.checkpoint`: beamkit checkpoints,
-:mod:`~beamkit.adapters.g2p`: the g2p-en GRU, :mod:`~beamkit.adapters.hf`: Hugging Face folders), :func:`load`
-(the one ``--model`` grammar) and :func:`decode_texts` (the batched driver)."""
+:mod:`~beamkit.adapters.g2p`: the g2p-en GRU, :mod:`~beamkit.adapters.hf`: Hugging Face folders),
+:class:`FusedAdapter` (any of them fused with a language model), :func:`load` (the one ``--model`` grammar) and
+:func:`decode_texts` (the one batched text driver, each text's n-best as :class:`TextHypothesis` records)."""
 
 from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.adapters.checkpoint import CheckpointAdapter
-from beamkit.adapters.driver import Output, decode_texts, search
+from beamkit.adapters.driver import TextHypothesis, decode_texts, search
+from beamkit.adapters.fusion import FusedAdapter
 from beamkit.adapters.g2p import G2PAdapter
 from beamkit.adapters.hf import HFAdapter
 from beamkit.adapters.load import G2P_MODEL, HF_PREFIX, KINDS, ModelSpec, load, parse
@@ -16,11 +18,12 @@ __all__ = [
     "HF_PREFIX",
     "KINDS",
     "CheckpointAdapter",
+    "FusedAdapter",
     "G2PAdapter",
     "HFAdapter",
     "ModelAdapter",
     "ModelSpec",
-    "Output",
+    "TextHypothesis",
     "decode_texts",
     "load",
     "parse",

@@ -34,8 +34,9 @@ class ModelAdapter:
     stop tokens (empty: none); ``engine_options``: the search-wide :class:`beamkit.SearchOptions` fields (the
     policy) of the model's offline decoder, shared by every request of a running engine;
     ``default_max_tokens`` / ``max_tokens_limit``: generated tokens by default / at most; ``max_prompt_tokens``:
-    the longest prompt; ``context``: positions shared by the prompt and the generated tokens (decoder-only
-    models; None: no shared bound); ``joins_mid_flight``: requests may join a running engine (else only an idle
+    the longest prompt (``prompt_limit``: what sets it, named in the refusal; empty: nothing to add);
+    ``context``: positions shared by the prompt and the generated tokens (decoder-only models; None: no shared
+    bound); ``joins_mid_flight``: requests may join a running engine (else only an idle
     one); ``vocab``: what labels a trace's tokens (see :meth:`beamkit.Trace.with_vocab`).
     """
 
@@ -46,6 +47,7 @@ class ModelAdapter:
     default_max_tokens: int
     max_tokens_limit: int
     max_prompt_tokens: int
+    prompt_limit: str = ""
     joins_mid_flight: bool = True
     context: int | None = None
     owned_by: str = "beamkit"

@@ -1,5 +1,6 @@
 """beamkit's own checkpoints (a shipped dates model or a checkpoint folder; Seq2Seq or Transformer, numpy or
-torch backend): the prompt is the source sentence, decoded as :func:`beamkit.models.translate` decodes it."""
+torch backend): the prompt is the source sentence. :func:`beamkit.models.translate` decodes a checkpoint through
+this adapter."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class CheckpointAdapter(ModelAdapter):
         self.default_max_tokens = int(getattr(model, "meta", {}).get("max_len", 12))
         limit = getattr(model, "max_len", None)  # the Transformer's position table
         self.max_prompt_tokens = int(limit) if limit is not None else SEQ2SEQ_MAX_SOURCE
+        self.prompt_limit = "the model's max_len" if limit is not None else ""
         self.max_tokens_limit = int(limit) if limit is not None else SEQ2SEQ_MAX_SOURCE
 
     def step_fn(self, state: Any, y_prev: Any) -> Any:

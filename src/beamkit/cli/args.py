@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from beamkit.cli.types import finite_float, lm_weight, positive_int
+from beamkit.cli.types import MAX_SEARCH_BEAM, bounded_int, finite_float, lm_weight, positive_int
 from beamkit.textfiles import read_text_file
 
 MODEL_HELP = (
@@ -46,8 +46,10 @@ def add_search_args(
 ) -> None:
     """Add ``--beam``, ``--n-best`` (left out with ``with_n_best=False``), ``--length-penalty`` and
     ``--max-len``, each parsed by the shared types (a beam of 0 or an infinite alpha is a usage error naming the
-    option)."""
-    parser.add_argument("--beam", type=positive_int, default=beam, help=beam_help)
+    option; a beam wider than :data:`~beamkit.cli.types.MAX_SEARCH_BEAM` too)."""
+    if "at most" not in beam_help:
+        beam_help = f"{beam_help}; at most {MAX_SEARCH_BEAM:,}"
+    parser.add_argument("--beam", type=bounded_int(1, MAX_SEARCH_BEAM), default=beam, help=beam_help)
     if with_n_best:
         parser.add_argument("--n-best", type=positive_int, default=n_best, help=n_best_help)
     parser.add_argument("--length-penalty", type=finite_float, default=length_penalty, help=length_penalty_help)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -26,10 +25,12 @@ from beamkit.cli.args import (
     parse_blank,
     read_labels,
 )
+from beamkit.cli.format import json_text
 from beamkit.cli.types import bounded_int, non_negative_int, non_positive_float, positive_int
 from beamkit.ctc.options import MAX_BEAM_WIDTH
 from beamkit.lm import KENLM_MAX_ORDER
 from beamkit.lm.kneser_ney import MAX_ORDER
+from beamkit.textfiles import check_text_file
 
 if TYPE_CHECKING:
     from beamkit.ctc import CTCOptions, Decoder
@@ -70,6 +71,8 @@ def _load_matrices(path: str) -> list[np.ndarray]:
     from beamkit.ctc.posteriors import as_real_array
 
     if not os.path.isfile(path):
+        if os.path.exists(path) and not os.path.isdir(path):
+            check_text_file(path, ".npy file")  # a named pipe, a device, a socket: named as such
         what = "is a folder, not a .npy file" if os.path.isdir(path) else "no such file"
         raise FileNotFoundError(f"{what}: {path}")
     with open(path, "rb") as fh:
@@ -122,22 +125,10 @@ def _cmd_ctc_decode(args: argparse.Namespace) -> int:
         ]
     for i, hyps in enumerate(results):
         if args.json:
-            print(json_line({"utterance": i, "beams": hyps[: args.top]}))
+            print(json_text({"utterance": i, "beams": hyps[: args.top]}))
         else:
             print(hyps[0]["text"] if hyps else "")
     return 0
-
-
-def json_line(record: dict[str, Any]) -> str:
-    """``record`` as one line of strict JSON; a score that is not a finite number (it would print as the
-    non-JSON ``Infinity`` or ``NaN``) is a ValueError saying so."""
-    try:
-        return json.dumps(record, allow_nan=False)
-    except ValueError:
-        raise ValueError(
-            "a score is not a finite number (infinite or NaN), which JSON cannot hold: lower --alpha / --beta, or "
-            "check the input matrix"
-        ) from None
 
 
 EXPLAIN_FORMATS = ("html", "svg", "dot", "json")
@@ -212,7 +203,7 @@ def _cmd_ocr(args: argparse.Namespace) -> int:
             print(f"beamkit ocr: warning: {r.image}: {r.warning}", file=sys.stderr)
     if args.json:
         rows = [{"image": r.image, "text": r.text, "score": r.score, "warning": r.warning} for r in readings]
-        print(json.dumps(rows))
+        print(json_text(rows))
     else:
         for r in readings:
             print(r.text)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import textwrap
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -72,3 +73,15 @@ def shown(text: str, most: int = 60) -> str:
         return repr(text)
     half = (most - 5) // 2
     return repr(text[:half]) + "..." + repr(text[-half:])
+
+
+def json_text(value: Any) -> str:
+    """``value`` as strict JSON, the only JSON a command prints: a number that is not finite (it would print as
+    the non-JSON ``Infinity`` or ``NaN``) is a ValueError saying so."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValueError(
+            "a score is not a finite number (infinite or NaN), which JSON cannot hold: lower the weights "
+            "(--alpha, --beta, --length-penalty), or check the input"
+        ) from None

@@ -6,14 +6,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from beamkit import ops
 from beamkit.cli.args import add_command, add_force_arg, add_model_arg, add_search_args, check_output
-from beamkit.cli.format import format_score, shown
-from beamkit.cli.types import finite_float, learning_rate, non_negative_int, positive_int
+from beamkit.cli.format import format_score, json_text, shown
+from beamkit.cli.types import MAX_SEARCH_BEAM, finite_float, learning_rate, non_negative_int, positive_int
 from beamkit.scoring import LengthPenalty
 
 
@@ -132,7 +131,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             }
             for src, out in zip(texts, outs, strict=True)
         ]
-        print(json.dumps(payload))
+        print(json_text(payload))
         return code
     for src, out in zip(texts, outs, strict=True):
         print(src)
@@ -167,16 +166,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a dates model and save the checkpoint folder."""
-    from beamkit.models import training
     from beamkit.progress import progress_enabled
-    from beamkit.tasks.train import TrainConfig, check_out
+    from beamkit.tasks.train import TrainConfig, check_out, train_dates
 
     config = TrainConfig.default(args.arch, epochs=args.epochs, lr=args.lr, train_size=args.train_size, seed=args.seed)
     out = args.out or f"checkpoints/dates-{args.arch}"
     check_out(out, force=args.force)
     try:
         ops.set_torch_threads(args.threads)
-        model = training.train(config, out=out, progress=progress_enabled(args.quiet))
+        model = train_dates(config, out=out, progress=progress_enabled(args.quiet))
     except ImportError as exc:
         return _fail_import("train", exc)
     except RuntimeError as exc:  # the loss diverged: a failure of this run
@@ -233,7 +231,7 @@ def _eval_dates(args: argparse.Namespace) -> int:
     from beamkit.tasks.dates import lm_vocab
     from beamkit.tasks.evaluate import check_plot_path, evaluate_dates, parse_beams
 
-    beams = parse_beams(args.beams)
+    beams = _bounded(parse_beams(args.beams))
     lm, weights = _lm_args(args, lm_vocab())
     if lm is not None and args.search_errors:
         raise ValueError("--search-errors counts errors of the model alone; leave out --lm")
@@ -274,7 +272,7 @@ def _eval_g2p(args: argparse.Namespace) -> int:
 
     if args.split is not None and args.words is not None:
         raise ValueError("--words samples words; --split evaluates a fixed split instead: give one of them")
-    beams = parse_beams(args.beams)
+    beams = _bounded(parse_beams(args.beams))
     lm, weights = _lm_args(args, list(PHONEMES))
     alphas = [args.length_penalty if args.length_penalty is not None else 1.0]
     progress = progress_enabled(args.quiet)
@@ -299,6 +297,13 @@ def _eval_g2p(args: argparse.Namespace) -> int:
         return _fail_import("eval", exc)
     title = "g2p-en on cmudict" + (f" ({args.split} split)" if args.split else "")
     return _report(args, results, alphas, "word_accuracy", title)
+
+
+def _bounded(beams: list[int]) -> list[int]:
+    """``--beams`` (sorted) with its widest beam at most :data:`~beamkit.cli.types.MAX_SEARCH_BEAM`."""
+    if beams[-1] > MAX_SEARCH_BEAM:
+        raise ValueError(f"--beams: a beam width is at most {MAX_SEARCH_BEAM:,}, got {beams[-1]}")
+    return beams
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
@@ -328,7 +333,7 @@ def _report(args: argparse.Namespace, results: dict[float, Any], alphas: list[fl
 
     main = results[1.0] if 1.0 in results else results[alphas[0]]
     if args.json:
-        print(json.dumps(main))
+        print(json_text(main))
     else:
         print(f"{title}: {main['n']} examples")
         print(format_table(results, metric))
@@ -440,7 +445,9 @@ def register_eval(subparsers: Any) -> None:
 
 def _add_eval_args(p: argparse.ArgumentParser, default_beams: str, lp_default: str) -> None:
     """The options every ``beamkit eval TASK`` takes: beam widths, length penalty, output, the fused LM."""
-    p.add_argument("--beams", default=default_beams, help="comma-separated beam widths")
+    p.add_argument(
+        "--beams", default=default_beams, help=f"comma-separated beam widths, each at most {MAX_SEARCH_BEAM:,}"
+    )
     p.add_argument("--length-penalty", type=finite_float, default=None, help=f"one alpha (default: {lp_default})")
     p.add_argument("--json", action="store_true", help="print one JSON object (length penalty 1 by default)")
     p.add_argument(

@@ -57,6 +57,11 @@ def lm_weight(text: str) -> float:
     return float(_checked(check_float, _parsed(float, text, "a number"), least=-MAX_LM_WEIGHT, most=MAX_LM_WEIGHT))
 
 
+# The widest beam a text command searches: a beam of 100,000 on the dates model takes about 40 s and 1.3 GB for
+# one input; 10**8 ran for minutes past 3.5 GB without an answer. (CTC's own bound is the same number.)
+MAX_SEARCH_BEAM = 100_000
+
+
 def bounded_int(least: int, most: int) -> Callable[[str], int]:
     """The type of an integer option between ``least`` and ``most`` (a beam width with a memory bound)."""
 

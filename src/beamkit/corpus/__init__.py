@@ -4,7 +4,7 @@
 per worker, and write shards that a rerun keeps; :func:`decode_dataset` adds decoding to a Ray Data pipeline.
 """
 
-from beamkit.corpus.decoder import CorpusDecoder, Scored, record
+from beamkit.corpus.decoder import CorpusDecoder, record
 from beamkit.corpus.inputs import Item, read_inputs
 from beamkit.corpus.options import DecodeOptions
 from beamkit.corpus.ray_backend import decode_dataset
@@ -15,7 +15,6 @@ __all__ = [
     "DecodeOptions",
     "CorpusDecoder",
     "Item",
-    "Scored",
     "decode_corpus",
     "decode_dataset",
     "read_inputs",

@@ -10,23 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from beamkit import ops
+from beamkit.adapters.driver import TextHypothesis
 from beamkit.corpus.inputs import Item
 from beamkit.corpus.options import DecodeOptions
 from beamkit.models import torch_available
 
 
-class Scored(NamedTuple):
-    """One output hypothesis: its text, log-probability and the score it is ranked by."""
-
-    text: str
-    logprob: float
-    score: float
-
-
-def record(item: Item, hyps: Sequence[Scored] = (), error: str | None = None) -> dict[str, Any]:
+def record(item: Item, hyps: Sequence[TextHypothesis] = (), error: str | None = None) -> dict[str, Any]:
     """The output line of one input: ``id``, ``input``, ``n_best`` (text, logprob, score) and ``error``."""
     return {
         "id": item.id,
@@ -41,7 +34,7 @@ class _Model(Protocol):
 
     def prepare(self, item: Item) -> Any: ...
 
-    def decode(self, batch: list[Any]) -> list[list[Scored]]: ...
+    def decode(self, batch: list[Any]) -> list[list[TextHypothesis]]: ...
 
 
 class _Adapted:
@@ -62,12 +55,11 @@ class _Adapted:
         check_prompt_length(self.adapter, ids, "the input")
         return item.text
 
-    def decode(self, texts: list[Any]) -> list[list[Scored]]:
+    def decode(self, texts: list[Any]) -> list[list[TextHypothesis]]:
         from beamkit.adapters import decode_texts
 
         o = self.options
-        outs = decode_texts(self.adapter, texts, o.beam, o.n_best, o.max_len, o.length_penalty, batch_size=len(texts))
-        return [[Scored(h.text, h.logprob, h.score) for h in out] for out in outs]
+        return decode_texts(self.adapter, texts, o.beam, o.n_best, o.max_len, o.length_penalty, batch_size=len(texts))
 
 
 class _CTC:
@@ -97,10 +89,10 @@ class _CTC:
             raise ValueError(f"expected floating-point posteriors, got dtype {arr.dtype}")
         return arr
 
-    def decode(self, mats: list[Any]) -> list[list[Scored]]:
+    def decode(self, mats: list[Any]) -> list[list[TextHypothesis]]:
         n_best = self.options.n_best
-        return [
-            [Scored(h.text, float(h.logit_score), float(h.score)) for h in hyps[:n_best]]
+        return [  # a CTC hypothesis is text with its scores: no token ids, always finished
+            [TextHypothesis(h.text, [], float(h.logit_score), float(h.score), True) for h in hyps[:n_best]]
             for hyps in self.decoder.decode(mats)
         ]
 

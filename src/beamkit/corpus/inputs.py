@@ -1,7 +1,9 @@
 """Reading a corpus: a text file (one source a line), a JSONL file, or a folder of ``.npy`` CTC posteriors.
 
 Every input becomes an :class:`Item`; a line that cannot be decoded (bytes that are not UTF-8, an empty line,
-bad JSON) becomes an Item with ``error`` set, reported in the output instead of stopping the run.
+bad JSON) becomes an Item with ``error`` set, reported in the output instead of stopping the run. A UTF-8
+byte-order mark is dropped; a UTF-16 file, or a path that is not a regular file or folder (a named pipe, a
+device), is refused as a whole (ValueError naming it).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from beamkit.textfiles import check_text_file, not_text
 
 
 class Item(NamedTuple):
@@ -35,6 +39,9 @@ def _text_item(index: int, line_no: int, raw: bytes, shown_id: Any, path: Path) 
 
 def _lines(path: Path) -> list[bytes]:
     data = path.read_bytes()
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # every line would be an error record of split UTF-16 bytes
+        raise not_text(str(path), "input", 1, "a UTF-16 byte-order mark")
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark, as Windows editors write one
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline ends the last line, it does not start another
@@ -115,6 +122,7 @@ def read_inputs(path: str | Path) -> list[Item]:
         if not items:
             raise ValueError(f"{src} holds no .npy files")
         return items
+    check_text_file(src, "input")  # a named pipe is read twice (the inputs, then their digest): it would hang
     return read_jsonl(src) if src.suffix == ".jsonl" else read_text(src)
 
 

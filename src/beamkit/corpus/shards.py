@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,30 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def encode_records(records: list[dict[str, Any]]) -> bytes:
-    """JSON lines (UTF-8, one object per line, newline-terminated)."""
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+    """JSON lines (UTF-8, one object per line, newline-terminated), strict JSON: a record holding a number that
+    is not finite (``Infinity`` and ``NaN`` are not JSON) keeps its texts, its non-finite numbers become
+    ``null`` and its ``error`` says why."""
+    return "".join(_json_record(r) + "\n" for r in records).encode("utf-8")
+
+
+def _json_record(record: dict[str, Any]) -> str:
+    try:
+        return json.dumps(record, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        pass
+    why = "a score is not a finite number (infinite or NaN), written as null: lower the weights, or check the input"
+    fixed = _finite_or_none(record) | {"error": record.get("error") or why}
+    return json.dumps(fixed, ensure_ascii=False, allow_nan=False)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

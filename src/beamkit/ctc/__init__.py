@@ -7,10 +7,11 @@ plain Python, much slower. The n-gram models are :mod:`beamkit.lm`'s (``kenlm`` 
 
 from .decoder import Decoder, normalize_logits
 from .errors import CTCBatchDecodeError
+from .greedy import greedy_ctc, labels_to_text
 from .lm import Hotwords, LanguageModelFusion, UnigramPrefixIndex, fusion_of
 from .options import CTCOptions
-from .prefix_search import CTCHypothesis, greedy_ctc, labels_to_text, prefix_beam_search
-from .search import release_cached_memory
+from .prefix_search import prefix_beam_search
+from .search import CTCHypothesis
 from .vocab import Vocabulary
 
 __all__ = [
@@ -27,5 +28,4 @@ __all__ = [
     "labels_to_text",
     "normalize_logits",
     "prefix_beam_search",
-    "release_cached_memory",
 ]

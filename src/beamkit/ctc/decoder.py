@@ -21,11 +21,11 @@ import numpy as np
 from beamkit._checks import check_choice
 
 from .errors import CTCBatchDecodeError
+from .greedy import greedy_ctc
 from .lm import LanguageModelFusion, fusion_of
 from .options import CTCOptions
 from .posteriors import INPUT_KINDS, FrameCandidates, collect_candidates, normalize_posteriors, utterance_parts
-from .prefix_search import greedy_ctc
-from .search import CTCHypothesis, CTCRecorder, search_candidates, spread
+from .search import CTCHypothesis, CTCRecorder, SearchCaches, search_candidates, spread
 from .vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -105,6 +105,20 @@ class Decoder:
             raise TypeError(f"options must be a CTCOptions, got {type(options).__name__}")
         self.options = options
         self.input_kind = check_choice("input_kind", input_kind, INPUT_KINDS)
+        self._caches = SearchCaches(self.vocab)  # this decoder's alone: no two decoders share search state
+
+    def with_lm(self, lm: Any) -> Decoder:
+        """This decoder over another ``lm`` (None, a fusion or a model, as the constructor takes it): the same
+        vocabulary, options and input kind, starting with this decoder's label tables (read-only once built);
+        its scored LM words and search storage are its own."""
+        other = Decoder(self.vocab, lm, self.options, input_kind=self.input_kind)
+        other._caches = self._caches.sharing_labels()
+        return other
+
+    def release_cached_memory(self) -> int:
+        """Free the search storage this decoder keeps for its next call (the scored LM words stay); returns the
+        bytes released."""
+        return self._caches.release()
 
     def decode(
         self, logits: Any, options: CTCOptions | None = None, *, threads: int | None = None
@@ -174,11 +188,23 @@ class Decoder:
                 if not idx:
                     return [[] for _ in part]
                 cands = self._candidates([mats[j] for j in idx], options.token_min_logp)
-            hyps = search_candidates(cands, self.vocab, self.lm, options, recorder, 1)
+            hyps = self.search_candidates(cands, options, recorder, threads=1)
             found = dict(zip(idx, hyps, strict=True))
             return [found.get(j, []) for j in part]
 
         return spread(len(mats), 1 if recorder is not None else threads, run), errors
+
+    def search_candidates(
+        self,
+        cands: FrameCandidates,
+        options: CTCOptions | None = None,
+        recorder: CTCRecorder | None = None,
+        threads: int | None = None,
+    ) -> list[list[CTCHypothesis]]:
+        """The hypotheses of each utterance of ``cands`` (each frame's candidate labels and log-probabilities,
+        taken as given: :func:`~beamkit.ctc.posteriors.collect_candidates`), searched with this decoder's
+        vocabulary, LM and caches; what :meth:`search` runs once the matrices are normalised."""
+        return search_candidates(cands, self._caches, self.lm, self._options(options), recorder, threads)
 
     def _options(self, options: CTCOptions | None) -> CTCOptions:
         if options is None:

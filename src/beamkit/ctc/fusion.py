@@ -20,7 +20,6 @@ takes up the frame again.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -29,7 +28,7 @@ import numpy as np
 
 from .chartrie import CharTrie, walk
 from .jit import njit, njit_inline, records
-from .lm import AVG_TOKEN_LEN, Hotwords, LanguageModelFusion
+from .lm import AVG_TOKEN_LEN, LanguageModelFusion
 from .vocab import Vocabulary
 
 # Static.flags
@@ -50,7 +49,7 @@ _EMPTY_I = np.zeros(0, dtype=np.int64)
 _EMPTY_F = np.zeros(0, dtype=np.float64)
 _EMPTY_B = np.zeros(0, dtype=np.bool_)
 _SALT = np.uint64(0x9E3779B97F4A7C15)
-_MAX_CACHED_STATES = 1 << 20  # an LM cache that grows past this many contexts starts afresh
+MAX_CACHED_STATES = 1 << 20  # an LM cache that grows past this many contexts starts afresh
 
 
 class Static(NamedTuple):
@@ -294,26 +293,21 @@ class LMCache:
         return got
 
 
-_CACHES_LOCK = threading.Lock()
-# caches kept beside (not on) the LM and vocabulary objects, which stay picklable for process pools
-_LM_CACHES: weakref.WeakKeyDictionary[LanguageModelFusion, tuple[Any, LMCache]] = weakref.WeakKeyDictionary()
-_LABEL_TABLES: weakref.WeakKeyDictionary[Vocabulary, LabelTables] = weakref.WeakKeyDictionary()
+def lm_cache_key(lm: LanguageModelFusion, alphabet_key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What an :class:`LMCache` of ``lm`` over an alphabet (of key ``alphabet_key``) depends on: the alphabet, the
+    model and the fusion weights (a cache whose key differs is made afresh)."""
+    return (alphabet_key, id(lm.model), lm.alpha, lm.beta, lm.unk_score_offset, lm.score_boundary)
 
 
-def lm_cache(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> LMCache:
-    """The cache of ``lm`` for ``alphabet`` (of key ``alphabet_key``; made afresh when the LM's weights changed
-    or it grew too big)."""
-    key = (alphabet_key, id(lm.model), lm.alpha, lm.beta, lm.unk_score_offset, lm.score_boundary)
-    with _CACHES_LOCK:
-        got = _LM_CACHES.get(lm)
-        if got is None or got[0] != key or len(got[1].states) > _MAX_CACHED_STATES:
-            trie = None
-            if got is not None and got[0][0] == key[0]:
-                trie = got[1].trie  # same alphabet: the unigram trie still holds
-            elif lm.prefix_index is not None:
-                trie = _unigram_trie(lm, alphabet, key[0])
-            got = _LM_CACHES[lm] = (key, LMCache(lm, trie))
-    return got[1]
+def fresh_lm_cache(lm: LanguageModelFusion, labels: LabelTables, old: LMCache | None, same_alphabet: bool) -> LMCache:
+    """An empty :class:`LMCache` of ``lm`` over ``labels``' alphabet; the unigram trie of ``old`` (the cache it
+    replaces) is reused when the alphabet is the same."""
+    trie = None
+    if old is not None and same_alphabet:
+        trie = old.trie  # same alphabet: the unigram trie still holds
+    elif lm.prefix_index is not None:
+        trie = _unigram_trie(lm, labels.alphabet, labels.alphabet_key)
+    return LMCache(lm, trie)
 
 
 def _unigram_trie(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> CharTrie:
@@ -339,7 +333,7 @@ def _trie_arrays(trie: CharTrie | None) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 class LabelTables:
-    """What the search needs to know about each label (built once per vocabulary, kept on it)."""
+    """What the search needs to know about each label (built once per decoder, read-only after)."""
 
     def __init__(self, vocab: Vocabulary) -> None:
         """Split every label into the characters it adds to a partial word."""
@@ -365,25 +359,6 @@ class LabelTables:
         # text pieces per label (a word-starting label opens a new word)
         self.text_piece = [(" " + p if starts[i] else p) for i, p in enumerate(self.clean)]
         self.alphabet_key = tuple(sorted(self.alphabet.items()))
-        self._hot: tuple[frozenset[str], CharTrie | None] = (frozenset(), None)
-        self._fusion: tuple[Any, Fusion] | None = None  # the last search's fusion, for the next one
-
-    def hot_trie(self, words: frozenset[str]) -> CharTrie | None:
-        """The character trie of ``words`` (the last one is kept)."""
-        if not words:
-            return None
-        if self._hot[0] != words:
-            self._hot = (words, CharTrie(words, self.alphabet))
-        return self._hot[1]
-
-    @staticmethod
-    def of(vocab: Vocabulary) -> LabelTables:
-        """The tables of ``vocab``, made on first use."""
-        with _CACHES_LOCK:
-            got = _LABEL_TABLES.get(vocab)
-            if got is None:
-                got = _LABEL_TABLES[vocab] = LabelTables(vocab)
-        return got
 
 
 class Fusion:
@@ -391,16 +366,17 @@ class Fusion:
     compiled search hands over (LM queries, end-of-utterance scores)."""
 
     def __init__(
-        self, labels: LabelTables, lm: LanguageModelFusion | None, cache: LMCache | None, hotwords: Hotwords
+        self, labels: LabelTables, cache: LMCache | None, hot_trie: CharTrie | None, hotword_weight: float
     ) -> None:
-        """Gather the label tables, the character tries and the LM cache (see :meth:`of`)."""
+        """Gather the label tables, the LM cache (None without an LM) and the hotword trie (None without
+        hotwords); a decoder keeps the last one for its next search (``beamkit.ctc.search.SearchCaches``)."""
+        lm = cache.lm if cache is not None else None
         self.lm = lm
         self.clean = labels.clean
         self.starts_word = labels.starts_word
         self.text_piece = labels.text_piece
         self.cache = cache
         uni = _trie_arrays(cache.trie if cache is not None else None)
-        hot_trie = labels.hot_trie(hotwords.words)
         hot = _trie_arrays(hot_trie)
         self.static = Static(
             starts_word=labels.starts_word,
@@ -418,20 +394,8 @@ class Fusion:
             hot_is_word=hot_trie.is_word if hot_trie is not None else _EMPTY_B,
             flags=np.array([lm is not None or hot_trie is not None, lm is not None, hot_trie is not None, uni[3] > 0]),
             sizes=np.array([uni[3], uni[4], hot[3], hot[4]], dtype=np.int64),
-            floats=np.array([lm.unk_score_offset if lm is not None else 0.0, hotwords.weight]),
+            floats=np.array([lm.unk_score_offset if lm is not None else 0.0, hotword_weight]),
         )
-
-    @staticmethod
-    def of(
-        vocab: Vocabulary, lm: LanguageModelFusion | None, hotwords: tuple[str, ...] | None, weight: float
-    ) -> Fusion:
-        """The fusion of a search over ``vocab`` (the previous search's when nothing changed)."""
-        labels = LabelTables.of(vocab)
-        cache = lm_cache(lm, labels.alphabet, labels.alphabet_key) if lm is not None else None
-        key = (id(lm), id(cache), hotwords, weight)
-        if labels._fusion is None or labels._fusion[0] != key:
-            labels._fusion = (key, Fusion(labels, lm, cache, Hotwords(hotwords, weight)))
-        return labels._fusion[1]
 
     @property
     def table(self) -> np.ndarray:

@@ -218,23 +218,11 @@ def _expand(
 
 
 @njit
-def _children(
-    st: Static,
-    nodes: np.ndarray,
-    whist: np.ndarray,
-    ek: np.ndarray,
-    ev: np.ndarray,
-    wt: np.ndarray,
-    rows: np.ndarray,
-    n: int,
-    beams: np.ndarray,
-    V: int,
-    pend: np.ndarray,
-    cnt: np.ndarray,
-    made: np.ndarray,
-) -> None:
-    """Point every extending row at its child prefix, making the missing ones (numbered in the order of the
-    last row asking for each); LM pairs not yet scored go to ``pend``."""
+def _children(st: Static, wt: np.ndarray, ws: Store, n: int, V: int) -> None:
+    """Point every extending row of ``ws.rows[:n]`` at its child prefix, making the missing ones (numbered in
+    the order of the last row asking for each); LM pairs not yet scored go to ``ws.pend``."""
+    nodes, whist, ek, ev, rows, pend, cnt = ws.nodes, ws.whist, ws.ek, ws.ev, ws.rows, ws.pend, ws.cnt
+    made = ws.scratch[0]
     n_made = 0
     for j in range(n - 1, -1, -1):  # backwards: the first row met for a new pair is the last to ask
         r = rows[j]
@@ -358,20 +346,11 @@ def _sort_ranked(merged: np.ndarray, cand: np.ndarray, P: int) -> None:
 
 
 @njit
-def _rank(
-    merged: np.ndarray,
-    M: int,
-    nodes: np.ndarray,
-    order: np.ndarray,
-    mslot: np.ndarray,
-    scratch: np.ndarray,
-    width: int,
-    prune_logp: float,
-    history: bool,
-    split: bool,
-) -> int:
-    """Write the merged beams' ranking into ``order`` (kept first, best first, then the pruned ones) and
-    their fates. Returns the number kept."""
+def _rank(ws: Store, M: int, kn: Knobs) -> int:
+    """Write the ``M`` merged beams' ranking into ``ws.order`` (kept first, best first, then the pruned ones)
+    and their fates. Returns the number kept."""
+    merged, nodes, order, mslot, scratch = ws.merged, ws.nodes, ws.order, ws.mslot, ws.scratch
+    width, prune_logp, history, split = kn.width, kn.prune_logp, kn.history, kn.split
     best = NEG_INF
     for m in range(M):
         if merged[m].total > best:
@@ -434,21 +413,11 @@ def _rank(
 
 
 @njit
-def _advance(
-    st: Static,
-    merged: np.ndarray,
-    order: np.ndarray,
-    kept: int,
-    rows: np.ndarray,
-    beams: np.ndarray,
-    nxt: np.ndarray,
-    nodes: np.ndarray,
-    recs: np.ndarray,
-    cnt: np.ndarray,
-    t: int,
-    frames: bool,
-) -> None:
-    """Make the kept merged beams the beams (their word offsets follow their most probable row)."""
+def _advance(st: Static, ws: Store, kept: int, t: int, frames: bool) -> None:
+    """Make the ``kept`` first merged beams of ``ws.order`` the beams of frame ``t`` (their word offsets follow
+    their most probable row; ``frames``: record completed words' frames)."""
+    merged, order, rows, beams, nxt = ws.merged, ws.order, ws.rows, ws.beams, ws.nxt
+    nodes, recs, cnt = ws.nodes, ws.recs, ws.cnt
     for i in range(kept):
         g = merged[order[i]]
         r = rows[g.rep]
@@ -504,18 +473,10 @@ def run_frames(
     cand.offsets[row0 + f] : cand.offsets[row0 + f + 1]]``) over the storage ``ws`` and the LM word table
     ``wt``. Returns ``(DONE, T)``, or ``(reason, frame)`` to be called again from ``frame`` once the reason is
     dealt with (``FRAME``: a frame was searched and may be recorded)."""
-    nodes, whist, ek, ev, recs, pend, cnt = ws.nodes, ws.whist, ws.ek, ws.ev, ws.recs, ws.pend, ws.cnt
-    beams, nxt, rows, merged, mslot, order, scratch = (
-        ws.beams,
-        ws.nxt,
-        ws.rows,
-        ws.merged,
-        ws.mslot,
-        ws.order,
-        ws.scratch,
-    )
+    nodes, ek, recs, cnt, beams, rows = ws.nodes, ws.ek, ws.recs, ws.cnt, ws.beams, ws.rows
+    merged, mslot, order, scratch = ws.merged, ws.mslot, ws.order, ws.scratch
     c_off, c_lab, c_val = cand.offsets, cand.labels, cand.values
-    width, blank, V, prune_logp = kn.width, kn.blank, kn.V, kn.prune_logp
+    width, blank, V = kn.width, kn.blank, kn.V
     split, history, frames, trace = kn.split, kn.history, kn.frames, kn.trace
     while t < T:
         n_beams = cnt[N_BEAMS]
@@ -565,14 +526,14 @@ def run_frames(
             continue
         n = _expand(beams, n_beams, nodes, rows, c_lab[lo:hi], c_val[lo:hi], blank)
         cnt[N_PENDING] = 0
-        _children(st, nodes, whist, ek, ev, wt, rows, n, beams, V, pend, cnt, scratch[0])
+        _children(st, wt, ws, n, V)
         if cnt[N_PENDING] > 0:
             return NEED_LM, t
         M = _merge(rows, n, nodes, merged, mslot, split)
-        kept = _rank(merged, M, nodes, order, mslot, scratch, width, prune_logp, history, split)
+        kept = _rank(ws, M, kn)
         if trace:
             _label_of_rep(merged, M, rows, beams)
-        _advance(st, merged, order, kept, rows, beams, nxt, nodes, recs, cnt, t, frames)
+        _advance(st, ws, kept, t, frames)
         cnt[N_MERGED] = M
         cnt[N_KEPT] = kept
         t += 1

@@ -191,23 +191,11 @@ def _f32(x: float) -> float:
 
 
 @njit_inline
-def _add(
-    cand: tuple,
-    n: int,
-    best: float,
-    thr: float,
-    score: float,
-    lm: int,
-    lex: int,
-    token: int,
-    word: int,
-    blank: bool,
-    am: float,
-    lm_sum: float,
-    parent: int,
-) -> tuple[int, float]:  # noqa: E501
-    """flashlight's candidatesAdd: track the best; keep the candidate if within the threshold of it. ``cand``:
-    the candidate arrays (score, lm, lex, token, word, blank, am, lm_sum, parent), unpacked once per frame loop."""
+def _add(cand: tuple, n: int, best: float, thr: float, entry: tuple) -> tuple[int, float]:
+    """flashlight's candidatesAdd: track the best; keep the candidate ``entry`` if within the threshold of it.
+    ``cand``: the candidate arrays (score, lm, lex, token, word, blank, am, lm_sum, parent), unpacked once per
+    frame loop; ``entry``: one value for each, in that order (inlined: the tuple costs nothing)."""
+    score, lm, lex, token, word, blank, am, lm_sum, parent = entry
     if score >= best:
         best = score
     if score >= best - thr:
@@ -291,9 +279,13 @@ def run_lexicon_frames(
                         c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, tok, n_miss)
                         if c < 0:
                             continue
-                        n, best = _add(cand, n, best, thr, score + w * s, c, -1, tok, -1, False, pam + e, plmsum + s, h)
+                        n, best = _add(
+                            cand, n, best, thr, (score + w * s, c, -1, tok, -1, False, pam + e, plmsum + s, h)
+                        )
                     else:
-                        n, best = _add(cand, n, best, thr, score, plm, -1, tok, -1, tok == blank_id, pam + e, plmsum, h)
+                        n, best = _add(
+                            cand, n, best, thr, (score, plm, -1, tok, -1, tok == blank_id, pam + e, plmsum, h)
+                        )
                 continue
             at_root = plex == 0
             lex_max = 0.0 if at_root else max_score[plex]
@@ -311,7 +303,7 @@ def run_lexicon_frames(
                     if child_start[lex + 1] > child_start[lex]:
                         s = _f32(max_score[lex] - lex_max)
                         n, best = _add(
-                            cand, n, best, thr, score + w * s, plm, lex, tok, -1, False, pam + e, plmsum + s, h
+                            cand, n, best, thr, (score + w * s, plm, lex, tok, -1, False, pam + e, plmsum + s, h)
                         )
                 w0, w1 = word_start[lex], word_start[lex + 1]
                 for j in range(w0, w1):
@@ -323,7 +315,11 @@ def run_lexicon_frames(
                         continue
                     s = _f32(s - lex_max)
                     n, best = _add(
-                        cand, n, best, thr, score + w * s + word_score, c, 0, tok, label, False, pam + e, plmsum + s, h
+                        cand,
+                        n,
+                        best,
+                        thr,
+                        (score + w * s + word_score, c, 0, tok, label, False, pam + e, plmsum + s, h),
                     )
                 if w0 == w1 and allow_unk:
                     c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, unk, n_miss)
@@ -331,7 +327,7 @@ def run_lexicon_frames(
                         continue
                     s = _f32(s - lex_max)
                     n, best = _add(
-                        cand, n, best, thr, score + w * s + unk_score, c, 0, tok, unk, False, pam + e, plmsum + s, h
+                        cand, n, best, thr, (score + w * s + unk_score, c, 0, tok, unk, False, pam + e, plmsum + s, h)
                     )
             if not pblank or at_root:
                 tok = sil if at_root else ptok
@@ -339,9 +335,9 @@ def run_lexicon_frames(
                 score = pscore + e
                 if tok == sil:
                     score += sil_score
-                n, best = _add(cand, n, best, thr, score, plm, plex, tok, -1, False, pam + e, plmsum, h)
+                n, best = _add(cand, n, best, thr, (score, plm, plex, tok, -1, False, pam + e, plmsum, h))
             e = float(row[blank_id])
-            n, best = _add(cand, n, best, thr, pscore + e, plm, plex, blank_id, -1, True, pam + e, plmsum, h)
+            n, best = _add(cand, n, best, thr, (pscore + e, plm, plex, blank_id, -1, True, pam + e, plmsum, h))
         if n_miss > 0:
             table.meta[4] = n_miss
             return MISSES, t

@@ -27,6 +27,7 @@ import numpy as np
 
 from beamkit._checks import check_int
 from beamkit.extras import install_hint
+from beamkit.textfiles import check_text_file
 
 REC_HEIGHT = 48
 REC_MIN_WIDTH = 320
@@ -63,6 +64,8 @@ def load_line_image(path: str | os.PathLike[str]) -> np.ndarray:
     if os.path.isdir(path):
         raise ValueError(f"{path} is a folder: give the image files, one text line each")
     if not os.path.isfile(path):
+        if os.path.exists(path):
+            check_text_file(path, "image")  # a named pipe, a device, a socket: named as such
         raise FileNotFoundError(f"image not found: {path}")
     image_mod = _require("PIL.Image")
     try:

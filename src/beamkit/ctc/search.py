@@ -23,7 +23,21 @@ from beamkit._checks import check_int
 from beamkit.ops import NEG_INF
 
 from . import kernel as K
-from .fusion import HAS_HOT, HAS_LM, HOT_WEIGHT, PENDING, Fusion, Static, word_lookup
+from .chartrie import CharTrie
+from .fusion import (
+    HAS_HOT,
+    HAS_LM,
+    HOT_WEIGHT,
+    MAX_CACHED_STATES,
+    PENDING,
+    Fusion,
+    LabelTables,
+    LMCache,
+    Static,
+    fresh_lm_cache,
+    lm_cache_key,
+    word_lookup,
+)  # fmt: skip
 from .jit import COMPILED, njit, note_if_cold, records, warn_if_interpreted
 from .lm import LanguageModelFusion
 from .nodes import NODE, final_key, init_root, node_labels, word_hash
@@ -149,45 +163,123 @@ def _pow2(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
 
 
-_SPARE: list[Workspace] = []  # one workspace kept between calls (first touches of fresh memory are slow)
-_SPARE_LOCK = threading.Lock()
-_SPARE_MAX_BYTES = 1 << 28
+SPARE_MAX_BYTES = 1 << 28  # a workspace larger than this is freed after its search, not kept
 
 
-def release_cached_memory() -> int:
-    """Free the storage kept for the next CTC search; returns the bytes released."""
-    with _SPARE_LOCK:
-        freed = sum(ws.nbytes for ws in _SPARE)
-        _SPARE.clear()
-    return freed
+class SearchCaches:
+    """What one decoder keeps from a search to the next, shared with no other decoder: its vocabulary's label
+    tables, its LM's cache of scored (context, word) pairs (made afresh when the LM's weights change or the cache
+    grows past :data:`~beamkit.ctc.fusion.MAX_CACHED_STATES` contexts), the last search's fusion and hotword
+    trie, and one spare workspace (first touches of fresh memory cost more than frames). Thread-safe; it
+    pickles empty (a process pool's worker starts its own)."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        """Empty caches for searches over ``vocab``."""
+        self.vocab = vocab
+        self._lock = threading.Lock()
+        self._labels: LabelTables | None = None
+        self._lm: tuple[tuple[Any, ...], LMCache] | None = None
+        self._hot: tuple[frozenset[str], CharTrie | None] = (frozenset(), None)
+        self._fusion: tuple[tuple[Any, ...], Fusion] | None = None
+        self._spare: list[Workspace] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Only the vocabulary: the caches are rebuilt where it is unpickled."""
+        return {"vocab": self.vocab}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Empty caches over the pickled vocabulary."""
+        self.__init__(state["vocab"])  # type: ignore[misc]
+
+    def fusion(self, lm: LanguageModelFusion | None, hotwords: tuple[str, ...] | None, weight: float) -> Fusion:
+        """The fusion of a search with ``lm`` and the hotwords (the previous search's when nothing changed)."""
+        with self._lock:
+            if self._labels is None:
+                self._labels = LabelTables(self.vocab)
+            labels = self._labels
+            cache = self._lm_cache(lm, labels) if lm is not None else None
+            words = frozenset(hotwords or ())
+            if self._hot[0] != words:
+                self._hot = (words, CharTrie(words, labels.alphabet) if words else None)
+            key = (id(lm), id(cache), hotwords, weight)
+            if self._fusion is None or self._fusion[0] != key:
+                self._fusion = (key, Fusion(labels, cache, self._hot[1], weight))
+            return self._fusion[1]
+
+    def sharing_labels(self) -> SearchCaches:
+        """New caches over the same vocabulary that start with these label tables and the last hotword trie
+        (both read-only once built: a vocabulary of 8,000 BPE pieces takes about 0.1 s to tabulate); the LM
+        cache, the fusion and the workspace are the new one's own."""
+        with self._lock:
+            if self._labels is None:
+                self._labels = LabelTables(self.vocab)
+            out = SearchCaches(self.vocab)
+            out._labels, out._hot = self._labels, self._hot
+        return out
+
+    def _lm_cache(self, lm: LanguageModelFusion, labels: LabelTables) -> LMCache:
+        key = (id(lm), *lm_cache_key(lm, labels.alphabet_key))
+        got = self._lm
+        if got is None or got[0] != key or got[1].lm is not lm or len(got[1].states) > MAX_CACHED_STATES:
+            old = got[1] if got is not None and got[1].lm is lm else None
+            same_alphabet = old is not None and got is not None and got[0][1] == key[1]
+            self._lm = got = (key, fresh_lm_cache(lm, labels, old, same_alphabet))
+        return got[1]
+
+    def take_workspace(self, history: int, nodes: int, width: int, rows: int) -> Workspace:
+        """The spare workspace (fitted to ``width`` beams and ``rows`` rows) when its LM history matches, else
+        a new one."""
+        with self._lock:
+            for i, ws in enumerate(self._spare):
+                if ws.history == history:
+                    del self._spare[i]
+                    ws.fit(width, rows)
+                    return ws
+        return Workspace(history, nodes, width, rows)
+
+    def give_back(self, ws: Workspace) -> None:
+        """Keep ``ws`` (cleared) as the spare workspace, unless it is over :data:`SPARE_MAX_BYTES`."""
+        if ws.nbytes <= SPARE_MAX_BYTES:
+            with self._lock:
+                self._spare[:] = [ws]
+
+    @property
+    def spare_bytes(self) -> int:
+        """Bytes held by the spare workspace."""
+        with self._lock:
+            return sum(ws.nbytes for ws in self._spare)
+
+    def release(self) -> int:
+        """Free the spare workspace; returns the bytes released."""
+        with self._lock:
+            freed = sum(ws.nbytes for ws in self._spare)
+            self._spare.clear()
+        return freed
 
 
-def _take_workspace(history: int, nodes: int, width: int, rows: int) -> Workspace:
-    with _SPARE_LOCK:
-        for i, ws in enumerate(_SPARE):
-            if ws.history == history:
-                del _SPARE[i]
-                ws.fit(width, rows)
-                return ws
-    return Workspace(history, nodes, width, rows)
+class SearchRun(NamedTuple):
+    """What every utterance of one search call shares."""
 
-
-def _give_back(ws: Workspace) -> None:
-    if ws.nbytes <= _SPARE_MAX_BYTES:
-        with _SPARE_LOCK:
-            _SPARE[:] = [ws]
+    vocab: Vocabulary
+    fusion: Fusion
+    opts: CTCOptions
+    knobs: K.Knobs
+    cands: FrameCandidates
+    frame_input: K.FrameInput
+    recorder: CTCRecorder | None
 
 
 def search_candidates(
     cands: FrameCandidates,
-    voc: Vocabulary,
+    caches: SearchCaches,
     lm: LanguageModelFusion | None,
     opts: CTCOptions,
     recorder: CTCRecorder | None = None,
     threads: int | None = None,
 ) -> list[list[CTCHypothesis]]:
-    """Prefix beam search of the candidates of checked log-probabilities (no NaN) over ``voc`` with an
-    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each.
+    """Prefix beam search of the candidates of checked log-probabilities (no NaN) over ``caches.vocab`` with an
+    optional fused ``lm``: one list of hypotheses per utterance, at most ``opts.out_k`` each. ``caches``: the
+    decoder's (:class:`SearchCaches`), read and refilled.
 
     Utterances are searched one after another by each of ``threads`` threads (default: one per CPU core
     available, at most one per :data:`UTTERANCES_PER_THREAD` utterances); the compiled frame loop runs
@@ -195,7 +287,8 @@ def search_candidates(
     (one thread; the search stops after each frame)."""
     warn_if_interpreted()
     note_if_cold(K.run_frames)
-    fusion = Fusion.of(voc, lm, opts.hotwords, opts.hotword_weight)
+    voc = caches.vocab
+    fusion = caches.fusion(lm, opts.hotwords, opts.hotword_weight)
     history = max(1, lm.order - 1) if lm is not None else 1
     N, T = cands.n, cands.T
     counts = cands.count.reshape(N, T) if N else np.zeros((0, 0), dtype=np.int64)  # shape: (N, T)
@@ -208,30 +301,35 @@ def search_candidates(
         width, int(voc.blank), int(voc.size), bool(opts.split_blank), bool(opts.prune_history),
         bool(opts.word_frames), recorder is not None, float(opts.beam_prune_logp),
     )  # fmt: skip
-    frame_input = K.FrameInput(c_off, cands.labels, cands.values)
+    run = SearchRun(voc, fusion, opts, knobs, cands, K.FrameInput(c_off, cands.labels, cands.values), recorder)
 
     def work(utts: range) -> list[list[CTCHypothesis]]:
-        ws = _take_workspace(history, nodes, width, rows)
+        ws = caches.take_workspace(history, nodes, width, rows)
         quiet = nullcontext() if COMPILED else np.errstate(over="ignore")  # hashes wrap; numpy scalars warn
         out: list[list[CTCHypothesis]] = []
         try:
             with quiet:
                 for u in utts:
-                    n_frames = int(cands.lens[u])
-                    _begin(ws, voc)
-                    if recorder is not None:
-                        recorder.begin(u, n_frames, lambda node: _texts(ws, fusion, np.array([node]))[0])
-                    _frames(ws, fusion, knobs, cands, frame_input, u * T, n_frames, recorder, u)
-                    hyps, finals = _end(ws, fusion, opts)
-                    if recorder is not None:
-                        recorder.end(u, hyps, finals)
-                    out.append(hyps)
+                    out.append(_utterance(ws, run, u))
         finally:
             _clear(ws, voc.size)
-            _give_back(ws)
+            caches.give_back(ws)
         return out
 
     return spread(N, 1 if recorder is not None else threads, work)
+
+
+def _utterance(ws: Workspace, run: SearchRun, u: int) -> list[CTCHypothesis]:
+    """Search utterance ``u`` on ``ws`` from its first frame to its hypotheses."""
+    _begin(ws, run.vocab)
+    recorder, fusion = run.recorder, run.fusion
+    if recorder is not None:
+        recorder.begin(u, int(run.cands.lens[u]), lambda node: _texts(ws, fusion, np.array([node]))[0])
+    _frames(ws, run, u)
+    hyps, finals = _end(ws, fusion, run.opts)
+    if recorder is not None:
+        recorder.end(u, hyps, finals)
+    return hyps
 
 
 _R = TypeVar("_R")
@@ -285,18 +383,10 @@ def _begin(ws: Workspace, voc: Vocabulary) -> None:
     cnt[K.N_BEAMS] = 1
 
 
-def _frames(
-    ws: Workspace,
-    fusion: Fusion,
-    knobs: K.Knobs,
-    cands: FrameCandidates,
-    frame_input: K.FrameInput,
-    row0: int,
-    n_frames: int,
-    recorder: CTCRecorder | None,
-    utt: int,
-) -> None:
-    """Run the frame loop over the utterance's frames, dealing with each reason it stops for."""
+def _frames(ws: Workspace, run: SearchRun, utt: int) -> None:
+    """Run the frame loop over utterance ``utt``'s frames, dealing with each reason it stops for."""
+    fusion, knobs, frame_input, recorder = run.fusion, run.knobs, run.frame_input, run.recorder
+    row0, n_frames = utt * run.cands.T, int(run.cands.lens[utt])
     t = 0
     static = fusion.static
     reading = fusion.cache.lock.shared if fusion.cache is not None else nullcontext
@@ -309,7 +399,7 @@ def _frames(
             fusion.resolve(ws.nodes, ws.pend[: ws.cnt[K.N_PENDING]])
         elif status == K.FRAME:
             assert recorder is not None
-            recorder.frame(utt, _snapshot(ws, cands, frame_input.offsets, row0, t - 1))
+            recorder.frame(utt, _snapshot(ws, run.cands, frame_input.offsets, row0, t - 1))
         else:
             ws.grow(status)
 
@@ -373,29 +463,29 @@ def _final_groups(
     return logit[:G], rep[:G]
 
 
+class EndKnobs(NamedTuple):
+    """The settings of an utterance's end (see :class:`~beamkit.ctc.options.CTCOptions`)."""
+
+    compat: bool  # pyctcdecode's end-of-utterance scoring
+    prune_logp: float  # the beam threshold
+    out_k: int  # hypotheses returned
+
+
 @njit
 def _rank_final(
-    st: Static,
-    wt: np.ndarray,
-    eos: np.ndarray,
-    nodes: np.ndarray,
-    beams: np.ndarray,
-    n: int,
-    mslot: np.ndarray,
-    pend: np.ndarray,
-    compat: bool,
-    prune_logp: float,
-    out_k: int,
+    st: Static, wt: np.ndarray, eos: np.ndarray, ws: K.Store, end: EndKnobs
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The end of an utterance: beams grouped by final text (:func:`_final_groups`), each group scored as
     a finished text (the partial word as a completed word: hotword bonus, LM score; with an LM the
     end-of-sentence score ``eos[context]``), ranked best first (ties: first occurrence), pruned by
-    ``prune_logp`` below the best, cut to ``out_k``.
+    ``prune_logp`` below the best, cut to ``out_k`` (``end``'s knobs), over the ``ws.cnt[N_BEAMS]`` beams.
 
     Returns ``(pending, rep_beam, logit, total, context)`` for the kept groups, best first; ``pending > 0``
     means LM queries were written to ``pend`` instead (a word: its node; an end-of-sentence score: node -1):
     answer them and call again."""
-    logit, rep = _final_groups(nodes, beams, n, mslot, compat)
+    nodes, beams, mslot, pend = ws.nodes, ws.beams, ws.mslot, ws.pend
+    compat, prune_logp, out_k = end.compat, end.prune_logp, end.out_k
+    logit, rep = _final_groups(nodes, beams, ws.cnt[K.N_BEAMS], mslot, compat)
     G = len(logit)
     has_lm = st.flags[HAS_LM]
     score = np.empty(G, dtype=np.float64)
@@ -449,13 +539,12 @@ def _end(ws: Workspace, fusion: Fusion, opts: CTCOptions) -> tuple[list[CTCHypot
         return [], []
     cache = fusion.cache
     ws.fit(ws.width, n)
+    store = ws.store()
+    knobs = EndKnobs(opts.pyctcdecode_compat, float(opts.beam_prune_logp), opts.out_k)
     while True:
         eos = cache.eos if cache is not None else _NO_EOS
         with cache.lock.shared() if cache is not None else nullcontext():
-            n_pend, rep_beam, logit, totals, sids = _rank_final(
-                fusion.static, fusion.table, eos, ws.nodes, ws.beams, n, ws.mslot, ws.pend,
-                opts.pyctcdecode_compat, float(opts.beam_prune_logp), opts.out_k,
-            )  # fmt: skip
+            n_pend, rep_beam, logit, totals, sids = _rank_final(fusion.static, fusion.table, eos, store, knobs)
         if not n_pend:
             break
         assert cache is not None
@@ -516,4 +605,4 @@ def _texts(ws: Workspace, fusion: Fusion, targets: np.ndarray) -> list[str]:
     return [" ".join("".join(flat[a:b]).split()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-__all__ = ["COMPILED", "CTCHypothesis", "FrameSnapshot", "CTCRecorder", "release_cached_memory", "search_candidates"]
+__all__ = ["COMPILED", "CTCHypothesis", "CTCRecorder", "FrameSnapshot", "SearchCaches", "search_candidates"]

@@ -32,7 +32,10 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
     ``sequence_bias``, ``forced_bos_token_id``, ``forced_eos_token_id``, plus ``num_beam_groups`` +
     ``diversity_penalty`` (diverse beam search) and ``force_words_ids`` (constrained beam search), which
     Hugging Face 5.x no longer ships. Other keywords are :class:`beamkit.SearchOptions` fields (``patience``,
-    ``exact_exit``, extra ``processors`` applied after the mapped ones, ...).
+    ``exact_exit``, extra ``processors`` applied after the mapped ones, ...), and ``allowed_output`` (with a
+    :class:`beamkit.Trie`'s ``prefix_allowed_tokens_fn``: ``"allowed"`` computes the output layer only for the
+    ids some row may take and normalises over each row's allowed ids, ``"vocab"`` normalises over the whole
+    vocabulary, as Hugging Face does; see :mod:`beamkit.hf.allowed`).
 
     Where the call runs is decided once, by :func:`beamkit.hf.route.route`: the engine bridge where it takes
     the call, else beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`:
@@ -106,6 +109,10 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
     if outside:  # Hugging Face warns and never stops on them
         raise Unsupported(f"eos ids {outside} outside the model's output")
+    if settings.allowed_output is not None:
+        from beamkit.hf.allowed import check_head
+
+        check_head(model)
     if exact_only and wants_tables(settings):
         raise Unsupported("output_scores=True with return_dict_in_generate: per-step scores come from the loop")
     if exact_only and settings.do_sample:
@@ -167,10 +174,16 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
         prompts = tuple(p for p in prompts for _ in range(settings.groups))
         first = [f for f in first for _ in range(settings.groups)]
     processors = build_processors(settings, prompts, first)
-    state = step.init_state(input_ids, mask)
+    runner: Any = step
+    if settings.allowed_output is not None:  # the output layer over the ids the dictionary allows some row
+        from beamkit.hf.allowed import AllowedOutputStep
+
+        fn = settings.prefix_fn
+        runner = AllowedOutputStep(step, model, fn.trie, fn.eos, settings.allowed_output)
+    state = runner.init_state(input_ids, mask)
     seeds = request_seeds(input_ids, mask) if settings.do_sample else None
     with torch.inference_mode():  # once here, not per step
-        hyps, traces = run_search(step, state, settings, batch, processors, seeds)
+        hyps, traces = run_search(runner, state, settings, batch, processors, seeds)
     return build_output(settings, prefix, hyps, step.stats, step.forward_seconds, traces)
 
 

@@ -82,6 +82,10 @@ def route(
     why = _engine_refusal(model, args, kwargs, patched, fast) if engine else "the engine could not decode the call"
     if isinstance(why, Prepared):
         return Route("engine", ENGINE_REASON, why)
+    if kwargs.get("allowed_output") is not None:  # beamkit's engine alone computes the output layer that way
+        return Route(
+            "huggingface", f"allowed_output= runs on beamkit's engine only, which does not take this call: {why}"
+        )
     call = LoopCall(args, dict(kwargs)) if patched else _loop_call(args, kwargs)
     refusal = loop_refusal(model, call)
     if refusal is not None:

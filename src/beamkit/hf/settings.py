@@ -178,6 +178,7 @@ class Settings:
     kv: str = "paged"
     kv_chosen: bool = False  # True: the call named no cache (cache_implementation=None), beamkit picks by size
     prefix_fn: Any = None  # a beamkit.Trie's prefix_allowed_tokens_fn (applied vectorised), or None
+    allowed_output: str | None = None  # the output layer over the allowed ids: "vocab", "allowed" or None (all)
 
     @property
     def fill(self) -> int:
@@ -324,6 +325,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
     function, in this order: the call's arguments, the beams, the tokens the search starts and stops with, the
     lengths, the logits processors' settings, sampling."""
     _refuse_unmapped(gc, given)
+    allowed_output = rest.pop("allowed_output", None)
     prefix_fn = _call_arguments(model, rest)
     cfg = model.config
     encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
@@ -341,6 +343,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
             f"{prompt_len} tokens long"
         )
     lengths = _lengths(cfg, gc, given, prompt_len, encoder_decoder, eos)
+    _check_allowed_output(allowed_output, prefix_fn, encoder_decoder, gc)
     return Settings(
         encoder_decoder=encoder_decoder,
         num_beams=num_beams,
@@ -357,8 +360,26 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         kv="paged" if gc.cache_implementation in (None, "paged") else "dense",
         kv_chosen=gc.cache_implementation is None,
         prefix_fn=prefix_fn,
+        allowed_output=allowed_output,
         **_sampling(gc, num_beams, eos),
     )
+
+
+def _check_allowed_output(value: Any, prefix_fn: Any, encoder_decoder: bool, gc: Any) -> None:
+    """``allowed_output=`` (the output layer over a dictionary's allowed ids): None, ``"vocab"`` or
+    ``"allowed"``; it needs a :class:`beamkit.Trie`'s ``prefix_allowed_tokens_fn`` and plain beam search or
+    greedy decoding of a decoder-only model (:class:`Unsupported` otherwise)."""
+    if value is None:
+        return
+    check_choice("allowed_output", value, ("vocab", "allowed"))
+    if prefix_fn is None:
+        raise ValueError("allowed_output= needs prefix_allowed_tokens_fn= from a beamkit.Trie (the allowed ids)")
+    if encoder_decoder:
+        raise Unsupported("allowed_output= with an encoder-decoder model (decoder-only models only)")
+    if (getattr(gc, "num_beam_groups", None) or 1) > 1 or getattr(gc, "force_words_ids", None) or gc.do_sample:
+        raise Unsupported(
+            "allowed_output= with diverse or constrained beam search or sampling (beam search and greedy only)"
+        )
 
 
 def _call_arguments(model: Any, rest: dict[str, Any]) -> Any:

@@ -2,7 +2,8 @@
 for inference), and a numpy loader for the pretrained g2p-en GRU. The trained dates checkpoints ship inside the
 package (``shipped/``); :func:`load_model` runs them with torch when it is installed, else with numpy.
 
-Everything here decodes through :func:`beamkit.search_batch`: one call per batch of sentences.
+:func:`translate` and :meth:`beamkit.models.g2p.G2PModel.decode` decode batches of texts through the one batched
+text driver, :func:`beamkit.adapters.decode_texts`.
 """
 
 from beamkit.models.loading import (
@@ -14,13 +15,12 @@ from beamkit.models.loading import (
     shipped_models,
     torch_available,
 )
-from beamkit.models.translation import Translation, translate
+from beamkit.models.translation import translate
 
 __all__ = [
     "BACKENDS",
     "DEFAULT_MODEL",
     "SHIPPED_DIR",
-    "Translation",
     "load_model",
     "resolve_model",
     "shipped_models",

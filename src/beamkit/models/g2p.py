@@ -12,12 +12,14 @@ import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from beamkit._checks import check_int
 from beamkit.progress import Progress
+
+if TYPE_CHECKING:
+    from beamkit.adapters import TextHypothesis
 
 GRAPHEMES = ("<pad>", "<unk>", "</s>", *"abcdefghijklmnopqrstuvwxyz")
 # fmt: off
@@ -134,26 +136,24 @@ class G2PModel:
         length_penalty: float = 1.0,
         batch_size: int = 512,
         progress: Progress | None = None,
-    ) -> list[list[Any]]:
-        """Each word's hypotheses (best first) from :func:`beamkit.search_batch`, one call per batch.
+        **options: Any,
+    ) -> list[list[TextHypothesis]]:
+        """Each word's hypotheses (best first, ``beam_size`` of them), decoded through its
+        :class:`beamkit.adapters.G2PAdapter` by the batched driver :func:`beamkit.adapters.decode_texts`: one
+        search per ``batch_size`` words. Each is a :class:`beamkit.adapters.TextHypothesis` (its text: the
+        phonemes separated by spaces).
 
-        ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per word.
+        ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per word. ``options``:
+        more :class:`beamkit.SearchOptions` fields, as :func:`beamkit.search_batch` takes them.
         """
-        from beamkit import search_batch
-        from beamkit.progress import BatchTicker, Silent
+        from beamkit.adapters import G2PAdapter, decode_texts
 
         if isinstance(words, str):
             raise TypeError("expected a sequence of words, got one string")
-        check_int("batch_size", batch_size, 1)
-        out: list[list[Any]] = []
-        for start in range(0, len(words), batch_size):
-            chunk = list(words[start : start + batch_size])
-            state = self.init_state(chunk)
-            ticker = BatchTicker(progress or Silent(), len(chunk), MAX_LEN)
-            step = ticker.wrap(self.step)
-            out.extend(search_batch(step, state, BOS, EOS, beam_size, MAX_LEN, length_penalty=length_penalty))
-            ticker.done()
-        return out
+        return decode_texts(
+            G2PAdapter(self), words, beam_size, length_penalty=length_penalty, batch_size=batch_size,
+            progress=progress, **options,
+        )  # fmt: skip
 
     def predict(self, words: Sequence[str], beam_size: int = 1, length_penalty: float = 1.0) -> list[list[str]]:
         """Best phoneme sequence of each word (beam 1 = greedy decoding, as g2p-en does)."""

@@ -1,21 +1,18 @@
-"""Training the dates models on CPU: a plain teacher-forced cross-entropy loop (torch) with a progress bar."""
+"""Training a beamkit checkpoint on CPU: a plain teacher-forced cross-entropy loop (torch) over (source, target)
+pairs. The dates run that uses it (its data, settings, checks and saved metadata) is
+:func:`beamkit.tasks.train.train_dates`."""
 
 from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from beamkit._checks import check_float, check_int
 from beamkit.models.common import pad_batch
 from beamkit.models.vocab import source_vocab, target_vocab
-from beamkit.tasks import dates
-from beamkit.tasks.train import MAX_LR, ProgressBar, TrainConfig, check_out
 
 
 def _batches(pairs: Sequence[tuple[list[int], list[int]]], size: int, rng: random.Random) -> list[list[int]]:
@@ -40,38 +37,32 @@ def _tensors(pairs: Sequence[tuple[list[int], list[int]]], idx: Sequence[int]) -
     return torch.as_tensor(src), torch.as_tensor(lengths), torch.as_tensor(tgt_in), torch.as_tensor(gold)
 
 
-def train(config: TrainConfig, out: str | Path | None = None, progress: bool = True) -> Any:
-    """Train a dates model with ``config``; save it to ``out`` when given; return the model (eval mode).
+def fit(config: Any, pairs: Sequence[tuple[str, str]], bar: Any) -> tuple[Any, float]:
+    """Train a new model on ``pairs`` (source, target strings); return it (eval mode) and its final smoothed loss.
 
-    Deterministic for a given seed and thread count. Prints a progress bar on stderr when ``progress``.
-    ``out`` is checked before training: never inside the shipped models, never an existing file.
+    ``config`` gives the model (``arch``, ``hparams``) and the run (``epochs``, ``lr``, ``batch_size``, ``seed``):
+    a :class:`beamkit.tasks.train.TrainConfig`. A teacher-forced cross-entropy loop (Adam, one-cycle schedule,
+    gradients clipped at 1), deterministic for a given seed and thread count. ``bar`` is told of each step
+    (``update(1, note)``) and closed at the end. RuntimeError when the loss stops being finite (the run diverged).
     """
     import torch
 
     from beamkit.models import checkpoint
 
-    if out is not None:
-        check_out(out, force=True)
-    for name in ("epochs", "batch_size", "train_size"):
-        check_int(name, getattr(config, name), 1)
-    check_float("lr", config.lr, above=0.0, most=MAX_LR)
     torch.manual_seed(config.seed)
     sv, tv = source_vocab(), target_vocab()
     model = checkpoint.build_model(config.arch, sv.to_list(), tv.to_list(), config.hparams)
-    pairs = [(sv.encode(s), tv.encode(t)) for s, t in dates.split("train", limit=config.train_size)]
+    ids = [(sv.encode(s), tv.encode(t)) for s, t in pairs]
     rng = random.Random(config.seed)
-    steps_per_epoch = (len(pairs) + config.batch_size - 1) // config.batch_size
-    total = steps_per_epoch * config.epochs
+    total = (len(ids) + config.batch_size - 1) // config.batch_size * config.epochs
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=total, pct_start=0.1)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100)
-    bar = ProgressBar(total, enabled=progress)
-    started = time.monotonic()
     model.train()
-    avg = None
+    avg, done = None, 0
     for epoch in range(config.epochs):
-        for idx in _batches(pairs, config.batch_size, rng):
-            src, lengths, tgt_in, gold = _tensors(pairs, idx)
+        for idx in _batches(ids, config.batch_size, rng):
+            src, lengths, tgt_in, gold = _tensors(ids, idx)
             logits = model(src, lengths, tgt_in)  # shape: (B, T, V)
             loss = loss_fn(logits.reshape(-1, logits.shape[-1]), gold.reshape(-1))
             opt.zero_grad()
@@ -80,30 +71,15 @@ def train(config: TrainConfig, out: str | Path | None = None, progress: bool = T
             opt.step()
             sched.step()
             value = loss.item()
+            done += 1
             if not math.isfinite(value):
                 bar.close()
                 raise RuntimeError(
-                    f"training diverged: the loss is {value} at step {bar.done + 1} of {total}; lower the "
+                    f"training diverged: the loss is {value} at step {done} of {total}; lower the "
                     f"learning rate (it was {config.lr:g})"
                 )
             avg = value if avg is None else 0.98 * avg + 0.02 * value
             bar.update(1, f"epoch {epoch + 1}/{config.epochs} loss {avg:.4f}")
     bar.close()
     model.eval()
-    meta = {
-        "task": "dates",
-        "train": {
-            "epochs": config.epochs,
-            "lr": config.lr,
-            "batch_size": config.batch_size,
-            "train_size": len(pairs),
-            "seed": config.seed,
-            "seconds": round(time.monotonic() - started, 1),
-            "final_loss": round(float(avg or 0.0), 5),
-        },
-        "max_len": 12,
-    }
-    model.meta = meta
-    if out is not None:
-        checkpoint.save(model, out, meta)
-    return model
+    return model, float(avg or 0.0)

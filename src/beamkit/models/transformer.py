@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from beamkit.kv import PagedKVCache, PagedRows
 from beamkit.models.common import join_cross, join_self_cache, transformer_config, trim_self_cache
+from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, StaticKV, bucket, compile_setting
 from beamkit.models.vocab import Vocab
 from beamkit.state import Shared
 
@@ -41,11 +42,15 @@ class TransformerState(NamedTuple):
     length: Tensor | None = None
     # the self-attention cache in a PagedKVCache (self_k / self_v are then empty), or None for the dense cache
     paged: PagedRows | None = None
+    # the compiled step's preallocated keys/values (self_k / self_v are then empty; cross sources padded)
+    static: StaticKV | None = None
 
     def kv_bytes(self) -> int:
         """Bytes held by the self-attention cache: the paged pool's blocks in use, or the dense tensors."""
         if self.paged is not None:
             return self.paged.cache.bytes_in_use()
+        if self.static is not None:
+            return self.static.kv_bytes()
         return sum(int(x.numel()) * x.element_size() for x in (*self.self_k, *self.self_v))
 
     def beamkit_concat(self, others: list[TransformerState]) -> TransformerState:
@@ -53,6 +58,11 @@ class TransformerState(NamedTuple):
         left-padded to the longest (``length`` records each row's own), cross-attention keys/values of the
         requests still decoding joined (sources padded, masked), request indices renumbered."""
         parts = [self, *others]
+        if any(p.static is not None for p in parts):
+            raise ValueError(
+                "requests cannot join a search running the compiled step (compile=True): start it with "
+                "compile=False to add requests mid-flight"
+            )
         if any((p.paged is None) != (self.paged is None) for p in parts):
             raise ValueError("cannot join paged and dense Transformer states: use one kind of cache for all")
         req, cross = join_cross(parts)
@@ -227,13 +237,20 @@ class Transformer(nn.Module):
         lengths: Tensor | None = None,
         prefix: Tensor | None = None,
         kv: PagedKVCache | None = None,
+        compile: bool | str = False,
     ) -> TransformerState:
         """Encode the requests and return the step state: one row each, cross K/V computed once per request.
 
         ``prefix`` (B, P): decoder inputs fed teacher-forced before the search (their keys/values are cached;
         the search's ``bos`` is then the input after them). ``kv``: keep the self-attention cache in this paged
-        cache (shared by every request of one search) instead of dense per-row tensors.
+        cache (shared by every request of one search) instead of dense per-row tensors. ``compile``: run the
+        step through ``torch.compile`` (True: inductor; a string: that backend) over static shapes, keys/values
+        in preallocated buffers (see :mod:`beamkit.models.compiled`); the default False is the eager step.
+        Tokens match the eager step's; scores agree to float32 rounding (attention sums run over padded columns).
         """
+        backend = compile_setting(compile)
+        if backend is not None and kv is not None:
+            raise ValueError("compile=True keeps its own key/value buffers: it cannot use a paged cache (kv=)")
         memory, mask = self.encode(src, lengths)
         kv_cross = [layer.cross_kv(memory) for layer in self.dec if isinstance(layer, _DecoderLayer)]
         ck, cv = tuple(k for k, _ in kv_cross), tuple(v for _, v in kv_cross)
@@ -242,6 +259,8 @@ class Transformer(nn.Module):
         if prefix is not None:
             keys, values = self._prefill(torch.as_tensor(prefix, device=src.device), ck, cv, mask)
         req = torch.arange(src.shape[0], device=src.device)
+        if backend is not None:
+            return self._static_state(keys, values, req, ck, cv, mask, backend)
         if kv is None:
             return TransformerState(keys, values, req, Shared((ck, cv, mask)))
         if not isinstance(kv, PagedKVCache):
@@ -275,6 +294,8 @@ class Transformer(nn.Module):
         y = torch.as_tensor(y_prev, dtype=torch.long, device=r.device)
         if state.paged is not None:
             return self._step_paged(state, y)
+        if state.static is not None:
+            return self._step_static(state, y)
         self_k, self_v, length = trim_self_cache(state, self.max_len)
         t = self_k[0].shape[2]  # cache columns = this token's position when every row holds all of them
         if length is None:
@@ -313,3 +334,93 @@ class Transformer(nn.Module):
             x = layer.forward_paged(x, rows, i, ck[i][r], cv[i][r], mask[r])
         logits = self.out(self.dec_ln(x[:, 0]))  # shape: (rows, V)
         return logits, TransformerState((), (), r, state.cross, None, rows)
+
+    # ---------------------------------------------------------------------------- the compiled step
+    def compiled_step(self, backend: str) -> CompiledStep:
+        """This model's static step compiled with ``backend`` (one per model and backend, its graphs per
+        bucket kept for every later search)."""
+        steps: dict[str, CompiledStep] = self.__dict__.setdefault("_compiled_steps", {})
+        if backend not in steps:
+            steps[backend] = CompiledStep(self._static_forward, backend)
+        return steps[backend]
+
+    def _static_state(
+        self,
+        keys: tuple[Tensor, ...],
+        values: tuple[Tensor, ...],
+        req: Tensor,
+        ck: tuple[Tensor, ...],
+        cv: tuple[Tensor, ...],
+        mask: Tensor,
+        backend: str,
+    ) -> TransformerState:
+        """The compiled step's state: keys/values (of a prefix, if any) copied into buffers of ``max_len``
+        columns, cross keys/values and the source mask padded to a source bucket."""
+        rows, s = int(req.shape[0]), int(mask.shape[1])
+        cap, sb = bucket(rows, MIN_ROWS), min(bucket(s, MIN_SOURCE), max(s, self.max_len))
+        t = int(keys[0].shape[2])
+        like = self.out.weight
+        d_head = self.d_model // self.heads
+        shape = (cap, self.heads, self.max_len, d_head)
+        bufs = [like.new_zeros(shape) for _ in range(4 * len(self.dec))]
+        layers = len(self.dec)
+        for src, dst in zip((*keys, *values), bufs[: 2 * layers], strict=True):
+            dst[:rows, :, :t].copy_(src)
+        step = self.compiled_step(backend)
+        static = StaticKV(bufs[:layers], bufs[layers : 2 * layers], bufs[2 * layers :], rows, t, step)
+        grow = sb - s
+        ck = tuple(torch.nn.functional.pad(k, (0, 0, 0, grow)) for k in ck)  # shape: (B, heads, sb, d_head)
+        cv = tuple(torch.nn.functional.pad(v, (0, 0, 0, grow)) for v in cv)
+        mask = torch.nn.functional.pad(mask, (0, grow), value=False)  # shape: (B, sb)
+        return TransformerState((), (), req, Shared((ck, cv, mask)), None, None, static)
+
+    def _static_forward(
+        self,
+        y: Tensor,
+        pos: Tensor,
+        keys: list[Tensor],
+        values: list[Tensor],
+        ck: list[Tensor],
+        cv: list[Tensor],
+        src_mask: Tensor,
+    ) -> Tensor:
+        """The one-token step over static shapes (what is compiled): ``y`` (cap,) tokens, ``pos`` (1,) their
+        position; each layer's new key/value written into column ``pos`` of ``keys`` / ``values`` (cap, heads,
+        max_len, d_head) in place, attention over every column with those past ``pos`` masked. Returns the
+        logits (cap, V)."""
+        x = self.tgt_emb(y)[:, None, :] + self.tgt_pos(pos)  # shape: (cap, 1, D)
+        cols = torch.arange(keys[0].shape[2], device=y.device)
+        self_mask = (cols <= pos)[None, None, None, :]  # shape: (1, 1, 1, max_len)
+        for i, layer in enumerate(self.dec):
+            assert isinstance(layer, _DecoderLayer)
+            a = layer.self_attn
+            h = layer.ln1(x)
+            keys[i].index_copy_(2, pos, a.split(a.k(h)))  # shape: (cap, heads, 1, d_head) into column pos
+            values[i].index_copy_(2, pos, a.split(a.v(h)))
+            x = x + layer.drop(a.attend(a.split(a.q(h)), keys[i], values[i], self_mask))
+            x = layer._cross_ff(x, ck[i], cv[i], src_mask)
+        return self.out(self.dec_ln(x[:, 0]))  # shape: (cap, V)
+
+    def _step_static(self, state: TransformerState, y: Tensor) -> tuple[Tensor, TransformerState]:
+        """One step of the compiled step: rows padded to their bucket, the step run on buffer views."""
+        static = state.static
+        assert static is not None
+        static.check()
+        ck, cv, mask = state.cross.value
+        r = state.req
+        n, t = static.rows, static.t
+        if n != r.shape[0]:
+            raise ValueError(f"the compiled step's buffers hold {n} rows, the state {r.shape[0]}")
+        if t >= self.max_len:
+            raise ValueError(f"decoding past the model's max_len {self.max_len}")
+        cap = bucket(n, MIN_ROWS)
+        rows = torch.zeros(cap, dtype=torch.long, device=r.device)
+        rows[:n] = r
+        tokens = torch.zeros(cap, dtype=torch.long, device=r.device)
+        tokens[:n] = y
+        pos = torch.full((1,), t, dtype=torch.long, device=r.device)
+        keys = [k[:cap] for k in static.keys]
+        values = [v[:cap] for v in static.values]
+        key = (cap, int(mask.shape[1]))
+        logits = static.step(key, tokens, pos, keys, values, [k[rows] for k in ck], [v[rows] for v in cv], mask[rows])
+        return logits[:n], TransformerState((), (), r, state.cross, None, None, static.advance())

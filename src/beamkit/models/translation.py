@@ -1,25 +1,17 @@
 """Batched decoding of texts with a beamkit checkpoint (Seq2Seq or Transformer, torch or numpy), fused with an LM
-when one is given."""
+when one is given: the checkpoint's front door to the one batched text driver,
+:func:`beamkit.adapters.decode_texts`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from beamkit._checks import check_int
 from beamkit.progress import Progress
 
-
-@dataclass
-class Translation:
-    """One output of :func:`translate`: the decoded text and its hypothesis' numbers."""
-
-    text: str
-    logprob: float
-    score: float
-    finished: bool
-    tokens: list[int]
+if TYPE_CHECKING:
+    from beamkit.adapters import TextHypothesis
 
 
 def translate(
@@ -34,53 +26,30 @@ def translate(
     lm: Any = None,
     lm_weight: float = 0.0,
     **options: Any,
-) -> list[list[Translation]]:
+) -> list[list[TextHypothesis]]:
     """Decode ``texts`` with ``model`` (Seq2Seq or Transformer, torch or numpy) by beam search; return each
-    one's n-best.
+    one's n-best (``num_return`` of them, default ``beam_size``) as :class:`beamkit.adapters.TextHypothesis`
+    records (text, tokens, logprob, score, finished).
 
-    Sources are encoded in batches of ``batch_size`` and each batch is one :func:`beamkit.search_batch`
-    call. ``beam_size=1`` is greedy decoding. Empty strings and unknown characters raise ValueError.
-    ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per input, in steps as
-    each batch's search runs.
+    The model is decoded through its :class:`beamkit.adapters.CheckpointAdapter` by
+    :func:`beamkit.adapters.decode_texts`: sources in batches of ``batch_size``, each batch one search.
+    ``beam_size=1`` is greedy decoding. Empty strings, unknown characters and sources longer than the model
+    takes raise ValueError. ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per
+    input, in steps as each batch's search runs.
     With an ``lm`` (a step function over the target ids with ``init_state(n)``, such as
-    :class:`beamkit.NGramLM`), the model is fused with it (:func:`beamkit.fuse`, ``lm_weight``); ``logprob`` is
-    then the fused score. Other ``options`` go to :func:`beamkit.search_batch`.
+    :class:`beamkit.NGramLM`), the model is fused with it (:class:`beamkit.adapters.FusedAdapter`,
+    ``lm_weight``); ``logprob`` is then the fused score. Other ``options`` are :class:`beamkit.SearchOptions`
+    fields, as :func:`beamkit.search_batch` takes them.
     """
-    from beamkit import fuse, search_batch
-    from beamkit.models.common import encode_sources, inference, model_inputs, pad_batch
-    from beamkit.progress import BatchTicker, Silent
+    from beamkit.adapters import CheckpointAdapter, FusedAdapter, ModelAdapter, decode_texts
 
-    check_int("batch_size", batch_size, 1)
-    ids = encode_sources(model.src_vocab, texts)
-    limit = int(max_len if max_len is not None else getattr(model, "meta", {}).get("max_len", 12))
-    tv = model.tgt_vocab
-    results: list[list[Translation]] = []
-    with inference(model):
-        for start in range(0, len(ids), batch_size):
-            src, lengths = pad_batch(ids[start : start + batch_size], model.src_vocab.pad)
-            state = model.init_state(*model_inputs(model, src, lengths))
-            step = model.step
-            if lm is not None:
-                step = fuse(model.step, lm, lm_weight)
-                state = step.init_state(state, lm.init_state(src.shape[0]))
-            ticker = BatchTicker(progress or Silent(), src.shape[0], limit)
-            hyps = search_batch(
-                ticker.wrap(step),
-                state,
-                tv.bos,
-                tv.eos,
-                beam_size,
-                limit,
-                length_penalty=length_penalty,
-                num_return=num_return,
-                **options,
-            )
-            ticker.done()
-            for request in hyps:
-                results.append(
-                    [
-                        Translation(tv.decode(h.tokens), float(h.logprob), float(h.score), h.finished, list(h.tokens))
-                        for h in request
-                    ]
-                )
-    return results
+    check_int("beam_size", beam_size, 1)
+    if num_return is not None:
+        check_int("num_return", num_return, 1, beam_size)
+    adapter: ModelAdapter = CheckpointAdapter(model, type(model).__name__)
+    if lm is not None:
+        adapter = FusedAdapter(adapter, lm, lm_weight)
+    return decode_texts(
+        adapter, texts, beam_size, num_return, max_len, length_penalty, batch_size=batch_size, progress=progress,
+        **options,
+    )  # fmt: skip

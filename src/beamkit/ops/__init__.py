@@ -41,7 +41,7 @@ from beamkit.ops.gather import (
 from beamkit.ops.masks import add_at, fill, keep_only, keep_pairs, mask_below, penalize_at, where_cols
 from beamkit.ops.normalize import log_softmax, logsumexp
 from beamkit.ops.sampling import cumsum_exp, gumbel, inverse_cdf, is_generator, nucleus_size, sort_desc, uniform
-from beamkit.ops.top import top_candidates
+from beamkit.ops.top import device_lse_and_top, top_candidates
 
 __all__ = [
     "NEG_INF",
@@ -51,6 +51,7 @@ __all__ = [
     "copy",
     "cpu_view",
     "cumsum_exp",
+    "device_lse_and_top",
     "div_rows",
     "dtype_kind",
     "fill",

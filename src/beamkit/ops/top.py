@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.ops.backend import cpu_view, is_torch, to_numpy
+from beamkit.ops.backend import NUMPY_FLOATS, cpu_view, is_torch, to_numpy
 from beamkit.ops.chunks import LARGE_TABLE, TOP_CHUNK, chunk_rows
 
 
@@ -112,6 +112,9 @@ def _top_by_block_threshold(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarr
             part = view[lo:hi]  # shape: (k, bs, nb)
             group_max = part.max(axis=1)  # shape: (k, nb)
             t = _fold_threshold(group_max, m)  # shape: (k,) m entries of each row are >= t
+            # a row with fewer than m finite entries (a masked row: a dictionary's few allowed ids) has t = -inf,
+            # which every entry reaches: take its finite entries only, the -inf ones are filled in below
+            t = np.where(t == -np.inf, np.finfo(x.dtype).min, t).astype(x.dtype)
             gr, gg = np.divmod(np.flatnonzero(group_max >= t[:, None]), nb)  # shape: (n,) groups that may hold one
             # shape: (n, bs) the entries of those groups
             vals = np.take(x[lo:hi].reshape(-1), (gr * v + gg)[:, None] + in_group) if flat else part[gr, :, gg]
@@ -135,10 +138,31 @@ def _top_by_block_threshold(x: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarr
     out_val = np.full((rows, m), np.nan)
     out_idx[r[keep], rank[keep]] = c[keep]
     out_val[r[keep], rank[keep]] = val[keep]
-    for row in np.flatnonzero(counts < m):  # NaN rows: comparisons fail
-        out_idx[row] = _exact_top_row(x[row].astype(np.float64), m)
-        out_val[row] = x[row, out_idx[row]]
+    short = np.flatnonzero(counts < m)  # rows with fewer than m finite entries, or with NaN
+    if short.size:
+        nan = np.isnan(x[short]).any(axis=1)
+        _fill_with_neg_inf(x, short[~nan], counts, out_val, out_idx, m)
+        for row in short[nan]:  # NaN rows: comparisons fail
+            out_idx[row] = _exact_top_row(x[row].astype(np.float64), m)
+            out_val[row] = x[row, out_idx[row]]
     return out_val, out_idx
+
+
+def _fill_with_neg_inf(
+    x: np.ndarray, rows: np.ndarray, counts: np.ndarray, out_val: np.ndarray, out_idx: np.ndarray, m: int
+) -> None:
+    """Complete the top m of ``rows`` (all their ``counts`` finite entries already placed first) with their
+    lowest ``-inf`` columns, in column order (ties to the lowest column), in place. A row's first m columns hold
+    at least ``m - counts`` of its ``-inf`` entries, so only they are read."""
+    if rows.size == 0:
+        return
+    neg = x[rows, :m] == -np.inf  # shape: (k, m)
+    nth = np.cumsum(neg, axis=1)  # shape: (k, m) the how-many-th -inf entry of its row each is
+    need = (m - counts[rows])[:, None]  # shape: (k, 1)
+    ri, col = np.nonzero(neg & (nth <= need))  # row-major: each row's columns ascending
+    rank = counts[rows][ri] + nth[ri, col] - 1
+    out_idx[rows[ri], rank] = col
+    out_val[rows[ri], rank] = -np.inf
 
 
 def _fold_threshold(group_max: np.ndarray, m: int) -> np.ndarray:
@@ -182,3 +206,30 @@ def _exact_top_row(row: np.ndarray, m: int) -> np.ndarray:
     """The m largest columns of one row under the lowest-column tie rule (slow path for boundary ties)."""
     order = np.lexsort((np.arange(row.shape[0]), -row))
     return order[:m].astype(np.int64)
+
+
+def device_lse_and_top(x: Any, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise log-sum-exp and the ``m`` best entries of a tensor ``x`` ``[rows, V]`` that stays on its device.
+
+    Float32 / float64 with ``m`` < V (not on MPS, which has no float64): one transfer to the host, the sums of
+    ``exp``, the ``m + 1`` best values and their columns packed in one float64 table (columns below 2^53 are
+    exact in float64); else :func:`beamkit.ops.logsumexp` then :func:`top_candidates`. The same results as
+    those two either way (rows that need a shifted sum or a tie mended read ``x`` again). Returns host arrays
+    ``(lse float64 [rows], values float64 [rows, m'], columns int64 [rows, m'])``, ``m' = min(m, V)``.
+    """
+    import torch
+
+    from beamkit.ops.normalize import _log_of_sums, logsumexp
+
+    if not (m < int(x.shape[1]) and str(x.dtype) in NUMPY_FLOATS and x.device.type != "mps"):
+        return logsumexp(x), *top_candidates(x, m)
+
+    sums = x.exp().sum(dim=1)  # shape: (rows,), in x's dtype, as logsumexp
+    vals, cols = x.topk(m + 1, dim=1, largest=True, sorted=True)  # shape: (rows, m + 1), value descending
+    packed = torch.cat([sums[:, None].double(), vals.double(), cols.double()], dim=1)  # shape: (rows, 2m + 3)
+    host = to_numpy(packed)  # the one device-to-host transfer
+    lse = _log_of_sums(x, host[:, 0].astype(np.float32 if str(x.dtype) == "torch.float32" else np.float64))
+    top_vals, top_cols = host[:, 1 : m + 2], host[:, m + 2 :].astype(np.int64)
+    if not (top_vals[:, 1:] == top_vals[:, :-1]).any():  # no equal neighbours: set and order exact as they are
+        return lse, top_vals[:, :m], top_cols[:, :m]
+    return lse, *_order_rows(*_mend_ties(x, top_vals, top_cols, m))

@@ -63,7 +63,7 @@ def lse_and_top(
     m = min(int(m), v)
     x = ops.cpu_view(x)  # a CPU float32 / float64 tensor: a numpy view of its memory
     if not isinstance(x, np.ndarray):  # on an accelerator, or half precision: torch does both, small tables back
-        return ops.logsumexp(x), *ops.top_candidates(x, m)
+        return ops.device_lse_and_top(x, m)
     if x.dtype != np.float32 and x.dtype != np.float64:
         x = x.astype(np.float64)
     if m == 1:  # greedy: numpy's argmax is the first column holding the maximum (NaN: the row fails anyway)
@@ -117,7 +117,7 @@ def _shared_top(
     return lse, vals, idx
 
 
-def _log_of_sums(x: np.ndarray, sums: np.ndarray) -> np.ndarray:
+def _log_of_sums(x: Any, sums: np.ndarray) -> np.ndarray:
     """``log(sums)`` as float64, the rows whose unshifted sum over- or underflowed (or holds NaN / inf) redone by
     :func:`beamkit.ops.logsumexp`, which shifts them."""
     ok = (sums >= _TINY_SUM) & (sums < np.inf)

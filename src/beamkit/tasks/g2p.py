@@ -69,17 +69,12 @@ def phoneme_corpus() -> list[str]:
 def decode_fused(
     g2p: Any, words: Sequence[str], beam_size: int, lm: Any, weight: float, length_penalty: float = 1.0, **options: Any
 ) -> list[list[Any]]:
-    """Each word's hypotheses with the g2p model fused with ``lm`` (a step function over the phoneme ids)."""
-    from beamkit import fuse, search_batch
-    from beamkit.models.g2p import BOS, EOS, MAX_LEN
+    """Each word's hypotheses with the g2p model fused with ``lm`` (a step function over the phoneme ids), through
+    the batched driver (:class:`beamkit.adapters.FusedAdapter` over the model's adapter)."""
+    from beamkit.adapters import FusedAdapter, G2PAdapter, decode_texts
 
-    fused = fuse(g2p.step, lm, weight)
-    out: list[list[Any]] = []
-    for start in range(0, len(words), 512):
-        chunk = list(words[start : start + 512])
-        state = fused.init_state(g2p.init_state(chunk), lm.init_state(len(chunk)))
-        out.extend(search_batch(fused, state, BOS, EOS, beam_size, MAX_LEN, length_penalty=length_penalty, **options))
-    return out
+    fused = FusedAdapter(G2PAdapter(g2p), lm, weight)
+    return decode_texts(fused, words, beam_size, length_penalty=length_penalty, batch_size=512, **options)
 
 
 def evaluate(

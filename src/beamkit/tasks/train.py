@@ -1,5 +1,6 @@
-"""Settings for training the dates models: the shipped models' settings, the run's config, a progress bar and
-the check of the output folder. The training loop itself is torch code: :func:`beamkit.models.training.train`."""
+"""Training the dates models: the shipped models' settings, the run's config, a progress bar, the check of the
+output folder and :func:`train_dates` (the run). The training loop itself is torch code:
+:func:`beamkit.models.training.fit`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from beamkit._checks import check_float, check_int
 
 MAX_LR = 1.0  # the highest peak learning rate taken: an Adam step above 1 diverges (1e308 overflows torch)
 
@@ -102,3 +105,40 @@ def check_out(out: str | Path, force: bool = False) -> None:
         raise ValueError(f"--out {out} is a file; a checkpoint is a folder")
     if not force and path.is_dir() and any(path.iterdir()):
         raise ValueError(f"--out {out} is a folder that is not empty; add --force to write the checkpoint into it")
+
+
+def train_dates(config: TrainConfig, out: str | Path | None = None, progress: bool = True) -> Any:
+    """Train a dates model with ``config``; save it to ``out`` when given; return the model (eval mode).
+
+    Deterministic for a given seed and thread count. Prints a progress bar on stderr when ``progress``.
+    ``out`` is checked before training: never inside the shipped models, never an existing file.
+    """
+    from beamkit.models import checkpoint
+    from beamkit.models.training import fit
+    from beamkit.tasks import dates
+
+    if out is not None:
+        check_out(out, force=True)
+    for name in ("epochs", "batch_size", "train_size"):
+        check_int(name, getattr(config, name), 1)
+    check_float("lr", config.lr, above=0.0, most=MAX_LR)
+    pairs = dates.split("train", limit=config.train_size)
+    steps = (len(pairs) + config.batch_size - 1) // config.batch_size * config.epochs
+    started = time.monotonic()
+    model, loss = fit(config, pairs, ProgressBar(steps, enabled=progress))
+    model.meta = {
+        "task": "dates",
+        "train": {
+            "epochs": config.epochs,
+            "lr": config.lr,
+            "batch_size": config.batch_size,
+            "train_size": len(pairs),
+            "seed": config.seed,
+            "seconds": round(time.monotonic() - started, 1),
+            "final_loss": round(loss, 5),
+        },
+        "max_len": 12,
+    }
+    if out is not None:
+        checkpoint.save(model, out, model.meta)
+    return model

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...lm.kenlm_model import kenlm_failure
+from ...textfiles import check_text_file
 from ..decoder import Decoder, checked
 from ..options import CTCOptions, word_tuple
 from ..search import CTCHypothesis
@@ -126,6 +127,8 @@ class BeamSearchDecoderCTC:
         # the last call's search (its language model and weights, and the Decoder whose fusion keeps the scored
         # words): calls without a start state and with unchanged weights reuse it
         self._last_search: tuple[Any, Any, Decoder] | None = None
+        # an LM-free decoder over the alphabet: every call's decoder starts from its label tables
+        self._tables = Decoder(self._vocab, None, PYCTCDECODE, input_kind="log_probs")
 
     def __getstate__(self) -> dict[str, Any]:
         """What pickles into a pool's workers: not the last search, which holds the language model (workers
@@ -210,7 +213,7 @@ class BeamSearchDecoderCTC:
         lm = search_lm(language_model, lm_start_state)
         if lm is not None:
             lm.check_scorable()  # the weights take any float, as pyctcdecode's; NaN cannot be decoded
-        decoder = Decoder(self._vocab, lm, PYCTCDECODE, input_kind="log_probs")
+        decoder = self._tables.with_lm(lm)
         if key is not None:
             self._last_search = (language_model, key, decoder)
         return decoder
@@ -418,6 +421,8 @@ def build_ctcdecoder(
     if kenlm_model_path is not None:
         import kenlm
 
+        if os.path.exists(kenlm_model_path):  # a named pipe or device would block kenlm (a missing file: its OSError)
+            check_text_file(kenlm_model_path, "language model file")
         try:
             kenlm_model = kenlm.Model(kenlm_model_path)
         except UnicodeDecodeError as exc:  # a UTF-16 or binary ARPA file: say which file and why

@@ -363,15 +363,7 @@ def ctc_decoder(
     nbest = check_int("nbest", nbest, least=1)
     if beam_size_token is not None:
         beam_size_token = check_int("beam_size_token", beam_size_token, least=1)
-    for name, value in (("blank_token", blank_token), ("sil_token", sil_token), ("unk_word", unk_word)):
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a string, got {value!r}")
-    if not isinstance(tokens, (str, Path, list, tuple)):
-        raise TypeError(f"tokens must be a file path or a list of strings, got {type(tokens).__name__}")
-    tokens_dict = Dictionary(tokens)
-    for name, value in (("blank_token", blank_token), ("sil_token", sil_token)):
-        if not tokens_dict.contains(value):
-            raise ValueError(f"{name} {value!r} must be one of the tokens")
+    tokens_dict = _tokens_dict(tokens, blank_token, sil_token, unk_word)
     options = LexiconSearchOptions(
         beam_size=beam_size,
         beam_size_token=beam_size_token or tokens_dict.index_size(),
@@ -384,24 +376,8 @@ def ctc_decoder(
     )
     words = read_lexicon(lexicon) if lexicon else None
     word_dict = _word_dict(words, lm, lm_dict, tokens_dict, unk_word)
-    if isinstance(lm, (str, Path)):
-        from beamkit.lm import KenLMModel
-
-        assert word_dict is not None
-        model = KenLMModel(str(lm)).model
-        search_lm: Any = KenLMWords(model, [word_dict.get_entry(i) for i in range(word_dict.index_size())])
-    elif lm is None:
-        search_lm = ZeroLM()
-    elif all(callable(getattr(lm, name, None)) for name in ("start", "score", "finish")):
-        search_lm = lm
-    else:
-        raise TypeError(f"lm must be a KenLM file path, a CTCDecoderLM or None, got {type(lm).__name__}")
-    if words is not None and word_dict is not None:
-        if not word_dict.contains(unk_word) and word_dict._default < 0:
-            raise ValueError(f"unk_word {unk_word!r} must be in the LM dictionary")
-        for word in words:
-            if not word_dict.contains(word) and word_dict._default < 0:
-                raise ValueError(f"the lexicon word {word!r} must be in the LM dictionary (lm_dict)")
+    search_lm = _search_lm(lm, word_dict)
+    _check_words(words, word_dict, unk_word)
     return CTCDecoder(
         nbest=nbest,
         lexicon=words,
@@ -413,6 +389,49 @@ def ctc_decoder(
         sil_token=sil_token,
         unk_word=unk_word,
     )
+
+
+def _tokens_dict(tokens: str | list[str], blank_token: str, sil_token: str, unk_word: str) -> Dictionary:
+    """The tokens' dictionary, the special tokens checked (a string each; the blank and silence among the
+    tokens)."""
+    for name, value in (("blank_token", blank_token), ("sil_token", sil_token), ("unk_word", unk_word)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {value!r}")
+    if not isinstance(tokens, (str, Path, list, tuple)):
+        raise TypeError(f"tokens must be a file path or a list of strings, got {type(tokens).__name__}")
+    tokens_dict = Dictionary(tokens)
+    for name, value in (("blank_token", blank_token), ("sil_token", sil_token)):
+        if not tokens_dict.contains(value):
+            raise ValueError(f"{name} {value!r} must be one of the tokens")
+    return tokens_dict
+
+
+def _search_lm(lm: str | CTCDecoderLM | None, word_dict: Dictionary | None) -> Any:
+    """The LM the search asks: a KenLM file's words (``word_dict``'s indices), no LM, or the user's
+    :class:`CTCDecoderLM`."""
+    if isinstance(lm, (str, Path)):
+        from beamkit.lm import KenLMModel
+
+        assert word_dict is not None
+        model = KenLMModel(str(lm)).model
+        return KenLMWords(model, [word_dict.get_entry(i) for i in range(word_dict.index_size())])
+    if lm is None:
+        return ZeroLM()
+    if all(callable(getattr(lm, name, None)) for name in ("start", "score", "finish")):
+        return lm
+    raise TypeError(f"lm must be a KenLM file path, a CTCDecoderLM or None, got {type(lm).__name__}")
+
+
+def _check_words(words: Any, word_dict: Dictionary | None, unk_word: str) -> None:
+    """With a lexicon and an LM dictionary, the unknown word and every lexicon word must be in the dictionary
+    (unless it has a default)."""
+    if words is None or word_dict is None:
+        return
+    if not word_dict.contains(unk_word) and word_dict._default < 0:
+        raise ValueError(f"unk_word {unk_word!r} must be in the LM dictionary")
+    for word in words:
+        if not word_dict.contains(word) and word_dict._default < 0:
+            raise ValueError(f"the lexicon word {word!r} must be in the LM dictionary (lm_dict)")
 
 
 def download_pretrained_files(model: str) -> Any:

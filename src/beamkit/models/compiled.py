@@ -1,0 +1,183 @@
+"""A compiled one-token decode step: ``torch.compile`` over static shapes, keys/values in preallocated buffers.
+
+The step of :class:`beamkit.models.transformer.Transformer` with ``init_state(..., compile=True)``: rows are
+padded to a few buckets (powers of two), the self-attention keys/values live in buffers of the model's
+``max_len`` columns that the step writes one column of in place and reads whole under a mask (masks and
+positions are tensors), and the source is padded to a bucket too, so one compiled graph serves every step
+of every call whose rows fall in one bucket. Graphs are compiled on first use of a bucket and reused (and
+inductor keeps its compiled kernels in its on-disk cache across processes). Where ``torch.compile`` is not
+available (no C compiler for inductor, an unsupported Python), the same static step runs eagerly, with the
+reason logged once on the ``beamkit`` logger. A first compilation that takes more than two seconds prints
+one line on standard error.
+
+Between steps, the rows that survive (parents, may repeat) are copied into a second set of buffers (no
+allocation; only the filled columns move): the dense cache's gather, without its concatenation.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+log = logging.getLogger("beamkit")
+
+SLOW_COMPILE_SECONDS = 2.0  # a first compilation longer than this is announced on standard error
+MIN_ROWS = 4  # the smallest row bucket
+MIN_SOURCE = 8  # the smallest source bucket
+# graphs one step may hold (torch.compile's own default, 8 per function, would silently run a model with many
+# row and source buckets eagerly)
+RECOMPILE_LIMIT = 64
+
+
+def bucket(n: int, least: int) -> int:
+    """The bucket holding ``n``: the smallest power of two >= ``n`` and >= ``least``."""
+    if n < 0:
+        raise ValueError(f"a bucket holds a count >= 0, got {n}")
+    size = least
+    while size < n:
+        size *= 2
+    return size
+
+
+def compile_setting(value: Any) -> str | None:
+    """The ``torch.compile`` backend a ``compile=`` switch asks for: False / None -> None (eager), True ->
+    ``"inductor"``, a string -> that backend. Raises TypeError for anything else."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "inductor"
+    if isinstance(value, str) and value:
+        return value
+    raise TypeError(f"compile must be True, False or a torch.compile backend name, got {value!r}")
+
+
+class CompiledStep:
+    """One model's static decode step compiled per shape bucket: ``fn`` is the eager step, ``backend`` the
+    ``torch.compile`` backend (None: always eager). ``compilations`` counts the graphs compiled so far."""
+
+    def __init__(self, fn: Callable[..., Tensor], backend: str | None) -> None:
+        self.fn, self.backend = fn, backend
+        self.compilations = 0
+        self.seen: set[tuple[int, ...]] = set()
+        self.compiled: Callable[..., Tensor] | None = None
+        self.eager_reason: str | None = None if backend is not None else "compile=False"
+
+    def _count(self, gm: Any, example_inputs: Any) -> Any:
+        """The backend torch.compile calls once per graph: counts it, then hands it to the chosen backend."""
+        self.compilations += 1
+        from torch._dynamo import lookup_backend
+
+        return lookup_backend(self.backend)(gm, example_inputs)  # type: ignore[arg-type]
+
+    def _fall_back(self, reason: str) -> None:
+        if self.eager_reason is None:
+            self.eager_reason = reason
+            log.warning("beamkit: the compiled decode step is not available (%s); running it eagerly", reason)
+
+    def __call__(self, key: tuple[int, ...], *args: Any) -> Tensor:
+        """Run the step on inputs of the shape bucket ``key`` (compiled on the bucket's first call)."""
+        if self.eager_reason is not None:
+            return self.fn(*args)
+        if self.compiled is None:
+            try:
+                self.compiled = torch.compile(self.fn, backend=self._count, dynamic=False, fullgraph=True)
+            except Exception as exc:  # torch.compile itself refuses (an unsupported Python, say)
+                self._fall_back(f"{type(exc).__name__}: {exc}")
+                return self.fn(*args)
+        first = key not in self.seen
+        start = time.perf_counter()
+        try:
+            if first:
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                    out = self.compiled(*args)
+            else:
+                out = self.compiled(*args)
+        except Exception as exc:  # compilation failed (no C compiler, a backend error): eager from now on
+            if not first:
+                raise
+            self._fall_back(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return self.fn(*args)
+        if first:
+            self.seen.add(key)
+            spent = time.perf_counter() - start
+            if spent > SLOW_COMPILE_SECONDS:
+                print(
+                    f"beamkit: compiled the decode step for {key[0]} rows in {spent:.1f} s "
+                    "(once per row bucket; later calls reuse it)",
+                    file=sys.stderr,
+                )
+        return out
+
+
+class StaticKV:
+    """The self-attention keys/values of the compiled step: per layer a buffer ``(cap, heads, max_len, d_head)``
+    of which the first ``rows`` rows and ``t`` columns are filled, and the compiled step that fills them. A
+    state leaf for beamkit: ``beamkit_select`` copies the chosen rows into the spare buffers and consumes this
+    handle (use the one it returns)."""
+
+    def __init__(
+        self, keys: list[Tensor], values: list[Tensor], spare: list[Tensor], rows: int, t: int, step: CompiledStep
+    ) -> None:
+        self.keys, self.values = keys, values  # per layer, shape: (cap, heads, max_len, d_head)
+        self.step = step  # the model's compiled step, shared by every handle of one search
+        self.spare = spare  # 2 x layers buffers of the same shape, the target of the next select
+        self.rows, self.t = rows, t
+        self._live = True
+
+    @property
+    def cap(self) -> int:
+        """Rows the buffers hold (the row bucket)."""
+        return int(self.keys[0].shape[0]) if self.keys else 0
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __repr__(self) -> str:
+        return f"StaticKV(rows={self.rows}, cap={self.cap}, t={self.t}, {'live' if self._live else 'consumed'})"
+
+    def check(self) -> None:
+        """Raise ValueError when this handle was consumed by a select."""
+        if not self._live:
+            raise ValueError("this StaticKV handle was consumed by beamkit_select: use the one that call returned")
+
+    def advance(self) -> StaticKV:
+        """The handle after one step wrote column ``t`` of every row (consumes this one)."""
+        self.check()
+        self._live = False
+        return StaticKV(self.keys, self.values, self.spare, self.rows, self.t + 1, self.step)
+
+    def kv_bytes(self) -> int:
+        """Bytes of the buffers (both sets)."""
+        return sum(int(x.numel()) * x.element_size() for x in (*self.keys, *self.values, *self.spare))
+
+    def beamkit_select(self, idx: np.ndarray) -> StaticKV:
+        """Rows ``idx`` (parents, may repeat) of the filled columns, copied into the spare buffers (grown to a
+        larger bucket when more rows come back than they hold)."""
+        self.check()
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.rows):
+            raise IndexError(f"row index out of range for {self.rows} rows")
+        self._live = False
+        n = int(idx.shape[0])
+        if n == self.rows and bool((idx == np.arange(n)).all()):
+            return StaticKV(self.keys, self.values, self.spare, n, self.t, self.step)
+        layers = len(self.keys)
+        spare = self.spare
+        cap = bucket(n, MIN_ROWS)
+        if cap > int(spare[0].shape[0]):
+            spare = [x.new_zeros((cap, *x.shape[1:])) for x in spare]
+        at = torch.as_tensor(idx, device=self.keys[0].device)
+        t = self.t
+        for src, dst in zip((*self.keys, *self.values), spare, strict=True):
+            dst[:n, :, :t].copy_(src[:, :, :t].index_select(0, at))  # shape: (n, heads, t, d_head)
+        old = [*self.keys, *self.values]
+        if int(old[0].shape[0]) < cap:  # the old set is too small to be the next target: grow it too
+            old = [x.new_zeros((cap, *x.shape[1:])) for x in old]
+        return StaticKV(spare[:layers], spare[layers:], old, n, t, self.step)
