@@ -26,104 +26,127 @@ ENGINE, POLICIES, RANKING = (
 )
 DECODE, STATE = "src/beamkit/decode.py", "src/beamkit/state.py"
 
-# (name, file, original text, mutated text, the test that must kill it)
-PITFALLS = [
+# the narrow policy's ranking cut, and the two sorts of the ranking (all candidates finite, or some not)
+NARROW_RANKED = '"""The first ``beam_size`` (at most that many are taken)."""\n        return book.beam'
+TIES_ALL = "order = np.lexsort((-key, req) if ordered else (tok, row, -key, req))"
+TIES_ALL_MUTANT = "order = np.lexsort((-row, -key, req) if ordered else (-tok, -row, -key, req))"
+TIES_SOME = "order = idx[np.lexsort((k, r) if ordered else (tok[idx], row[idx], k, r))]"
+TIES_SOME_MUTANT = "order = idx[np.lexsort((-row[idx], k, r) if ordered else (-tok[idx], -row[idx], k, r))]"
+
+# (name, [(file, original text, mutated text), ...], the test that must kill it): a pitfall the engine guards
+# against in more than one place (a check and a cut that both keep it out) is mutated in each of them at once
+PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
     (
         "1 best K tokens of each hypothesis",
-        POLICIES,
-        "return rank < (beam - finished)[req]",
-        "return rank >= 0",
+        [
+            (POLICIES, "return rank < (beam - finished)[req]", "return rank >= 0"),
+            (
+                POLICIES,
+                NARROW_RANKED,
+                NARROW_RANKED + " * book.beam",
+            ),
+        ],
         "test_beam_never_holds_more_than_beam_size",
     ),
     (
         "2 raw logits instead of log-probs",
-        ENGINE,
-        "copy=True), np.where(ok, -lse, -np.inf)",
-        "copy=True), 0 * lse",
+        [
+            (ENGINE, "copy=True), np.where(ok, -lse, -np.inf)", "copy=True), 0 * lse"),
+            (ENGINE, "offset = np.where(np.isfinite(lse), -lse, -np.inf)", "offset = 0 * lse"),
+        ],
         "test_logits_need_not_be_normalized",
     ),
     (
         "3 eos hypothesis keeps going",
-        ENGINE,
-        "self._is_eos(cand.tok, cand.req), length, last",
-        "cand.tok == -7, length, last",
+        [
+            (ENGINE, "self._is_eos(cand.tok, cand.req), length, last", "cand.tok == -7, length, last"),
+        ],
         "test_eos_finishes_and_shrinks_the_beam",
     ),
     (
         "4 live hypotheses dropped at max_len",
-        POLICIES,
-        "new.append(scoring.entries(view, surv[cut], False))",
-        "pass",
+        [
+            (POLICIES, "new.append(scoring.entries(view, surv[cut], False))", "pass"),
+        ],
         "test_max_len_returns_unfinished",
     ),
     (
         "5 -inf candidates kept",
-        RANKING,
-        "finite = np.isfinite(key) & valid",
-        "finite = ~np.isnan(key)",
+        [
+            (RANKING, "finite = np.isfinite(key) & valid", "finite = ~np.isnan(key)"),
+        ],
         "test_masked_tokens_are_never_chosen",
     ),
     (
         "6 state not gathered by parent",
-        ENGINE,
-        "            state = select_state(state, parents)\n",
-        "            state = state\n",
+        [
+            (ENGINE, "            state = select_state(state, parents)\n", "            state = state\n"),
+        ],
         "test_state_follows_parents_in_a_real_search",
     ),
     (
         "eos left out of the length",
-        ENGINE,
-        "self._scores(rows, cand, sel, view.length)",
-        "self._scores(rows, cand, sel, view.length - 1)",
+        [
+            (ENGINE, "self._scores(rows, cand, sel, view.length)", "self._scores(rows, cand, sel, view.length - 1)"),
+        ],
         "test_hand_example_length_penalty",
     ),
     (
         "ranked by logprob, not score",
-        ENGINE,
-        'np.argsort(-pool.score, kind="stable")',
-        'np.argsort(-pool.lp, kind="stable")',
+        [
+            (ENGINE, 'np.argsort(-pool.score, kind="stable")', 'np.argsort(-pool.lp, kind="stable")'),
+        ],
         "test_length_penalty_changes_the_winner",
     ),
     (
         "ties to the highest index",
-        RANKING,
-        "np.lexsort((neg_key, req) if ordered else (tok, row, neg_key, req))",
-        "np.lexsort((-row, neg_key, req) if ordered else (-tok, -row, neg_key, req))",
+        [
+            (
+                RANKING,
+                TIES_ALL,
+                TIES_ALL_MUTANT,
+            ),
+            (
+                RANKING,
+                TIES_SOME,
+                TIES_SOME_MUTANT,
+            ),
+        ],
         "test_ties_go_to_the_lowest_id",
     ),
     (
         "survivors finalized one step early",
-        ENGINE,
-        "last = length >= b.max_len[cand.req]",
-        "last = length + 1 >= b.max_len[cand.req]",
+        [
+            (ENGINE, "last = length >= b.max_len[cand.req]", "last = length + 1 >= b.max_len[cand.req]"),
+        ],
         "test_max_len_returns_unfinished",
     ),
     (
         "NamedTuple rebuilt as a tuple",
-        STATE,
-        "return type(state)(*items)",
-        "return tuple(items)",
+        [
+            (STATE, "return type(state)(*items)", "return tuple(items)"),
+        ],
         "test_select_state_keeps_the_structure",
     ),
     (
         "lists not searched",
-        STATE,
-        "return [_map_leaves(s, fn) for s in state]",
-        "return state",
+        [
+            (STATE, "return [_map_leaves(s, fn) for s in state]", "return state"),
+        ],
         "test_select_state_keeps_the_structure",
     ),
     (
         "greedy scored with length penalty 1",
-        DECODE,
-        "length_penalty=0.0, **options)[0]",
-        "length_penalty=1.0, **options)[0]",
+        [
+            (DECODE, "length_penalty=0.0, **options)[0]", "length_penalty=1.0, **options)[0]"),
+        ],
         "test_hand_example_greedy_commits_to_a",
     ),
     (
         "model called after every hypothesis finished",
-        POLICIES,
-        "surv = np.flatnonzero(take & ~ends)",
-        "surv = np.flatnonzero(take)",
+        [
+            (POLICIES, "surv = np.flatnonzero(take & ~ends)", "surv = np.flatnonzero(take)"),
+        ],
         "test_search_stops_when_the_last_hypothesis_finishes",
     ),
 ]
@@ -132,16 +155,17 @@ PITFALLS = [
 def run_pitfalls() -> bool:
     """Apply each pitfall to a copy of the source and check that its test fails."""
     ok = True
-    for name, path, old, new, test in PITFALLS:
+    for name, edits, test in PITFALLS:
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copytree(ROOT / "src", Path(tmp) / "src")
-            target = Path(tmp) / path
-            text = target.read_text()
-            if old not in text:
-                print(f"pitfall[{name}]: ERROR mutant text not found in {path}")
+            missing = [path for path, old, _ in edits if old not in (Path(tmp) / path).read_text()]
+            if missing:
+                print(f"pitfall[{name}]: ERROR mutant text not found in {', '.join(missing)}")
                 ok = False
                 continue
-            target.write_text(text.replace(old, new))
+            for path, old, new in edits:
+                target = Path(tmp) / path
+                target.write_text(target.read_text().replace(old, new))
             env = dict(os.environ, PYTHONPATH=str(Path(tmp) / "src"))
             cmd = [
                 sys.executable,
