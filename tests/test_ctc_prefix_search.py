@@ -427,6 +427,20 @@ def test_hotwords_add_their_weight() -> None:
     assert hot["ab b"] > plain["ab b"]
 
 
+
+def test_a_hotword_phrase_counts_word_by_word() -> None:
+    """pyctcdecode's rule, worked by hand: the phrase "ab b" makes "ab" and "b" hotwords, each worth the weight
+    wherever it stands as a whole word."""
+    labels = ["", " ", "a", "b"]
+    ids = [2, 0, 3, 1, 3]  # "ab b"
+    lp = np.full((5, 4), math.log(0.02))
+    lp[np.arange(5), ids] = math.log(0.94)
+    plain = {h.text: h.score for h in search(lp, labels, **WIDE)}
+    hot = {h.text: h.score for h in search(lp, labels, hotwords=["ab b"], hotword_weight=3, **WIDE)}
+    assert hot["ab b"] - plain["ab b"] == pytest.approx(6.0)
+    assert hot["b b"] - plain["b b"] == pytest.approx(6.0)
+    assert hot["ab"] - plain["ab"] == pytest.approx(3.0)
+
 def test_logits_need_log_softmax_and_torch_input_is_accepted() -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(80)

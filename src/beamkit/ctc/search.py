@@ -39,7 +39,7 @@ from .fusion import (
     word_lookup,
 )  # fmt: skip
 from .jit import COMPILED, njit, note_if_cold, records, warn_if_interpreted
-from .lm import LanguageModelFusion
+from .lm import Hotwords, LanguageModelFusion
 from .nodes import NODE, final_key, init_root, node_labels, word_hash
 from .options import CTCOptions
 from .posteriors import FrameCandidates
@@ -198,7 +198,7 @@ class SearchCaches:
                 self._labels = LabelTables(self.vocab)
             labels = self._labels
             cache = self._lm_cache(lm, labels) if lm is not None else None
-            words = frozenset(hotwords or ())
+            words = Hotwords(hotwords, weight).words  # a phrase counts word by word, as in pyctcdecode
             if self._hot[0] != words:
                 self._hot = (words, CharTrie(words, labels.alphabet) if words else None)
             key = (id(lm), id(cache), hotwords, weight)
