@@ -414,32 +414,33 @@ def test_partial_word_penalty_prefers_known_prefixes() -> None:
     assert by_text["a"].logit_score == pytest.approx(math.log(0.45))
 
 
-def test_hotwords_add_their_weight() -> None:
+def _hotword_scores(hotwords: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each text's score without and with ``hotwords`` (weight 3) on a matrix spelling "ab b"."""
     labels = ["", " ", "a", "b"]
     ids = [2, 0, 3, 1, 3]  # "ab b"
     lp = np.full((5, 4), math.log(0.02))
     lp[np.arange(5), ids] = math.log(0.94)
     plain = {h.text: h.score for h in search(lp, labels, **WIDE)}
-    hot = {h.text: h.score for h in search(lp, labels, hotwords=["b"], hotword_weight=3, **WIDE)}
+    hot = {h.text: h.score for h in search(lp, labels, hotwords=hotwords, hotword_weight=3, **WIDE)}
+    return plain, hot
+
+
+def test_hotwords_add_their_weight() -> None:
+    plain, hot = _hotword_scores(["b"])
     assert hot["ab b"] - plain["ab b"] == pytest.approx(3.0)
     assert hot["b b"] - plain["b b"] == pytest.approx(6.0)
     assert hot["ab"] - plain["ab"] == pytest.approx(0.0)
     assert hot["ab b"] > plain["ab b"]
 
 
-
 def test_a_hotword_phrase_counts_word_by_word() -> None:
     """pyctcdecode's rule, worked by hand: the phrase "ab b" makes "ab" and "b" hotwords, each worth the weight
     wherever it stands as a whole word."""
-    labels = ["", " ", "a", "b"]
-    ids = [2, 0, 3, 1, 3]  # "ab b"
-    lp = np.full((5, 4), math.log(0.02))
-    lp[np.arange(5), ids] = math.log(0.94)
-    plain = {h.text: h.score for h in search(lp, labels, **WIDE)}
-    hot = {h.text: h.score for h in search(lp, labels, hotwords=["ab b"], hotword_weight=3, **WIDE)}
+    plain, hot = _hotword_scores(["ab b"])
     assert hot["ab b"] - plain["ab b"] == pytest.approx(6.0)
     assert hot["b b"] - plain["b b"] == pytest.approx(6.0)
     assert hot["ab"] - plain["ab"] == pytest.approx(3.0)
+
 
 def test_logits_need_log_softmax_and_torch_input_is_accepted() -> None:
     torch = pytest.importorskip("torch")
