@@ -25,12 +25,6 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
 COMPILED = _numba is not None and not os.environ.get("BEAMKIT_NO_JIT")
 _warned = False
 _noted = False
-if (
-    not COMPILED
-):  # the search's hashes wrap uint64 products on purpose; numpy scalars warn about it where numba does not
-    warnings.filterwarnings(
-        "ignore", message="overflow encountered in scalar", category=RuntimeWarning, module=r"beamkit\.ctc\."
-    )
 
 #: the line printed on standard error before the first compilation of the search (see :func:`note_if_cold`)
 COLD_NOTE = "beamkit: compiling the CTC search once (about 20-60 s); later runs reuse the compiled code"

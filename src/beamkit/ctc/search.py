@@ -307,13 +307,13 @@ def search_candidates(
         ws = caches.take_workspace(history, nodes, width, rows)
         quiet = nullcontext() if COMPILED else np.errstate(over="ignore")  # hashes wrap; numpy scalars warn
         out: list[list[CTCHypothesis]] = []
-        try:
-            with quiet:
+        with quiet:  # clearing the workspace walks the hashes too
+            try:
                 for u in utts:
                     out.append(_utterance(ws, run, u))
-        finally:
-            _clear(ws, voc.size)
-            caches.give_back(ws)
+            finally:
+                _clear(ws, voc.size)
+                caches.give_back(ws)
         return out
 
     return spread(N, 1 if recorder is not None else threads, work)
