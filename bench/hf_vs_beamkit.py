@@ -60,6 +60,29 @@ PRESET_VOCAB = {"marian": 8000, "t5-small": 32128}
 TARGET = 1.5  # beamkit at least 1.5x Hugging Face's speed (hf-speedup), greedy and beam search
 
 
+def marian(vocab: int) -> Any:
+    """A random Marian opus-mt sized model (6+6 layers, 512 wide, 8 heads, FFN 2048) over ``vocab`` ids, pad last."""
+    cfg = transformers.MarianConfig(
+        vocab_size=vocab,
+        decoder_vocab_size=vocab,
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+        max_position_embeddings=512,
+        pad_token_id=vocab - 1,  # Marian's layout: pad is the last id and starts the decoder
+        eos_token_id=1,
+        decoder_start_token_id=vocab - 1,
+        forced_eos_token_id=None,
+    )
+    model = transformers.MarianMTModel(cfg)
+    model.generation_config.bad_words_ids = [[vocab - 1]]  # as opus-mt models: pad is never generated
+    return model
+
+
 def build(
     kind: str, layers: int = 2, width: int = 64, prompt_len: int = PROMPT_LEN
 ) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, int, int]:
@@ -68,24 +91,7 @@ def build(
     torch.manual_seed(0)
     vocab = PRESET_VOCAB.get(kind, VOCAB)
     if kind == "marian":
-        cfg = transformers.MarianConfig(
-            vocab_size=vocab,
-            decoder_vocab_size=vocab,
-            d_model=512,
-            encoder_layers=6,
-            decoder_layers=6,
-            encoder_attention_heads=8,
-            decoder_attention_heads=8,
-            encoder_ffn_dim=2048,
-            decoder_ffn_dim=2048,
-            max_position_embeddings=512,
-            pad_token_id=vocab - 1,  # Marian's layout: pad is the last id and starts the decoder
-            eos_token_id=1,
-            decoder_start_token_id=vocab - 1,
-            forced_eos_token_id=None,
-        )
-        model = transformers.MarianMTModel(cfg)
-        model.generation_config.bad_words_ids = [[vocab - 1]]  # as opus-mt models: pad is never generated
+        model = marian(vocab)
     elif kind == "t5-small":
         cfg = transformers.T5Config(
             num_layers=6,

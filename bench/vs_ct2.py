@@ -34,12 +34,14 @@ Run: ``python bench/vs_ct2.py [--models tiny,gpt2-small,marian] [--modes beam,gr
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,6 +52,18 @@ import transformers  # noqa: E402
 import beamkit.hf as bh  # noqa: E402
 
 PROMPTS, PROMPT_LEN, NEW, BEAMS = 8, 16, 32, 4
+
+
+def _load_sibling(name: str) -> Any:
+    """The module of ``bench/NAME.py`` beside this script (the bench folder is no package)."""
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+HF_BENCH = _load_sibling("hf_vs_beamkit")  # its model builders
 MODELS = ("tiny", "gpt2-small", "marian")
 MODES = {"beam": BEAMS, "greedy": 1}
 # targets, float32 (process CPU time ratios); the CTranslate2 target depends on the model's size
@@ -102,27 +116,10 @@ def build(kind: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     if kind == "marian":
         vocab = 8000
-        cfg: Any = transformers.MarianConfig(
-            vocab_size=vocab,
-            decoder_vocab_size=vocab,
-            d_model=512,
-            encoder_layers=6,
-            decoder_layers=6,
-            encoder_attention_heads=8,
-            decoder_attention_heads=8,
-            encoder_ffn_dim=2048,
-            decoder_ffn_dim=2048,
-            max_position_embeddings=512,
-            pad_token_id=vocab - 1,  # Marian's layout: pad is the last id and starts the decoder
-            eos_token_id=1,
-            decoder_start_token_id=vocab - 1,
-            forced_eos_token_id=None,
-        )
-        model: Any = transformers.MarianMTModel(cfg)
-        model.generation_config.bad_words_ids = [[vocab - 1]]  # as opus-mt models: pad is never generated
+        model: Any = HF_BENCH.marian(vocab)  # the model of bench/hf_vs_beamkit.py's Marian preset
     else:
         layers, width, heads, vocab = (2, 64, 4, 1000) if kind == "tiny" else (12, 768, 12, 8000)
-        cfg = transformers.GPT2Config(
+        cfg: Any = transformers.GPT2Config(
             n_layer=layers,
             n_embd=width,
             n_head=heads,
