@@ -32,6 +32,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
 from beamkit._checks import check_choice
+from beamkit.hf.direct import direct_step
 from beamkit.hf.join import Cohorts, Prompt, rows_of
 from beamkit.hf.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
 from beamkit.hf.versions import cache_keyword, output_cache
@@ -274,6 +275,7 @@ class DecoderOnlyStep(_ModelStep):
         block_size: int = BLOCK_SIZE,
         blocks: int = 0,
         attention: str = "shared-prefix",
+        direct: bool = True,
     ):
         self.model = model
         self.keep_one = accepts(model, "logits_to_keep")
@@ -288,6 +290,9 @@ class DecoderOnlyStep(_ModelStep):
         pool = PagedPool(block_size, blocks, attention)  # checks the sizes whichever kv is used
         self.kv = "paged" if kv == "paged" and full else "dense"
         self.pool: PagedPool | None = pool if self.kv == "paged" else None
+        self.direct, self.direct_reason = direct_step(model) if direct else (None, "direct=False")
+        if self.direct is not None and not self.mask_4d:
+            self.direct, self.direct_reason = None, "the model builds its own attention masks"
 
     def _rejoin(self, parts: list[CacheRows]) -> CacheRows:
         """One cache for all rows: the parts' caches, masks and positions left-padded to the longest."""
@@ -316,6 +321,11 @@ class DecoderOnlyStep(_ModelStep):
         if self.takes_pos:
             kwargs["position_ids"] = pos
         start = time.perf_counter()
+        if isinstance(state, CacheRows) and self.direct is not None and plain_layers(state.cache):
+            logits = self.direct(ids, mask, pos, state.cache)  # shape: (rows, V); the cache extended in place
+            self.forward_seconds += time.perf_counter() - start
+            state.length = length
+            return logits, state
         if isinstance(state, CacheRows) and isinstance(state.cache, PagedCache):
             out = state.cache.forward(self.model, lambda: self.model(input_ids=ids, attention_mask=mask, **kwargs))
         else:

@@ -132,7 +132,7 @@ def merge(
     keep = place < cap[table.req]
     out = table.take(np.flatnonzero(keep))
     gone = table.eid[~keep]
-    return out, gone[np.isin(gone, old.eid)]
+    return out, gone[np.isin(gone, old.eid)] if gone.size else gone
 
 
 def stops_of(view: StepView, book: Book, survivors: np.ndarray, default: Stop) -> dict[int, Stop]:
@@ -219,7 +219,7 @@ class Pool:
         adm = np.flatnonzero(hits & (cand.rank < k))  # a full pool keeps the better ones (merge cuts it)
         new = scoring.entries(view, adm, ends[adm])
         pool, evicted = merge(view.pool, [new], "score", cap=book.pool)
-        entered = np.isin(new.eid, pool.eid)
+        entered = np.isin(new.eid, pool.eid) if len(new) else np.zeros(0, dtype=bool)
         admitted, refused = new.cand[entered], new.cand[~entered & new.finished]
         surv = np.flatnonzero(pool_take(cand.req, hits, book.beam))
         counters = book.counters(pool)

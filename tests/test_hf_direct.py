@@ -1,0 +1,145 @@
+"""The direct decoding step (``beamkit.hf.direct``): a known model family's layers run without the model wrapper.
+
+Oracle: the model's own forward. The direct step calls the same layer functions, in the same order, on the same
+inputs and the same cache, so its logits must equal the model call's bit for bit (``torch.equal``; on one
+machine the same kernels on the same operands give the same floats): step by step, through left padding, beam
+reorders, rows leaving and the cache growing. End to end, ``beamkit.hf.generate`` must give ``model.generate``'s
+tokens. Models it does not know, or that it must not bypass (hooks, training mode, another attention function, a
+sliding window), run through the model call, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import beamkit.hf as bh  # noqa: E402
+from beamkit.hf.direct import direct_step  # noqa: E402
+from beamkit.hf.step import DecoderOnlyStep  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+V = 300
+
+
+def _model(family: str, **extra):
+    """A tiny seeded model of ``family``: 2 layers, 64 wide, 4 heads (2 key/value heads for the Llama-style)."""
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=V, n_positions=128, **extra)
+        return transformers.GPT2LMHeadModel(cfg).eval()
+    classes = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }
+    config_cls, model_cls = classes[family]
+    extra.setdefault("sliding_window", None) if family == "mistral" else None
+    cfg = config_cls(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=V, max_position_embeddings=128, **extra,
+    )  # fmt: skip
+    return model_cls(cfg).eval()
+
+
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2")
+
+
+def _prompts(device):
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, V, (5, 8), generator=gen)
+    mask = torch.ones_like(ids)
+    for i, pad in enumerate((0, 3, 1, 0, 5)):  # left padding of different widths
+        mask[i, :pad] = 0
+    return ids.to(device), mask.to(device)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_direct_logits_equal_the_model_call(family, device):
+    """Step by step, the direct step's logits are the model call's, bit for bit, as rows fork, leave and the
+    cache grows (the same random parents and tokens fed to both)."""
+    model = _model(family).to(device)
+    fast, slow = DecoderOnlyStep(model, kv="dense"), DecoderOnlyStep(model, kv="dense", direct=False)
+    assert fast.direct is not None, fast.direct_reason
+    assert slow.direct is None
+    ids, mask = _prompts(device)
+    rng = np.random.default_rng(0)
+    y = torch.zeros(5, dtype=torch.long, device=device)
+    with torch.inference_mode():
+        a, b = fast.init_state(ids, mask), slow.init_state(ids, mask)
+        for t in range(14):
+            la, a = fast(a, y)
+            lb, b = slow(b, y)
+            assert la.shape == lb.shape and torch.equal(la, lb), f"step {t}: max diff {(la - lb).abs().max()}"
+            rows = la.shape[0]
+            size = rows + 2 if t == 2 else max(1, rows - 1) if t == 9 else rows  # a fork, then rows leaving
+            parents = np.sort(rng.integers(0, rows, size=size))
+            if t > 0:
+                a, b = a.beamkit_select(parents), b.beamkit_select(parents)
+            else:
+                parents = np.arange(rows)
+            y = torch.from_numpy(rng.integers(0, V, size=parents.shape[0])).to(device)
+    assert fast.forward_seconds > 0
+
+
+@pytest.mark.parametrize("family", ("gpt2", "llama"))
+@pytest.mark.parametrize("beams", (1, 4))
+def test_generate_matches_hugging_face(family, beams):
+    """``beamkit.hf.generate`` on the direct step returns ``model.generate``'s sequences, greedy and beam."""
+    model = _model(family)
+    ids, mask = _prompts("cpu")
+    kw = dict(num_beams=beams, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=7)
+    if beams > 1:
+        kw.update(num_return_sequences=2, early_stopping=True)
+    want = model.generate(ids, attention_mask=mask, **kw)
+    got = bh.generate(model, ids, mask, **kw)
+    assert torch.equal(got, want)
+
+
+def _reason(model) -> str:
+    made, reason = direct_step(model)
+    assert made is None
+    return reason
+
+
+def test_models_it_does_not_know_or_must_not_bypass():
+    """Each case runs through the model call, and the reason names the problem."""
+    torch.manual_seed(0)
+    opt = transformers.OPTForCausalLM(
+        transformers.OPTConfig(hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=2, vocab_size=V)
+    ).eval()
+    assert "OPTForCausalLM is not a model family" in _reason(opt)
+    assert "training mode" in _reason(_model("gpt2").train())
+    eager = _model("llama", attn_implementation="eager")
+    assert "'eager'" in _reason(eager)
+    assert "sliding-window" in _reason(_model("mistral", sliding_window=4))
+    hooked = _model("gpt2")
+    hooked.transformer.h[1].mlp.register_forward_hook(lambda *a: None)
+    assert "GPT2MLP has forward hooks" in _reason(hooked)
+
+
+def test_a_hook_still_runs():
+    """A forward hook on a layer is called on every decoding step (the step falls back to the model call), and
+    the output is still Hugging Face's."""
+    model = _model("gpt2")
+    ids, mask = _prompts("cpu")
+    calls = []
+    model.transformer.h[0].attn.register_forward_hook(lambda mod, args, out: calls.append(1))
+    kw = dict(num_beams=1, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    got = bh.generate(model, ids, mask, **kw)
+    assert len(calls) == 6  # the prompt, then five one-token steps
+    calls.clear()
+    want = model.generate(ids, attention_mask=mask, **kw)
+    assert torch.equal(got, want) and len(calls) == 6
+
+
+def test_step_switch_and_reason():
+    """``direct=False`` turns it off; a model it serves says ``"direct"``."""
+    model = _model("qwen2")
+    assert DecoderOnlyStep(model).direct_reason == "direct"
+    assert DecoderOnlyStep(model, direct=False).direct_reason == "direct=False"
