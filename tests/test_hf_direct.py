@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 import beamkit.hf as bh  # noqa: E402
 from beamkit.hf.direct import direct_step  # noqa: E402
-from beamkit.hf.step import DecoderOnlyStep  # noqa: E402
+from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 V = 300
@@ -48,6 +48,23 @@ def _model(family: str, **extra):
 
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2")
+SEQ2SEQ = ("marian", "bart")
+
+
+def _seq2seq(family: str):
+    """A tiny seeded Marian or BART model: 2+2 layers, 64 wide, 4 heads (pad last for Marian, as it has it)."""
+    torch.manual_seed(0)
+    sizes = dict(
+        vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, max_position_embeddings=128,
+    )  # fmt: skip
+    if family == "marian":
+        cfg = transformers.MarianConfig(
+            decoder_vocab_size=V, pad_token_id=V - 1, eos_token_id=1, decoder_start_token_id=V - 1, **sizes
+        )
+        return transformers.MarianMTModel(cfg).eval()
+    cfg = transformers.BartConfig(scale_embedding=True, forced_eos_token_id=None, **sizes)
+    return transformers.BartForConditionalGeneration(cfg).eval()
 
 
 def _prompts(device):
@@ -87,12 +104,41 @@ def test_direct_logits_equal_the_model_call(family, device):
     assert fast.forward_seconds > 0
 
 
-@pytest.mark.parametrize("family", ("gpt2", "llama"))
+@pytest.mark.parametrize("family", SEQ2SEQ)
+def test_encoder_decoder_logits_equal_the_model_call(family, device):
+    """Marian and BART: the direct decoder step's logits are the model call's, bit for bit, with the encoder's
+    padding, beams forking and leaving; after the first step the model itself is not called."""
+    model = _seq2seq(family).to(device)
+    fast, slow = EncoderDecoderStep(model), EncoderDecoderStep(model, direct=False)
+    assert fast.direct is not None, fast.direct_reason
+    ids, mask = _prompts(device)
+    ids = ids.clamp(max=V - 2)  # no pad token inside the source
+    mask = mask.flip(1)  # encoder inputs are right-padded
+    calls = []
+    model.register_forward_pre_hook(lambda *a: calls.append(1))  # after the steps are made: they keep direct
+    rng = np.random.default_rng(1)
+    y = torch.full((5,), int(model.config.decoder_start_token_id), device=device)
+    with torch.inference_mode():
+        a, b = fast.init_state(ids, mask), slow.init_state(ids, mask)
+        for t in range(10):
+            la, a = fast(a, y)
+            lb, b = slow(b, y)
+            assert torch.equal(la, lb), f"step {t}: max diff {(la - lb).abs().max()}"
+            rows = la.shape[0]
+            parents = np.sort(rng.integers(0, rows, size=rows + 3 if t == 0 else max(1, rows - (t == 6))))
+            a, b = a.beamkit_select(parents), b.beamkit_select(parents)
+            y = torch.from_numpy(rng.integers(0, V, size=parents.shape[0])).to(device)
+    assert len(calls) == 1 + 10  # the direct step's first call, then the model-call step's ten
+
+
+@pytest.mark.parametrize("family", ("gpt2", "llama", "marian", "bart"))
 @pytest.mark.parametrize("beams", (1, 4))
 def test_generate_matches_hugging_face(family, beams):
     """``beamkit.hf.generate`` on the direct step returns ``model.generate``'s sequences, greedy and beam."""
-    model = _model(family)
+    model = _seq2seq(family) if family in SEQ2SEQ else _model(family)
     ids, mask = _prompts("cpu")
+    if family in SEQ2SEQ:
+        ids, mask = ids.clamp(max=V - 2), mask.flip(1)
     kw = dict(num_beams=beams, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=7)
     if beams > 1:
         kw.update(num_return_sequences=2, early_stopping=True)
@@ -143,3 +189,4 @@ def test_step_switch_and_reason():
     model = _model("qwen2")
     assert DecoderOnlyStep(model).direct_reason == "direct"
     assert DecoderOnlyStep(model, direct=False).direct_reason == "direct=False"
+    assert EncoderDecoderStep(_seq2seq("bart"), direct=False).direct is None

@@ -11,10 +11,12 @@ attention registry), on the same inputs: the token ids ``[rows, 1]``, the ready 
 the model, and the model's own ``DynamicCache`` (its plain layers extended by ``update`` as the model does). So
 its logits are the model call's logits, bit for bit (the tests compare them with ``torch.equal``).
 
-It serves the families whose layer structure it knows, exactly: GPT-2 (``GPT2LMHeadModel``) and the Llama-style
+It serves the families whose layer structure it knows, exactly: GPT-2 (``GPT2LMHeadModel``), the Llama-style
 models (``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``) with full attention in every layer,
-SDPA attention, in evaluation mode, with no hooks on any module. For any other model, :func:`direct_step` says
-why not and the step calls the model as usual.
+and the decoders of Marian (``MarianMTModel``) and BART (``BartForConditionalGeneration``), whose one-token step
+reads the cross-attention keys/values the first step (a model call) cached; with SDPA attention, in evaluation
+mode, with no hooks on any module when the step is made. For any other model, :func:`direct_step` says why not
+and the step calls the model as usual.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ FAMILIES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
+    "MarianMTModel": "marian",
+    "BartForConditionalGeneration": "bart",
 }
+_SEQ2SEQ_LAYERS = {"MarianDecoderLayer", "BartDecoderLayer"}
 _LLAMA_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP"}
 
 
@@ -63,6 +68,11 @@ def _unsupported(model: Any) -> str:
         if getattr(cfg, "add_cross_attention", False):
             return "GPT-2 with cross-attention"
         return ""
+    if family in ("marian", "bart"):
+        for layer in model.model.decoder.layers:
+            if type(layer).__name__ not in _SEQ2SEQ_LAYERS:
+                return f"a {type(layer).__name__} decoder layer"
+        return ""
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"} or getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", 1):
         return "a sliding-window attention layer"
@@ -88,14 +98,22 @@ class DirectStep:
         self.model = model
         self.family = FAMILIES[type(model).__name__]
         self.attend: Callable[..., Any] = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        self._range = torch.arange(256, device=model.device)  # position ids, sliced (encoder-decoder models)
         if self.family == "llama":
             attn = model.model.layers[0].self_attn
             self.rotary: Callable[..., Any] = sys.modules[type(attn).__module__].apply_rotary_pos_emb
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
-        """The logits ``[rows, V]`` of one token per row (see the class doc)."""
-        hidden = self._gpt2(ids, mask, pos, cache) if self.family == "gpt2" else self._llama(ids, mask, pos, cache)
-        logits = self.model.lm_head.forward(hidden)[:, -1, :]  # shape: (rows, V)
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        """The logits ``[rows, V]`` of one token per row (see the class doc). An encoder-decoder model takes the
+        encoder's padding mask ``[rows, 1, 1, S]`` as ``mask``, no ``pos`` (its positions are the decoder's
+        length, the same for every row) and its ``EncoderDecoderCache`` (the cross-attention keys/values filled)."""
+        if self.family in ("marian", "bart"):
+            logits = self.model.lm_head.forward(self._seq2seq(ids, mask, cache)) + self.model.final_logits_bias
+        else:
+            assert pos is not None
+            hidden = self._gpt2(ids, mask, pos, cache) if self.family == "gpt2" else self._llama(ids, mask, pos, cache)
+            logits = self.model.lm_head.forward(hidden)
+        logits = logits[:, -1, :]  # shape: (rows, V)
         return logits if logits.dtype == torch.float32 else logits.float()
 
     def _gpt2(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
@@ -140,3 +158,43 @@ class DirectStep:
             mlp = layer.mlp
             hidden = hidden + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
         return base.norm.forward(hidden)
+
+    def _seq2seq(self, ids: torch.Tensor, cross_mask: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Marian / BART decoder layers (``MarianDecoder`` / ``BartDecoder.forward`` for one new token, post-norm):
+        the final hidden states ``[rows, 1, E]``. The self-attention needs no mask: one query attends to every
+        position of its own row (the model passes none either, having no decoder padding)."""
+        dec = self.model.model.decoder
+        self_cache, cross_cache = cache.self_attention_cache, cache.cross_attention_cache
+        past = self_cache.get_seq_length()
+        position = self._positions(past)  # shape: (1,)
+        if self.family == "marian":
+            hidden = dec.embed_tokens.forward(ids) * dec.embed_scale  # shape: (rows, 1, E)
+            hidden = hidden + dec.embed_positions.forward(ids.shape, past, position_ids=position)
+        else:
+            hidden = dec.embed_tokens.forward(ids) + dec.embed_positions.forward(ids, past, position_ids=position)
+            hidden = dec.layernorm_embedding.forward(hidden)
+        rows = hidden.shape[0]
+        for i, layer in enumerate(dec.layers):
+            attn, cross = layer.self_attn, layer.encoder_attn
+            shape = (rows, 1, -1, attn.head_dim)
+            q = attn.q_proj.forward(hidden).view(shape).transpose(1, 2)  # shape: (rows, heads, 1, d)
+            k = attn.k_proj.forward(hidden).view(shape).transpose(1, 2)
+            v = attn.v_proj.forward(hidden).view(shape).transpose(1, 2)
+            k, v = self_cache.layers[i].update(k, v)  # shape: (rows, heads, L, d)
+            out, _ = self.attend(attn, q, k, v, None, dropout=0.0, scaling=attn.scaling)
+            out = attn.out_proj.forward(out.reshape(rows, 1, -1).contiguous())  # shape: (rows, 1, E)
+            hidden = layer.self_attn_layer_norm.forward(hidden + out)
+            q = cross.q_proj.forward(hidden).view(shape).transpose(1, 2)
+            kv = cross_cache.layers[i]  # shape: (rows, heads, S, d) each, filled at the first step
+            out, _ = self.attend(cross, q, kv.keys, kv.values, cross_mask, dropout=0.0, scaling=cross.scaling)
+            out = cross.out_proj.forward(out.reshape(rows, 1, -1).contiguous())
+            hidden = layer.encoder_attn_layer_norm.forward(hidden + out)
+            ffn = layer.fc2.forward(layer.activation_fn(layer.fc1.forward(hidden)))
+            hidden = layer.final_layer_norm.forward(hidden + ffn)
+        return hidden
+
+    def _positions(self, past: int) -> torch.Tensor:
+        """``[past]`` as a one-element int64 tensor on the model's device (a slice of a kept range)."""
+        if past >= self._range.shape[0]:
+            self._range = torch.arange(2 * past + 64, device=self._range.device)
+        return self._range[past : past + 1]

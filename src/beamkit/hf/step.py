@@ -263,6 +263,10 @@ class DecoderOnlyStep(_ModelStep):
     Hugging Face's ``DynamicCache``. Both give the same logits. ``self.kv`` is the one in use. ``block_size``:
     positions per block; ``blocks``: the pool's first size (0: sized from the first prompts). The cache goes to
     the model under ``self.cache_key``, the keyword its forward takes (:func:`beamkit.hf.versions.cache_keyword`).
+
+    ``direct`` (default True): on the dense cache, decoding steps of a model family :mod:`beamkit.hf.direct`
+    knows run its layers directly (the same logits, bit for bit, without the model wrapper's per-call work);
+    ``self.direct_reason`` says whether it is used and why not.
     """
 
     left_pad = True
@@ -373,17 +377,21 @@ class EncoderDecoderStep(_ModelStep):
     ``per_request["mask"]`` is the encoder mask of each row (``[rows, 1, 1, S]`` boolean, the cross-attention mask
     of one query token, where :func:`_takes_4d_mask` allows) and ``shared`` keeps the encoder output (one row per
     request, never gathered). The cache goes to the model under ``self.cache_key``
-    (:func:`beamkit.hf.versions.cache_keyword`).
+    (:func:`beamkit.hf.versions.cache_keyword`). ``direct`` (default True): after the first step, Marian and BART
+    decoders run their layers directly (:mod:`beamkit.hf.direct`; ``self.direct_reason`` says whether).
     """
 
     left_pad = False
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, *, direct: bool = True):
         self.model = model
         self.mask_4d = _takes_4d_mask(model)
         self.cache_key = cache_keyword(model)  # "cache" (transformers 5.24 on) or "past_key_values"
         self.forward_seconds = 0.0
         self.stats = SearchStats()
+        self.direct, self.direct_reason = direct_step(model) if direct else (None, "direct=False")
+        if self.direct is not None and not self.mask_4d:
+            self.direct, self.direct_reason = None, "the model builds its own attention masks"
 
     def _rejoin(self, parts: list[CacheRows]) -> Any:
         """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.join`)."""
@@ -396,6 +404,11 @@ class EncoderDecoderStep(_ModelStep):
             mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
             dec = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
+            if self.direct is not None and _direct_cache(state.cache):
+                logits = self.direct(dec, mask, None, state.cache)  # shape: (rows, V); the cache extended
+                self.forward_seconds += time.perf_counter() - start
+                state.length += 1
+                return logits, state
             kwargs[self.cache_key] = state.cache
             enc_out = state.shared["enc_out"]
             if enc_out.last_hidden_state.shape[0] != rows:
@@ -423,6 +436,16 @@ class EncoderDecoderStep(_ModelStep):
         cache = CacheRows(kv, np.arange(rows, dtype=np.int64), per_request, 1)
         cache.shared.update(enc=enc, enc_out=enc_out)
         return logits, cache
+
+
+def _direct_cache(cache: Any) -> bool:
+    """Whether an encoder-decoder cache is one :class:`~beamkit.hf.direct.DirectStep` reads: plain layers on
+    both sides, the cross-attention keys/values of every layer filled."""
+    self_cache = getattr(cache, "self_attention_cache", None)
+    cross = getattr(cache, "cross_attention_cache", None)
+    if cross is None or not (plain_layers(self_cache) and plain_layers(cross)):
+        return False
+    return all(cache.is_updated.get(i) for i in range(len(cross.layers)))
 
 
 def _check_cross_cache(cache: Any) -> None:
