@@ -758,3 +758,38 @@ def test_add_batch_counts_the_rows_of_a_dict_state():
 
 def test_exact_exit_accepts_processors_that_do_not_say_they_raise_scores():
     assert _opts(exact_exit=True, policy="pool", alpha=0.0, processors=(Boost(-1.0),)).exact_exit
+
+
+def test_min_len_keeps_beam_many_other_tokens_normalised_over_the_whole_vocabulary():
+    """Hand-worked: logits [3, 2, 3, 1, 1, 0] (ids 0 and 2 stop, tied at the top), beam 2, min_len 1, at most one
+    token. The stop tokens may not end the first step, so the beams are ids 1 and 3 (then 4: ties to the lowest
+    id), with log-probabilities normalised over all six logits, stop tokens included (as a model gives them)."""
+    row = np.array([3.0, 2.0, 3.0, 1.0, 1.0, 0.0])
+    lse = math.log(sum(math.exp(x) for x in row))
+
+    def step(state, y_prev):
+        return np.tile(row, (len(y_prev), 1)), state
+
+    res = search_batch(step, np.zeros((1, 1)), BOS, (0, 2), 2, 1, min_len=1)[0]
+    assert [h.tokens for h in res] == [[1], [3]]
+    assert [h.logprob for h in res] == pytest.approx([2.0 - lse, 1.0 - lse], abs=1e-12)
+
+
+def test_requests_with_different_stop_sets_below_min_len_decode_as_alone():
+    """Requests in one batch masking different stop sets below their min_len (and one masking none) give what
+    each gives decoded alone."""
+    m = ToyModel(7, seed=11, eos_bias=2.0)
+    plan = [((0,), 3), ((0, 4, 5), 2), ((3, 1), 4), ((0,), 0)]  # (stop ids, min_len): 0 and 4 are likely picks
+
+    def decode(items):
+        engine = Engine(m.step, beam_size=3, max_len=6)
+        ids = [engine.add(m.init(), BOS, eos, min_len=n) for eos, n in items]
+        done = {}
+        while not engine.idle:
+            done.update({c.request_id: c.hypotheses for c in engine.step()})
+        return [[(h.tokens, h.logprob) for h in done[i]] for i in ids]
+
+    together = decode(plan)
+    for item, got in zip(plan, together, strict=True):
+        assert got == decode([item])[0]
+        assert all(len(tokens) > item[1] or not tokens or tokens[-1] not in item[0] for tokens, _ in got)

@@ -324,17 +324,18 @@ class Engine:
         """Everything after the model call: normalise -> select -> rank -> policy -> commit (the commit comes
         only once nothing can fail any more)."""
         rows, t_row = self._rows, self.book.t[self._rows.req]  # shape: (rows,) tokens so far of each row's request
-        one_pass = self._one_pass(extras, rows, t_row)
-        shared = one_pass and self.recorder is None and self.options.beam_threshold is None
+        one_pass = self._one_pass(extras)
+        masked = t_row < self.book.min_len[rows.req]  # shape: (rows,) stop tokens masked below min_len
+        shared = one_pass and self.recorder is None and self.options.beam_threshold is None and not masked.any()
         if one_pass:  # log-sum-exp and candidates from one read of the logits
-            logp, tok, key = self._select_one_pass(logits, rows, shared)  # shape: (rows, m)
+            logp, tok, key = self._select_one_pass(logits, rows, shared, masked)  # shape: (rows, m)
         else:
             segments = self._segments(rows, t_row)
             scores, offset = self._normalise(logits, extras, rows, t_row, segments)  # shape: (rows, V), (rows,)
             logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
         view = self._view(self._with_coverage(rows, extras), logp, tok, key, shared)
         if view is None:  # the policy reads past its requests' m best: every row's own m best, all ranked
-            logp, tok, key = self._select_one_pass(logits, rows, False)
+            logp, tok, key = self._select_one_pass(logits, rows, False, masked)
             view = self._view(self._with_coverage(rows, extras), logp, tok, key)
             assert view is not None
         if self.recorder is not None:
@@ -350,35 +351,56 @@ class Engine:
             self.recorder.decided(view, decision)
         self._commit(view, decision, state, logits, ended)
 
-    def _one_pass(self, extras: dict[str, Any], rows: Rows, t_row: np.ndarray) -> bool:
+    def _one_pass(self, extras: dict[str, Any]) -> bool:
         """Whether this step's selection is the deterministic one on plain log-probabilities (no processor, no raw
-        scores, no stop token masked below ``min_len``): then one read of the logits gives both."""
+        scores): then one read of the logits gives both (stop tokens masked below ``min_len`` included)."""
         opt = self.options
-        return (
-            type(opt.selector) is Deterministic
-            and not opt.processors
-            and extras.get("log_softmax") is not False
-            and not (t_row < self.book.min_len[rows.req]).any()
-        )
+        return type(opt.selector) is Deterministic and not opt.processors and extras.get("log_softmax") is not False
 
     def _select_one_pass(
-        self, logits: Any, rows: Rows, shared: bool = False
+        self, logits: Any, rows: Rows, shared: bool = False, masked: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The deterministic selection from one read of the logits (:func:`beamkit.search.select.lse_and_top`):
         each row's m best tokens and its log-sum-exp; rows with NaN or +inf logits fail their request.
-        ``shared``: wide requests keep only the candidates that may be among their request's m best."""
+        ``shared``: wide requests keep only the candidates that may be among their request's m best.
+        ``masked`` ``[rows]``: rows whose stop tokens may not be chosen yet (below ``min_len``); they read as
+        many more candidates as they have stop tokens and drop those, so each keeps its m best other tokens,
+        normalised over the whole vocabulary as when the stop tokens are set to ``-inf`` after the log-sum-exp."""
         b = self.book
         m_row = b.m[rows.req]
         share = (rows.req, rows.key, m_row) if shared else None
-        lse, vals, tok = lse_and_top(logits, int(m_row.max()), shared=share)  # shape: (rows,), (rows, m), (rows, m)
+        stops = self._masked_stops(rows, masked)  # shape: (rows, s) stop ids of masked rows, -1 padded
+        m = int(m_row.max()) + stops.shape[1]
+        lse, vals, tok = lse_and_top(logits, m, shared=share)  # shape: (rows,), (rows, m'), (rows, m')
         self._fail_bad_rows(lse, rows)
         offset = np.where(np.isfinite(lse), -lse, -np.inf)  # shape: (rows,)
         with np.errstate(invalid="ignore"):  # +inf logits in a failed row: inf - inf, dropped as not finite
             logp = vals + offset[:, None]
             key = rows.key[:, None] + logp
-        if int(m_row.min()) < tok.shape[1]:  # other beam sizes: each row keeps its own top m
-            key = np.where(np.arange(tok.shape[1]) >= m_row[:, None], np.nan, key)  # dropped by rank_all
+        keep = np.ones(tok.shape, dtype=bool)  # shape: (rows, m')
+        if stops.shape[1]:
+            keep = ~(tok[:, :, None] == stops[:, None, :]).any(axis=2)
+        rank = np.cumsum(keep, axis=1) if stops.shape[1] else np.arange(1, tok.shape[1] + 1)[None, :]
+        keep &= rank <= m_row[:, None]  # each row its own m best (other beam sizes; stop tokens left out)
+        if not keep.all():
+            key = np.where(keep, key, np.nan)  # dropped by rank_all
         return logp, tok, key
+
+    def _masked_stops(self, rows: Rows, masked: np.ndarray | None) -> np.ndarray:
+        """The stop token ids of each ``masked`` row ``[rows, s]`` (s: the most any masked row has; -1 pads and
+        fills the other rows, and matches no token)."""
+        if masked is None or not masked.any():
+            return np.zeros((rows.req.shape[0], 0), dtype=np.int64)
+        e_row = self.book.eos[rows.req]  # shape: (rows,) each row's stop set
+        first = int(e_row[int(masked.argmax())])
+        if (e_row[masked] == first).all():  # one stop set (the usual case)
+            ids = np.asarray(self._eos[first], dtype=np.int64)
+            return np.where(masked[:, None], ids[None, :], -1)
+        sets = {int(e): np.asarray(self._eos[int(e)], dtype=np.int64) for e in np.unique(e_row[masked]).tolist()}
+        out = np.full((rows.req.shape[0], max(len(v) for v in sets.values())), -1, dtype=np.int64)
+        for e, ids in sets.items():
+            out[masked & (e_row == e), : len(ids)] = ids
+        return out
 
     def _fail_bad_rows(self, lse: np.ndarray, rows: Rows) -> np.ndarray:
         """Fail the requests of the rows whose logits hold NaN or +inf (``lse`` NaN / +inf); returns those rows."""
