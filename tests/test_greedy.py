@@ -207,3 +207,27 @@ def test_greedy_hands_y_prev_in_the_state_library():
     engine_search(opts, make("engine"), torch.zeros(2, 1), 1, None, 2)
     greedy_search(opts, make("greedy"), torch.zeros(2, 1), 1, None)
     assert seen["greedy"] == seen["engine"] == ["torch"] * 3
+
+
+def test_greedy_below_min_len_takes_the_best_other_token():
+    """Hand-worked: logits [3, 2, 3, 2, 1] with stop ids 0 and 2 tied at the top: below min_len the token is 1
+    (value 2, tied with 3: the lower id), its log-probability normalised over all five logits; from min_len on
+    the stop token 0 wins (tied with 2: the lower id). A vocabulary of stop tokens only has nothing to choose."""
+    import math
+
+    row = np.array([3.0, 2.0, 3.0, 2.0, 1.0])
+    lse = math.log(sum(math.exp(x) for x in row))
+
+    def step(state, y_prev):
+        return np.tile(row, (len(y_prev), 1)), state
+
+    got = greedy_search(SearchOptions(beam_size=1, max_len=5, min_len=2), step, np.zeros((1, 1)), BOS, (0, 2))
+    (hyp,) = got.hypotheses[0]
+    assert hyp.tokens == [1, 1, 0] and hyp.finished
+    assert hyp.token_logprobs == pytest.approx([2.0 - lse, 2.0 - lse, 3.0 - lse], abs=1e-12)
+
+    def stops_only(state, y_prev):
+        return np.zeros((len(y_prev), 2)), state
+
+    bad = greedy_search(SearchOptions(beam_size=1, max_len=3, min_len=1), stops_only, np.zeros((1, 1)), BOS, (0, 1))
+    assert "no finite candidate at step 0" in bad.errors[0]

@@ -146,8 +146,14 @@ class _Greedy:
         raw = extras.get("log_softmax") is False
         masked = t < opt.min_len
         procs = opt.processors
-        if not procs and not raw and not masked:  # the log-sum-exp and the best token from one read
-            lse, vals, tok = lse_and_top(logits, 1)  # shape: (rows,), (rows, 1), (rows, 1)
+        if not procs and not raw:  # the log-sum-exp and the best token from one read
+            stop = self._stops(int(logits.shape[1])) if masked else np.zeros(0, np.int64)
+            lse, vals, tok = lse_and_top(logits, 1 + stop.size)  # shape: (rows,), (rows, m), (rows, m)
+            if stop.size:  # below min_len: each row's best token that is no stop token (ties: lowest id)
+                other = np.asarray(~np.isin(tok, stop))  # shape: (rows, m) m = 1 + stops: one at least, if V allows
+                first = other.argmax(axis=1)[:, None]  # shape: (rows, 1)
+                vals = np.where(other.any(axis=1)[:, None], np.take_along_axis(vals, first, axis=1), -np.inf)
+                tok = np.take_along_axis(tok, first, axis=1)
             bad = self._fail_bad(lse, req, t)
             offset = np.where(np.isfinite(lse), -lse, -np.inf)
         else:
@@ -193,10 +199,14 @@ class _Greedy:
             self.errors[int(req[i])] = f"step_fn returned {what} logits at step {t}"
         return bad
 
+    def _stops(self, vocab: int) -> np.ndarray:
+        """The stop token ids that are ids of a ``vocab``-wide vocabulary, each once."""
+        stop = np.unique(np.asarray(self.eos, dtype=np.int64))
+        return stop[(stop >= 0) & (stop < vocab)]
+
     def _mask_eos(self, scores: Any) -> Any:
         """Stop tokens set to -inf in every row (all rows are below ``min_len`` together)."""
-        stop = np.asarray(self.eos, dtype=np.int64)
-        stop = stop[(stop >= 0) & (stop < scores.shape[1])]
+        stop = self._stops(int(scores.shape[1]))
         rows = int(scores.shape[0])
         if stop.size and rows:
             scores = ops.fill(scores, np.repeat(np.arange(rows), stop.size), np.tile(stop, rows), float("-inf"))
