@@ -152,7 +152,8 @@ class _Greedy:
             if stop.size:  # below min_len: each row's best token that is no stop token (ties: lowest id)
                 other = np.asarray(~np.isin(tok, stop))  # shape: (rows, m) m = 1 + stops: one at least, if V allows
                 first = other.argmax(axis=1)[:, None]  # shape: (rows, 1)
-                vals = np.where(other.any(axis=1)[:, None], np.take_along_axis(vals, first, axis=1), -np.inf)
+                some = np.asarray(other.any(axis=1))[:, None]  # shape: (rows, 1) a token other than a stop token
+                vals = np.where(some, np.take_along_axis(vals, first, axis=1), -np.inf)
                 tok = np.take_along_axis(tok, first, axis=1)
             bad = self._fail_bad(lse, req, t)
             offset = np.where(np.isfinite(lse), -lse, -np.inf)
