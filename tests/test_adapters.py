@@ -11,6 +11,7 @@ where requests share model calls, within float32 rounding).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any
@@ -177,7 +178,7 @@ def _generate(model: Any, tok: Any, prompt: str, beam: int = BEAM, n: int = N_BE
 
     import beamkit.hf
 
-    ids = torch.tensor([tok(prompt)["input_ids"]])
+    ids = torch.tensor([tok(prompt)["input_ids"]], device=model.device)
     with torch.inference_mode():
         out = beamkit.hf.generate(
             model, ids, num_beams=beam, num_return_sequences=n, max_new_tokens=MAX_NEW, length_penalty=1.0,
@@ -195,11 +196,13 @@ def _generate(model: Any, tok: Any, prompt: str, beam: int = BEAM, n: int = N_BE
     ]
 
 
-def test_the_adapter_equals_generate(hf_folder):
+def test_the_adapter_equals_generate(hf_folder, device):
     from beamkit.adapters import decode_texts, load
 
     kind, folder, model, tok = hf_folder
+    model = copy.deepcopy(model).to(device)  # the module's model stays on the CPU
     adapter = load(f"hf:{folder}")
+    adapter.model.to(device)  # the adapter's prompts go where its model is
     assert adapter.encoder_decoder == (kind == "t5")
     outs = decode_texts(adapter, PROMPTS, beam=BEAM, n_best=N_BEST, max_len=MAX_NEW, length_penalty=1.0)
     finished = set()
