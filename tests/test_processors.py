@@ -142,9 +142,7 @@ def test_sequence_bias_matches_the_end_of_the_sequence(prompt):
         SequenceBias((((), 1.0),))  # an empty sequence
 
 
-@pytest.mark.parametrize(
-    "backend,device", [("numpy", "cpu"), ("torch", "cpu"), ("torch", "cuda")], indirect=["device"]
-)
+@pytest.mark.parametrize("backend,device", [("numpy", "cpu"), ("torch", "cpu"), ("torch", "cuda")], indirect=["device"])
 def test_sequence_bias_adds_repeated_tokens_up(backend, device):
     torch = pytest.importorskip("torch")
     from beamkit.processors import StepContext

@@ -91,9 +91,7 @@ def ctx_of(rows: int, temperature: np.ndarray | None = None) -> StepContext:
     )
 
 
-def draw(
-    sel, logp: np.ndarray, n: int, m: int, lib: str = "numpy", temperature: np.ndarray | None = None, device=None
-):
+def draw(sel, logp: np.ndarray, n: int, m: int, lib: str = "numpy", temperature: np.ndarray | None = None, device=None):
     """One selector call on n identical rows of log-probabilities ``logp`` (torch: float32 on ``device``)."""
     scores = np.tile(logp, (n, 1))
     if lib == "torch":
