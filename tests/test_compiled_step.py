@@ -15,6 +15,7 @@ each decoder layer, so logits agree within (d_model + ff + max_len) * layers * u
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -41,8 +42,14 @@ def model(one_torch_thread):
 
 def on(model, device):
     """``model`` on ``device``: the module's own on the CPU, elsewhere the same model loaded afresh and moved
-    there (no compiled steps yet; the module's model stays on the CPU)."""
-    return model if device.type == "cpu" else load_model("dates-transformer").to(device)
+    there once (its compiled steps then shared by the tests, as the module's are; it stays on the CPU)."""
+    return model if device.type == "cpu" else _moved(str(device))
+
+
+@functools.cache
+def _moved(device: str):
+    """The dates Transformer loaded and moved to ``device`` (once per device)."""
+    return load_model("dates-transformer").to(device)
 
 
 def state(model, texts, compile=False):
