@@ -215,6 +215,18 @@ def test_the_adapter_equals_generate(hf_folder, device):
     assert adapter._step.stats.rows_per_call == []  # a long-running server keeps no per-call list
 
 
+def test_the_adapters_prompts_go_to_its_models_device(hf_folder):
+    """The prompts the adapter batches are on its model's device: a model on the ``meta`` device (no GPU needed)
+    gets ``meta`` ids (they were made on the CPU, which a model on cuda refuses)."""
+    from beamkit.adapters import load
+
+    kind, folder, model, tok = hf_folder
+    adapter = load(f"hf:{folder}")
+    adapter.model.to("meta")
+    state = adapter.init_state([[5, 9, 13], [6, 10, 14]])
+    assert (state.ids.device.type, state.mask.device.type) == ("meta", "meta")
+
+
 def test_translate_decode_and_explain_equal_generate(hf_folder, tmp_path, capsys):
     from beamkit.trace import Trace
 

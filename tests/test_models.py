@@ -171,6 +171,21 @@ def test_checkpoint_round_trip(tmp_path, arch, device):
     assert translate(loaded, SOURCES, beam_size=3)[0][0].tokens == translate(model, SOURCES, beam_size=3)[0][0].tokens
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_models_inputs_go_to_its_device(arch):
+    """The ids a checkpoint adapter (``translate``, the commands, the server) and ``score`` hand a torch model are
+    on the model's device: a model on the ``meta`` device (no GPU needed) gets ``meta`` tensors (they were made on
+    the CPU, which a model on cuda refuses)."""
+    from beamkit.adapters import CheckpointAdapter
+    from beamkit.models.common import model_inputs
+
+    model = _untrained(arch).to("meta")
+    src, lengths = pad_batch(encode_sources(model.src_vocab, SOURCES[:2]), model.src_vocab.pad)
+    assert [x.device.type for x in model_inputs(model, src, lengths)] == ["meta", "meta"]
+    if arch == "transformer":  # (the LSTM's packed sequences have no meta kernels)
+        assert CheckpointAdapter(model, arch).init_state([[5, 6], [7, 8]]).req.device.type == "meta"
+
+
 def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         checkpoint.load_checkpoint(tmp_path / "nope")
