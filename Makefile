@@ -140,12 +140,14 @@ bench: $(STAMP) $(PEER_STAMP) $(PEER_TA_STAMP)
 	$(BIN)/python bench/paged_kv.py
 	$(BIN)/python bench/vs_olmo.py
 
-# On a machine with a CUDA GPU: the tests that take a `device` (their cuda cases), the compiled step under inductor,
-# and the side-by-side benchmark on the GPU. Under 8 minutes on one GPU; it stops at the first failing step.
-GPU_TESTS := tests/test_device_transfers.py tests/test_kv_attention.py tests/test_compiled_step.py
+# On a machine with a CUDA GPU: the cuda case of every test that takes a `device` (tests/conftest.py; `-k cuda`
+# selects them by their ids, wherever they are: the engine and search on torch logits, beamkit's torch models, the
+# Hugging Face bridge, the paged KV cache and attention, the processors, samplers and ops) and the compiled step
+# against the eager one under inductor (CPU and GPU), then the side-by-side benchmark on the GPU. Under 8 minutes
+# on one GPU; it stops at the first failing step.
 gpu-check: $(STAMP)
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device')"
-	BEAMKIT_TEST_INDUCTOR=1 $(BIN)/python -m pytest -q $(GPU_TESTS)
+	BEAMKIT_TEST_INDUCTOR=1 $(BIN)/python -m pytest -q -k "cuda or inductor" tests
 	$(BIN)/python bench/vs_ct2.py --device cuda --repeats 3 --int8
 
 wheel-check:

@@ -52,8 +52,27 @@ def one_torch_thread():
 @pytest.fixture(params=["cpu", "cuda"])
 def device(request):
     """A torch device to run a test on: ``cpu``, and ``cuda`` where a CUDA device is present (else skipped).
-    ``make gpu-check`` runs the tests that use it on a GPU machine."""
-    torch = pytest.importorskip("torch")
-    if request.param == "cuda" and not torch.cuda.is_available():
+    ``make gpu-check`` runs the tests that use it on a GPU machine (it selects them by the ``cuda`` in their ids).
+
+    On ``cuda``, TensorFloat-32 is switched off for matrix products and cuDNN (its 10-bit mantissa would loosen
+    every float32 tolerance to about 1e-3) and restored afterwards: the tests' float32 tolerances hold on both.
+    Without torch the ``cpu`` case is the string ``"cpu"`` (a numpy case parametrised beside torch ones still
+    runs; the torch cases skip themselves) and ``cuda`` is skipped."""
+    try:
+        import torch
+    except ImportError:
+        if request.param != "cpu":
+            pytest.skip("torch is not installed")
+        yield "cpu"
+        return
+    if request.param == "cpu":
+        yield torch.device("cpu")
+        return
+    if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    return torch.device(request.param)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield torch.device("cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

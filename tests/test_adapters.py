@@ -11,6 +11,7 @@ where requests share model calls, within float32 rounding).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any
@@ -177,7 +178,7 @@ def _generate(model: Any, tok: Any, prompt: str, beam: int = BEAM, n: int = N_BE
 
     import beamkit.hf
 
-    ids = torch.tensor([tok(prompt)["input_ids"]])
+    ids = torch.tensor([tok(prompt)["input_ids"]], device=model.device)
     with torch.inference_mode():
         out = beamkit.hf.generate(
             model, ids, num_beams=beam, num_return_sequences=n, max_new_tokens=MAX_NEW, length_penalty=1.0,
@@ -195,11 +196,13 @@ def _generate(model: Any, tok: Any, prompt: str, beam: int = BEAM, n: int = N_BE
     ]
 
 
-def test_the_adapter_equals_generate(hf_folder):
+def test_the_adapter_equals_generate(hf_folder, device):
     from beamkit.adapters import decode_texts, load
 
     kind, folder, model, tok = hf_folder
+    model = copy.deepcopy(model).to(device)  # the module's model stays on the CPU
     adapter = load(f"hf:{folder}")
+    adapter.model.to(device)  # the adapter's prompts go where its model is
     assert adapter.encoder_decoder == (kind == "t5")
     outs = decode_texts(adapter, PROMPTS, beam=BEAM, n_best=N_BEST, max_len=MAX_NEW, length_penalty=1.0)
     finished = set()
@@ -210,6 +213,18 @@ def test_the_adapter_equals_generate(hf_folder):
     assert finished == {True, False}  # eos fired in some hypotheses, others ran to the limit
     assert adapter._step.stats.model_calls > 0
     assert adapter._step.stats.rows_per_call == []  # a long-running server keeps no per-call list
+
+
+def test_the_adapters_prompts_go_to_its_models_device(hf_folder):
+    """The prompts the adapter batches are on its model's device: a model on the ``meta`` device (no GPU needed)
+    gets ``meta`` ids (they were made on the CPU, which a model on cuda refuses)."""
+    from beamkit.adapters import load
+
+    kind, folder, model, tok = hf_folder
+    adapter = load(f"hf:{folder}")
+    adapter.model.to("meta")
+    state = adapter.init_state([[5, 9, 13], [6, 10, 14]])
+    assert (state.ids.device.type, state.mask.device.type) == ("meta", "meta")
 
 
 def test_translate_decode_and_explain_equal_generate(hf_folder, tmp_path, capsys):

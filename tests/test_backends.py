@@ -15,6 +15,8 @@ from tests.toy import BOS, MultiToy, ToyModel, all_outputs
 
 torch = pytest.importorskip("torch")
 EOS = 0
+# (library, device) of a table: numpy, torch on the CPU, torch on cuda (skipped without a CUDA device)
+LIBS = [pytest.param(b, d, id=f"{b}-{d}") for b, d in (("numpy", "cpu"), ("torch", "cpu"), ("torch", "cuda"))]
 
 
 @settings(max_examples=40, deadline=None)
@@ -33,24 +35,25 @@ def test_exhaustive_beam_equals_brute_force_property(seed, v, max_len, alpha):
     np.testing.assert_allclose([h.score for h in got], [sc for sc, _ in want], atol=1e-9)
 
 
-def torch_model(m: ToyModel, dtype=torch.float64):
-    """The same toy model with torch logits and a torch tensor leaf in the state."""
+def torch_model(m: ToyModel, dtype=torch.float64, device=None):
+    """The same toy model with torch logits (on ``device``, default the CPU) and a torch tensor leaf in the
+    state."""
 
     def step(state, y):
         prefixes, marker = state
         assert isinstance(marker, torch.Tensor) and marker.shape[0] == len(prefixes)
         logits, new = m.step(prefixes, np.asarray(y.cpu() if hasattr(y, "cpu") else y))
-        return torch.tensor(logits, dtype=dtype), (new, marker)
+        return torch.tensor(logits, dtype=dtype, device=device), (new, marker)
 
     return step
 
 
 @pytest.mark.parametrize("policy", ["narrow", "pool"])
-def test_torch_logits_give_the_numpy_results(policy):
+def test_torch_logits_give_the_numpy_results(policy, device):
     for seed in range(3):
         m = ToyModel(6, seed=seed)
-        init = (m.init(), torch.zeros(1, 4))
-        got = search_batch(torch_model(m), init, BOS, EOS, 3, 5, policy=policy)[0]
+        init = (m.init(), torch.zeros(1, 4, device=device))
+        got = search_batch(torch_model(m, device=device), init, BOS, EOS, 3, 5, policy=policy)[0]
         want = search_batch(m.step, m.init(), BOS, EOS, 3, 5, policy=policy)[0]
         assert [h.tokens for h in got] == [h.tokens for h in want]
         np.testing.assert_allclose([h.score for h in got], [h.score for h in want], atol=1e-12)
@@ -70,10 +73,10 @@ def test_torch_y_prev_and_float32():
     assert h.tokens == greedy_decode(m.step, m.init(), BOS, EOS, 4).tokens
 
 
-def test_torch_state_is_gathered_by_parent():
-    h = torch.arange(12.0).reshape(4, 3)
+def test_torch_state_is_gathered_by_parent(device):
+    h = torch.arange(12.0, device=device).reshape(4, 3)
     out = select_state({"h": h, "n": [torch.tensor(1.0)]}, np.array([3, 3, 1]))
-    assert torch.equal(out["h"], h[[3, 3, 1]])
+    assert out["h"].device == device and torch.equal(out["h"], h[[3, 3, 1]])
     assert out["n"][0].dim() == 0  # 0-d tensor passed through
 
 
@@ -122,10 +125,10 @@ def test_identity_parents_skip_the_gather():
     assert is_identity(np.arange(4), 4) and not is_identity(np.array([0, 0, 1, 2]), 4)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_top_candidates_tie_rule(backend):
+@pytest.mark.parametrize("backend,device", LIBS, indirect=["device"])
+def test_top_candidates_tie_rule(backend, device):
     x = np.array([[1.0, 3.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0, 2.0], [0.0, -np.inf, 5.0, -np.inf, 1.0]])
-    xx = torch.tensor(x) if backend == "torch" else x
+    xx = torch.tensor(x, device=device) if backend == "torch" else x
     vals, idx = ops.top_candidates(xx, 2)
     assert idx.tolist() == [[1, 2], [0, 1], [2, 4]]
     np.testing.assert_array_equal(vals, [[3.0, 3.0], [2.0, 2.0], [5.0, 1.0]])
@@ -133,16 +136,16 @@ def test_top_candidates_tie_rule(backend):
     assert idx[0].tolist() == [1, 2, 3, 0, 4]
     rng = np.random.default_rng(0)
     big = rng.integers(0, 4, size=(50, 40)).astype(np.float64)  # many ties
-    bb = torch.tensor(big) if backend == "torch" else big
+    bb = torch.tensor(big, device=device) if backend == "torch" else big
     _, idx = ops.top_candidates(bb, 7)
     want = np.array([np.lexsort((np.arange(40), -row))[:7] for row in big])
     np.testing.assert_array_equal(idx, want)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_logsumexp_and_log_softmax(backend):
+@pytest.mark.parametrize("backend,device", LIBS, indirect=["device"])
+def test_logsumexp_and_log_softmax(backend, device):
     x = np.array([[0.0, 1.0, 2.0], [-np.inf, -np.inf, -np.inf], [np.nan, 0, 0], [np.inf, 0, 0], [1000.0, 1000.0, 0]])
-    xx = torch.tensor(x) if backend == "torch" else x
+    xx = torch.tensor(x, device=device) if backend == "torch" else x
     lse = ops.logsumexp(xx)
     assert lse[0] == pytest.approx(np.log(np.exp([0, 1, 2]).sum()))
     assert lse[1] == -np.inf and np.isnan(lse[2]) and lse[3] == np.inf
@@ -215,28 +218,28 @@ def test_top_candidates_equals_a_full_sort(seed, rows, v, m, ties, strided):
     np.testing.assert_array_equal(vals, np.take_along_axis(x, want, axis=1))
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("backend,device", LIBS, indirect=["device"])
 @pytest.mark.parametrize("ties", [False, True])
-def test_top_candidates_on_large_tables(backend, ties):
+def test_top_candidates_on_large_tables(backend, ties, device):
     # big enough for the group-maximum threshold path (rows * V >= 2**20)
     rng = np.random.default_rng(3)
     x = rng.integers(-3, 4, size=(40, 30000)) if ties else rng.standard_normal((40, 30000)) * 3
     x = x.astype(np.float32)
     x[5] = np.nan  # a NaN row falls back to the exact row sort, the others are unaffected
     x[6] = -np.inf
-    xx = torch.from_numpy(x) if backend == "torch" else x
+    xx = torch.from_numpy(x).to(device) if backend == "torch" else x
     vals, idx = ops.top_candidates(xx, 10)
     ok = [r for r in range(40) if r != 5]
     want = np.array([np.lexsort((np.arange(30000), -x[r]))[:10] for r in ok])
     np.testing.assert_array_equal(idx[ok], want)
 
 
-def test_bfloat16_logits_are_searched():
+def test_bfloat16_logits_are_searched(device):
     m = ToyModel(5, seed=3)
 
     def step(state, y):
         logits, new = m.step(state, np.asarray(y.cpu() if hasattr(y, "cpu") else y))
-        return torch.tensor(logits, dtype=torch.bfloat16), new
+        return torch.tensor(logits, dtype=torch.bfloat16, device=device), new
 
     got = search_batch(step, m.init(), BOS, EOS, 2, 3)[0]
     assert got and all(np.isfinite(h.logprob) for h in got)

@@ -15,6 +15,7 @@ each decoder layer, so logits agree within (d_model + ff + max_len) * layers * u
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -39,9 +40,23 @@ def model(one_torch_thread):
     return load_model("dates-transformer")
 
 
+def on(model, device):
+    """``model`` on ``device``: the module's own on the CPU, elsewhere the same model loaded afresh and moved
+    there once (its compiled steps then shared by the tests, as the module's are; it stays on the CPU)."""
+    return model if device.type == "cpu" else _moved(str(device))
+
+
+@functools.cache
+def _moved(device: str):
+    """The dates Transformer loaded and moved to ``device`` (once per device)."""
+    return load_model("dates-transformer").to(device)
+
+
 def state(model, texts, compile=False):
     src, lengths = pad_batch(encode_sources(model.src_vocab, texts), model.src_vocab.pad)
-    return model.init_state(torch.as_tensor(src), torch.as_tensor(lengths), compile=compile)
+    device = model.out.weight.device
+    src, lengths = torch.as_tensor(src, device=device), torch.as_tensor(lengths, device=device)
+    return model.init_state(src, lengths, compile=compile)
 
 
 def tolerance(model, logits):
@@ -50,7 +65,8 @@ def tolerance(model, logits):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_search_tokens_identical_scores_within_float32(model, backend):
+def test_search_tokens_identical_scores_within_float32(model, backend, device):
+    model = on(model, device)
     tv = model.tgt_vocab
     with torch.inference_mode():
         eager = search_batch(model.step, state(model, SOURCES), tv.bos, tv.eos, 4, 20, num_return=4)
@@ -63,8 +79,9 @@ def test_search_tokens_identical_scores_within_float32(model, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_step_logits_within_float32_after_a_reorder(model, backend):
+def test_step_logits_within_float32_after_a_reorder(model, backend, device):
     # a few steps with a beam-style reorder (parents repeat, rows drop) between them
+    model = on(model, device)
     with torch.inference_mode():
         a, b = state(model, SOURCES[:3]), state(model, SOURCES[:3], backend)
         y = np.full(3, model.tgt_vocab.bos)
@@ -74,7 +91,7 @@ def test_step_logits_within_float32_after_a_reorder(model, backend):
             assert lb.shape == la.shape
             assert torch.allclose(lb, la, rtol=0, atol=tolerance(model, la))
             a, b = select_state(a, parents), select_state(b, parents)
-            y = la.argmax(-1).numpy()[parents]
+            y = la.argmax(-1).cpu().numpy()[parents]
 
 
 def fresh_steps(model, monkeypatch):

@@ -160,14 +160,14 @@ def test_bad_constraints() -> None:
         constrained_beam_search(step, init_for(1), BOS, 4, 2, 3, 5)  # type: ignore[arg-type]
 
 
-def test_torch_logits_same_as_numpy() -> None:
+def test_torch_logits_same_as_numpy(device) -> None:
     torch = pytest.importorskip("torch")
     vocab, eos, max_len = 5, 4, 5
     step, _ = table_model(vocab, 8, max_len, rare=(2,))
 
     def tstep(state, y_prev):
-        logits, new = step(state, np.asarray(y_prev))
-        return torch.from_numpy(logits), new
+        logits, new = step(state, np.asarray(y_prev.cpu() if hasattr(y_prev, "cpu") else y_prev))
+        return torch.from_numpy(logits).to(device), new  # shape: (rows, V) on the device
 
     a = constrained_beam_search(step, init_for(3), BOS, eos, 4, max_len, [[2, 1]])
     b = constrained_beam_search(tstep, init_for(3), BOS, eos, 4, max_len, [[2, 1]])

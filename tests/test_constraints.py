@@ -497,7 +497,7 @@ def test_prefix_allowed_tokens_recognises_a_tries_callable_on_the_engine(monkeyp
 
 
 @pytest.mark.parametrize("among", [None, np.array([0, 2])])
-def test_keep_pairs_keeps_exactly_the_pairs_in_numpy_and_torch(among):
+def test_keep_pairs_keeps_exactly_the_pairs_in_numpy_and_torch(among, device):
     """The mask's one scatter: in the rows ``among`` (all by default) every entry but the pairs is -inf; a row
     with no pair is all -inf; other rows are untouched. The oracle is a loop over entries."""
     from beamkit import ops
@@ -511,5 +511,5 @@ def test_keep_pairs_keeps_exactly_the_pairs_in_numpy_and_torch(among):
                 want[r, c] = -np.inf
     np.testing.assert_array_equal(ops.keep_pairs(x.copy(), rows, cols, among), want)
     if torch is not None:
-        got = ops.keep_pairs(torch.tensor(x), rows, cols, among).numpy()
+        got = ops.keep_pairs(torch.tensor(x, device=device), rows, cols, among).cpu().numpy()
         np.testing.assert_array_equal(got, want)

@@ -175,14 +175,14 @@ def test_bad_arguments() -> None:
         diverse_beam_search(step, init, BOS, 3, 4, 3, groups=2, selector=None)
 
 
-def test_torch_logits_same_as_numpy() -> None:
+def test_torch_logits_same_as_numpy(device) -> None:
     torch = pytest.importorskip("torch")
     vocab, eos, max_len = 5, 4, 5
     step, _ = table_model(vocab, 8, max_len)
 
     def tstep(state, y_prev):
-        logits, new = step(state, np.asarray(y_prev))
-        return torch.from_numpy(logits), new
+        logits, new = step(state, np.asarray(y_prev.cpu() if hasattr(y_prev, "cpu") else y_prev))
+        return torch.from_numpy(logits).to(device), new  # shape: (rows, V) on the device
 
     init = np.stack([np.arange(3), np.zeros(3, dtype=np.int64)], axis=1)
     a = diverse_beam_search(step, init, BOS, eos, 4, max_len, groups=2, diversity=1.0)

@@ -3,6 +3,8 @@ different lengths, sources of different lengths) get what they get decoded alone
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -28,13 +30,20 @@ def model(request, one_torch_thread):
     return load_model(request.param)
 
 
+def _on(model, device):
+    """``model`` on ``device`` (a copy: the module's model stays on the CPU)."""
+    return model if device.type == "cpu" else copy.deepcopy(model).to(device)
+
+
 def _state(model, text: str):
     src, lengths = pad_batch(encode_sources(model.src_vocab, [text]), model.src_vocab.pad)
-    return model.init_state(torch.as_tensor(src), torch.as_tensor(lengths))
+    device = model.out.weight.device
+    return model.init_state(torch.as_tensor(src, device=device), torch.as_tensor(lengths, device=device))
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_requests_joining_mid_flight_equal_alone(model, seed):
+def test_requests_joining_mid_flight_equal_alone(model, seed, device):
+    model = _on(model, device)
     rng = np.random.default_rng(seed)
     tv = model.tgt_vocab
     plan = [

@@ -13,8 +13,9 @@ EOS = 0
 V = 4
 
 
-def _raw_step(rows_of: dict[int, list[float]], torch_out: bool = False):
-    """A step whose row i (request i, one row each while at step 0) returns ``rows_of[i]`` as raw scores."""
+def _raw_step(rows_of: dict[int, list[float]], torch_out: bool = False, device=None):
+    """A step whose row i (request i, one row each while at step 0) returns ``rows_of[i]`` as raw scores (a torch
+    tensor on ``device`` with ``torch_out``)."""
 
     def step(state, y_prev):
         seeds = np.asarray(state).ravel()
@@ -22,14 +23,14 @@ def _raw_step(rows_of: dict[int, list[float]], torch_out: bool = False):
         if torch_out:
             import torch
 
-            scores = torch.from_numpy(scores)
+            scores = torch.from_numpy(scores).to(device)
         return scores, state, {"log_softmax": False}
 
     return step
 
 
-def _run(rows_of: dict[int, list[float]], torch_out: bool = False):
-    engine = Engine(_raw_step(rows_of, torch_out), beam_size=2, max_len=1)
+def _run(rows_of: dict[int, list[float]], torch_out: bool = False, device=None):
+    engine = Engine(_raw_step(rows_of, torch_out, device), beam_size=2, max_len=1)
     ids = engine.add_batch(np.arange(len(rows_of)).reshape(-1, 1), 1, EOS)
     done = {}
     while not engine.idle:
@@ -37,8 +38,13 @@ def _run(rows_of: dict[int, list[float]], torch_out: bool = False):
     return [done[i] for i in ids]
 
 
-@pytest.mark.parametrize("torch_out", [False, True])
-def test_raw_scores_bad_rows_fail_as_normalised_ones(torch_out: bool) -> None:
+@pytest.mark.parametrize(
+    "torch_out,device",
+    [pytest.param(False, "cpu", id="numpy"), pytest.param(True, "cpu", id="torch-cpu"),
+     pytest.param(True, "cuda", id="torch-cuda")],
+    indirect=["device"],
+)  # fmt: skip
+def test_raw_scores_bad_rows_fail_as_normalised_ones(torch_out: bool, device) -> None:
     if torch_out:
         pytest.importorskip("torch")
     inf, nan = float("inf"), float("nan")
@@ -50,7 +56,7 @@ def test_raw_scores_bad_rows_fail_as_normalised_ones(torch_out: bool) -> None:
         4: [-inf, -inf, -inf, -inf],  # nothing finite: no candidate
         5: [-inf, -inf, -0.25, -inf],  # one finite candidate
     }
-    out = _run(rows_of, torch_out)
+    out = _run(rows_of, torch_out, device)
     assert out[0].error is None
     assert [(h.tokens, h.logprob) for h in out[0].hypotheses] == [([1], -0.5), ([0], -1.0)]
     assert out[1].error == "step_fn returned NaN logits at step 0"

@@ -142,13 +142,13 @@ def test_brute_force_sums_to_one() -> None:
     assert len(outs) == len(list(itertools.product(range(2), repeat=max_len))) + sum(2**t for t in range(max_len))
 
 
-def test_torch_logits_same_as_numpy() -> None:
+def test_torch_logits_same_as_numpy(device) -> None:
     torch = pytest.importorskip("torch")
     step, _ = toy(4, 1)
 
     def tstep(state, y_prev):
-        logits, new = step(state, np.asarray(y_prev))
-        return torch.from_numpy(logits), new
+        logits, new = step(state, np.asarray(y_prev.cpu() if hasattr(y_prev, "cpu") else y_prev))
+        return torch.from_numpy(logits).to(device), new  # shape: (rows, V) on the device
 
     init = np.zeros((1, 1), dtype=np.int64)
     a = exact_search(step, init, BOS, 3, 5, n=2)

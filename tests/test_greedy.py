@@ -159,7 +159,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
     [{}, {"repetition_penalty": 1.5, "min_new_tokens": 3}, {"no_repeat_ngram_size": 2}],
     ids=["plain", "penalty-min", "ngram"],
 )
-def test_hf_greedy_matches_hugging_face(name, extra, monkeypatch):
+def test_hf_greedy_matches_hugging_face(name, extra, monkeypatch, device):
     """beamkit.hf.generate with num_beams=1 (the greedy path, a dense cache) gives Hugging Face's greedy
     sequences exactly, and the engine's one-beam search gives the same hypotheses."""
     torch = pytest.importorskip("torch")
@@ -168,7 +168,7 @@ def test_hf_greedy_matches_hugging_face(name, extra, monkeypatch):
     from beamkit.hf import generation
     from tests.test_hf import setup
 
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     kw = dict(num_beams=1, do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=pad, **extra)
     with torch.no_grad():
         want = model.generate(input_ids=ids, attention_mask=mask, **kw)
@@ -191,22 +191,23 @@ def test_hf_greedy_matches_hugging_face(name, extra, monkeypatch):
     assert fields(full.hypotheses) == fields(got.hypotheses)
 
 
-def test_greedy_hands_y_prev_in_the_state_library():
-    """As in the engine, ``y_prev`` follows the state's library at the first call and the logits' after."""
+def test_greedy_hands_y_prev_in_the_state_library(device):
+    """As in the engine, ``y_prev`` follows the state's library (and device) at the first call and the logits'
+    after."""
     torch = pytest.importorskip("torch")
-    seen: dict[str, list[str]] = {"engine": [], "greedy": []}
+    seen: dict[str, list[tuple[str, str]]] = {"engine": [], "greedy": []}
 
     def make(kind):
         def step(state, y):
-            seen[kind].append(type(y).__module__.split(".")[0])
-            return torch.zeros(state.shape[0], 5, dtype=torch.float64), state
+            seen[kind].append((type(y).__module__.split(".")[0], y.device.type))
+            return torch.zeros(state.shape[0], 5, dtype=torch.float64, device=device), state
 
         return step
 
     opts = SearchOptions(beam_size=1, max_len=3)
-    engine_search(opts, make("engine"), torch.zeros(2, 1), 1, None, 2)
-    greedy_search(opts, make("greedy"), torch.zeros(2, 1), 1, None)
-    assert seen["greedy"] == seen["engine"] == ["torch"] * 3
+    engine_search(opts, make("engine"), torch.zeros(2, 1, device=device), 1, None, 2)
+    greedy_search(opts, make("greedy"), torch.zeros(2, 1, device=device), 1, None)
+    assert seen["greedy"] == seen["engine"] == [("torch", device.type)] * 3
 
 
 def test_greedy_below_min_len_takes_the_best_other_token():

@@ -94,9 +94,24 @@ def _config_model(name: str):
     return t.BartForConditionalGeneration(cfg)
 
 
+def setup(name: str, device=None):
+    """(model, input_ids [8, 7] left-padded, attention_mask, eos, pad) with an eos the model likes, on ``device``
+    (default: the CPU): the CPU's model and inputs, copied there."""
+    if device is None or torch.device(device).type == "cpu":
+        return _setup_cpu(name)
+    return _setup_on(name, str(device))
+
+
 @functools.cache
-def setup(name: str):
-    """(model, input_ids [8, 7] left-padded, attention_mask, eos, pad) with an eos the model likes."""
+def _setup_on(name: str, device: str):
+    """:func:`setup` on ``device``: the CPU's model (the same weights and eos) and inputs moved there."""
+    model, ids, mask, eos, pad = _setup_cpu(name)
+    return copy.deepcopy(model).to(device), ids.to(device), mask.to(device), eos, pad
+
+
+@functools.cache
+def _setup_cpu(name: str):
+    """:func:`setup` on the CPU."""
     model = _config_model(name).eval()
     pad = int(model.config.pad_token_id)
     gen = torch.Generator().manual_seed(1)
@@ -146,9 +161,10 @@ def full(model, *args, **kw):
     return engine_generate(model, *args, return_dict_in_generate=True, output_scores=True, **kw)
 
 
-def check(name: str, batch: int, **kw):
-    """Run both and compare sequences exactly, scores within 1e-4; return beamkit's output."""
-    model, ids, mask, eos, pad = setup(name)
+def check(name: str, batch: int, device=None, **kw):
+    """Run both (on ``device``, default the CPU) and compare sequences exactly, scores within 1e-4; return
+    beamkit's output."""
+    model, ids, mask, eos, pad = setup(name, device)
     ids, mask = ids[-batch:], mask[-batch:]  # batch 1 is a left-padded row too
     kw.setdefault("max_new_tokens", 10)
     hf = model.generate(
@@ -181,14 +197,25 @@ def _fast(combo) -> bool:
     return beams == 3 and lp == 1.0 and es is False or beams == 1 and lp == 1.0 and es is False
 
 
-PARAMS = [pytest.param(*c, marks=() if _fast(c) else pytest.mark.slow) for c in COMBOS]
+def _devices(combo) -> tuple[str, ...]:
+    """The devices a combination runs on: the fast greedy and beam-3 ones on cpu and cuda, the rest on the CPU."""
+    name, batch, beams, es, lp = combo
+    return ("cpu", "cuda") if _fast(combo) and beams in (1, 3) else ("cpu",)
 
 
-@pytest.mark.parametrize("name,batch,beams,early_stopping,lp", PARAMS)
-def test_matches_hf(name, batch, beams, early_stopping, lp):
+PARAMS = [
+    pytest.param(d, *c, marks=() if _fast(c) else pytest.mark.slow, id="-".join(map(str, (d, *c))))
+    for c in COMBOS
+    for d in _devices(c)
+]
+
+
+@pytest.mark.parametrize("device,name,batch,beams,early_stopping,lp", PARAMS, indirect=["device"])
+def test_matches_hf(name, batch, beams, early_stopping, lp, device):
     bk, _ = check(
         name,
         batch,
+        device,
         num_beams=beams,
         early_stopping=early_stopping,
         length_penalty=lp,
@@ -200,10 +227,11 @@ def test_matches_hf(name, batch, beams, early_stopping, lp):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_no_repeat_ngram_and_all_returns(name):
+def test_no_repeat_ngram_and_all_returns(name, device):
     bk, _ = check(
         name,
         8,
+        device,
         num_beams=4,
         num_return_sequences=4,
         no_repeat_ngram_size=2,
@@ -310,13 +338,13 @@ def test_cross_cache_not_gathered_while_layout_is_stable():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_repetition_penalty_and_bad_words(name):
+def test_repetition_penalty_and_bad_words(name, device):
     """repetition_penalty and bad_words_ids (one- and two-token words) as keywords: same outputs as HF."""
-    model, ids, mask, eos, pad = setup(name)
-    plain, _ = check(name, 8, num_beams=3, max_new_tokens=8)
+    model, ids, mask, eos, pad = setup(name, device)
+    plain, _ = check(name, 8, device, num_beams=3, max_new_tokens=8)
     used = [t for hyps in plain.hypotheses for t in hyps[0].tokens if t != eos]
     bad = [[used[0]], [used[1], used[2]], [eos]]  # [eos] is ignored, as in Hugging Face
-    bk, _ = check(name, 8, num_beams=3, max_new_tokens=8, repetition_penalty=1.5, bad_words_ids=bad)
+    bk, _ = check(name, 8, device, num_beams=3, max_new_tokens=8, repetition_penalty=1.5, bad_words_ids=bad)
     outs = [h.tokens for hyps in bk.hypotheses for h in hyps]
     assert outs != [h.tokens for hyps in plain.hypotheses for h in hyps]  # the settings changed something
     assert all(used[0] not in toks for toks in outs)
@@ -324,16 +352,16 @@ def test_repetition_penalty_and_bad_words(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_suppress_tokens_and_sequence_bias(name):
+def test_suppress_tokens_and_sequence_bias(name, device):
     """suppress_tokens, begin_suppress_tokens and sequence_bias (one-, two- and three-token sequences, a
     token biased twice) as keywords: same outputs and scores as Hugging Face."""
-    model, ids, mask, eos, pad = setup(name)
-    plain, _ = check(name, 8, num_beams=3, max_new_tokens=8)
+    model, ids, mask, eos, pad = setup(name, device)
+    plain, _ = check(name, 8, device, num_beams=3, max_new_tokens=8)
     used = [t for hyps in plain.hypotheses for t in hyps[0].tokens if t != eos]
     first = plain.hypotheses[0][0].tokens[0]
     bias = {(used[2],): -1.5, (used[3], used[4]): 3.0, (used[5], used[6], used[4]): 2.0, (used[7],): 0.5}
     kw = dict(num_beams=3, max_new_tokens=8, suppress_tokens=[used[0]], begin_suppress_tokens=[first])
-    bk, _ = check(name, 8, sequence_bias=bias, **kw)
+    bk, _ = check(name, 8, device, sequence_bias=bias, **kw)
     outs = [h.tokens for hyps in bk.hypotheses for h in hyps]
     assert outs != [h.tokens for hyps in plain.hypotheses for h in hyps]  # the settings changed something
     assert all(used[0] not in toks for toks in outs)
@@ -346,12 +374,12 @@ def test_suppress_tokens_and_sequence_bias(name):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
-def test_hugging_face_call_arguments_swap_in(name):
+def test_hugging_face_call_arguments_swap_in(name, device):
     """A generate call written for Hugging Face runs unchanged: max_length (prompt or start token counted),
     use_cache / sampling warpers without do_sample change nothing; what the engine bridge does not take runs in
     beamkit's loop; an unknown keyword is refused by name."""
-    model, ids, mask, eos, pad = setup(name)
-    check(name, 8, num_beams=3, max_new_tokens=None, max_length=12)
+    model, ids, mask, eos, pad = setup(name, device)
+    check(name, 8, device, num_beams=3, max_new_tokens=None, max_length=12)
     kw = dict(eos_token_id=eos, pad_token_id=pad, num_beams=3, max_new_tokens=6)
     plain = full(model, ids, mask, **kw)
     swapped = full(model, ids, mask, use_cache=True, temperature=0.5, top_k=5, top_p=0.5, **kw)
@@ -369,11 +397,11 @@ def test_hugging_face_call_arguments_swap_in(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_greedy_processes_raw_logits_like_hugging_face(name):
+def test_greedy_processes_raw_logits_like_hugging_face(name, device):
     """Hugging Face's greedy search applies processors to raw logits (its beam search to log-probs): with a
     repetition penalty the two orders pick different tokens, and beamkit follows each."""
-    check(name, 8, num_beams=1, max_new_tokens=8, repetition_penalty=1.6, no_repeat_ngram_size=3)
-    check(name, 8, num_beams=3, max_new_tokens=8, repetition_penalty=1.6)
+    check(name, 8, device, num_beams=1, max_new_tokens=8, repetition_penalty=1.6, no_repeat_ngram_size=3)
+    check(name, 8, device, num_beams=3, max_new_tokens=8, repetition_penalty=1.6)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Hugging Face's own notes on default and clashing lengths
@@ -428,9 +456,9 @@ def test_bad_words_from_the_generation_config():
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 @pytest.mark.parametrize("beams", [1, 4])
-def test_several_eos_ids(name, beams):
+def test_several_eos_ids(name, beams, device):
     """A list of eos ids (Llama-3 style): any of them finishes, min_new_tokens masks all; same as Hugging Face."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     with torch.no_grad():  # a second stop token: the likeliest other token over the first steps, sharpened
         out = model.generate(
             ids,
@@ -479,8 +507,8 @@ def test_bad_inputs():
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
-def test_diverse_groups_start_differently(name):
-    model, ids, mask, eos, pad = setup(name)
+def test_diverse_groups_start_differently(name, device):
+    model, ids, mask, eos, pad = setup(name, device)
     kw = dict(
         num_beams=4,
         max_new_tokens=6,
@@ -501,11 +529,11 @@ def test_diverse_groups_start_differently(name):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
-def test_diverse_groups_take_the_prompt_processors(name):
+def test_diverse_groups_take_the_prompt_processors(name, device):
     """Diverse beam search with processors that read each request's prompt (no_repeat_ngram_size, bad words):
     every group gets its request's prompt (it used to fail: a group was a request the processors did not know),
     and every returned sequence obeys them (checked by brute force over the sequences)."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     banned = 9
     kw = dict(num_beams=4, num_beam_groups=2, diversity_penalty=1.0, max_new_tokens=6, num_return_sequences=4)
     kw.update(eos_token_id=eos, pad_token_id=pad, no_repeat_ngram_size=2, bad_words_ids=[[banned]])
@@ -519,8 +547,8 @@ def test_diverse_groups_take_the_prompt_processors(name):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bart"])
-def test_force_words_appear(name):
-    model, ids, mask, eos, pad = setup(name)
+def test_force_words_appear(name, device):
+    model, ids, mask, eos, pad = setup(name, device)
     kw = dict(
         num_beams=4, max_new_tokens=8, num_return_sequences=2, eos_token_id=eos, pad_token_id=pad, length_penalty=1.0
     )

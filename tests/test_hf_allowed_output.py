@@ -49,7 +49,7 @@ def brute_force(model, prompt, items, normalise):
         for item in items:
             total = 0.0
             for k in range(len(item)):
-                ids = torch.tensor([list(prompt) + list(item[:k])])
+                ids = torch.tensor([list(prompt) + list(item[:k])], device=model.device)
                 logits = model(input_ids=ids).logits[0, -1].double()  # shape: (V,)
                 if normalise == "vocab":
                     norm = torch.logsumexp(logits, 0)
@@ -70,10 +70,10 @@ def decode(model, prompts, trie, width, **kw):
 
 
 @pytest.mark.parametrize("normalise", ["vocab", "allowed"])
-def test_width_above_the_dictionary_ranks_every_entry_as_brute_force(normalise):
-    model, items = tiny_model(), entries(18)
+def test_width_above_the_dictionary_ranks_every_entry_as_brute_force(normalise, device):
+    model, items = tiny_model().to(device), entries(18)
     trie = Trie(items, vocab_size=V)
-    prompts = torch.randint(1, V, (2, P), generator=torch.Generator().manual_seed(3))
+    prompts = torch.randint(1, V, (2, P), generator=torch.Generator().manual_seed(3)).to(device)
     with pytest.warns(UserWarning):  # the dictionary holds fewer entries than the width
         out = decode(model, prompts, trie, 24, allowed_output=normalise)
     for r in range(2):
@@ -84,10 +84,10 @@ def test_width_above_the_dictionary_ranks_every_entry_as_brute_force(normalise):
         assert np.allclose([h.logprob for h in got], [truth[it] for it in ranked], atol=1e-4)
 
 
-def test_vocab_normalisation_gives_the_scores_of_the_full_output_layer_and_of_model_generate():
-    model, items = tiny_model(), entries(60, seed=1)
+def test_vocab_normalisation_gives_the_scores_of_the_full_output_layer_and_of_model_generate(device):
+    model, items = tiny_model().to(device), entries(60, seed=1)
     trie = Trie(items, vocab_size=V)
-    prompts = torch.randint(1, V, (3, P), generator=torch.Generator().manual_seed(4))
+    prompts = torch.randint(1, V, (3, P), generator=torch.Generator().manual_seed(4)).to(device)
     full = decode(model, prompts, trie, 8)
     part = decode(model, prompts, trie, 8, allowed_output="vocab")
     assert torch.equal(part.sequences, full.sequences)
@@ -172,12 +172,12 @@ def test_bad_input():
 
 
 @pytest.mark.parametrize("normalise", ["vocab", "allowed"])
-def test_greedy_decoding_gives_model_generates_ids(normalise):
+def test_greedy_decoding_gives_model_generates_ids(normalise, device):
     """One row per request: normalising over the row's allowed ids does not move its best id, so both modes pick
     what ``model.generate`` picks with the same callable."""
-    model, items = tiny_model(), entries(60, seed=4)
+    model, items = tiny_model().to(device), entries(60, seed=4)
     trie = Trie(items, vocab_size=V)
-    prompts = torch.randint(1, V, (3, P), generator=torch.Generator().manual_seed(8))
+    prompts = torch.randint(1, V, (3, P), generator=torch.Generator().manual_seed(8)).to(device)
     fn = trie.prefix_allowed_tokens_fn(prompt_len=P)
     kw = dict(
         num_beams=1, max_new_tokens=4, eos_token_id=EOS, pad_token_id=EOS, attention_mask=torch.ones_like(prompts)

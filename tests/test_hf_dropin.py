@@ -28,10 +28,10 @@ def _hf(model, *args, **kw):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_default_return_is_the_sequences_tensor(name):
+def test_default_return_is_the_sequences_tensor(name, device):
     """``model.generate(`` -> ``beamkit.hf.generate(model, ``: a plain tensor, equal to Hugging Face's, so
     ``tokenizer.batch_decode(...)`` works as before; beam search and greedy, several returns."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     for kw in (dict(num_beams=4, num_return_sequences=2), dict(num_beams=1)):
         kw.update(max_new_tokens=8, eos_token_id=eos, pad_token_id=pad)
         want = _hf(model, ids, attention_mask=mask, **kw)
@@ -43,10 +43,10 @@ def test_default_return_is_the_sequences_tensor(name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_dict_output_matches_hugging_face_fields(name):
+def test_dict_output_matches_hugging_face_fields(name, device):
     """With return_dict_in_generate: Hugging Face's output class (subclassed), sequences, sequences_scores only
     with output_scores, beam_indices in Hugging Face's layout, plus beamkit's hypotheses."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     kw = dict(num_beams=4, num_return_sequences=3, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad)
     for scores in (False, True):
         want = _hf(model, ids, attention_mask=mask, return_dict_in_generate=True, output_scores=scores, **kw)
@@ -81,11 +81,11 @@ def test_return_dict_from_the_generation_config():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_patch_runs_beamkit_and_falls_back_by_name(name, caplog):
+def test_patch_runs_beamkit_and_falls_back_by_name(name, caplog, device):
     """Patched, model.generate gives Hugging Face's outputs through beamkit (sampling and per-step score tables
     too, through beamkit's loop inside Hugging Face's generate); a call beamkit does not decode (here: an
     assistant model) runs the original with one log line per reason; undo restores."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     kw = dict(num_beams=3, max_new_tokens=7, eos_token_id=eos, pad_token_id=pad)
     want = _hf(model, ids, attention_mask=mask, **kw)
     torch.manual_seed(3)
@@ -186,9 +186,9 @@ def test_short_max_length_names_what_was_given():
 
 
 @pytest.mark.parametrize("kind", ["diverse", "constrained"])
-def test_variants_return_their_real_stats(kind):
+def test_variants_return_their_real_stats(kind, device):
     """The diverse and constrained paths count their model calls and rows (once an empty SearchStats)."""
-    model, ids, mask, eos, pad = setup("gpt2")
+    model, ids, mask, eos, pad = setup("gpt2", device)
     rows = []
     hook = model.transformer.register_forward_pre_hook(
         lambda mod, args, kwargs: rows.append(int(kwargs.get("input_ids", args[0] if args else None).shape[0])),

@@ -48,10 +48,11 @@ def _requests(ids, mask, rng):
 
 
 @functools.cache
-def _plain(name):
+def _plain(name, device=None):
     """The test model with a generation config that adds no processor (BART's forced eos and what other tests
-    put in the shared config stay out: the engine here runs without processors)."""
-    model, ids, mask, eos, pad = setup(name)
+    put in the shared config stay out: the engine here runs without processors), on ``device`` (default: the
+    CPU)."""
+    model, ids, mask, eos, pad = setup(name, device)
     model = copy.deepcopy(model)
     start = getattr(model.config, "decoder_start_token_id", None)
     model.generation_config = transformers.GenerationConfig(decoder_start_token_id=start)
@@ -79,8 +80,8 @@ def _alone(model, r, eos, pad):
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", MODELS)
-def test_joining_requests_decode_as_alone(name, seed):
-    model, ids, mask, eos, pad = _plain(name)
+def test_joining_requests_decode_as_alone(name, seed, device):
+    model, ids, mask, eos, pad = _plain(name, device)
     rng = np.random.default_rng(seed)
     reqs = _requests(ids, mask, rng)
     encdec = bool(model.config.is_encoder_decoder)
@@ -128,11 +129,11 @@ def test_joining_requests_decode_as_alone(name, seed):
 
 @pytest.mark.parametrize("kv", ["paged", "dense"])
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_the_cache_narrows_to_the_longest_live_request(name, kv):
+def test_the_cache_narrows_to_the_longest_live_request(name, kv, device):
     """A request of 30 new tokens runs alone; at step 20 a request with a 3-token prompt joins; the long one leaves
     after its 30th token. From then on the cache spans the joined request's own positions (3 prompt tokens + the
     tokens it has been fed), not the 7 + 30 columns the engine has run; and it still decodes as alone."""
-    model, ids, mask, eos, pad = _plain(name)
+    model, ids, mask, eos, pad = _plain(name, device)
     step = bh.DecoderOnlyStep(model, kv=kv)
     widths: list[tuple[int, int]] = []  # (rows, cache width) seen by each decoding step
 

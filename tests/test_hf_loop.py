@@ -102,28 +102,28 @@ def check_served(model, *args, **kw):
     return got, calls
 
 
-def eager(name):
-    """``setup(name)``'s model with eager attention (the one that returns attention weights)."""
-    model, ids, mask, eos, pad = setup(name)
+def eager(name, device=None):
+    """``setup(name, device)``'s model with eager attention (the one that returns attention weights)."""
+    model, ids, mask, eos, pad = setup(name, device)
     model = copy.deepcopy(model)
     model.set_attn_implementation("eager")
     return model, ids, mask, eos, pad
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_inputs_embeds_without_ids(name):
+def test_inputs_embeds_without_ids(name, device):
     """``inputs_embeds=`` and no ids (decoder-only: prefill from the embeddings, then tokens; encoder-decoder:
     the encoder's input) -- used to be a TypeError when patched."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     embeds = model.get_input_embeddings()(ids)
     for beams in (1, 3):
         check_served(model, inputs_embeds=embeds, attention_mask=mask, num_beams=beams, max_new_tokens=6)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_no_inputs_at_all(name):
+def test_no_inputs_at_all(name, device):
     """``generate()`` with no inputs starts from the bos token, as Hugging Face does -- used to be a TypeError."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     if model.generation_config.bos_token_id is None:
         model = copy.deepcopy(model)
         model.generation_config.bos_token_id = 3
@@ -158,11 +158,11 @@ def test_assisted_decoding_with_a_patched_encoder_decoder_assistant(name, caplog
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("beams", [1, 3])
-def test_per_step_tables_in_hugging_faces_layout(name, beams):
+def test_per_step_tables_in_hugging_faces_layout(name, beams, device):
     """``output_scores`` / ``output_logits`` / ``output_attentions`` / ``output_hidden_states`` (and
     ``beam_indices``, ``sequences_scores``): every table identical, rows in Hugging Face's ``[batch * beams]``
     layout, finished requests included."""
-    model, ids, mask, eos, pad = eager(name)
+    model, ids, mask, eos, pad = eager(name, device)
     kw = dict(attention_mask=mask, num_beams=beams, max_new_tokens=6, return_dict_in_generate=True)
     got, _ = check_served(
         model, ids, output_scores=True, output_logits=True, output_attentions=True, output_hidden_states=True, **kw
@@ -176,18 +176,18 @@ def test_per_step_tables_in_hugging_faces_layout(name, beams):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_sampling_follows_hugging_faces_random_stream(name):
+def test_sampling_follows_hugging_faces_random_stream(name, device):
     """``do_sample=True`` (greedy sampling and beam sampling): the same draws as Hugging Face from the same
     ``torch.manual_seed`` -- used to fall back."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     for beams in (1, 3):
         check_served(model, ids, attention_mask=mask, do_sample=True, num_beams=beams, max_new_tokens=6, top_k=20)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_without_the_cache(name):
+def test_without_the_cache(name, device):
     """``use_cache=False``: every step recomputes the whole sequence, identical tokens and scores."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     for beams in (1, 3):
         check_served(
             model, ids, attention_mask=mask, num_beams=beams, max_new_tokens=5, use_cache=False,
@@ -214,12 +214,12 @@ def test_position_ids():
 
 
 @pytest.mark.parametrize("name", ["t5", "bart"])
-def test_decoder_prefix_and_encoder_outputs(name):
+def test_decoder_prefix_and_encoder_outputs(name, device):
     """``decoder_input_ids`` / ``decoder_attention_mask`` (a decoder prefix per request) and precomputed
     ``encoder_outputs`` on encoder-decoder models."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     start = model.generation_config.decoder_start_token_id
-    prefix = torch.tensor([[start, 5, 9]] * ids.shape[0])
+    prefix = torch.tensor([[start, 5, 9]] * ids.shape[0], device=ids.device)
     check_served(model, ids, attention_mask=mask, decoder_input_ids=prefix, num_beams=3, max_new_tokens=5)
     check_served(
         model, ids, attention_mask=mask, decoder_input_ids=prefix, decoder_attention_mask=torch.ones_like(prefix),

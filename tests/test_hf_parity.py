@@ -68,11 +68,11 @@ def test_unfeasible_lengths_warn_as_hugging_face_does(name, lengths, beams):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart"])
 @pytest.mark.parametrize("beams", [1, 3])
-def test_output_scores_are_hugging_faces_per_step_scores(name, beams):
+def test_output_scores_are_hugging_faces_per_step_scores(name, beams, device):
     """``output_scores=True, return_dict_in_generate=True``: the per-step ``scores`` tables Hugging Face returns
     (``[batch * beams, V]`` per step, in its row layout), with its sequences, sequences_scores and beam_indices
     (the engine bridge keeps no such tables and used to return ``scores=None``)."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     kw = dict(num_beams=beams, max_new_tokens=6, eos_token_id=eos, pad_token_id=pad, do_sample=False)
     kw.update(return_dict_in_generate=True, output_scores=True)
     want = model.generate(ids, attention_mask=mask, **kw)

@@ -82,10 +82,10 @@ def test_no_input_ids_routes_to_the_loop():
     assert "inputs_embeds" in got.prepared.kwargs and got.prepared.args == ()
 
 
-def test_the_routes_decode_as_hugging_face():
+def test_the_routes_decode_as_hugging_face(device):
     """A call routed to the engine and one routed to the loop decode what Hugging Face's own generate does
     (greedy: exact on both)."""
-    model, ids, mask, eos, pad = setup("gpt2")
+    model, ids, mask, eos, pad = setup("gpt2", device)
     with torch.no_grad():
         want = model.generate(ids, attention_mask=mask, max_new_tokens=4)
         engine = route(model, (ids, mask), {"max_new_tokens": 4})

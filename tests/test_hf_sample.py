@@ -151,10 +151,10 @@ def test_enumeration_differs_from_value_ranked_beam_sampling():
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])
 @pytest.mark.parametrize("beams", [1, 3])
-def test_seeded_sampling_repeats_across_runs_and_batches(name, beams):
+def test_seeded_sampling_repeats_across_runs_and_batches(name, beams, device):
     """do_sample=True through beamkit.hf.generate: the same torch seed gives the same outputs, a request
     samples the same alone or in any batch, another seed gives other outputs."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     kw = dict(
         do_sample=True, num_beams=beams, max_new_tokens=7, min_new_tokens=3, temperature=0.9, top_k=20, top_p=0.95
     )

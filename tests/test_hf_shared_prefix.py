@@ -81,10 +81,14 @@ def _compare(got, want, tol=TOL):
 
 
 # ---------------------------------------------------------------------------------------- against the peers
-@pytest.mark.parametrize("width", [1, 2, 16, 128, 512])
+@pytest.mark.parametrize(
+    "width,device",
+    [(w, d) for w in (1, 2, 16, 128, 512) for d in (("cpu", "cuda") if w in (2, 128) else ("cpu",))],
+    indirect=["device"],
+)
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_wide_beams_equal_the_gathering_path_and_model_generate(name, width, attention):
-    model, ids, mask, eos, pad = setup(name)
+def test_wide_beams_equal_the_gathering_path_and_model_generate(name, width, attention, device):
+    model, ids, mask, eos, pad = setup(name, device)
     ids, mask = ids[[0, 3]], mask[[0, 3]]  # one unpadded prompt, one with 3 columns of left padding
     kw = dict(num_beams=width, num_return_sequences=width, eos_token_id=eos, pad_token_id=pad)
     hf = model.generate(
@@ -107,11 +111,11 @@ def test_wide_beams_equal_the_gathering_path_and_model_generate(name, width, att
     assert pool.blocks_in_use() == 0 and not pool.refcount.any()  # every beam finished and gave its blocks back
 
 
-def test_logits_of_wide_forking_beams_equal_the_gathering_path():
+def test_logits_of_wide_forking_beams_equal_the_gathering_path(device):
     # a request of 60 prompt tokens forked to 256 beams, then random forks: every step's logits within 1e-4
-    model, _, _, _, _ = setup("llama")
+    model, _, _, _, _ = setup("llama", device)
     gen = torch.Generator().manual_seed(5)
-    ids = torch.randint(3, VOCAB, (2, 60), generator=gen)
+    ids = torch.randint(3, VOCAB, (2, 60), generator=gen).to(device)
     mask = torch.ones_like(ids)
     mask[1, :9] = 0
     rng = np.random.default_rng(1)
@@ -135,8 +139,8 @@ def test_logits_of_wide_forking_beams_equal_the_gathering_path():
 
 
 # ---------------------------------------------------------------------------------------- requests joining
-def test_wide_requests_joining_a_running_engine_decode_as_alone():
-    model, ids, mask, eos, pad = setup("gpt2")
+def test_wide_requests_joining_a_running_engine_decode_as_alone(device):
+    model, ids, mask, eos, pad = setup("gpt2", device)
     model = copy.deepcopy(model)
     model.generation_config = transformers.GenerationConfig()  # no processor: the engine runs none
     reqs = [(0, 64, 0), (3, 3, 1), (5, 128, 2), (6, 1, 2)]  # (prompt row, width, step it joins at)

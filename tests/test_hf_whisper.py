@@ -9,6 +9,7 @@ same call must give identical outputs, with beamkit's decoding loop doing the de
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 
@@ -28,9 +29,24 @@ EOS, START, EN, FR, TRANSCRIBE, TRANSLATE, NO_TIMESTAMPS, PREV = 150, 100, 101, 
 PAD = VOCAB - 1  # ids above NO_TIMESTAMPS are timestamps (Whisper's layout), so the prompt token PREV sits there
 
 
+def whisper(device=None):
+    """(model, input_features [3, 16, 60]): a seeded tiny Whisper whose eos fires for some requests, on ``device``
+    (default: the CPU; elsewhere the CPU's model and features, copied there)."""
+    if device is None or torch.device(device).type == "cpu":
+        return _whisper_cpu()
+    return _whisper_on(str(device))
+
+
 @functools.cache
-def whisper():
-    """(model, input_features [3, 16, 60]): a seeded tiny Whisper whose eos fires for some requests."""
+def _whisper_on(device: str):
+    """:func:`whisper` on ``device``."""
+    model, feats = _whisper_cpu()
+    return copy.deepcopy(model).to(device), feats.to(device)
+
+
+@functools.cache
+def _whisper_cpu():
+    """:func:`whisper` on the CPU."""
     torch.manual_seed(0)
     cfg = transformers.WhisperConfig(
         vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
@@ -66,11 +82,17 @@ CALLS = {
 }
 
 
-@pytest.mark.parametrize("call", CALLS, ids=list(CALLS))
-def test_patched_whisper_generate_is_served_and_identical(call):
+ON_DEVICE = ("beam 5", "timestamps", "scores", "greedy")  # the calls that also run on cuda
+CALL_DEVICES = [
+    pytest.param(c, d, id=f"{c}-{d}") for c in CALLS for d in (("cpu", "cuda") if c in ON_DEVICE else ("cpu",))
+]
+
+
+@pytest.mark.parametrize("call,device", CALL_DEVICES, indirect=["device"])
+def test_patched_whisper_generate_is_served_and_identical(call, device):
     """Short-form beam search (and greedy) with language / task tokens, a prompt, timestamps and token
     timestamps (cross-attentions): patched, identical to Whisper's own ``generate``, decoded by beamkit."""
-    model, feats = whisper()
+    model, feats = whisper(device)
     got, calls = check_served(model, feats, **CALLS[call])
     assert calls.loop == 1
     sequences = got if isinstance(got, torch.Tensor) else got["sequences"]
@@ -87,9 +109,9 @@ def test_eos_ends_some_hypotheses_early():
     assert bool(ends.any()) and not bool(ends.all())
 
 
-def test_beamkit_generate_takes_whisper():
+def test_beamkit_generate_takes_whisper(device):
     """``beamkit.hf.generate(whisper, input_features, ...)`` returns what ``model.generate`` returns."""
-    model, feats = whisper()
+    model, feats = whisper(device=device)
     with torch.no_grad():
         want = model.generate(feats, num_beams=5, language="en", task="transcribe")
         same(want, bh.generate(model, feats, num_beams=5, language="en", task="transcribe"))

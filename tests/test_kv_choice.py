@@ -69,13 +69,13 @@ def test_the_rule(monkeypatch):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 @pytest.mark.parametrize("beams", [1, 4])
-def test_both_choices_decode_what_model_generate_decodes(name, beams, kinds, monkeypatch):
+def test_both_choices_decode_what_model_generate_decodes(name, beams, kinds, monkeypatch, device):
     """With no cache named, the threshold decides: below it (these tiny models) the dense cache, above it (the
     threshold lowered to 0) the paged one for a beam; both give Hugging Face's sequences exactly, its scores
     within 1e-4 (float32 against float64 sums, as in test_hf.py), and each other's scores within the same 1e-4:
     the paged cache's shared-prefix attention sums the same float32 products in another order, so a score of
     8 steps moves by a few float32 roundings of each log-probability (about 8 x 2**-23 x |logp|), not more."""
-    model, ids, mask, eos, pad = setup(name)
+    model, ids, mask, eos, pad = setup(name, device)
     kw = dict(num_beams=beams, max_new_tokens=8, eos_token_id=eos, pad_token_id=pad, do_sample=False)
     kw |= dict(return_dict_in_generate=True, output_scores=True)
     want = model.generate(ids, attention_mask=mask, **kw)

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SOURCES = ["3rd of March 1999", "03/04/99", "Wed, 3 Mar 1999", "1999.3.3", "x"]
 
 
-def _untrained(arch: str, seed: int = 0):
+def _untrained(arch: str, seed: int = 0, device: str = "cpu"):
+    """An untrained model of ``arch`` (weights drawn on the CPU from ``seed``, then moved to ``device``)."""
     torch.manual_seed(seed)
     sv, tv = source_vocab(), target_vocab()
     if arch == "seq2seq":
@@ -39,12 +40,13 @@ def _untrained(arch: str, seed: int = 0):
     # larger output weights so the untrained distributions are far from uniform
     with torch.no_grad():
         model.out.weight.mul_(8.0)
-    return model.eval()
+    return model.eval().to(device)
 
 
 def _batch(model, texts):
     src, lengths = pad_batch(encode_sources(model.src_vocab, texts), model.src_vocab.pad)
-    return torch.as_tensor(src), torch.as_tensor(lengths)
+    device = model.out.weight.device
+    return torch.as_tensor(src, device=device), torch.as_tensor(lengths, device=device)
 
 
 def _run_steps(model, texts, tokens):
@@ -61,8 +63,8 @@ ARCHS = ["seq2seq", "transformer"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_batched_step_equals_single(arch):
-    model = _untrained(arch)
+def test_batched_step_equals_single(arch, device):
+    model = _untrained(arch, device=device)
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, len(model.tgt_vocab), size=(6, len(SOURCES)))
     tokens[0] = model.tgt_vocab.bos
@@ -71,19 +73,19 @@ def test_batched_step_equals_single(arch):
         for i, text in enumerate(SOURCES):
             single = _run_steps(model, [text], tokens[:, i : i + 1])
             for t in range(len(tokens)):
-                np.testing.assert_allclose(batched[t][i].numpy(), single[t][0].numpy(), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(batched[t][i].cpu(), single[t][0].cpu(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_incremental_steps_equal_teacher_forced_forward(arch):
-    model = _untrained(arch, seed=1)
-    tgt_in = torch.as_tensor(np.random.default_rng(1).integers(3, 14, size=(len(SOURCES), 7)))
+def test_incremental_steps_equal_teacher_forced_forward(arch, device):
+    model = _untrained(arch, seed=1, device=device)
+    tgt_in = torch.as_tensor(np.random.default_rng(1).integers(3, 14, size=(len(SOURCES), 7)), device=device)
     tgt_in[:, 0] = model.tgt_vocab.bos
     with torch.inference_mode():
         full = model(*_batch(model, SOURCES), tgt_in)  # all positions at once (causal mask for the transformer)
-        steps = _run_steps(model, SOURCES, tgt_in.T.numpy())
+        steps = _run_steps(model, SOURCES, tgt_in.T.cpu().numpy())
     for t in range(tgt_in.shape[1]):
-        np.testing.assert_allclose(steps[t].numpy(), full[:, t].numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(steps[t].cpu(), full[:, t].cpu(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -109,8 +111,8 @@ def test_state_shapes_and_types(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_hypothesis_logprob_equals_teacher_forced_score(arch):
-    model = _untrained(arch, seed=2)
+def test_every_hypothesis_logprob_equals_teacher_forced_score(arch, device):
+    model = _untrained(arch, seed=2, device=device)
     with torch.inference_mode():
         state = model.init_state(*_batch(model, SOURCES))
         hyps = search_batch(model.step, state, model.tgt_vocab.bos, model.tgt_vocab.eos, 4, 8, length_penalty=1.0)
@@ -155,8 +157,8 @@ def test_score_of_a_string_appends_eos():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_checkpoint_round_trip(tmp_path, arch):
-    model = _untrained(arch, seed=4)
+def test_checkpoint_round_trip(tmp_path, arch, device):
+    model = _untrained(arch, seed=4, device=device)  # saved from the device, loaded on the CPU
     folder = checkpoint.save(model, tmp_path / "ck", {"task": "dates", "max_len": 12})
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
     config = json.loads((folder / "config.json").read_text())
@@ -165,8 +167,23 @@ def test_checkpoint_round_trip(tmp_path, arch):
     loaded = checkpoint.load_checkpoint(folder)
     assert type(loaded) is type(model) and loaded.meta["task"] == "dates"
     for key, value in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[key], value), key
+        assert torch.equal(loaded.state_dict()[key], value.cpu()), key
     assert translate(loaded, SOURCES, beam_size=3)[0][0].tokens == translate(model, SOURCES, beam_size=3)[0][0].tokens
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_models_inputs_go_to_its_device(arch):
+    """The ids a checkpoint adapter (``translate``, the commands, the server) and ``score`` hand a torch model are
+    on the model's device: a model on the ``meta`` device (no GPU needed) gets ``meta`` tensors (they were made on
+    the CPU, which a model on cuda refuses)."""
+    from beamkit.adapters import CheckpointAdapter
+    from beamkit.models.common import model_inputs
+
+    model = _untrained(arch).to("meta")
+    src, lengths = pad_batch(encode_sources(model.src_vocab, SOURCES[:2]), model.src_vocab.pad)
+    assert [x.device.type for x in model_inputs(model, src, lengths)] == ["meta", "meta"]
+    if arch == "transformer":  # (the LSTM's packed sequences have no meta kernels)
+        assert CheckpointAdapter(model, arch).init_state([[5, 6], [7, 8]]).req.device.type == "meta"
 
 
 def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):

@@ -142,16 +142,18 @@ def test_sequence_bias_matches_the_end_of_the_sequence(prompt):
         SequenceBias((((), 1.0),))  # an empty sequence
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_sequence_bias_adds_repeated_tokens_up(backend):
+@pytest.mark.parametrize("backend,device", [("numpy", "cpu"), ("torch", "cpu"), ("torch", "cuda")], indirect=["device"])
+def test_sequence_bias_adds_repeated_tokens_up(backend, device):
     torch = pytest.importorskip("torch")
     from beamkit.processors import StepContext
 
     x = np.zeros((2, 4))
-    scores = torch.tensor(x) if backend == "torch" else x.copy()
+    scores = torch.tensor(x, device=device) if backend == "torch" else x.copy()
     ctx = StepContext(step=1, tokens=np.array([[1], [2]]), request=np.array([0, 0]), eos=(0,))
     out = SequenceBias((((3,), 1.0), ((1, 3), 2.0), ((2, 3), 4.0), ((1, 3), 0.5)))(scores, ctx)
-    got = out.numpy() if backend == "torch" else out
+    if backend == "torch":
+        assert out.device == device  # edited on the scores' own device
+    got = out.cpu().numpy() if backend == "torch" else out
     np.testing.assert_array_equal(got, [[0, 0, 0, 3.5], [0, 0, 0, 5.0]])
 
 

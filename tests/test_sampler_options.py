@@ -91,12 +91,12 @@ def ctx_of(rows: int, temperature: np.ndarray | None = None) -> StepContext:
     )
 
 
-def draw(sel, logp: np.ndarray, n: int, m: int, lib: str = "numpy", temperature: np.ndarray | None = None):
-    """One selector call on n identical rows of log-probabilities ``logp``."""
+def draw(sel, logp: np.ndarray, n: int, m: int, lib: str = "numpy", temperature: np.ndarray | None = None, device=None):
+    """One selector call on n identical rows of log-probabilities ``logp`` (torch: float32 on ``device``)."""
     scores = np.tile(logp, (n, 1))
     if lib == "torch":
         torch = pytest.importorskip("torch")
-        scores = torch.tensor(scores, dtype=torch.float32)
+        scores = torch.tensor(scores, dtype=torch.float32, device=device)
     return sel.candidates(scores, np.zeros(n), np.zeros(n), m, ctx_of(n, temperature))
 
 
@@ -105,16 +105,18 @@ def counts_of(tok: np.ndarray, lp: np.ndarray, v: int) -> np.ndarray:
 
 
 KINDS = ["multinomial", "topk", "topp", "gumbel"]
+# (library, device) of the scores: numpy, torch on the CPU, torch on cuda (skipped without a CUDA device)
+LIBS = [pytest.param(lib, d, id=f"{lib}-{d}") for lib, d in (("numpy", "cpu"), ("torch", "cpu"), ("torch", "cuda"))]
 
 
 # ------------------------------------------------------------------------------------------------ temperature
-@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("lib,device", LIBS, indirect=["device"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("t", [0.5, 2.0])
-def test_one_draw_follows_the_tempered_distribution(kind: str, t: float, lib: str) -> None:
+def test_one_draw_follows_the_tempered_distribution(kind: str, t: float, lib: str, device) -> None:
     logp = log_softmax(LOGITS)
-    kw = {"generator": __import__("torch").Generator().manual_seed(7)} if lib == "torch" else {"seed": 7}
-    lp, tok, _ = draw(make(kind, temperature=t, **kw), logp, N, 1, lib)
+    kw = {"generator": __import__("torch").Generator(device).manual_seed(7)} if lib == "torch" else {"seed": 7}
+    lp, tok, _ = draw(make(kind, temperature=t, **kw), logp, N, 1, lib, device=device)
     counts = counts_of(tok[:, 0], lp[:, 0], len(logp))
     assert counts.sum() == N
     assert zmax(counts, exact(kind, logp, t), N) < Z
@@ -178,15 +180,15 @@ def test_accumulated_logprob_is_untempered(kind: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ with replacement
-@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("lib,device", LIBS, indirect=["device"])
 @pytest.mark.parametrize("kind", ["multinomial", "topk", "topp"])
-def test_draws_with_replacement_are_independent(kind: str, lib: str) -> None:
+def test_draws_with_replacement_are_independent(kind: str, lib: str, device) -> None:
     # P(first = i, second = j) = q_i q_j; P(equal) = sum q_i^2
     logp = log_softmax(LOGITS)
     t = 0.7
     q = exact(kind, logp, t)
-    kw = {"generator": __import__("torch").Generator().manual_seed(2)} if lib == "torch" else {"seed": 2}
-    lp, tok, key = draw(make(kind, temperature=t, with_replacement=True, **kw), logp, N, 2, lib)
+    kw = {"generator": __import__("torch").Generator(device).manual_seed(2)} if lib == "torch" else {"seed": 2}
+    lp, tok, key = draw(make(kind, temperature=t, with_replacement=True, **kw), logp, N, 2, lib, device=device)
     assert lp.shape == (N, 2) and np.isfinite(lp).all()
     given = logp.astype(np.float32).astype(np.float64) if lib == "torch" else logp  # what the selector was given
     np.testing.assert_array_equal(lp, given[tok])  # the untempered log-probabilities, exactly
@@ -221,8 +223,8 @@ def test_with_replacement_never_draws_a_masked_token() -> None:
 
 
 @pytest.mark.parametrize("policy", ["narrow", "pool", "compete"])
-@pytest.mark.parametrize("lib", ["numpy", "torch"])
-def test_a_whole_search_with_duplicate_candidates(policy: str, lib: str) -> None:
+@pytest.mark.parametrize("lib,device", LIBS, indirect=["device"])
+def test_a_whole_search_with_duplicate_candidates(policy: str, lib: str, device) -> None:
     # a peaked model: with replacement, rows often draw the same token twice; the engine keeps both copies
     rng = np.random.default_rng(1)
     table = rng.normal(size=(5, 5, 4)) * 3.0
@@ -237,7 +239,7 @@ def test_a_whole_search_with_duplicate_candidates(policy: str, lib: str) -> None
         if lib == "torch":
             import torch
 
-            return torch.tensor(logits), new
+            return torch.tensor(logits, device=device), new
         return logits, new
 
     pytest.importorskip("torch") if lib == "torch" else None

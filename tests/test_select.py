@@ -101,15 +101,16 @@ def test_rows_of_many_chunks_and_bad_rows() -> None:
         np.testing.assert_array_equal(vals[keep], want_v)
 
 
-def test_torch_tensors() -> None:
-    """A CPU float32 tensor is read through numpy, a bfloat16 one by torch: both match the full sort and ops' own
+def test_torch_tensors(device) -> None:
+    """A CPU float32 tensor is read through numpy, a bfloat16 one (or any tensor on an accelerator) by torch on its
+    device: both match the full sort (integer values: ties everywhere, every value exact) and ops' own
     log-sum-exp."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(5)
     x = rng.integers(-3, 3, size=(9, 513)).astype(np.float32)
-    for t in (torch.from_numpy(x), torch.from_numpy(x).to(torch.bfloat16)):
+    for t in (torch.from_numpy(x).to(device), torch.from_numpy(x).to(device, torch.bfloat16)):
         lse, vals, idx = select.lse_and_top(t, 4)
-        want_v, want_i = full_sort(t.float().numpy(), 4)
+        want_v, want_i = full_sort(t.float().cpu().numpy(), 4)
         np.testing.assert_array_equal(idx, want_i)
         np.testing.assert_array_equal(vals, want_v)
         np.testing.assert_array_equal(lse, ops.logsumexp(t))

@@ -188,10 +188,10 @@ class HFAdapter(ModelAdapter):
         return ids
 
     def init_state(self, prompts: list[list[int]]) -> Any:
-        """The bridge's initial state for prompts of one length (no padding)."""
+        """The bridge's initial state for prompts of one length (no padding), on the model's device."""
         from beamkit.hf.inputs import prompt_batch
 
-        return self._step.init_state(*prompt_batch(prompts))
+        return self._step.init_state(*prompt_batch(prompts, getattr(self.model, "device", None)))
 
     def batch_key(self, ids: tuple[int, ...]) -> Any:
         """Prompts join in one call only when they have the same length (no padding, as alone)."""

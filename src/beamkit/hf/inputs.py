@@ -73,7 +73,8 @@ def attention_mask_for(
     return attention_mask.to(input_ids.device)
 
 
-def prompt_batch(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts of one length (token ids) as ``input_ids`` and an all-ones ``attention_mask`` (no padding)."""
-    input_ids = torch.as_tensor(prompts, dtype=torch.long)  # shape: (B, P)
+def prompt_batch(prompts: list[list[int]], device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of one length (token ids) as ``input_ids`` and an all-ones ``attention_mask`` (no padding), on
+    ``device`` (default: the CPU)."""
+    input_ids = torch.as_tensor(prompts, dtype=torch.long, device=device)  # shape: (B, P)
     return input_ids, torch.ones_like(input_ids)

@@ -204,10 +204,20 @@ def inference(model: Any) -> Iterator[None]:
         yield
 
 
+def model_device(model: Any) -> Any:
+    """The torch device a torch model's weights live on (the CPU for a model without parameters)."""
+    import torch
+
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 def model_inputs(model: Any, *arrays: np.ndarray) -> tuple[Any, ...]:
-    """Host int arrays (padded ids, lengths) as ``model.init_state`` takes them: numpy as they are, else tensors."""
+    """Host int arrays (padded ids, lengths) as ``model.init_state`` takes them: numpy as they are, else tensors on
+    the model's device."""
     if is_numpy_model(model):
         return arrays
     import torch
 
-    return tuple(torch.as_tensor(a) for a in arrays)
+    device = model_device(model)
+    return tuple(torch.as_tensor(a, device=device) for a in arrays)

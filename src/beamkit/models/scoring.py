@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.models.common import encode_sources, pad_batch
+from beamkit.models.common import encode_sources, model_inputs, pad_batch
 
 
 def _target_ids(model: Any, tgt: str | Sequence[int]) -> list[int]:
@@ -44,8 +44,8 @@ def score(model: Any, src: str | Sequence[str], tgt: str | Sequence[int] | Seque
         tgt_in[i, 0] = model.tgt_vocab.bos
         tgt_in[i, 1 : len(t)] = t[:-1]
     with torch.inference_mode():
-        logits = model(torch.as_tensor(src_ids), torch.as_tensor(lengths), torch.as_tensor(tgt_in))
-        logp = torch.log_softmax(logits.double(), dim=-1).numpy()  # shape: (B, T, V)
+        logits = model(*model_inputs(model, src_ids, lengths, tgt_in))  # on the model's device
+        logp = torch.log_softmax(logits.double(), dim=-1).cpu().numpy()  # shape: (B, T, V)
     valid = gold >= 0
     picked = np.take_along_axis(logp, np.where(valid, gold, 0)[..., None], axis=-1)[..., 0]
     totals = np.where(valid, picked, 0.0).sum(axis=1)  # shape: (B,)
