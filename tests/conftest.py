@@ -76,3 +76,22 @@ def device(request):
         yield torch.device("cuda")
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.fixture
+def kinds(monkeypatch):
+    """The cache kind (``"paged"`` / ``"dense"``) of each DecoderOnlyStep that ``beamkit.hf.generate`` makes,
+    in order."""
+    pytest.importorskip("transformers")
+    from beamkit.hf import generation
+
+    made = []
+    real = generation.DecoderOnlyStep
+
+    def recorded(*args, **kwargs):
+        step = real(*args, **kwargs)
+        made.append(step.kv)
+        return step
+
+    monkeypatch.setattr(generation, "DecoderOnlyStep", recorded)
+    return made

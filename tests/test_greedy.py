@@ -159,28 +159,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
     [{}, {"repetition_penalty": 1.5, "min_new_tokens": 3}, {"no_repeat_ngram_size": 2}],
     ids=["plain", "penalty-min", "ngram"],
 )
-def test_hf_greedy_matches_hugging_face(name, extra, monkeypatch, device):
+def test_hf_greedy_matches_hugging_face(name, extra, monkeypatch, device, kinds):
     """beamkit.hf.generate with num_beams=1 (the greedy path, a dense cache) gives Hugging Face's greedy
     sequences exactly, and the engine's one-beam search gives the same hypotheses."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import beamkit.hf as bh
-    from beamkit.hf import generation
     from tests.test_hf import setup
 
     model, ids, mask, eos, pad = setup(name, device)
     kw = dict(num_beams=1, do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=pad, **extra)
     with torch.no_grad():
         want = model.generate(input_ids=ids, attention_mask=mask, **kw)
-    kinds = []
-    real_step = generation.DecoderOnlyStep
-
-    def spy(*args, **kwargs):
-        step = real_step(*args, **kwargs)
-        kinds.append(step.kv)
-        return step
-
-    monkeypatch.setattr(generation, "DecoderOnlyStep", spy)
     got = bh.generate(model, input_ids=ids, attention_mask=mask, return_dict_in_generate=True, **kw)
     assert torch.equal(got.sequences, want)
     assert kinds == ([] if name == "t5" else ["dense"])

@@ -18,21 +18,6 @@ from tests.test_hf import setup  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture
-def kinds(monkeypatch):
-    """The cache kind of each DecoderOnlyStep beamkit.hf.generate makes."""
-    made = []
-    real = generation.DecoderOnlyStep
-
-    def recorded(*args, **kwargs):
-        step = real(*args, **kwargs)
-        made.append(step.kv)
-        return step
-
-    monkeypatch.setattr(generation, "DecoderOnlyStep", recorded)
-    return made
-
-
 def settings_for(model, prompt_len: int, **kw):
     gc, rest, given = merge_config(None, model.generation_config, kw)
     return resolve(model, gc, rest, given, prompt_len)
