@@ -30,6 +30,7 @@ import torch
 from beamkit._checks import check_bool
 
 QMAX = 127  # symmetric int8: -127..127 (-128 unused, so that q and -q are both representable)
+TINY = torch.finfo(torch.float32).tiny
 MAX_INNER = (2**31 - 1) // (QMAX * QMAX)  # longest inner dimension whose int32 sums cannot overflow
 
 
@@ -39,6 +40,10 @@ class Int8Linear(torch.nn.Module):
     ``weight`` (int8, ``(out_features, in_features)``), ``weight_scale`` (float32, ``(out_features,)``) and
     ``bias`` (float32 or None) are buffers: they move with ``.to()`` and are saved in ``state_dict``.
     """
+
+    weight: torch.Tensor  # shape: (out, in), int8
+    weight_scale: torch.Tensor  # shape: (out,), float32
+    bias: torch.Tensor | None  # shape: (out,), float32
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -65,8 +70,8 @@ class Int8Linear(torch.nn.Module):
         """``x @ W.T + b`` through int8: each row of ``x`` quantised with its own scale."""
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features).to(torch.float32)  # shape: (rows, in)
-        amax = rows.abs().amax(dim=1, keepdim=True)  # shape: (rows, 1)
-        scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))  # shape: (rows, 1)
+        # shape: (rows, 1); an all-zero row gets the smallest scale (its int8 values are 0 under any scale)
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(TINY) / QMAX
         q = torch.round(rows / scale).to(torch.int8)  # shape: (rows, in); |rows / scale| <= 127
         acc = torch._int_mm(q, self.weight.t())  # shape: (rows, out), exact int32 sums
         y = acc * self.weight_scale  # shape: (rows, out), float32
