@@ -250,6 +250,9 @@ def test_bad_models_are_refused_by_name(monkeypatch):
         bh.quantize_int8(model, lm_head="yes")
     with pytest.raises(ValueError, match="no linear layer to quantise"):
         bh.quantize_int8(torch.nn.Embedding(4, 4))
+    with pytest.raises(ValueError, match="lm_head=False: Sequential names no linear output layer"):
+        bh.quantize_int8(torch.nn.Sequential(torch.nn.Linear(4, 4)), lm_head=False)
+    assert isinstance(bh.quantize_int8(torch.nn.Sequential(torch.nn.Linear(4, 4)))[0], bh.Int8Linear)
     with pytest.raises(ValueError, match="already int8"):
         bh.quantize_int8(quantised("gpt2"))
 

@@ -93,6 +93,12 @@ def _conv1d_type() -> type | None:
     return Conv1D
 
 
+def _output_layer(model: Any) -> Any:
+    """The module ``model.get_output_embeddings()`` returns (None when the model has no such method)."""
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
 def _check_int_mm() -> None:
     """RuntimeError, naming the problem, when this torch cannot multiply int8 matrices on the CPU."""
     if not hasattr(torch, "_int_mm"):
@@ -160,7 +166,9 @@ def quantize_int8(model: Any, *, lm_head: bool = True) -> Any:
     the weight transposed) becomes an :class:`Int8Linear`: per-output-channel int8 weights, per-row int8
     activations, exact int32 products. ``lm_head``: quantise the output projection too (the default, as
     CTranslate2's int8 does; False keeps it float32). Embeddings, norms and attention stay float32. The copy
-    is in eval mode and is meant for decoding (no gradients flow through int8 layers).
+    is in eval mode and is meant for decoding in this process (no gradients flow through int8 layers, and its
+    ``save_pretrained`` folder does not load back: save the float32 model and quantise after loading). It takes
+    the memory of a second float32 model while it is built.
 
     Raises TypeError for something that is not a torch module, ValueError for a model that is not on the CPU,
     not float32 or has no linear layer, RuntimeError when this torch cannot multiply int8 matrices.
@@ -168,12 +176,16 @@ def quantize_int8(model: Any, *, lm_head: bool = True) -> Any:
     _check_model(model)
     lm_head = check_bool("lm_head", lm_head)
     _check_int_mm()
+    conv1d = _conv1d_type()
+    linear = (torch.nn.Linear,) if conv1d is None else (torch.nn.Linear, conv1d)
+    if not lm_head and not isinstance(_output_layer(model), linear):
+        raise ValueError(
+            f"lm_head=False: {type(model).__name__} names no linear output layer (get_output_embeddings) to keep"
+        )
     quantised = copy.deepcopy(model)
-    get = getattr(quantised, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    keep = None if lm_head or not isinstance(head, torch.nn.Module) else head
+    keep = None if lm_head else _output_layer(quantised)
     with torch.no_grad():
-        count = _replace(quantised, keep, _conv1d_type())
+        count = _replace(quantised, keep, conv1d)
     if count == 0:
         raise ValueError(f"{type(model).__name__} has no linear layer to quantise (is it already int8?)")
     return quantised.eval()
