@@ -9,15 +9,23 @@ The scheme (what CTranslate2's int8 and torchao's int8 dynamic quantisation do, 
 
 * weights: symmetric, one scale per output channel, ``scale[c] = max_k |W[c, k]| / 127`` and
   ``q[c, k] = round(W[c, k] / scale[c])`` in -127..127, so ``|W - q * scale| <= scale / 2`` per weight;
-* activations: quantised at each call the same way, one scale per row (per token), so a row's output depends
-  on that row only: the same request gives the same tokens alone or batched with others, and beamkit's decoding
-  stays equal to the model's own ``generate`` (``torch.ao.quantization.quantize_dynamic`` scales the whole batch
-  with one number instead, so there a row's logits change with its neighbours; it is also deprecated);
+* activations: quantised at each call the same way, one scale per row (per token), so a layer's output for a
+  row depends on that row only, not on the rows batched with it (``torch.ao.quantization.quantize_dynamic``
+  scales the whole batch with one number instead, so there a row's logits change with its neighbours and
+  beamkit's decoding, which batches differently from Hugging Face's, gives other tokens; it is also
+  deprecated);
 * the product: int8 x int8 with int32 sums (``torch._int_mm``, exact), scaled back to float32, bias added in
   float32.
 
 The output projection (``lm_head``) is quantised too by default, as CTranslate2 does; ``lm_head=False`` keeps it
 float32 (tied to the input embeddings in GPT-2-style models: the embeddings themselves are never quantised).
+
+Rounding to int8 is a step function: where two computations of the same activation differ by one float32 ulp
+(the paged cache's shared-prefix attention and Hugging Face's dense attention do), one of them can land one
+int8 step away, which changes the logits far more than float32 rounding does and can change a token at a
+near-tie. So on the paged
+cache (decoder-only models, the default) beam search on the int8 copy can differ from the copy's own
+``generate`` at near-ties; ``cache_implementation="dynamic"`` (the dense cache) decodes as it does.
 """
 
 from __future__ import annotations
