@@ -1,4 +1,5 @@
-"""int8 weights for CPU decoding (``beamkit.hf.quantize_int8``) on tiny seeded GPT-2, Llama, BART and Marian models.
+"""int8 weights for CPU decoding (``beamkit.hf.quantize_int8``) on tiny seeded GPT-2, Llama, T5, BART and Marian
+models.
 
 Oracles, none of them the int8 code:
 
@@ -34,7 +35,7 @@ import beamkit.hf as bh  # noqa: E402
 from tests.test_hf import VOCAB, full, setup  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-MODELS = ("gpt2", "llama", "bart", "marian")
+MODELS = ("gpt2", "llama", "t5", "bart", "marian")
 NEW = 10
 F32_SLOP = 1e-6  # relative float32 rounding of the rescaling (4 roundings of 2**-24 each, with a margin)
 
