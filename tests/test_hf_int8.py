@@ -285,3 +285,16 @@ def test_a_torch_without_int8_matmul_is_named(monkeypatch):
     monkeypatch.delattr(torch, "_int_mm")
     with pytest.raises(RuntimeError, match=r"torch._int_mm.*install torch >= 2.2"):
         bh.quantize_int8(model)
+
+
+def test_whisper_int8_decodes_as_its_own_generate():
+    """Whisper (its encoder's convolutions stay float32; the decoder's and encoder's linear layers and the
+    output projection become int8) through ``beamkit.hf.generate`` and its own ``generate``."""
+    from tests.test_hf_whisper import whisper
+
+    model, feats = whisper()
+    q = bh.quantize_int8(model)
+    assert isinstance(q.proj_out, bh.Int8Linear) and isinstance(q.model.encoder.conv1, torch.nn.Conv1d)
+    with torch.no_grad():
+        want = q.generate(feats, num_beams=5, language="en", task="transcribe")
+    assert torch.equal(bh.generate(q, feats, num_beams=5, language="en", task="transcribe"), want)
