@@ -5,7 +5,8 @@
 :class:`Int8Linear`; the original model is not modified. Decode the copy with ``beamkit.hf.generate`` (or its own
 ``generate``) as any model.
 
-The scheme (what CTranslate2's int8 and torchao's int8 dynamic quantisation do, written here in plain torch ops):
+The scheme (that of torchao's int8 dynamic quantisation: per-channel weights, per-token activations; written here
+in plain torch ops):
 
 * weights: symmetric, one scale per output channel, ``scale[c] = max_k |W[c, k]| / 127`` and
   ``q[c, k] = round(W[c, k] / scale[c])`` in -127..127, so ``|W - q * scale| <= scale / 2`` per weight;
@@ -23,9 +24,9 @@ float32 (tied to the input embeddings in GPT-2-style models: the embeddings them
 Rounding to int8 is a step function: where two computations of the same activation differ by one float32 ulp
 (the paged cache's shared-prefix attention and Hugging Face's dense attention do), one of them can land one
 int8 step away, which changes the logits far more than float32 rounding does and can change a token at a
-near-tie. So on the paged
-cache (decoder-only models, the default) beam search on the int8 copy can differ from the copy's own
-``generate`` at near-ties; ``cache_implementation="dynamic"`` (the dense cache) decodes as it does.
+near-tie. So on the paged cache (decoder-only models, the default) beam search on the int8 copy can differ from
+the copy's own ``generate`` at near-ties; ``cache_implementation="dynamic"`` (the dense cache) decodes as it
+does.
 """
 
 from __future__ import annotations
