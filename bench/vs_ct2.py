@@ -10,20 +10,30 @@ CTranslate2 on one thread (``--threads``), float32, random models built offline 
 8 prompts of 16 tokens (some left-padded), 32 new tokens at fixed length (``min_new_tokens`` =
 ``max_new_tokens``; CTranslate2's ``min_length`` = ``max_length``), beam 4 and greedy. CTranslate2 runs a
 converted copy of the same model (``TransformersConverter``, float32 weights; ``--int8`` adds the same
-model loaded with ``compute_type="int8"``). Each timed call records process CPU time and wall time.
+model loaded with ``compute_type="int8"``, and beamkit's int8 copy of the model, ``beamkit.hf.quantize_int8``:
+int8 linear layers, the output projection included, as CTranslate2's). Each timed call records process CPU
+time and wall time.
 
 Outputs: beamkit's sequences must be tensor-equal to Hugging Face's on every run (the bench stops otherwise);
 CTranslate2's best output is compared with Hugging Face's row by row and the count of equal rows printed
-(CTranslate2 is its own float32 implementation: it may differ at near-ties). Per model and mode it prints::
+(CTranslate2 is its own float32 implementation: it may differ at near-ties). With ``--int8``, beamkit's int8
+rows are counted against beamkit's float32 rows (equal to Hugging Face's): int8's top-1 agreement with
+float32; and against the int8 model's own ``generate`` (run once, untimed; ``beamkit-int8 = hf-int8``): the
+same int8 model decoded by Hugging Face, which can differ at near-ties (the paged cache's attention rounds
+float32 differently from Hugging Face's, and int8 can turn a one-ulp difference into one rounding step of an
+activation). Per model and mode it prints::
 
     [gpt2-small/beam4] wall ms (cpu ms): hf 9800 (9790), beamkit 7200 (7190), ct2 5400 (5390); ...
     hf-speedup[gpt2-small/beam4]: 1.36x; target >= 1.5x: missed
     bk-vs-ct2[gpt2-small/beam4]: 0.75x; target >= 1.0x: missed
 
 ``hf-speedup`` is Hugging Face's time over beamkit's, ``bk-vs-ct2`` CTranslate2's time over beamkit's (above
-1: beamkit is faster), both on process CPU time (wall time printed beside it). ``forward share`` is the share
-of beamkit's time spent inside the model's forward calls: where the time goes. Without ``ctranslate2``
-installed the CTranslate2 columns are skipped with a note.
+1: beamkit is faster), both on process CPU time (wall time printed beside it). With ``--int8``:
+``ct2-int8-vs-bk`` is CTranslate2 int8's time over beamkit float32's, ``bk-int8-vs-ct2-int8`` CTranslate2
+int8's time over beamkit int8's (above 1: beamkit's int8 is faster) and ``bk-int8-speedup`` beamkit float32's
+time over its int8's; no target is set for int8. beamkit's int8 runs on the CPU only (no column with
+``--device cuda``). ``forward share`` is the share of beamkit's time spent inside the model's forward calls:
+where the time goes. Without ``ctranslate2`` installed the CTranslate2 columns are skipped with a note.
 
 ``--device cuda`` runs all three on a GPU (figures then on wall time; ``make gpu-check`` runs it).
 
@@ -233,6 +243,12 @@ def run(
         "beamkit": lambda: bh.generate(model, ids, mask, return_dict_in_generate=True, **kw),
     }
     notes: list[str] = []
+    int8_model = None
+    if int8 and device == "cpu":
+        int8_model = bh.quantize_int8(model)
+        calls["beamkit-int8"] = lambda: bh.generate(int8_model, ids, mask, return_dict_in_generate=True, **kw)
+    elif int8:
+        notes.append("beamkit's int8 runs on the CPU only: no beamkit-int8 column")
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         try:
             ct2 = CT2(kind, model, ids, mask, tmp, threads, device)
@@ -246,6 +262,10 @@ def run(
         # warm-up and the reference outputs
         hf_rows = new_tokens(model, calls["hf"]())
         outputs = {name: call() for name, call in calls.items() if name != "hf"}
+        int8_own: list[list[int]] = []
+        if int8_model is not None:  # the int8 model's own generate, once (untimed): the int8 reference
+            outputs["beamkit-int8"] = outputs["beamkit-int8"].sequences
+            int8_own = new_tokens(model, int8_model.generate(ids, attention_mask=mask, do_sample=False, **kw))
         forward_share = []
         times = {name: Timings() for name in calls}
         for i in range(repeats):
@@ -261,6 +281,8 @@ def run(
                     got = new_tokens(model, out)
                     if got != hf_rows:
                         raise SystemExit(f"[{label}] Hugging Face's outputs changed between runs")
+                elif name == "beamkit-int8":
+                    outputs[name] = out.sequences
                 elif name == "beamkit":
                     outputs[name] = out
                     forward_share.append(out.forward_seconds / wall)
@@ -278,6 +300,10 @@ def run(
     for name in ("ct2", "ct2-int8"):
         if name in outputs:
             agree.append(f"{name} {rows_equal(outputs[name], hf_rows)}/{PROMPTS}")
+    if "beamkit-int8" in outputs:  # beamkit's float32 rows are Hugging Face's (checked above)
+        int8_rows = new_tokens(model, outputs["beamkit-int8"])
+        agree.append(f"beamkit-int8 {rows_equal(int8_rows, hf_rows)}/{PROMPTS}")
+        agree.append(f"beamkit-int8 = hf-int8 {rows_equal(int8_rows, int8_own)}/{PROMPTS}")
     print(
         f"[{label}] wall ms (cpu ms), median of {repeats}: {', '.join(parts)}; rows equal to Hugging Face's: "
         f"{', '.join(agree)}; beamkit forward share {statistics.median(forward_share) * 100:.1f}%"
@@ -290,6 +316,11 @@ def run(
     ct2_speedup = cost(times["ct2"]) / bk_cost if "ct2" in times else None
     if "ct2-int8" in times:
         print(f"ct2-int8-vs-bk[{label}]: {cost(times['ct2-int8']) / bk_cost:.2f}x (beamkit float32)")
+    if "beamkit-int8" in times:
+        bk_int8_cost = cost(times["beamkit-int8"])
+        if "ct2-int8" in times:
+            print(f"bk-int8-vs-ct2-int8[{label}]: {cost(times['ct2-int8']) / bk_int8_cost:.2f}x (no target)")
+        print(f"bk-int8-speedup[{label}]: {bk_cost / bk_int8_cost:.2f}x (beamkit float32's time over int8's)")
     if "ct2" in outputs and rows_equal(outputs["ct2"], hf_rows) < ROWS_TARGET:
         print(f"[{label}] CTranslate2's rows equal Hugging Face's on fewer than {ROWS_TARGET} of {PROMPTS}")
     results = verdict(kind, hf_speedup, ct2_speedup)
@@ -305,7 +336,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--modes", default="beam,greedy", help="beam (4 beams) and/or greedy")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch and CTranslate2 CPU threads")
-    parser.add_argument("--int8", action="store_true", help="add CTranslate2 int8 (same model, compute_type int8)")
+    parser.add_argument(
+        "--int8", action="store_true", help="add CTranslate2 int8 (compute_type int8) and beamkit int8 (quantize_int8)"
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where all three systems run")
     args = parser.parse_args(argv)
     models, modes = args.models.split(","), args.modes.split(",")

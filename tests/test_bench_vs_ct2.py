@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 
 import pytest
@@ -63,9 +64,19 @@ def test_tiny_run_with_ctranslate2_compares_every_system(monkeypatch, capsys):
     for label in ("tiny/beam", "tiny/greedy"):
         line = next(s for s in out.splitlines() if s.startswith(f"[{label}] wall ms"))
         assert "hf " in line and "beamkit " in line and "ct2 " in line and "ct2-int8 " in line
+        assert "beamkit-int8 " in line and re.search(r"beamkit-int8 [0-8]/8", line)  # int8 agreement counted
         assert "beamkit 8/8" in line  # beamkit is tensor-equal to Hugging Face (the bench stops otherwise)
         assert f"hf-speedup[{label}]:" in out and f"bk-vs-ct2[{label}]:" in out
-    assert "of 4" in out
+        assert f"bk-int8-vs-ct2-int8[{label}]:" in out and f"bk-int8-speedup[{label}]:" in out
+    assert "of 4" in out  # int8 figures set no target
+
+
+def test_int8_without_ctranslate2_still_times_beamkits_int8(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    out = tiny_run(monkeypatch, capsys, "--modes", "greedy", "--int8")
+    line = next(s for s in out.splitlines() if s.startswith("[tiny/greedy] wall ms"))
+    assert "beamkit-int8 " in line and re.search(r"beamkit-int8 [0-8]/8", line)
+    assert "bk-int8-speedup[tiny/greedy]:" in out and "bk-int8-vs-ct2-int8" not in out
 
 
 def test_unknown_model_is_a_usage_error(capsys):

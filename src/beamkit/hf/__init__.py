@@ -16,7 +16,8 @@ block pool), :mod:`~beamkit.hf.generation` (``generate`` and the engine bridge),
 route of a call), :mod:`~beamkit.hf.loop` (the loop inside Hugging Face's ``generate``), :mod:`~beamkit.hf.patching`
 (``patch``), :mod:`~beamkit.hf.loading` (``load_pretrained``: the one loader of ``hf:DIR`` folders),
 :mod:`~beamkit.hf.versions` (the supported ``transformers`` releases and the names that differ between them),
-:mod:`~beamkit.hf.internals` (every private ``transformers`` member the loop touches).
+:mod:`~beamkit.hf.internals` (every private ``transformers`` member the loop touches), :mod:`~beamkit.hf.quantize`
+(``quantize_int8``: a copy of a model with int8 linear layers, for CPU decoding).
 
 Needs ``torch`` and ``transformers`` (imported only when this module is).
 """
@@ -31,6 +32,7 @@ from beamkit.hf.output import (
 )
 from beamkit.hf.patching import Patch, patch
 from beamkit.hf.processors import ForcedTokens
+from beamkit.hf.quantize import Int8Linear, quantize_int8
 from beamkit.hf.route import Route, route
 from beamkit.hf.settings import Settings, Unsupported
 from beamkit.hf.step import CacheRows, DecoderOnlyStep, EncoderDecoderStep
@@ -44,6 +46,7 @@ __all__ = [
     "ForcedTokens",
     "GreedyDecoderOnlyOutput",
     "GreedyEncoderDecoderOutput",
+    "Int8Linear",
     "Patch",
     "Pretrained",
     "Route",
@@ -52,5 +55,6 @@ __all__ = [
     "generate",
     "load_pretrained",
     "patch",
+    "quantize_int8",
     "route",
 ]

@@ -30,11 +30,16 @@ def vocabulary_size(model: Any) -> int | None:
 
 
 def output_size(model: Any) -> int | None:
-    """Columns of the model's output: its output embedding's rows (None when it has none to read)."""
+    """Columns of the model's output: its output layer's ``out_features`` (a ``torch.nn.Linear`` or an int8
+    quantised one, whose ``weight`` is a method), else its output embedding's rows (None when it has none to
+    read)."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
+    width = getattr(head, "out_features", None)
+    if isinstance(width, int):
+        return width
     weight = getattr(head, "weight", None)
-    return None if weight is None else int(weight.shape[0])
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else None
 
 
 def check_input_ids(input_ids: Any, model: Any) -> torch.Tensor:
