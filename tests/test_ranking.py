@@ -209,3 +209,14 @@ def test_rows_keep_every_candidate_of_their_requests_m_best(seed, widths, m, flo
         if seen[q] <= m:
             want.append((r, t))
     assert got_items == want
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.integers(-3, 40), max_size=80),
+    st.lists(st.integers(-3, 40), max_size=80),
+)
+def test_member_is_set_membership(ids, of):
+    """``member`` against Python's own set membership, on both sides of its size switch (80 x 80 > 4096)."""
+    a, b = np.array(ids, dtype=np.int64), np.array(of, dtype=np.int64)
+    assert ranking.member(a, b).tolist() == [x in set(of) for x in ids]

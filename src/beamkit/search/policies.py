@@ -21,7 +21,7 @@ import numpy as np
 
 from beamkit.search.book import Book
 from beamkit.search.options import EarlyMode
-from beamkit.search.ranking import group_starts, without
+from beamkit.search.ranking import group_starts, member, without
 from beamkit.search.records import PoolTable, StepDecision, StepView, Stop, StopReason
 
 
@@ -132,7 +132,7 @@ def merge(
     keep = place < cap[table.req]
     out = table.take(np.flatnonzero(keep))
     gone = table.eid[~keep]
-    return out, gone[np.isin(gone, old.eid)] if gone.size else gone
+    return out, gone[member(gone, old.eid)]
 
 
 def stops_of(view: StepView, book: Book, survivors: np.ndarray, default: Stop) -> dict[int, Stop]:
@@ -219,7 +219,7 @@ class Pool:
         adm = np.flatnonzero(hits & (cand.rank < k))  # a full pool keeps the better ones (merge cuts it)
         new = scoring.entries(view, adm, ends[adm])
         pool, evicted = merge(view.pool, [new], "score", cap=book.pool)
-        entered = np.isin(new.eid, pool.eid) if len(new) else np.zeros(0, dtype=bool)
+        entered = member(new.eid, pool.eid)
         admitted, refused = new.cand[entered], new.cand[~entered & new.finished]
         surv = np.flatnonzero(pool_take(cand.req, hits, book.beam))
         counters = book.counters(pool)
@@ -230,7 +230,7 @@ class Pool:
             first = group_starts(s_req)  # each request's best survivor
             stops = self._stops(book, counters, s_req[first], cand.lp[surv[first]], scoring)
             if stops:
-                halt = np.isin(s_req, list(stops))
+                halt = member(s_req, np.fromiter(stops, np.int64, len(stops)))
                 halted, surv = surv[halt], surv[~halt]
         for r, s in stops_of(view, book, surv, _NO_CANDIDATE).items():
             stops.setdefault(r, s)
