@@ -152,8 +152,9 @@ class PagedKVCache:
         upto = self.block_size if positions is None else positions
         with torch.no_grad():
             for pool in (*self.k, *self.v):
-                head = pool[:, :, :upto]  # shape: (heads, n_blocks, upto, d_head) view
-                head.index_copy_(1, d, head.index_select(1, s))
+                # indexing the pool itself: an index_select of a sliced (non-contiguous) view copies the whole
+                # pool first, time growing with the pool instead of the blocks copied
+                pool[:, d, :upto] = pool[:, s, :upto]  # shape: (heads, copies, upto, d_head)
         self.copied_blocks += int(src.shape[0])
 
     # ------------------------------------------------------------------------------------------ handles
