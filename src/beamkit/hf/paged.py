@@ -21,9 +21,11 @@ by writing the new position into the pool. How the step then attends is the pool
 - ``"gather"``: ``update`` returns every row's keys and values gathered from the pool, as ``[rows, heads, L,
   d]`` in the layout the dense bridge would hold: rows of different lengths are aligned on the right and the
   columns before a row's first position are left padding (masked by the attention mask, which the step
-  function keeps left-padded as before). The gather index of a step is built once (on the host, a ``[rows,
-  L]`` table) and used by every layer, so a decoding step sees the same keys and values as with the dense
-  cache and gives the same logits, bit for bit.
+  function keeps left-padded as before). The gather index of a step is made once and used by every layer, so a
+  decoding step sees the same keys and values as with the dense cache and gives the same logits, bit for bit.
+  Its ``[rows, L]`` table of slots is kept from step to step (:class:`beamkit.kv.GatherIndex`): a step adds a
+  column, forks and joins move its rows, and only what copy-on-write moved is built again from the block
+  tables.
 
 A prompt's leading padding is not stored: its columns are padding of the gather (masked either way) and the
 shared-prefix attention never reads them.
