@@ -290,10 +290,7 @@ class PagedCache(Cache):
         s.calls, s.refused, s.layer = 0, False, None
         if s.pool.attention == "shared-prefix":
             rows = s.rows
-            col = (rows.length - 1) // kv.block_size
-            block = rows.table[np.arange(len(rows)), col]
-            column = block * kv.block_size + (rows.length - 1) % kv.block_size  # shape: (rows,) in every head
-            s.slots = torch.from_numpy(column).to(kv.device)
+            s.slots = torch.from_numpy(rows.slots()).to(kv.device)  # shape: (rows,) the same column in every head
             s.plan = plan_prefix(rows.table, rows.length, kv.block_size, kv.device)
             s.index = None
             s.gather.forget()  # not followed while the steps do not gather
