@@ -47,40 +47,50 @@ class GatherIndex:
     A decoding step calls :meth:`step` with the rows after :meth:`beamkit.kv.PagedRows.append` (the width grows
     by one); :meth:`select`, :meth:`join` and :meth:`trim` follow the rows' forks, joins and dropped padding
     columns between steps. An index that does not know rows (made empty, or :meth:`forget`) builds them from
-    their block tables at the next step. ``rebuilt`` counts the rows built from block tables so far.
+    their block tables at the next step. ``rebuilt`` counts the rows built from block tables so far. The table
+    lives in a buffer with room for ``SPARE`` more columns, so that a step writes its column in place.
     """
+
+    SPARE = 64  # columns of room made whenever the buffer is full
 
     def __init__(self, block_size: int, device: torch.device | str) -> None:
         self.block_size = block_size
         self.device = torch.device(device)
-        self.slots: Tensor | None = None  # shape: (rows, width) the slots of the last step, None: unknown
+        self._buf: Tensor | None = None  # shape: (rows, capacity) the table in columns 0 .. width; None: unknown
+        self._width = 0
         self.stale = np.zeros(0, dtype=bool)  # shape: (rows,) rows to build from their tables at the next step
         self.rebuilt = 0
 
     @property
+    def slots(self) -> Tensor | None:
+        """The table ``[rows, width]`` (a view of the buffer), None when it is unknown."""
+        return None if self._buf is None else self._buf[:, : self._width]
+
+    @property
     def width(self) -> int:
         """Columns of the table (-1 when it is unknown)."""
-        return -1 if self.slots is None else int(self.slots.shape[1])
+        return -1 if self._buf is None else self._width
 
     def forget(self) -> None:
         """Drop the table: the next :meth:`step` builds every row (the rows are not followed until then)."""
-        self.slots = None
+        self._buf = None
         self.stale = np.zeros(0, dtype=bool)
 
     def select(self, idx: np.ndarray) -> None:
         """Rows ``idx`` (parents; rows may repeat or leave), as :meth:`beamkit.kv.PagedRows.beamkit_select`."""
-        if self.slots is None:
+        if self._buf is None:
             return
-        rows = int(self.slots.shape[0])
+        rows = int(self._buf.shape[0])
         if idx.shape[0] == rows and bool((idx == np.arange(rows)).all()):
             return  # the identity
-        self.slots = self.slots.index_select(0, torch.from_numpy(idx).to(self.device))  # shape: (rows', width)
+        self._buf = self._buf.index_select(0, torch.from_numpy(idx).to(self.device))  # shape: (rows', capacity)
         self.stale = self.stale[idx]
 
     def trim(self, columns: int) -> None:
         """Drop ``columns`` leading columns (padding of every row)."""
-        if self.slots is not None:
-            self.slots = self.slots[:, columns:]
+        if self._buf is not None:
+            self._buf = self._buf[:, columns:]  # shape: (rows, capacity - columns) view
+            self._width -= columns
 
     @staticmethod
     def join(parts: list[GatherIndex], rows: list[int], widths: list[int], width: int) -> GatherIndex:
@@ -89,15 +99,16 @@ class GatherIndex:
         padding); a part without one has its rows built at the next step."""
         first = parts[0]
         out = GatherIndex(first.block_size, first.device)
-        tables, stale = [], []
+        buf = torch.zeros(sum(rows), width + GatherIndex.SPARE, dtype=torch.long, device=first.device)
+        stale, at = [], 0
         for part, n, w in zip(parts, rows, widths, strict=True):
             if part.slots is not None:
-                tables.append(torch.nn.functional.pad(part.slots, (width - w, 0)))  # shape: (n, width)
+                buf[at : at + n, width - w : width] = part.slots  # shape: (n, w)
                 stale.append(part.stale)
             else:
-                tables.append(torch.zeros(n, width, dtype=torch.long, device=first.device))
                 stale.append(np.ones(n, dtype=bool))
-        out.slots = torch.cat(tables)  # shape: (rows, width)
+            at += n
+        out._buf, out._width = buf, width
         out.stale = np.concatenate(stale)
         return out
 
@@ -108,25 +119,29 @@ class GatherIndex:
         by a copy (``rows.copied``) their last ``block_size`` columns (the only ones that block can hold);
         everything built when the table is unknown."""
         n = len(rows)
-        slots = self.slots
-        if slots is None or self.width != width - 1 or int(slots.shape[0]) != n:
+        buf = self._buf
+        if buf is None or self._width != width - 1 or int(buf.shape[0]) != n:
             self.stale = np.ones(n, dtype=bool)
-            slots = torch.zeros(n, width - 1, dtype=torch.long, device=self.device)
-        column = torch.from_numpy(rows.slots()).to(self.device)  # shape: (rows,) each row's new position
-        slots = torch.cat([slots, column[:, None]], dim=1)  # shape: (rows, width)
+            buf = torch.zeros(n, width + self.SPARE, dtype=torch.long, device=self.device)
+        elif int(buf.shape[1]) < width:  # full: room for more columns
+            grown = torch.zeros(n, width + self.SPARE, dtype=torch.long, device=self.device)
+            grown[:, : width - 1] = buf[:, : width - 1]
+            buf = grown
+        buf[:, width - 1] = torch.from_numpy(rows.slots()).to(self.device)  # each row's new position
+        self._buf, self._width = buf, width
         whole = np.flatnonzero(self.stale)  # shape: (k,)
         copied = rows.copied[~self.stale[rows.copied]]  # shape: (c,)
-        self._build(slots, rows, whole, 0)
-        self._build(slots, rows, copied, max(0, width - self.block_size))
-        self.slots = slots
+        self._build(rows, whole, 0)
+        self._build(rows, copied, max(0, width - self.block_size))
         self.stale = np.zeros(n, dtype=bool)
-        return slots
+        return buf[:, :width]
 
-    def _build(self, slots: Tensor, rows: PagedRows, which: np.ndarray, start: int) -> None:
-        """Columns ``start ..`` of rows ``which`` of ``slots`` built from the rows' block tables."""
+    def _build(self, rows: PagedRows, which: np.ndarray, start: int) -> None:
+        """Columns ``start ..`` of rows ``which`` of the table built from the rows' block tables."""
         if which.size == 0:
             return
-        width = int(slots.shape[1])
+        assert self._buf is not None
+        width = self._width
         built = gather_slots(rows.table[which], rows.length[which], width, self.block_size, start)
-        slots[torch.from_numpy(which).to(self.device), start:] = torch.from_numpy(built).to(self.device)
+        self._buf[torch.from_numpy(which).to(self.device), start:width] = torch.from_numpy(built).to(self.device)
         self.rebuilt += int(which.size)
