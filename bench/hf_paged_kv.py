@@ -3,8 +3,10 @@
 An untrained GPT-2 built from a config (6 layers, 512 wide, 8 heads, vocabulary 8192, ``torch.manual_seed(0)``,
 offline), one torch thread, float32, SDPA attention. Requests go through :class:`beamkit.Engine` with
 :class:`beamkit.hf.DecoderOnlyStep` (``kv="paged"`` or ``kv="dense"``), beam 8, no stop token, so every
-hypothesis runs ``--new`` tokens. Two settings: one request with a 256-token prompt, and a batch of four
-requests (prompts of 256, 240, 200 and 256 tokens, joined left-padded into one prompt forward).
+hypothesis runs ``--new`` tokens; ``--attention`` is how the paged steps attend (``shared-prefix``, the default,
+or ``gather``: every row's keys/values gathered into the dense layout by the cache's gather index). Two settings:
+one request with a 256-token prompt, and a batch of four requests (prompts of 256, 240, 200 and 256 tokens,
+joined left-padded into one prompt forward).
 
 KV bytes: the paged pool's peak blocks in use times the block's bytes (``PagedKVCache.peak_bytes``; the pool's
 capacity is printed too), against the dense bridge's peak of the ``DynamicLayer`` keys/values it holds after a
@@ -21,7 +23,7 @@ two caches are checked identical. Prints::
     hf-paged-kv[memory]: 0.29x
     hf-paged-kv[step]: 0.85x
 
-    python bench/hf_paged_kv.py [--repeats 5] [--new 64] [--block-size 16]
+    python bench/hf_paged_kv.py [--repeats 5] [--new 64] [--block-size 16] [--attention shared-prefix|gather]
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import transformers
 
 from beamkit import Engine
 from beamkit.hf import DecoderOnlyStep
-from beamkit.hf.paged import PagedCache
+from beamkit.hf.paged import PAGED_ATTENTION, PagedCache
 from beamkit.kv.attention import plan_prefix
 
 BEAM = 8
@@ -123,13 +125,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--attention", choices=PAGED_ATTENTION, default="shared-prefix")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = build_model()
     mib = 2**20
     for tag, lengths in SETTINGS.items():
         batch = prompts(lengths)
-        steps = {kv: DecoderOnlyStep(model, kv, block_size=args.block_size) for kv in ("paged", "dense")}
+        steps = {
+            kv: DecoderOnlyStep(model, kv, block_size=args.block_size, attention=args.attention)
+            for kv in ("paged", "dense")
+        }
         runs: dict[str, list[dict[str, Any]]] = {"paged": [], "dense": []}
         for step in steps.values():  # warm-up (and the pool's first allocation)
             decode(step, batch, args.new)
@@ -144,7 +150,8 @@ def main() -> None:
         memory = p[0]["held"] / d[0]["held"]
         with_transient = (p[0]["held"] + p[0]["transient"]) / (d[0]["held"] + d[0]["transient"])
         print(
-            f"{tag} (beam {BEAM}, prompts {lengths}, {args.new} new tokens, block {args.block_size}): "
+            f"{tag} (beam {BEAM}, prompts {lengths}, {args.new} new tokens, block {args.block_size}, "
+            f"{args.attention} attention): "
             f"KV held paged {p[0]['held'] / mib:.1f} MiB (pool capacity {p[0]['capacity'] / mib:.1f} MiB, "
             f"{p[0]['copied']} blocks copied on write in all runs) vs dense {d[0]['held'] / mib:.1f} MiB; "
             f"transient one layer: paged gather {p[0]['transient'] / mib:.1f} MiB, dense cat "

@@ -243,8 +243,9 @@ def _alone_dense(model, r, eos, pad):
     return out.hypotheses[0]
 
 
+@pytest.mark.parametrize("attention", ["shared-prefix", "gather"])
 @pytest.mark.parametrize("name", PAGED_MODELS)
-def test_requests_joining_mid_flight_decode_as_alone_and_free_their_blocks(name):
+def test_requests_joining_mid_flight_decode_as_alone_and_free_their_blocks(name, attention):
     model, ids, mask, eos, pad = setup(name)
     model = copy.deepcopy(model)
     model.generation_config = transformers.GenerationConfig()  # no processor: the engine runs none
@@ -253,7 +254,7 @@ def test_requests_joining_mid_flight_decode_as_alone_and_free_their_blocks(name)
     for i in range(ids.shape[0]):
         cut = int(rng.integers(0, int((mask[i] == 0).sum()) + 1))  # prompts of different widths
         reqs.append(dict(ids=ids[i : i + 1, cut:], mask=mask[i : i + 1, cut:], beam_size=[1, 4, 8][i % 3], at=i))
-    step = bh.DecoderOnlyStep(model, block_size=4)
+    step = bh.DecoderOnlyStep(model, block_size=4, attention=attention)
     engine = beamkit.Engine(step, beam_size=1, max_len=NEW, policy="pool")
     ids_of, done, in_use = {}, {}, []
     t = 0
@@ -272,7 +273,7 @@ def test_requests_joining_mid_flight_decode_as_alone_and_free_their_blocks(name)
             in_use.append((step.pool.kv.blocks_in_use(), len(done)))
             t += 1
             assert t < 100
-    assert step.kv == "paged" and any(engine.stats.joined_per_call[1:])
+    assert step.kv == "paged" and step.pool.attention == attention and any(engine.stats.joined_per_call[1:])
     for rid, k in ids_of.items():
         got, want = done[rid], _alone_dense(model, reqs[k], eos, pad)
         assert got.error is None, got.error

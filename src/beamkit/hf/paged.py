@@ -21,9 +21,11 @@ by writing the new position into the pool. How the step then attends is the pool
 - ``"gather"``: ``update`` returns every row's keys and values gathered from the pool, as ``[rows, heads, L,
   d]`` in the layout the dense bridge would hold: rows of different lengths are aligned on the right and the
   columns before a row's first position are left padding (masked by the attention mask, which the step
-  function keeps left-padded as before). The gather index of a step is built once (on the host, a ``[rows,
-  L]`` table) and used by every layer, so a decoding step sees the same keys and values as with the dense
-  cache and gives the same logits, bit for bit.
+  function keeps left-padded as before). The gather index of a step is made once and used by every layer, so a
+  decoding step sees the same keys and values as with the dense cache and gives the same logits, bit for bit.
+  Its ``[rows, L]`` table of slots is kept from step to step (:class:`beamkit.kv.GatherIndex`): a step adds a
+  column, forks and joins move its rows, and only what copy-on-write moved is built again from the block
+  tables.
 
 A prompt's leading padding is not stored: its columns are padding of the gather (masked either way) and the
 shared-prefix attention never reads them.
@@ -45,7 +47,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 
 from beamkit._checks import check_choice, check_int
-from beamkit.kv import PagedKVCache, PagedRows
+from beamkit.kv import GatherIndex, PagedKVCache, PagedRows
 from beamkit.kv.attention import PrefixPlan, plan_prefix, shared_prefix_attention
 
 BLOCK_SIZE = 16  # positions per block unless a step function is given another size
@@ -166,6 +168,7 @@ class _Rows:
     pool: PagedPool
     rows: PagedRows
     length: int  # positions every row spans, its leading padding included (the attention mask's width)
+    gather: GatherIndex  # the rows' slots [rows, length], followed from step to step (gather attention only)
     index: torch.Tensor | None = None  # shape: (rows * heads * (length + 1),) slots of the step's gather
     slots: torch.Tensor | None = None  # shape: (rows * heads,) / (rows,) where each row's new position goes
     plan: PrefixPlan | None = None  # the step's shared-prefix plan (None: gather)
@@ -256,7 +259,7 @@ class PagedCache(Cache):
     def __init__(self, pool: PagedPool, rows: PagedRows, length: int):
         kv = pool.kv
         assert kv is not None
-        self._shared = _Rows(pool, rows, int(length))
+        self._shared = _Rows(pool, rows, int(length), GatherIndex(kv.block_size, kv.device))
         super().__init__(layers=[PagedLayer(self._shared, i) for i in range(kv.layers)])
 
     @property
@@ -287,31 +290,22 @@ class PagedCache(Cache):
         s.calls, s.refused, s.layer = 0, False, None
         if s.pool.attention == "shared-prefix":
             rows = s.rows
-            col = (rows.length - 1) // kv.block_size
-            block = rows.table[np.arange(len(rows)), col]
-            column = block * kv.block_size + (rows.length - 1) % kv.block_size  # shape: (rows,) in every head
-            s.slots = torch.from_numpy(column).to(kv.device)
+            s.slots = torch.from_numpy(rows.slots()).to(kv.device)  # shape: (rows,) the same column in every head
             s.plan = plan_prefix(rows.table, rows.length, kv.block_size, kv.device)
             s.index = None
+            s.gather.forget()  # not followed while the steps do not gather
         else:
             self._gather_index()
 
     def _gather_index(self) -> None:
         """The step's gather index (every row's positions, left-padded to the cache width) and the slots of its
-        new positions, in the pool viewed ``[heads * n_blocks * block_size, d]``."""
+        new positions, in the pool viewed ``[heads * n_blocks * block_size, d]``: the last step's slots with one
+        column added (:class:`beamkit.kv.GatherIndex`; only rows whose blocks moved are built again)."""
         s = self._shared
         kv = s.pool.kv
         assert kv is not None
         s.plan = None
-        width = s.length + 1
-        own = s.rows.length  # shape: (rows,) positions each row holds, this step's included
-        lead = width - own  # shape: (rows,) leading padding of each row
-        bs = kv.block_size
-        p = np.arange(width)[None, :] - lead[:, None]  # shape: (rows, L + 1) own position of each column
-        pos = np.maximum(p, 0)
-        block = np.take_along_axis(s.rows.table, pos // bs, axis=1)  # shape: (rows, L + 1)
-        base = np.where(p >= 0, block * bs + pos % bs, 0)  # padding reads slot 0 (masked)
-        base_t = torch.from_numpy(base).to(kv.device)  # shape: (rows, L + 1)
+        base_t = s.gather.step(s.rows, s.length + 1)  # shape: (rows, L + 1) padding reads slot 0 (masked)
         offset = s.pool.heads_offset()  # shape: (heads,)
         s.index = (base_t[:, None, :] + offset[None, :, None]).reshape(-1)  # shape: (rows * heads * (L + 1),)
         s.slots = (base_t[:, -1:] + offset[None, :]).reshape(-1)  # shape: (rows * heads,) the newest position
@@ -358,7 +352,9 @@ class PagedCache(Cache):
         """Keep rows ``idx`` (parents; rows may repeat or disappear): block tables forked, no keys/values copied;
         blocks no row holds any more go back to the pool."""
         s = self._shared
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         s.rows = s.rows.beamkit_select(idx)
+        s.gather.select(idx)
 
     def concat(self, others: list[PagedCache], length: int) -> PagedCache:
         """These rows, then the rows of ``others`` (same pool; all consumed), spanning ``length`` columns (at
@@ -366,8 +362,13 @@ class PagedCache(Cache):
         for o in others:
             if o.pool is not self.pool:
                 raise ValueError("PagedCache parts of different pools cannot join")
-        rows = self.rows.beamkit_concat([o.rows for o in others])
-        return PagedCache(self.pool, rows, max(length, self.length, *(o.length for o in others)))
+        parts = [self, *others]
+        width = max(length, *(p.length for p in parts))
+        sizes = [len(p.rows) for p in parts]
+        gather = GatherIndex.join([p._shared.gather for p in parts], sizes, [p.length for p in parts], width)
+        joined = PagedCache(self.pool, self.rows.beamkit_concat([o.rows for o in others]), width)
+        joined._shared.gather = gather
+        return joined
 
     def trim(self, columns: int) -> None:
         """Drop ``columns`` leading columns of the width (leading padding of every row: no row holds them)."""
@@ -376,6 +377,7 @@ class PagedCache(Cache):
         if columns < 0 or (own.size and s.length - columns < int(own.max())):
             raise ValueError(f"cannot trim {columns} columns: a row holds positions there")
         s.length -= columns
+        s.gather.trim(columns)
 
     def release(self) -> None:
         """Give the rows' blocks back now (the cache cannot be used afterwards)."""

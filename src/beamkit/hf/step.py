@@ -314,7 +314,7 @@ class DecoderOnlyStep(_ModelStep):
             pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
             kwargs[self.cache_key] = cache = state.cache
             if isinstance(cache, PagedCache):
-                cache.begin_step()  # shape: one new slot per row, copy-on-write done; the gather index built
+                cache.begin_step()  # shape: one new slot per row, copy-on-write done; the reading plan made
         else:
             ids = state.ids  # shape: (rows, P)
             mask = state.mask  # shape: (rows, P)

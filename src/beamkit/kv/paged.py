@@ -34,7 +34,10 @@ class CacheFullError(RuntimeError):
 
 def _pad_table(table: np.ndarray, nb: int) -> np.ndarray:
     """A block table ``[rows, w]`` widened to ``nb`` columns with -1 (a new array either way)."""
-    return np.pad(table, ((0, 0), (0, max(0, nb - table.shape[1]))), constant_values=-1)
+    rows, w = table.shape
+    out = np.full((rows, max(nb, w)), -1, dtype=table.dtype)  # shape: (rows, max(nb, w)); np.pad is slower
+    out[:, :w] = table
+    return out
 
 
 class PagedKVCache:
@@ -152,8 +155,9 @@ class PagedKVCache:
         upto = self.block_size if positions is None else positions
         with torch.no_grad():
             for pool in (*self.k, *self.v):
-                head = pool[:, :, :upto]  # shape: (heads, n_blocks, upto, d_head) view
-                head.index_copy_(1, d, head.index_select(1, s))
+                # indexing the pool itself: an index_select of a sliced (non-contiguous) view copies the whole
+                # pool first, time growing with the pool instead of the blocks copied
+                pool[:, d, :upto] = pool[:, s, :upto]  # shape: (heads, copies, upto, d_head)
         self.copied_blocks += int(src.shape[0])
 
     # ------------------------------------------------------------------------------------------ handles
@@ -219,6 +223,8 @@ class PagedRows:
         self._pages: Pages | None = None
         self._plan: PrefixPlan | None = None
         self._write_at: tuple[np.ndarray, np.ndarray] | None = None  # (block, offset) per row, set by append()
+        self._slots: Tensor | None = None  # shape: (rows,) the newest positions' slots on the device
+        self.copied = np.zeros(0, np.int64)  # shape: (c,) rows whose last block append() replaced by a copy
 
     def __len__(self) -> int:
         return int(self.length.shape[0])
@@ -307,8 +313,9 @@ class PagedRows:
 
         A row whose length is a multiple of ``block_size`` gets a fresh block. A row whose last block is partial
         and held by other rows too gets its own copy of it first (copy-on-write); when every holder writes at
-        this step, the first keeps the original. Raises :class:`CacheFullError` (changing nothing) when the
-        free list is short.
+        this step, the first keeps the original (the returned handle's ``copied`` names the rows that got a
+        copy: the only rows whose earlier positions moved). Raises :class:`CacheFullError` (changing nothing)
+        when the free list is short.
         """
         self._check()
         c = self.cache
@@ -327,15 +334,31 @@ class PagedRows:
         c.written_positions += n
         out = self._hand_over(table, self.length + 1)
         out._write_at = (table[np.arange(n), col], off)
+        out.copied = cow
         return out
+
+    def slots(self) -> np.ndarray:
+        """Where each row's newest position goes (after :meth:`append`), ``[rows]`` on the host: a column of a
+        pool viewed ``[heads, n_blocks * block_size, d_head]`` (the same column in every head)."""
+        where = self._write_at
+        if where is None:
+            raise ValueError("slots() needs the handle returned by append()")
+        block, offset = where
+        return block * self.cache.block_size + offset  # shape: (rows,)
+
+    def _device_slots(self) -> Tensor:
+        """:meth:`slots` on the cache's device (made once per step)."""
+        self._check()
+        if self._slots is None:
+            self._slots = torch.as_tensor(self.slots(), device=self.cache.device)
+        return self._slots
 
     def pages(self) -> Pages:
         """Device tensors for the step after :meth:`append`: where each row's newest position goes, and the
         tables to gather every row's positions from."""
         self._check()
         if self._pages is None:
-            where = self._write_at
-            if where is None:
+            if self._write_at is None:
                 raise ValueError("pages() needs the handle returned by append()")
             dev = self.cache.device
             width = int(self.length.max()) if len(self) else 0
@@ -344,19 +367,18 @@ class PagedRows:
             if len(self) and int(self.length.min()) < width:
                 length = torch.as_tensor(self.length, device=dev)
                 mask = (torch.arange(width, device=dev)[None, :] < length[:, None])[:, None, None, :]
-            block, offset = where
-            slots = torch.as_tensor(block * self.cache.block_size + offset, device=dev)  # shape: (rows,)
-            self._pages = Pages(slots, table, width, mask)
+            self._pages = Pages(self._device_slots(), table, width, mask)  # slots shape: (rows,)
         return self._pages
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> None:
-        """Store the newest position's key and value ``[rows, heads, 1, d_head]`` of ``layer``."""
-        p = self.pages()
+        """Store the newest position's key and value ``[rows, heads, 1, d_head]`` of ``layer`` (only the slots
+        are needed: the tables and mask of :meth:`pages` are made for :meth:`read` alone)."""
+        slots = self._device_slots()
         c = self.cache
         with torch.no_grad():
             for pool, x in ((c.k[layer], k), (c.v[layer], v)):
                 new = x[:, :, 0].detach().to(pool.dtype).transpose(0, 1)  # shape: (heads, rows, d_head)
-                pool.view(c.heads, -1, c.d_head).index_copy_(1, p.slots, new)
+                pool.view(c.heads, -1, c.d_head).index_copy_(1, slots, new)
 
     def attend(self, layer: int, query: Tensor, scale: float) -> Tensor:
         """Attention of the rows' newest queries ``[rows, q_heads, 1, d_head]`` over their positions of ``layer``
