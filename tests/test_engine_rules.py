@@ -793,3 +793,24 @@ def test_requests_with_different_stop_sets_below_min_len_decode_as_alone():
     for item, got in zip(plan, together, strict=True):
         assert got == decode([item])[0]
         assert all(len(tokens) > item[1] or not tokens or tokens[-1] not in item[0] for tokens, _ in got)
+
+
+def test_stop_sets_of_different_sizes_mask_only_their_own_tokens():
+    """Hand-worked, one step, beam 2, logits [0, 3, 1, 2, 0.5] for every row: request A (stops {1}, below
+    min_len) takes 3 then 2; B (stops {3, 4}, below min_len) takes 1 then 2; C (stop {0}, past min_len) takes 1
+    then 3: a stop set shorter than another masks nothing more, and a row that masks nothing loses no token."""
+    row = np.array([0.0, 3.0, 1.0, 2.0, 0.5])
+
+    def step(state, y_prev):
+        return np.tile(row, (len(y_prev), 1)), state
+
+    engine = Engine(step, beam_size=2, max_len=1)
+    ids = [
+        engine.add(np.zeros((1, 1)), BOS, (1,), min_len=1),
+        engine.add(np.zeros((1, 1)), BOS, (3, 4), min_len=1),
+        engine.add(np.zeros((1, 1)), BOS, (0,), min_len=0),
+    ]
+    done = {}
+    while not engine.idle:
+        done.update({c.request_id: [h.tokens for h in c.hypotheses] for c in engine.step()})
+    assert [done[i] for i in ids] == [[[3], [2]], [[1], [2]], [[1], [3]]]
