@@ -814,3 +814,21 @@ def test_stop_sets_of_different_sizes_mask_only_their_own_tokens():
     while not engine.idle:
         done.update({c.request_id: [h.tokens for h in c.hypotheses] for c in engine.step()})
     assert [done[i] for i in ids] == [[[3], [2]], [[1], [2]], [[1], [3]]]
+
+
+def test_many_stop_tokens_below_min_len():
+    """Forty stop ids 0-39 on logits falling with the id: below min_len the two beams are ids 40 and 41, next
+    to a request that masks nothing and takes 0 (a stop token, finished) and 1."""
+    row = -np.arange(60, dtype=np.float64)
+
+    def step(state, y_prev):
+        return np.tile(row, (len(y_prev), 1)), state
+
+    engine = Engine(step, beam_size=2, max_len=1)
+    masked = engine.add(np.zeros((1, 1)), BOS, tuple(range(40)), min_len=1)
+    plain = engine.add(np.zeros((1, 1)), BOS, tuple(range(40)), min_len=0)
+    done = {}
+    while not engine.idle:
+        done.update({c.request_id: [(h.tokens, h.finished) for h in c.hypotheses] for c in engine.step()})
+    assert done[masked] == [([40], False), ([41], False)]
+    assert done[plain] == [([0], True), ([1], True)]

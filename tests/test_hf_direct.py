@@ -10,6 +10,7 @@ sliding window), run through the model call, with the reason recorded.
 
 from __future__ import annotations
 
+import copy
 import os
 
 import numpy as np
@@ -153,6 +154,13 @@ def _reason(model) -> str:
     return reason
 
 
+class SteeredBlock(transformers.models.gpt2.modeling_gpt2.GPT2Block):
+    """A user's block: the stock block plus a shift (its own forward is what the model runs)."""
+
+    def forward(self, *args, **kwargs):
+        return super().forward(*args, **kwargs) + 0.5
+
+
 def test_models_it_does_not_know_or_must_not_bypass():
     """Each case runs through the model call, and the reason names the problem."""
     torch.manual_seed(0)
@@ -166,7 +174,54 @@ def test_models_it_does_not_know_or_must_not_bypass():
     assert "sliding-window" in _reason(_model("mistral", sliding_window=4))
     hooked = _model("gpt2")
     hooked.transformer.h[1].mlp.register_forward_hook(lambda *a: None)
-    assert "GPT2MLP has forward hooks" in _reason(hooked)
+    assert "transformer.h.1.mlp (GPT2MLP) has forward hooks" in _reason(hooked)
+    dropout = _model("gpt2")
+    dropout.transformer.h[0].attn.train()  # the model itself in evaluation mode
+    assert "transformer.h.0.attn (GPT2Attention) is in training mode" in _reason(dropout)
+    steered = _model("gpt2")
+    steered.transformer.h[1] = SteeredBlock(steered.config, layer_idx=1).eval()
+    assert "transformer.h.1 (SteeredBlock) comes from tests" in _reason(steered)
+    replaced = _model("llama")
+    layer = replaced.model.layers[0]
+    layer.forward = lambda *a, **k: type(layer).forward(layer, *a, **k)  # as accelerate's hooks do
+    assert "model.layers.0 (LlamaDecoderLayer) has its forward replaced" in _reason(replaced)
+    fewer = _model("llama")
+    fewer.config.num_hidden_layers = 1  # the model runs only the first layer
+    assert "2 layers against 1 in the config" in _reason(fewer)
+    own = _model("llama")
+    attn = own.model.layers[1].self_attn
+    attn.config = copy.deepcopy(attn.config)
+    attn.config._attn_implementation = "eager"  # this layer alone attends eagerly
+    assert "model.layers.1.self_attn (LlamaAttention) attends with 'eager'" in _reason(own)
+
+
+def test_a_model_changed_after_the_step_is_made_is_called():
+    """Training mode, another attention function or a global hook set after the step was made: the step calls
+    the model (its logits follow the change), and ``direct.reason`` says why."""
+    model = _model("gpt2")
+    ids, mask = _prompts("cpu")
+    step = DecoderOnlyStep(model, kv="dense")
+    assert step.direct is not None
+    y = torch.zeros(5, dtype=torch.long)
+    calls = []
+    with torch.inference_mode():
+        state = step.init_state(ids, mask)
+        _, state = step(state, y)
+        model.transformer.register_forward_pre_hook(lambda *a: calls.append(1))  # a model call runs it
+        _, state = step(state, y)
+        assert calls == []  # a hook on one layer after the step was made: not seen (documented)
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None)
+        try:
+            _, state = step(state, y)
+        finally:
+            handle.remove()
+        assert calls == [1] and step.direct.reason == "global module hooks are registered"
+        model.config._attn_implementation = "eager"
+        try:
+            _, state = step(state, y)
+        finally:
+            model.config._attn_implementation = "sdpa"
+        assert calls == [1, 1] and "'eager'" in step.direct.reason
 
 
 def test_a_hook_still_runs():

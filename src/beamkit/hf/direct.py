@@ -36,8 +36,20 @@ FAMILIES = {
     "MarianMTModel": "marian",
     "BartForConditionalGeneration": "bart",
 }
-_SEQ2SEQ_LAYERS = {"MarianDecoderLayer", "BartDecoderLayer"}
-_LLAMA_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP"}
+#: per family, the class names of the layers the direct step calls into (it runs their parts itself, so any
+#: other class, even a subclass, may compute something else): blocks, attention, feed-forward
+_LAYERS = {
+    "gpt2": ({"GPT2Block"}, {"GPT2Attention"}, {"GPT2MLP"}),
+    "llama": (
+        {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"},
+        {"LlamaAttention", "MistralAttention", "Qwen2Attention"},
+        {"LlamaMLP", "MistralMLP", "Qwen2MLP"},
+    ),
+    "marian": ({"MarianDecoderLayer"}, {"MarianAttention"}, set()),
+    "bart": ({"BartDecoderLayer"}, {"BartAttention"}, set()),
+}
+#: where the modules the direct step runs as they are may come from: the libraries' own layers
+_LIBRARIES = ("transformers.", "torch.", "beamkit.")
 
 
 def direct_step(model: Any) -> tuple[DirectStep | None, str]:
@@ -49,40 +61,77 @@ def direct_step(model: Any) -> tuple[DirectStep | None, str]:
 
 
 def _unsupported(model: Any) -> str:
-    """Why ``model``'s decoding step cannot run directly ('' when it can)."""
+    """Why ``model``'s decoding step cannot run directly ('' when it can): the model, each of its modules and
+    their configs are checked once (the step checks the cheap conditions again at every call)."""
     name = type(model).__name__
     family = FAMILIES.get(name)
     if family is None:
         return f"{name} is not a model family the direct step knows ({', '.join(sorted(FAMILIES))})"
+    reason = _changed(model)
+    if reason:
+        return reason
+    cfg = model.config
+    for path, module in model.named_modules():
+        where = f"{path or 'the model'} ({type(module).__name__})"
+        if module.training:
+            return f"{where} is in training mode (dropout would apply)"
+        if module._forward_hooks or module._forward_pre_hooks:
+            return f"{where} has forward hooks"
+        if "forward" in vars(module) or hasattr(module, "_hf_hook"):
+            return f"{where} has its forward replaced"
+        if not type(module).__module__.startswith(_LIBRARIES):
+            return f"{where} comes from {type(module).__module__}, not from transformers or torch"
+        own = getattr(module, "config", None)
+        if own is not None and own is not cfg and getattr(own, "_attn_implementation", "sdpa") != "sdpa":
+            return f"{where} attends with {own._attn_implementation!r} (the direct step runs 'sdpa')"
+    blocks, count = _blocks(model, family)
+    if len(blocks) != count:
+        return f"{len(blocks)} layers against {count} in the config (the model runs the config's count)"
+    block_types, attention_types, mlp_types = _LAYERS[family]
+    for block in blocks:
+        attn = block.attn if family == "gpt2" else block.self_attn
+        mlp = block.mlp if family in ("gpt2", "llama") else None
+        cross = getattr(block, "encoder_attn", None)
+        if type(block).__name__ not in block_types:
+            return f"a {type(block).__name__} layer"
+        for part in (attn, cross) if cross is not None else (attn,):
+            if type(part).__name__ not in attention_types:
+                return f"a {type(part).__name__} attention layer"
+        if mlp is not None and type(mlp).__name__ not in mlp_types:
+            return f"a {type(mlp).__name__} feed-forward layer"
+    if family == "gpt2" and getattr(cfg, "add_cross_attention", False):
+        return "GPT-2 with cross-attention"
+    if family == "llama":
+        types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+        window = getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", 1)
+        if types != {"full_attention"} or window:
+            return "a sliding-window attention layer"
+        if not callable(getattr(sys.modules[type(blocks[0].self_attn).__module__], "apply_rotary_pos_emb", None)):
+            return "the model's module has no apply_rotary_pos_emb"
+    return ""
+
+
+def _changed(model: Any) -> str:
+    """The conditions that may change after the step is made, cheap enough to check at every call: training
+    mode, the attention function, global module hooks ('' when the direct step may run)."""
     if model.training:
         return "the model is in training mode (dropout would apply)"
-    cfg = model.config
-    if getattr(cfg, "_attn_implementation", None) != "sdpa":
-        return f"attention implementation {getattr(cfg, '_attn_implementation', None)!r} (the direct step runs 'sdpa')"
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation != "sdpa":
+        return f"attention implementation {implementation!r} (the direct step runs 'sdpa')"
     if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
         return "global module hooks are registered"
-    for module in model.modules():
-        if module._forward_hooks or module._forward_pre_hooks:
-            return f"a {type(module).__name__} has forward hooks"
-    if family == "gpt2":
-        if getattr(cfg, "add_cross_attention", False):
-            return "GPT-2 with cross-attention"
-        return ""
-    if family in ("marian", "bart"):
-        for layer in model.model.decoder.layers:
-            if type(layer).__name__ not in _SEQ2SEQ_LAYERS:
-                return f"a {type(layer).__name__} decoder layer"
-        return ""
-    types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    if types != {"full_attention"} or getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", 1):
-        return "a sliding-window attention layer"
-    base = model.model
-    for layer in base.layers:
-        if type(layer.mlp).__name__ not in _LLAMA_MLPS:
-            return f"a {type(layer.mlp).__name__} feed-forward layer"
-    if not callable(getattr(sys.modules[type(base.layers[0].self_attn).__module__], "apply_rotary_pos_emb", None)):
-        return "the model's module has no apply_rotary_pos_emb"
     return ""
+
+
+def _blocks(model: Any, family: str) -> tuple[Any, int]:
+    """The layers a family's model loops over, and how many its config says it runs."""
+    cfg = model.config
+    if family == "gpt2":
+        return model.transformer.h, int(cfg.n_layer)
+    if family == "llama":
+        return model.model.layers, int(cfg.num_hidden_layers)
+    return model.model.decoder.layers, int(cfg.decoder_layers)
 
 
 class DirectStep:
@@ -97,11 +146,19 @@ class DirectStep:
 
         self.model = model
         self.family = FAMILIES[type(model).__name__]
+        self.reason = ""  # why the last call was refused ('' when it ran)
         self.attend: Callable[..., Any] = ALL_ATTENTION_FUNCTIONS["sdpa"]
         self._range = torch.arange(256, device=model.device)  # position ids, sliced (encoder-decoder models)
         if self.family == "llama":
             attn = model.model.layers[0].self_attn
             self.rotary: Callable[..., Any] = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+
+    def usable(self) -> bool:
+        """Whether the step may still run directly: the model is still in evaluation mode, attends with SDPA and
+        no global module hook was registered (``self.reason`` says why not). Hooks or training mode set on one
+        layer after the step was made are not seen: make the step again after changing the model's layers."""
+        self.reason = _changed(self.model)
+        return not self.reason
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None, cache: Any) -> torch.Tensor:
         """The logits ``[rows, V]`` of one token per row (see the class doc). An encoder-decoder model takes the

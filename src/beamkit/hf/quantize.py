@@ -77,6 +77,10 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b`` through int8: each row of ``x`` quantised with its own scale."""
+        if x.device.type != "cpu":
+            raise ValueError(
+                f"int8 layers run on the CPU, got an input on {x.device}: keep the quantized copy on the CPU"
+            )
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features).to(torch.float32)  # shape: (rows, in)
         # shape: (rows, 1); an all-zero row gets the smallest scale (its int8 values are 0 under any scale)

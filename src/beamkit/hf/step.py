@@ -325,7 +325,9 @@ class DecoderOnlyStep(_ModelStep):
         if self.takes_pos:
             kwargs["position_ids"] = pos
         start = time.perf_counter()
-        if isinstance(state, CacheRows) and self.direct is not None and plain_layers(state.cache):
+        direct = self.direct is not None and self.direct.usable()
+        if isinstance(state, CacheRows) and direct and plain_layers(state.cache):
+            assert self.direct is not None
             logits = self.direct(ids, mask, pos, state.cache)  # shape: (rows, V); the cache extended in place
             self.forward_seconds += time.perf_counter() - start
             state.length = length
@@ -404,7 +406,7 @@ class EncoderDecoderStep(_ModelStep):
             mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
             dec = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
-            if self.direct is not None and _direct_cache(state.cache):
+            if self.direct is not None and self.direct.usable() and _direct_cache(state.cache):
                 logits = self.direct(dec, mask, None, state.cache)  # shape: (rows, V); the cache extended
                 self.forward_seconds += time.perf_counter() - start
                 state.length += 1

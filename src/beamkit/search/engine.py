@@ -378,8 +378,10 @@ class Engine:
             logp = vals + offset[:, None]
             key = rows.key[:, None] + logp
         keep = np.ones(tok.shape, dtype=bool)  # shape: (rows, m')
-        if stops.shape[1]:
-            keep = ~(tok[:, :, None] == stops[:, None, :]).any(axis=2)
+        if 0 < stops.shape[1] <= 32:
+            keep = ~(tok[:, :, None] == stops[:, None, :]).any(axis=2)  # shape: (rows, m') compared at once
+        elif stops.shape[1]:  # many stop tokens: a lookup per row (no rows x m' x s table)
+            keep = np.stack([~np.isin(t, s) for t, s in zip(tok, stops, strict=True)])
         rank = np.cumsum(keep, axis=1) if stops.shape[1] else np.arange(1, tok.shape[1] + 1)[None, :]
         keep &= rank <= m_row[:, None]  # each row its own m best (other beam sizes; stop tokens left out)
         if not keep.all():
