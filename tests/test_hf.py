@@ -94,6 +94,17 @@ def _config_model(name: str):
     return t.BartForConditionalGeneration(cfg)
 
 
+def left_padded_prompts(pad: int, high: int):
+    """(input_ids [8, 7] of ids 3 .. high - 1 drawn with seed 1, attention_mask): row i left-padded by i % 4."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, high, (8, 7), generator=gen)
+    mask = torch.ones_like(ids)
+    for i in range(8):
+        ids[i, : i % 4] = pad
+        mask[i, : i % 4] = 0
+    return ids, mask
+
+
 def setup(name: str, device=None):
     """(model, input_ids [8, 7] left-padded, attention_mask, eos, pad) with an eos the model likes, on ``device``
     (default: the CPU): the CPU's model and inputs, copied there."""
@@ -114,12 +125,7 @@ def _setup_cpu(name: str):
     """:func:`setup` on the CPU."""
     model = _config_model(name).eval()
     pad = int(model.config.pad_token_id)
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, VOCAB, (8, 7), generator=gen)
-    mask = torch.ones_like(ids)
-    for i in range(8):
-        ids[i, : i % 4] = pad
-        mask[i, : i % 4] = 0
+    ids, mask = left_padded_prompts(pad, VOCAB)
     # eos: the most likely token on average after the first greedy steps (fires often, not always)
     with torch.no_grad():
         out = model.generate(

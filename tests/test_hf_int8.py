@@ -32,7 +32,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import beamkit.hf as bh  # noqa: E402
-from tests.test_hf import VOCAB, full, setup  # noqa: E402
+from tests.test_hf import VOCAB, full, left_padded_prompts, setup  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MODELS = ("gpt2", "llama", "t5", "bart", "marian")
@@ -66,12 +66,7 @@ def model_and_inputs(name: str):
     )
     model = transformers.MarianMTModel(cfg).eval()
     model.generation_config.bad_words_ids = [[pad]]
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, pad, (8, 7), generator=gen)
-    mask = torch.ones_like(ids)
-    for i in range(8):
-        ids[i, : i % 4] = pad
-        mask[i, : i % 4] = 0
+    ids, mask = left_padded_prompts(pad, pad)
     return model, ids, mask, 2, pad
 
 

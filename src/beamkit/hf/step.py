@@ -32,7 +32,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
 from beamkit._checks import check_choice
-from beamkit.hf.direct import direct_step
+from beamkit.hf.direct import DirectStep, direct_step
 from beamkit.hf.join import Cohorts, Prompt, rows_of
 from beamkit.hf.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
 from beamkit.hf.versions import cache_keyword, output_cache
@@ -212,6 +212,7 @@ class _ModelStep:
     stats: SearchStats
 
     left_pad: bool  # how prompts of different widths join (see Prompt)
+    mask_4d: bool  # whether a step passes the attention mask ready-made in 4-D (see _takes_4d_mask)
 
     def init_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Prompt:
         """The engine's initial state: one row per request (``input_ids`` / ``attention_mask`` ``[n, P]``).
@@ -226,6 +227,15 @@ class _ModelStep:
             return self._step(state, y_prev)
         with torch.inference_mode():
             return self._step(state, y_prev)
+
+    def _direct(self, model: Any, wanted: bool) -> tuple[DirectStep | None, str]:
+        """The direct step for ``model`` and why (see :mod:`beamkit.hf.direct`): none where not ``wanted`` or
+        where the model builds its own attention masks (the direct step passes the ready 4-D one)."""
+        if not wanted:
+            return None, "direct=False"
+        if not self.mask_4d:
+            return None, "the model builds its own attention masks"
+        return direct_step(model)
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, Any]:
         """Run each part of a joined state (:class:`~beamkit.hf.join.Cohorts`) on its rows, then rejoin them."""
@@ -294,9 +304,7 @@ class DecoderOnlyStep(_ModelStep):
         pool = PagedPool(block_size, blocks, attention)  # checks the sizes whichever kv is used
         self.kv = "paged" if kv == "paged" and full else "dense"
         self.pool: PagedPool | None = pool if self.kv == "paged" else None
-        self.direct, self.direct_reason = direct_step(model) if direct else (None, "direct=False")
-        if self.direct is not None and not self.mask_4d:
-            self.direct, self.direct_reason = None, "the model builds its own attention masks"
+        self.direct, self.direct_reason = self._direct(model, direct)
 
     def _rejoin(self, parts: list[CacheRows]) -> CacheRows:
         """One cache for all rows: the parts' caches, masks and positions left-padded to the longest."""
@@ -391,9 +399,7 @@ class EncoderDecoderStep(_ModelStep):
         self.cache_key = cache_keyword(model)  # "cache" (transformers 5.24 on) or "past_key_values"
         self.forward_seconds = 0.0
         self.stats = SearchStats()
-        self.direct, self.direct_reason = direct_step(model) if direct else (None, "direct=False")
-        if self.direct is not None and not self.mask_4d:
-            self.direct, self.direct_reason = None, "the model builds its own attention masks"
+        self.direct, self.direct_reason = self._direct(model, direct)
 
     def _rejoin(self, parts: list[CacheRows]) -> Any:
         """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.join`)."""
