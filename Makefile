@@ -148,7 +148,7 @@ bench: $(STAMP) $(PEER_STAMP) $(PEER_TA_STAMP)
 gpu-check: $(STAMP)
 	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: torch sees no CUDA device')"
 	BEAMKIT_TEST_INDUCTOR=1 $(BIN)/python -m pytest -q -k "cuda or inductor" tests
-	$(BIN)/python bench/vs_ct2.py --device cuda --repeats 3 --int8
+	$(BIN)/python bench/vs_ct2.py --device cuda --repeats 3 --int8 --compile
 
 wheel-check:
 	bash .ci/wheel-check

@@ -35,10 +35,16 @@ time over its int8's; no target is set for int8. beamkit's int8 runs on the CPU 
 ``--device cuda``). ``forward share`` is the share of beamkit's time spent inside the model's forward calls:
 where the time goes. Without ``ctranslate2`` installed the CTranslate2 columns are skipped with a note.
 
+``--compile [backend]`` adds ``beamkit-compiled``: ``beamkit.hf.generate(..., compile=backend)`` (inductor by
+default), its graphs compiled in the untimed warm-up (the first call's time is printed).
+Its rows are counted against Hugging Face's (its attention sums run over padded columns and the backend may
+reorder float32 sums, so it may differ at near-ties), and ``bk-compiled-speedup`` is beamkit eager's time over
+the compiled one's, ``hf-speedup-compiled`` and ``bk-compiled-vs-ct2`` as above with the compiled time.
+
 ``--device cuda`` runs all three on a GPU (figures then on wall time; ``make gpu-check`` runs it).
 
 Run: ``python bench/vs_ct2.py [--models tiny,gpt2-small,marian] [--modes beam,greedy] [--repeats 5] [--int8]
-[--device cuda]``.
+[--compile [backend]] [--device cuda]``.
 """
 
 from __future__ import annotations
@@ -226,7 +232,7 @@ def new_tokens(model: Any, sequences: torch.Tensor) -> list[list[int]]:
 
 
 def run(
-    kind: str, mode: str, repeats: int, threads: int, int8: bool, device: str = "cpu"
+    kind: str, mode: str, repeats: int, threads: int, int8: bool, device: str = "cpu", compile: str | None = None
 ) -> list[tuple[str, float, float, bool]]:
     """Time one model in one mode on ``device``; print its line and targets; return the verdicts (on CPU time,
     or on wall time on a GPU, where the process's CPU time is not the cost)."""
@@ -249,6 +255,8 @@ def run(
         calls["beamkit-int8"] = lambda: bh.generate(int8_model, ids, mask, return_dict_in_generate=True, **kw)
     elif int8:
         notes.append("beamkit's int8 runs on the CPU only: no beamkit-int8 column")
+    if compile:
+        calls["beamkit-compiled"] = lambda: bh.generate(model, ids, mask, compile=compile, **kw)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         try:
             ct2 = CT2(kind, model, ids, mask, tmp, threads, device)
@@ -259,9 +267,15 @@ def run(
             calls["ct2"] = ct2.runner("float32", beams)
             if int8:
                 calls["ct2-int8"] = ct2.runner("int8", beams)
-        # warm-up and the reference outputs
+        # warm-up and the reference outputs (the compiled step compiles its graphs here)
         hf_rows = new_tokens(model, calls["hf"]())
-        outputs = {name: call() for name, call in calls.items() if name != "hf"}
+        outputs = {}
+        for name, call in calls.items():
+            if name != "hf":
+                w0 = time.perf_counter()
+                outputs[name] = call()
+                if name == "beamkit-compiled":
+                    notes.append(f"first beamkit-compiled call (compiling included): {time.perf_counter() - w0:.1f} s")
         int8_own: list[list[int]] = []
         if int8_model is not None:  # the int8 model's own generate, once (untimed): the int8 reference
             outputs["beamkit-int8"] = outputs["beamkit-int8"].sequences
@@ -300,6 +314,9 @@ def run(
     for name in ("ct2", "ct2-int8"):
         if name in outputs:
             agree.append(f"{name} {rows_equal(outputs[name], hf_rows)}/{PROMPTS}")
+    if "beamkit-compiled" in outputs:  # may differ from Hugging Face's at near-ties (float32 sums reordered)
+        compiled_rows = new_tokens(model, outputs["beamkit-compiled"])
+        agree.append(f"beamkit-compiled {rows_equal(compiled_rows, hf_rows)}/{PROMPTS}")
     if "beamkit-int8" in outputs:  # beamkit's float32 rows are Hugging Face's (checked above)
         int8_rows = new_tokens(model, outputs["beamkit-int8"])
         agree.append(f"beamkit-int8 {rows_equal(int8_rows, hf_rows)}/{PROMPTS}")
@@ -321,6 +338,12 @@ def run(
         if "ct2-int8" in times:
             print(f"bk-int8-vs-ct2-int8[{label}]: {cost(times['ct2-int8']) / bk_int8_cost:.2f}x (no target)")
         print(f"bk-int8-speedup[{label}]: {bk_cost / bk_int8_cost:.2f}x (beamkit float32's time over int8's)")
+    if "beamkit-compiled" in times:
+        compiled_cost = cost(times["beamkit-compiled"])
+        print(f"bk-compiled-speedup[{label}]: {bk_cost / compiled_cost:.2f}x (beamkit eager's time over compiled's)")
+        print(f"hf-speedup-compiled[{label}]: {cost(times['hf']) / compiled_cost:.2f}x (no separate target)")
+        if "ct2" in times:
+            print(f"bk-compiled-vs-ct2[{label}]: {cost(times['ct2']) / compiled_cost:.2f}x (no separate target)")
     if "ct2" in outputs and rows_equal(outputs["ct2"], hf_rows) < ROWS_TARGET:
         print(f"[{label}] CTranslate2's rows equal Hugging Face's on fewer than {ROWS_TARGET} of {PROMPTS}")
     results = verdict(kind, hf_speedup, ct2_speedup)
@@ -340,6 +363,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--int8", action="store_true", help="add CTranslate2 int8 (compute_type int8) and beamkit int8 (quantize_int8)"
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where all three systems run")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        help="add beamkit with its compiled decoding step (a torch.compile backend; default inductor)",
+    )
     args = parser.parse_args(argv)
     models, modes = args.models.split(","), args.modes.split(",")
     for name in models:
@@ -360,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         r
         for kind in models
         for mode in modes
-        for r in run(kind, mode, args.repeats, args.threads, args.int8, args.device)
+        for r in run(kind, mode, args.repeats, args.threads, args.int8, args.device, args.compile)
     ]
     met = sum(m for *_, m in summary)
     print(f"targets met: {met} of {len(summary)}")

@@ -84,3 +84,13 @@ def test_unknown_model_is_a_usage_error(capsys):
         load_bench("vs_ct2").main(["--models", "gpt3"])
     assert err.value.code == 2
     assert "unknown model 'gpt3'" in capsys.readouterr().err
+
+
+def test_tiny_run_with_the_compiled_step_prints_its_figures(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # the CTranslate2 columns are not what is tested here
+    out = tiny_run(monkeypatch, capsys, "--modes", "greedy", "--compile", "eager")
+    assert re.search(r"beamkit-compiled \d+ \(\d+\)", out)  # its timings
+    assert re.search(r"rows equal to Hugging Face's: beamkit 8/8, beamkit-compiled [0-8]/8;", out)
+    assert "first beamkit-compiled call (compiling included):" in out
+    assert re.search(r"bk-compiled-speedup\[tiny/greedy\]: \d+\.\d\dx", out)
+    assert "hf-speedup-compiled[tiny/greedy]:" in out and "targets met:" in out

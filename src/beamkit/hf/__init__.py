@@ -17,7 +17,9 @@ route of a call), :mod:`~beamkit.hf.loop` (the loop inside Hugging Face's ``gene
 (``patch``), :mod:`~beamkit.hf.loading` (``load_pretrained``: the one loader of ``hf:DIR`` folders),
 :mod:`~beamkit.hf.versions` (the supported ``transformers`` releases and the names that differ between them),
 :mod:`~beamkit.hf.internals` (every private ``transformers`` member the loop touches), :mod:`~beamkit.hf.quantize`
-(``quantize_int8``: a copy of a model with int8 linear layers, for CPU decoding).
+(``quantize_int8``: a copy of a model with int8 linear layers, for CPU decoding), :mod:`~beamkit.hf.direct` (the
+decoding step that runs a known family's layers directly) and :mod:`~beamkit.hf.compiled` (that step compiled
+over static shapes, ``compile=``).
 
 Needs ``torch`` and ``transformers`` (imported only when this module is).
 """

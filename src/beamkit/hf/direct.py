@@ -160,12 +160,22 @@ class DirectStep:
         self.reason = _changed(self.model)
         return not self.reason
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None, cache: Any) -> torch.Tensor:
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        pos: torch.Tensor | None,
+        cache: Any,
+        self_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The logits ``[rows, V]`` of one token per row (see the class doc). An encoder-decoder model takes the
-        encoder's padding mask ``[rows, 1, 1, S]`` as ``mask``, no ``pos`` (its positions are the decoder's
-        length, the same for every row) and its ``EncoderDecoderCache`` (the cross-attention keys/values filled)."""
+        encoder's padding mask ``[rows, 1, 1, S]`` as ``mask``, its ``EncoderDecoderCache`` (the cross-attention
+        keys/values filled) and no ``pos`` (its position is the decoder's length, the same for every row, read
+        from the cache); or, for a cache of fixed width (the compiled step), ``pos`` the position ``[1]`` and
+        ``self_mask`` ``[rows, 1, 1, C]`` the self-attention columns to read."""
         if self.family in ("marian", "bart"):
-            logits = self.model.lm_head.forward(self._seq2seq(ids, mask, cache)) + self.model.final_logits_bias
+            hidden = self._seq2seq(ids, mask, cache, pos, self_mask)
+            logits = self.model.lm_head.forward(hidden) + self.model.final_logits_bias
         else:
             assert pos is not None
             hidden = self._gpt2(ids, mask, pos, cache) if self.family == "gpt2" else self._llama(ids, mask, pos, cache)
@@ -216,14 +226,24 @@ class DirectStep:
             hidden = hidden + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
         return base.norm.forward(hidden)
 
-    def _seq2seq(self, ids: torch.Tensor, cross_mask: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _seq2seq(
+        self,
+        ids: torch.Tensor,
+        cross_mask: torch.Tensor,
+        cache: Any,
+        position: torch.Tensor | None = None,
+        self_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Marian / BART decoder layers (``MarianDecoder`` / ``BartDecoder.forward`` for one new token, post-norm):
         the final hidden states ``[rows, 1, E]``. The self-attention needs no mask: one query attends to every
-        position of its own row (the model passes none either, having no decoder padding)."""
+        position of its own row (the model passes none either, having no decoder padding); a cache of fixed
+        width passes ``self_mask`` and the ``position`` (then its length is not read)."""
         dec = self.model.model.decoder
         self_cache, cross_cache = cache.self_attention_cache, cache.cross_attention_cache
-        past = self_cache.get_seq_length()
-        position = self._positions(past)  # shape: (1,)
+        past = 0  # read by the position embeddings only when no position ids are given (never here)
+        if position is None:
+            past = self_cache.get_seq_length()
+            position = self._positions(past)  # shape: (1,)
         if self.family == "marian":
             hidden = dec.embed_tokens.forward(ids) * dec.embed_scale  # shape: (rows, 1, E)
             hidden = hidden + dec.embed_positions.forward(ids.shape, past, position_ids=position)
@@ -238,7 +258,7 @@ class DirectStep:
             k = attn.k_proj.forward(hidden).view(shape).transpose(1, 2)
             v = attn.v_proj.forward(hidden).view(shape).transpose(1, 2)
             k, v = self_cache.layers[i].update(k, v)  # shape: (rows, heads, L, d)
-            out, _ = self.attend(attn, q, k, v, None, dropout=0.0, scaling=attn.scaling)
+            out, _ = self.attend(attn, q, k, v, self_mask, dropout=0.0, scaling=attn.scaling)
             out = attn.out_proj.forward(out.reshape(rows, 1, -1).contiguous())  # shape: (rows, 1, E)
             hidden = layer.self_attn_layer_norm.forward(hidden + out)
             q = cross.q_proj.forward(hidden).view(shape).transpose(1, 2)

@@ -35,7 +35,9 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
     ``exact_exit``, extra ``processors`` applied after the mapped ones, ...), and ``allowed_output`` (with a
     :class:`beamkit.Trie`'s ``prefix_allowed_tokens_fn``: ``"allowed"`` computes the output layer only for the
     ids some row may take and normalises over each row's allowed ids, ``"vocab"`` normalises over the whole
-    vocabulary, as Hugging Face does; see :mod:`beamkit.hf.allowed`).
+    vocabulary, as Hugging Face does; see :mod:`beamkit.hf.allowed`), and ``compile`` (True or a
+    ``torch.compile`` backend name runs the decoding steps compiled over static shapes, see
+    :mod:`beamkit.hf.compiled`; default False).
 
     Where the call runs is decided once, by :func:`beamkit.hf.route.route`: the engine bridge where it takes
     the call, else beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`:
@@ -161,11 +163,12 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
     step: DecoderOnlyStep | EncoderDecoderStep
     if settings.encoder_decoder:
         prefix = torch.full((batch, 1), settings.start, dtype=torch.long, device=input_ids.device)
-        step = EncoderDecoderStep(model)
+        step = EncoderDecoderStep(model, compile=settings.compile or False)
     else:
         prefix = input_ids
         blocks = pool_blocks(mask, settings.num_beams, settings.max_new_tokens)
-        step = DecoderOnlyStep(model, kv=choose_cache(model, settings, mask).kind, blocks=blocks)
+        kv = choose_cache(model, settings, mask).kind
+        step = DecoderOnlyStep(model, kv=kv, blocks=blocks, compile=settings.compile or False)
     # Hugging Face's processors see prompt + generated tokens (decoder-only, left padding included) or the
     # decoder tokens from the start token on (encoder-decoder)
     prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())

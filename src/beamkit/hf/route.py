@@ -86,6 +86,8 @@ def route(
         return Route(
             "huggingface", f"allowed_output= runs on beamkit's engine only, which does not take this call: {why}"
         )
+    if kwargs.get("compile") not in (None, False):  # the compiled step runs on beamkit's engine only
+        return Route("huggingface", f"compile= runs on beamkit's engine only, which does not take this call: {why}")
     call = LoopCall(args, dict(kwargs)) if patched else _loop_call(args, kwargs)
     refusal = loop_refusal(model, call)
     if refusal is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from beamkit._checks import check_choice, check_float, check_int
+from beamkit.models.compiled import compile_setting
 from beamkit.search import SearchOptions, eos_ids
 
 
@@ -179,6 +180,7 @@ class Settings:
     kv_chosen: bool = False  # True: the call named no cache (cache_implementation=None), beamkit picks by size
     prefix_fn: Any = None  # a beamkit.Trie's prefix_allowed_tokens_fn (applied vectorised), or None
     allowed_output: str | None = None  # the output layer over the allowed ids: "vocab", "allowed" or None (all)
+    compile: str | None = None  # the torch.compile backend of the decoding step (None: eager)
 
     @property
     def fill(self) -> int:
@@ -326,9 +328,11 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
     lengths, the logits processors' settings, sampling."""
     _refuse_unmapped(gc, given)
     allowed_output = rest.pop("allowed_output", None)
+    compile_backend = compile_setting(rest.pop("compile", False))
     prefix_fn = _call_arguments(model, rest)
     cfg = model.config
     encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
+    _check_compile(compile_backend, allowed_output, gc)
     num_beams = _int(gc.num_beams, "num_beams", 1)
     num_return = _int(gc.num_return_sequences, "num_return_sequences", 1)
     early_stopping = False if gc.early_stopping is None else gc.early_stopping
@@ -361,6 +365,7 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
         kv_chosen=gc.cache_implementation is None,
         prefix_fn=prefix_fn,
         allowed_output=allowed_output,
+        compile=compile_backend,
         **_sampling(gc, num_beams, eos),
     )
 
@@ -380,6 +385,17 @@ def _check_allowed_output(value: Any, prefix_fn: Any, encoder_decoder: bool, gc:
         raise Unsupported(
             "allowed_output= with diverse or constrained beam search or sampling (beam search and greedy only)"
         )
+
+
+def _check_compile(backend: str | None, allowed_output: Any, gc: Any) -> None:
+    """``compile=`` (a compiled decoding step): beam search, greedy decoding or sampling, without
+    ``allowed_output`` (:class:`Unsupported` otherwise)."""
+    if backend is None:
+        return
+    if allowed_output is not None:
+        raise Unsupported("compile= with allowed_output= (its output layer changes every step)")
+    if (getattr(gc, "num_beam_groups", None) or 1) > 1 or getattr(gc, "force_words_ids", None):
+        raise Unsupported("compile= with diverse or constrained beam search (beam search, greedy, sampling only)")
 
 
 def _call_arguments(model: Any, rest: dict[str, Any]) -> Any:

@@ -32,11 +32,13 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
 from beamkit._checks import check_choice
+from beamkit.hf.compiled import StaticLayers, StaticSeq2Seq, StaticSeq2SeqStep, StaticStep, static_step
 from beamkit.hf.direct import DirectStep, direct_step
 from beamkit.hf.join import Cohorts, Prompt, rows_of
 from beamkit.hf.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
 from beamkit.hf.versions import cache_keyword, output_cache
 from beamkit.hypothesis import SearchStats
+from beamkit.models.compiled import compile_setting
 
 _CHUNK = 64  # columns added to the mask / position buffers at a time
 
@@ -111,7 +113,7 @@ class CacheRows:
         drop = int(attended.to(torch.int8).argmax()) if bool(attended.any()) else 0
         if drop == 0:
             return 0
-        if isinstance(self.cache, PagedCache):
+        if isinstance(self.cache, (PagedCache, StaticLayers)):
             self.cache.trim(drop)
         else:
             for layer in getattr(self.cache, "layers", ()):
@@ -228,6 +230,15 @@ class _ModelStep:
         with torch.inference_mode():
             return self._step(state, y_prev)
 
+    def _fast_steps(self, model: Any, direct: bool, backend: str | None) -> Any:
+        """Set ``self.direct`` / ``self.direct_reason`` (the direct step where ``direct``) and return the compiled
+        step for ``backend`` (None: not asked for, or the model has no direct step to compile)."""
+        self.direct, self.direct_reason = self._direct(model, direct or backend is not None)
+        compiled = None if backend is None else static_step(model, self.direct, backend, self.direct_reason)
+        if not direct:
+            self.direct, self.direct_reason = None, "direct=False"
+        return compiled
+
     def _direct(self, model: Any, wanted: bool) -> tuple[DirectStep | None, str]:
         """The direct step for ``model`` and why (see :mod:`beamkit.hf.direct`): none where not ``wanted`` or
         where the model builds its own attention masks (the direct step passes the ready 4-D one)."""
@@ -277,6 +288,11 @@ class DecoderOnlyStep(_ModelStep):
     ``direct`` (default True): on the dense cache, decoding steps of a model family :mod:`beamkit.hf.direct`
     knows run its layers directly (the same logits, bit for bit, without the model wrapper's per-call work);
     ``self.direct_reason`` says whether it is used and why not.
+
+    ``compile`` (default False): True (inductor) or a ``torch.compile`` backend name runs the decoding steps of
+    those families compiled over static shapes, keys/values in preallocated buffers (:mod:`beamkit.hf.compiled`;
+    the cache is then dense, whatever ``kv`` says). ``self.compiled`` is the compiled step in use (None where
+    the model has no direct step: then the step runs as without ``compile``, the reason logged once).
     """
 
     left_pad = True
@@ -290,7 +306,9 @@ class DecoderOnlyStep(_ModelStep):
         blocks: int = 0,
         attention: str = "shared-prefix",
         direct: bool = True,
+        compile: bool | str = False,
     ):
+        backend = compile_setting(compile)
         self.model = model
         self.keep_one = accepts(model, "logits_to_keep")
         self.takes_pos = accepts(model, "position_ids")
@@ -302,12 +320,16 @@ class DecoderOnlyStep(_ModelStep):
         self.stats = SearchStats()
         check_choice("kv", kv, ("paged", "dense"))
         pool = PagedPool(block_size, blocks, attention)  # checks the sizes whichever kv is used
-        self.kv = "paged" if kv == "paged" and full else "dense"
+        self.compiled: StaticStep | None = self._fast_steps(model, direct, backend)
+        self.kv = "paged" if kv == "paged" and full and self.compiled is None else "dense"
         self.pool: PagedPool | None = pool if self.kv == "paged" else None
-        self.direct, self.direct_reason = self._direct(model, direct)
 
     def _rejoin(self, parts: list[CacheRows]) -> CacheRows:
-        """One cache for all rows: the parts' caches, masks and positions left-padded to the longest."""
+        """One cache for all rows: the parts' caches, masks and positions left-padded to the longest (static
+        buffers join as dense caches; the next compiled step copies them back into buffers)."""
+        for part in parts:
+            if isinstance(part.cache, StaticLayers):
+                part.cache = part.cache.to_dynamic()
         return merge_left_padded(parts)
 
     def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
@@ -333,6 +355,14 @@ class DecoderOnlyStep(_ModelStep):
         if self.takes_pos:
             kwargs["position_ids"] = pos
         start = time.perf_counter()
+        if isinstance(state, CacheRows) and self._static(state):
+            assert self.compiled is not None
+            logits = self.compiled(ids, mask, pos, state.cache)  # shape: (rows, V); the buffers written in place
+            self.forward_seconds += time.perf_counter() - start
+            state.length = length
+            return logits, state
+        if isinstance(state, CacheRows) and isinstance(state.cache, StaticLayers):  # the model changed since
+            state.cache = kwargs[self.cache_key] = state.cache.to_dynamic()
         direct = self.direct is not None and self.direct.usable()
         if isinstance(state, CacheRows) and direct and plain_layers(state.cache):
             assert self.direct is not None
@@ -359,6 +389,17 @@ class DecoderOnlyStep(_ModelStep):
         return logits, CacheRows(
             self._keep(output_cache(out), mask), np.arange(rows, dtype=np.int64), per_request, length
         )
+
+    def _static(self, state: CacheRows) -> bool:
+        """Whether this step runs compiled: a compiled step is set and its direct step still usable; a dense cache
+        of plain layers is moved into static buffers here (the first decoding step)."""
+        if self.compiled is None or not self.compiled.direct.usable():
+            return False
+        if not isinstance(state.cache, StaticLayers):
+            if not plain_layers(state.cache):
+                return False
+            state.cache = StaticLayers.from_dynamic(state.cache)
+        return True
 
     def _keep(self, cache: Any, mask: torch.Tensor) -> Any:
         """The prompt forward's cache as the state keeps it: moved into the pool (paged), or as it is (dense).
@@ -389,17 +430,21 @@ class EncoderDecoderStep(_ModelStep):
     request, never gathered). The cache goes to the model under ``self.cache_key``
     (:func:`beamkit.hf.versions.cache_keyword`). ``direct`` (default True): after the first step, Marian and BART
     decoders run their layers directly (:mod:`beamkit.hf.direct`; ``self.direct_reason`` says whether).
+    ``compile`` (default False): True (inductor) or a ``torch.compile`` backend name runs those decoder steps
+    compiled over static shapes (:mod:`beamkit.hf.compiled`); ``self.compiled`` is the compiled step in use (None
+    where the model has no direct step: then it runs as without ``compile``, the reason logged once).
     """
 
     left_pad = False
 
-    def __init__(self, model: Any, *, direct: bool = True):
+    def __init__(self, model: Any, *, direct: bool = True, compile: bool | str = False):
+        backend = compile_setting(compile)
         self.model = model
         self.mask_4d = _takes_4d_mask(model)
         self.cache_key = cache_keyword(model)  # "cache" (transformers 5.24 on) or "past_key_values"
         self.forward_seconds = 0.0
         self.stats = SearchStats()
-        self.direct, self.direct_reason = self._direct(model, direct)
+        self.compiled: StaticSeq2SeqStep | None = self._fast_steps(model, direct, backend)
 
     def _rejoin(self, parts: list[CacheRows]) -> Any:
         """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.join`)."""
@@ -412,6 +457,14 @@ class EncoderDecoderStep(_ModelStep):
             mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
             dec = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
+            if self._static(state):
+                assert self.compiled is not None
+                logits = self.compiled(dec, mask, state.cache)  # shape: (rows, V); the buffers written in place
+                self.forward_seconds += time.perf_counter() - start
+                state.length += 1
+                return logits, state
+            if isinstance(state.cache, StaticSeq2Seq):  # the model changed since: its own cache again
+                state.cache = state.cache.to_dynamic()
             if self.direct is not None and self.direct.usable() and _direct_cache(state.cache):
                 logits = self.direct(dec, mask, None, state.cache)  # shape: (rows, V); the cache extended
                 self.forward_seconds += time.perf_counter() - start
@@ -444,6 +497,17 @@ class EncoderDecoderStep(_ModelStep):
         cache = CacheRows(kv, np.arange(rows, dtype=np.int64), per_request, 1)
         cache.shared.update(enc=enc, enc_out=enc_out)
         return logits, cache
+
+    def _static(self, state: CacheRows) -> bool:
+        """Whether this step runs compiled: a compiled step is set and its direct step still usable; the model's
+        cache is moved into static buffers here (the second step: the first filled the cross-attention cache)."""
+        if self.compiled is None or not self.compiled.direct.usable():
+            return False
+        if not isinstance(state.cache, StaticSeq2Seq):
+            if not _direct_cache(state.cache):
+                return False
+            state.cache = StaticSeq2Seq(state.cache)
+        return True
 
 
 def _direct_cache(cache: Any) -> bool:

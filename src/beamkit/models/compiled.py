@@ -110,7 +110,7 @@ class CompiledStep:
             if spent > SLOW_COMPILE_SECONDS:
                 print(
                     f"beamkit: compiled the decode step for {key[0]} rows in {spent:.1f} s "
-                    "(once per row bucket; later calls reuse it)",
+                    f"(once per shape bucket, here {'x'.join(map(str, key))}; later calls reuse it)",
                     file=sys.stderr,
                 )
         return out

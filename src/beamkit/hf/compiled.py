@@ -1,0 +1,332 @@
+"""A compiled decoding step for Hugging Face decoder-only models: static shapes, keys/values written in place.
+
+``DecoderOnlyStep(model, compile=True)`` (or ``beamkit.hf.generate(..., compile=True)``) runs each decoding step
+after the prompt through ``torch.compile`` (inductor; a string names another backend) over static shapes, for
+the model families the direct step knows (:mod:`beamkit.hf.direct`: GPT-2, Llama, Mistral, Qwen2):
+
+* Rows are padded to a power of two (at least 4), the key/value columns to a power of two (at least 64). The
+  keys/values live in preallocated buffers ``[rows bucket, kv heads, columns bucket, d]`` per layer
+  (:class:`StaticLayers`); the step writes its column in place (``index_copy_`` at a position tensor) and
+  attends over the whole buffer under a boolean mask, so one graph serves every step whose rows and length fall
+  in one pair of buckets, across calls of the same model (graphs are kept per model; inductor also keeps its
+  kernels in its on-disk cache across processes).
+* The same layer functions as the direct step (the model's own ``forward`` of each part, its rotary helper,
+  transformers' SDPA attention function), inside one graph: no Python per module.
+* Between steps the surviving rows (parents, may repeat) are copied into a second set of buffers (only the
+  filled columns move): the dense cache's gather without its concatenation.
+
+The prompt is one model call (its cache is copied into the buffers at the first decoding step). Where
+``torch.compile`` fails (no C compiler, an unsupported Python), the same static step runs eagerly and the reason
+is logged once; a first compilation of more than two seconds prints one line on standard error
+(:class:`beamkit.models.compiled.CompiledStep`, shared with beamkit's own Transformer). Logits equal the eager
+step's within float32 rounding: the attention sums run over the padded columns (exact zeros) and the backend
+may reorder sums.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from beamkit.hf.direct import DirectStep
+from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, bucket
+
+log = logging.getLogger("beamkit")
+
+MIN_COLUMNS = 64  # the smallest key/value columns bucket
+
+#: per model, its static steps by backend (the compiled graphs outlive one ``generate`` call)
+_STEPS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_LOGGED: set[str] = set()  # reasons already logged (each once per process)
+
+
+def log_once(message: str) -> None:
+    """Log ``message`` as a warning on the ``beamkit`` logger, once per process."""
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        log.warning("%s", message)
+
+
+class StaticLayers:
+    """A decoder-only model's keys/values in preallocated buffers: per layer ``keys`` / ``values`` ``[cap, kv
+    heads, columns, d]`` whose first ``rows`` rows and ``length`` columns are filled, and a spare set of the same
+    shape (the target of the next reorder). Stands in for the model's ``DynamicCache`` inside
+    :class:`~beamkit.hf.step.CacheRows` (``reorder_cache``, ``trim``, ``get_seq_length``)."""
+
+    def __init__(self, keys: list[Tensor], values: list[Tensor], rows: int, length: int) -> None:
+        self.keys, self.values = keys, values  # per layer, shape: (cap, kv heads, columns, d)
+        self.spare: list[Tensor] = [torch.zeros_like(x) for x in (*keys, *values)]
+        self.rows, self.length = rows, length
+
+    @classmethod
+    def from_dynamic(cls, cache: Any, columns: int = 0) -> StaticLayers:
+        """The plain ``DynamicLayer`` layers of ``cache`` (``[rows, kv heads, L, d]`` each) copied into buffers of
+        the buckets holding their rows and ``L + 1`` columns (``columns``: that many columns instead)."""
+        layers = cache.layers
+        rows, _, length, _ = layers[0].keys.shape
+        cap, cols = bucket(rows, MIN_ROWS), columns or bucket(length + 1, MIN_COLUMNS)
+        keys: list[Tensor] = []
+        values: list[Tensor] = []
+        for layer in layers:
+            for src, out in ((layer.keys, keys), (layer.values, values)):
+                buf = src.new_zeros((cap, src.shape[1], cols, src.shape[3]))  # shape: (cap, kv heads, cols, d)
+                buf[:rows, :, :length].copy_(src)
+                out.append(buf)
+        return cls(keys, values, int(rows), int(length))
+
+    @property
+    def cap(self) -> int:
+        """Rows the buffers hold (the rows bucket)."""
+        return int(self.keys[0].shape[0])
+
+    @property
+    def columns(self) -> int:
+        """Key/value columns the buffers hold (the columns bucket)."""
+        return int(self.keys[0].shape[2])
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The filled columns (as ``Cache.get_seq_length``)."""
+        return self.length
+
+    def kv_bytes(self) -> int:
+        """Bytes of the buffers (both sets)."""
+        return sum(int(x.numel()) * x.element_size() for x in (*self.keys, *self.values, *self.spare))
+
+    def make_room(self, length: int) -> None:
+        """Grow the buffers to the columns bucket holding ``length`` columns (the filled ones copied)."""
+        if length <= self.columns:
+            return
+        cols = bucket(length, MIN_COLUMNS)
+        grown = [self._resized(x, self.cap, cols) for x in (*self.keys, *self.values)]
+        n = len(self.keys)
+        self.keys, self.values = grown[:n], grown[n:]
+        self.spare = [torch.zeros_like(x) for x in grown]
+
+    def _resized(self, x: Tensor, cap: int, cols: int) -> Tensor:
+        """``x``'s filled rows and columns in a zeroed buffer of ``cap`` rows and ``cols`` columns."""
+        out = x.new_zeros((cap, x.shape[1], cols, x.shape[3]))
+        out[: self.rows, :, : self.length].copy_(x[: self.rows, :, : self.length])
+        return out
+
+    def reorder_cache(self, index: Tensor) -> None:
+        """Rows ``index`` (parents, may repeat), copied into the spare buffers (grown to a larger rows bucket when
+        more rows come back than they hold), which become the live ones: their filled columns while those are at
+        most half the buffer, else whole rows (one pass, no temporary: less to move than the filled columns
+        twice)."""
+        n = int(index.shape[0])
+        cap = bucket(n, MIN_ROWS)
+        if cap > self.cap:
+            self.spare = [x.new_zeros((cap, *x.shape[1:])) for x in self.spare]
+        t = self.length
+        for src, dst in zip((*self.keys, *self.values), self.spare, strict=True):
+            if 2 * t <= self.columns:  # the filled columns, through a temporary: two passes over t columns
+                dst[:n, :, :t].copy_(src[:, :, :t].index_select(0, index))  # shape: (n, kv heads, t, d)
+            else:  # whole rows, one pass over every column
+                torch.index_select(src, 0, index, out=dst[:n])  # shape: (n, kv heads, columns, d)
+        old = [*self.keys, *self.values]
+        if int(old[0].shape[0]) < cap:  # too few rows to be the next target: grown as well
+            old = [x.new_zeros((cap, *x.shape[1:])) for x in old]
+        layers = len(self.keys)
+        self.keys, self.values, self.spare = self.spare[:layers], self.spare[layers:], old
+        self.rows = n
+
+    def trim(self, drop: int) -> None:
+        """Drop the first ``drop`` filled columns (every row masks them): the rest move to the front."""
+        t = self.length
+        for x in (*self.keys, *self.values):
+            x[: self.rows, :, : t - drop] = x[: self.rows, :, drop:t].clone()
+        self.length = t - drop
+
+    def to_dynamic(self, cache: Any = None) -> Any:
+        """The filled rows and columns as a ``DynamicCache`` of plain layers (copies), or written into the layers
+        of ``cache`` (a ``DynamicCache`` of as many layers), which is returned."""
+        if cache is None:
+            cache = DynamicCache()
+            for k, v in zip(self.keys, self.values, strict=True):
+                layer = DynamicLayer()
+                layer.lazy_initialization(k[:1, :, :1], v[:1, :, :1])
+                cache.layers.append(layer)
+        for layer, k, v in zip(cache.layers, self.keys, self.values, strict=True):
+            layer.keys = k[: self.rows, :, : self.length].clone()  # shape: (rows, kv heads, L, d)
+            layer.values = v[: self.rows, :, : self.length].clone()
+        return cache
+
+
+class StaticSeq2Seq:
+    """An encoder-decoder model's keys/values in preallocated buffers: the self-attention ones
+    (:class:`StaticLayers`, one column per decoder position) and the cross-attention ones (a :class:`StaticLayers`
+    whose ``length`` is the source's columns, padded to a bucket of at least 8), reordered as the model's
+    ``EncoderDecoderCache`` is (``self_attention_cache`` / ``cross_attention_cache``). ``original`` is that cache,
+    refilled by :meth:`to_dynamic`."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+        cross = original.cross_attention_cache
+        self.source = int(cross.layers[0].keys.shape[2])  # the source's columns
+        self.self_attention_cache = StaticLayers.from_dynamic(original.self_attention_cache)
+        self.cross_attention_cache = StaticLayers.from_dynamic(cross, bucket(self.source, MIN_SOURCE))
+        self.cross_attention_cache.length = self.cross_attention_cache.columns  # every column is read (masked)
+        self._mask: tuple[Tensor | None, Tensor | None] = (None, None)  # the last source mask and its padded form
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The decoder positions held (as ``Cache.get_seq_length``)."""
+        return self.self_attention_cache.length
+
+    def kv_bytes(self) -> int:
+        """Bytes of the buffers."""
+        return self.self_attention_cache.kv_bytes() + self.cross_attention_cache.kv_bytes()
+
+    def source_mask(self, mask: Tensor) -> Tensor:
+        """The source mask ``[rows, 1, 1, S]`` padded to ``[cap, 1, 1, S bucket]`` (padded rows read column 0),
+        made again only when the rows' mask is another tensor (their layout changed)."""
+        if self._mask[0] is mask and self._mask[1] is not None:
+            return self._mask[1]
+        cross = self.cross_attention_cache
+        n = int(mask.shape[0])
+        padded = torch.zeros((cross.cap, 1, 1, cross.columns), dtype=torch.bool, device=mask.device)
+        padded[:n, :, :, : self.source] = mask
+        padded[n:, :, :, 0] = True
+        self._mask = (mask, padded)
+        return padded
+
+    def to_dynamic(self) -> Any:
+        """The model's ``EncoderDecoderCache`` refilled with the live rows (copies)."""
+        cross = self.cross_attention_cache
+        cross.length = self.source
+        self.self_attention_cache.to_dynamic(self.original.self_attention_cache)
+        cross.to_dynamic(self.original.cross_attention_cache)
+        cross.length = cross.columns
+        return self.original
+
+
+class _Column:
+    """One layer's buffers as the direct step's cache layer sees them: ``update`` writes the step's column at
+    ``at`` in place and returns the whole buffers."""
+
+    def __init__(self, keys: Tensor, values: Tensor, at: Tensor) -> None:
+        self.keys, self.values, self.at = keys, values, at
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.keys.index_copy_(2, self.at, k)  # k: (cap, kv heads, 1, d) into column at
+        self.values.index_copy_(2, self.at, v)
+        return self.keys, self.values
+
+
+class _Columns:
+    """The layers of :class:`_Column` the direct step reads as ``cache.layers``."""
+
+    def __init__(self, layers: list[_Column]) -> None:
+        self.layers = layers
+
+
+class _Seq2SeqColumns:
+    """Self- and cross-attention :class:`_Columns`, read as an ``EncoderDecoderCache``."""
+
+    def __init__(self, self_attention: _Columns, cross_attention: _Columns) -> None:
+        self.self_attention_cache, self.cross_attention_cache = self_attention, cross_attention
+
+
+class StaticStep:
+    """The compiled static step of one model and backend (see the module doc); ``compiled.compilations`` counts
+    the graphs compiled so far. ``__call__(ids [rows, 1], mask [rows, 1, 1, >= L] boolean, pos [rows, 1],
+    cache)``: the logits ``[rows, V]`` (float32) of the step that fills column ``L - 1`` (``L = cache.length +
+    1``) of every row."""
+
+    def __init__(self, direct: DirectStep, backend: str) -> None:
+        self.direct = direct
+        self.compiled = CompiledStep(self._step, backend)
+        device = direct.model.device
+        self._at = torch.arange(4 * MIN_COLUMNS, device=device)  # write positions, sliced
+
+    def _step(self, ids: Tensor, mask: Tensor, pos: Tensor, at: Tensor, keys: list[Tensor], values: list[Tensor]):
+        """The eager static step (what is compiled): the direct step over the buffers."""
+        layers = _Columns([_Column(k, v, at) for k, v in zip(keys, values, strict=True)])
+        return self.direct(ids, mask, pos, layers)  # shape: (cap, V)
+
+    def __call__(self, ids: Tensor, mask: Tensor, pos: Tensor, cache: StaticLayers) -> Tensor:
+        length = cache.length + 1
+        cache.make_room(length)
+        n, cap, cols = int(ids.shape[0]), cache.cap, cache.columns
+        ids_in = ids.new_zeros((cap, 1))  # shape: (cap, 1); padded rows read token 0
+        ids_in[:n] = ids
+        pos_in = pos.new_zeros((cap, 1))  # shape: (cap, 1)
+        pos_in[:n] = pos
+        mask_in = torch.zeros((cap, 1, 1, cols), dtype=torch.bool, device=ids.device)  # shape: (cap, 1, 1, cols)
+        mask_in[:n, :, :, :length] = mask[..., :length]
+        mask_in[n:, :, :, 0] = True  # padded rows attend somewhere (no all-masked row)
+        if length > self._at.shape[0]:
+            self._at = torch.arange(2 * length, device=self._at.device)
+        at = self._at[length - 1 : length]  # shape: (1,)
+        logits = self.compiled((cap, cols), ids_in, mask_in, pos_in, at, cache.keys, cache.values)
+        cache.length = length
+        return logits[:n]
+
+
+class StaticSeq2SeqStep:
+    """The compiled static decoder step of one encoder-decoder model (Marian, BART) and backend.
+    ``__call__(ids [rows, 1], source mask [rows, 1, 1, S] boolean, cache)``: the logits ``[rows, V]`` (float32)
+    of the step at decoder position ``cache.get_seq_length()``, written into that column."""
+
+    def __init__(self, direct: DirectStep, backend: str) -> None:
+        self.direct = direct
+        self.compiled = CompiledStep(self._step, backend)
+        self._at = torch.arange(4 * MIN_COLUMNS, device=direct.model.device)  # positions, sliced
+
+    def _step(
+        self,
+        ids: Tensor,
+        source_mask: Tensor,
+        at: Tensor,
+        keys: list[Tensor],
+        values: list[Tensor],
+        cross_keys: list[Tensor],
+        cross_values: list[Tensor],
+    ) -> Tensor:
+        """The eager static step (what is compiled): the direct decoder step over the buffers, reading the
+        self-attention columns up to ``at``."""
+        cols = keys[0].shape[2]
+        self_mask = (torch.arange(cols, device=ids.device) <= at).view(1, 1, 1, cols)  # shape: (1, 1, 1, cols)
+        layers = _Seq2SeqColumns(
+            _Columns([_Column(k, v, at) for k, v in zip(keys, values, strict=True)]),
+            _Columns([_Column(k, v, at) for k, v in zip(cross_keys, cross_values, strict=True)]),
+        )
+        return self.direct(ids, source_mask, at, layers, self_mask)  # shape: (cap, V)
+
+    def __call__(self, ids: Tensor, mask: Tensor, cache: StaticSeq2Seq) -> Tensor:
+        own, cross = cache.self_attention_cache, cache.cross_attention_cache
+        past = own.length
+        own.make_room(past + 1)
+        n, cap = int(ids.shape[0]), own.cap
+        ids_in = ids.new_zeros((cap, 1))  # shape: (cap, 1); padded rows read token 0
+        ids_in[:n] = ids
+        if past >= self._at.shape[0]:
+            self._at = torch.arange(2 * past + 2, device=self._at.device)
+        at = self._at[past : past + 1]  # shape: (1,)
+        key = (cap, own.columns, cross.columns)
+        logits = self.compiled(key, ids_in, cache.source_mask(mask), at, own.keys, own.values, cross.keys, cross.values)
+        own.length = past + 1
+        return logits[:n]
+
+
+def static_step(model: Any, direct: DirectStep | None, backend: str, why: str) -> Any:
+    """The model's compiled static step for ``backend`` (:class:`StaticStep`, or :class:`StaticSeq2SeqStep` for
+    an encoder-decoder model; made once per model and backend), or None (logged once with ``why``) when the
+    model has no direct step to compile."""
+    if direct is None:
+        log_once(f"beamkit: compile= runs eagerly for {type(model).__name__}: {why}")
+        return None
+    steps = _STEPS.setdefault(model, {})
+    if backend not in steps:
+        seq2seq = direct.family in ("marian", "bart")
+        steps[backend] = StaticSeq2SeqStep(direct, backend) if seq2seq else StaticStep(direct, backend)
+    return steps[backend]
+
+
+def compilations(model: Any) -> dict[str, int]:
+    """Graphs compiled so far for ``model``'s static steps, by backend."""
+    return {name: step.compiled.compilations for name, step in _STEPS.get(model, {}).items()}

@@ -1,0 +1,293 @@
+"""The compiled decoding step of Hugging Face models (``compile=``, :mod:`beamkit.hf.compiled`): GPT-2 and Llama
+here for the decoder-only families, Marian and BART for the encoder-decoder ones.
+
+Oracles: the direct eager step of the same model (another code path: Hugging Face's ``DynamicCache`` grown by
+concatenation, attention over exactly the filled columns, no row padding) step by step, ``model.generate`` for
+whole outputs, and a request decoded alone for requests joining mid-flight. Most tests compile with
+torch.compile's ``eager`` backend (dynamo's graph capture and guards, the static shapes and the buckets, without
+inductor's C++ build, which takes minutes on a loaded 2-core machine); ``BEAMKIT_TEST_INDUCTOR=1`` adds inductor
+(``make gpu-check`` sets it).
+
+Tolerance, float32: the compiled step attends over every column of its buffers (the unfilled ones weigh exact
+zeros) and its backend may reorder sums. A sum of n float32 terms reordered moves by at most (n - 1) u sum|terms|
+(u = 2^-24); along the deepest path of a step a value passes through sums of E (width), F (feed-forward) and C
+(columns) terms in each layer, so logits agree within (E + F + C) * layers * u * (1 + max|logit|).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import beamkit  # noqa: E402
+import beamkit.hf as bh  # noqa: E402
+from beamkit.hf import compiled as hc  # noqa: E402
+from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
+from beamkit.models import compiled as compiled_mod  # noqa: E402
+from tests.test_hf_direct import _seq2seq  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+BACKENDS = ["eager"] + (["inductor"] if os.environ.get("BEAMKIT_TEST_INDUCTOR") == "1" else [])
+V = 300
+U = 2.0**-24
+WIDTH, FF, LAYERS = 64, 96, 2
+
+
+def _model(family: str):
+    """A tiny seeded decoder-only model: 2 layers, 64 wide, 4 heads (2 key/value heads for Llama); eos 2."""
+    torch.manual_seed(0)
+    ids = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(
+            n_layer=LAYERS, n_embd=WIDTH, n_inner=FF, n_head=4, vocab_size=V, n_positions=256, **ids
+        )
+        return transformers.GPT2LMHeadModel(cfg).eval()
+    if family == "opt":
+        cfg = transformers.OPTConfig(
+            hidden_size=WIDTH, ffn_dim=FF, num_hidden_layers=LAYERS, num_attention_heads=4, vocab_size=V,
+            word_embed_proj_dim=WIDTH, max_position_embeddings=256, **ids,
+        )  # fmt: skip
+        return transformers.OPTForCausalLM(cfg).eval()
+    cfg = transformers.LlamaConfig(
+        hidden_size=WIDTH, intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=V, max_position_embeddings=256, **ids,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _prompts(device, n: int = 5):
+    """``n`` prompts of 8 ids (3 .. V - 1), left-padded by 0, 3, 1, 0, 5, ... columns."""
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, V, (n, 8), generator=gen)
+    mask = torch.ones_like(ids)
+    for i in range(n):
+        mask[i, : (0, 3, 1, 0, 5)[i % 5]] = 0
+    return ids.to(device), mask.to(device)
+
+
+def tolerance(columns: int, logits) -> float:
+    return (WIDTH + FF + columns) * LAYERS * U * (1.0 + float(logits.abs().max()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_compiled_logits_within_float32_of_the_eager_step(family, backend, device):
+    """Step by step, through forks, rows leaving and the buffers growing past 64 columns and 8 rows, with the
+    same random parents and tokens fed to both: the compiled step's logits are the eager direct step's within
+    float32 rounding."""
+    model = _model(family).to(device)
+    fast = DecoderOnlyStep(model, compile=backend)
+    slow = DecoderOnlyStep(model, kv="dense")
+    assert fast.compiled is not None and fast.kv == "dense"
+    ids, mask = _prompts(device)
+    rng = np.random.default_rng(0)
+    y = torch.zeros(5, dtype=torch.long, device=device)
+    with torch.inference_mode():
+        a, b = fast.init_state(ids, mask), slow.init_state(ids, mask)
+        for t in range(62):
+            la, a = fast(a, y)
+            lb, b = slow(b, y)
+            assert la.shape == lb.shape
+            columns = a.cache.columns if isinstance(a.cache, hc.StaticLayers) else 8
+            assert (la - lb).abs().max() <= tolerance(columns, lb), f"step {t}"
+            rows = la.shape[0]
+            size = rows + 4 if t in (1, 5) else max(1, rows - 2) if t == 40 else rows  # forks, then rows leave
+            parents = np.sort(rng.integers(0, rows, size=size)) if t else np.arange(rows)
+            if t:
+                a, b = a.beamkit_select(parents), b.beamkit_select(parents)
+            y = torch.from_numpy(rng.integers(0, V, size=parents.shape[0])).to(device)
+    assert isinstance(a.cache, hc.StaticLayers) and a.cache.columns == 128 and a.cache.cap == 16
+    assert fast.forward_seconds > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ["marian", "bart"])
+def test_compiled_encoder_decoder_logits_within_float32_of_the_eager_step(family, backend, device):
+    """Marian and BART: step by step, through the encoder's padding, forks, rows leaving and the decoder buffers
+    growing past 64 columns, the compiled decoder step's logits are the eager direct step's within float32."""
+    model = _seq2seq(family).to(device)
+    fast, slow = EncoderDecoderStep(model, compile=backend), EncoderDecoderStep(model)
+    assert fast.compiled is not None
+    ids, mask = _prompts(device)
+    ids, mask = ids.clamp(max=V - 2), mask.flip(1)  # no pad token inside the source; right-padded
+    rng = np.random.default_rng(1)
+    y = torch.full((5,), int(model.config.decoder_start_token_id), device=device)
+    with torch.inference_mode():
+        a, b = fast.init_state(ids, mask), slow.init_state(ids, mask)
+        for t in range(66):
+            la, a = fast(a, y)
+            lb, b = slow(b, y)
+            # Marian / BART here: 64 wide, feed-forward 96, 2 decoder layers; self columns and source bucket
+            assert (la - lb).abs().max() <= tolerance(128 + 8, lb), f"step {t}"
+            rows = la.shape[0]
+            size = rows + 3 if t == 0 else max(1, rows - 2) if t == 30 else rows
+            parents = np.sort(rng.integers(0, rows, size=size))
+            a, b = a.beamkit_select(parents), b.beamkit_select(parents)
+            y = torch.from_numpy(rng.integers(0, V, size=parents.shape[0])).to(device)
+    assert a.cache.self_attention_cache.columns == 128 and a.cache.cross_attention_cache.columns == 8
+
+
+# every family and mode with the eager backend; under inductor one decoder-only and one encoder-decoder family, beam
+# 4 (each inductor case compiles two or three graphs: it keeps make gpu-check within its minutes)
+GENERATE_CASES = [(f, b, "eager") for f in ("gpt2", "llama", "marian", "bart") for b in (1, 4)] + [
+    (f, 4, backend) for f in ("gpt2", "bart") for backend in BACKENDS[1:]
+]
+
+
+@pytest.mark.parametrize(("family", "beams", "backend"), GENERATE_CASES)
+def test_generate_compiled_gives_hugging_faces_tokens(family, beams, backend, device):
+    """``beamkit.hf.generate(..., compile=...)`` returns ``model.generate``'s sequences; its scores are the eager
+    bridge's within float32 rounding of 40 log-probabilities."""
+    seq2seq = family in ("marian", "bart")
+    model = (_seq2seq(family) if seq2seq else _model(family)).to(device)
+    ids, mask = _prompts(device)
+    kw = dict(num_beams=beams, max_new_tokens=40, do_sample=False)
+    if seq2seq:
+        ids, mask = ids.clamp(max=V - 2), mask.flip(1)
+    else:
+        kw.update(eos_token_id=2, pad_token_id=0)
+    theirs = model.generate(ids, attention_mask=mask, **kw)
+    eager = bh.generate(model, ids, mask, return_dict_in_generate=True, **kw)
+    ours = bh.generate(model, ids, mask, return_dict_in_generate=True, compile=backend, **kw)
+    assert torch.equal(ours.sequences, theirs)
+    a = [h.score for hs in ours.hypotheses for h in hs]
+    b = [h.score for hs in eager.hypotheses for h in hs]
+    # each log-probability within twice a logit's tolerance (log-softmax), logits below 30 in magnitude here
+    assert np.allclose(a, b, rtol=0, atol=40 * 2 * tolerance(64, torch.full((1,), 30.0)))
+
+
+def test_a_second_call_in_the_same_buckets_compiles_nothing():
+    """Graphs are kept per model and bucket: 3 then 4 requests of beam 4 (12 and 16 rows: the 16-row bucket),
+    and greedy 3 then 4 rows (the 4-row bucket), compile once per bucket; another step function of the same
+    model reuses them."""
+    model = _model("gpt2")
+    ids, mask = _prompts("cpu", 4)
+    kw = dict(max_new_tokens=10, eos_token_id=None, pad_token_id=0, compile="eager")
+    bh.generate(model, ids[:3], mask[:3], num_beams=4, **kw)
+    after_first = hc.compilations(model)["eager"]
+    bh.generate(model, ids, mask, num_beams=4, **kw)
+    assert hc.compilations(model)["eager"] == after_first == 1
+    bh.generate(model, ids[:3], mask[:3], num_beams=1, **kw)
+    bh.generate(model, ids, mask, num_beams=1, **kw)
+    assert hc.compilations(model)["eager"] == 2
+
+
+def test_requests_joining_mid_flight_decode_as_alone():
+    """In ``beamkit.Engine``, a request joining a compiled search (its rows join as a dense cache, copied back
+    into buffers at the next step) gets the tokens it gets decoded alone by the eager bridge."""
+    model = _model("gpt2")
+    ids, mask = _prompts("cpu")
+    step = DecoderOnlyStep(model, compile="eager")
+    engine = beamkit.Engine(step, beam_size=3, max_len=12, policy="pool")
+    done = {}
+    rids = {}
+    with torch.inference_mode():
+        for t in range(40):
+            if t in (0, 2, 5):
+                k = (0, 2, 5).index(t)
+                rids[engine.add(step.init_state(ids[k : k + 1], mask[k : k + 1]), 0, [])] = k
+            for c in engine.step():
+                done[c.request_id] = c
+            if engine.idle and len(rids) == 3:
+                break
+    assert max(step.stats.rows_per_call) > 3  # requests ran together
+    for rid, k in rids.items():
+        alone = bh.generate(model, ids[k : k + 1], mask[k : k + 1], num_beams=3, num_return_sequences=3,
+                            max_new_tokens=12, eos_token_id=None, pad_token_id=0,
+                            return_dict_in_generate=True).hypotheses[0]  # fmt: skip
+        got = done[rid].hypotheses
+        assert done[rid].error is None
+        assert [h.tokens for h in got] == [h.tokens for h in alone]
+        assert np.allclose([h.score for h in got], [h.score for h in alone], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "bart"])
+def test_a_model_changed_mid_search_runs_its_model_call(family):
+    """A global forward hook registered after some compiled steps: the step gives the buffers back as the
+    model's own cache and calls the model (the hook runs), with the eager step's logits."""
+    if family == "bart":
+        model = _seq2seq(family)
+        fast, slow = EncoderDecoderStep(model, compile="eager"), EncoderDecoderStep(model)
+        static = hc.StaticSeq2Seq
+    else:
+        model = _model(family)
+        fast, slow = DecoderOnlyStep(model, compile="eager"), DecoderOnlyStep(model, kv="dense")
+        static = hc.StaticLayers
+    ids, mask = _prompts("cpu")
+    ids, mask = ids.clamp(max=V - 2), mask if family == "llama" else mask.flip(1)
+    y = torch.full((5,), int(getattr(model.config, "decoder_start_token_id", None) or 0))
+    seen = []
+    handle = None
+    try:
+        with torch.inference_mode():
+            a, b = fast.init_state(ids, mask), slow.init_state(ids, mask)
+            for t in range(6):
+                if t == 4:
+                    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: seen.append(1))
+                la, a = fast(a, y)
+                lb, b = slow(b, y)
+                assert (la - lb).abs().max() <= tolerance(64 + 8, lb)
+                assert isinstance(a.cache, static) == (0 < t < 4)
+                y = la.argmax(dim=1)
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert seen
+
+
+def test_a_family_without_a_direct_step_runs_eagerly_and_says_why_once(caplog):
+    model = _model("opt")
+    ids, mask = _prompts("cpu")
+    kw = dict(num_beams=2, max_new_tokens=6, eos_token_id=2, pad_token_id=0, do_sample=False)
+    with caplog.at_level(logging.WARNING, logger="beamkit"):
+        first = bh.generate(model, ids, mask, compile="eager", **kw)
+        bh.generate(model, ids, mask, compile="eager", **kw)
+    assert torch.equal(first, model.generate(ids, attention_mask=mask, **kw))
+    notes = [r.getMessage() for r in caplog.records if "compile= runs eagerly" in r.getMessage()]
+    assert len(notes) == 1 and "OPTForCausalLM" in notes[0]
+    assert DecoderOnlyStep(model, compile="eager").compiled is None
+
+
+def test_a_backend_that_fails_falls_back_to_the_eager_static_step(caplog):
+    model = _model("gpt2")
+    ids, mask = _prompts("cpu")
+    kw = dict(num_beams=3, max_new_tokens=8, eos_token_id=2, pad_token_id=0, do_sample=False)
+    with caplog.at_level(logging.WARNING, logger="beamkit"):
+        got = bh.generate(model, ids, mask, compile="no-such-backend", **kw)
+    assert torch.equal(got, model.generate(ids, attention_mask=mask, **kw))
+    notes = [r.getMessage() for r in caplog.records if "not available" in r.getMessage()]
+    assert len(notes) == 1 and "running it eagerly" in notes[0]
+
+
+def test_a_slow_first_compilation_is_announced_once_per_bucket(monkeypatch, capsys):
+    model = _model("gpt2")
+    monkeypatch.setattr(compiled_mod, "SLOW_COMPILE_SECONDS", -1.0)  # every first compilation counts as slow
+    ids, mask = _prompts("cpu", 3)
+    for _ in range(2):
+        bh.generate(model, ids, mask, num_beams=1, max_new_tokens=5, eos_token_id=None, pad_token_id=0,
+                    compile="eager")  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("compiled the decode step for 4 rows") == 1 and "4x64" in err
+
+
+def test_bad_switches_and_combinations_are_refused():
+    model = _model("gpt2")
+    ids, mask = _prompts("cpu", 2)
+    with pytest.raises(TypeError, match="compile must be True, False or a torch.compile backend name"):
+        bh.generate(model, ids, mask, max_new_tokens=3, compile=3)
+    with pytest.raises(TypeError, match="compile must be"):
+        DecoderOnlyStep(model, compile="")
+    trie = beamkit.Trie([[5, 6, 2], [7, 2]])
+    with pytest.raises(bh.Unsupported, match="compile= with allowed_output="):
+        bh.generate(model, ids, mask, max_new_tokens=3, compile="eager", allowed_output="vocab", num_beams=2,
+                    prefix_allowed_tokens_fn=trie.prefix_allowed_tokens_fn(8, eos_token_id=2))  # fmt: skip
+    with pytest.raises(bh.Unsupported, match="compile= with diverse or constrained beam search"):
+        bh.generate(model, ids, mask, max_new_tokens=3, compile="eager", num_beams=4, num_beam_groups=2,
+                    diversity_penalty=0.5)  # fmt: skip
