@@ -1,5 +1,5 @@
 """The compiled decoding step of Hugging Face models (``compile=``, :mod:`beamkit.hf.compiled`): GPT-2 and Llama
-here for the decoder-only families, Marian and BART for the encoder-decoder ones.
+here for the decoder-only families; Marian, BART and T5 for the encoder-decoder ones.
 
 Oracles: the direct eager step of the same model (another code path: Hugging Face's ``DynamicCache`` grown by
 concatenation, attention over exactly the filled columns, no row padding) step by step, ``model.generate`` for
@@ -108,9 +108,9 @@ def test_compiled_logits_within_float32_of_the_eager_step(family, backend, devic
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("family", ["marian", "bart"])
+@pytest.mark.parametrize("family", ["marian", "bart", "t5"])
 def test_compiled_encoder_decoder_logits_within_float32_of_the_eager_step(family, backend, device):
-    """Marian and BART: step by step, through the encoder's padding, forks, rows leaving and the decoder buffers
+    """Marian, BART and T5: step by step, through the encoder's padding, forks, rows leaving and the decoder buffers
     growing past 64 columns, the compiled decoder step's logits are the eager direct step's within float32."""
     model = _seq2seq(family).to(device)
     fast, slow = EncoderDecoderStep(model, compile=backend), EncoderDecoderStep(model)
@@ -124,7 +124,7 @@ def test_compiled_encoder_decoder_logits_within_float32_of_the_eager_step(family
         for t in range(66):
             la, a = fast(a, y)
             lb, b = slow(b, y)
-            # Marian / BART here: 64 wide, feed-forward 96, 2 decoder layers; self columns and source bucket
+            # Marian / BART / T5 here: 64 wide, feed-forward 96, 2 decoder layers; self columns and source bucket
             assert (la - lb).abs().max() <= tolerance(128 + 8, lb), f"step {t}"
             rows = la.shape[0]
             size = rows + 3 if t == 0 else max(1, rows - 2) if t == 30 else rows
@@ -136,7 +136,7 @@ def test_compiled_encoder_decoder_logits_within_float32_of_the_eager_step(family
 
 # every family and mode with the eager backend; under inductor one decoder-only and one encoder-decoder family, beam
 # 4 (each inductor case compiles two or three graphs: it keeps make gpu-check within its minutes)
-GENERATE_CASES = [(f, b, "eager") for f in ("gpt2", "llama", "marian", "bart") for b in (1, 4)] + [
+GENERATE_CASES = [(f, b, "eager") for f in ("gpt2", "llama", "marian", "bart", "t5") for b in (1, 4)] + [
     (f, 4, backend) for f in ("gpt2", "bart") for backend in BACKENDS[1:]
 ]
 
@@ -145,7 +145,7 @@ GENERATE_CASES = [(f, b, "eager") for f in ("gpt2", "llama", "marian", "bart") f
 def test_generate_compiled_gives_hugging_faces_tokens(family, beams, backend, device):
     """``beamkit.hf.generate(..., compile=...)`` returns ``model.generate``'s sequences; its scores are the eager
     bridge's within float32 rounding of 40 log-probabilities."""
-    seq2seq = family in ("marian", "bart")
+    seq2seq = family in ("marian", "bart", "t5")
     model = (_seq2seq(family) if seq2seq else _model(family)).to(device)
     ids, mask = _prompts(device)
     kw = dict(num_beams=beams, max_new_tokens=40, do_sample=False)

@@ -49,12 +49,19 @@ def _model(family: str, **extra):
 
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2")
-SEQ2SEQ = ("marian", "bart")
+SEQ2SEQ = ("marian", "bart", "t5")
 
 
 def _seq2seq(family: str):
-    """A tiny seeded Marian or BART model: 2+2 layers, 64 wide, 4 heads (pad last for Marian, as it has it)."""
+    """A tiny seeded Marian, BART or T5 model: 2+2 layers, 64 wide, 4 heads, feed-forward 96 (pad last for Marian,
+    as it has it; T5 with its own relative position bias and output scaling)."""
     torch.manual_seed(0)
+    if family == "t5":
+        cfg = transformers.T5Config(
+            vocab_size=V, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_decoder_layers=2, num_heads=4,
+            decoder_start_token_id=V - 1, pad_token_id=V - 1, eos_token_id=1,
+        )  # fmt: skip
+        return transformers.T5ForConditionalGeneration(cfg).eval()
     sizes = dict(
         vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, max_position_embeddings=128,
@@ -132,7 +139,7 @@ def test_encoder_decoder_logits_equal_the_model_call(family, device):
     assert len(calls) == 1 + 10  # the direct step's first call, then the model-call step's ten
 
 
-@pytest.mark.parametrize("family", ("gpt2", "llama", "marian", "bart"))
+@pytest.mark.parametrize("family", ("gpt2", "llama", "marian", "bart", "t5"))
 @pytest.mark.parametrize("beams", (1, 4))
 def test_generate_matches_hugging_face(family, beams):
     """``beamkit.hf.generate`` on the direct step returns ``model.generate``'s sequences, greedy and beam."""
@@ -193,6 +200,7 @@ def test_models_it_does_not_know_or_must_not_bypass():
     attn.config = copy.deepcopy(attn.config)
     attn.config._attn_implementation = "eager"  # this layer alone attends eagerly
     assert "model.layers.1.self_attn (LlamaAttention) attends with 'eager'" in _reason(own)
+    assert "T5 in float16" in _reason(_seq2seq("t5").half())
 
 
 def test_a_model_changed_after_the_step_is_made_is_called():

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from beamkit.hf.direct import DirectStep
+from beamkit.hf.direct import SEQ2SEQ, DirectStep
 from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, bucket
 
 log = logging.getLogger("beamkit")
@@ -268,7 +268,7 @@ class StaticStep:
 
 
 class StaticSeq2SeqStep:
-    """The compiled static decoder step of one encoder-decoder model (Marian, BART) and backend.
+    """The compiled static decoder step of one encoder-decoder model (Marian, BART, T5) and backend.
     ``__call__(ids [rows, 1], source mask [rows, 1, 1, S] boolean, cache)``: the logits ``[rows, V]`` (float32)
     of the step at decoder position ``cache.get_seq_length()``, written into that column."""
 
@@ -322,7 +322,7 @@ def static_step(model: Any, direct: DirectStep | None, backend: str, why: str) -
         return None
     steps = _STEPS.setdefault(model, {})
     if backend not in steps:
-        seq2seq = direct.family in ("marian", "bart")
+        seq2seq = direct.family in SEQ2SEQ
         steps[backend] = StaticSeq2SeqStep(direct, backend) if seq2seq else StaticStep(direct, backend)
     return steps[backend]
 

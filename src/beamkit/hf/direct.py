@@ -13,7 +13,8 @@ its logits are the model call's logits, bit for bit (the tests compare them with
 
 It serves the families whose layer structure it knows, exactly: GPT-2 (``GPT2LMHeadModel``), the Llama-style
 models (``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``) with full attention in every layer,
-and the decoders of Marian (``MarianMTModel``) and BART (``BartForConditionalGeneration``), whose one-token step
+and the decoders of Marian (``MarianMTModel``), BART (``BartForConditionalGeneration``) and T5
+(``T5ForConditionalGeneration``, float32 or bfloat16: in float16 its blocks clamp activations), whose one-token step
 reads the cross-attention keys/values the first step (a model call) cached; with SDPA attention, in evaluation
 mode, with no hooks on any module when the step is made. For any other model, :func:`direct_step` says why not
 and the step calls the model as usual.
@@ -35,6 +36,7 @@ FAMILIES = {
     "Qwen2ForCausalLM": "llama",
     "MarianMTModel": "marian",
     "BartForConditionalGeneration": "bart",
+    "T5ForConditionalGeneration": "t5",
 }
 #: per family, the class names of the layers the direct step calls into (it runs their parts itself, so any
 #: other class, even a subclass, may compute something else): blocks, attention, feed-forward
@@ -47,7 +49,9 @@ _LAYERS = {
     ),
     "marian": ({"MarianDecoderLayer"}, {"MarianAttention"}, set()),
     "bart": ({"BartDecoderLayer"}, {"BartAttention"}, set()),
+    "t5": ({"T5Block"}, {"T5Attention"}, {"T5LayerFF"}),
 }
+SEQ2SEQ = ("marian", "bart", "t5")  # the encoder-decoder families (their decoders run directly)
 #: where the modules the direct step runs as they are may come from: the libraries' own layers
 _LIBRARIES = ("transformers.", "torch.", "beamkit.")
 
@@ -89,9 +93,7 @@ def _unsupported(model: Any) -> str:
         return f"{len(blocks)} layers against {count} in the config (the model runs the config's count)"
     block_types, attention_types, mlp_types = _LAYERS[family]
     for block in blocks:
-        attn = block.attn if family == "gpt2" else block.self_attn
-        mlp = block.mlp if family in ("gpt2", "llama") else None
-        cross = getattr(block, "encoder_attn", None)
+        attn, cross, mlp = _parts(block, family)
         if type(block).__name__ not in block_types:
             return f"a {type(block).__name__} layer"
         for part in (attn, cross) if cross is not None else (attn,):
@@ -99,6 +101,16 @@ def _unsupported(model: Any) -> str:
                 return f"a {type(part).__name__} attention layer"
         if mlp is not None and type(mlp).__name__ not in mlp_types:
             return f"a {type(mlp).__name__} feed-forward layer"
+    if family == "t5":
+        if not isinstance(getattr(cfg, "scale_decoder_outputs", None), bool):
+            return "a T5 config without scale_decoder_outputs (another transformers release)"
+        parts = [type(p).__name__ for b in blocks for p in b.layer]
+        if parts != ["T5LayerSelfAttention", "T5LayerCrossAttention", "T5LayerFF"] * len(blocks):
+            return "T5 blocks of other parts than self-attention, cross-attention and feed-forward"
+        if model.dtype == torch.float16:
+            return "T5 in float16 (its blocks clamp their activations there)"
+        if not blocks[0].layer[0].SelfAttention.has_relative_attention_bias:
+            return "a T5 decoder whose first layer has no relative attention bias"
     if family == "gpt2" and getattr(cfg, "add_cross_attention", False):
         return "GPT-2 with cross-attention"
     if family == "llama":
@@ -124,6 +136,18 @@ def _changed(model: Any) -> str:
     return ""
 
 
+def _parts(block: Any, family: str) -> tuple[Any, Any, Any]:
+    """A block's self-attention, cross-attention (None in decoder-only families) and feed-forward (None where
+    the block holds its feed-forward layers directly) modules."""
+    if family == "t5":
+        layer = block.layer
+        cross = layer[1].EncDecAttention if len(layer) > 2 else None
+        return layer[0].SelfAttention, cross, layer[-1]
+    attn = block.attn if family == "gpt2" else block.self_attn
+    mlp = block.mlp if family in ("gpt2", "llama") else None
+    return attn, getattr(block, "encoder_attn", None), mlp
+
+
 def _blocks(model: Any, family: str) -> tuple[Any, int]:
     """The layers a family's model loops over, and how many its config says it runs."""
     cfg = model.config
@@ -131,6 +155,8 @@ def _blocks(model: Any, family: str) -> tuple[Any, int]:
         return model.transformer.h, int(cfg.n_layer)
     if family == "llama":
         return model.model.layers, int(cfg.num_hidden_layers)
+    if family == "t5":
+        return model.decoder.block, int(cfg.num_decoder_layers)
     return model.model.decoder.layers, int(cfg.decoder_layers)
 
 
@@ -173,7 +199,9 @@ class DirectStep:
         keys/values filled) and no ``pos`` (its position is the decoder's length, the same for every row, read
         from the cache); or, for a cache of fixed width (the compiled step), ``pos`` the position ``[1]`` and
         ``self_mask`` ``[rows, 1, 1, C]`` the self-attention columns to read."""
-        if self.family in ("marian", "bart"):
+        if self.family == "t5":
+            logits = self.model.lm_head.forward(self._t5(ids, mask, cache, pos, self_mask))
+        elif self.family in SEQ2SEQ:
             hidden = self._seq2seq(ids, mask, cache, pos, self_mask)
             logits = self.model.lm_head.forward(hidden) + self.model.final_logits_bias
         else:
@@ -268,6 +296,53 @@ class DirectStep:
             hidden = layer.encoder_attn_layer_norm.forward(hidden + out)
             ffn = layer.fc2.forward(layer.activation_fn(layer.fc1.forward(hidden)))
             hidden = layer.final_layer_norm.forward(hidden + ffn)
+        return hidden
+
+    def _t5(
+        self,
+        ids: torch.Tensor,
+        cross_mask: torch.Tensor,
+        cache: Any,
+        position: torch.Tensor | None = None,
+        self_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """T5 decoder blocks (``T5Stack.forward`` of the decoder for one new token, pre-norm, relative position
+        bias from the first block's self-attention, shared by every block; the cross-attention's bias zeros):
+        the final hidden states ``[rows, 1, E]``, scaled as ``T5ForConditionalGeneration`` scales them before its
+        output layer. As the model, the self-attention passes no mask but the bias (one query attends to its
+        row's every position); a cache of fixed width passes ``self_mask`` and the ``position``."""
+        dec = self.model.decoder
+        self_cache, cross_cache = cache.self_attention_cache, cache.cross_attention_cache
+        past: Any = position if position is not None else self_cache.get_seq_length()
+        hidden = dec.embed_tokens.forward(ids)  # shape: (rows, 1, E)
+        rows = hidden.shape[0]
+        bias = cross_bias = None
+        for i, block in enumerate(dec.block):
+            own, cross, ff = block.layer
+            attn = own.SelfAttention
+            x = own.layer_norm.forward(hidden)
+            shape = (rows, 1, -1, attn.key_value_proj_dim)
+            q = attn.q.forward(x).view(shape).transpose(1, 2)  # shape: (rows, heads, 1, d)
+            k = attn.k.forward(x).view(shape).transpose(1, 2)
+            v = attn.v.forward(x).view(shape).transpose(1, 2)
+            k, v = self_cache.layers[i].update(k, v)  # shape: (rows, heads, L, d)
+            if bias is None:  # shape: (1, heads, 1, L)
+                bias = attn.compute_bias(1, k.shape[-2], device=q.device, past_seen_tokens=past)
+            out, _ = self.attend(attn, q, k, v, self_mask, dropout=0.0, scaling=attn.scaling, position_bias=bias)
+            hidden = hidden + attn.o.forward(out.reshape(rows, 1, -1).contiguous())
+            attn = cross.EncDecAttention
+            q = attn.q.forward(cross.layer_norm.forward(hidden)).view(shape).transpose(1, 2)
+            kv = cross_cache.layers[i]  # shape: (rows, heads, S, d) each, filled at the first step
+            if cross_bias is None:  # shape: (1, heads, 1, S) no relative bias across
+                cross_bias = torch.zeros((1, attn.n_heads, 1, kv.keys.shape[-2]), device=q.device, dtype=q.dtype)
+            out, _ = self.attend(
+                attn, q, kv.keys, kv.values, cross_mask, dropout=0.0, scaling=attn.scaling, position_bias=cross_bias
+            )
+            hidden = hidden + attn.o.forward(out.reshape(rows, 1, -1).contiguous())
+            hidden = ff.forward(hidden)
+        hidden = dec.final_layer_norm.forward(hidden)
+        if self.model.config.scale_decoder_outputs:
+            hidden = hidden * (self.model.model_dim**-0.5)
         return hidden
 
     def _positions(self, past: int) -> torch.Tensor:

@@ -428,7 +428,7 @@ class EncoderDecoderStep(_ModelStep):
     ``per_request["mask"]`` is the encoder mask of each row (``[rows, 1, 1, S]`` boolean, the cross-attention mask
     of one query token, where :func:`_takes_4d_mask` allows) and ``shared`` keeps the encoder output (one row per
     request, never gathered). The cache goes to the model under ``self.cache_key``
-    (:func:`beamkit.hf.versions.cache_keyword`). ``direct`` (default True): after the first step, Marian and BART
+    (:func:`beamkit.hf.versions.cache_keyword`). ``direct`` (default True): after the first step, Marian, BART and T5
     decoders run their layers directly (:mod:`beamkit.hf.direct`; ``self.direct_reason`` says whether).
     ``compile`` (default False): True (inductor) or a ``torch.compile`` backend name runs those decoder steps
     compiled over static shapes (:mod:`beamkit.hf.compiled`); ``self.compiled`` is the compiled step in use (None
