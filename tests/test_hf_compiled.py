@@ -179,33 +179,63 @@ def test_a_second_call_in_the_same_buckets_compiles_nothing():
     assert hc.compilations(model)["eager"] == 2
 
 
-def test_requests_joining_mid_flight_decode_as_alone():
-    """In ``beamkit.Engine``, a request joining a compiled search (its rows join as a dense cache, copied back
-    into buffers at the next step) gets the tokens it gets decoded alone by the eager bridge."""
-    model = _model("gpt2")
-    ids, mask = _prompts("cpu")
-    step = DecoderOnlyStep(model, compile="eager")
+def _engine_run(step, requests, bos, arrivals):
+    """Decode ``requests`` (prompt ids, mask) in one ``beamkit.Engine`` (beam 3, 12 tokens, no stop token), each
+    added at its step of ``arrivals``: their hypotheses, in order."""
     engine = beamkit.Engine(step, beam_size=3, max_len=12, policy="pool")
-    done = {}
-    rids = {}
+    done, rids = {}, {}
     with torch.inference_mode():
-        for t in range(40):
-            if t in (0, 2, 5):
-                k = (0, 2, 5).index(t)
-                rids[engine.add(step.init_state(ids[k : k + 1], mask[k : k + 1]), 0, [])] = k
+        for t in range(60):
+            for k, at in enumerate(arrivals):
+                if at == t:
+                    rids[engine.add(step.init_state(*requests[k]), bos, [], num_return=3)] = k
             for c in engine.step():
-                done[c.request_id] = c
-            if engine.idle and len(rids) == 3:
+                assert c.error is None, c.error
+                done[rids[c.request_id]] = c.hypotheses
+            if engine.idle and len(rids) == len(requests):
                 break
+    return [done[k] for k in range(len(requests))]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bart"])
+def test_requests_joining_mid_flight_decode_as_alone(family):
+    """In ``beamkit.Engine``, requests joining a compiled search (a decoder-only model's rows join as a dense
+    cache, copied back into buffers at the next step; an encoder-decoder's run as a cohort of their own) get the
+    tokens and scores (within float32 rounding) each gets decoded alone by the eager step."""
+    ids, mask = _prompts("cpu")
+    if family == "bart":
+        model = _seq2seq(family)
+        ids, mask = ids.clamp(max=V - 2), mask.flip(1)
+        bos, make = int(model.config.decoder_start_token_id), EncoderDecoderStep
+    else:
+        model, bos, make = _model(family), 0, DecoderOnlyStep
+    requests = [(ids[k : k + 1], mask[k : k + 1]) for k in (0, 2, 4)]
+    step = make(model, compile="eager")
+    together = _engine_run(step, requests, bos, (0, 2, 5))
     assert max(step.stats.rows_per_call) > 3  # requests ran together
-    for rid, k in rids.items():
-        alone = bh.generate(model, ids[k : k + 1], mask[k : k + 1], num_beams=3, num_return_sequences=3,
-                            max_new_tokens=12, eos_token_id=None, pad_token_id=0,
-                            return_dict_in_generate=True).hypotheses[0]  # fmt: skip
-        got = done[rid].hypotheses
-        assert done[rid].error is None
+    for k, got in enumerate(together):
+        (alone,) = _engine_run(make(model), requests[k : k + 1], bos, (0,))
         assert [h.tokens for h in got] == [h.tokens for h in alone]
         assert np.allclose([h.score for h in got], [h.score for h in alone], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5"])
+def test_sampling_compiled_draws_the_eager_samples(family):
+    """Sampling (top-k 20) with the same seed: the compiled step's logits are within float32 rounding of the
+    eager step's, so the draws (each compares noise with a cumulative sum) come out the same."""
+    seq2seq = family == "t5"
+    model = _seq2seq(family) if seq2seq else _model(family)
+    ids, mask = _prompts("cpu")
+    kw = dict(do_sample=True, top_k=20, max_new_tokens=30)
+    if seq2seq:
+        ids, mask = ids.clamp(max=V - 2), mask.flip(1)
+    else:
+        kw.update(eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(5)
+    eager = bh.generate(model, ids, mask, **kw)
+    torch.manual_seed(5)
+    ours = bh.generate(model, ids, mask, compile="eager", **kw)
+    assert torch.equal(ours, eager)
 
 
 @pytest.mark.parametrize("family", ["llama", "bart"])
