@@ -165,3 +165,20 @@ def test_buckets_by_hand():
     assert [compiled_mod.bucket(n, 4) for n in (0, 1, 4, 5, 8, 9, 33)] == [4, 4, 4, 8, 8, 16, 64]
     with pytest.raises(ValueError):
         compiled_mod.bucket(-1, 4)
+
+
+def test_a_model_is_freed_with_its_compiled_steps():
+    """torch keeps every backend it was given for the life of the process; the step's holds the step only
+    weakly, so a model that ran compiled steps is freed when its last reference goes."""
+    import gc
+    import weakref
+
+    model = load_model("dates-transformer")
+    tv = model.tgt_vocab
+    with torch.inference_mode():
+        search_batch(model.step, state(model, SOURCES[:2], "eager"), tv.bos, tv.eos, 2, 6)
+    assert model.compiled_step("eager").compilations >= 1
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

@@ -16,8 +16,11 @@ zeros) and its backend may reorder sums. A sum of n float32 terms reordered move
 
 from __future__ import annotations
 
+import copy
+import gc
 import logging
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -321,3 +324,24 @@ def test_bad_switches_and_combinations_are_refused():
     with pytest.raises(bh.Unsupported, match="compile= with diverse or constrained beam search"):
         bh.generate(model, ids, mask, max_new_tokens=3, compile="eager", num_beams=4, num_beam_groups=2,
                     diversity_penalty=0.5)  # fmt: skip
+
+
+def test_graphs_live_with_their_model_and_not_with_a_copy():
+    """The compiled steps are kept on the model: a deep copy starts without them (its own weights, its own
+    graphs: the original's would run the original's layers), and the model is freed with them."""
+    model = _model("gpt2")
+    ids, mask = _prompts("cpu", 2)
+    kw = dict(num_beams=2, max_new_tokens=5, eos_token_id=None, pad_token_id=0, do_sample=False)
+    bh.generate(model, ids, mask, compile="eager", **kw)
+    assert hc.compilations(model) == {"eager": 1}
+    twin = copy.deepcopy(model)
+    assert hc.compilations(twin) == {}
+    with torch.no_grad():
+        twin.lm_head.weight.mul_(-1.0)  # another model now: the original's graphs must not decode it
+    assert torch.equal(
+        bh.generate(twin, ids, mask, compile="eager", **kw), twin.generate(ids, attention_mask=mask, **kw)
+    )
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

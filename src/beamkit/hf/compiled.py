@@ -8,8 +8,8 @@ the model families the direct step knows (:mod:`beamkit.hf.direct`: GPT-2, Llama
   keys/values live in preallocated buffers ``[rows bucket, kv heads, columns bucket, d]`` per layer
   (:class:`StaticLayers`); the step writes its column in place (``index_copy_`` at a position tensor) and
   attends over the whole buffer under a boolean mask, so one graph serves every step whose rows and length fall
-  in one pair of buckets, across calls of the same model (graphs are kept per model; inductor also keeps its
-  kernels in its on-disk cache across processes).
+  in one pair of buckets, across calls of the same model (graphs are kept on the model, not copied with it;
+  inductor also keeps its kernels in its on-disk cache across processes).
 * The same layer functions as the direct step (the model's own ``forward`` of each part, its rotary helper,
   transformers' SDPA attention function), inside one graph: no Python per module.
 * Between steps the surviving rows (parents, may repeat) are copied into a second set of buffers (only the
@@ -26,7 +26,6 @@ may reorder sums.
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any
 
 import torch
@@ -40,8 +39,7 @@ log = logging.getLogger("beamkit")
 
 MIN_COLUMNS = 64  # the smallest key/value columns bucket
 
-#: per model, its static steps by backend (the compiled graphs outlive one ``generate`` call)
-_STEPS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+ATTRIBUTE = "_beamkit_static_steps"  # where a model keeps its static steps (graphs outlive one ``generate`` call)
 _LOGGED: set[str] = set()  # reasons already logged (each once per process)
 
 
@@ -50,6 +48,21 @@ def log_once(message: str) -> None:
     if message not in _LOGGED:
         _LOGGED.add(message)
         log.warning("%s", message)
+
+
+class _Steps(dict):  # type: ignore[type-arg]
+    """A model's static steps by backend, kept on the model (so they are freed with it). Not copied with it: a
+    deep copy or a pickled model starts with none and compiles its own (a copied step would run the original
+    model's layers)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Steps:
+        return _Steps()
+
+    def __copy__(self) -> _Steps:
+        return _Steps()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (_Steps, ())
 
 
 class StaticLayers:
@@ -320,7 +333,9 @@ def static_step(model: Any, direct: DirectStep | None, backend: str, why: str) -
     if direct is None:
         log_once(f"beamkit: compile= runs eagerly for {type(model).__name__}: {why}")
         return None
-    steps = _STEPS.setdefault(model, {})
+    steps = model.__dict__.get(ATTRIBUTE)
+    if not isinstance(steps, _Steps):
+        steps = model.__dict__[ATTRIBUTE] = _Steps()
     if backend not in steps:
         seq2seq = direct.family in SEQ2SEQ
         steps[backend] = StaticSeq2SeqStep(direct, backend) if seq2seq else StaticStep(direct, backend)
@@ -329,4 +344,4 @@ def static_step(model: Any, direct: DirectStep | None, backend: str, why: str) -
 
 def compilations(model: Any) -> dict[str, int]:
     """Graphs compiled so far for ``model``'s static steps, by backend."""
-    return {name: step.compiled.compilations for name, step in _STEPS.get(model, {}).items()}
+    return {name: step.compiled.compilations for name, step in model.__dict__.get(ATTRIBUTE, {}).items()}

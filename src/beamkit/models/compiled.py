@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -58,23 +60,47 @@ def compile_setting(value: Any) -> str | None:
     raise TypeError(f"compile must be True, False or a torch.compile backend name, got {value!r}")
 
 
+def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a function or a bound method) running a copy of its code object. ``torch.compile`` keeps its
+    graphs and guards on the code object, which lives as long as its module: on a shared one they would keep
+    every model ever compiled alive (through ``self``); on a copy they are freed with the step that holds it."""
+    func = getattr(fn, "__func__", fn)
+    fresh = types.FunctionType(
+        func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__, func.__closure__
+    )
+    fresh.__kwdefaults__ = func.__kwdefaults__
+    fresh.__qualname__ = func.__qualname__
+    owner = getattr(fn, "__self__", None)
+    return fresh if owner is None else types.MethodType(fresh, owner)
+
+
+class _Counting:
+    """The backend torch.compile calls once per graph: counts the graph on its step, then hands it to the chosen
+    backend. torch keeps every backend it was given for the life of the process, so this one holds its step
+    only weakly (the step, and the model it runs, are freed with their owner)."""
+
+    def __init__(self, step: CompiledStep, backend: str) -> None:
+        self.step, self.backend = weakref.ref(step), backend
+
+    def __call__(self, gm: Any, example_inputs: Any) -> Any:
+        from torch._dynamo import lookup_backend
+
+        step = self.step()
+        if step is not None:
+            step.compilations += 1
+        return lookup_backend(self.backend)(gm, example_inputs)  # type: ignore[arg-type]
+
+
 class CompiledStep:
     """One model's static decode step compiled per shape bucket: ``fn`` is the eager step, ``backend`` the
     ``torch.compile`` backend (None: always eager). ``compilations`` counts the graphs compiled so far."""
 
     def __init__(self, fn: Callable[..., Tensor], backend: str | None) -> None:
-        self.fn, self.backend = fn, backend
+        self.fn, self.backend = own_code(fn), backend
         self.compilations = 0
         self.seen: set[tuple[int, ...]] = set()
         self.compiled: Callable[..., Tensor] | None = None
         self.eager_reason: str | None = None if backend is not None else "compile=False"
-
-    def _count(self, gm: Any, example_inputs: Any) -> Any:
-        """The backend torch.compile calls once per graph: counts it, then hands it to the chosen backend."""
-        self.compilations += 1
-        from torch._dynamo import lookup_backend
-
-        return lookup_backend(self.backend)(gm, example_inputs)  # type: ignore[arg-type]
 
     def _fall_back(self, reason: str) -> None:
         if self.eager_reason is None:
@@ -87,7 +113,8 @@ class CompiledStep:
             return self.fn(*args)
         if self.compiled is None:
             try:
-                self.compiled = torch.compile(self.fn, backend=self._count, dynamic=False, fullgraph=True)
+                counter = _Counting(self, self.backend)  # type: ignore[arg-type]
+                self.compiled = torch.compile(self.fn, backend=counter, dynamic=False, fullgraph=True)
             except Exception as exc:  # torch.compile itself refuses (an unsupported Python, say)
                 self._fall_back(f"{type(exc).__name__}: {exc}")
                 return self.fn(*args)
