@@ -321,6 +321,8 @@ def test_bad_switches_and_combinations_are_refused():
     with pytest.raises(bh.Unsupported, match="compile= with allowed_output="):
         bh.generate(model, ids, mask, max_new_tokens=3, compile="eager", allowed_output="vocab", num_beams=2,
                     prefix_allowed_tokens_fn=trie.prefix_allowed_tokens_fn(8, eos_token_id=2))  # fmt: skip
+    with bh.patch(model), pytest.raises(bh.Unsupported, match="compile= runs on beamkit's engine only"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2, compile="eager")  # the loop's call
     with pytest.raises(bh.Unsupported, match="compile= with diverse or constrained beam search"):
         bh.generate(model, ids, mask, max_new_tokens=3, compile="eager", num_beams=4, num_beam_groups=2,
                     diversity_penalty=0.5)  # fmt: skip

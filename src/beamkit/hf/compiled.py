@@ -1,10 +1,12 @@
-"""A compiled decoding step for Hugging Face decoder-only models: static shapes, keys/values written in place.
+"""A compiled decoding step for Hugging Face models: static shapes, keys/values written in place.
 
-``DecoderOnlyStep(model, compile=True)`` (or ``beamkit.hf.generate(..., compile=True)``) runs each decoding step
-after the prompt through ``torch.compile`` (inductor; a string names another backend) over static shapes, for
-the model families the direct step knows (:mod:`beamkit.hf.direct`: GPT-2, Llama, Mistral, Qwen2):
+``DecoderOnlyStep(model, compile=True)``, ``EncoderDecoderStep(model, compile=True)`` (or
+``beamkit.hf.generate(..., compile=True)``) runs each decoding step after the first through ``torch.compile``
+(inductor; a string names another backend) over static shapes, for the model families the direct step knows
+(:mod:`beamkit.hf.direct`: GPT-2, Llama, Mistral, Qwen2, and the decoders of Marian, BART and T5):
 
-* Rows are padded to a power of two (at least 4), the key/value columns to a power of two (at least 64). The
+* Rows are padded to a power of two (at least 4), the key/value columns to a power of two (at least 64), an
+  encoder-decoder's source to a power of two (at least 8). The
   keys/values live in preallocated buffers ``[rows bucket, kv heads, columns bucket, d]`` per layer
   (:class:`StaticLayers`); the step writes its column in place (``index_copy_`` at a position tensor) and
   attends over the whole buffer under a boolean mask, so one graph serves every step whose rows and length fall
@@ -12,15 +14,19 @@ the model families the direct step knows (:mod:`beamkit.hf.direct`: GPT-2, Llama
   inductor also keeps its kernels in its on-disk cache across processes).
 * The same layer functions as the direct step (the model's own ``forward`` of each part, its rotary helper,
   transformers' SDPA attention function), inside one graph: no Python per module.
-* Between steps the surviving rows (parents, may repeat) are copied into a second set of buffers (only the
-  filled columns move): the dense cache's gather without its concatenation.
+* Between steps the surviving rows (parents, may repeat) are copied into a second set of buffers, made at the
+  first reorder: the dense cache's gather without its concatenation.
+* Memory: the buffers hold the rows and columns buckets (up to twice the filled rows and columns), and beam
+  search keeps the second set too; ``kv=`` (the paged cache, whose beams share their prompt's blocks) is not
+  used. A model whose step was compiled keeps the step on itself, in a reference cycle: dropping the model
+  frees it at the next garbage collection (``gc.collect()``), not at once.
 
 The prompt is one model call (its cache is copied into the buffers at the first decoding step). Where
 ``torch.compile`` fails (no C compiler, an unsupported Python), the same static step runs eagerly and the reason
 is logged once; a first compilation of more than two seconds prints one line on standard error
 (:class:`beamkit.models.compiled.CompiledStep`, shared with beamkit's own Transformer). Logits equal the eager
-step's within float32 rounding: the attention sums run over the padded columns (exact zeros) and the backend
-may reorder sums.
+step's within the rounding of the model's dtype: the attention sums run over the padded columns (exact zeros)
+and the backend may reorder sums.
 """
 
 from __future__ import annotations
@@ -68,12 +74,13 @@ class _Steps(dict):  # type: ignore[type-arg]
 class StaticLayers:
     """A decoder-only model's keys/values in preallocated buffers: per layer ``keys`` / ``values`` ``[cap, kv
     heads, columns, d]`` whose first ``rows`` rows and ``length`` columns are filled, and a spare set of the same
-    shape (the target of the next reorder). Stands in for the model's ``DynamicCache`` inside
-    :class:`~beamkit.hf.step.CacheRows` (``reorder_cache``, ``trim``, ``get_seq_length``)."""
+    shape, the target of reorders (made at the first one: greedy decoding never needs it). Stands in for the
+    model's ``DynamicCache`` inside :class:`~beamkit.hf.step.CacheRows` (``reorder_cache``, ``trim``,
+    ``get_seq_length``)."""
 
     def __init__(self, keys: list[Tensor], values: list[Tensor], rows: int, length: int) -> None:
         self.keys, self.values = keys, values  # per layer, shape: (cap, kv heads, columns, d)
-        self.spare: list[Tensor] = [torch.zeros_like(x) for x in (*keys, *values)]
+        self.spare: list[Tensor] | None = None  # per layer keys then values, made at the first reorder
         self.rows, self.length = rows, length
 
     @classmethod
@@ -108,7 +115,7 @@ class StaticLayers:
 
     def kv_bytes(self) -> int:
         """Bytes of the buffers (both sets)."""
-        return sum(int(x.numel()) * x.element_size() for x in (*self.keys, *self.values, *self.spare))
+        return sum(int(x.numel()) * x.element_size() for x in (*self.keys, *self.values, *(self.spare or ())))
 
     def make_room(self, length: int) -> None:
         """Grow the buffers to the columns bucket holding ``length`` columns (the filled ones copied)."""
@@ -118,7 +125,7 @@ class StaticLayers:
         grown = [self._resized(x, self.cap, cols) for x in (*self.keys, *self.values)]
         n = len(self.keys)
         self.keys, self.values = grown[:n], grown[n:]
-        self.spare = [torch.zeros_like(x) for x in grown]
+        self.spare = None
 
     def _resized(self, x: Tensor, cap: int, cols: int) -> Tensor:
         """``x``'s filled rows and columns in a zeroed buffer of ``cap`` rows and ``cols`` columns."""
@@ -133,8 +140,9 @@ class StaticLayers:
         twice)."""
         n = int(index.shape[0])
         cap = bucket(n, MIN_ROWS)
-        if cap > self.cap:
-            self.spare = [x.new_zeros((cap, *x.shape[1:])) for x in self.spare]
+        if self.spare is None or cap > int(self.spare[0].shape[0]):
+            rows = max(cap, self.cap)
+            self.spare = [x.new_zeros((rows, *x.shape[1:])) for x in (*self.keys, *self.values)]
         t = self.length
         for src, dst in zip((*self.keys, *self.values), self.spare, strict=True):
             if 2 * t <= self.columns:  # the filled columns, through a temporary: two passes over t columns
@@ -175,7 +183,7 @@ class StaticSeq2Seq:
     (:class:`StaticLayers`, one column per decoder position) and the cross-attention ones (a :class:`StaticLayers`
     whose ``length`` is the source's columns, padded to a bucket of at least 8), reordered as the model's
     ``EncoderDecoderCache`` is (``self_attention_cache`` / ``cross_attention_cache``). ``original`` is that cache,
-    refilled by :meth:`to_dynamic`."""
+    emptied here (its keys/values now live in the buffers) and refilled by :meth:`to_dynamic`."""
 
     def __init__(self, original: Any) -> None:
         self.original = original
@@ -184,6 +192,8 @@ class StaticSeq2Seq:
         self.self_attention_cache = StaticLayers.from_dynamic(original.self_attention_cache)
         self.cross_attention_cache = StaticLayers.from_dynamic(cross, bucket(self.source, MIN_SOURCE))
         self.cross_attention_cache.length = self.cross_attention_cache.columns  # every column is read (masked)
+        for layer in (*original.self_attention_cache.layers, *cross.layers):  # copied: the originals are freed
+            layer.keys, layer.values = layer.keys.new_zeros(0), layer.values.new_zeros(0)
         self._mask: tuple[Tensor | None, Tensor | None] = (None, None)  # the last source mask and its padded form
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -244,17 +254,30 @@ class _Seq2SeqColumns:
         self.self_attention_cache, self.cross_attention_cache = self_attention, cross_attention
 
 
-class StaticStep:
-    """The compiled static step of one model and backend (see the module doc); ``compiled.compilations`` counts
-    the graphs compiled so far. ``__call__(ids [rows, 1], mask [rows, 1, 1, >= L] boolean, pos [rows, 1],
-    cache)``: the logits ``[rows, V]`` (float32) of the step that fills column ``L - 1`` (``L = cache.length +
-    1``) of every row."""
+class _Static:
+    """What both compiled static steps share: the direct step they compile, the :class:`CompiledStep`, and the
+    position tensors they pass (slices of a kept range, on the device of the step's inputs)."""
 
     def __init__(self, direct: DirectStep, backend: str) -> None:
         self.direct = direct
         self.compiled = CompiledStep(self._step, backend)
-        device = direct.model.device
-        self._at = torch.arange(4 * MIN_COLUMNS, device=device)  # write positions, sliced
+        self._at = torch.arange(4 * MIN_COLUMNS, device=direct.model.device)  # positions, sliced
+
+    def _step(self, *args: Any) -> Tensor:
+        raise NotImplementedError
+
+    def _position(self, i: int, device: torch.device) -> Tensor:
+        """``[i]`` as a one-element int64 tensor on ``device`` (the range made again when the model moved)."""
+        if i >= self._at.shape[0] or self._at.device != device:
+            self._at = torch.arange(max(2 * i + 2, int(self._at.shape[0])), device=device)
+        return self._at[i : i + 1]
+
+
+class StaticStep(_Static):
+    """The compiled static step of one model and backend (see the module doc); ``compiled.compilations`` counts
+    the graphs compiled so far. ``__call__(ids [rows, 1], mask [rows, 1, 1, >= L] boolean, pos [rows, 1],
+    cache)``: the logits ``[rows, V]`` (float32) of the step that fills column ``L - 1`` (``L = cache.length +
+    1``) of every row."""
 
     def _step(self, ids: Tensor, mask: Tensor, pos: Tensor, at: Tensor, keys: list[Tensor], values: list[Tensor]):
         """The eager static step (what is compiled): the direct step over the buffers."""
@@ -272,23 +295,17 @@ class StaticStep:
         mask_in = torch.zeros((cap, 1, 1, cols), dtype=torch.bool, device=ids.device)  # shape: (cap, 1, 1, cols)
         mask_in[:n, :, :, :length] = mask[..., :length]
         mask_in[n:, :, :, 0] = True  # padded rows attend somewhere (no all-masked row)
-        if length > self._at.shape[0]:
-            self._at = torch.arange(2 * length, device=self._at.device)
-        at = self._at[length - 1 : length]  # shape: (1,)
-        logits = self.compiled((cap, cols), ids_in, mask_in, pos_in, at, cache.keys, cache.values)
+        at = self._position(length - 1, ids.device)  # shape: (1,)
+        key = (cap, cols, str(ids.device), str(cache.keys[0].dtype))
+        logits = self.compiled(key, ids_in, mask_in, pos_in, at, cache.keys, cache.values)
         cache.length = length
         return logits[:n]
 
 
-class StaticSeq2SeqStep:
+class StaticSeq2SeqStep(_Static):
     """The compiled static decoder step of one encoder-decoder model (Marian, BART, T5) and backend.
     ``__call__(ids [rows, 1], source mask [rows, 1, 1, S] boolean, cache)``: the logits ``[rows, V]`` (float32)
     of the step at decoder position ``cache.get_seq_length()``, written into that column."""
-
-    def __init__(self, direct: DirectStep, backend: str) -> None:
-        self.direct = direct
-        self.compiled = CompiledStep(self._step, backend)
-        self._at = torch.arange(4 * MIN_COLUMNS, device=direct.model.device)  # positions, sliced
 
     def _step(
         self,
@@ -317,10 +334,8 @@ class StaticSeq2SeqStep:
         n, cap = int(ids.shape[0]), own.cap
         ids_in = ids.new_zeros((cap, 1))  # shape: (cap, 1); padded rows read token 0
         ids_in[:n] = ids
-        if past >= self._at.shape[0]:
-            self._at = torch.arange(2 * past + 2, device=self._at.device)
-        at = self._at[past : past + 1]  # shape: (1,)
-        key = (cap, own.columns, cross.columns)
+        at = self._position(past, ids.device)  # shape: (1,)
+        key = (cap, own.columns, cross.columns, str(ids.device), str(own.keys[0].dtype))
         logits = self.compiled(key, ids_in, cache.source_mask(mask), at, own.keys, own.values, cross.keys, cross.values)
         own.length = past + 1
         return logits[:n]

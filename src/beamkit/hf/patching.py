@@ -17,6 +17,7 @@ from beamkit._checks import check_bool
 from beamkit.hf.generation import run_route
 from beamkit.hf.inputs import check_model
 from beamkit.hf.route import route
+from beamkit.hf.settings import Unsupported
 from beamkit.hypothesis import BatchDecodeError
 
 log = logging.getLogger("beamkit.hf")
@@ -54,6 +55,8 @@ class Patch:
             except BatchDecodeError:
                 chosen = route(self.model, args, kwargs, patched=True, engine=False)
         if chosen.kind == "huggingface":
+            if kwargs.get("compile") not in (None, False):  # Hugging Face's generate has no such keyword
+                raise Unsupported(chosen.reason)
             return self._fall_back(chosen.reason, args, kwargs)
         return run_route(self.model, chosen, self.original)
 

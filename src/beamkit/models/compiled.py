@@ -98,7 +98,7 @@ class CompiledStep:
     def __init__(self, fn: Callable[..., Tensor], backend: str | None) -> None:
         self.fn, self.backend = own_code(fn), backend
         self.compilations = 0
-        self.seen: set[tuple[int, ...]] = set()
+        self.seen: set[tuple[Any, ...]] = set()
         self.compiled: Callable[..., Tensor] | None = None
         self.eager_reason: str | None = None if backend is not None else "compile=False"
 
@@ -107,8 +107,9 @@ class CompiledStep:
             self.eager_reason = reason
             log.warning("beamkit: the compiled decode step is not available (%s); running it eagerly", reason)
 
-    def __call__(self, key: tuple[int, ...], *args: Any) -> Tensor:
-        """Run the step on inputs of the shape bucket ``key`` (compiled on the bucket's first call)."""
+    def __call__(self, key: tuple[Any, ...], *args: Any) -> Tensor:
+        """Run the step on inputs of the shape bucket ``key`` (its sizes; also the device and dtype where they
+        may change: compiled on the bucket's first call)."""
         if self.eager_reason is not None:
             return self.fn(*args)
         if self.compiled is None:
@@ -135,9 +136,10 @@ class CompiledStep:
             self.seen.add(key)
             spent = time.perf_counter() - start
             if spent > SLOW_COMPILE_SECONDS:
+                sizes = "x".join(str(k) for k in key if isinstance(k, int))
                 print(
                     f"beamkit: compiled the decode step for {key[0]} rows in {spent:.1f} s "
-                    f"(once per shape bucket, here {'x'.join(map(str, key))}; later calls reuse it)",
+                    f"(once per shape bucket, here {sizes}; later calls reuse it)",
                     file=sys.stderr,
                 )
         return out
