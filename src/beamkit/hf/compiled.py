@@ -39,7 +39,7 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from beamkit.hf.direct import SEQ2SEQ, DirectStep
-from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, bucket
+from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, bucket, copy_parents
 
 log = logging.getLogger("beamkit")
 
@@ -134,27 +134,12 @@ class StaticLayers:
         return out
 
     def reorder_cache(self, index: Tensor) -> None:
-        """Rows ``index`` (parents, may repeat), copied into the spare buffers (grown to a larger rows bucket when
-        more rows come back than they hold), which become the live ones: their filled columns while those are at
-        most half the buffer, else whole rows (one pass, no temporary: less to move than the filled columns
-        twice)."""
-        n = int(index.shape[0])
-        cap = bucket(n, MIN_ROWS)
-        if self.spare is None or cap > int(self.spare[0].shape[0]):
-            rows = max(cap, self.cap)
-            self.spare = [x.new_zeros((rows, *x.shape[1:])) for x in (*self.keys, *self.values)]
-        t = self.length
-        for src, dst in zip((*self.keys, *self.values), self.spare, strict=True):
-            if 2 * t <= self.columns:  # the filled columns, through a temporary: two passes over t columns
-                dst[:n, :, :t].copy_(src[:, :, :t].index_select(0, index))  # shape: (n, kv heads, t, d)
-            else:  # whole rows, one pass over every column
-                torch.index_select(src, 0, index, out=dst[:n])  # shape: (n, kv heads, columns, d)
-        old = [*self.keys, *self.values]
-        if int(old[0].shape[0]) < cap:  # too few rows to be the next target: grown as well
-            old = [x.new_zeros((cap, *x.shape[1:])) for x in old]
+        """Rows ``index`` (parents, may repeat), copied into the spare buffers by
+        :func:`~beamkit.models.compiled.copy_parents`; they become the live ones."""
+        live, self.spare = copy_parents([*self.keys, *self.values], self.spare, index, self.length)
         layers = len(self.keys)
-        self.keys, self.values, self.spare = self.spare[:layers], self.spare[layers:], old
-        self.rows = n
+        self.keys, self.values = live[:layers], live[layers:]
+        self.rows = int(index.shape[0])
 
     def trim(self, drop: int) -> None:
         """Drop the first ``drop`` filled columns (every row masks them): the rest move to the front."""

@@ -213,6 +213,7 @@ class _ModelStep:
     forward_seconds: float  # time spent inside the model forward (benchmarks read it)
     stats: SearchStats
 
+    compiled: Any  # the compiled static step in use (None: the eager steps)
     left_pad: bool  # how prompts of different widths join (see Prompt)
     mask_4d: bool  # whether a step passes the attention mask ready-made in 4-D (see _takes_4d_mask)
 
@@ -238,6 +239,21 @@ class _ModelStep:
         if not direct:
             self.direct, self.direct_reason = None, "direct=False"
         return compiled
+
+    def _static(self, state: CacheRows) -> bool:
+        """Whether this step runs compiled: a compiled step is set and its direct step still usable; the cache
+        is moved into static buffers here, the first time (:meth:`_to_static`)."""
+        if self.compiled is None or not self.compiled.direct.usable():
+            return False
+        if not isinstance(state.cache, (StaticLayers, StaticSeq2Seq)):
+            made = self._to_static(state.cache)
+            if made is None:
+                return False
+            state.cache = made
+        return True
+
+    def _to_static(self, cache: Any) -> Any:
+        raise NotImplementedError
 
     def _direct(self, model: Any, wanted: bool) -> tuple[DirectStep | None, str]:
         """The direct step for ``model`` and why (see :mod:`beamkit.hf.direct`): none where not ``wanted`` or
@@ -390,16 +406,9 @@ class DecoderOnlyStep(_ModelStep):
             self._keep(output_cache(out), mask), np.arange(rows, dtype=np.int64), per_request, length
         )
 
-    def _static(self, state: CacheRows) -> bool:
-        """Whether this step runs compiled: a compiled step is set and its direct step still usable; a dense cache
-        of plain layers is moved into static buffers here (the first decoding step)."""
-        if self.compiled is None or not self.compiled.direct.usable():
-            return False
-        if not isinstance(state.cache, StaticLayers):
-            if not plain_layers(state.cache):
-                return False
-            state.cache = StaticLayers.from_dynamic(state.cache)
-        return True
+    def _to_static(self, cache: Any) -> StaticLayers | None:
+        """A dense cache of plain layers in static buffers (at the first decoding step); None for any other."""
+        return StaticLayers.from_dynamic(cache) if plain_layers(cache) else None
 
     def _keep(self, cache: Any, mask: torch.Tensor) -> Any:
         """The prompt forward's cache as the state keeps it: moved into the pool (paged), or as it is (dense).
@@ -498,16 +507,10 @@ class EncoderDecoderStep(_ModelStep):
         cache.shared.update(enc=enc, enc_out=enc_out)
         return logits, cache
 
-    def _static(self, state: CacheRows) -> bool:
-        """Whether this step runs compiled: a compiled step is set and its direct step still usable; the model's
-        cache is moved into static buffers here (the second step: the first filled the cross-attention cache)."""
-        if self.compiled is None or not self.compiled.direct.usable():
-            return False
-        if not isinstance(state.cache, StaticSeq2Seq):
-            if not _direct_cache(state.cache):
-                return False
-            state.cache = StaticSeq2Seq(state.cache)
-        return True
+    def _to_static(self, cache: Any) -> StaticSeq2Seq | None:
+        """The model's cache in static buffers (at the second step: the first filled the cross-attention cache);
+        None for a cache the direct step does not read."""
+        return StaticSeq2Seq(cache) if _direct_cache(cache) else None
 
 
 def _direct_cache(cache: Any) -> bool:

@@ -10,8 +10,9 @@ available (no C compiler for inductor, an unsupported Python), the same static s
 reason logged once on the ``beamkit`` logger. A first compilation that takes more than two seconds prints
 one line on standard error.
 
-Between steps, the rows that survive (parents, may repeat) are copied into a second set of buffers (no
-allocation; only the filled columns move): the dense cache's gather, without its concatenation.
+Between steps, the rows that survive (parents, may repeat) are copied into a second set of buffers
+(:func:`copy_parents`: their filled columns, or whole rows once more than half the columns are filled): the
+dense cache's gather, without its concatenation. The same copy serves the Hugging Face compiled step.
 """
 
 from __future__ import annotations
@@ -145,6 +146,31 @@ class CompiledStep:
         return out
 
 
+def copy_parents(
+    live: list[Tensor], spare: list[Tensor] | None, index: Tensor, t: int
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Rows ``index`` (parents, may repeat) of the buffers ``live`` (each ``[cap, heads, columns, d]``, the first
+    ``t`` columns filled) copied into ``spare`` (made at the first call, or grown to a larger rows bucket when
+    more rows come back than it holds). Returns ``(live, spare)`` for the next step: the filled copy, and the old
+    live set (grown as well when too small to be the next target). While the filled columns are at most half
+    the buffer only they move (through a temporary: two passes over t columns), else whole rows (one pass over
+    every column, no temporary)."""
+    n = int(index.shape[0])
+    cap = bucket(n, MIN_ROWS)
+    if spare is None or cap > int(spare[0].shape[0]):
+        spare = [x.new_zeros((max(cap, int(x.shape[0])), *x.shape[1:])) for x in live]
+    columns = int(live[0].shape[2])
+    for src, dst in zip(live, spare, strict=True):
+        if 2 * t <= columns:
+            dst[:n, :, :t].copy_(src[:, :, :t].index_select(0, index))  # shape: (n, heads, t, d)
+        else:
+            torch.index_select(src, 0, index, out=dst[:n])  # shape: (n, heads, columns, d)
+    old = live
+    if int(old[0].shape[0]) < cap:
+        old = [x.new_zeros((cap, *x.shape[1:])) for x in old]
+    return spare, old
+
+
 class StaticKV:
     """The self-attention keys/values of the compiled step: per layer a buffer ``(cap, heads, max_len, d_head)``
     of which the first ``rows`` rows and ``t`` columns are filled, and the compiled step that fills them. A
@@ -187,8 +213,7 @@ class StaticKV:
         return sum(int(x.numel()) * x.element_size() for x in (*self.keys, *self.values, *self.spare))
 
     def beamkit_select(self, idx: np.ndarray) -> StaticKV:
-        """Rows ``idx`` (parents, may repeat) of the filled columns, copied into the spare buffers (grown to a
-        larger bucket when more rows come back than they hold)."""
+        """Rows ``idx`` (parents, may repeat), copied into the spare buffers by :func:`copy_parents`."""
         self.check()
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.rows):
@@ -198,15 +223,6 @@ class StaticKV:
         if n == self.rows and bool((idx == np.arange(n)).all()):
             return StaticKV(self.keys, self.values, self.spare, n, self.t, self.step)
         layers = len(self.keys)
-        spare = self.spare
-        cap = bucket(n, MIN_ROWS)
-        if cap > int(spare[0].shape[0]):
-            spare = [x.new_zeros((cap, *x.shape[1:])) for x in spare]
         at = torch.as_tensor(idx, device=self.keys[0].device)
-        t = self.t
-        for src, dst in zip((*self.keys, *self.values), spare, strict=True):
-            dst[:n, :, :t].copy_(src[:, :, :t].index_select(0, at))  # shape: (n, heads, t, d_head)
-        old = [*self.keys, *self.values]
-        if int(old[0].shape[0]) < cap:  # the old set is too small to be the next target: grow it too
-            old = [x.new_zeros((cap, *x.shape[1:])) for x in old]
-        return StaticKV(spare[:layers], spare[layers:], old, n, t, self.step)
+        live, spare = copy_parents([*self.keys, *self.values], self.spare, at, self.t)
+        return StaticKV(live[:layers], live[layers:], spare, n, self.t, self.step)
