@@ -19,7 +19,8 @@ default (tiny models; ``--threads`` to change). Prints medians, then::
 
 ``overhead`` is the share of beamkit's end-to-end time spent outside the model's forward (and encoder) calls;
 ``hf-overhead`` is the same share for Hugging Face's ``generate`` (one extra run with its forward calls timed;
-for whisper, whose loop output has no ``forward_seconds``, beamkit's share is measured the same way).
+for whisper, whose loop output has no ``forward_seconds``, beamkit's share is measured the same way, its decoding
+steps, which run the decoder's layers directly, counted as forward time).
 ``patched-speedup`` is the unpatched ``model.generate``'s time over the patched one's.
 ``--models marian,t5-small`` runs the encoder-decoder presets at real sizes. ``--ct2`` adds CTranslate2 (a
 converted copy of the same model, float32, same thread count) for gpt2 and marian, compared under
@@ -219,7 +220,10 @@ def build_whisper() -> tuple[torch.nn.Module, torch.Tensor, int, int, dict[str, 
 
 
 def hf_overhead(model: torch.nn.Module, call: Any) -> float:
-    """Share of one ``call()``'s time spent outside ``model``'s forward and its encoder's (timed by wrappers)."""
+    """Share of one ``call()``'s time spent outside ``model``'s forward and its encoder's, and outside the direct
+    decoding steps that run its layers without its forward (timed by wrappers)."""
+    from beamkit.hf.direct import DirectStep
+
     spent = [0.0]
     parts = [model] + ([model.get_encoder()] if getattr(model.config, "is_encoder_decoder", False) else [])
 
@@ -234,6 +238,8 @@ def hf_overhead(model: torch.nn.Module, call: Any) -> float:
 
     for part in parts:
         part.forward = timed(part.forward)
+    step = DirectStep.__call__
+    DirectStep.__call__ = timed(step)  # type: ignore[method-assign]
     try:
         start = time.perf_counter()
         call()
@@ -241,6 +247,7 @@ def hf_overhead(model: torch.nn.Module, call: Any) -> float:
     finally:
         for part in parts:
             del part.forward  # back to the class's forward
+        DirectStep.__call__ = step  # type: ignore[method-assign]
     return 1.0 - spent[0] / total
 
 

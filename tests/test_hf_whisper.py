@@ -129,3 +129,120 @@ def test_long_form_falls_back_nothing_breaks():
     for kw in (dict(num_beams=2, return_timestamps=True), dict(num_beams=2, temperature=(0.0, 0.4))):
         got, calls = check_served(model, long, attention_mask=mask, **kw)
         assert calls.loop >= 1
+
+
+def sdpa_whisper(device=None):
+    """:func:`whisper`'s model as a copy that attends with SDPA (the shared one is switched to eager attention by
+    Whisper's ``generate`` once a call asks for token timestamps), and its features."""
+    model, feats = whisper(device)
+    model = copy.deepcopy(model)
+    model.set_attn_implementation("sdpa")
+    return model, feats
+
+
+def test_direct_steps_give_the_model_calls_logits_bit_for_bit(device):
+    """Whisper's decoder run directly (``beamkit.hf.direct``, what the loop runs for each step after the first)
+    against the model's own forward, step by step on copies of one cache, through reorders of the rows: the same
+    logits (``torch.equal``) and the same self-attention keys/values. transformers' own output-capturing hooks
+    (inactive outside a call that asks for attentions or hidden states) do not stop it."""
+    from beamkit.hf.direct import direct_step
+
+    model, feats = sdpa_whisper(device)
+    dev = feats.device
+    with torch.no_grad():
+        enc = model.get_encoder()(feats.repeat_interleave(2, dim=0))  # 6 rows: 3 requests x 2 beams
+        ids = torch.tensor([[START, EN, TRANSCRIBE, NO_TIMESTAMPS]] * 6, device=dev)
+        # asking for hidden states installs transformers' output-capturing hooks on the layers for good
+        first = model(encoder_outputs=enc, decoder_input_ids=ids, use_cache=True, output_hidden_states=True)
+        assert any(m._forward_hooks for m in model.modules())
+        step, why = direct_step(model)
+        assert step is not None, why
+        cache, tok = first.past_key_values, first.logits[:, -1].argmax(-1, keepdim=True)
+        for i, order in enumerate(([1, 1, 2, 3, 5, 4], [0, 1, 3, 3, 4, 4], [0, 0, 2, 3, 4, 5])):
+            theirs = copy.deepcopy(cache)
+            want = model(encoder_outputs=enc, decoder_input_ids=tok, past_key_values=theirs, use_cache=True).logits
+            got = step(tok, None, None, cache)  # shape: (rows, V)
+            assert torch.equal(got, want[:, -1]), f"step {i}"
+            for ours, ref in zip(cache.self_attention_cache.layers, theirs.self_attention_cache.layers, strict=True):
+                assert torch.equal(ours.keys, ref.keys) and torch.equal(ours.values, ref.values)
+            index = torch.tensor(order, device=dev)
+            cache.reorder_cache(index)
+            tok = got.argmax(-1, keepdim=True)[index]
+
+
+def _direct_calls(monkeypatch):
+    """A list that counts the direct step's calls from now on."""
+    from beamkit.hf.direct import DirectStep
+
+    calls, step = [], DirectStep.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(DirectStep, "__call__", counted)
+    return calls
+
+
+@pytest.mark.parametrize("call", ["beam 5", "greedy", "scores", "token timestamps"])
+def test_the_loop_runs_whispers_steps_directly_unless_tables_are_asked(call, monkeypatch):
+    """Through beamkit's loop Whisper's steps run directly, with outputs identical to Whisper's own ``generate``
+    (the oracle); a call that asks for per-step attentions (token timestamps read the cross-attentions) gets
+    every step from the model's forward, which returns them."""
+    model, feats = sdpa_whisper()
+    calls = _direct_calls(monkeypatch)
+    kw = dict(CALLS[call], min_new_tokens=4)
+    with torch.no_grad():
+        want = model.generate(feats, **kw)
+        assert not calls  # Hugging Face's own generate never runs it
+        same(want, bh.generate(model, feats, **kw))
+    assert (len(calls) == 0) == (call == "token timestamps"), len(calls)
+
+
+def test_a_model_changed_between_calls_is_called_again(monkeypatch):
+    """A Whisper with a forward hook on one layer (set after an earlier call ran directly) is called through its
+    forward again, hook and all: the direct step is made per call, from the model as it is then."""
+    model, feats = sdpa_whisper()
+    calls = _direct_calls(monkeypatch)
+    seen = []
+    with torch.no_grad():
+        bh.generate(model, feats, num_beams=3, min_new_tokens=3)
+        assert calls
+        calls.clear()
+        hook = model.model.decoder.layers[1].fc2.register_forward_hook(lambda *a: seen.append(1))
+        try:
+            want = model.generate(feats, num_beams=3, min_new_tokens=3)
+            hooked = len(seen)
+            same(want, bh.generate(model, feats, num_beams=3, min_new_tokens=3))
+        finally:
+            hook.remove()
+    assert not calls and len(seen) == 2 * hooked
+
+
+def test_beams_share_their_cross_keys_only_where_every_row_of_a_request_is_equal():
+    """The loop's beam reorder leaves the cross-attention cache as it is only when every beam of a request holds
+    the same keys and values (as Hugging Face's expanded encoder output makes them); one differing row in one
+    layer makes it reorder the whole cache."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    from beamkit.hf.loop import BeamLoop
+
+    def cache(rows):
+        own, cross = DynamicCache(), DynamicCache()
+        for i in range(2):
+            own.update(torch.randn(6, 2, 3, 4), torch.randn(6, 2, 3, 4), i)
+            cross.update(rows.clone(), rows.clone() + 1, i)
+        return EncoderDecoderCache(own, cross)
+
+    shared = torch.randn(3, 1, 2, 5, 4).expand(-1, 2, -1, -1, -1).reshape(6, 2, 5, 4)  # 3 requests x 2 beams
+
+    def loop():
+        run = BeamLoop.__new__(BeamLoop)
+        run.batch, run.k, run.shared_cross = 3, 2, None
+        return run
+
+    assert loop().beams_share_cross(cache(shared))
+    odd = cache(shared)
+    odd.cross_attention_cache.layers[1].values[3, 1, 4, 0] += 1.0  # request 1, beam 1
+    assert not loop().beams_share_cross(odd)
+    assert not loop().beams_share_cross(DynamicCache())

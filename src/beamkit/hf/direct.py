@@ -13,10 +13,13 @@ its logits are the model call's logits, bit for bit (the tests compare them with
 
 It serves the families whose layer structure it knows, exactly: GPT-2 (``GPT2LMHeadModel``), the Llama-style
 models (``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``) with full attention in every layer,
-and the decoders of Marian (``MarianMTModel``), BART (``BartForConditionalGeneration``) and T5
-(``T5ForConditionalGeneration``, float32 or bfloat16: in float16 its blocks clamp activations), whose one-token step
-reads the cross-attention keys/values the first step (a model call) cached; with SDPA attention, in evaluation
-mode, with no hooks on any module when the step is made. For any other model, :func:`direct_step` says why not
+and the decoders of Marian (``MarianMTModel``), BART (``BartForConditionalGeneration``), T5
+(``T5ForConditionalGeneration``, float32 or bfloat16: in float16 its blocks clamp activations) and Whisper
+(``WhisperForConditionalGeneration``, whose steps beamkit's decoding loop inside Hugging Face's own ``generate``
+runs, :mod:`beamkit.hf.loop`), whose one-token step reads the cross-attention keys/values the first step (a model
+call) cached; with SDPA attention, in evaluation mode, with no hooks on any module when the step is made (but
+transformers' own output-capturing hooks, which do nothing outside a call that asks for attentions or hidden
+states). For any other model, :func:`direct_step` says why not
 and the step calls the model as usual.
 """
 
@@ -37,6 +40,7 @@ FAMILIES = {
     "MarianMTModel": "marian",
     "BartForConditionalGeneration": "bart",
     "T5ForConditionalGeneration": "t5",
+    "WhisperForConditionalGeneration": "whisper",
 }
 #: per family, the class names of the layers the direct step calls into (it runs their parts itself, so any
 #: other class, even a subclass, may compute something else): blocks, attention, feed-forward
@@ -50,8 +54,11 @@ _LAYERS = {
     "marian": ({"MarianDecoderLayer"}, {"MarianAttention"}, set()),
     "bart": ({"BartDecoderLayer"}, {"BartAttention"}, set()),
     "t5": ({"T5Block"}, {"T5Attention"}, {"T5LayerFF"}),
+    "whisper": ({"WhisperDecoderLayer"}, {"WhisperAttention"}, set()),
 }
-SEQ2SEQ = ("marian", "bart", "t5")  # the encoder-decoder families (their decoders run directly)
+#: the encoder-decoder families the engine bridge decodes (their decoders run directly); Whisper's decoder runs
+#: directly inside Hugging Face's own generate (:mod:`beamkit.hf.loop`), which prepares its audio inputs
+SEQ2SEQ = ("marian", "bart", "t5")
 #: where the modules the direct step runs as they are may come from: the libraries' own layers
 _LIBRARIES = ("transformers.", "torch.", "beamkit.")
 
@@ -79,7 +86,7 @@ def _unsupported(model: Any) -> str:
         where = f"{path or 'the model'} ({type(module).__name__})"
         if module.training:
             return f"{where} is in training mode (dropout would apply)"
-        if module._forward_hooks or module._forward_pre_hooks:
+        if module._forward_pre_hooks or not all(map(_capturing, module._forward_hooks.values())):
             return f"{where} has forward hooks"
         if "forward" in vars(module) or hasattr(module, "_hf_hook"):
             return f"{where} has its forward replaced"
@@ -121,6 +128,15 @@ def _unsupported(model: Any) -> str:
         if not callable(getattr(sys.modules[type(blocks[0].self_attn).__module__], "apply_rotary_pos_emb", None)):
             return "the model's module has no apply_rotary_pos_emb"
     return ""
+
+
+def _capturing(hook: Any) -> bool:
+    """Whether ``hook`` is transformers' own output-capturing hook: installed for good on a model's layers by
+    its first call that returns attentions or hidden states, it does nothing outside such a call of the model's
+    forward (the direct step never makes one)."""
+    return getattr(hook, "__module__", None) == "transformers.utils.output_capturing" and (
+        getattr(hook, "__name__", None) == "output_capturing_hook"
+    )
 
 
 def _changed(model: Any) -> str:
@@ -189,7 +205,7 @@ class DirectStep:
     def __call__(
         self,
         ids: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         pos: torch.Tensor | None,
         cache: Any,
         self_mask: torch.Tensor | None = None,
@@ -198,9 +214,12 @@ class DirectStep:
         encoder's padding mask ``[rows, 1, 1, S]`` as ``mask``, its ``EncoderDecoderCache`` (the cross-attention
         keys/values filled) and no ``pos`` (its position is the decoder's length, the same for every row, read
         from the cache); or, for a cache of fixed width (the compiled step), ``pos`` the position ``[1]`` and
-        ``self_mask`` ``[rows, 1, 1, C]`` the self-attention columns to read."""
+        ``self_mask`` ``[rows, 1, 1, C]`` the self-attention columns to read. Whisper's decoder takes no encoder
+        mask (``None``: its audio frames have no padding)."""
         if self.family == "t5":
             logits = self.model.lm_head.forward(self._t5(ids, mask, cache, pos, self_mask))
+        elif self.family == "whisper":
+            logits = self.model.proj_out.forward(self._whisper(ids, mask, cache, pos, self_mask))
         elif self.family in SEQ2SEQ:
             hidden = self._seq2seq(ids, mask, cache, pos, self_mask)
             logits = self.model.lm_head.forward(hidden) + self.model.final_logits_bias
@@ -211,7 +230,7 @@ class DirectStep:
         logits = logits[:, -1, :]  # shape: (rows, V)
         return logits if logits.dtype == torch.float32 else logits.float()
 
-    def _gpt2(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _gpt2(self, ids: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """GPT-2's blocks (``GPT2Model.forward`` for one new token): the final hidden states ``[rows, 1, E]``."""
         tr = self.model.transformer
         hidden = tr.wte.forward(ids) + tr.wpe.forward(pos)  # shape: (rows, 1, E)
@@ -232,7 +251,7 @@ class DirectStep:
             hidden = hidden + mlp.c_proj.forward(mlp.act(mlp.c_fc.forward(x)))
         return tr.ln_f.forward(hidden)
 
-    def _llama(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _llama(self, ids: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """Llama-style blocks (``LlamaModel.forward`` for one new token): the final hidden states ``[rows, 1, E]``."""
         base = self.model.model
         hidden = base.embed_tokens.forward(ids)  # shape: (rows, 1, E)
@@ -257,7 +276,7 @@ class DirectStep:
     def _seq2seq(
         self,
         ids: torch.Tensor,
-        cross_mask: torch.Tensor,
+        cross_mask: torch.Tensor | None,
         cache: Any,
         position: torch.Tensor | None = None,
         self_mask: torch.Tensor | None = None,
@@ -301,7 +320,7 @@ class DirectStep:
     def _t5(
         self,
         ids: torch.Tensor,
-        cross_mask: torch.Tensor,
+        cross_mask: torch.Tensor | None,
         cache: Any,
         position: torch.Tensor | None = None,
         self_mask: torch.Tensor | None = None,
@@ -344,6 +363,44 @@ class DirectStep:
         if self.model.config.scale_decoder_outputs:
             hidden = hidden * (self.model.model_dim**-0.5)
         return hidden
+
+    def _whisper(
+        self,
+        ids: torch.Tensor,
+        cross_mask: torch.Tensor | None,
+        cache: Any,
+        position: torch.Tensor | None = None,
+        self_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Whisper decoder layers (``WhisperDecoder.forward`` for one new token, pre-norm, learned positions, the
+        queries scaled before attention): the final hidden states ``[rows, 1, E]``. As the model, the
+        self-attention passes no mask for one query over its row's every position, and the cross-attention the
+        encoder's mask only where one is given (Whisper's own decoder passes none: its audio frames have no
+        padding); a cache of fixed width passes ``self_mask`` and the ``position``."""
+        dec = self.model.model.decoder
+        self_cache, cross_cache = cache.self_attention_cache, cache.cross_attention_cache
+        if position is None:
+            position = self._positions(self_cache.get_seq_length())  # shape: (1,)
+        hidden = dec.embed_tokens.forward(ids) + dec.embed_positions.weight[position]  # shape: (rows, 1, E)
+        rows = hidden.shape[0]
+        for i, layer in enumerate(dec.layers):
+            attn, cross = layer.self_attn, layer.encoder_attn
+            shape = (rows, 1, -1, attn.head_dim)
+            x = layer.self_attn_layer_norm.forward(hidden)
+            q = (attn.q_proj.forward(x) * attn.scaling).view(shape).transpose(1, 2).contiguous()  # (rows, heads, 1, d)
+            k = attn.k_proj.forward(x).view(shape).transpose(1, 2).contiguous()
+            v = attn.v_proj.forward(x).view(shape).transpose(1, 2).contiguous()
+            k, v = self_cache.layers[i].update(k, v)  # shape: (rows, heads, L, d)
+            out, _ = self.attend(attn, q, k, v, self_mask, dropout=0.0, scaling=1.0)
+            hidden = hidden + attn.out_proj.forward(out.reshape(rows, 1, -1).contiguous())
+            x = layer.encoder_attn_layer_norm.forward(hidden)
+            q = (cross.q_proj.forward(x) * cross.scaling).view(shape).transpose(1, 2).contiguous()
+            kv = cross_cache.layers[i]  # shape: (rows, heads, S, d) each, filled at the first step
+            out, _ = self.attend(cross, q, kv.keys, kv.values, cross_mask, dropout=0.0, scaling=1.0)
+            hidden = hidden + cross.out_proj.forward(out.reshape(rows, 1, -1).contiguous())
+            x = layer.final_layer_norm.forward(hidden)
+            hidden = hidden + layer.fc2.forward(layer.activation_fn(layer.fc1.forward(x)))
+        return dec.layer_norm.forward(hidden)
 
     def _positions(self, past: int) -> torch.Tensor:
         """``[past]`` as a one-element int64 tensor on the model's device (a slice of a kept range)."""
