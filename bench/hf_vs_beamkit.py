@@ -28,8 +28,12 @@ converted copy of the same model, float32, same thread count) for gpt2 and maria
 over beamkit's.
 ``--beams 1`` runs greedy decoding instead (``num_beams=1``: beamkit's greedy path, a dense cache; the sequences
 are checked, Hugging Face returning no sequences_scores for greedy decoding).
+``--compile [backend]`` adds a fourth timed call, ``beamkit.hf.generate(..., compile=backend)`` (inductor by
+default), its graphs compiled in an untimed first call whose time is printed: ``compiled-speedup[whisper]`` is
+beamkit's eager time over its compiled time, ``hf-speedup-compiled[whisper]`` Hugging Face's over the compiled
+one; its outputs are counted against Hugging Face's (float32 rounding may move a near-tie), not required equal.
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/hf_vs_beamkit.py [--repeats 15] [--models gpt2,t5,whisper] [--ct2]
-[--beams 5]``.
+[--beams 5] [--compile [backend]]``.
 """
 
 from __future__ import annotations
@@ -269,10 +273,17 @@ def bk_scored(model: Any, ids: Any, mask: Any, kw: dict[str, Any], loop: bool) -
 
 
 def run(
-    kind: str, repeats: int, layers: int = 2, width: int = 64, prompt_len: int = PROMPT_LEN, beams: int = BEAMS
-) -> tuple[float, float, float, float]:
-    """Time the three calls; return (speedup, patched speedup, beamkit's overhead share, Hugging Face's).
-    ``beams`` 1: greedy decoding (Hugging Face returns no sequences_scores then: the sequences are compared)."""
+    kind: str,
+    repeats: int,
+    layers: int = 2,
+    width: int = 64,
+    prompt_len: int = PROMPT_LEN,
+    beams: int = BEAMS,
+    compile_backend: str | None = None,
+) -> tuple[float, float, float, float, float | None]:
+    """Time the three calls; return (speedup, patched speedup, beamkit's overhead share, Hugging Face's, and
+    with ``compile_backend`` the compiled call's speedup over beamkit's eager one, else None). ``beams`` 1: greedy
+    decoding (Hugging Face returns no sequences_scores then: the sequences are compared)."""
     if kind == "whisper":
         model, ids, eos, pad, extra = build_whisper()
         mask = None
@@ -303,8 +314,13 @@ def run(
             raise SystemExit(f"[{kind}] the patch fell back to Hugging Face's own decoding: {handle.fallbacks}")
         return seq
 
+    def compiled_call() -> Any:
+        return bh.generate(model, ids, mask, compile=compile_backend, **kw)
+
     loop = kind == "whisper"  # served by beamkit's loop inside Hugging Face's generate: its own output object
-    times: dict[str, list[float]] = {"hf": [], "bk": [], "patched": []}
+    sides = ("hf", "bk", "patched") + (("compiled",) if compile_backend else ())
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    agree = 0  # timed runs whose compiled rows all equal Hugging Face's (float32 rounding may move a near-tie)
     over: list[float] = []
     with torch.inference_mode():
         # warm-up, and the full check: sequences identical, sequences_scores within 1e-4
@@ -318,6 +334,10 @@ def run(
         plain = hf_call()  # Whisper's plain output drops the decoder prompt, eos and padding; its dict keeps them
         if not torch.equal(patched_call(), plain):
             raise SystemExit(f"[{kind}] patched outputs differ")
+        if compile_backend:  # compiled here, untimed (graphs are kept with the model)
+            t0 = time.process_time()
+            compiled_call()
+            print(f"[{kind}] compile={compile_backend}: first call {time.process_time() - t0:.1f} s CPU")
         if loop:
             lengths = [int(n) for n in (plain != pad).sum(dim=1)]
             finished = sum(n < NEW for n in lengths)
@@ -328,12 +348,14 @@ def run(
             # timed: plain `model.generate(...)` (a LongTensor, as most callers use it) vs beamkit vs the patched
             # model.generate; the order rotates so no side always runs on a warmer cache
             got = {}
-            for side in rotation(i, ("hf", "bk", "patched")):
+            for side in rotation(i, sides):
                 t0 = time.perf_counter()
                 if side == "hf":
                     got[side] = hf_call()
                 elif side == "patched":
                     got[side] = patched_call()
+                elif side == "compiled":
+                    got[side] = compiled_call()
                 elif loop:
                     got[side] = bk_call()
                 else:
@@ -345,6 +367,8 @@ def run(
                     over.append(1.0 - bk.forward_seconds / times[side][-1])
             if not (torch.equal(got["hf"], got["bk"]) and torch.equal(got["hf"], got["patched"])):
                 raise SystemExit(f"[{kind}] outputs differ in run {i}")
+            if compile_backend:
+                agree += int(torch.equal(got["hf"], got["compiled"]))
         hf_ov = hf_overhead(model, hf_call)
         if loop:
             over.append(hf_overhead(model, bk_call))
@@ -360,7 +384,15 @@ def run(
         f"(median of {repeats}); {shape}, {finished} finished {'requests' if loop else 'hypotheses'}, "
         f"best lengths {lengths}; outputs identical"
     )
-    return hf_med / bk_med, hf_med / pa_med, ov, hf_ov
+    if not compile_backend:
+        return hf_med / bk_med, hf_med / pa_med, ov, hf_ov, None
+    co_med = statistics.median(times["compiled"])
+    print(
+        f"[{kind}] compiled ({compile_backend}) {co_med * 1e3:.1f} ms (median of {repeats}); its outputs equal "
+        f"Hugging Face's in {agree}/{repeats} runs"
+    )
+    print(f"hf-speedup-compiled[{kind}]: {hf_med / co_med:.2f}x")
+    return hf_med / bk_med, hf_med / pa_med, ov, hf_ov, bk_med / co_med
 
 
 def ct2_ratio(kind: str, repeats: int, layers: int, width: int, prompt_len: int) -> float | None:
@@ -446,20 +478,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: tiny models, shared box)")
     parser.add_argument("--ct2", action="store_true", help="add the CTranslate2 column (gpt2, marian)")
     parser.add_argument("--beams", type=int, default=BEAMS, help="num_beams (1: greedy decoding)")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        help="add beamkit.hf.generate(..., compile=BACKEND) as a fourth timed call (default backend: inductor)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()  # Whisper's generate warns about the benchmark's own settings
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}")
     results = {
-        kind: run(kind, args.repeats, args.layers, args.width, args.prompt_len, args.beams)
+        kind: run(kind, args.repeats, args.layers, args.width, args.prompt_len, args.beams, args.compile)
         for kind in args.models.split(",")
     }
-    for kind, (_, _, _, hf_ov) in results.items():
+    for kind, (_, _, _, hf_ov, _) in results.items():
         print(f"hf-overhead[{kind}]: {hf_ov * 100:.1f}% (Hugging Face generate, for comparison)")
-    for kind, (speed, patched, ov, _) in results.items():
+    for kind, (speed, patched, ov, _, compiled) in results.items():
         print(f"hf-speedup[{kind}]: {speed:.2f}x; target >= {TARGET}x: {'met' if speed >= TARGET else 'missed'}")
         print(f"patched-speedup[{kind}]: {patched:.2f}x")
         print(f"overhead[{kind}]: {ov * 100:.1f}%")
+        if compiled is not None:
+            print(f"compiled-speedup[{kind}]: {compiled:.2f}x (beamkit's eager time / its compiled time)")
     for kind in args.models.split(",") if args.ct2 else ():
         if kind in ("gpt2", "marian"):
             ratio = ct2_ratio(kind, args.repeats, args.layers, args.width, args.prompt_len)

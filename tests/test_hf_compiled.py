@@ -347,3 +347,119 @@ def test_graphs_live_with_their_model_and_not_with_a_copy():
     del model
     gc.collect()
     assert ref() is None
+
+
+def test_parents_are_copied_into_buffers_of_the_live_rows():
+    """``copy_parents`` against ``index_select`` (the oracle): buffers of a rows count that is no bucket (a
+    Whisper call's exact rows) keep it while the parents fit, both while the filled columns move alone and as
+    whole rows; more parents than rows grow both sets to the rows bucket."""
+    gen = torch.Generator().manual_seed(5)
+    live = [torch.randn(6, 2, 8, 3, generator=gen) for _ in range(2)]
+    spare = None
+    for t, index in ((3, [5, 5, 0, 1, 2, 2]), (6, [0, 1, 2, 3, 4, 5]), (2, [4, 3])):
+        want = [x[:, :, :t].index_select(0, torch.tensor(index)) for x in live]
+        live, spare = compiled_mod.copy_parents(live, spare, torch.tensor(index), t)
+        assert all(x.shape[0] == 6 for x in (*live, *spare))
+        for got, ref in zip(live, want, strict=True):
+            assert torch.equal(got[: len(index), :, :t], ref)
+    index = torch.tensor([0, 1, 1, 2, 3, 4, 5])
+    want = [x[:, :, :2].index_select(0, index) for x in live]
+    live, spare = compiled_mod.copy_parents(live, spare, index, 2)
+    assert all(x.shape[0] == 8 for x in (*live, *spare))  # the bucket of 7 rows
+    assert all(torch.equal(got[:7, :, :2], ref) for got, ref in zip(live, want, strict=True))
+
+
+def _whisper():
+    """The tiny seeded Whisper of ``tests.test_hf_whisper`` (a copy attending with SDPA) and its 3 features."""
+    from tests.test_hf_whisper import sdpa_whisper
+
+    return sdpa_whisper()
+
+
+# Whisper's decoder: 32 wide, feed-forward 64, 2 layers; its steps attend over 64 self columns and 30 frames
+WHISPER_E, WHISPER_F, WHISPER_C = 32, 64, 64 + 30
+
+
+def whisper_tolerance(logits) -> float:
+    """The float32 bound of the module doc for the tiny Whisper's logits."""
+    return (WHISPER_E + WHISPER_F + WHISPER_C) * 2 * U * (1.0 + float(logits.abs().max()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("beams", [1, 3, 5])
+def test_whisper_compiled_gives_its_own_generates_tokens(beams, backend):
+    """Whisper in beamkit's loop with ``compile=``: Whisper's own ``generate``'s sequences; each step's logits
+    within the float32 bound of its own, and the processed scores (log-softmax) within twice that; the steps ran
+    compiled."""
+    model, feats = _whisper()
+    kw = dict(num_beams=beams, min_new_tokens=10, max_new_tokens=20, return_dict_in_generate=True)
+    kw.update(output_scores=True, output_logits=True, language="en", task="transcribe")
+    with torch.no_grad():
+        theirs = model.generate(feats, **kw)
+        ours = bh.generate(model, feats, compile=backend, **kw)
+    assert hc.compilations(model) == {backend: 1}
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert len(ours.logits) == len(theirs.logits) >= 10
+    for a, b, sa, sb in zip(ours.logits, theirs.logits, ours.scores, theirs.scores, strict=True):
+        bound = whisper_tolerance(b)
+        assert float((a - b).abs().max()) <= bound
+        finite = torch.isfinite(sb)
+        assert torch.equal(finite, torch.isfinite(sa))
+        assert float((sa[finite] - sb[finite]).abs().max()) <= 2 * bound
+
+
+def test_whisper_compiles_one_graph_per_rows_count():
+    """A Whisper call's rows stay fixed (requests x beams), so its buffers hold exactly them: a second call of
+    the same shape compiles nothing, another count of rows compiles its own graph."""
+    model, feats = _whisper()
+    kw = dict(num_beams=2, min_new_tokens=4, max_new_tokens=6)
+    with torch.no_grad():
+        for count, x in ((1, feats), (1, feats), (2, feats[:2]), (2, feats[:2].clone())):
+            assert torch.equal(bh.generate(model, x, compile="eager", **kw), model.generate(x, **kw))
+            assert hc.compilations(model) == {"eager": count}
+
+
+def test_whisper_compile_with_per_step_tables_runs_eagerly_and_says_why_once(caplog):
+    """Token timestamps read the cross-attentions of every step, which only the model's forward returns: the
+    call runs as without ``compile=`` (outputs identical to Whisper's own), the reason logged once."""
+    model, feats = _whisper()
+    kw = dict(num_beams=3, return_token_timestamps=True)
+    with caplog.at_level(logging.WARNING, logger="beamkit"), torch.no_grad():
+        for _ in range(2):
+            want = model.generate(feats, **kw)
+            got = bh.generate(model, feats, compile="eager", **kw)
+            assert torch.equal(got["sequences"], want["sequences"])
+            assert torch.equal(got["token_timestamps"], want["token_timestamps"])
+    notes = [r.getMessage() for r in caplog.records if "compile= runs eagerly" in r.getMessage()]
+    assert len(notes) == 1 and "attentions or hidden states" in notes[0]
+    assert hc.compilations(model) == {}
+
+
+def test_whisper_changed_mid_call_gives_its_buffers_back_and_calls_the_model():
+    """A global forward hook registered by a logits processor at the fourth step: the loop hands the buffers'
+    keys/values back to the model's own cache and calls the model from then on (the hook sees the calls), with
+    Whisper's own tokens; the compiled steps before ran."""
+    model, feats = _whisper()
+
+    class HookAt(transformers.LogitsProcessor):
+        def __init__(self) -> None:
+            self.calls, self.handle, self.seen = 0, None, []
+
+        def __call__(self, input_ids, scores):
+            self.calls += 1
+            if self.calls == 4:
+                self.handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: self.seen.append(1))
+            return scores
+
+    outs = []
+    for run in (model.generate, lambda x, **kw: bh.generate(model, x, compile="eager", **kw)):
+        hook = HookAt()
+        try:
+            with torch.no_grad():
+                outs.append(run(feats, num_beams=3, min_new_tokens=8, logits_processor=[hook]))
+        finally:
+            if hook.handle is not None:
+                hook.handle.remove()
+        assert hook.seen
+    assert torch.equal(outs[0], outs[1])
+    assert hc.compilations(model) == {"eager": 1}

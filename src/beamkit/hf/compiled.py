@@ -3,7 +3,9 @@
 ``DecoderOnlyStep(model, compile=True)``, ``EncoderDecoderStep(model, compile=True)`` (or
 ``beamkit.hf.generate(..., compile=True)``) runs each decoding step after the first through ``torch.compile``
 (inductor; a string names another backend) over static shapes, for the model families the direct step knows
-(:mod:`beamkit.hf.direct`: GPT-2, Llama, Mistral, Qwen2, and the decoders of Marian, BART and T5):
+(:mod:`beamkit.hf.direct`: GPT-2, Llama, Mistral, Qwen2, and the decoders of Marian, BART and T5; Whisper's in
+beamkit's loop, :mod:`beamkit.hf.loop`, over buffers of exactly its rows and audio frames, which stay fixed
+through a call):
 
 * Rows are padded to a power of two (at least 4), the key/value columns to a power of two (at least 64), an
   encoder-decoder's source to a power of two (at least 8). The
@@ -84,12 +86,13 @@ class StaticLayers:
         self.rows, self.length = rows, length
 
     @classmethod
-    def from_dynamic(cls, cache: Any, columns: int = 0) -> StaticLayers:
+    def from_dynamic(cls, cache: Any, columns: int = 0, exact: bool = False) -> StaticLayers:
         """The plain ``DynamicLayer`` layers of ``cache`` (``[rows, kv heads, L, d]`` each) copied into buffers of
-        the buckets holding their rows and ``L + 1`` columns (``columns``: that many columns instead)."""
+        the buckets holding their rows and ``L + 1`` columns (``columns``: that many columns instead; ``exact``:
+        as many rows as they have)."""
         layers = cache.layers
         rows, _, length, _ = layers[0].keys.shape
-        cap, cols = bucket(rows, MIN_ROWS), columns or bucket(length + 1, MIN_COLUMNS)
+        cap, cols = rows if exact else bucket(rows, MIN_ROWS), columns or bucket(length + 1, MIN_COLUMNS)
         keys: list[Tensor] = []
         values: list[Tensor] = []
         for layer in layers:
@@ -168,14 +171,17 @@ class StaticSeq2Seq:
     (:class:`StaticLayers`, one column per decoder position) and the cross-attention ones (a :class:`StaticLayers`
     whose ``length`` is the source's columns, padded to a bucket of at least 8), reordered as the model's
     ``EncoderDecoderCache`` is (``self_attention_cache`` / ``cross_attention_cache``). ``original`` is that cache,
-    emptied here (its keys/values now live in the buffers) and refilled by :meth:`to_dynamic`."""
+    emptied here (its keys/values now live in the buffers) and refilled by :meth:`to_dynamic`. ``exact``: the
+    buffers hold the rows and source columns the cache has, unpadded (for calls whose rows stay fixed and whose
+    source has one length: Whisper's in beamkit's loop, whose graphs are made per rows count)."""
 
-    def __init__(self, original: Any) -> None:
+    def __init__(self, original: Any, exact: bool = False) -> None:
         self.original = original
         cross = original.cross_attention_cache
         self.source = int(cross.layers[0].keys.shape[2])  # the source's columns
-        self.self_attention_cache = StaticLayers.from_dynamic(original.self_attention_cache)
-        self.cross_attention_cache = StaticLayers.from_dynamic(cross, bucket(self.source, MIN_SOURCE))
+        self.self_attention_cache = StaticLayers.from_dynamic(original.self_attention_cache, exact=exact)
+        columns = self.source if exact else bucket(self.source, MIN_SOURCE)
+        self.cross_attention_cache = StaticLayers.from_dynamic(cross, columns, exact=exact)
         self.cross_attention_cache.length = self.cross_attention_cache.columns  # every column is read (masked)
         for layer in (*original.self_attention_cache.layers, *cross.layers):  # copied: the originals are freed
             layer.keys, layer.values = layer.keys.new_zeros(0), layer.values.new_zeros(0)
@@ -189,9 +195,14 @@ class StaticSeq2Seq:
         """Bytes of the buffers."""
         return self.self_attention_cache.kv_bytes() + self.cross_attention_cache.kv_bytes()
 
-    def source_mask(self, mask: Tensor) -> Tensor:
+    def source_mask(self, mask: Tensor | None) -> Tensor | None:
         """The source mask ``[rows, 1, 1, S]`` padded to ``[cap, 1, 1, S bucket]`` (padded rows read column 0),
-        made again only when the rows' mask is another tensor (their layout changed)."""
+        made again only when the rows' mask is another tensor (their layout changed). None (every source column
+        read) where ``mask`` is None and the buffers hold no padded columns."""
+        if mask is None:
+            if self.cross_attention_cache.columns != self.source:
+                raise ValueError("a source mask is needed where the source columns are padded")
+            return None
         if self._mask[0] is mask and self._mask[1] is not None:
             return self._mask[1]
         cross = self.cross_attention_cache
@@ -288,14 +299,14 @@ class StaticStep(_Static):
 
 
 class StaticSeq2SeqStep(_Static):
-    """The compiled static decoder step of one encoder-decoder model (Marian, BART, T5) and backend.
-    ``__call__(ids [rows, 1], source mask [rows, 1, 1, S] boolean, cache)``: the logits ``[rows, V]`` (float32)
-    of the step at decoder position ``cache.get_seq_length()``, written into that column."""
+    """The compiled static decoder step of one encoder-decoder model (Marian, BART, T5, Whisper) and backend.
+    ``__call__(ids [rows, 1], source mask [rows, 1, 1, S] boolean or None, cache)``: the logits ``[rows, V]``
+    (float32) of the step at decoder position ``cache.get_seq_length()``, written into that column."""
 
     def _step(
         self,
         ids: Tensor,
-        source_mask: Tensor,
+        source_mask: Tensor | None,
         at: Tensor,
         keys: list[Tensor],
         values: list[Tensor],
@@ -312,7 +323,7 @@ class StaticSeq2SeqStep(_Static):
         )
         return self.direct(ids, source_mask, at, layers, self_mask)  # shape: (cap, V)
 
-    def __call__(self, ids: Tensor, mask: Tensor, cache: StaticSeq2Seq) -> Tensor:
+    def __call__(self, ids: Tensor, mask: Tensor | None, cache: StaticSeq2Seq) -> Tensor:
         own, cross = cache.self_attention_cache, cache.cross_attention_cache
         past = own.length
         own.make_room(past + 1)

@@ -56,9 +56,9 @@ _LAYERS = {
     "t5": ({"T5Block"}, {"T5Attention"}, {"T5LayerFF"}),
     "whisper": ({"WhisperDecoderLayer"}, {"WhisperAttention"}, set()),
 }
-#: the encoder-decoder families the engine bridge decodes (their decoders run directly); Whisper's decoder runs
-#: directly inside Hugging Face's own generate (:mod:`beamkit.hf.loop`), which prepares its audio inputs
-SEQ2SEQ = ("marian", "bart", "t5")
+#: the encoder-decoder families (their decoders run directly): the engine bridge decodes the first three;
+#: Whisper's steps run inside Hugging Face's own generate (:mod:`beamkit.hf.loop`), which prepares its audio inputs
+SEQ2SEQ = ("marian", "bart", "t5", "whisper")
 #: where the modules the direct step runs as they are may come from: the libraries' own layers
 _LIBRARIES = ("transformers.", "torch.", "beamkit.")
 

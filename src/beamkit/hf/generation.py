@@ -37,7 +37,7 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
     ids some row may take and normalises over each row's allowed ids, ``"vocab"`` normalises over the whole
     vocabulary, as Hugging Face does; see :mod:`beamkit.hf.allowed`), and ``compile`` (True or a
     ``torch.compile`` backend name runs the decoding steps compiled over static shapes, see
-    :mod:`beamkit.hf.compiled`; default False).
+    :mod:`beamkit.hf.compiled`; default False; of the calls the loop decodes, Whisper's only).
 
     Where the call runs is decided once, by :func:`beamkit.hf.route.route`: the engine bridge where it takes
     the call, else beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`:

@@ -32,6 +32,7 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from beamkit.hf import internals
+from beamkit.hf.compiled import StaticSeq2Seq, log_once, static_step
 from beamkit.hf.direct import FAMILIES, direct_step
 from beamkit.hf.paged import plain_layers
 from beamkit.hf.settings import Unsupported
@@ -53,19 +54,26 @@ def decode(
     stopping_criteria: Any,
     generation_config: Any,
     synced_gpus: bool = False,
+    *,
+    compile_backend: str | None = None,
     **model_kwargs: Any,
 ) -> Any:
     """A decoding method for ``model.generate(custom_generate=decode)``: Hugging Face's prepared ``input_ids``
     (``[batch * beams, P]``, expanded), its processor and stopping-criteria lists and generation config, and the
     model keywords it built; returns what Hugging Face's own method for the mode returns. Raises
     :class:`~beamkit.hf.Unsupported` (before any forward) for modes other than greedy, sampling, beam search and
-    beam sampling."""
+    beam sampling. ``compile_backend`` (a ``torch.compile`` backend; ``beamkit.hf.generate(..., compile=...)``
+    passes it) runs Whisper's steps compiled over static shapes (:mod:`beamkit.hf.compiled`)."""
     from beamkit.hf.processors import vectorise_prefix_fns
 
     loop = loop_for(generation_config)
     logits_processor = vectorise_prefix_fns(logits_processor)  # a beamkit.Trie's callable: applied vectorised
     run = Run(model, logits_processor, stopping_criteria, generation_config, bool(synced_gpus), model_kwargs)
-    return loop(run).decode(input_ids)
+    run.compile(compile_backend)
+    try:
+        return loop(run).decode(input_ids)
+    finally:
+        run.release()
 
 
 def loop_for(generation_config: Any) -> type[TokenLoop] | type[BeamLoop]:
@@ -104,12 +112,28 @@ class Run:
     synced_gpus: bool
     kwargs: dict[str, Any]
     direct: Any = None  # the direct step (beamkit.hf.direct) this call's steps may run, None where they may not
+    why: str = ""  # why not, where they may not
+    static: Any = None  # the compiled static step (beamkit.hf.compiled) this call's steps run, when compiling
+    buffers: Any = None  # its keys/values buffers (StaticSeq2Seq), from the first step it runs to the release
 
     def __post_init__(self) -> None:
-        if self.config.output_attentions or self.config.output_hidden_states:
-            return  # the per-step tables come from the model's own forward
-        if FAMILIES.get(type(self.model).__name__) in DIRECT:
-            self.direct = direct_step(self.model)[0]
+        name = type(self.model).__name__
+        if FAMILIES.get(name) not in DIRECT:
+            self.why = f"{name} is not a model whose steps beamkit's loop runs directly (Whisper)"
+        elif self.config.output_attentions or self.config.output_hidden_states:
+            self.why = "per-step attentions or hidden states come from the model's forward"
+        else:
+            self.direct, self.why = direct_step(self.model)
+
+    def compile(self, backend: str | None) -> None:
+        """Run this call's steps through the model's compiled static step for ``backend`` (None: eagerly), where
+        they run directly; elsewhere log once why they do not."""
+        if backend is None:
+            return
+        if self.direct is None:
+            log_once(f"beamkit: compile= runs eagerly for this call: {self.why}")
+            return
+        self.static = static_step(self.model, self.direct, backend, self.why)
 
     @property
     def encoder_decoder(self) -> bool:
@@ -125,14 +149,37 @@ class Run:
     def forward(self, rows: torch.Tensor, call: Any = None) -> Any:
         """One forward of the rows' tokens so far (``[rows, L]``): only the last one with the cache, all of them
         with ``use_cache=False``."""
+        if self.buffers is not None:  # the same inputs as the step that made them: the rows' last tokens
+            if self.direct.usable():
+                return self.static_forward(rows[:, -1:])
+            self.release()  # the model changed (training mode, a global hook): back to its own cache and call
         new = 1 if self.kwargs.get("use_cache") else None
         inputs = self.model.prepare_inputs_for_generation(rows, next_sequence_length=new, **self.kwargs)
         if call is None and self.direct is not None:
             cache = direct_inputs(inputs)
+            if cache is None and self.static is not None:
+                log_once("beamkit: compile= runs eagerly for this call: its steps pass the model other inputs")
             if cache is not None and self.direct.usable():
+                if self.static is not None:
+                    # the cache's keys/values move into buffers of its rows and frames (both fixed for the call)
+                    self.buffers = StaticSeq2Seq(cache, exact=True)
+                    return self.static_forward(inputs["decoder_input_ids"])
                 logits = self.direct(inputs["decoder_input_ids"], None, None, cache)  # shape: (rows, V)
                 return Seq2SeqLMOutput(logits=logits[:, None, :], past_key_values=cache)
         return (call or self.model)(**inputs, return_dict=True)
+
+    def static_forward(self, ids: torch.Tensor) -> Any:
+        """One compiled static step of the tokens ``ids`` (``[rows, 1]``) over the buffers (every audio frame
+        read, as Whisper's decoder reads them); the output names the model's own cache (emptied while the buffers
+        hold its keys/values), which the keywords keep."""
+        logits = self.static(ids, None, self.buffers)  # shape: (rows, V)
+        return Seq2SeqLMOutput(logits=logits[:, None, :], past_key_values=self.buffers.original)
+
+    def release(self) -> None:
+        """The buffers' keys/values back into the model's own cache (what the call returns), if they hold them."""
+        if self.buffers is not None:
+            self.buffers.to_dynamic()
+            self.buffers = None
 
     def absorb(self, outputs: Any) -> None:
         """Take the forward's cache, masks and positions into the model keywords (Hugging Face's update)."""
@@ -435,7 +482,12 @@ class BeamLoop:
         order = beams.running_from[..., cur - self.prompt].reshape(-1)  # shape: (B*K,)
         model = self.run.model
         own = internals.reorder_cache(model)
-        if own is not None:
+        buffers = self.run.buffers
+        if buffers is not None:  # compiled steps: the first reorder (on the model's cache) checked the cross
+            buffers.self_attention_cache.reorder_cache(order)
+            if not self.shared_cross:
+                buffers.cross_attention_cache.reorder_cache(order)
+        elif own is not None:
             self.run.kwargs[name] = own(cache, order)
         elif self.beams_share_cross(cache):  # its rows move within their request: only the self-attention's
             cache.self_attention_cache.reorder_cache(order)

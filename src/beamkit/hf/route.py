@@ -18,8 +18,9 @@ Face serves).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from beamkit.hf.generation import Prepared, loop_decodes, prepare, wants_tables
@@ -39,12 +40,14 @@ class LoopCall:
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    compile: str | None = None  # the torch.compile backend of the loop's steps (None: eager)
 
     def __call__(self, generate: Callable[..., Any]) -> Any:
         """Run the call through ``generate`` (the model's unpatched ``generate``)."""
         from beamkit.hf.loop import decode
 
-        return generate(*self.args, custom_generate=decode, **self.kwargs)
+        method = decode if self.compile is None else functools.partial(decode, compile_backend=self.compile)
+        return generate(*self.args, custom_generate=method, **self.kwargs)
 
 
 @dataclass(frozen=True)
@@ -86,9 +89,20 @@ def route(
         return Route(
             "huggingface", f"allowed_output= runs on beamkit's engine only, which does not take this call: {why}"
         )
-    if kwargs.get("compile") not in (None, False):  # the compiled step runs on beamkit's engine only
-        return Route("huggingface", f"compile= runs on beamkit's engine only, which does not take this call: {why}")
-    call = LoopCall(args, dict(kwargs)) if patched else _loop_call(args, kwargs)
+    from beamkit.hf.direct import FAMILIES
+    from beamkit.hf.loop import DIRECT
+    from beamkit.models.compiled import compile_setting
+
+    kwargs = dict(kwargs)
+    backend = compile_setting(kwargs.pop("compile", None))
+    if backend is not None and FAMILIES.get(type(model).__name__) not in DIRECT:
+        return Route(
+            "huggingface",
+            f"compile= runs on beamkit's engine only (and for Whisper in beamkit's loop), which does not take this "
+            f"call: {why}",
+        )
+    call = LoopCall(args, kwargs) if patched else _loop_call(args, kwargs)
+    call = replace(call, compile=backend)
     refusal = loop_refusal(model, call)
     if refusal is not None:
         return Route("huggingface", refusal)

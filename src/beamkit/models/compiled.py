@@ -150,15 +150,15 @@ def copy_parents(
     live: list[Tensor], spare: list[Tensor] | None, index: Tensor, t: int
 ) -> tuple[list[Tensor], list[Tensor]]:
     """Rows ``index`` (parents, may repeat) of the buffers ``live`` (each ``[cap, heads, columns, d]``, the first
-    ``t`` columns filled) copied into ``spare`` (made at the first call, or grown to a larger rows bucket when
-    more rows come back than it holds). Returns ``(live, spare)`` for the next step: the filled copy, and the old
-    live set (grown as well when too small to be the next target). While the filled columns are at most half
-    the buffer only they move (through a temporary: two passes over t columns), else whole rows (one pass over
-    every column, no temporary)."""
-    n = int(index.shape[0])
-    cap = bucket(n, MIN_ROWS)
+    ``t`` columns filled) copied into ``spare`` (made at the first call with the live buffers' rows, or grown to
+    a larger rows bucket when more rows come back than they hold). Returns ``(live, spare)`` for the next step:
+    the filled copy, and the old live set (grown as well when too small to be the next target). While the
+    filled columns are at most half the buffer only they move (through a temporary: two passes over t columns),
+    else whole rows (one pass over every column, no temporary)."""
+    n, rows = int(index.shape[0]), int(live[0].shape[0])
+    cap = rows if n <= rows else bucket(n, MIN_ROWS)  # the live buffers' rows, or the bucket of more rows
     if spare is None or cap > int(spare[0].shape[0]):
-        spare = [x.new_zeros((max(cap, int(x.shape[0])), *x.shape[1:])) for x in live]
+        spare = [x.new_zeros((cap, *x.shape[1:])) for x in live]
     columns = int(live[0].shape[2])
     for src, dst in zip(live, spare, strict=True):
         if 2 * t <= columns:
