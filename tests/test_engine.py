@@ -501,3 +501,95 @@ def test_engine_stats_read_kv_bytes_from_the_state():
         seen.append(engine.stats.kv_bytes)
     assert seen == [100 * r for r in engine.stats.rows_per_call]
     assert engine.stats.kv_peak_bytes == max(seen) == 300
+
+
+def test_processors_see_each_rows_own_request_fields():
+    """A processor's context names, row by row, the request the row belongs to and that request's own options:
+    its id (the one ``add`` returned, not the engine's slot), beam size, length limit and temperature (NaN
+    where none was set); rows of requests with the same beam size share one call, each with its own fields."""
+    import beamkit
+    from tests.toy import MultiToy
+
+    model = MultiToy(7, seeds=[0, 1, 2, 3, 4])
+    seen = []
+
+    def spy(scores, ctx):
+        together = len(set(ctx.request_id.tolist()))
+        for i in range(scores.shape[0]):
+            row = (int(ctx.request[i]), int(ctx.request_id[i]), int(ctx.beam[i]), int(ctx.max_len[i]))
+            seen.append((ctx.step, *row, float(ctx.temperature[i]), together))
+        return scores
+
+    options = beamkit.SearchOptions(4, 6, processors=[spy], selector=beamkit.Multinomial(seed=0))
+    engine = beamkit.Engine(model.step, options)
+    init = model.init()
+    done = np.empty(1100, dtype=object)
+    done[:] = [(0, ())] * 1100
+    # 1,100 requests done at once: the engine renumbers its slots, so the later requests' ids are not their slots
+    first = engine.add_batch(done, BOS, 0, request=beamkit.RequestOptions(beam_size=1, max_len=1))[-1]
+    while not engine.idle:
+        engine.step()
+    seen.clear()
+    specs = [(2, 3, 0.5), (4, 6, float("nan")), (4, 4, 1.5), (3, 5, 2.0)]  # beam, max_len, temperature
+    ids = []
+    for i, (beam, max_len, temp) in enumerate(specs, start=1):
+        given = {} if temp != temp else {"temperature": temp}
+        ids.append(engine.add(init[i : i + 1], BOS, 0, beam_size=beam, max_len=max_len, **given))
+    assert ids == [first + 1, first + 2, first + 3, first + 4]
+    while not engine.idle:
+        engine.step()
+    want = dict(zip(ids, specs, strict=True))
+    slots = {}
+    for step, slot, rid, beam, max_len, temp, _ in seen:
+        assert (beam, max_len) == want[rid][:2] and step < max_len
+        assert temp == want[rid][2] or (temp != temp and want[rid][2] != want[rid][2])
+        assert slots.setdefault(rid, slot) == slot  # one slot per request while it runs
+    assert set(slots) == set(ids) and not set(slots.values()) & set(ids)
+    assert any(together > 1 for *_, together in seen)  # the two beam-4 requests shared calls
+
+
+def test_request_ids_and_both_kinds_of_options_are_refused_by_name():
+    """Hand-written messages: a negative or non-integer request id (``cancel``, ``best``), and ``add`` given a
+    request record and keywords at once."""
+    import beamkit
+
+    model = ToyModel(5)
+    engine = Engine(model.step, beamkit.SearchOptions(2, 3))
+    for call in (engine.cancel, engine.best):
+        with pytest.raises(ValueError, match=r"^request_id must be >= 0, got -1$"):
+            call(-1)
+        with pytest.raises(TypeError, match=r"^request_id must be an integer, got 1\.5$"):
+            call(1.5)
+    with pytest.raises(
+        TypeError, match=r"^give add\(\) either request= or the request's options as keywords, not both$"
+    ):
+        engine.add(model.init(), BOS, 0, beamkit.RequestOptions(beam_size=2), max_len=3)
+
+
+def test_best_is_the_best_scoring_finished_hypothesis_so_far():
+    """``best`` while a request runs: of its finished hypotheses and its running ones (scored at their length),
+    the one of the highest score, worked out by hand; a finished hypothesis that is not the pool's first entry
+    is returned when it scores best."""
+    import beamkit
+
+    # next-token probabilities by prefix; token 1 ends a hypothesis, 0 is the start token (never chosen)
+    probs = {(): [0.0, 0.3, 0.6, 0.1], (2,): [0.0, 0.7, 0.0, 0.3]}
+
+    def step(state, y_prev):
+        new = np.empty(len(state), dtype=object)
+        for i, (p, t) in enumerate(zip(state, np.asarray(y_prev), strict=True)):
+            new[i] = p if int(t) == 0 else (*p, int(t))
+        with np.errstate(divide="ignore"):
+            return np.log([probs.get(p, [0.0, 0.1, 0.2, 0.7]) for p in new]), new
+
+    engine = Engine(step, beamkit.SearchOptions(3, 6, length_penalty=0.0))
+    start = np.empty(1, dtype=object)
+    start[0] = ()
+    rid = engine.add(start, 0, 1)
+    engine.step()  # finished: [1] at log .3; running: [2] at log .6, [3] at log .1
+    first = engine.best(rid)
+    assert first is not None and first.tokens == [2] and not first.finished
+    engine.step()  # finished: [1] at log .3, then [2, 1] at log .42; running ones below log .42
+    best = engine.best(rid)
+    assert best is not None and best.tokens == [2, 1] and best.finished
+    assert best.logprob == pytest.approx(np.log(0.6 * 0.7), abs=1e-12)

@@ -157,3 +157,22 @@ def test_a_served_request_carries_every_field_to_the_engine():
         got = choices[2 * i : 2 * i + 2]
         assert [c["text"] for c in got] == [toy.decode(h.tokens) for h in alone]
         assert [c["logprob"] for c in got] == pytest.approx([h.logprob for h in alone], abs=1e-12)
+
+
+def test_a_closed_batchs_options_come_from_the_record_and_the_shared_fields():
+    """``search_options(**shared)``: the shared fields under the record's own, the same options as
+    ``make_options`` given both by hand; ``beam_size`` and ``max_len`` must be on the record (named when not)."""
+    from beamkit.search.options import make_options
+
+    def fields(options):  # every field; the selector (an object without equality) by its type
+        return {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name != "selector"} | {
+            "selector": type(options.selector)
+        }
+
+    record = RequestOptions(beam_size=3, max_len=7, num_return=2, length_penalty=0.5, min_len=2)
+    got = record.search_options(record_trace=True, length_penalty=2.0)
+    assert fields(got) == fields(make_options(3, 7, num_return=2, length_penalty=0.5, min_len=2, record_trace=True))
+    assert fields(RequestOptions(beam_size=1, max_len=1).search_options()) == fields(make_options(1, 1))
+    for missing, given in (("beam_size", dict(max_len=4)), ("max_len", dict(beam_size=2))):
+        with pytest.raises(ValueError, match=f"^{missing} is needed: set it on the RequestOptions$"):
+            RequestOptions(**given).search_options()

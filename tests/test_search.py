@@ -485,3 +485,53 @@ def test_a_patience_no_search_can_fill_runs_as_a_pool_that_never_fills() -> None
     never = beamkit.search_batch(model.step, model.init(), BOS, 0, 3, 6, patience=1e300, **kw)
     # 3 beams over 6 steps finish at most 18 hypotheses: a pool of 3e6 never fills either
     assert never == beamkit.search_batch(model.step, model.init(), BOS, 0, 3, 6, patience=1e6, **kw)
+
+
+def test_a_dictionary_holding_fewer_sequences_than_asked_warns_once_naming_the_short_requests():
+    """A dictionary of two sequences, beams asking for three: one warning, raised at the caller's line, whose
+    text (written out here) names the count asked and the first five short requests with what each got; a
+    request that failed is not named (its error says what happened); no warning where the dictionary holds
+    enough, or where no processor bounds the outputs."""
+    import inspect
+    import warnings
+
+    from beamkit.search.options import make_options
+    from tests.toy import BOS, MultiToy
+
+    eos, bad = 0, 3  # request 3's logits are NaN: it fails
+    model = MultiToy(6, seeds=list(range(8)))
+
+    def step(state, y_prev):
+        logits, new = model.step(state, y_prev)
+        logits[[s == bad for s, _ in new]] = np.nan
+        return logits, new
+
+    def run(entries, beam_size, processors=True, **kw):
+        trie = beamkit.Trie(entries)
+        opts = make_options(beam_size, 4, processors=[trie.mask()] if processors else [], **kw)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            line = inspect.currentframe().f_lineno + 1  # the warning's line: the search call
+            result = beamkit.BeamSearch(opts).search(step, model.init(), BOS, eos)
+        return result, [(str(w.message), w.filename, w.lineno == line) for w in caught]
+
+    result, caught = run([(1, eos), (2, eos)], 3)
+    assert sorted(result.errors) == [bad]
+    assert caught == [
+        (
+            "the dictionary allows fewer sequences than the 3 asked (request 0: 2, request 1: 2, request 2: 2, "
+            "request 4: 2, request 5: 2, ...): those requests return fewer hypotheses",
+            __file__,
+            True,
+        )
+    ]
+    result, caught = run([(1, eos), (2, eos)], 5, num_return=2)  # asks for 2: enough
+    assert caught == []
+    result, caught = run([(1, eos), (2, eos)], 3, processors=False)  # nothing bounds the outputs
+    assert caught == []
+    model.seeds = [0, 1]
+    result, caught = run([(1, eos), (2, eos), (1, 2, eos)], 5, num_return=4)
+    assert [m for m, *_ in caught] == [
+        "the dictionary allows fewer sequences than the 4 asked (request 0: 3, request 1: 3): those requests "
+        "return fewer hypotheses"
+    ]

@@ -284,3 +284,27 @@ def test_jupyter_renders_the_trace():
     assert not one.startswith("<!DOCTYPE") and one.count('<g class="node ') == len(trace.nodes)
     ids = [part.split('"')[0] for part in (one + two).split('class="bk-view" id="')[1:]]
     assert len(set(ids)) == 2  # two outputs in one notebook do not share an id
+
+
+def test_traced_search_takes_the_options_and_raises_for_failed_requests():
+    """``traced_search`` passes its options on (``num_return=1``: one hypothesis per request, the same as
+    ``search_batch``'s) and, as ``search_batch``, raises ``BatchDecodeError`` carrying the others' results when
+    a request fails (NaN logits)."""
+    import beamkit
+    from beamkit.search.drivers import traced_search
+    from tests.toy import BOS, MultiToy
+
+    model = MultiToy(6, seeds=[0, 1, 2])
+    hyps, traces = traced_search(model.step, model.init(), BOS, 0, 3, 4, num_return=1)
+    assert [len(h) for h in hyps] == [1, 1, 1] and len(traces) == 3
+    want = beamkit.search_batch(model.step, model.init(), BOS, 0, 3, 4, num_return=1)
+    assert [[h.tokens for h in r] for r in hyps] == [[h.tokens for h in r] for r in want]
+
+    def failing(state, y_prev):
+        logits, new = model.step(state, y_prev)
+        logits[[s == 1 for s, _ in new]] = np.nan
+        return logits, new
+
+    with pytest.raises(beamkit.BatchDecodeError) as err:
+        traced_search(failing, model.init(), BOS, 0, 3, 4)
+    assert sorted(err.value.errors) == [1] and len(err.value.results[0]) == 3

@@ -319,11 +319,6 @@ class Candidates:
             self.row[keep], self.tok[keep], self.lp[keep], self.key[keep], self.req[keep], self.rank[keep]
         )
 
-    def rank_among(self, sel: np.ndarray) -> np.ndarray:
-        """Rank of each selected candidate among the selected ones of its request."""
-        r = self.req[sel]
-        return np.arange(sel.shape[0]) - np.searchsorted(r, r)
-
 
 class Join(NamedTuple):
     """Requests added together, waiting to join the running rows at the next step."""
