@@ -11,7 +11,6 @@ where requests share model calls, within float32 rounding).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from typing import Any
@@ -199,15 +198,16 @@ def _generate(model: Any, tok: Any, prompt: str, beam: int = BEAM, n: int = N_BE
 def test_the_adapter_equals_generate(hf_folder, device):
     from beamkit.adapters import decode_texts, load
 
-    kind, folder, model, tok = hf_folder
-    model = copy.deepcopy(model).to(device)  # the module's model stays on the CPU
+    kind, folder, _, tok = hf_folder
     adapter = load(f"hf:{folder}")
     adapter.model.to(device)  # the adapter's prompts go where its model is
     assert adapter.encoder_decoder == (kind == "t5")
     outs = decode_texts(adapter, PROMPTS, beam=BEAM, n_best=N_BEST, max_len=MAX_NEW, length_penalty=1.0)
     finished = set()
     for prompt, out in zip(PROMPTS, outs, strict=True):
-        want = _generate(model, tok, prompt)
+        # the same weights in the same memory: a copy of them (another alignment) can round a float32 matrix
+        # product differently on some CPUs, and the comparison is exact
+        want = _generate(adapter.model, tok, prompt)
         assert [o._asdict() for o in out] == want
         finished |= {o.finished for o in out}
     assert finished == {True, False}  # eos fired in some hypotheses, others ran to the limit
