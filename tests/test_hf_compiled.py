@@ -33,6 +33,7 @@ import beamkit  # noqa: E402
 import beamkit.hf as bh  # noqa: E402
 from beamkit.hf import compiled as hc  # noqa: E402
 from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
+from beamkit.hf.versions import release  # noqa: E402
 from beamkit.models import compiled as compiled_mod  # noqa: E402
 from tests.test_hf_direct import _seq2seq  # noqa: E402
 
@@ -397,7 +398,8 @@ def test_whisper_compiled_gives_its_own_generates_tokens(beams, backend):
     with torch.no_grad():
         theirs = model.generate(feats, **kw)
         ours = bh.generate(model, feats, compile=backend, **kw)
-    assert hc.compilations(model) == {backend: 1}
+    compiled = sum(hc.compilations(model).values())
+    assert compiled == (1 if release() < (5, 24) else 0)  # compiled on 5.23 only (beamkit.hf.loop.DIRECT)
     assert torch.equal(ours.sequences, theirs.sequences)
     assert len(ours.logits) == len(theirs.logits) >= 10
     for a, b, sa, sb in zip(ours.logits, theirs.logits, ours.scores, theirs.scores, strict=True):
@@ -412,11 +414,12 @@ def test_whisper_compiles_one_graph_per_rows_count():
     """A Whisper call's rows stay fixed (requests x beams), so its buffers hold exactly them: a second call of
     the same shape compiles nothing, another count of rows compiles its own graph."""
     model, feats = _whisper()
-    kw = dict(num_beams=2, min_new_tokens=4, max_new_tokens=6)
+    kw = dict(num_beams=2, min_new_tokens=4, max_new_tokens=6, language="en", task="transcribe")
     with torch.no_grad():
         for count, x in ((1, feats), (1, feats), (2, feats[:2]), (2, feats[:2].clone())):
             assert torch.equal(bh.generate(model, x, compile="eager", **kw), model.generate(x, **kw))
-            assert hc.compilations(model) == {"eager": count}
+            if release() < (5, 24):  # compiled on 5.23 only (beamkit.hf.loop.DIRECT)
+                assert hc.compilations(model) == {"eager": count}
 
 
 def test_whisper_compile_with_per_step_tables_runs_eagerly_and_says_why_once(caplog):
@@ -456,10 +459,13 @@ def test_whisper_changed_mid_call_gives_its_buffers_back_and_calls_the_model():
         hook = HookAt()
         try:
             with torch.no_grad():
-                outs.append(run(feats, num_beams=3, min_new_tokens=8, logits_processor=[hook]))
+                outs.append(
+                    run(feats, num_beams=3, min_new_tokens=8, logits_processor=[hook], language="en", task="transcribe")
+                )
         finally:
             if hook.handle is not None:
                 hook.handle.remove()
         assert hook.seen
     assert torch.equal(outs[0], outs[1])
-    assert hc.compilations(model) == {"eager": 1}
+    if release() < (5, 24):  # compiled on 5.23 only (beamkit.hf.loop.DIRECT)
+        assert hc.compilations(model) == {"eager": 1}

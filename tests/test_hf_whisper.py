@@ -196,7 +196,10 @@ def test_the_loop_runs_whispers_steps_directly_unless_tables_are_asked(call, mon
         want = model.generate(feats, **kw)
         assert not calls  # Hugging Face's own generate never runs it
         same(want, bh.generate(model, feats, **kw))
-    assert (len(calls) == 0) == (call == "token timestamps"), len(calls)
+    from beamkit.hf.versions import release
+
+    direct = call != "token timestamps" and release() < (5, 24)  # the loop runs Whisper directly on 5.23 only
+    assert (len(calls) > 0) == direct, len(calls)
 
 
 def test_a_model_changed_between_calls_is_called_again(monkeypatch):
@@ -206,14 +209,16 @@ def test_a_model_changed_between_calls_is_called_again(monkeypatch):
     calls = _direct_calls(monkeypatch)
     seen = []
     with torch.no_grad():
-        bh.generate(model, feats, num_beams=3, min_new_tokens=3)
-        assert calls
+        bh.generate(model, feats, num_beams=3, min_new_tokens=3, language="en", task="transcribe")
+        from beamkit.hf.versions import release
+
+        assert bool(calls) == (release() < (5, 24))  # the loop runs Whisper directly on 5.23 only
         calls.clear()
         hook = model.model.decoder.layers[1].fc2.register_forward_hook(lambda *a: seen.append(1))
         try:
-            want = model.generate(feats, num_beams=3, min_new_tokens=3)
+            want = model.generate(feats, num_beams=3, min_new_tokens=3, language="en", task="transcribe")
             hooked = len(seen)
-            same(want, bh.generate(model, feats, num_beams=3, min_new_tokens=3))
+            same(want, bh.generate(model, feats, num_beams=3, min_new_tokens=3, language="en", task="transcribe"))
         finally:
             hook.remove()
     assert not calls and len(seen) == 2 * hooked

@@ -41,8 +41,10 @@ from beamkit.hf.versions import release
 NEG = -1.0e9  # Hugging Face's "impossible" score, added rather than set (so rankings among them stay defined)
 
 #: the families whose one-token steps the loop runs directly (:mod:`beamkit.hf.direct`), not through the model's
-#: forward, where a call asks for no per-step attentions or hidden states
-DIRECT = ("whisper",)
+#: forward, where a call asks for no per-step attentions or hidden states; with transformers 5.23 only (on 5.24
+#: the loop's steps do not always take the direct step's inputs, not yet understood: they run the model's forward)
+DIRECT = ("whisper",) if release() < (5, 24) else ()
+COMPILES = ("whisper",)  # the families whose calls take compile= here (run eagerly, said once, where not DIRECT)
 
 SORTS_DRAWS = release() >= (5, 24)  # beam sampling orders its drawn candidates by score from 5.24 on
 
@@ -119,7 +121,7 @@ class Run:
     def __post_init__(self) -> None:
         name = type(self.model).__name__
         if FAMILIES.get(name) not in DIRECT:
-            self.why = f"{name} is not a model whose steps beamkit's loop runs directly (Whisper)"
+            self.why = f"{name}'s steps are not run directly by beamkit's loop with this transformers release"
         elif self.config.output_attentions or self.config.output_hidden_states:
             self.why = "per-step attentions or hidden states come from the model's forward"
         else:
@@ -165,7 +167,7 @@ class Run:
                     self.buffers = StaticSeq2Seq(cache, exact=True)
                     return self.static_forward(inputs["decoder_input_ids"])
                 logits = self.direct(inputs["decoder_input_ids"], None, None, cache)  # shape: (rows, V)
-                return Seq2SeqLMOutput(logits=logits[:, None, :], past_key_values=cache)
+                return step_output(logits[:, None, :], cache)
         return (call or self.model)(**inputs, return_dict=True)
 
     def static_forward(self, ids: torch.Tensor) -> Any:
@@ -173,7 +175,7 @@ class Run:
         read, as Whisper's decoder reads them); the output names the model's own cache (emptied while the buffers
         hold its keys/values), which the keywords keep."""
         logits = self.static(ids, None, self.buffers)  # shape: (rows, V)
-        return Seq2SeqLMOutput(logits=logits[:, None, :], past_key_values=self.buffers.original)
+        return step_output(logits[:, None, :], self.buffers.original)
 
     def release(self) -> None:
         """The buffers' keys/values back into the model's own cache (what the call returns), if they hold them."""
@@ -197,13 +199,26 @@ class Run:
         return None
 
 
+#: the field of a model's output that holds its cache (``cache`` from transformers 5.24 on)
+OUTPUT_CACHE = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def step_output(logits: torch.Tensor, cache: Any) -> Any:
+    """A directly run step's output as the model's forward returns it: the logits ``[rows, 1, V]`` and the
+    cache."""
+    return Seq2SeqLMOutput(logits=logits, **{OUTPUT_CACHE: cache})
+
+
 def direct_inputs(inputs: dict[str, Any]) -> Any:
     """The cache of a step whose model inputs the direct step takes as they are, None for any other: one decoder
     token per row, an ``EncoderDecoderCache`` of plain layers with the cross-attention keys/values already
     cached, the encoder's output, and nothing else (no decoder mask, positions or embeddings)."""
     given = {name for name, value in inputs.items() if value is not None}
-    ids, cache = inputs.get("decoder_input_ids"), inputs.get("past_key_values")
-    if given - {"decoder_input_ids", "past_key_values", "encoder_outputs", "use_cache"} or not inputs.get("use_cache"):
+    names = [name for name in internals.cache_names() if name in given]  # the release's cache keyword
+    if len(names) != 1:
+        return None
+    ids, cache = inputs.get("decoder_input_ids"), inputs[names[0]]
+    if given - {"decoder_input_ids", names[0], "encoder_outputs", "use_cache"} or not inputs.get("use_cache"):
         return None
     if ids is None or ids.dim() != 2 or ids.shape[1] != 1 or type(cache) is not EncoderDecoderCache:
         return None

@@ -90,12 +90,12 @@ def route(
             "huggingface", f"allowed_output= runs on beamkit's engine only, which does not take this call: {why}"
         )
     from beamkit.hf.direct import FAMILIES
-    from beamkit.hf.loop import DIRECT
+    from beamkit.hf.loop import COMPILES
     from beamkit.models.compiled import compile_setting
 
     kwargs = dict(kwargs)
     backend = compile_setting(kwargs.pop("compile", None))
-    if backend is not None and FAMILIES.get(type(model).__name__) not in DIRECT:
+    if backend is not None and FAMILIES.get(type(model).__name__) not in COMPILES:
         return Route(
             "huggingface",
             f"compile= runs on beamkit's engine only (and for Whisper in beamkit's loop), which does not take this "
