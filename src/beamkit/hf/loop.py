@@ -521,11 +521,11 @@ class BeamLoop:
         if self.shared_cross is None:
             cross: Any = cache.cross_attention_cache
             b, k = self.batch, self.k
-            same = [
+            same = (  # read only for plain layers, and only until one differs
                 torch.equal(t.reshape(b, k, -1), t[::k].reshape(b, 1, -1).expand(-1, k, -1))  # shape: (B, K, rest)
                 for layer in cross.layers
                 for t in (layer.keys, layer.values)
-            ]
+            )
             self.shared_cross = plain_layers(cross) and all(same)
         return self.shared_cross
 
