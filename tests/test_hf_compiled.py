@@ -422,11 +422,12 @@ def test_whisper_compiles_one_graph_per_rows_count():
                 assert hc.compilations(model) == {"eager": count}
 
 
-def test_whisper_compile_with_per_step_tables_runs_eagerly_and_says_why_once(caplog):
+def test_whisper_compile_with_per_step_tables_runs_eagerly_and_says_why_once(caplog, monkeypatch):
     """Token timestamps read the cross-attentions of every step, which only the model's forward returns: the
     call runs as without ``compile=`` (outputs identical to Whisper's own), the reason logged once."""
     model, feats = _whisper()
     kw = dict(num_beams=3, return_token_timestamps=True)
+    monkeypatch.setattr(hc, "_LOGGED", set())  # once per process: an earlier test's call may have said it
     with caplog.at_level(logging.WARNING, logger="beamkit"), torch.no_grad():
         for _ in range(2):
             want = model.generate(feats, **kw)
@@ -434,7 +435,9 @@ def test_whisper_compile_with_per_step_tables_runs_eagerly_and_says_why_once(cap
             assert torch.equal(got["sequences"], want["sequences"])
             assert torch.equal(got["token_timestamps"], want["token_timestamps"])
     notes = [r.getMessage() for r in caplog.records if "compile= runs eagerly" in r.getMessage()]
-    assert len(notes) == 1 and "attentions or hidden states" in notes[0]
+    # with transformers 5.24 no Whisper step runs directly (beamkit.hf.loop.DIRECT): that is the reason said
+    why = "attentions or hidden states" if release() < (5, 24) else "not run directly by beamkit's loop"
+    assert len(notes) == 1 and why in notes[0]
     assert hc.compilations(model) == {}
 
 
