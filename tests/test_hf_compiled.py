@@ -33,7 +33,6 @@ import beamkit  # noqa: E402
 import beamkit.hf as bh  # noqa: E402
 from beamkit.hf import compiled as hc  # noqa: E402
 from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
-from beamkit.hf.versions import release  # noqa: E402
 from beamkit.models import compiled as compiled_mod  # noqa: E402
 from tests.test_hf_direct import _seq2seq  # noqa: E402
 
@@ -399,7 +398,7 @@ def test_whisper_compiled_gives_its_own_generates_tokens(beams, backend):
         theirs = model.generate(feats, **kw)
         ours = bh.generate(model, feats, compile=backend, **kw)
     compiled = sum(hc.compilations(model).values())
-    assert compiled == (1 if release() < (5, 24) else 0)  # compiled on 5.23 only (beamkit.hf.loop.DIRECT)
+    assert compiled == 1
     assert torch.equal(ours.sequences, theirs.sequences)
     assert len(ours.logits) == len(theirs.logits) >= 10
     for a, b, sa, sb in zip(ours.logits, theirs.logits, ours.scores, theirs.scores, strict=True):
@@ -418,8 +417,7 @@ def test_whisper_compiles_one_graph_per_rows_count():
     with torch.no_grad():
         for count, x in ((1, feats), (1, feats), (2, feats[:2]), (2, feats[:2].clone())):
             assert torch.equal(bh.generate(model, x, compile="eager", **kw), model.generate(x, **kw))
-            if release() < (5, 24):  # compiled on 5.23 only (beamkit.hf.loop.DIRECT)
-                assert hc.compilations(model) == {"eager": count}
+            assert hc.compilations(model) == {"eager": count}
 
 
 def test_whisper_compile_with_per_step_tables_runs_eagerly_and_says_why_once(caplog, monkeypatch):
@@ -435,9 +433,7 @@ def test_whisper_compile_with_per_step_tables_runs_eagerly_and_says_why_once(cap
             assert torch.equal(got["sequences"], want["sequences"])
             assert torch.equal(got["token_timestamps"], want["token_timestamps"])
     notes = [r.getMessage() for r in caplog.records if "compile= runs eagerly" in r.getMessage()]
-    # with transformers 5.24 no Whisper step runs directly (beamkit.hf.loop.DIRECT): that is the reason said
-    why = "attentions or hidden states" if release() < (5, 24) else "not run directly by beamkit's loop"
-    assert len(notes) == 1 and why in notes[0]
+    assert len(notes) == 1 and "attentions or hidden states" in notes[0]
     assert hc.compilations(model) == {}
 
 
@@ -470,5 +466,4 @@ def test_whisper_changed_mid_call_gives_its_buffers_back_and_calls_the_model():
                 hook.handle.remove()
         assert hook.seen
     assert torch.equal(outs[0], outs[1])
-    if release() < (5, 24):  # compiled on 5.23 only (beamkit.hf.loop.DIRECT)
-        assert hc.compilations(model) == {"eager": 1}
+    assert hc.compilations(model) == {"eager": 1}

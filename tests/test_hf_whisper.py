@@ -196,10 +196,7 @@ def test_the_loop_runs_whispers_steps_directly_unless_tables_are_asked(call, mon
         want = model.generate(feats, **kw)
         assert not calls  # Hugging Face's own generate never runs it
         same(want, bh.generate(model, feats, **kw))
-    from beamkit.hf.versions import release
-
-    direct = call != "token timestamps" and release() < (5, 24)  # the loop runs Whisper directly on 5.23 only
-    assert (len(calls) > 0) == direct, len(calls)
+    assert (len(calls) > 0) == (call != "token timestamps"), len(calls)
 
 
 def test_a_model_changed_between_calls_is_called_again(monkeypatch):
@@ -210,9 +207,7 @@ def test_a_model_changed_between_calls_is_called_again(monkeypatch):
     seen = []
     with torch.no_grad():
         bh.generate(model, feats, num_beams=3, min_new_tokens=3, language="en", task="transcribe")
-        from beamkit.hf.versions import release
-
-        assert bool(calls) == (release() < (5, 24))  # the loop runs Whisper directly on 5.23 only
+        assert calls
         calls.clear()
         hook = model.model.decoder.layers[1].fc2.register_forward_hook(lambda *a: seen.append(1))
         try:

@@ -41,9 +41,8 @@ from beamkit.hf.versions import release
 NEG = -1.0e9  # Hugging Face's "impossible" score, added rather than set (so rankings among them stay defined)
 
 #: the families whose one-token steps the loop runs directly (:mod:`beamkit.hf.direct`), not through the model's
-#: forward, where a call asks for no per-step attentions or hidden states; with transformers 5.23 only (on 5.24
-#: the loop's steps do not always take the direct step's inputs, not yet understood: they run the model's forward)
-DIRECT = ("whisper",) if release() < (5, 24) else ()
+#: forward, where a call asks for no per-step attentions or hidden states
+DIRECT = ("whisper",)
 COMPILES = ("whisper",)  # the families whose calls take compile= here (run eagerly, said once, where not DIRECT)
 
 SORTS_DRAWS = release() >= (5, 24)  # beam sampling orders its drawn candidates by score from 5.24 on
@@ -121,7 +120,7 @@ class Run:
     def __post_init__(self) -> None:
         name = type(self.model).__name__
         if FAMILIES.get(name) not in DIRECT:
-            self.why = f"{name}'s steps are not run directly by beamkit's loop with this transformers release"
+            self.why = f"beamkit's loop runs {name}'s steps through its forward (it runs only Whisper's directly)"
         elif self.config.output_attentions or self.config.output_hidden_states:
             self.why = "per-step attentions or hidden states come from the model's forward"
         else:
