@@ -139,12 +139,12 @@ def _body(name: str, case: tuple[Any, ...], **extra: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _check(choices: list[dict[str, Any]], want: list[dict[str, Any]], beam: int) -> None:
+def _check(choices: list[dict[str, Any]], want: list[dict[str, Any]], beam: int, ulps: int = 8) -> None:
     """The server's choices against the oracle: the same tokens, text and finish reason, and the same score.
 
     Requests share model calls with others (and their encoder inputs are right-padded next to longer ones), so
     the logits are summed in another order and each of the ``terms`` log-softmax terms may be off by a few float32
-    ulps of the logits' size (``scale``, measured along the oracle's sequences): allow 8 such ulps per term.
+    ulps of the logits' size (``scale``, measured along the oracle's sequences): allow ``ulps`` (8) per term.
     """
     assert [c["logprobs"]["tokens"] for c in choices] == [w["pieces"] for w in want]
     assert [c["text"] for c in choices] == [w["text"] for w in want]
@@ -152,7 +152,7 @@ def _check(choices: list[dict[str, Any]], want: list[dict[str, Any]], beam: int)
     for c, w in zip(choices, want, strict=True):
         ulp = float(np.finfo(np.float32).eps) * w["scale"]
         got = c["score"] if beam > 1 else c["logprob"]
-        assert got == pytest.approx(w["score"], abs=8 * w["terms"] * ulp)
+        assert got == pytest.approx(w["score"], abs=ulps * w["terms"] * ulp)
         assert c["logprob"] == pytest.approx(sum(c["logprobs"]["token_logprobs"]), abs=1e-9)
 
 
@@ -176,35 +176,57 @@ class Recorder:
         return self.step(state, y_prev)
 
 
-def _served(folder: Path) -> tuple[Any, Recorder]:
-    adapter = load(f"hf:{folder}")
+# The compiled steps (``compile=``) attend over every column of their buffers (the unfilled ones weigh exact zeros)
+# and may reorder sums: a step's logits move by at most (E + F + C) * layers * 2^-24 of their size (these models:
+# E 16 wide, F 32 feed-forward, C at most 64 self-attention + 16 source columns, one decoder layer), a
+# log-softmax term by twice that, which is (E + F + C) * layers float32 ulps (2^-23) of their size.
+COMPILED_ULPS = 8 + (16 + 32 + 64 + 16) * 1
+
+
+def _served(folder: Path, compile: bool | str = False) -> tuple[Any, Recorder]:
+    adapter = load(f"hf:{folder}", compile=compile)
     recorder = Recorder(adapter.step_fn)
     adapter.step_fn = recorder  # type: ignore[method-assign]
     return adapter, recorder
 
 
-@pytest.mark.parametrize("encdec", ["t5", "bart", "marian"], indirect=True)
-def test_requests_joining_mid_flight_equal_generate_alone(encdec):
+@pytest.mark.parametrize(
+    "encdec, compile",
+    [("t5", False), ("bart", False), ("marian", False), ("t5", "eager"), ("marian", "eager")],
+    indirect=["encdec"],
+)
+def test_requests_joining_mid_flight_equal_generate_alone(encdec, compile):
+    """Requests joining a running engine one by one get what ``model.generate`` gives each alone; so they do with
+    the steps compiled (``beamkit serve --compile``; torch.compile's ``eager`` backend: graph capture, guards and
+    static shapes without inductor's C++ build), within :data:`COMPILED_ULPS`, and the steps ran compiled."""
+    from beamkit.hf import compiled as hc
+
     kind, folder, model, tok = encdec
-    adapter, recorder = _served(folder)
+    adapter, recorder = _served(folder, compile)
     with serving(adapter) as (url, _):
-        runs = []
-        for i, case in enumerate(CASES):
-            runs.append(in_thread(post, url, _body(adapter.name, case)))
-            if i == 0:  # the long request is running before the others arrive, one by one
-                wait_until(lambda: recorder.joins or adapter._step.stats.model_calls > 1)
-            time.sleep(0.03)
-        for t, _ in runs:
-            t.join(120)
+        # compiled: a first pass compiles the row buckets (the requests that arrive while one compiles would
+        # all join at once), the second is checked
+        for _ in range(2 if compile else 1):
+            recorder.joins = recorder.most_cohorts = 0
+            runs = []
+            for i, case in enumerate(CASES):
+                runs.append(in_thread(post, url, _body(adapter.name, case)))
+                if i == 0:  # the long request is running before the others arrive, one by one
+                    calls = adapter._step.stats.model_calls + 1
+                    wait_until(lambda c=calls: recorder.joins or adapter._step.stats.model_calls > c)
+                time.sleep(0.03)
+            for t, _ in runs:
+                t.join(120)
     assert recorder.joins >= 2 and recorder.most_cohorts >= 2  # requests did join running ones, as cohorts
     reasons = set()
     for case, (_, box) in zip(CASES, runs, strict=True):
         r = box["out"]
         assert r.status_code == 200, r.text
         choices = r.json()["choices"]
-        _check(choices, _oracle(model, tok, case), case[1])
+        _check(choices, _oracle(model, tok, case), case[1], COMPILED_ULPS if compile else 8)
         reasons |= {c["finish_reason"] for c in choices}
     assert "stop" in reasons
+    assert bool(hc.compilations(adapter.model)) == bool(compile)
 
 
 def test_a_stream_joining_mid_flight_ends_with_the_generate_n_best(encdec):

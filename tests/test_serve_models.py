@@ -117,16 +117,16 @@ HF_CASES = [
 ]
 
 
-def test_hf_concurrent_requests_match_generate(hf_dir):
+def _hf_generate_alone(hf_dir, **more):
+    """The oracle: each of :data:`HF_CASES` decoded alone by ``beamkit.hf.generate`` on the eager model: per
+    prompt its n-best (text, logprob), and the largest |logit| along any returned hypothesis's path."""
     import transformers
 
     import beamkit.hf as bh
 
     tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir)).eval()
-    adapter = load_adapter(f"hf:{hf_dir}")
-    name = adapter.name
-    want = {}
+    want, top = {}, 0.0
     for prompt, beam, n, alpha, early, min_new in HF_CASES:
         ids = torch.tensor([tok(prompt)["input_ids"]])
         out = bh.generate(
@@ -135,13 +135,22 @@ def test_hf_concurrent_requests_match_generate(hf_dir):
         )  # fmt: skip
         hyps = out.hypotheses[0]  # a finished hypothesis ends with eos, which is not text
         want[prompt] = [(tok.decode(h.tokens[:-1] if h.finished else h.tokens), h.logprob) for h in hyps]
+        with torch.no_grad():
+            paths = [model(torch.cat([ids[0], torch.tensor(h.tokens)])[None]).logits for h in hyps]
+        top = max([top, *(float(logits.abs().max()) for logits in paths)])
+    return want, top
+
+
+def _hf_served(adapter):
+    """:data:`HF_CASES` sent to ``adapter`` served, concurrently (they join the running engine at different
+    steps): per prompt the choices' (text, logprob), and every finish reason seen."""
     with serving(adapter) as (url, _):
         runs = [
             in_thread(
                 post,
                 url,
                 {
-                    "model": name,
+                    "model": adapter.name,
                     "prompt": prompt,
                     "best_of": beam,
                     "n": n,
@@ -155,13 +164,60 @@ def test_hf_concurrent_requests_match_generate(hf_dir):
         ]
         for t, _ in runs:
             t.join(120)
-    reasons = set()
+    got, reasons = {}, set()
     for (prompt, *_), (_, box) in zip(HF_CASES, runs, strict=True):
         r = box["out"]
         assert r.status_code == 200, r.text
-        same(texts(r), want[prompt])
+        got[prompt] = texts(r)
         reasons |= {c["finish_reason"] for c in r.json()["choices"]}
+    return got, reasons
+
+
+def test_hf_concurrent_requests_match_generate(hf_dir):
+    want, _ = _hf_generate_alone(hf_dir)
+    got, reasons = _hf_served(load_adapter(f"hf:{hf_dir}"))
+    for prompt in want:
+        same(got[prompt], want[prompt])
     assert reasons == {"stop", "length"}  # eos fired in some hypotheses, others ran to max_tokens
+
+
+def test_hf_compiled_steps_serve_what_generate_gives(hf_dir):
+    """``beamkit serve --compile`` (the adapter's ``compile=``; torch.compile's ``eager`` backend here: its graph
+    capture, guards and static shapes without inductor's C++ build): requests joining mid-flight get the texts
+    the eager model gives each alone, and log-probabilities within float32 rounding of them; the steps ran
+    compiled.
+
+    Tolerance: the compiled step attends over every column of its buffers (unfilled ones weigh exact zeros) and
+    may reorder sums, so a step's logits move by at most (E + F + C) * layers * 2^-24 * (1 + max|logit|)
+    (E 32 wide, F 128 feed-forward, C at most 64 columns: the smallest buffer holds every position these
+    requests reach; 2 layers); a token's log-softmax moves by at most twice that, a hypothesis's logprob (at most
+    10 tokens) by 20 times that."""
+    from beamkit.hf import compiled as hc
+
+    want, top = _hf_generate_alone(hf_dir)
+    adapter = load_adapter(f"hf:{hf_dir}", compile="eager")
+    assert adapter._step.compiled is not None and adapter._step.kv == "dense"
+    got, reasons = _hf_served(adapter)
+    bound = 20 * (32 + 128 + 64) * 2 * 2.0**-24 * (1.0 + top)
+    for prompt in want:
+        assert [t for t, _ in got[prompt]] == [t for t, _ in want[prompt]]
+        assert [lp for _, lp in got[prompt]] == pytest.approx([lp for _, lp in want[prompt]], abs=bound)
+    assert reasons == {"stop", "length"}
+    assert sum(hc.compilations(adapter.model).values()) >= 1  # its steps ran through torch.compile
+
+
+def test_compile_is_refused_for_models_it_does_not_run(capsys, hf_dir):
+    """``--compile`` runs ``hf:DIR`` models only: a beamkit checkpoint or g2p-en is a usage error naming it (one
+    line, exit 2), not a server that silently runs eagerly; a bad ``compile=`` value is a TypeError."""
+    for model in ("dates-seq2seq", "g2p-en"):
+        assert main(["serve", "--port", "0", "--compile", "--model", model]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("beamkit serve: error: --compile runs Hugging Face models")
+        assert repr(model) in err[0]
+    with pytest.raises(ValueError, match="--compile runs Hugging Face models"):
+        load_adapter("dates-transformer", compile=True)
+    with pytest.raises(TypeError, match="compile must be True, False or a torch.compile backend name"):
+        load_adapter(f"hf:{hf_dir}", compile=3)
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +264,23 @@ def test_hf_loading_never_trusts_remote_code_and_prefers_safetensors(hf_dir, mon
     assert {name for name, _ in seen} == {"AutoTokenizer", "AutoConfig", "AutoModelForCausalLM"}
     assert all(kwargs.get("trust_remote_code") is False for _, kwargs in seen)
     assert [kw.get("use_safetensors") for name, kw in seen if name == "AutoModelForCausalLM"] == [True]
+
+
+@pytest.mark.parametrize(
+    ("flags", "want"), [([], False), (["--compile"], "inductor"), (["--compile", "eager"], "eager")]
+)
+def test_the_compile_flag_reaches_the_model_loader(monkeypatch, capsys, flags, want):
+    """``beamkit serve --compile [BACKEND]``: the loader is asked for inductor by the bare flag, for the named
+    backend otherwise, for no compilation without it (a loader that refuses stops the command: exit 2)."""
+    import beamkit.adapters
+
+    seen = []
+
+    def loader(spec, **kwargs):
+        seen.append((spec, kwargs))
+        raise ValueError("refused by the test's loader")
+
+    monkeypatch.setattr(beamkit.adapters, "load", loader)
+    assert main(["serve", "--port", "0", "--model", "hf:some-folder", *flags]) == 2
+    assert "refused by the test's loader" in capsys.readouterr().err
+    assert seen == [("hf:some-folder", {"allow_pickle": False, "compile": want})]

@@ -58,11 +58,15 @@ def _no_loading_bars() -> Iterator[None]:
 
 
 class HFAdapter(ModelAdapter):
-    """A Hugging Face model folder with its tokenizer (loaded by :func:`beamkit.hf.load_pretrained`)."""
+    """A Hugging Face model folder with its tokenizer (loaded by :func:`beamkit.hf.load_pretrained`).
+    ``compile``: the bridge steps' ``compile=`` (:class:`beamkit.hf.DecoderOnlyStep`,
+    :class:`beamkit.hf.EncoderDecoderStep`)."""
 
     owned_by = "huggingface"
 
-    def __init__(self, directory: str | Path, name: str | None = None, allow_pickle: bool = False):
+    def __init__(
+        self, directory: str | Path, name: str | None = None, allow_pickle: bool = False, compile: bool | str = False
+    ):
         from beamkit.hf import DecoderOnlyStep, EncoderDecoderStep, load_pretrained
 
         with _no_loading_bars():
@@ -83,9 +87,12 @@ class HFAdapter(ModelAdapter):
         self.context = None if self.encoder_decoder else positions
         self.default_max_tokens = 16  # the OpenAI completions default (a server's; the commands ask for 20)
         # decoder-only: keys/values paged (one pool for every request served) unless the generation config asks
-        # for one of Hugging Face's caches (cache_implementation="dynamic" and the like: the dense bridge)
+        # for one of Hugging Face's caches (cache_implementation="dynamic" and the like: the dense bridge) or the
+        # steps are compiled (their own static buffers)
         self._step: Any = (
-            EncoderDecoderStep(self.model) if self.encoder_decoder else DecoderOnlyStep(self.model, kv=base.kv)
+            EncoderDecoderStep(self.model, compile=compile)
+            if self.encoder_decoder
+            else DecoderOnlyStep(self.model, kv=base.kv, compile=compile)
         )
 
     def settings(self, ask: Ask) -> Any:

@@ -62,22 +62,33 @@ def parse(spec: str | None) -> ModelSpec:
     return ModelSpec("checkpoint", Path(folder))
 
 
-def load(spec: str | None = None, backend: str = "auto", allow_pickle: bool = False) -> ModelAdapter:
+def load(
+    spec: str | None = None, backend: str = "auto", allow_pickle: bool = False, compile: bool | str = False
+) -> ModelAdapter:
     """The adapter of the model ``spec`` names (see :func:`parse`).
 
     ``backend``: how a beamkit checkpoint runs (``"auto"``, ``"numpy"`` or ``"torch"``, see
     :func:`beamkit.models.load_model`). ``allow_pickle``: load an ``hf:DIR`` whose weights are only pickled
-    (``pytorch_model.bin``); refused otherwise."""
+    (``pytorch_model.bin``); refused otherwise. ``compile``: run an ``hf:DIR`` model's decoding steps through
+    ``torch.compile`` (True: inductor; a string: that backend; see :class:`beamkit.hf.DecoderOnlyStep`);
+    ValueError for any other kind of model (their steps are not compiled for requests that join a running
+    search)."""
     from beamkit._checks import check_bool, check_choice
     from beamkit.models import BACKENDS, DEFAULT_MODEL, load_model
+    from beamkit.models.compiled import compile_setting
 
     check_choice("backend", backend, BACKENDS)
     check_bool("allow_pickle", allow_pickle)
     kind, target = parse(spec)
+    if compile_setting(compile) is not None and kind != "hf":
+        raise ValueError(
+            f"--compile runs Hugging Face models (--model hf:DIR) only; --model {spec or DEFAULT_MODEL!r} is "
+            f"{'the g2p-en model' if kind == 'g2p' else 'a beamkit checkpoint'}: leave --compile off"
+        )
     if kind == "hf":
         from beamkit.adapters.hf import HFAdapter
 
-        return HFAdapter(target, allow_pickle=allow_pickle)
+        return HFAdapter(target, allow_pickle=allow_pickle, compile=compile)
     if kind == "g2p":
         from beamkit.adapters.g2p import G2PAdapter
 

@@ -72,7 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from beamkit.adapters import load
         from beamkit.serve.app import create_app
 
-        adapter = load(args.model, allow_pickle=args.allow_pickle)
+        adapter = load(args.model, allow_pickle=args.allow_pickle, compile=args.compile or False)
     except ImportError as exc:
         print(f"beamkit serve: error: {exc} ({install_hint('serve')})", file=sys.stderr)
         return 2
@@ -112,6 +112,17 @@ def register(subparsers: Any) -> None:
         "--allow-pickle",
         action="store_true",
         help="let hf:DIR load pickled weights (pytorch_model.bin), which can run code: only for a trusted folder",
+    )
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="hf:DIR only: run the decoding steps of GPT-2, Llama-style, T5, BART and Marian models through "
+        "torch.compile with BACKEND (default inductor; compiled on first use of each batch size bucket, a long "
+        "first compilation said on standard error; where the model or torch cannot, the steps run as without it, "
+        "the reason logged once)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument(
