@@ -2,7 +2,7 @@
 static-batching server under Poisson arrivals (``--hf``).
 
     python bench/serve_load.py [--users 32] [--seconds 60] [--beam 5] [--model dates-seq2seq] [--threads 1]
-    python bench/serve_load.py --hf [--load 0.8] [--seconds 60] [--max-rows 64] [--threads 1]
+    python bench/serve_load.py --hf [--load 0.8] [--seconds 60] [--max-rows 64] [--threads 1] [--compile BACKEND]
 
 **Locust mode** (the default, needs ``locust``).
 
@@ -29,6 +29,11 @@ thread per server, both servers up all along:
 2. the static-batching baseline defined below (``--static-server PORT``): the same server, adapter and limits,
    except that requests join only an idle engine (a batch runs to completion before the next one starts; each
    answer is sent as soon as its request ends).
+
+With ``--compile BACKEND`` the second server is ``beamkit serve --compile BACKEND`` instead (the decoding steps
+through ``torch.compile``; both warmed first with the capacity run's requests, which compiles the row and column
+buckets they reach), and the lines read ``compiled-vs-eager[...]``; answers may then differ at near-ties
+(float32 rounding), which are counted, not failed.
 
 Capacity is measured first, on ``beamkit serve`` (``--capacity-requests`` sent at once); then the same requests
 arrive as a Poisson process at ``--load`` times it for ``--seconds``, open loop (each sent at its time whatever
@@ -305,13 +310,23 @@ def hf_main(args: argparse.Namespace) -> int:
     model = f"hf:{folder}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     env["HF_HUB_OFFLINE"] = "1"
-    ports = {"serve": free_port(), "static": free_port()}
-    cmd = [*BEAMKIT, "serve", "--model", model, "--port", str(ports["serve"])]
-    cmd += ["--threads", str(args.threads), "--max-queue", "100000", "--max-rows", str(args.max_rows)]
-    cmd += ["--max-request-rows", str(args.max_rows)]
-    base = [sys.executable, __file__, "--static-server", str(ports["static"]), "--model", model]
-    base += ["--threads", str(args.threads), "--max-rows", str(args.max_rows)]
-    servers = {"serve": subprocess.Popen(cmd, env=env, cwd=ROOT), "static": subprocess.Popen(base, env=env, cwd=ROOT)}
+    other = "compiled" if args.compile else "static"  # the server beamkit serve is compared with
+    ports = {"serve": free_port(), other: free_port()}
+
+    def serve_cmd(port: int) -> list[str]:
+        cmd = [*BEAMKIT, "serve", "--model", model, "--port", str(port)]
+        cmd += ["--threads", str(args.threads), "--max-queue", "100000", "--max-rows", str(args.max_rows)]
+        return [*cmd, "--max-request-rows", str(args.max_rows)]
+
+    if args.compile:
+        base = [*serve_cmd(ports[other]), "--compile", args.compile]
+    else:
+        base = [sys.executable, __file__, "--static-server", str(ports[other]), "--model", model]
+        base += ["--threads", str(args.threads), "--max-rows", str(args.max_rows)]
+    servers = {
+        "serve": subprocess.Popen(serve_cmd(ports["serve"]), env=env, cwd=ROOT),
+        other: subprocess.Popen(base, env=env, cwd=ROOT),
+    }
     urls = {k: f"http://127.0.0.1:{p}" for k, p in ports.items()}
     words = hf_words()
     try:
@@ -328,9 +343,11 @@ def hf_main(args: argparse.Namespace) -> int:
             ]  # fmt: skip
 
         warm = hf_requests(8, args.seed + 2)
+        cap_reqs = hf_requests(args.capacity_requests, args.seed + 3)
         for url in urls.values():
             open_loop(url, bodies_of(warm), [0.0] * len(warm))
-        cap_reqs = hf_requests(args.capacity_requests, args.seed + 3)
+            if args.compile:  # the buckets the capacity run reaches, compiled before anything is timed
+                open_loop(url, bodies_of(cap_reqs), [0.0] * len(cap_reqs))
         got = open_loop(urls["serve"], bodies_of(cap_reqs), [0.0] * len(cap_reqs))
         capacity = len(got) / max(g[0] for g in got)
         rate = args.load * capacity
@@ -346,20 +363,30 @@ def hf_main(args: argparse.Namespace) -> int:
             f"({args.load:.2f}x) over {arrivals[-1]:.1f} s; load average {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+        if args.compile:  # the compiled server's capacity too, measured the same way
+            got = open_loop(urls[other], bodies_of(cap_reqs), [0.0] * len(cap_reqs))
+            compiled_capacity = len(got) / max(g[0] for g in got)
+            print(f"compiled capacity {compiled_capacity:.2f} req/s, eager {capacity:.2f} req/s", flush=True)
+            print(f"compiled-vs-eager[capacity]: {compiled_capacity / capacity:.2f}x")
+        labels = {"serve": "continuous", "static": "static", "compiled": f"continuous, --compile {args.compile}"}
         results = {}
-        for which in ("serve", "static"):
+        for which in ("serve", other):
             got = open_loop(urls[which], bodies_of(reqs), arrivals)
             fails, texts = check_answers(which, got, steps)
-            results[which] = (*open_summary(f"{which} ({'continuous' if which == 'serve' else 'static'})", got,
-                                            arrivals), fails, texts)  # fmt: skip
+            results[which] = (*open_summary(f"{which} ({labels[which]})", got, arrivals), fails, texts)
     finally:
         for which, proc in servers.items():
             rc = stop(proc)
             if rc != 0:
                 print(f"{which} exited with {rc} after SIGTERM")
-    (t_c, p_c, f_c, x_c), (t_s, p_s, f_s, x_s) = results["serve"], results["static"]
+    (t_c, p_c, f_c, x_c), (t_s, p_s, f_s, x_s) = results["serve"], results[other]
     differ = sum(a != b for a, b in zip(x_c, x_s, strict=True))
-    print(f"static[failures]: {f_s}; answers that differ between the servers: {differ}")
+    print(f"{other}[failures]: {f_s}; answers that differ between the servers: {differ}")
+    if args.compile:  # the compiled server over the eager one (near-ties may differ: counted above)
+        print(f"compiled-vs-eager[throughput]: {t_s / t_c:.2f}x")
+        print(f"compiled-vs-eager[p99-latency]: {p_s / p_c:.2f}x")
+        print(f"serve[failures]: {f_c}")
+        return 1 if f_c or f_s else 0
     print(f"serve-vs-static[throughput]: {t_c / t_s:.2f}x")
     print(f"serve-vs-static[p99-latency]: {p_c / p_s:.2f}x")
     print(f"serve[failures]: {f_c}")
@@ -381,6 +408,9 @@ def main() -> int:
     parser.add_argument("--capacity-requests", type=int, default=64, help="--hf: requests of the capacity run")
     parser.add_argument("--max-rows", type=int, default=64, help="--hf: beam rows in each server at most")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--compile", default=None, metavar="BACKEND", help="--hf: compare with beamkit serve --compile BACKEND"
+    )
     parser.add_argument("--static-server", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.static_server is not None:

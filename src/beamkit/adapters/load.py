@@ -75,19 +75,20 @@ def load(
     search)."""
     from beamkit._checks import check_bool, check_choice
     from beamkit.models import BACKENDS, DEFAULT_MODEL, load_model
-    from beamkit.models.compiled import compile_setting
 
     check_choice("backend", backend, BACKENDS)
     check_bool("allow_pickle", allow_pickle)
     kind, target = parse(spec)
-    if compile_setting(compile) is not None and kind != "hf":
+    if compile is not False and compile is not None and kind != "hf":  # (no torch import: numpy installs)
         raise ValueError(
             f"--compile runs Hugging Face models (--model hf:DIR) only; --model {spec or DEFAULT_MODEL!r} is "
             f"{'the g2p-en model' if kind == 'g2p' else 'a beamkit checkpoint'}: leave --compile off"
         )
     if kind == "hf":
         from beamkit.adapters.hf import HFAdapter
+        from beamkit.models.compiled import compile_setting
 
+        compile_setting(compile)  # a value that names no backend: TypeError before the model loads
         return HFAdapter(target, allow_pickle=allow_pickle, compile=compile)
     if kind == "g2p":
         from beamkit.adapters.g2p import G2PAdapter
