@@ -182,16 +182,16 @@ def test_a_second_call_in_the_same_buckets_compiles_nothing():
     assert hc.compilations(model)["eager"] == 2
 
 
-def _engine_run(step, requests, bos, arrivals):
+def _engine_run(step, requests, bos, arrivals, beam=3):
     """Decode ``requests`` (prompt ids, mask) in one ``beamkit.Engine`` (beam 3, 12 tokens, no stop token), each
     added at its step of ``arrivals``: their hypotheses, in order."""
-    engine = beamkit.Engine(step, beam_size=3, max_len=12, policy="pool")
+    engine = beamkit.Engine(step, beam_size=beam, max_len=12, policy="pool")
     done, rids = {}, {}
     with torch.inference_mode():
-        for t in range(60):
+        for t in range(max(arrivals) + 60):
             for k, at in enumerate(arrivals):
                 if at == t:
-                    rids[engine.add(step.init_state(*requests[k]), bos, [], num_return=3)] = k
+                    rids[engine.add(step.init_state(*requests[k]), bos, [], num_return=beam)] = k
             for c in engine.step():
                 assert c.error is None, c.error
                 done[rids[c.request_id]] = c.hypotheses
@@ -202,8 +202,9 @@ def _engine_run(step, requests, bos, arrivals):
 
 @pytest.mark.parametrize("family", ["gpt2", "bart"])
 def test_requests_joining_mid_flight_decode_as_alone(family):
-    """In ``beamkit.Engine``, requests joining a compiled search (a decoder-only model's rows join as a dense
-    cache, copied back into buffers at the next step; an encoder-decoder's run as a cohort of their own) get the
+    """In ``beamkit.Engine``, requests joining a compiled search (a decoder-only model's rows here overflow the
+    buffers' rows, so they join as a dense cache, copied back into buffers at the next step; an
+    encoder-decoder's run as a cohort of their own) get the
     tokens and scores (within float32 rounding) each gets decoded alone by the eager step."""
     ids, mask = _prompts("cpu")
     if family == "bart":
@@ -218,6 +219,91 @@ def test_requests_joining_mid_flight_decode_as_alone(family):
     assert max(step.stats.rows_per_call) > 3  # requests ran together
     for k, got in enumerate(together):
         (alone,) = _engine_run(make(model), requests[k : k + 1], bos, (0,))
+        assert [h.tokens for h in got] == [h.tokens for h in alone]
+        assert np.allclose([h.score for h in got], [h.score for h in alone], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_rows_joining_a_compiled_search_are_written_into_its_buffers(family, monkeypatch):
+    """Requests joining a compiled search whose buffers have room for their rows (greedy: one row each, the
+    first request's buffers hold four) are written into the running buffers, which are made once: no round trip
+    through a dense cache. Each gets the tokens, and the score within float32 rounding, that it gets decoded
+    alone by the eager step (the oracle: another code path, no buffers)."""
+    made = []
+    real = hc.StaticLayers.from_dynamic.__func__
+
+    def counted(cls, *args, **kwargs):
+        made.append(1)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(hc.StaticLayers, "from_dynamic", classmethod(counted))
+    ids, mask = _prompts("cpu")
+    model = _model(family)
+    requests = [(ids[k : k + 1], mask[k : k + 1]) for k in (0, 2, 4, 1)]
+    step = DecoderOnlyStep(model, compile="eager")
+    together = _engine_run(step, requests, 0, (0, 2, 5, 6), beam=1)
+    assert max(step.stats.rows_per_call) == 4  # every request ran together at the end
+    assert len(made) == 1  # the buffers of the first compiled step took every joining row
+    for k, got in enumerate(together):
+        (alone,) = _engine_run(DecoderOnlyStep(model), requests[k : k + 1], 0, (0,), beam=1)
+        assert [h.tokens for h in got] == [h.tokens for h in alone]
+        assert np.allclose([h.score for h in got], [h.score for h in alone], rtol=0, atol=1e-5)
+
+
+def test_buffers_narrow_to_the_rows_left_and_grow_again():
+    """16 rows, then 3 (requests left: at most a quarter of the buffers' rows), then 9 (beams forked): the
+    buffers narrow to the 4-row bucket, so the steps compute 4 rows, then grow to 16 again; each step's logits
+    are the eager dense step's within float32 rounding (the oracle, fed the same parents and tokens)."""
+    model = _model("gpt2")
+    fast, slow = DecoderOnlyStep(model, compile="eager"), DecoderOnlyStep(model, kv="dense")
+    ids, mask = _prompts("cpu", n=16)
+    rng = np.random.default_rng(1)
+    y = torch.zeros(16, dtype=torch.long)
+    caps = []
+    with torch.inference_mode():
+        a, b = fast.init_state(ids, mask), slow.init_state(ids, mask)
+        for t in range(12):
+            la, a = fast(a, y)
+            lb, b = slow(b, y)
+            columns = a.cache.columns if isinstance(a.cache, hc.StaticLayers) else 8
+            assert (la - lb).abs().max() <= tolerance(columns, lb), f"step {t}"
+            rows = la.shape[0]
+            parents = np.arange(rows)
+            if t == 3:
+                parents = np.array([2, 9, 14])  # requests left
+            elif t == 7:
+                parents = np.sort(rng.integers(0, rows, size=9))  # forks
+            a, b = a.beamkit_select(parents), b.beamkit_select(parents)
+            caps.append(a.cache.cap if isinstance(a.cache, hc.StaticLayers) else None)
+            y = torch.from_numpy(rng.integers(0, V, size=parents.shape[0]))
+    assert caps == [None] + [16] * 2 + [4] * 4 + [16] * 5, caps  # None: the prompts' forward (no buffers yet)
+
+
+def test_a_busy_compiled_search_trims_its_buffers_when_full_instead_of_growing(monkeypatch):
+    """Requests arriving every 8 steps for 80 steps, each running 12 (greedy, no stop token), so the engine is
+    never idle: without trimming, its rows would span 8 + 80 columns (the 128-column bucket); the columns no live
+    row attends to are dropped once the 64-column buffers are full, so they never grow and are made once. Every
+    request gets what the eager step gives it alone."""
+    made, grown = [], []
+    real = hc.StaticLayers.from_dynamic.__func__
+    monkeypatch.setattr(
+        hc.StaticLayers, "from_dynamic", classmethod(lambda c, *a, **k: made.append(1) or real(c, *a, **k))
+    )
+    real_resized, real_trim, trims = hc.StaticLayers._resized, hc.StaticLayers.trim, []
+    monkeypatch.setattr(hc.StaticLayers, "_resized", lambda self, *a: grown.append(1) or real_resized(self, *a))
+    monkeypatch.setattr(hc.StaticLayers, "trim", lambda self, drop: trims.append(drop) or real_trim(self, drop))
+    ids, mask = _prompts("cpu", n=10)
+    model = _model("gpt2")
+    requests = [(ids[k : k + 1], mask[k : k + 1]) for k in range(10)]
+    step = DecoderOnlyStep(model, compile="eager")
+    together = _engine_run(step, requests, 0, tuple(8 * k for k in range(10)), beam=1)
+    assert step.stats.model_calls > 80 and not grown and len(made) == 1
+    # trimmed only when full: at step 56 the rows span columns 0..63, of which the oldest live request (arrived
+    # at step 48, the one before it has left) attends to its own only, which start at column 48 plus its
+    # prompt's 3 masked ones (the left padding of _prompts' 7th row): 51 go; the buffers do not fill again
+    assert trims == [51], trims
+    for k, got in enumerate(together):
+        (alone,) = _engine_run(DecoderOnlyStep(model), requests[k : k + 1], 0, (0,), beam=1)
         assert [h.tokens for h in got] == [h.tokens for h in alone]
         assert np.allclose([h.score for h in got], [h.score for h in alone], rtol=0, atol=1e-5)
 

@@ -122,7 +122,7 @@ def register(subparsers: Any) -> None:
         help="hf:DIR only: run the decoding steps of GPT-2, Llama-style, T5, BART and Marian models through "
         "torch.compile with BACKEND (default inductor; compiled on first use of each batch size bucket, a long "
         "first compilation said on standard error; where the model or torch cannot, the steps run as without it, "
-        "the reason logged once); on a CPU the server measured slower with it (joins copy the buffers)",
+        "the reason logged once); on a CPU the server measured slower with it",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument(

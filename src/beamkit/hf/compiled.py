@@ -17,7 +17,10 @@ through a call):
 * The same layer functions as the direct step (the model's own ``forward`` of each part, its rotary helper,
   transformers' SDPA attention function), inside one graph: no Python per module.
 * Between steps the surviving rows (parents, may repeat) are copied into a second set of buffers, made at the
-  first reorder: the dense cache's gather without its concatenation.
+  first reorder: the dense cache's gather without its concatenation. Where at most a quarter of the buffers'
+  rows survive, both sets narrow to the bucket of those rows (views). Rows of requests joining a decoder-only
+  search are written into free rows of the buffers (``beamkit.hf.step.join_in_place``, where they fit), and
+  the buffers are trimmed of the columns no row attends to only once full.
 * Memory: the buffers hold the rows and columns buckets (up to twice the filled rows and columns), and beam
   search keeps the second set too; ``kv=`` (the paged cache, whose beams share their prompt's blocks) is not
   used. A model whose step was compiled keeps the step on itself, in a reference cycle: dropping the model
@@ -138,11 +141,16 @@ class StaticLayers:
 
     def reorder_cache(self, index: Tensor) -> None:
         """Rows ``index`` (parents, may repeat), copied into the spare buffers by
-        :func:`~beamkit.models.compiled.copy_parents`; they become the live ones."""
-        live, self.spare = copy_parents([*self.keys, *self.values], self.spare, index, self.length)
-        layers = len(self.keys)
-        self.keys, self.values = live[:layers], live[layers:]
+        :func:`~beamkit.models.compiled.copy_parents`; they become the live ones. Where they are at most a
+        quarter of the buffers' rows (requests left), both sets narrow to the rows bucket holding them: views
+        of their first rows, so later steps compute that many rows, not the peak's."""
+        live, spare = copy_parents([*self.keys, *self.values], self.spare, index, self.length)
         self.rows = int(index.shape[0])
+        cap = bucket(self.rows, MIN_ROWS)
+        if 4 * self.rows <= int(live[0].shape[0]) and cap < int(live[0].shape[0]):
+            live, spare = [x[:cap] for x in live], [x[:cap] for x in spare]  # shape: (cap, kv heads, cols, d)
+        layers = len(self.keys)
+        self.keys, self.values, self.spare = live[:layers], live[layers:], spare
 
     def trim(self, drop: int) -> None:
         """Drop the first ``drop`` filled columns (every row masks them): the rest move to the front."""

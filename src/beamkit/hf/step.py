@@ -104,11 +104,15 @@ class CacheRows:
     def trim(self) -> int:
         """Drop the leading columns that every row masks (decoder-only caches: keys/values, attention mask,
         position ids) and return how many were dropped. The attended columns, their keys/values and positions
-        are unchanged, so attention reads the same values with less padding."""
+        are unchanged, so attention reads the same values with less padding. Static buffers (the compiled step's,
+        which attends over all their columns whatever is trimmed) are trimmed only once full, before they would
+        grow."""
         mask = self.per_request.get("mask")
         rows = int(self.row_request.shape[0])
         if mask is None or "pos" not in self.per_request or rows == 0 or self.length == 0:
             return 0
+        if isinstance(self.cache, StaticLayers) and self.length < self.cache.columns:
+            return 0  # static buffers: every column is read anyway; trimmed only when the next one would not fit
         attended = mask[..., : self.length].reshape(rows, self.length).any(dim=0)  # shape: (L,)
         drop = int(attended.to(torch.int8).argmax()) if bool(attended.any()) else 0
         if drop == 0:
@@ -341,8 +345,12 @@ class DecoderOnlyStep(_ModelStep):
         self.pool: PagedPool | None = pool if self.kv == "paged" else None
 
     def _rejoin(self, parts: list[CacheRows]) -> CacheRows:
-        """One cache for all rows: the parts' caches, masks and positions left-padded to the longest (static
-        buffers join as dense caches; the next compiled step copies them back into buffers)."""
+        """One cache for all rows: the parts' caches, masks and positions left-padded to the longest. Rows
+        joining a compiled search are written into its running buffers where they fit (as many rows as the
+        buffers hold, no longer than the running rows); otherwise the buffers join as a dense cache, copied back
+        into buffers at the next compiled step."""
+        if isinstance(parts[0].cache, StaticLayers) and fits_in_place(parts):
+            return merge_rows(parts, join_in_place(parts), parts[0].length)
         for part in parts:
             if isinstance(part.cache, StaticLayers):
                 part.cache = part.cache.to_dynamic()
@@ -351,6 +359,8 @@ class DecoderOnlyStep(_ModelStep):
     def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
         if isinstance(state, CacheRows):
+            if state.joined and isinstance(state.cache, StaticLayers):
+                state.trim()  # the buffers are full: the columns no row attends to go first (CacheRows.trim)
             buf = state.per_request
             length = state.length + 1
             if length > buf["mask"].shape[-1]:
@@ -559,6 +569,12 @@ def merge_left_padded(parts: list[CacheRows]) -> CacheRows:
         cache = first.cache.concat([p.cache for p in parts[1:]], width)  # block tables only, no keys/values
     else:
         cache = _merge_dense(parts, width)
+    return merge_rows(parts, cache, width)
+
+
+def merge_rows(parts: list[CacheRows], cache: Any, width: int) -> CacheRows:
+    """The parts' rows as one :class:`CacheRows` over ``cache`` (their keys/values, already joined, ``width``
+    columns): masks and positions left-padded to ``width`` and stacked, requests renumbered, then trimmed."""
     per_request = {
         name: torch.cat([_left_pad(p.per_request[name][..., : p.length], width, -1) for p in parts])
         for name in ("mask", "pos")
@@ -570,6 +586,45 @@ def merge_left_padded(parts: list[CacheRows]) -> CacheRows:
     merged.trim()
     _grow(merged.per_request, merged.length + _CHUNK)
     return merged
+
+
+def fits_in_place(parts: list[CacheRows]) -> bool:
+    """Whether the rows of ``parts[1:]`` (dense caches of plain layers, each no longer than the first part) can be
+    written into the first part's static buffers after its rows: they hold as many rows, and every joining
+    cache has as many columns as its part counts."""
+    static = parts[0].cache
+    rows = int(parts[0].row_request.shape[0]) + sum(int(p.row_request.shape[0]) for p in parts[1:])
+    if rows > static.cap or static.rows != int(parts[0].row_request.shape[0]) or static.length != parts[0].length:
+        return False
+    for p in parts[1:]:
+        layers = getattr(p.cache, "layers", None)
+        if p.length > parts[0].length or not layers or len(layers) != len(static.keys):
+            return False
+        if not all(type(layer) is DynamicLayer and _columns(layer) == p.length for layer in layers):
+            return False
+    return True
+
+
+def _columns(layer: DynamicLayer) -> int:
+    """The columns a plain layer holds (-1 before its first keys)."""
+    return -1 if layer.keys is None else int(layer.keys.shape[2])
+
+
+def join_in_place(parts: list[CacheRows]) -> StaticLayers:
+    """The rows of ``parts[1:]`` written into the first part's static buffers after its rows, each right-aligned
+    to its filled columns (left padding, zeroed: masked, as :func:`merge_left_padded` pads); see
+    :func:`fits_in_place`. Returns the buffers, now holding every part's rows."""
+    static: StaticLayers = parts[0].cache
+    width, row = static.length, static.rows
+    for p in parts[1:]:
+        n, pad = int(p.row_request.shape[0]), width - p.length
+        for i, layer in enumerate(p.cache.layers):
+            for buf, src in ((static.keys[i], layer.keys), (static.values[i], layer.values)):
+                buf[row : row + n, :, :pad].zero_()  # shape: (n, kv heads, pad, d)
+                buf[row : row + n, :, pad:width].copy_(src)  # shape: (n, kv heads, p.length, d)
+        row += n
+    static.rows = row
+    return static
 
 
 def _merge_dense(parts: list[CacheRows], width: int) -> Any:
