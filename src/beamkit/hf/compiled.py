@@ -22,7 +22,8 @@ through a call):
   search are written into free rows of the buffers (``beamkit.hf.step.join_in_place``, where they fit), and
   the buffers are trimmed of the columns no row attends to only once full.
 * Memory: the buffers hold the rows and columns buckets (up to twice the filled rows and columns), and beam
-  search keeps the second set too; ``kv=`` (the paged cache, whose beams share their prompt's blocks) is not
+  search keeps the second set too; buffers narrowed to fewer rows keep their peak's memory until they grow
+  again; ``kv=`` (the paged cache, whose beams share their prompt's blocks) is not
   used. A model whose step was compiled keeps the step on itself, in a reference cycle: dropping the model
   frees it at the next garbage collection (``gc.collect()``), not at once.
 
@@ -143,7 +144,8 @@ class StaticLayers:
         """Rows ``index`` (parents, may repeat), copied into the spare buffers by
         :func:`~beamkit.models.compiled.copy_parents`; they become the live ones. Where they are at most a
         quarter of the buffers' rows (requests left), both sets narrow to the rows bucket holding them: views
-        of their first rows, so later steps compute that many rows, not the peak's."""
+        of their first rows, so later steps compute that many rows, not the peak's (the memory stays the
+        peak's until they grow again)."""
         live, spare = copy_parents([*self.keys, *self.values], self.spare, index, self.length)
         self.rows = int(index.shape[0])
         cap = bucket(self.rows, MIN_ROWS)
