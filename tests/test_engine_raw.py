@@ -44,6 +44,7 @@ def _run(rows_of: dict[int, list[float]], torch_out: bool = False, device=None):
      pytest.param(True, "cuda", id="torch-cuda")],
     indirect=["device"],
 )  # fmt: skip
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the failures are reported, not warned about by numpy
 def test_raw_scores_bad_rows_fail_as_normalised_ones(torch_out: bool, device) -> None:
     if torch_out:
         pytest.importorskip("torch")

@@ -250,6 +250,16 @@ def test_rows_joining_a_compiled_search_are_written_into_its_buffers(family, mon
         assert np.allclose([h.score for h in got], [h.score for h in alone], rtol=0, atol=1e-5)
 
 
+def _lockstep(fast, slow, a, b, y, t: int):
+    """One step of the compiled step ``fast`` (state ``a``) and the eager dense ``slow`` (state ``b``) on tokens
+    ``y``; their logits must agree within float32 rounding. Returns (rows, a, b)."""
+    la, a = fast(a, y)
+    lb, b = slow(b, y)
+    columns = a.cache.columns if isinstance(a.cache, hc.StaticLayers) else 8  # 8: the prompts' forward
+    assert la.shape == lb.shape and (la - lb).abs().max() <= tolerance(columns, lb), f"step {t}"
+    return int(la.shape[0]), a, b
+
+
 def test_buffers_narrow_to_the_rows_left_and_grow_again():
     """16 rows, then 3 (requests left: at most a quarter of the buffers' rows), then 9 (beams forked): the
     buffers narrow to the 4-row bucket, so the steps compute 4 rows, then grow to 16 again; each step's logits
@@ -263,11 +273,7 @@ def test_buffers_narrow_to_the_rows_left_and_grow_again():
     with torch.inference_mode():
         a, b = fast.init_state(ids, mask), slow.init_state(ids, mask)
         for t in range(12):
-            la, a = fast(a, y)
-            lb, b = slow(b, y)
-            columns = a.cache.columns if isinstance(a.cache, hc.StaticLayers) else 8
-            assert (la - lb).abs().max() <= tolerance(columns, lb), f"step {t}"
-            rows = la.shape[0]
+            rows, a, b = _lockstep(fast, slow, a, b, y, t)
             parents = np.arange(rows)
             if t == 3:
                 parents = np.array([2, 9, 14])  # requests left
@@ -277,6 +283,48 @@ def test_buffers_narrow_to_the_rows_left_and_grow_again():
             caps.append(a.cache.cap if isinstance(a.cache, hc.StaticLayers) else None)
             y = torch.from_numpy(rng.integers(0, V, size=parents.shape[0]))
     assert caps == [None] + [16] * 2 + [4] * 4 + [16] * 5, caps  # None: the prompts' forward (no buffers yet)
+
+
+def test_narrowed_buffers_take_joining_rows_and_forks_back_within_their_memory(monkeypatch):
+    """16 rows narrow to the 4-row bucket (3 left), then 5 requests join (8 rows) and beams fork (14 rows): the
+    buffers widen back within the memory they narrowed, so the joining rows are written into them (no round trip
+    through a dense cache) and no new buffers are made. Each step's logits are the eager dense step's within
+    float32 rounding (the oracle, fed the same parents, joins and tokens)."""
+    made, dense = [], []
+    real_from, real_to = hc.StaticLayers.from_dynamic.__func__, hc.StaticLayers.to_dynamic
+    monkeypatch.setattr(
+        hc.StaticLayers, "from_dynamic", classmethod(lambda c, *a, **k: made.append(1) or real_from(c, *a, **k))
+    )
+    monkeypatch.setattr(hc.StaticLayers, "to_dynamic", lambda self, *a: dense.append(1) or real_to(self, *a))
+    model = _model("gpt2")
+    fast, slow = DecoderOnlyStep(model, compile="eager"), DecoderOnlyStep(model, kv="dense")
+    ids, mask = _prompts("cpu", n=16)
+    joining = _prompts("cpu", n=21)
+    rng = np.random.default_rng(2)
+    y = torch.zeros(16, dtype=torch.long)
+    caps, memory = [], set()
+    with torch.inference_mode():
+        a, b = fast.init_state(ids, mask), slow.init_state(ids, mask)
+        for t in range(12):
+            rows, a, b = _lockstep(fast, slow, a, b, y, t)
+            parents = np.arange(rows)
+            if t == 3:
+                parents = np.array([1, 7, 12])  # requests left
+            elif t == 8:
+                parents = np.sort(rng.integers(0, rows, size=14))  # forks
+            a, b = a.beamkit_select(parents), b.beamkit_select(parents)
+            y = torch.from_numpy(rng.integers(0, V, size=parents.shape[0]))
+            if t == 5:  # five requests join (their prompts: 8 columns, the running rows hold 14)
+                new_ids, new_mask = joining[0][16:], joining[1][16:]
+                a = a.beamkit_concat([fast.init_state(new_ids, new_mask)])
+                b = b.beamkit_concat([slow.init_state(new_ids, new_mask)])
+                y = torch.cat([y, torch.zeros(5, dtype=torch.long)])
+            if isinstance(getattr(a, "cache", None), hc.StaticLayers):
+                caps.append(a.cache.cap)
+                memory.update(x.data_ptr() for x in (*a.cache.keys, *a.cache.values, *(a.cache.spare or ())))
+    assert caps == [16] * 2 + [4] * 2 + [8] * 2 + [16] * 4, caps  # the steps between: a dense prompt, joining
+    assert len(made) == 1 and not dense  # one set of buffers, no dense cache
+    assert len(memory) == 2 * 2 * LAYERS  # two sets of keys and values per layer, made once
 
 
 def test_a_busy_compiled_search_trims_its_buffers_when_full_instead_of_growing(monkeypatch):

@@ -18,12 +18,13 @@ through a call):
   transformers' SDPA attention function), inside one graph: no Python per module.
 * Between steps the surviving rows (parents, may repeat) are copied into a second set of buffers, made at the
   first reorder: the dense cache's gather without its concatenation. Where at most a quarter of the buffers'
-  rows survive, both sets narrow to the bucket of those rows (views). Rows of requests joining a decoder-only
+  rows survive, both sets narrow to the bucket of those rows (views), and widen back within the same memory
+  when rows join or beams fork. Rows of requests joining a decoder-only
   search are written into free rows of the buffers (``beamkit.hf.step.join_in_place``, where they fit), and
   the buffers are trimmed of the columns no row attends to only once full.
 * Memory: the buffers hold the rows and columns buckets (up to twice the filled rows and columns), and beam
-  search keeps the second set too; buffers narrowed to fewer rows keep their peak's memory until they grow
-  again; ``kv=`` (the paged cache, whose beams share their prompt's blocks) is not
+  search keeps the second set too; buffers narrowed to fewer rows keep their peak's memory (and grow back
+  within it); ``kv=`` (the paged cache, whose beams share their prompt's blocks) is not
   used. A model whose step was compiled keeps the step on itself, in a reference cycle: dropping the model
   frees it at the next garbage collection (``gc.collect()``), not at once.
 
@@ -88,6 +89,7 @@ class StaticLayers:
         self.keys, self.values = keys, values  # per layer, shape: (cap, kv heads, columns, d)
         self.spare: list[Tensor] | None = None  # per layer keys then values, made at the first reorder
         self.rows, self.length = rows, length
+        self.narrowed: dict[int, Tensor] = {}  # buffers narrowed to views of their first rows, by address
 
     @classmethod
     def from_dynamic(cls, cache: Any, columns: int = 0, exact: bool = False) -> StaticLayers:
@@ -133,6 +135,7 @@ class StaticLayers:
         n = len(self.keys)
         self.keys, self.values = grown[:n], grown[n:]
         self.spare = None
+        self.narrowed = {}
 
     def _resized(self, x: Tensor, cap: int, cols: int) -> Tensor:
         """``x``'s filled rows and columns in a zeroed buffer of ``cap`` rows and ``cols`` columns."""
@@ -140,19 +143,51 @@ class StaticLayers:
         out[: self.rows, :, : self.length].copy_(x[: self.rows, :, : self.length])
         return out
 
+    @property
+    def room(self) -> int:
+        """The most rows the buffers can hold without new memory: ``cap``, or more where they were narrowed
+        (views of the first rows of larger buffers, which :meth:`widen` takes back)."""
+        return min(int(self._wide(x).shape[0]) for x in (*self.keys, *self.values, *(self.spare or ())))
+
+    def _wide(self, x: Tensor) -> Tensor:
+        """The buffer ``x`` was narrowed from (``x`` is a view of its first rows), or ``x`` itself."""
+        return self.narrowed.get(x.data_ptr(), x)
+
+    def widen(self, rows: int) -> bool:
+        """Buffers narrowed to fewer rows widened back, within the memory behind them, to the rows bucket holding
+        ``rows`` (views again, nothing copied; the rows past the filled ones hold stale values, as after any
+        reorder). True where they now hold ``rows``."""
+        cap = bucket(rows, MIN_ROWS)
+        if cap <= self.cap:
+            return True
+        if cap > self.room:
+            return False
+        wide = [self._wide(x)[:cap] for x in (*self.keys, *self.values, *(self.spare or ()))]
+        n = len(self.keys)  # shape: (cap, kv heads, cols, d) each
+        self.keys, self.values = wide[:n], wide[n : 2 * n]
+        if self.spare is not None:
+            self.spare = wide[2 * n :]
+        return True
+
     def reorder_cache(self, index: Tensor) -> None:
         """Rows ``index`` (parents, may repeat), copied into the spare buffers by
         :func:`~beamkit.models.compiled.copy_parents`; they become the live ones. Where they are at most a
         quarter of the buffers' rows (requests left), both sets narrow to the rows bucket holding them: views
         of their first rows, so later steps compute that many rows, not the peak's (the memory stays the
-        peak's until they grow again)."""
+        peak's until they grow again, which they do within it: :meth:`widen`)."""
+        self.widen(int(index.shape[0]))  # narrowed buffers given more rows: widened within their memory
         live, spare = copy_parents([*self.keys, *self.values], self.spare, index, self.length)
         self.rows = int(index.shape[0])
         cap = bucket(self.rows, MIN_ROWS)
         if 4 * self.rows <= int(live[0].shape[0]) and cap < int(live[0].shape[0]):
+            for x in (*live, *spare):  # the buffers behind the views, by address (views share their first row's)
+                self.narrowed.setdefault(x.data_ptr(), x)
             live, spare = [x[:cap] for x in live], [x[:cap] for x in spare]  # shape: (cap, kv heads, cols, d)
         layers = len(self.keys)
         self.keys, self.values, self.spare = live[:layers], live[layers:], spare
+        if self.narrowed:  # forget the buffers no longer in use (new ones were made for more rows)
+            used = {x.data_ptr() for x in (*live, *spare)}
+            self.narrowed = {at: x for at, x in self.narrowed.items() if at in used}
 
     def trim(self, drop: int) -> None:
         """Drop the first ``drop`` filled columns (every row masks them): the rest move to the front."""

@@ -590,11 +590,11 @@ def merge_rows(parts: list[CacheRows], cache: Any, width: int) -> CacheRows:
 
 def fits_in_place(parts: list[CacheRows]) -> bool:
     """Whether the rows of ``parts[1:]`` (dense caches of plain layers, each no longer than the first part) can be
-    written into the first part's static buffers after its rows: they hold as many rows, and every joining
-    cache has as many columns as its part counts."""
+    written into the first part's static buffers after its rows: they hold as many rows (narrowed buffers: the
+    memory behind them does), and every joining cache has as many columns as its part counts."""
     static = parts[0].cache
     rows = int(parts[0].row_request.shape[0]) + sum(int(p.row_request.shape[0]) for p in parts[1:])
-    if rows > static.cap or static.rows != int(parts[0].row_request.shape[0]) or static.length != parts[0].length:
+    if rows > static.room or static.rows != int(parts[0].row_request.shape[0]) or static.length != parts[0].length:
         return False
     for p in parts[1:]:
         layers = getattr(p.cache, "layers", None)
@@ -616,6 +616,7 @@ def join_in_place(parts: list[CacheRows]) -> StaticLayers:
     :func:`fits_in_place`. Returns the buffers, now holding every part's rows."""
     static: StaticLayers = parts[0].cache
     width, row = static.length, static.rows
+    static.widen(row + sum(int(p.row_request.shape[0]) for p in parts[1:]))  # narrowed buffers: grown back
     for p in parts[1:]:
         n, pad = int(p.row_request.shape[0]), width - p.length
         for i, layer in enumerate(p.cache.layers):

@@ -36,5 +36,6 @@ class Deterministic:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The m best tokens of each row by log-probability; the key is the running log-probability."""
         vals, idx = ops.top_candidates(scores, m)  # shape: (rows, m)
-        logp = vals + offset[:, None]
+        with np.errstate(invalid="ignore"):  # +inf scores in a failed row: inf - inf, dropped as not finite
+            logp = vals + offset[:, None]
         return logp, idx, parent_key[:, None] + logp
