@@ -166,6 +166,49 @@ def test_generate_compiled_gives_hugging_faces_tokens(family, beams, backend, de
     assert np.allclose(a, b, rtol=0, atol=40 * 2 * tolerance(64, torch.full((1,), 30.0)))
 
 
+def test_max_autotune_gives_hugging_faces_tokens_and_follows_changed_weights(caplog):
+    """``compile="max-autotune"`` (inductor, matrix products autotuned, the weights frozen into the graphs):
+    greedy ``beamkit.hf.generate`` returns ``model.generate``'s sequences, scores within float32 rounding of the
+    eager bridge's. Then the weights change in place (enough to change the outputs): the step sees it, compiles
+    again and returns the changed model's sequences, not the frozen ones."""
+    model = _model("gpt2")
+    ids, mask = _prompts("cpu")
+    kw = dict(num_beams=1, max_new_tokens=12, do_sample=False, eos_token_id=2, pad_token_id=0)
+    results = []
+    for change in (False, True):
+        if change:
+            with torch.no_grad():
+                model.transformer.h[1].mlp.c_fc.weight.mul_(-3.0)  # in place: the same tensor, a new version
+        theirs = model.generate(ids, attention_mask=mask, **kw)
+        eager = bh.generate(model, ids, mask, return_dict_in_generate=True, **kw)
+        with caplog.at_level(logging.WARNING, logger="beamkit"):
+            ours = bh.generate(model, ids, mask, return_dict_in_generate=True, compile="max-autotune", **kw)
+        step = model.__dict__[hc.ATTRIBUTE]["max-autotune"].compiled
+        assert step.eager_reason is None, step.eager_reason  # inductor compiled it (a C compiler is at hand)
+        assert torch.equal(ours.sequences, theirs)
+        a = [h.score for hs in ours.hypotheses for h in hs]
+        b = [h.score for hs in eager.hypotheses for h in hs]
+        assert np.allclose(a, b, rtol=0, atol=12 * 2 * tolerance(64, torch.full((1,), 30.0)))
+        results.append((theirs, step.compilations))
+    (before, compiled_before), (after, compiled_after) = results
+    assert not torch.equal(before, after)  # the change shows in the outputs: stale weights would be caught
+    assert compiled_after == compiled_before + 1
+    assert sum("weights changed since its step was compiled" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_weights_stamp_sees_replaced_and_edited_weights():
+    """A weight edited in place, or replaced by another tensor, changes the stamp; reading it does not."""
+    model = _model("gpt2")
+    stamp = compiled_mod.weights_stamp(model.parameters())
+    assert compiled_mod.weights_stamp(model.parameters()) == stamp
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.0)
+    edited = compiled_mod.weights_stamp(model.parameters())
+    assert edited != stamp
+    model.transformer.ln_f.weight = torch.nn.Parameter(model.transformer.ln_f.weight.detach().clone())
+    assert compiled_mod.weights_stamp(model.parameters()) != edited
+
+
 def test_a_second_call_in_the_same_buckets_compiles_nothing():
     """Graphs are kept per model and bucket: 3 then 4 requests of beam 4 (12 and 16 rows: the 16-row bucket),
     and greedy 3 then 4 rows (the 4-row bucket), compile once per bucket; another step function of the same

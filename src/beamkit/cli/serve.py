@@ -120,7 +120,8 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="BACKEND",
         help="hf:DIR only: run the decoding steps of GPT-2, Llama-style, T5, BART and Marian models through "
-        "torch.compile with BACKEND (default inductor; compiled on first use of each batch size bucket, a long "
+        "torch.compile with BACKEND (default inductor; max-autotune: inductor with autotuned matrix products and "
+        "the weights frozen into the graphs; compiled on first use of each batch size bucket, a long "
         "first compilation said on standard error; where the model or torch cannot, the steps run as without it, "
         "the reason logged once); on a CPU the server measured slower with it",
     )

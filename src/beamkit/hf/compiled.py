@@ -28,6 +28,11 @@ through a call):
   used. A model whose step was compiled keeps the step on itself, in a reference cycle: dropping the model
   frees it at the next garbage collection (``gc.collect()``), not at once.
 
+``compile="max-autotune"`` compiles with inductor, its matrix products autotuned and the model's weights frozen
+into the graphs (:mod:`beamkit.models.compiled`): with few rows (greedy decoding, a few requests) the step's
+matrix products run much faster on a CPU, at the cost of a longer first compilation per bucket and a packed copy
+of the linear layers' weights; a model whose weights change is compiled again.
+
 The prompt is one model call (its cache is copied into the buffers at the first decoding step). Where
 ``torch.compile`` fails (no C compiler, an unsupported Python), the same static step runs eagerly and the reason
 is logged once; a first compilation of more than two seconds prints one line on standard error
@@ -301,7 +306,8 @@ class _Static:
 
     def __init__(self, direct: DirectStep, backend: str) -> None:
         self.direct = direct
-        self.compiled = CompiledStep(self._step, backend)
+        model = direct.model
+        self.compiled = CompiledStep(self._step, backend, lambda: (*model.parameters(), *model.buffers()))
         self._at = torch.arange(4 * MIN_COLUMNS, device=direct.model.device)  # positions, sliced
 
     def _step(self, *args: Any) -> Tensor:

@@ -36,7 +36,8 @@ def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None,
     :class:`beamkit.Trie`'s ``prefix_allowed_tokens_fn``: ``"allowed"`` computes the output layer only for the
     ids some row may take and normalises over each row's allowed ids, ``"vocab"`` normalises over the whole
     vocabulary, as Hugging Face does; see :mod:`beamkit.hf.allowed`), and ``compile`` (True or a
-    ``torch.compile`` backend name runs the decoding steps compiled over static shapes, see
+    ``torch.compile`` backend name runs the decoding steps compiled over static shapes, ``"max-autotune"``
+    inductor with its matrix products autotuned and the weights frozen into the graphs, see
     :mod:`beamkit.hf.compiled`; default False; of the calls the loop decodes, Whisper's only).
 
     Where the call runs is decided once, by :func:`beamkit.hf.route.route`: the engine bridge where it takes

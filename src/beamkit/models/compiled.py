@@ -10,6 +10,15 @@ available (no C compiler for inductor, an unsupported Python), the same static s
 reason logged once on the ``beamkit`` logger. A first compilation that takes more than two seconds prints
 one line on standard error.
 
+``compile="max-autotune"`` compiles with inductor, its matrix products autotuned (inductor's C++ templates
+against the ATen ones, timed on this machine) and the model's weights frozen into the graphs as constants
+(packed for those templates). Where the rows are few (greedy decoding, a handful of requests) this runs the
+step's matrix products much faster on a CPU; the first compilation of each bucket takes longer, and the
+packed weights are a second copy of the linear layers' weights in memory. The weights are checked before each
+step (address and in-place version of every parameter and buffer): a model whose weights changed since is
+compiled again, with a line on the ``beamkit`` logger (weights created in inference mode have no version
+counter: their in-place changes cannot be seen).
+
 Between steps, the rows that survive (parents, may repeat) are copied into a second set of buffers
 (:func:`copy_parents`: their filled columns, or whole rows once more than half the columns are filled): the
 dense cache's gather, without its concatenation. The same copy serves the Hugging Face compiled step.
@@ -17,12 +26,15 @@ dense cache's gather, without its concatenation. The same copy serves the Huggin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 import types
+import unittest.mock
+import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -32,6 +44,8 @@ from torch import Tensor
 log = logging.getLogger("beamkit")
 
 SLOW_COMPILE_SECONDS = 2.0  # a first compilation longer than this is announced on standard error
+MAX_AUTOTUNE = "max-autotune"  # the compile= value for inductor with autotuned matrix products, weights frozen
+_FROZEN = {"freezing": True, "max_autotune": True}  # the inductor settings of MAX_AUTOTUNE
 MIN_ROWS = 4  # the smallest row bucket
 MIN_SOURCE = 8  # the smallest source bucket
 # graphs one step may hold (torch.compile's own default, 8 per function, would silently run a model with many
@@ -51,7 +65,8 @@ def bucket(n: int, least: int) -> int:
 
 def compile_setting(value: Any) -> str | None:
     """The ``torch.compile`` backend a ``compile=`` switch asks for: False / None -> None (eager), True ->
-    ``"inductor"``, a string -> that backend. Raises TypeError for anything else."""
+    ``"inductor"``, a string -> that backend (``"max-autotune"``: inductor, matrix products autotuned and weights
+    frozen; see the module doc). Raises TypeError for anything else."""
     if value is None or value is False:
         return None
     if value is True:
@@ -89,19 +104,62 @@ class _Counting:
         step = self.step()
         if step is not None:
             step.compilations += 1
-        return lookup_backend(self.backend)(gm, example_inputs)  # type: ignore[arg-type]
+        backend = "inductor" if self.backend == MAX_AUTOTUNE else self.backend  # its settings: CompiledStep
+        return lookup_backend(backend)(gm, example_inputs)  # type: ignore[arg-type]
+
+
+def weights_stamp(tensors: Iterable[Tensor]) -> tuple[tuple[int, int], ...]:
+    """Each tensor's address and in-place version (-1 for a tensor made in inference mode, which keeps none):
+    what changes when a model's weights are replaced or edited in place."""
+    return tuple((int(t.data_ptr()), -1 if t.is_inference() else int(t._version)) for t in tensors)
 
 
 class CompiledStep:
     """One model's static decode step compiled per shape bucket: ``fn`` is the eager step, ``backend`` the
-    ``torch.compile`` backend (None: always eager). ``compilations`` counts the graphs compiled so far."""
+    ``torch.compile`` backend (None: always eager). ``compilations`` counts the graphs compiled so far.
+    ``weights``: the model's parameters and buffers, read before each step with ``"max-autotune"`` (which freezes
+    them into its graphs): where they changed, the graphs are dropped and compiled again."""
 
-    def __init__(self, fn: Callable[..., Tensor], backend: str | None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Tensor],
+        backend: str | None,
+        weights: Callable[[], Iterable[Tensor]] | None = None,
+    ) -> None:
         self.fn, self.backend = own_code(fn), backend
         self.compilations = 0
         self.seen: set[tuple[Any, ...]] = set()
         self.compiled: Callable[..., Tensor] | None = None
         self.eager_reason: str | None = None if backend is not None else "compile=False"
+        self.weights = weights if backend == MAX_AUTOTUNE else None
+        self.stamp: tuple[tuple[int, int], ...] | None = None  # the weights the graphs froze
+
+    def _settings(self) -> Any:
+        """The inductor settings a first call (which compiles) runs under: ``"max-autotune"`` 's, or none."""
+        stack = contextlib.ExitStack()
+        if self.backend != MAX_AUTOTUNE:
+            return stack
+        from torch._inductor import config, select_algorithm
+
+        stack.enter_context(config.patch({**_FROZEN, "max_autotune_report_choices_stats": False}))
+        if hasattr(select_algorithm, "PRINT_AUTOTUNE"):  # inductor's table of timings on standard error
+            stack.enter_context(unittest.mock.patch.object(select_algorithm, "PRINT_AUTOTUNE", False))
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's autotuning's own
+        return stack
+
+    def _check_weights(self) -> None:
+        """Drop the graphs (a fresh copy of the step's code, so torch.compile keeps none of them) where the
+        weights changed since they were frozen into them."""
+        assert self.weights is not None
+        stamp = weights_stamp(self.weights())
+        if self.stamp is not None and stamp != self.stamp and self.compiled is not None:
+            log.warning(
+                "beamkit: the model's weights changed since its step was compiled (max-autotune freezes them "
+                "into the graphs): compiling it again"
+            )
+            self.fn, self.compiled, self.seen = own_code(self.fn), None, set()
+        self.stamp = stamp
 
     def _fall_back(self, reason: str) -> None:
         if self.eager_reason is None:
@@ -113,6 +171,8 @@ class CompiledStep:
         may change: compiled on the bucket's first call)."""
         if self.eager_reason is not None:
             return self.fn(*args)
+        if self.weights is not None:
+            self._check_weights()
         if self.compiled is None:
             try:
                 counter = _Counting(self, self.backend)  # type: ignore[arg-type]
@@ -124,7 +184,7 @@ class CompiledStep:
         start = time.perf_counter()
         try:
             if first:
-                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), self._settings():
                     out = self.compiled(*args)
             else:
                 out = self.compiled(*args)

@@ -341,7 +341,7 @@ class Transformer(nn.Module):
         bucket kept for every later search)."""
         steps: dict[str, CompiledStep] = self.__dict__.setdefault("_compiled_steps", {})
         if backend not in steps:
-            steps[backend] = CompiledStep(self._static_forward, backend)
+            steps[backend] = CompiledStep(self._static_forward, backend, lambda: (*self.parameters(), *self.buffers()))
         return steps[backend]
 
     def _static_state(
