@@ -370,6 +370,24 @@ def test_narrowed_buffers_take_joining_rows_and_forks_back_within_their_memory(m
     assert len(memory) == 2 * 2 * LAYERS  # two sets of keys and values per layer, made once
 
 
+def test_narrowed_buffers_of_exact_rows_widen_to_their_memory_not_past_it():
+    """Buffers of exactly 6 rows (not a bucket: ``exact=True``, as Whisper's) narrowed to 4 take 5 or 6 rows back
+    within their 6 (the bucket of 5, 8, would pass their memory), never 7; the live row is kept."""
+    cache = transformers.cache_utils.DynamicCache()
+    layer = transformers.cache_utils.DynamicLayer()
+    layer.lazy_initialization(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))
+    layer.keys, layer.values = torch.randn(6, 2, 5, 8), torch.randn(6, 2, 5, 8)
+    cache.layers.append(layer)
+    static = hc.StaticLayers.from_dynamic(cache, exact=True)
+    static.reorder_cache(torch.tensor([3]))  # one row left: narrowed to the 4-row bucket
+    assert (static.cap, static.room) == (4, 6)
+    assert static.widen(5) and static.cap == 6 and static.room == 6
+    assert torch.equal(static.keys[0][0, :, :5], layer.keys[3]) and torch.equal(
+        static.values[0][0, :, :5], layer.values[3]
+    )
+    assert not static.widen(7) and static.cap == 6
+
+
 def test_a_busy_compiled_search_trims_its_buffers_when_full_instead_of_growing(monkeypatch):
     """Requests arriving every 8 steps for 80 steps, each running 12 (greedy, no stop token), so the engine is
     never idle: without trimming, its rows would span 8 + 80 columns (the 128-column bucket); the columns no live

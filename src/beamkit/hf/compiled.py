@@ -162,11 +162,12 @@ class StaticLayers:
         """Buffers narrowed to fewer rows widened back, within the memory behind them, to the rows bucket holding
         ``rows`` (views again, nothing copied; the rows past the filled ones hold stale values, as after any
         reorder). True where they now hold ``rows``."""
-        cap = bucket(rows, MIN_ROWS)
-        if cap <= self.cap:
+        if rows <= self.cap:
             return True
-        if cap > self.room:
+        room = self.room
+        if rows > room:
             return False
+        cap = min(bucket(rows, MIN_ROWS), room)  # buffers of exact rows (not a bucket) hold no more than theirs
         wide = [self._wide(x)[:cap] for x in (*self.keys, *self.values, *(self.spare or ()))]
         n = len(self.keys)  # shape: (cap, kv heads, cols, d) each
         self.keys, self.values = wide[:n], wide[n : 2 * n]

@@ -616,7 +616,8 @@ def join_in_place(parts: list[CacheRows]) -> StaticLayers:
     :func:`fits_in_place`. Returns the buffers, now holding every part's rows."""
     static: StaticLayers = parts[0].cache
     width, row = static.length, static.rows
-    static.widen(row + sum(int(p.row_request.shape[0]) for p in parts[1:]))  # narrowed buffers: grown back
+    widened = static.widen(row + sum(int(p.row_request.shape[0]) for p in parts[1:]))  # narrowed: grown back
+    assert widened, "join_in_place needs parts that fits_in_place accepts"
     for p in parts[1:]:
         n, pad = int(p.row_request.shape[0]), width - p.length
         for i, layer in enumerate(p.cache.layers):
