@@ -4,6 +4,8 @@ they are. Oracles are hand-worked: a two-row toy whose scores are fixed per requ
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -44,7 +46,6 @@ def _run(rows_of: dict[int, list[float]], torch_out: bool = False, device=None):
      pytest.param(True, "cuda", id="torch-cuda")],
     indirect=["device"],
 )  # fmt: skip
-@pytest.mark.filterwarnings("error::RuntimeWarning")  # the failures are reported, not warned about by numpy
 def test_raw_scores_bad_rows_fail_as_normalised_ones(torch_out: bool, device) -> None:
     if torch_out:
         pytest.importorskip("torch")
@@ -57,7 +58,9 @@ def test_raw_scores_bad_rows_fail_as_normalised_ones(torch_out: bool, device) ->
         4: [-inf, -inf, -inf, -inf],  # nothing finite: no candidate
         5: [-inf, -inf, -0.25, -inf],  # one finite candidate
     }
-    out = _run(rows_of, torch_out, device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the failures are reported, not warned about by numpy
+        out = _run(rows_of, torch_out, device)
     assert out[0].error is None
     assert [(h.tokens, h.logprob) for h in out[0].hypotheses] == [([1], -0.5), ([0], -1.0)]
     assert out[1].error == "step_fn returned NaN logits at step 0"

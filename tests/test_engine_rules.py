@@ -8,6 +8,7 @@ log-probability, and the messages of the errors the search core raises.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -310,14 +311,15 @@ class Faulty:
         return state
 
 
-@pytest.mark.filterwarnings("error::RuntimeWarning")  # the failures are reported, not warned about by numpy
 def test_each_failure_completes_its_request_alone_with_its_message():
     engine = Engine(Faulty().step, beam_size=2, max_len=3)
     plan = {1: EOS, 2: EOS, 3: EOS, 4: EOS, 5: 5}  # seed -> eos (5 is just outside the vocabulary of 5)
     ids = {engine.add(Faulty.init(s), BOS, eos, min_len=1 if s == 5 else 0): s for s, eos in plan.items()}
     done = {}
-    while not engine.idle:
-        done.update((ids[c.request_id], c) for c in engine.step())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the failures are reported, not warned about by numpy
+        while not engine.idle:
+            done.update((ids[c.request_id], c) for c in engine.step())
     assert {s: c.error for s, c in done.items()} == {
         1: "step_fn returned NaN logits at step 1",
         2: "step_fn returned +inf logits at step 1",  # in the same call as seed 1's NaN rows
