@@ -24,6 +24,11 @@ ENGINE, POLICIES, RANKING = (
     "src/beamkit/search/policies.py",
     "src/beamkit/search/ranking.py",
 )
+EXPAND, VIEW, ENTRIES = (
+    "src/beamkit/search/expand.py",
+    "src/beamkit/search/view.py",
+    "src/beamkit/search/entries.py",
+)
 DECODE, STATE = "src/beamkit/decode.py", "src/beamkit/state.py"
 
 # the narrow policy's ranking cut, and the two sorts of the ranking (all candidates finite, or some not)
@@ -51,15 +56,15 @@ PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
     (
         "2 raw logits instead of log-probs",
         [
-            (ENGINE, "copy=True), np.where(ok, -lse, -np.inf)", "copy=True), 0 * lse"),
-            (ENGINE, "offset = np.where(np.isfinite(lse), -lse, -np.inf)", "offset = 0 * lse"),
+            (EXPAND, "copy=True), np.where(ok, -lse, -np.inf)", "copy=True), 0 * lse"),
+            (EXPAND, "offset = np.where(np.isfinite(lse), -lse, -np.inf)", "offset = 0 * lse"),
         ],
         "test_logits_need_not_be_normalized",
     ),
     (
         "3 eos hypothesis keeps going",
         [
-            (ENGINE, "self._is_eos(cand.tok, cand.req), length, last", "cand.tok == -7, length, last"),
+            (VIEW, "self.is_eos(cand.tok, cand.req), length, last", "cand.tok == -7, length, last"),
         ],
         "test_eos_finishes_and_shrinks_the_beam",
     ),
@@ -87,14 +92,14 @@ PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
     (
         "eos left out of the length",
         [
-            (ENGINE, "self._scores(rows, cand, sel, view.length)", "self._scores(rows, cand, sel, view.length - 1)"),
+            (ENTRIES, "self.scores(rows, cand, sel, view.length)", "self.scores(rows, cand, sel, view.length - 1)"),
         ],
         "test_hand_example_length_penalty",
     ),
     (
         "ranked by logprob, not score",
         [
-            (ENGINE, 'np.argsort(-pool.score, kind="stable")', 'np.argsort(-pool.lp, kind="stable")'),
+            (ENTRIES, 'np.argsort(-pool.score, kind="stable")', 'np.argsort(-pool.lp, kind="stable")'),
         ],
         "test_length_penalty_changes_the_winner",
     ),
@@ -117,7 +122,7 @@ PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
     (
         "survivors finalized one step early",
         [
-            (ENGINE, "last = length >= b.max_len[cand.req]", "last = length + 1 >= b.max_len[cand.req]"),
+            (VIEW, "last = length >= b.max_len[cand.req]", "last = length + 1 >= b.max_len[cand.req]"),
         ],
         "test_max_len_returns_unfinished",
     ),

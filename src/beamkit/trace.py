@@ -13,6 +13,7 @@ the pool after it; at the end, why the request stopped and which nodes were retu
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+DRAWING_PACKAGE = "beamkit.viz"  # where a trace's drawing code lives (see Trace._repr_html_)
 STATUSES = ("root", "running", "pruned", "finished", "unfinished")
 
 
@@ -150,10 +152,11 @@ class Trace:
         return cls(nodes=nodes, steps=steps, **raw)
 
     def _repr_html_(self) -> str:
-        """Jupyter: the interactive search tree."""
-        from beamkit.viz import to_html
-
-        return to_html(self, standalone=False)
+        """Jupyter: the interactive search tree (:func:`beamkit.viz.to_html`, as a fragment)."""
+        # the drawing package sits above this plain-data module and imports it: it is looked up by name, only
+        # when a notebook displays a trace, so that loading the data never loads the drawing code
+        draw = importlib.import_module(DRAWING_PACKAGE)
+        return str(draw.to_html(self, standalone=False))
 
 
 def token_texts(vocab: Any, nodes: Sequence[TraceNode] = ()) -> list[str]:

@@ -16,7 +16,6 @@ results of decoding each alone.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,29 +25,16 @@ import numpy as np
 from beamkit import ops
 from beamkit._checks import check_choice, check_int
 from beamkit.hypothesis import Hypothesis
-from beamkit.processors import StepContext, is_stop
 from beamkit.scoring import LengthPenalty
 from beamkit.search.book import Book
+from beamkit.search.entries import Scoring
+from beamkit.search.expand import Expander
 from beamkit.search.inputs import StepFn, bos_array, count_requests, eos_ids, unpack_step
 from beamkit.search.options import EARLY_MODES, RequestOptions, SearchOptions, make_options
 from beamkit.search.policies import make_policy
-from beamkit.search.ranking import group_starts, requests_of, without
-from beamkit.search.records import (
-    Candidates,
-    Completed,
-    EngineStats,
-    Join,
-    Paths,
-    PoolTable,
-    Rows,
-    StepDecision,
-    StepView,
-    Stop,
-    StopReason,
-    add_coverage,
-)
-from beamkit.search.select import lse_and_top
-from beamkit.search.selectors import Deterministic
+from beamkit.search.ranking import requests_of, without
+from beamkit.search.records import Completed, EngineStats, Join, Rows, StepDecision, StepView, Stop, StopReason
+from beamkit.search.view import Ranker
 from beamkit.state import check_rows, concat_state, first_array, is_identity, select_state
 
 if TYPE_CHECKING:
@@ -110,14 +96,20 @@ class Engine:
         self.step_fn = step_fn
         self.on_step_error = on_step_error
         self.stats_window = stats_window  # keep only about this many calls in the per-call lists (a server)
-        self._ordered = bool(getattr(options.selector, "ordered", False))  # see Selector
         self.policy = make_policy(options.policy, options.exact_exit)  # StepView -> StepDecision
         self.book = Book()
         self.stats = EngineStats()
         # processors that carry a per-row value (StepContext.carry): processor index -> column of Rows.carry
         procs = options.processors or ()
-        self._carried = {i: k for k, i in enumerate(i for i, p in enumerate(procs) if getattr(p, "carries", False))}
-        self._rows = Rows.start(np.zeros(0, np.int64), 0, len(self._carried))
+        carried = {i: k for k, i in enumerate(i for i, p in enumerate(procs) if getattr(p, "carries", False))}
+        self._eos: list[tuple[int, ...]] = []  # distinct stop-token sets, indexed by book.eos
+        self._lps: list[LengthPenalty] = []  # distinct length penalties, indexed by book.lp
+        # the step's pipeline, each stage reading the book's columns (never the engine): expand -> rank -> decide
+        self.expander = Expander(options, self.book, self._eos, carried)
+        ordered = bool(getattr(options.selector, "ordered", False))  # see Selector
+        self.ranker = Ranker(self.book, self.policy, self.expander.is_eos, ordered, options.beam_threshold)
+        self.scoring = Scoring(options, self.book, self._lps)
+        self._rows = Rows.start(np.zeros(0, np.int64), 0, len(carried))
         self._state: Any = None
         self._y = np.zeros(0, np.int64)  # shape: (rows,) host copy of the next y_prev
         self._ref: Any = None  # y_prev follows this array's library and device (the last logits)
@@ -125,19 +117,16 @@ class Engine:
         self._pending: list[Join] = []
         self._fresh = False  # requests joined since the last call (their stop tokens are checked against V)
         self._cancel: set[int] = set()
-        self._eos: list[tuple[int, ...]] = []  # distinct stop-token sets, indexed by book.eos
-        self._lps: list[LengthPenalty] = []  # distinct length penalties, indexed by book.lp
         self._index_of: dict[Any, int] = {}
         self._slot: dict[int, int] = {}  # request id -> book slot, while the request is running or waiting
         self._next_id = 0
-        self._next_entry = 0  # id of the next pool entry
         self._stops: dict[int, Stop] = {}  # the last decision's stop reasons, by slot
-        self._call_state: Any = None  # keep_state: the state the current call returned
         self.recorder: Recorder | None = None
         if options.record_trace:  # see beamkit.trace
-            from beamkit.search.recorder import TraceRecorder
+            from beamkit.search.recorder import TraceContext, TraceRecorder
 
-            self.recorder = TraceRecorder(self)
+            context = TraceContext(self.book, options.policy, self._eos, self.scoring.penalised)
+            self.recorder = TraceRecorder(context)
 
     # ---------------------------------------------------------------------------------------------- requests
     def add(
@@ -263,7 +252,7 @@ class Engine:
         found = [b.table.hypothesis(int(mine[np.argmax(b.table.score[mine])]))] if mine.size else []
         if rows.size:
             t = int(b.t[r])
-            scores = self.penalised(self._rows.lp[rows], np.full(rows.size, max(t, 1)), np.full(rows.size, r))
+            scores = self.scoring.penalised(self._rows.lp[rows], np.full(rows.size, max(t, 1)), np.full(rows.size, r))
             j = int(np.argmax(scores))
             i = int(rows[j])
             cols = slice(self._rows.tokens.shape[1] - t, None)
@@ -321,28 +310,22 @@ class Engine:
         return out
 
     def _advance(self, logits: Any, state: Any, extras: dict[str, Any], ended: list[Completed]) -> None:
-        """Everything after the model call: normalise -> select -> rank -> policy -> commit (the commit comes
-        only once nothing can fail any more)."""
-        rows, t_row = self._rows, self.book.t[self._rows.req]  # shape: (rows,) tokens so far of each row's request
-        one_pass = self._one_pass(extras)
-        masked = t_row < self.book.min_len[rows.req]  # shape: (rows,) stop tokens masked below min_len
-        shared = one_pass and self.recorder is None and self.options.beam_threshold is None and not masked.any()
-        if one_pass:  # log-sum-exp and candidates from one read of the logits
-            logp, tok, key = self._select_one_pass(logits, rows, shared, masked)  # shape: (rows, m)
-        else:
-            segments = self._segments(rows, t_row)
-            scores, offset = self._normalise(logits, extras, rows, t_row, segments)  # shape: (rows, V), (rows,)
-            logp, tok, key = self._select(scores, offset, rows, segments)  # shape: (rows, m)
-        view = self._view(self._with_coverage(rows, extras), logp, tok, key, shared)
+        """Everything after the model call, as a pipeline: expand (normalise, select) -> rank (the view) ->
+        decide (the policy) -> commit (the commit comes only once nothing can fail any more)."""
+        rows, every = self._rows, self.recorder is not None  # every: a recorder reads every candidate
+        all_rows = every or self.options.beam_threshold is not None  # each row's own m best, not shared
+        (logp, tok, key), shared = self.expander.expand(logits, extras, rows, all_rows)
+        rows = self.expander.with_coverage(rows, extras)
+        view = self.ranker.view(rows, logp, tok, key, every, shared)
         if view is None:  # the policy reads past its requests' m best: every row's own m best, all ranked
-            logp, tok, key = self._select_one_pass(logits, rows, False, masked)
-            view = self._view(self._with_coverage(rows, extras), logp, tok, key)
+            view = self.ranker.view(rows, *self.expander.again(logits, rows), every)
             assert view is not None
+        self.stats.pruned = self.ranker.pruned
         if self.recorder is not None:
             self.recorder.considered(view)
-        first_new = self._next_entry
-        self._call_state = state if self.options.keep_state else None  # read by entries()
-        decision = self.policy.step(view, self.book, self)
+        first_new = self.scoring.next_entry
+        self.scoring.call_state = state if self.options.keep_state else None  # read by entries()
+        decision = self.policy.step(view, self.book, self.scoring)
         decision.first_new = first_new
         if self.book.errors:  # a failed request's candidates do not run on
             failed = np.fromiter(self.book.errors, np.int64, len(self.book.errors))
@@ -350,169 +333,6 @@ class Engine:
         if self.recorder is not None:
             self.recorder.decided(view, decision)
         self._commit(view, decision, state, logits, ended)
-
-    def _one_pass(self, extras: dict[str, Any]) -> bool:
-        """Whether this step's selection is the deterministic one on plain log-probabilities (no processor, no raw
-        scores): then one read of the logits gives both (stop tokens masked below ``min_len`` included)."""
-        opt = self.options
-        return type(opt.selector) is Deterministic and not opt.processors and extras.get("log_softmax") is not False
-
-    def _select_one_pass(
-        self, logits: Any, rows: Rows, shared: bool = False, masked: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The deterministic selection from one read of the logits (:func:`beamkit.search.select.lse_and_top`):
-        each row's m best tokens and its log-sum-exp; rows with NaN or +inf logits fail their request.
-        ``shared``: wide requests keep only the candidates that may be among their request's m best.
-        ``masked`` ``[rows]``: rows whose stop tokens may not be chosen yet (below ``min_len``); they read as
-        many more candidates as they have stop tokens and drop those, so each keeps its m best other tokens,
-        normalised over the whole vocabulary as when the stop tokens are set to ``-inf`` after the log-sum-exp."""
-        b = self.book
-        m_row = b.m[rows.req]
-        share = (rows.req, rows.key, m_row) if shared else None
-        stops = self._masked_stops(rows, masked)  # shape: (rows, s) stop ids of masked rows, -1 padded
-        m = int(m_row.max()) + stops.shape[1]
-        lse, vals, tok = lse_and_top(logits, m, shared=share)  # shape: (rows,), (rows, m'), (rows, m')
-        self._fail_bad_rows(lse, rows)
-        offset = np.where(np.isfinite(lse), -lse, -np.inf)  # shape: (rows,)
-        with np.errstate(invalid="ignore"):  # +inf logits in a failed row: inf - inf, dropped as not finite
-            logp = vals + offset[:, None]
-            key = rows.key[:, None] + logp
-        keep = np.ones(tok.shape, dtype=bool)  # shape: (rows, m')
-        if 0 < stops.shape[1] <= 32:
-            keep = ~(tok[:, :, None] == stops[:, None, :]).any(axis=2)  # shape: (rows, m') compared at once
-        elif stops.shape[1]:  # many stop tokens: a lookup per row (no rows x m' x s table)
-            keep = np.stack([~np.isin(t, s) for t, s in zip(tok, stops, strict=True)])
-        rank = np.cumsum(keep, axis=1) if stops.shape[1] else np.arange(1, tok.shape[1] + 1)[None, :]
-        keep &= rank <= m_row[:, None]  # each row its own m best (other beam sizes; stop tokens left out)
-        if not keep.all():
-            key = np.where(keep, key, np.nan)  # dropped by rank_all
-        return logp, tok, key
-
-    def _masked_stops(self, rows: Rows, masked: np.ndarray | None) -> np.ndarray:
-        """The stop token ids of each ``masked`` row ``[rows, s]`` (s: the most any masked row has; -1 pads and
-        fills the other rows, and matches no token)."""
-        if masked is None or not masked.any():
-            return np.zeros((rows.req.shape[0], 0), dtype=np.int64)
-        e_row = self.book.eos[rows.req]  # shape: (rows,) each row's stop set
-        first = int(e_row[int(masked.argmax())])
-        if (e_row[masked] == first).all():  # one stop set (the usual case)
-            ids = np.asarray(self._eos[first], dtype=np.int64)
-            return np.where(masked[:, None], ids[None, :], -1)
-        sets = {int(e): np.asarray(self._eos[int(e)], dtype=np.int64) for e in np.unique(e_row[masked]).tolist()}
-        out = np.full((rows.req.shape[0], max(len(v) for v in sets.values())), -1, dtype=np.int64)
-        for e, ids in sets.items():
-            out[masked & (e_row == e), : len(ids)] = ids
-        return out
-
-    def _fail_bad_rows(self, lse: np.ndarray, rows: Rows) -> np.ndarray:
-        """Fail the requests of the rows whose logits hold NaN or +inf (``lse`` NaN / +inf); returns those rows."""
-        b = self.book
-        bad = np.isnan(lse) | (lse == np.inf)  # shape: (rows,) their requests fail; all -inf rows: no candidate
-        if bad.any():
-            for r in np.unique(rows.req[bad]).tolist():
-                what = "NaN" if np.isnan(lse[bad & (rows.req == r)]).any() else "+inf"
-                b.errors[r] = f"step_fn returned {what} logits at step {int(b.t[r])}"
-        return bad
-
-    def _normalise(
-        self,
-        logits: Any,
-        extras: dict[str, Any],
-        rows: Rows,
-        t_row: np.ndarray,
-        segments: list[tuple[int, int, StepContext]],
-    ) -> tuple[Any, np.ndarray]:
-        """The step's scores ``[rows, V]`` (on the logits' library and device) and per-row offsets such that
-        ``scores + offset`` are the log-probabilities: eos masked below ``min_len``, processors applied. Rows
-        with NaN or +inf logits fail their request (offset -inf)."""
-        opt, b = self.options, self.book
-        raw = extras.get("log_softmax") is False  # the step's logits are its scores (shallow fusion)
-        if raw:  # only NaN / +inf need finding: a row's maximum shows them (NaN wins), no exp over [rows, V]
-            peak = ops.row_max(logits)  # shape: (rows,)
-            lse = np.where(np.isfinite(peak), 0.0, peak)  # shape: (rows,) 0, or the row's NaN / +inf / -inf
-        else:
-            lse = ops.logsumexp(logits)  # shape: (rows,)
-        ok = np.isfinite(lse)
-        bad = self._fail_bad_rows(lse, rows)
-        masked = t_row < b.min_len[rows.req]  # shape: (rows,) eos is masked until min_len
-        procs = opt.processors
-        if not procs:
-            return self._mask_eos(logits, rows, masked, copy=True), np.where(ok, -lse, -np.inf)
-        # shape: (rows, V), edited in place by the processors: raw logits (a copy) or log-probabilities
-        scores = ops.copy(logits) if opt.process_logits or raw else ops.log_softmax(logits)
-        scores = self._mask_eos(scores, rows, masked)
-        for lo, hi, ctx in segments:
-            part = scores[lo:hi]
-            edited = part
-            for i, proc in enumerate(procs):
-                seen = ctx
-                if i in self._carried and rows.carry is not None:  # its per-row values, written in place
-                    seen = replace(ctx, carry=rows.carry[lo:hi, self._carried[i]])
-                edited = proc(edited, seen)
-                if edited is None:
-                    raise TypeError(f"processors[{i}] returned None: a processor returns the edited scores")
-            if len(segments) == 1:
-                scores = edited
-            elif edited is not part:
-                scores[lo:hi] = edited
-        if opt.process_logits and not raw:
-            plse = ops.logsumexp(scores)  # shape: (rows,) normaliser of the processed logits
-            return scores, np.where(np.isfinite(plse) & ~bad, -plse, -np.inf)
-        return scores, np.where(bad, -np.inf, 0.0)
-
-    def _with_coverage(self, rows: Rows, extras: dict[str, Any]) -> Rows:
-        """The rows with this step's attention added to their coverage (when a coverage penalty is set)."""
-        if self.options.coverage_penalty is None:
-            return rows
-        attn = ops.to_numpy(extras["attention"]).astype(np.float64)  # shape: (rows, S)
-        return replace(rows, cov=add_coverage(rows.cov, attn))
-
-    def _view(
-        self, rows: Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, shared: bool = False
-    ) -> StepView | None:
-        """Rank the selected candidates within each request (without a recorder, only as many as the policy
-        reads); drop those below ``beam_threshold``. ``shared``: the rows hold only their requests' m best
-        candidates; None when the policy needs more (then the caller selects again)."""
-        limit = None if self.recorder is not None else self.policy.ranked(self.book)
-        view = self._ranked_view(rows, logp, tok, key, limit)
-        if limit is not None and not self.policy.covered(view, self.book):  # e.g. many stop tokens ranked in
-            if shared:
-                return None
-            view = self._ranked_view(rows, logp, tok, key, None)
-        opt = self.options
-        if opt.beam_threshold is not None and view.considered.req.shape[0]:
-            if limit is None or view.considered.req.shape[0] == logp.size:
-                self.stats.pruned += int(view.considered.req.shape[0] - view.cand.req.shape[0])
-            else:  # the candidates left unranked count too: each finite one below its request's best - threshold
-                best = np.full(self.book.size, np.nan)
-                first = group_starts(view.considered.req)
-                best[view.considered.req[first]] = view.considered.key[first]
-                finite = np.isfinite(key) & np.isfinite(rows.lp[:, None] + logp)  # shape: (rows, m)
-                with np.errstate(invalid="ignore"):
-                    below = finite & ~(key >= (best[rows.req] - opt.beam_threshold)[:, None])
-                self.stats.pruned += int(below.sum())
-        return view
-
-    def _ranked_view(
-        self, rows: Rows, logp: np.ndarray, tok: np.ndarray, key: np.ndarray, limit: np.ndarray | None
-    ) -> StepView:
-        """The step's view with each request's first ``limit[r]`` candidates ranked (None: all)."""
-        b, opt = self.book, self.options
-        considered = Candidates.rank_all(rows, logp, tok, key, self._ordered, limit)
-        if considered.req.shape[0] != logp.size:  # a row yields nothing only when some candidate was dropped
-            reqs = rows.requests()
-            for r in reqs[np.bincount(considered.req, minlength=b.size)[reqs] == 0].tolist():
-                msg = f"no finite candidate at step {int(b.t[r])} (every continuation is masked or -inf)"
-                b.errors.setdefault(r, msg)
-        cand, kept = considered, None
-        if opt.beam_threshold is not None and considered.req.shape[0]:
-            first = group_starts(considered.req)
-            best = np.repeat(considered.key[first], np.diff(np.append(first, considered.req.shape[0])))
-            kept = np.flatnonzero(considered.key >= best - opt.beam_threshold)
-            cand = considered.take(kept)
-        length = b.t[cand.req] + 1  # shape: (n,) length of each candidate
-        last = length >= b.max_len[cand.req]
-        return StepView(rows, considered, cand, kept, self._is_eos(cand.tok, cand.req), length, last, b.table)
 
     def _commit(self, view: StepView, decision: StepDecision, state: Any, logits: Any, ended: list[Completed]) -> None:
         """Apply a decision: pools, completed requests, the new rows and their state."""
@@ -625,7 +445,7 @@ class Engine:
             rid = int(self.book.rid[r])
             self._slot.pop(rid, None)
             steps = int(self.book.t[r]) + (0 if error == "cancelled" else 1)
-            done = Completed(rid, [] if error else self._rank(r, pool), error, steps)
+            done = Completed(rid, [] if error else self.scoring.rank(r, pool), error, steps)
             if self.recorder is not None:
                 done.trace = self.recorder.closed(r, done, self._stop_of(r, error))
             out.append(done)
@@ -638,152 +458,3 @@ class Engine:
         if error is not None:
             return Stop(StopReason.ERROR, f"error: {error}")
         return self._stops.get(r)
-
-    def _segments(self, rows: Rows, t_row: np.ndarray) -> list[tuple[int, int, StepContext]]:
-        """Runs of rows at the same step with the same stop tokens and candidates per row (``m``), each with its
-        :class:`StepContext`."""
-        e_row, m_row, temp = self.book.eos[rows.req], self.book.m[rows.req], self.book.temp[rows.req]
-        n = rows.req.shape[0]
-        differ = (t_row[1:] != t_row[:-1]) | (e_row[1:] != e_row[:-1]) | (m_row[1:] != m_row[:-1])
-        change = np.flatnonzero(differ) + 1
-        bounds = [0, *change.tolist(), n]
-        width = rows.tokens.shape[1]
-        out = []
-        for lo, hi in itertools.pairwise(bounds):
-            t = int(t_row[lo])
-            whole = lo == 0 and hi == n
-            ctx = StepContext(
-                step=t,
-                tokens=rows.tokens if whole and t == width else rows.tokens[lo:hi, width - t :],
-                request=rows.req[lo:hi],
-                eos=self._eos[self.book.eos[rows.req[lo]]],
-                logprob=rows.lp[lo:hi],
-                finished=self.book.count[rows.req[lo:hi]],
-                pool=(self.book.table.req, self.book.table.key),
-                temperature=temp[lo:hi],
-                beam=self.book.beam[rows.req[lo:hi]],
-                max_len=self.book.max_len[rows.req[lo:hi]],
-                request_id=self.book.rid[rows.req[lo:hi]],
-            )
-            out.append((lo, hi, ctx))
-        return out
-
-    def _mask_eos(self, scores: Any, rows: Rows, masked: np.ndarray, copy: bool = False) -> Any:
-        """Stop tokens set to -inf in the ``masked`` rows (requests below their ``min_len``)."""
-        if not masked.any():
-            return scores
-        if copy:
-            scores = ops.copy(scores)
-        where = np.flatnonzero(masked)
-        e_row = self.book.eos[rows.req[where]]
-        for e in np.unique(e_row).tolist():
-            stop = np.asarray(self._eos[e])  # ints (float when empty: then skipped)
-            stop = stop[(stop >= 0) & (stop < scores.shape[1])]  # ids out of the vocabulary fail at the call
-            sel = where[e_row == e]
-            if stop.size:
-                scores = ops.fill(scores, np.repeat(sel, stop.size), np.tile(stop, sel.size), float("-inf"))
-        return scores
-
-    def _select(
-        self, scores: Any, offset: np.ndarray, rows: Rows, segments: list[tuple[int, int, StepContext]]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The selector's candidates ``[rows, m']``, asked per run of rows (one call when there is one run; the
-        deterministic selector is asked once, each row then cut to its own request's ``m``)."""
-        m_row = self.book.m[rows.req]
-        m = int(m_row.max())
-        sel = self.options.selector
-        if len(segments) == 1 or type(sel) is Deterministic:
-            logp, tok, key = sel.candidates(scores, offset, rows.key, m, segments[0][2])
-        else:
-            parts = [
-                sel.candidates(scores[lo:hi], offset[lo:hi], rows.key[lo:hi], int(m_row[lo]), ctx)
-                for lo, hi, ctx in segments
-            ]
-            w = max(p[0].shape[1] for p in parts)
-            fills = ((0, np.nan), (1, 0), (2, np.nan))  # logp, tok, key: NaN is not finite, so rank_all drops it
-            logp, tok, key = (np.concatenate([_pad_cols(p[i], w, fill) for p in parts]) for i, fill in fills)
-        if type(sel) is Deterministic and int(m_row.min()) < m:  # other beam sizes: each row keeps its own top m
-            beyond = np.arange(tok.shape[1]) >= m_row[:, None]  # shape: (rows, m)
-            key = np.where(beyond, np.nan, key)  # a key that is not finite drops the candidate (rank_all)
-        return logp, tok, key
-
-    def _is_eos(self, tok: np.ndarray, req: np.ndarray) -> np.ndarray:
-        """Whether each candidate token is one of its request's stop tokens."""
-        if len(self._eos) == 1:  # every request has the same stop tokens
-            return is_stop(tok, self._eos[0])
-        e = self.book.eos[req]
-        out = np.zeros(tok.shape[0], dtype=bool)
-        for i in np.unique(e).tolist():
-            sel = e == i
-            out[sel] = is_stop(tok[sel], self._eos[i])
-        return out
-
-    def penalised(self, logprob: np.ndarray, length: np.ndarray, req: np.ndarray) -> np.ndarray:
-        """Length-penalised scores, each with its request's penalty."""
-        ids = self.book.lp[req]  # never empty: callers score at least one hypothesis
-        if ids.min() == ids.max():
-            return self._lps[int(ids[0])](logprob, length)
-        out = np.empty(ids.shape[0])
-        for i in np.unique(ids).tolist():
-            sel = ids == i
-            out[sel] = self._lps[i](logprob[sel], length[sel])
-        return out
-
-    def _scores(self, rows: Rows, cand: Candidates, sel: np.ndarray, length: np.ndarray) -> np.ndarray:
-        """Final scores of the candidates ``sel`` ended at ``length``: length penalty, coverage penalty."""
-        opt = self.options
-        scores = self.penalised(cand.lp[sel], length[sel], cand.req[sel])
-        if opt.coverage_penalty is not None and rows.cov is not None:
-            scores = scores + opt.coverage_penalty(rows.cov[cand.row[sel]])
-        return scores
-
-    def entries(self, view: StepView, sel: np.ndarray, finished: bool | np.ndarray) -> PoolTable:
-        """Pool entries for the candidates ``sel`` of ``view.cand`` ended at their length (``finished``: a stop
-        token; False: cut off at ``max_len``), in that order."""
-        n = sel.shape[0]
-        if n == 0:
-            return PoolTable.empty()
-        rows, cand = view.rows, view.cand
-        parents = cand.row[sel]
-        path = Paths(rows, parents, self.book.t[rows.req[parents]])
-        if self._call_state is not None:  # keep_state: the parents' rows of this call's new state
-            path.state = select_state(self._call_state, parents)
-        paths = np.empty(n, dtype=object)
-        paths.fill(path)
-        eid = np.arange(self._next_entry, self._next_entry + n)
-        self._next_entry += n
-        fin = np.full(n, finished, dtype=bool) if np.ndim(finished) == 0 else np.array(finished, dtype=bool)
-        return PoolTable(
-            cand.req[sel],
-            eid,
-            self._scores(rows, cand, sel, view.length),
-            cand.key[sel],
-            cand.lp[sel],
-            fin,
-            cand.tok[sel],
-            sel.astype(np.int64),
-            np.arange(n),
-            paths,
-        )
-
-    def _rank(self, r: int, pool: PoolTable) -> list[Hypothesis]:
-        """Final ranking of one request's hypotheses (optional final scorer), cut to its ``num_return``."""
-        opt = self.options
-        order = np.argsort(-pool.score, kind="stable")  # best score first, equal ones in pool order
-        hyps = pool.hypotheses(order)
-        if opt.final_scorer is not None and hyps:
-            new = list(opt.final_scorer(hyps))
-            if len(new) != len(hyps):
-                raise ValueError("final_scorer must return one score per hypothesis")
-            for i, h in enumerate(hyps):  # as many as hyps (checked above)
-                h.score = float(new[i])
-            hyps.sort(key=lambda h: -h.score)
-        n = int(self.book.nret[r])
-        return hyps[:n] if n else hyps
-
-
-def _pad_cols(a: np.ndarray, width: int, fill: float) -> np.ndarray:
-    """``a`` ``[rows, w]`` padded on the right to ``width`` columns with ``fill``."""
-    if a.shape[1] == width:
-        return a
-    return np.concatenate([a, np.full((a.shape[0], width - a.shape[1]), fill)], axis=1)

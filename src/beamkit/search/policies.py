@@ -26,7 +26,8 @@ from beamkit.search.records import PoolTable, StepDecision, StepView, Stop, Stop
 
 
 class Entries(Protocol):
-    """What a policy asks the engine for: pool entries for candidates, and length-penalised scores."""
+    """What a policy asks for besides the view and the book: pool entries for candidates, and length-penalised
+    scores (:class:`beamkit.search.entries.Scoring`)."""
 
     def entries(self, view: StepView, sel: np.ndarray, finished: bool | np.ndarray) -> PoolTable:
         """Pool entries for the candidates ``sel`` of ``view.cand``, in that order."""

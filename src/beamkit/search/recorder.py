@@ -4,15 +4,15 @@ decision its policy took, the request it completed). :class:`TraceRecorder` buil
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from beamkit.search.book import Book
 from beamkit.search.records import Completed, StepDecision, StepView, Stop
 from beamkit.trace import Trace, TraceNode, TraceStep
-
-if TYPE_CHECKING:
-    from beamkit.search.engine import Engine
 
 
 class Recorder(Protocol):
@@ -31,15 +31,28 @@ class Recorder(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class TraceContext:
+    """What a :class:`TraceRecorder` reads besides the step records: the book (each request's options by slot),
+    the policy's name, the table of stop-token sets (indexed by ``book.eos``) and the length-penalised score of
+    ``(logprob, length, slot)`` arrays."""
+
+    book: Book
+    policy: str
+    eos: list[tuple[int, ...]]
+    penalised: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
 class TraceRecorder:
-    """Builds the :class:`Trace` of every request an :class:`Engine` runs, from the step records alone.
+    """Builds the :class:`Trace` of every request an engine runs, from the step records and a
+    :class:`TraceContext` alone.
 
     Running rows are tracked as node ids per request, in slot order (the engine's row order); pool entries by
     their entry id.
     """
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, context: TraceContext):
+        self.context = context
         self.traces: dict[int, Trace] = {}
         self.running: dict[int, list[int]] = {}  # request -> node id of each running row, by slot
         self.entry_node: dict[int, dict[int, int]] = {}  # request -> pool entry id -> its node id
@@ -48,15 +61,16 @@ class TraceRecorder:
     def _trace(self, r: int) -> Trace:
         trace = self.traces.get(r)
         if trace is None:
-            b, eng = self.engine.book, self.engine
+            ctx = self.context
+            b = ctx.book
             root = TraceNode(0, None, -1, None, 0.0, 0.0, 0.0, 0.0, 0, "root")
             trace = Trace(
                 request_id=r,
                 beam_size=int(b.beam[r]),
                 max_len=int(b.max_len[r]),
-                policy=eng.options.policy,
+                policy=ctx.policy,
                 alpha=float(b.alpha[r]),
-                eos=list(eng.stop_tokens(r)),
+                eos=list(ctx.eos[int(b.eos[r])]),
                 nodes=[root],
             )
             self.traces[r] = trace
@@ -66,9 +80,9 @@ class TraceRecorder:
 
     def considered(self, view: StepView) -> None:
         """One node per considered candidate (status ``pruned`` / ``beam`` until the decision says otherwise)."""
-        rows, cand, b = view.rows, view.considered, self.engine.book
+        rows, cand, b = view.rows, view.considered, self.context.book
         n = cand.req.shape[0]
-        scores = self.engine.penalised(cand.lp, b.t[cand.req] + 1, cand.req).tolist() if n else []
+        scores = self.context.penalised(cand.lp, b.t[cand.req] + 1, cand.req).tolist() if n else []
         parent = rows.slots()[cand.row].tolist()
         req, tok, lp, key, rank = (a.tolist() for a in (cand.req, cand.tok, cand.lp, cand.key, cand.rank))
         token_lp = (cand.lp - rows.lp[cand.row]).tolist()
