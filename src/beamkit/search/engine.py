@@ -113,6 +113,7 @@ class Engine:
         self._state: Any = None
         self._y = np.zeros(0, np.int64)  # shape: (rows,) host copy of the next y_prev
         self._ref: Any = None  # y_prev follows this array's library and device (the last logits)
+        self._ref_of: Any = None  # (type, device) of the logits _ref was made for
         self._vocab: int | None = None
         self._pending: list[Join] = []
         self._fresh = False  # requests joined since the last call (their stop tokens are checked against V)
@@ -343,7 +344,8 @@ class Engine:
         s_req = cand.req[surv]
         gone = without(rows.requests(), s_req, b.size).tolist()
         self._stops = decision.stops
-        ended += self._complete(gone)
+        if gone:
+            ended += self._complete(gone)
         parents = cand.row[surv]
         new_rows = rows.extend(cand, surv)
         b.t[requests_of(s_req)] += 1
@@ -355,7 +357,11 @@ class Engine:
         elif not is_identity(parents, n_rows):
             state = select_state(state, parents)
         self._rows, self._state, self._y = new_rows, state, cand.tok[surv]
-        self._ref = None if surv.size == 0 else ops.like(self._y[:0], logits)  # library and device, not the data
+        where = (type(logits), getattr(logits, "device", None))  # the logits' library and device
+        if surv.size == 0:
+            self._ref, self._ref_of = None, None
+        elif where != self._ref_of:  # an empty array in that library and on that device, not the data
+            self._ref, self._ref_of = ops.like(self._y[:0], logits), where
 
     def _admit(self, out: list[Completed]) -> int:
         """Before a call: join the waiting requests, then drop the rows of cancelled ones; returns how many
@@ -397,7 +403,7 @@ class Engine:
             state = concat_state([self._state, *states])
         else:
             state = states[0] if len(states) == 1 else concat_state(states)
-            self._ref = first_array(states[0])
+            self._ref, self._ref_of = first_array(states[0]), None
         ids = np.concatenate([j.ids for j in pending])
         self._state = state
         self._rows = self._rows.join(ids)
@@ -435,7 +441,7 @@ class Engine:
             self.book.errors[r] = message
         out += self._complete(failed)
         self._rows = self._rows.take(np.zeros(0, np.int64))
-        self._state, self._ref, self._y = None, None, np.zeros(0, np.int64)
+        self._state, self._ref, self._ref_of, self._y = None, None, None, np.zeros(0, np.int64)
 
     def _complete(self, slots: list[int]) -> list[Completed]:
         """Hand out the requests (slots) ``slots``: each one's ranked hypotheses or its error; the slots are free

@@ -32,6 +32,8 @@ class Scoring:
 
     def penalised(self, logprob: np.ndarray, length: np.ndarray, req: np.ndarray) -> np.ndarray:
         """Length-penalised scores, each with its request's penalty."""
+        if len(self.lps) == 1:  # every request has the same penalty
+            return self.lps[0](logprob, length)
         ids = self.book.lp[req]  # never empty: callers score at least one hypothesis
         if ids.min() == ids.max():
             return self.lps[int(ids[0])](logprob, length)
@@ -73,7 +75,7 @@ class Scoring:
             cand.lp[sel],
             fin,
             cand.tok[sel],
-            sel.astype(np.int64),
+            sel if sel.dtype == np.int64 else sel.astype(np.int64),
             np.arange(n),
             paths,
         )

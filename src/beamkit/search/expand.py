@@ -83,6 +83,8 @@ class Expander:
         with np.errstate(invalid="ignore"):  # +inf logits in a failed row: inf - inf, dropped as not finite
             logp = vals + offset[:, None]
             key = rows.key[:, None] + logp
+        if not stops.shape[1] and int(m_row.min()) >= tok.shape[1]:  # every row keeps all it read
+            return logp, tok, key
         keep = np.ones(tok.shape, dtype=bool)  # shape: (rows, m')
         if 0 < stops.shape[1] <= 32:
             keep = ~(tok[:, :, None] == stops[:, None, :]).any(axis=2)  # shape: (rows, m') compared at once

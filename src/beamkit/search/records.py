@@ -179,12 +179,12 @@ class PoolTable:
 
     def take(self, idx: np.ndarray) -> PoolTable:
         """The entries ``idx`` (indices or a mask), in that order."""
-        return PoolTable(*(getattr(self, f)[idx] for f in _POOL_FIELDS))
+        return PoolTable(*[getattr(self, f)[idx] for f in _POOL_FIELDS])
 
     def concat(self, *others: PoolTable) -> PoolTable:
         """This table's entries followed by the others'."""
         parts = [self, *others]
-        return PoolTable(*(np.concatenate([getattr(p, f) for p in parts]) for f in _POOL_FIELDS))
+        return PoolTable(*[np.concatenate([getattr(p, f) for p in parts]) for f in _POOL_FIELDS])
 
     def of(self, r: int) -> np.ndarray:
         """Indices of request ``r``'s entries, in pool order."""
