@@ -66,8 +66,7 @@ def test_one_pass_matches_a_full_sort(table, path) -> None:
         want_v, want_i = full_sort(x, min(m, x.shape[1]))
         vals = np.empty(want_v.shape, dtype=x.dtype)
         idx = np.empty(want_i.shape, dtype=np.int64)
-        peak = select.group_peaks(x)
-        select.top_scan(x, min(m, x.shape[1]), peak, select.peak_floors(peak, min(m, x.shape[1])), vals, idx)
+        select.top_scan(x, min(m, x.shape[1]), vals, idx)
         np.testing.assert_array_equal(idx, want_i)
         np.testing.assert_array_equal(vals, want_v)
         return

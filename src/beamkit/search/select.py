@@ -3,9 +3,9 @@
 A row's order does not change when a constant is added to it, so the ``m`` best tokens of the log-probabilities
 ``x - lse(x)`` are the ``m`` best of the logits ``x``: both can come from the same read of a row. On the host the
 logits are walked in chunks of rows small enough to stay in cache: numpy exponentiates and sums a chunk (the
-log-sum-exp, bit for bit that of :func:`beamkit.ops.logsumexp`), takes the chunk's group maxima (element-wise
-maxima of 16 slices of each row), and, where numba is installed, a compiled scan reads only the groups that can
-hold one of the m best (:func:`top_scan`), while the chunk is still in cache. Without numba the candidates come
+log-sum-exp, bit for bit that of :func:`beamkit.ops.logsumexp`), and, where numba is installed, a compiled scan
+(:func:`top_scan`) takes each row's group maxima (the maxima of 16 slices of the row) and reads only the groups
+that can hold one of the m best, while the chunk is still in cache. Without numba the candidates come
 from :func:`beamkit.ops.top_candidates`. CPU float32 / float64 tensors are read through a numpy view of their
 memory; other tensors (on an accelerator, or in half precision) stay with torch (``logsumexp`` and ``topk`` on
 their device; only ``[rows]`` and ``[rows, m]`` tables come back).
@@ -88,8 +88,7 @@ def lse_and_top(
             np.exp(part, out=e)
             np.add.reduce(e, axis=1, out=sums[lo : lo + step])
             if scan is not None and m:  # the chunk's candidates while it is in cache
-                peak = group_peaks(part)  # shape: (k, V // 16)
-                scan(part, m, peak, peak_floors(peak, m), vals[lo : lo + step], idx[lo : lo + step])
+                scan(part, m, vals[lo : lo + step], idx[lo : lo + step])
     if scan is None:
         top, idx = ops.top_candidates(x, m)
         return _log_of_sums(x, sums), top, idx
@@ -159,33 +158,48 @@ def group_peaks(x: np.ndarray) -> np.ndarray:
     return peak
 
 
-def peak_floors(peak: np.ndarray, m: int) -> np.ndarray:
-    """Each row's m-th largest group maximum (``-inf`` when there are fewer than m groups): m groups hold an entry
-    at least that large, so the row's m best entries all reach it (one numpy partition for all rows). A NaN floor
-    (a row with NaN, whose request fails anyway) passes no group over."""
-    rows, nb = peak.shape
-    if nb < m:
-        return np.full(rows, -np.inf, dtype=peak.dtype)
-    return np.partition(peak, nb - m, axis=1)[:, nb - m]  # shape: (rows,)
-
-
-def top_scan(x: np.ndarray, m: int, peak: np.ndarray, floors: np.ndarray, vals: np.ndarray, idx: np.ndarray) -> None:
+def top_scan(x: np.ndarray, m: int, vals: np.ndarray, idx: np.ndarray) -> None:
     """Write each row's ``m`` best entries of ``x`` ``[rows, V]`` (``1 <= m <= V``) into ``vals`` (x's dtype) /
     ``idx`` ``[rows, m]``: value descending, equal values by column ascending (plain Python; numba compiles it).
 
-    ``peak`` holds the row's group maxima (:func:`group_peaks`), ``floors`` the m-th largest of them
-    (:func:`peak_floors`), which every one of the m best entries reaches. The groups are visited in order,
-    holding the row's best ``m`` so far: a group whose maximum is below the floor, or below the m-th best so
-    far, is passed over, the others are read entry by entry, and so are the last ``V % 16`` columns. An entry
-    enters when it beats the m-th best, or equals it at a lower column, and is placed after the equal values of
-    lower columns, so the result obeys the tie rule whatever order the columns are met in. A row holding NaN
-    belongs to a request that fails (its log-sum-exp is NaN), so what such a row yields is never used.
+    Per row, one read of the row gives its group maxima (the ``V // 16`` groups of :func:`group_peaks`, NaN
+    propagating) and their m-th largest, the floor (``-inf`` with fewer than m groups): m groups hold an entry at
+    least that large, so the row's m best entries all reach it. Then the groups are visited in order, holding
+    the row's best ``m`` so far: a group whose maximum is below the floor, or below the m-th best so far, is
+    passed over, the others are read entry by entry, and so are the last ``V % 16`` columns. An entry enters
+    when it beats the m-th best, or equals it at a lower column, and is placed after the equal values of lower
+    columns, so the result obeys the tie rule whatever order the columns are met in. A row holding NaN belongs to
+    a request that fails (its log-sum-exp is NaN), so what such a row yields is never used.
     """
     rows, v = x.shape
-    nb = peak.shape[1]
+    nb = v // _BLOCK
+    pk = np.empty(nb, dtype=x.dtype)  # the row's group maxima
+    top = np.empty(max(m, 1), dtype=x.dtype)  # the m largest group maxima so far, descending
     for r in range(rows):
-        row, vr, ir, pk = x[r], vals[r], idx[r], peak[r]
-        floor = floors[r]
+        row, vr, ir = x[r], vals[r], idx[r]
+        for j in range(nb):
+            pk[j] = row[j]
+        for i in range(1, _BLOCK):
+            base = i * nb
+            for j in range(nb):
+                a = row[base + j]
+                if a > pk[j] or a != a:  # a NaN stays
+                    pk[j] = a
+        floor = -np.inf
+        if nb >= m:
+            k = 0
+            for j in range(nb):
+                a = pk[j]
+                if k == m and not a > top[m - 1]:
+                    continue
+                p = k if k < m else m - 1
+                while p > 0 and top[p - 1] < a:
+                    top[p] = top[p - 1]
+                    p -= 1
+                top[p] = a
+                if k < m:
+                    k += 1
+            floor = top[m - 1]
         n = 0
         for g in range(nb + 1):
             if g < nb:
