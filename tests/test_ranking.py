@@ -82,6 +82,31 @@ def test_the_ranked_head_is_a_plain_sorts_head(seed, widths, m, lim, ordered, cu
     assert (full.tolist(), full_rank.tolist()) == python_head(req, key, row, tok, valid, None)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    widths=st.lists(st.integers(1, 12), min_size=1, max_size=5),
+    m=st.integers(1, 8),
+    lim=st.lists(st.integers(0, 30), min_size=5, max_size=5),
+    ordered=st.booleans(),
+    compiled=st.booleans(),
+)
+def test_the_head_scan_is_a_plain_sorts_head(seed, widths, m, lim, ordered, compiled):
+    """The one-pass head of each request (the scan numba compiles, run compiled and as plain Python) against a plain
+    sort of tuples: ties, NaN and +-inf keys, invalid candidates, limits of 0 and past a request's size."""
+    req, key, row, tok, valid, ids = candidates(seed, widths, m, ordered)
+    limit = np.zeros(3 * len(widths), np.int64)
+    limit[ids] = lim[: len(ids)]
+    scan = ranking._compiled_head() if compiled else ranking.head_scan
+    if scan is None:
+        pytest.skip("numba is not installed")
+    order, rank = np.empty(req.shape[0], np.int64), np.empty(req.shape[0], np.int64)
+    n = scan(req, key, row, tok, valid, limit, order, rank)
+    want, want_rank = python_head(req, key, row, tok, valid, limit)
+    assert order[:n].tolist() == want
+    assert rank[:n].tolist() == want_rank
+
+
 @pytest.mark.parametrize("ordered", [False, True])
 @pytest.mark.parametrize("seed", range(3))
 def test_large_requests_of_different_widths_keep_the_full_orders_head(seed, ordered):
