@@ -45,8 +45,12 @@ one module with importlib; the package and its dependencies are never installed.
 The target is 1.5x in each line; ``--profile`` prints where beamkit's time goes (its top functions under
 cProfile) for each line that misses it.
 
+``--model bigram`` runs the second shape of the same workload (same sizes, one torch thread, top-1 checked the
+same way): a different, cheaper step (a bigram table plus a leaky sum of token embeddings, see :class:`Bigram`),
+so the search's own cost weighs more.
+
 Run: ``.venv/bin/python bench/vs_olmo.py [--repeats 7] [--batch 32] [--beam 5] [--vocab 1000] [--steps 30]
-[--profile]``.
+[--model rnn|bigram] [--profile]``.
 """
 
 from __future__ import annotations
@@ -117,6 +121,37 @@ class Model:
         """beamkit's contract: ``step_fn(state, y_prev) -> (logits [rows, V], state)``, the engine normalising the
         logits; it gathers the state's rows itself."""
         return self(state["h"], torch.as_tensor(y_prev, dtype=torch.int64), state["t"])
+
+
+class Bigram(Model):
+    """The second shape of the workload: a cheaper, different step over the same state layout. A bigram table
+    ``B[y]`` (V x V, float32) plus a leaky sum of token embeddings ``h' = 0.5 h + F[y]`` read out through ``G``
+    (``h @ G``, 64 x V), and the same growing bias on the end token. No tanh, no recurrent matrix product: the
+    model costs less than :class:`Model`'s, so the search's own cost weighs more in the ratio."""
+
+    def __init__(self, vocab: int, dtype: torch.dtype, seed: int = 0):
+        super().__init__(vocab, dtype, seed)
+        g = torch.Generator().manual_seed(seed + 11)
+        self.B = torch.randn(vocab, vocab, generator=g) * 2.0
+        self.F = torch.randn(vocab, DIM, generator=g) * 0.5
+        self.G = torch.randn(DIM, vocab, generator=g) * (2.0 / math.sqrt(DIM))
+
+    def __call__(self, h: torch.Tensor, y: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        n = y.shape[0]
+        self.rows += n
+        if n < MIN_ROWS:
+            pad = MIN_ROWS - n
+            h, y, t = (
+                torch.cat([h, h.new_zeros(pad, DIM)]),
+                torch.cat([y, y.new_zeros(pad)]),
+                torch.cat([t, t.new_zeros(pad)]),
+            )
+        h = 0.5 * h + self.F[y]
+        logits = torch.addr(torch.addmm(self.B[y], h, self.G), EOS_BIAS0 + EOS_SLOPE * t, self.eos_row)
+        return logits[:n].to(self.dtype), {"h": h[:n], "t": t[:n] + 1.0}
+
+
+MODELS = {"rnn": Model, "bigram": Bigram}
 
 
 def run_olmo(olmo: ModuleType, model: Model, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,6 +244,9 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument(
+        "--model", default="rnn", choices=sorted(MODELS), help="the step: rnn (default) or bigram (the second shape)"
+    )
     ap.add_argument("--float64", action="store_true", help="float64 logits: both searches rank float64 sums")
     ap.add_argument("--profile", action="store_true", help="profile beamkit's search where a target is missed")
     args = ap.parse_args()
@@ -220,10 +258,10 @@ def main() -> None:
     olmo = fetch_olmo(CACHE)
     torch.set_num_threads(1)
     dtype = torch.float64 if args.float64 else torch.float32
-    model = Model(args.vocab, dtype)
+    model = MODELS[args.model](args.vocab, dtype)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread; OLMo's beam_search from {OLMO_PACKAGE} "
-        f"{OLMO_VERSION}; batch {args.batch}, beam {args.beam}, V {args.vocab}, {args.steps} steps, "
+        f"{OLMO_VERSION}; {args.model} step; batch {args.batch}, beam {args.beam}, V {args.vocab}, {args.steps} steps, "
         f"{str(dtype).removeprefix('torch.')} logits"
     )
 
