@@ -319,7 +319,7 @@ class Engine:
         rows = self.expander.with_coverage(rows, extras)
         view = self.ranker.view(rows, logp, tok, key, every, shared)
         if view is None:  # the policy reads past its requests' m best: every row's own m best, all ranked
-            view = self.ranker.view(rows, *self.expander.again(logits, rows), every)
+            view = self.ranker.view(rows, *self.expander.again(logits, extras, rows), every)
             assert view is not None
         self.stats.pruned = self.ranker.pruned
         if self.recorder is not None:

@@ -19,7 +19,7 @@ from beamkit.processors import StepContext, is_stop
 from beamkit.search.book import Book
 from beamkit.search.options import SearchOptions
 from beamkit.search.records import Rows, add_coverage
-from beamkit.search.select import lse_and_top
+from beamkit.search.select import lse_and_top, raw_top
 from beamkit.search.selectors import Deterministic
 
 Table = tuple[np.ndarray, np.ndarray, np.ndarray]  # (logp, tok, key), each shape: (rows, m)
@@ -45,39 +45,42 @@ class Expander:
         b = self.book
         t_row = b.t[rows.req]  # shape: (rows,) tokens so far of each row's request
         masked = t_row < b.min_len[rows.req]  # shape: (rows,) stop tokens masked below min_len
-        if self.one_pass(extras):  # log-sum-exp and candidates from one read of the logits
+        if self.one_pass():  # log-sum-exp (or raw scores' checks) and candidates from one read of the logits
             shared = not ranked_all and not masked.any()
-            return self.select_one_pass(logits, rows, shared, masked), shared
+            return self.select_one_pass(logits, rows, shared, masked, _raw(extras)), shared
         segments = self.segments(rows, t_row)
         scores, offset = self.normalise(logits, extras, rows, t_row, segments)  # shape: (rows, V), (rows,)
         return self.select(scores, offset, rows, segments), False
 
-    def again(self, logits: Any, rows: Rows) -> Table:
+    def again(self, logits: Any, extras: dict[str, Any], rows: Rows) -> Table:
         """Every row's own ``m`` best candidates (after a shared selection held too few for the policy)."""
         b = self.book
-        return self.select_one_pass(logits, rows, False, b.t[rows.req] < b.min_len[rows.req])
+        return self.select_one_pass(logits, rows, False, b.t[rows.req] < b.min_len[rows.req], _raw(extras))
 
-    def one_pass(self, extras: dict[str, Any]) -> bool:
-        """Whether this step's selection is the deterministic one on plain log-probabilities (no processor, no raw
-        scores): then one read of the logits gives both (stop tokens masked below ``min_len`` included)."""
+    def one_pass(self) -> bool:
+        """Whether this step's selection is the deterministic one with no processor: then one read of the logits
+        gives the candidates and the normaliser (the log-sum-exp; for raw scores only the checks for NaN and
+        +inf), stop tokens masked below ``min_len`` included."""
         opt = self.options
-        return type(opt.selector) is Deterministic and not opt.processors and extras.get("log_softmax") is not False
+        return type(opt.selector) is Deterministic and not opt.processors
 
     def select_one_pass(
-        self, logits: Any, rows: Rows, shared: bool = False, masked: np.ndarray | None = None
+        self, logits: Any, rows: Rows, shared: bool = False, masked: np.ndarray | None = None, raw: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The deterministic selection from one read of the logits (:func:`beamkit.search.select.lse_and_top`):
         each row's m best tokens and its log-sum-exp; rows with NaN or +inf logits fail their request.
         ``shared``: wide requests keep only the candidates that may be among their request's m best.
         ``masked`` ``[rows]``: rows whose stop tokens may not be chosen yet (below ``min_len``); they read as
         many more candidates as they have stop tokens and drop those, so each keeps its m best other tokens,
-        normalised over the whole vocabulary as when the stop tokens are set to ``-inf`` after the log-sum-exp."""
+        normalised over the whole vocabulary as when the stop tokens are set to ``-inf`` after the log-sum-exp.
+        ``raw``: the logits are the step's scores as they are (:func:`beamkit.search.select.raw_top`)."""
         b = self.book
         m_row = b.m[rows.req]
         share = (rows.req, rows.key, m_row) if shared else None
         stops = self.masked_stops(rows, masked)  # shape: (rows, s) stop ids of masked rows, -1 padded
         m = int(m_row.max()) + stops.shape[1]
-        lse, vals, tok = lse_and_top(logits, m, shared=share)  # shape: (rows,), (rows, m'), (rows, m')
+        top = raw_top if raw else lse_and_top
+        lse, vals, tok = top(logits, m, shared=share)  # shape: (rows,), (rows, m'), (rows, m')
         self.fail_bad_rows(lse, rows)
         offset = np.where(np.isfinite(lse), -lse, -np.inf)  # shape: (rows,)
         with np.errstate(invalid="ignore"):  # +inf logits in a failed row: inf - inf, dropped as not finite
@@ -260,3 +263,8 @@ def _pad_cols(a: np.ndarray, width: int, fill: float) -> np.ndarray:
     if a.shape[1] == width:
         return a
     return np.concatenate([a, np.full((a.shape[0], width - a.shape[1]), fill)], axis=1)
+
+
+def _raw(extras: dict[str, Any]) -> bool:
+    """Whether the step returned its scores as they are, to be added without a log-softmax (shallow fusion)."""
+    return extras.get("log_softmax") is False

@@ -148,6 +148,8 @@ def stops_of(view: StepView, book: Book, survivors: np.ndarray, default: Stop) -
     return out
 
 
+# the stopping modes as plain ints: an array compared with an IntEnum member costs several times more
+_FULL, _NEVER = int(EarlyMode.FULL), int(EarlyMode.NEVER)
 _BEAM_FULL = Stop(StopReason.BEAM_FULL, "every beam slot holds a finished hypothesis")
 _POOL_HOLDS = Stop(StopReason.POOL_HOLDS, "finished hypotheses hold every beam slot")
 _NO_CANDIDATE = Stop(StopReason.NO_CANDIDATE, "no candidate left to run on")
@@ -250,9 +252,9 @@ class Pool:
         count, worst, nth = (c[reqs] for c in counters)
         full = count >= book.pool[reqs]
         es = book.es[reqs]
-        to_max = (es == EarlyMode.NEVER) & (book.alpha[reqs] > 0)
+        to_max = (es == _NEVER) & (book.alpha[reqs] > 0)
         horizon = np.where(to_max, book.max_len[reqs], book.t[reqs] + 1)
-        stop = np.where(es == EarlyMode.FULL, full, full & (scoring.penalised(best, horizon, reqs) <= worst))
+        stop = np.where(es == _FULL, full, full & (scoring.penalised(best, horizon, reqs) <= worst))
         exit_ = nth >= best if self.exact_exit else np.zeros(reqs.shape[0], dtype=bool)
         out: dict[int, Stop] = {}
         for j in np.flatnonzero(stop | exit_).tolist():  # only the requests that stop: Python per request is fine

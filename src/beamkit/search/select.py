@@ -95,12 +95,43 @@ def lse_and_top(
     return _log_of_sums(x, sums), vals.astype(np.float64), idx
 
 
+def raw_top(
+    x: Any, m: int, *, jit: bool | None = None, shared: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`lse_and_top` for scores used as they are (a step that returns ``{"log_softmax": False}``): no
+    log-sum-exp, only each row's normaliser ``0``, or its NaN / +inf / -inf where the row's maximum is one (a
+    row that fails, or has no finite candidate), from one pass (:func:`beamkit.ops.row_max`); then the ``m``
+    best entries as :func:`lse_and_top` takes them (the compiled scan, else :func:`beamkit.ops.top_candidates`).
+    Returns ``(normaliser float64 [rows], values float64 [rows, m'], columns int64 [rows, m'])``."""
+    rows, v = int(x.shape[0]), int(x.shape[1])
+    m = min(int(m), v)
+    peak = ops.row_max(x)  # shape: (rows,) NaN anywhere wins, then +inf; -inf for an all -inf row
+    norm = np.where(np.isfinite(peak), 0.0, peak)  # shape: (rows,)
+    x = ops.cpu_view(x)
+    if not isinstance(x, np.ndarray):  # on an accelerator, or half precision: torch's topk there
+        return norm, *ops.top_candidates(x, m)
+    if x.dtype != np.float32 and x.dtype != np.float64:
+        x = x.astype(np.float64)
+    if shared is not None and m > _MAX_SCAN_M:
+        return _shared_top(x, m, shared, norm)
+    scan = _compiled_scan() if jit or (jit is None and rows * v >= _MIN_SCAN and m <= _MAX_SCAN_M) else None
+    if scan is None or m == 0:
+        return norm, *ops.top_candidates(x, m)
+    x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+    vals = np.empty((rows, m), dtype=x.dtype)  # shape: (rows, m)
+    idx = np.empty((rows, m), dtype=np.int64)  # shape: (rows, m)
+    scan(x, m, vals, idx)
+    return norm, vals.astype(np.float64), idx
+
+
 def _shared_top(
-    x: np.ndarray, m: int, shared: tuple[np.ndarray, np.ndarray, np.ndarray]
+    x: np.ndarray, m: int, shared: tuple[np.ndarray, np.ndarray, np.ndarray], lse: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`lse_and_top` for wide requests: the log-sum-exps, then each row's best entries above its request's
-    floor (:func:`top_above`); rows without a floor take their plain top ``m``."""
-    lse = ops.logsumexp(x)  # shape: (rows,)
+    floor (:func:`top_above`); rows without a floor take their plain top ``m``. ``lse``: the rows' normalisers
+    when they are known (raw scores: 0), else their log-sum-exps."""
+    if lse is None:
+        lse = ops.logsumexp(x)  # shape: (rows,)
     req, key, m_row = shared
     floors = request_floors(x, lse, req, key, m_row)
     if floors is None:
