@@ -22,7 +22,7 @@ from beamkit.search.records import Rows, add_coverage
 from beamkit.search.select import lse_and_top, raw_top
 from beamkit.search.selectors import Deterministic
 
-Table = tuple[np.ndarray, np.ndarray, np.ndarray]  # (logp, tok, key), each shape: (rows, m)
+CandidateTables = tuple[np.ndarray, np.ndarray, np.ndarray]  # (logp, tok, key), each shape: (rows, m)
 
 
 class Expander:
@@ -38,7 +38,7 @@ class Expander:
         self.eos = eos
         self.carried = carried
 
-    def expand(self, logits: Any, extras: dict[str, Any], rows: Rows, ranked_all: bool) -> tuple[Table, bool]:
+    def expand(self, logits: Any, extras: dict[str, Any], rows: Rows, ranked_all: bool) -> tuple[CandidateTables, bool]:
         """The step's candidates ``(logp, tok, key)`` ``[rows, m]`` and whether they are only each request's
         ``m`` best (``shared``; then a policy that reads more asks :meth:`again`). ``ranked_all``: a recorder or a
         ``beam_threshold`` reads every row's own candidates."""
@@ -52,7 +52,7 @@ class Expander:
         scores, offset = self.normalise(logits, extras, rows, t_row, segments)  # shape: (rows, V), (rows,)
         return self.select(scores, offset, rows, segments), False
 
-    def again(self, logits: Any, extras: dict[str, Any], rows: Rows) -> Table:
+    def again(self, logits: Any, extras: dict[str, Any], rows: Rows) -> CandidateTables:
         """Every row's own ``m`` best candidates (after a shared selection held too few for the policy)."""
         b = self.book
         return self.select_one_pass(logits, rows, False, b.t[rows.req] < b.min_len[rows.req], _raw(extras))

@@ -101,21 +101,12 @@ class _Greedy:
                 )
             check_rows(state, rows, "the state step_fn returned")
             self.stats.record_kv(state)
-            ctx = StepContext(
-                step=t,
-                tokens=tokens,
-                request=req,
-                eos=self.eos,
-                logprob=lp,
-                finished=np.zeros(rows, np.int64),
-                pool=(np.zeros(0, np.int64), np.zeros(0)),
-                temperature=np.full(rows, np.nan),
-            )
+            ctx = self._context(t, tokens, req, lp) if opt.processors else None  # what processors see
             tok, step_lp = self._choose(logits, extras, ctx, carry, t, req)  # shape: (rows,), (rows,)
             new_lp = lp + step_lp
             ends = is_stop(tok, self.eos)
             last = t + 1 >= opt.max_len
-            failed = np.array([r in self.errors for r in req.tolist()], dtype=bool)
+            failed = self._failed(req)
             done = ~failed & (ends | last)
             for i in np.flatnonzero(done).tolist():
                 results[int(req[i])] = [self._hypothesis(tokens[i], token_lp[i], lp[i], new_lp[i], tok[i], ends[i])]
@@ -132,6 +123,26 @@ class _Greedy:
             ref = None if keep.size == 0 else ops.like(y[:0], logits)
         return SearchResult(results, self.stats, dict(self.errors))
 
+    def _context(self, t: int, tokens: np.ndarray, req: np.ndarray, lp: np.ndarray) -> StepContext:
+        """What the processors see of the live rows at step ``t``."""
+        rows = req.shape[0]
+        return StepContext(
+            step=t,
+            tokens=tokens,
+            request=req,
+            eos=self.eos,
+            logprob=lp,
+            finished=np.zeros(rows, np.int64),
+            pool=(np.zeros(0, np.int64), np.zeros(0)),
+            temperature=np.full(rows, np.nan),
+        )
+
+    def _failed(self, req: np.ndarray) -> np.ndarray:
+        """Which live rows belong to a failed request (``[rows]`` bool; Python per failed request only)."""
+        if not self.errors:
+            return np.zeros(req.shape[0], dtype=bool)
+        return np.isin(req, np.fromiter(self.errors, np.int64, len(self.errors)))
+
     def _check_eos(self, req: np.ndarray, width: int) -> None:
         """Stop tokens must be token ids of the model's vocabulary: every request fails otherwise."""
         if any(not 0 <= e < width for e in self.eos):
@@ -139,7 +150,13 @@ class _Greedy:
                 self.errors[r] = f"eos={list(self.eos)} is not a token id of the model's vocabulary of {width}"
 
     def _choose(
-        self, logits: Any, extras: dict[str, Any], ctx: StepContext, carry: np.ndarray, t: int, req: np.ndarray
+        self,
+        logits: Any,
+        extras: dict[str, Any],
+        ctx: StepContext | None,
+        carry: np.ndarray,
+        t: int,
+        req: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each row's best token after the processors and its step score (the engine's arithmetic)."""
         opt = self.opt
@@ -172,6 +189,7 @@ class _Greedy:
                 scores = ops.copy(logits) if opt.process_logits or raw else ops.log_softmax(logits)
                 if masked:
                     scores = self._mask_eos(scores)
+                assert ctx is not None  # built whenever there are processors
                 for i, proc in enumerate(procs):
                     seen = replace(ctx, carry=carry[:, self.carried.index(i)]) if i in self.carried else ctx
                     scores = proc(scores, seen)

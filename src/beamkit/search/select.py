@@ -67,9 +67,9 @@ def lse_and_top(
     if x.dtype != np.float32 and x.dtype != np.float64:
         x = x.astype(np.float64)
     if m == 1:  # greedy: numpy's argmax is the first column holding the maximum (NaN: the row fails anyway)
-        best = x.argmax(axis=1)[:, None]  # shape: (rows, 1)
-        top = np.take_along_axis(x, best, axis=1).astype(np.float64)
-        return ops.logsumexp(x), top, best.astype(np.int64)
+        best = x.argmax(axis=1)  # shape: (rows,)
+        top = x[np.arange(rows), best].astype(np.float64)[:, None]  # shape: (rows, 1)
+        return ops.logsumexp(x), top, best.astype(np.int64)[:, None]
     size = rows * v
     if shared is not None and m > _MAX_SCAN_M:
         return _shared_top(x, m, shared)
