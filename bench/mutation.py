@@ -2,6 +2,7 @@
 
     python bench/mutation.py            # mutmut run + pitfalls (the `make mutation` target)
     python bench/mutation.py --pitfalls # only the pitfall mutants (about a minute)
+    python bench/mutation.py --pitfalls --only=-inf,ties   # the pitfalls whose name holds one of the texts
 
 Prints ``mutation-score: 0.87 (killed/total)`` and one line per pitfall; exits non-zero if the score is below
 0.90 or a pitfall mutant survives.
@@ -37,6 +38,8 @@ TIES_ALL = "order = np.lexsort((-key, req) if ordered else (tok, row, -key, req)
 TIES_ALL_MUTANT = "order = np.lexsort((-row, -key, req) if ordered else (-tok, -row, -key, req))"
 TIES_SOME = "order = idx[np.lexsort((k, r) if ordered else (tok[idx], row[idx], k, r))]"
 TIES_SOME_MUTANT = "order = idx[np.lexsort((-row[idx], k, r) if ordered else (-tok[idx], -row[idx], k, r))]"
+HEAD_TIES = "(row[i] < row[w] or (row[i] == row[w] and tok[i] < tok[w]))"
+HEAD_TIES_MUTANT = "(row[i] > row[w] or (row[i] == row[w] and tok[i] > tok[w]))"
 
 # (name, [(file, original text, mutated text), ...], the test that must kill it): a pitfall the engine guards
 # against in more than one place (a check and a cut that both keep it out) is mutated in each of them at once
@@ -79,6 +82,7 @@ PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
         "5 -inf candidates kept",
         [
             (RANKING, "finite = np.isfinite(key) & valid", "finite = ~np.isnan(key)"),
+            (RANKING, "or not valid[i] or not (a > -np.inf and a < np.inf):", "or a != a:"),
         ],
         "test_masked_tokens_are_never_chosen",
     ),
@@ -116,6 +120,7 @@ PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
                 TIES_SOME,
                 TIES_SOME_MUTANT,
             ),
+            (RANKING, HEAD_TIES, HEAD_TIES_MUTANT),  # the compiled head scan (both of its comparisons)
         ],
         "test_ties_go_to_the_lowest_id",
     ),
@@ -157,10 +162,13 @@ PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
 ]
 
 
-def run_pitfalls() -> bool:
-    """Apply each pitfall to a copy of the source and check that its test fails."""
+def run_pitfalls(only: list[str] | None = None) -> bool:
+    """Apply each pitfall to a copy of the source and check that its test fails (``only``: the pitfalls whose
+    name holds one of these texts)."""
     ok = True
     for name, edits, test in PITFALLS:
+        if only and not any(part in name for part in only):
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copytree(ROOT / "src", Path(tmp) / "src")
             missing = [path for path, old, _ in edits if old not in (Path(tmp) / path).read_text()]
@@ -206,9 +214,10 @@ def run_mutmut() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pitfalls", action="store_true", help="only the pitfall mutants")
+    ap.add_argument("--only", default="", help="comma-separated texts: only the pitfalls whose name holds one")
     args = ap.parse_args()
     score = 1.0 if args.pitfalls else run_mutmut()
-    ok = run_pitfalls()
+    ok = run_pitfalls([part for part in args.only.split(",") if part] or None)
     return 0 if ok and score >= 0.90 else 1
 
 
