@@ -25,6 +25,7 @@ ENGINE, POLICIES, RANKING = (
     "src/beamkit/search/policies.py",
     "src/beamkit/search/ranking.py",
 )
+KERNELS = "src/beamkit/search/kernels.py"
 EXPAND, VIEW, ENTRIES = (
     "src/beamkit/search/expand.py",
     "src/beamkit/search/view.py",
@@ -82,7 +83,7 @@ PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
         "5 -inf candidates kept",
         [
             (RANKING, "finite = np.isfinite(key) & valid", "finite = ~np.isnan(key)"),
-            (RANKING, "or not valid[i] or not (a > -np.inf and a < np.inf):", "or a != a:"),
+            (KERNELS, "or not valid[i] or not (a > -np.inf and a < np.inf):", "or a != a:"),
         ],
         "test_masked_tokens_are_never_chosen",
     ),
@@ -120,7 +121,7 @@ PITFALLS: list[tuple[str, list[tuple[str, str, str]], str]] = [
                 TIES_SOME,
                 TIES_SOME_MUTANT,
             ),
-            (RANKING, HEAD_TIES, HEAD_TIES_MUTANT),  # the compiled head scan (both of its comparisons)
+            (KERNELS, HEAD_TIES, HEAD_TIES_MUTANT),  # the compiled head scan (both of its comparisons)
         ],
         "test_ties_go_to_the_lowest_id",
     ),

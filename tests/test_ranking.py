@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beamkit import BeamSearch, LengthPenalty, SearchOptions
-from beamkit.search import ranking, select
+from beamkit.search import kernels, ranking, select
 from tests.test_batch import hf_reference
 from tests.toy import BOS, ToyModel, log_softmax_ref
 
@@ -97,7 +97,7 @@ def test_the_head_scan_is_a_plain_sorts_head(seed, widths, m, lim, ordered, comp
     req, key, row, tok, valid, ids = candidates(seed, widths, m, ordered)
     limit = np.zeros(3 * len(widths), np.int64)
     limit[ids] = lim[: len(ids)]
-    scan = ranking._compiled_head() if compiled else ranking.head_scan
+    scan = kernels.compiled_head() if compiled else kernels.head_scan
     if scan is None:
         pytest.skip("numba is not installed")
     order, rank = np.empty(req.shape[0], np.int64), np.empty(req.shape[0], np.int64)
