@@ -13,7 +13,7 @@ from beamkit.search.options import (
 )
 from beamkit.search.policies import Compete, Narrow, Policy, Pool, make_policy, survivor_mask
 from beamkit.search.ranking import group_starts, rank_candidates
-from beamkit.search.recorder import Recorder, TraceRecorder
+from beamkit.search.recorder import Recorder, TraceContext, TraceRecorder
 from beamkit.search.records import (
     Candidates,
     Completed,
@@ -53,6 +53,7 @@ __all__ = [
     "StepView",
     "Stop",
     "StopReason",
+    "TraceContext",
     "TraceRecorder",
     "bos_array",
     "count_requests",
