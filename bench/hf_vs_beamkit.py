@@ -18,6 +18,8 @@ default (tiny models; ``--threads`` to change). Prints medians, then::
     overhead[gpt2]: 7.5%
 
 ``overhead`` is the share of beamkit's end-to-end time spent outside the model's forward (and encoder) calls;
+``host-per-step`` the same time per model call (the search, the cache reorder and the bridge's own work: what a
+step adds over the forward, start-up included);
 ``hf-overhead`` is the same share for Hugging Face's ``generate`` (one extra run with its forward calls timed;
 for whisper, whose loop output has no ``forward_seconds``, beamkit's share is measured the same way, its decoding
 steps, which run the decoder's layers directly, counted as forward time).
@@ -322,6 +324,7 @@ def run(
     times: dict[str, list[float]] = {side: [] for side in sides}
     agree = 0  # timed runs whose compiled rows all equal Hugging Face's (float32 rounding may move a near-tie)
     over: list[float] = []
+    host: list[float] = []  # seconds a step spends outside the model's forward calls (beamkit, engine bridge)
     with torch.inference_mode():
         # warm-up, and the full check: sequences identical, sequences_scores within 1e-4
         hf = hf_call(return_dict_in_generate=True, output_scores=True)
@@ -365,6 +368,7 @@ def run(
                 times[side].append(time.perf_counter() - t0)
                 if side == "bk" and not loop:
                     over.append(1.0 - bk.forward_seconds / times[side][-1])
+                    host.append((times[side][-1] - bk.forward_seconds) / max(1, bk.stats.model_calls))
             if not (torch.equal(got["hf"], got["bk"]) and torch.equal(got["hf"], got["patched"])):
                 raise SystemExit(f"[{kind}] outputs differ in run {i}")
             if compile_backend:
@@ -384,6 +388,11 @@ def run(
         f"(median of {repeats}); {shape}, {finished} finished {'requests' if loop else 'hypotheses'}, "
         f"best lengths {lengths}; outputs identical"
     )
+    if host:
+        print(
+            f"host-per-step[{kind}]: {statistics.median(host) * 1e3:.3f} ms a step outside the forward calls "
+            f"(median of {repeats}; {shape})"
+        )
     if not compile_backend:
         return hf_med / bk_med, hf_med / pa_med, ov, hf_ov, None
     co_med = statistics.median(times["compiled"])
