@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 import beamkit.hf  # noqa: E402
 from beamkit import Trie  # noqa: E402
 from beamkit.hf import Unsupported  # noqa: E402
-from beamkit.hf.allowed import AllowedOutputStep, _Columns, _head_over  # noqa: E402
+from beamkit.hf.retrieval.allowed import AllowedOutputStep, _Columns, _head_over  # noqa: E402
 
 V, EOS, P = 48, 0, 7
 
@@ -117,7 +117,7 @@ def test_the_step_computes_only_the_union_of_the_rows_allowed_ids():
     model, items = tiny_model(), entries(30, seed=3)
     trie = Trie(items, vocab_size=V)
     prompts = torch.randint(1, V, (2, P), generator=torch.Generator().manual_seed(6))
-    from beamkit.hf.step import DecoderOnlyStep
+    from beamkit.hf.steps.step import DecoderOnlyStep
 
     step = AllowedOutputStep(DecoderOnlyStep(model, kv="dense"), model, trie, (EOS,), "allowed")
     state = step.init_state(prompts, torch.ones_like(prompts))

@@ -1,4 +1,4 @@
-"""The compiled decoding step of Hugging Face models (``compile=``, :mod:`beamkit.hf.compiled`): GPT-2 and Llama
+"""The compiled decoding step of Hugging Face models (``compile=``, :mod:`beamkit.hf.steps.compiled`): GPT-2 and Llama
 here for the decoder-only families; Marian, BART and T5 for the encoder-decoder ones.
 
 Oracles: the direct eager step of the same model (another code path: Hugging Face's ``DynamicCache`` grown by
@@ -31,8 +31,8 @@ transformers = pytest.importorskip("transformers")
 
 import beamkit  # noqa: E402
 import beamkit.hf as bh  # noqa: E402
-from beamkit.hf import compiled as hc  # noqa: E402
-from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
+from beamkit.hf.steps import compiled as hc  # noqa: E402
+from beamkit.hf.steps.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
 from beamkit.models import compiled as compiled_mod  # noqa: E402
 from tests.test_hf_direct import _seq2seq  # noqa: E402
 

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import beamkit.hf as bh  # noqa: E402
-from beamkit.hf.loop import decode  # noqa: E402
+from beamkit.hf.loop.decoding import decode  # noqa: E402
 from beamkit.hf.versions import output_cache, release  # noqa: E402
 from tests.test_hf import MODELS, setup  # noqa: E402
 

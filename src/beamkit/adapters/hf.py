@@ -1,6 +1,6 @@
 """Hugging Face model folders (``hf:DIR``), decoder-only and encoder-decoder, decoded as
-:func:`beamkit.hf.generate` decodes them: the same settings (:func:`beamkit.hf.settings.resolve` over the model's
-generation config), the same search options (:func:`beamkit.hf.search.search_options`), the same step functions.
+:func:`beamkit.hf.generate` decodes them: the same settings (:func:`beamkit.hf.bridge.settings.resolve` over the model's
+generation config), the same search options (:func:`beamkit.hf.bridge.search.search_options`), the same step functions.
 
 A decoder-only model's prompt is its input, and decoding continues it; an encoder-decoder model's prompt is the
 encoder input, and decoding starts at the decoder start token. Prompts are decoded together only when they have
@@ -98,7 +98,7 @@ class HFAdapter(ModelAdapter):
     def settings(self, ask: Ask) -> Any:
         """The :class:`beamkit.hf.Settings` that ``beamkit.hf.generate`` resolves for these arguments over the
         model's generation config (None: the config's value, else Hugging Face's default)."""
-        from beamkit.hf.settings import merge_config, resolve
+        from beamkit.hf.bridge.settings import merge_config, resolve
 
         kwargs = {
             "num_beams": ask.beam,
@@ -114,7 +114,7 @@ class HFAdapter(ModelAdapter):
     def request(self, ask: Ask) -> RequestOptions:
         """``generate``'s per-request options: greedy search (one beam) stops at the first finished hypothesis,
         ``max_len`` None is the generation config's length (else 20 new tokens), ``min_len`` None its minimum."""
-        from beamkit.hf.search import search_options
+        from beamkit.hf.bridge.search import search_options
 
         s = self.settings(ask)
         options = search_options(s, [])
@@ -127,9 +127,9 @@ class HFAdapter(ModelAdapter):
         """The logits processors ``generate`` builds for these prompts (from the generation config), with greedy
         search processing raw logits where that changes the scores; the rest of the shared options (sampling,
         diverse or constrained search) is refused, naming the setting."""
-        from beamkit.hf.processors import build_processors
-        from beamkit.hf.search import search_options
-        from beamkit.hf.settings import Unsupported
+        from beamkit.hf.bridge.processors import build_processors
+        from beamkit.hf.bridge.search import search_options
+        from beamkit.hf.errors import Unsupported
 
         s = self.settings(ask)
         for field, used in (("do_sample", s.do_sample), ("num_beam_groups", s.groups > 1)):
@@ -150,7 +150,7 @@ class HFAdapter(ModelAdapter):
         (:class:`SharedProcessors`; a new one each call, for one engine)."""
         if not self.encoder_decoder:
             return dict(self.engine_options)
-        from beamkit.hf.processors import build_processors
+        from beamkit.hf.bridge.processors import build_processors
 
         # the longest request any engine could hold: the forced stop token is moved to each request's own last step
         s = self.settings(Ask(beam=2, n_best=1, max_len=_NO_LIMIT))
@@ -196,7 +196,7 @@ class HFAdapter(ModelAdapter):
 
     def init_state(self, prompts: list[list[int]]) -> Any:
         """The bridge's initial state for prompts of one length (no padding), on the model's device."""
-        from beamkit.hf.inputs import prompt_batch
+        from beamkit.hf.bridge.inputs import prompt_batch
 
         return self._step.init_state(*prompt_batch(prompts, getattr(self.model, "device", None)))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from beamkit.hf.settings import Settings, Unsupported
+from beamkit.hf.bridge.settings import Settings
+from beamkit.hf.errors import Unsupported
 from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.samplers import HuggingFaceSample
 from beamkit.scoring import LengthPenalty

@@ -29,7 +29,7 @@ import torch
 
 from beamkit._checks import check_choice
 from beamkit.constraints import FRESH, ROOT, Trie, allowed_pairs
-from beamkit.hf.settings import Unsupported
+from beamkit.hf.errors import Unsupported
 from beamkit.state import concat_state, select_state
 
 NORMALISATIONS = ("vocab", "allowed")

@@ -3,7 +3,7 @@
 ``DecoderOnlyStep(model, compile=True)``, ``EncoderDecoderStep(model, compile=True)`` (or
 ``beamkit.hf.generate(..., compile=True)``) runs each decoding step after the first through ``torch.compile``
 (inductor; a string names another backend) over static shapes, for the model families the direct step knows
-(:mod:`beamkit.hf.direct`: GPT-2, Llama, Mistral, Qwen2, and the decoders of Marian, BART and T5; Whisper's in
+(:mod:`beamkit.hf.steps.direct`: GPT-2, Llama, Mistral, Qwen2, and the decoders of Marian, BART and T5; Whisper's in
 beamkit's loop, :mod:`beamkit.hf.loop`, over buffers of exactly its rows and audio frames, which stay fixed
 through a call):
 
@@ -20,7 +20,7 @@ through a call):
   first reorder: the dense cache's gather without its concatenation. Where at most a quarter of the buffers'
   rows survive, both sets narrow to the bucket of those rows (views), and widen back within the same memory
   when rows join or beams fork. Rows of requests joining a decoder-only
-  search are written into free rows of the buffers (``beamkit.hf.step.join_in_place``, where they fit), and
+  search are written into free rows of the buffers (``beamkit.hf.steps.step.join_in_place``, where they fit), and
   the buffers are trimmed of the columns no row attends to only once full.
 * Memory: the buffers hold the rows and columns buckets (up to twice the filled rows and columns), and beam
   search keeps the second set too; buffers narrowed to fewer rows keep their peak's memory (and grow back
@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from beamkit.hf.direct import SEQ2SEQ, DirectStep
+from beamkit.hf.steps.direct import SEQ2SEQ, DirectStep
 from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, bucket, copy_parents
 
 log = logging.getLogger("beamkit")
@@ -87,7 +87,7 @@ class StaticLayers:
     """A decoder-only model's keys/values in preallocated buffers: per layer ``keys`` / ``values`` ``[cap, kv
     heads, columns, d]`` whose first ``rows`` rows and ``length`` columns are filled, and a spare set of the same
     shape, the target of reorders (made at the first one: greedy decoding never needs it). Stands in for the
-    model's ``DynamicCache`` inside :class:`~beamkit.hf.step.CacheRows` (``reorder_cache``, ``trim``,
+    model's ``DynamicCache`` inside :class:`~beamkit.hf.steps.step.CacheRows` (``reorder_cache``, ``trim``,
     ``get_seq_length``)."""
 
     def __init__(self, keys: list[Tensor], values: list[Tensor], rows: int, length: int) -> None:

@@ -7,7 +7,7 @@ goes through ``nn.Module.__call__`` (hooks, checks). On a small model that is mo
 layers in the same order with the same functions: each layer's own ``forward`` (embeddings, norms, linear layers,
 the model module's own rotary helper) and the attention function the model is configured with (transformers'
 attention registry), on the same inputs: the token ids ``[rows, 1]``, the ready 4-D boolean padding mask
-``[rows, 1, 1, L]`` and the position ids ``[rows, 1]`` that :class:`~beamkit.hf.step.DecoderOnlyStep` passes
+``[rows, 1, 1, L]`` and the position ids ``[rows, 1]`` that :class:`~beamkit.hf.steps.step.DecoderOnlyStep` passes
 the model, and the model's own ``DynamicCache`` (its plain layers extended by ``update`` as the model does). So
 its logits are the model call's logits, bit for bit (the tests compare them with ``torch.equal``).
 

@@ -9,13 +9,13 @@ the identity, and rows of finished requests are dropped by the same gather. The 
 only when the row -> request layout changes, and the step reads the attention mask and position ids of each
 step as slices of buffers grown in chunks, so a decoding step builds no mask and computes no position.
 
-A decoder-only model's keys/values are paged by default (:mod:`beamkit.hf.paged`: beams share blocks, a fork
+A decoder-only model's keys/values are paged by default (:mod:`beamkit.hf.steps.paged`: beams share blocks, a fork
 copies no keys/values, finished requests give their blocks back) where its cache is made of plain
 ``DynamicLayer`` layers; ``DecoderOnlyStep(model, kv="dense")`` keeps Hugging Face's own ``DynamicCache``
 (gathered whole by parent), and so does every other model.
 
-Requests may join mid-flight (``beamkit.Engine``): the initial state is a :class:`~beamkit.hf.join.Prompt`,
-and a join makes a :class:`~beamkit.hf.join.Cohorts` state; :mod:`beamkit.hf.join` describes the mechanism.
+Requests may join mid-flight (``beamkit.Engine``): the initial state is a :class:`~beamkit.hf.steps.join.Prompt`,
+and a join makes a :class:`~beamkit.hf.steps.join.Cohorts` state; :mod:`beamkit.hf.steps.join` describes the mechanism.
 
 Everything here needs torch; the module is only imported when the Hugging Face bridge is used.
 """
@@ -32,10 +32,10 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
 from beamkit._checks import check_choice
-from beamkit.hf.compiled import StaticLayers, StaticSeq2Seq, StaticSeq2SeqStep, StaticStep, static_step
-from beamkit.hf.direct import DirectStep, direct_step
-from beamkit.hf.join import Cohorts, Prompt, rows_of
-from beamkit.hf.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
+from beamkit.hf.steps.compiled import StaticLayers, StaticSeq2Seq, StaticSeq2SeqStep, StaticStep, static_step
+from beamkit.hf.steps.direct import DirectStep, direct_step
+from beamkit.hf.steps.join import Cohorts, Prompt, rows_of
+from beamkit.hf.steps.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
 from beamkit.hf.versions import cache_keyword, output_cache
 from beamkit.hypothesis import SearchStats
 from beamkit.models.compiled import compile_setting
@@ -77,7 +77,7 @@ class CacheRows:
 
     def beamkit_select(self, idx: np.ndarray) -> CacheRows:
         """Gather the cache rows ``idx`` (parents; rows may repeat or disappear), in place, and return self. A
-        :class:`~beamkit.hf.paged.PagedCache` forks its block tables instead (no keys/values copied)."""
+        :class:`~beamkit.hf.steps.paged.PagedCache` forks its block tables instead (no keys/values copied)."""
         new_request = self.row_request[idx]
         same_layout = new_request.shape == self.row_request.shape and np.array_equal(new_request, self.row_request)
         index = None
@@ -137,8 +137,8 @@ class CacheRows:
         return index if self.device.type == "cpu" else index.to(self.device)
 
     def beamkit_concat(self, others: list[Any]) -> Cohorts:
-        """These rows, then the joining requests' (their :class:`~beamkit.hf.join.Prompt`), as parts that the
-        next step runs and merges (see :mod:`beamkit.hf.join`)."""
+        """These rows, then the joining requests' (their :class:`~beamkit.hf.steps.join.Prompt`), as parts that the
+        next step runs and merges (see :mod:`beamkit.hf.steps.join`)."""
         return Cohorts([self, *others])
 
 
@@ -260,7 +260,7 @@ class _ModelStep:
         raise NotImplementedError
 
     def _direct(self, model: Any, wanted: bool) -> tuple[DirectStep | None, str]:
-        """The direct step for ``model`` and why (see :mod:`beamkit.hf.direct`): none where not ``wanted`` or
+        """The direct step for ``model`` and why (see :mod:`beamkit.hf.steps.direct`): none where not ``wanted`` or
         where the model builds its own attention masks (the direct step passes the ready 4-D one)."""
         if not wanted:
             return None, "direct=False"
@@ -269,7 +269,7 @@ class _ModelStep:
         return direct_step(model)
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, Any]:
-        """Run each part of a joined state (:class:`~beamkit.hf.join.Cohorts`) on its rows, then rejoin them."""
+        """Run each part of a joined state (:class:`~beamkit.hf.steps.join.Cohorts`) on its rows, then rejoin them."""
         if not isinstance(state, Cohorts):
             return self._part(state, y_prev)
         logits, parts, start = [], [], 0
@@ -298,19 +298,19 @@ class DecoderOnlyStep(_ModelStep):
     follow Hugging Face's generate: the cumulative sum of the attention mask minus one (0 on padding), then +1 per
     generated token. A step passes ``mask[..., :L]`` and ``pos[:, L - 1 : L]`` (views, no copy).
 
-    ``kv="paged"`` (the default) keeps the keys/values in a block pool (:mod:`beamkit.hf.paged`; ``self.pool``,
+    ``kv="paged"`` (the default) keeps the keys/values in a block pool (:mod:`beamkit.hf.steps.paged`; ``self.pool``,
     shared by every request this step function decodes, grown when full) where the model's cache is plain
     ``DynamicLayer`` layers, and falls back to the dense cache for any other model; ``kv="dense"`` always uses
     Hugging Face's ``DynamicCache``. Both give the same logits. ``self.kv`` is the one in use. ``block_size``:
     positions per block; ``blocks``: the pool's first size (0: sized from the first prompts). The cache goes to
     the model under ``self.cache_key``, the keyword its forward takes (:func:`beamkit.hf.versions.cache_keyword`).
 
-    ``direct`` (default True): on the dense cache, decoding steps of a model family :mod:`beamkit.hf.direct`
+    ``direct`` (default True): on the dense cache, decoding steps of a model family :mod:`beamkit.hf.steps.direct`
     knows run its layers directly (the same logits, bit for bit, without the model wrapper's per-call work);
     ``self.direct_reason`` says whether it is used and why not.
 
     ``compile`` (default False): True (inductor) or a ``torch.compile`` backend name runs the decoding steps of
-    those families compiled over static shapes, keys/values in preallocated buffers (:mod:`beamkit.hf.compiled`;
+    those families compiled over static shapes, keys/values in preallocated buffers (:mod:`beamkit.hf.steps.compiled`;
     the cache is then dense, whatever ``kv`` says). ``self.compiled`` is the compiled step in use (None where
     the model has no direct step: then the step runs as without ``compile``, the reason logged once).
     """
@@ -448,9 +448,9 @@ class EncoderDecoderStep(_ModelStep):
     of one query token, where :func:`_takes_4d_mask` allows) and ``shared`` keeps the encoder output (one row per
     request, never gathered). The cache goes to the model under ``self.cache_key``
     (:func:`beamkit.hf.versions.cache_keyword`). ``direct`` (default True): after the first step, Marian, BART and T5
-    decoders run their layers directly (:mod:`beamkit.hf.direct`; ``self.direct_reason`` says whether).
+    decoders run their layers directly (:mod:`beamkit.hf.steps.direct`; ``self.direct_reason`` says whether).
     ``compile`` (default False): True (inductor) or a ``torch.compile`` backend name runs those decoder steps
-    compiled over static shapes (:mod:`beamkit.hf.compiled`); ``self.compiled`` is the compiled step in use (None
+    compiled over static shapes (:mod:`beamkit.hf.steps.compiled`); ``self.compiled`` is the compiled step in use (None
     where the model has no direct step: then it runs as without ``compile``, the reason logged once).
     """
 
@@ -466,7 +466,7 @@ class EncoderDecoderStep(_ModelStep):
         self.compiled: StaticSeq2SeqStep | None = self._fast_steps(model, direct, backend)
 
     def _rejoin(self, parts: list[CacheRows]) -> Any:
-        """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.join`)."""
+        """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.steps.join`)."""
         return parts[0] if len(parts) == 1 else Cohorts(list(parts))
 
     def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
@@ -524,7 +524,7 @@ class EncoderDecoderStep(_ModelStep):
 
 
 def _direct_cache(cache: Any) -> bool:
-    """Whether an encoder-decoder cache is one :class:`~beamkit.hf.direct.DirectStep` reads: plain layers on
+    """Whether an encoder-decoder cache is one :class:`~beamkit.hf.steps.direct.DirectStep` reads: plain layers on
     both sides, the cross-attention keys/values of every layer filled."""
     self_cache = getattr(cache, "self_attention_cache", None)
     cross = getattr(cache, "cross_attention_cache", None)
