@@ -183,7 +183,7 @@ def test_max_autotune_gives_hugging_faces_tokens_and_follows_changed_weights(cap
         eager = bh.generate(model, ids, mask, return_dict_in_generate=True, **kw)
         with caplog.at_level(logging.WARNING, logger="beamkit"):
             ours = bh.generate(model, ids, mask, return_dict_in_generate=True, compile="max-autotune", **kw)
-        step = model.__dict__[hc.ATTRIBUTE]["max-autotune"].compiled
+        step = hc.kept_steps(model)["max-autotune"].compiled
         assert step.eager_reason is None, step.eager_reason  # inductor compiled it (a C compiler is at hand)
         assert torch.equal(ours.sequences, theirs)
         a = [h.score for hs in ours.hypotheses for h in hs]
@@ -524,7 +524,7 @@ def test_bad_switches_and_combinations_are_refused():
 
 
 def test_graphs_live_with_their_model_and_not_with_a_copy():
-    """The compiled steps are kept on the model: a deep copy starts without them (its own weights, its own
+    """The compiled steps are kept beside the model: a deep copy starts without them (its own weights, its own
     graphs: the original's would run the original's layers), and the model is freed with them."""
     model = _model("gpt2")
     ids, mask = _prompts("cpu", 2)

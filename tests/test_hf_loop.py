@@ -57,7 +57,8 @@ class Calls:
         original = self.handle.original
 
         def counted(*args, **kwargs):
-            if kwargs.get("custom_generate") is decode:
+            method = kwargs.get("custom_generate")
+            if getattr(method, "func", method) is decode:  # the loop's method (its options bound)
                 self.loop += 1
             else:
                 self.own += 1

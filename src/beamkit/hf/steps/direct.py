@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from beamkit.hf.internals import attention_name
+
 #: the model classes served, by family ("gpt2": GPT-2 blocks; "llama": pre-norm blocks with rotary positions)
 FAMILIES = {
     "GPT2LMHeadModel": "gpt2",
@@ -93,8 +95,8 @@ def _unsupported(model: Any) -> str:
         if not type(module).__module__.startswith(_LIBRARIES):
             return f"{where} comes from {type(module).__module__}, not from transformers or torch"
         own = getattr(module, "config", None)
-        if own is not None and own is not cfg and getattr(own, "_attn_implementation", "sdpa") != "sdpa":
-            return f"{where} attends with {own._attn_implementation!r} (the direct step runs 'sdpa')"
+        if own is not None and own is not cfg and attention_name(own) not in (None, "sdpa"):
+            return f"{where} attends with {attention_name(own)!r} (the direct step runs 'sdpa')"
     blocks, count = _blocks(model, family)
     if len(blocks) != count:
         return f"{len(blocks)} layers against {count} in the config (the model runs the config's count)"
@@ -144,7 +146,7 @@ def _changed(model: Any) -> str:
     mode, the attention function, global module hooks ('' when the direct step may run)."""
     if model.training:
         return "the model is in training mode (dropout would apply)"
-    implementation = getattr(model.config, "_attn_implementation", None)
+    implementation = attention_name(model.config)
     if implementation != "sdpa":
         return f"attention implementation {implementation!r} (the direct step runs 'sdpa')"
     if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
@@ -209,13 +211,15 @@ class DirectStep:
         pos: torch.Tensor | None,
         cache: Any,
         self_mask: torch.Tensor | None = None,
+        head: Any = None,
     ) -> torch.Tensor:
         """The logits ``[rows, V]`` of one token per row (see the class doc). An encoder-decoder model takes the
         encoder's padding mask ``[rows, 1, 1, S]`` as ``mask``, its ``EncoderDecoderCache`` (the cross-attention
         keys/values filled) and no ``pos`` (its position is the decoder's length, the same for every row, read
         from the cache); or, for a cache of fixed width (the compiled step), ``pos`` the position ``[1]`` and
         ``self_mask`` ``[rows, 1, 1, C]`` the self-attention columns to read. Whisper's decoder takes no encoder
-        mask (``None``: its audio frames have no padding)."""
+        mask (``None``: its audio frames have no padding). ``head``: an output layer to run in place of a
+        decoder-only model's ``lm_head`` (:func:`beamkit.hf.steps.step.output_head`), whose columns it returns."""
         if self.family == "t5":
             logits = self.model.lm_head.forward(self._t5(ids, mask, cache, pos, self_mask))
         elif self.family == "whisper":
@@ -226,7 +230,7 @@ class DirectStep:
         else:
             assert pos is not None
             hidden = self._gpt2(ids, mask, pos, cache) if self.family == "gpt2" else self._llama(ids, mask, pos, cache)
-            logits = self.model.lm_head.forward(hidden)
+            logits = (self.model.lm_head if head is None else head).forward(hidden)
         logits = logits[:, -1, :]  # shape: (rows, V)
         return logits if logits.dtype == torch.float32 else logits.float()
 

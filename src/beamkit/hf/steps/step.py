@@ -24,7 +24,11 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,10 +36,12 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
 from beamkit._checks import check_choice
+from beamkit.hf.internals import attention_name
 from beamkit.hf.steps.compiled import StaticLayers, StaticSeq2Seq, StaticSeq2SeqStep, StaticStep, static_step
 from beamkit.hf.steps.direct import DirectStep, direct_step
 from beamkit.hf.steps.join import Cohorts, Prompt, rows_of
 from beamkit.hf.steps.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
+from beamkit.hf.steps.views import with_module
 from beamkit.hf.versions import cache_keyword, output_cache
 from beamkit.hypothesis import SearchStats
 from beamkit.models.compiled import compile_setting
@@ -74,6 +80,14 @@ class CacheRows:
         self.device = lead.device if lead is not None else torch.device("cpu")  # where the index goes
         self.shared: dict[str, Any] = {}  # per-batch values, never gathered (EncoderDecoderStep's encoder output)
         self.joined = False  # rows of requests that joined mid-flight: trimmed when requests leave
+
+    def advanced(self) -> CacheRows:
+        """A new record of these rows for the next step to fill in (its cache and length): the cache, the
+        per-request buffers (a dict of its own, the tensors shared) and the shared values carried over; this one
+        is left as it is."""
+        rows = CacheRows(self.cache, self.row_request, self.per_request, self.length)
+        rows.device, rows.shared, rows.joined = self.device, self.shared, self.joined
+        return rows
 
     def beamkit_select(self, idx: np.ndarray) -> CacheRows:
         """Gather the cache rows ``idx`` (parents; rows may repeat or disappear), in place, and return self. A
@@ -207,7 +221,47 @@ def _takes_4d_mask(model: Any) -> bool:
     base = getattr(model, "base_model", model)
     module = inspect.getmodule(type(base))
     uses_masking_utils = module is not None and hasattr(module, "create_causal_mask")
-    return uses_masking_utils and getattr(model.config, "_attn_implementation", None) == "sdpa"
+    return uses_masking_utils and attention_name(model.config) == "sdpa"
+
+
+StepKind = Literal["prompt", "compiled", "direct", "paged", "model"]
+
+
+@dataclass(frozen=True)
+class StepPath:
+    """How one part of a decoder-only step runs (:meth:`DecoderOnlyStep.path`), decided once and as data like a
+    :class:`beamkit.hf.Route`: ``kind`` (``"prompt"``, ``"compiled"``, ``"direct"``, ``"paged"`` or
+    ``"model"``), why (``reason``), and the cache that way reads (None for the prompt)."""
+
+    kind: StepKind
+    reason: str
+    cache: Any = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+#: an output layer to run in place of the model's ``lm_head`` in this context (:func:`output_head`)
+_HEAD: ContextVar[Any] = ContextVar("beamkit_output_head", default=None)
+
+
+@contextmanager
+def output_head(head: Any) -> Iterator[None]:
+    """Inside the block, decoder-only steps in this thread (this context) compute their logits with ``head`` in
+    place of the model's ``lm_head`` (a module over the last hidden state): through a view of the model
+    (:func:`~beamkit.hf.steps.views.with_module`), or the direct step's own call; never compiled. The model is not
+    changed, and other threads using it see nothing."""
+    token = _HEAD.set(head)
+    try:
+        yield
+    finally:
+        _HEAD.reset(token)
+
+
+def _headed(model: Any) -> Any:
+    """``model``, or a view of it whose ``lm_head`` is this context's :func:`output_head`."""
+    head = _HEAD.get()
+    return model if head is None else with_module(model, "lm_head", head)
 
 
 class _ModelStep:
@@ -356,63 +410,87 @@ class DecoderOnlyStep(_ModelStep):
                 part.cache = part.cache.to_dynamic()
         return merge_left_padded(parts)
 
+    def path(self, state: Any) -> StepPath:
+        """How the next step runs on ``state`` (one part of it), decided once and as data: the prompt's model call,
+        the compiled static step, the direct step, the model's forward over the block pool, or over its own cache;
+        with the cache that way reads (moved into or out of static buffers where it must). ``state`` is not
+        changed."""
+        if not isinstance(state, CacheRows):
+            return StepPath("prompt", "the requests' prompts: one model call")
+        cache = state.cache
+        if self.compiled is not None and _HEAD.get() is None and self.compiled.direct.usable():
+            static = cache if isinstance(cache, StaticLayers) else self._to_static(cache)
+            if static is not None:
+                return StepPath("compiled", "compile=: the compiled static step", static)
+        if isinstance(cache, StaticLayers):  # the model changed since it was compiled: its own cache again
+            cache = cache.to_dynamic()
+        if self.direct is not None and self.direct.usable() and plain_layers(cache):
+            return StepPath("direct", "a known family's layers, run directly", cache)
+        if isinstance(cache, PagedCache):
+            return StepPath("paged", "the model's forward over the block pool", cache)
+        return StepPath("model", "the model's forward over its own cache", cache)
+
     def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
-        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
-        if isinstance(state, CacheRows):
-            if state.joined and isinstance(state.cache, StaticLayers):
-                state.trim()  # the buffers are full: the columns no row attends to go first (CacheRows.trim)
-            buf = state.per_request
-            length = state.length + 1
-            if length > buf["mask"].shape[-1]:
-                _grow(buf, length)
-            ids = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
-            mask = buf["mask"][..., :length]  # shape: (rows, L) or (rows, 1, 1, L) view
-            pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
-            kwargs[self.cache_key] = cache = state.cache
-            if isinstance(cache, PagedCache):
-                cache.begin_step()  # shape: one new slot per row, copy-on-write done; the reading plan made
+        if not isinstance(state, CacheRows):
+            return self._prompt(state)
+        rows = state.advanced()  # the next state: the input's fields are left as they are
+        if rows.joined and isinstance(rows.cache, StaticLayers):
+            rows.trim()  # the buffers are full: the columns no row attends to go first (CacheRows.trim)
+        buf = rows.per_request
+        length = rows.length + 1
+        if length > buf["mask"].shape[-1]:
+            _grow(buf, length)
+        ids = torch.as_tensor(y_prev, dtype=torch.long, device=rows.device).view(-1, 1)  # shape: (rows, 1)
+        mask = buf["mask"][..., :length]  # shape: (rows, L) or (rows, 1, 1, L) view
+        pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
+        path = self.path(rows)
+        rows.cache, rows.length = path.cache, length
+        if path.kind == "paged":
+            path.cache.begin_step()  # shape: one new slot per row, copy-on-write done; the reading plan made
+        start = time.perf_counter()
+        if path.kind == "compiled":
+            assert self.compiled is not None
+            logits = self.compiled(ids, mask, pos, rows.cache)  # shape: (rows, V); the buffers written in place
+        elif path.kind == "direct":
+            assert self.direct is not None
+            logits = self.direct(ids, mask, pos, rows.cache, head=_HEAD.get())  # shape: (rows, V); cache extended
         else:
-            ids = state.ids  # shape: (rows, P)
-            mask = state.mask  # shape: (rows, P)
-            pos = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)  # shape: (rows, P)
-            length = ids.shape[1]
-            if self.keep_one:
-                kwargs["logits_to_keep"] = 1
+            logits, rows.cache = self._forward(path, ids, mask, pos)
+        self.forward_seconds += time.perf_counter() - start
+        if path.kind == "paged":
+            path.cache.end_step()
+        return logits, rows
+
+    def _forward(self, path: StepPath, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[Any, Any]:
+        """A decoding step through the model's forward (``path`` ``"paged"`` or ``"model"``): the logits ``[rows,
+        V]`` and the cache after it."""
+        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True, self.cache_key: path.cache}
+        if self.takes_pos:
+            kwargs["position_ids"] = pos
+        if path.kind == "paged":
+            out = path.cache.forward(self.model, lambda m: _headed(m)(input_ids=ids, attention_mask=mask, **kwargs))
+            return _last_logits(out), path.cache
+        out = _headed(self.model)(input_ids=ids, attention_mask=mask, **kwargs)
+        return _last_logits(out), output_cache(out)  # shape: (rows, V)
+
+    def _prompt(self, state: Prompt) -> tuple[torch.Tensor, CacheRows]:
+        """The requests' prompts through the model: their logits and their first :class:`CacheRows`."""
+        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
+        ids = state.ids  # shape: (rows, P)
+        mask = state.mask  # shape: (rows, P)
+        pos = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)  # shape: (rows, P)
+        length = ids.shape[1]
+        if self.keep_one:
+            kwargs["logits_to_keep"] = 1
         if self.takes_pos:
             kwargs["position_ids"] = pos
         start = time.perf_counter()
-        if isinstance(state, CacheRows) and self._static(state):
-            assert self.compiled is not None
-            logits = self.compiled(ids, mask, pos, state.cache)  # shape: (rows, V); the buffers written in place
-            self.forward_seconds += time.perf_counter() - start
-            state.length = length
-            return logits, state
-        if isinstance(state, CacheRows) and isinstance(state.cache, StaticLayers):  # the model changed since
-            state.cache = kwargs[self.cache_key] = state.cache.to_dynamic()
-        direct = self.direct is not None and self.direct.usable()
-        if isinstance(state, CacheRows) and direct and plain_layers(state.cache):
-            assert self.direct is not None
-            logits = self.direct(ids, mask, pos, state.cache)  # shape: (rows, V); the cache extended in place
-            self.forward_seconds += time.perf_counter() - start
-            state.length = length
-            return logits, state
-        if isinstance(state, CacheRows) and isinstance(state.cache, PagedCache):
-            out = state.cache.forward(self.model, lambda: self.model(input_ids=ids, attention_mask=mask, **kwargs))
-        else:
-            out = self.model(input_ids=ids, attention_mask=mask, **kwargs)
+        out = _headed(self.model)(input_ids=ids, attention_mask=mask, **kwargs)
         self.forward_seconds += time.perf_counter() - start
-        logits = _last_logits(out)  # shape: (rows, V)
-        if isinstance(state, CacheRows):
-            if isinstance(state.cache, PagedCache):
-                state.cache.end_step()
-            else:
-                state.cache = output_cache(out)
-            state.length = length
-            return logits, state
         per_request = {"mask": mask.bool()[:, None, None, :] if self.mask_4d else mask, "pos": pos}
         _grow(per_request, length + _CHUNK)
         rows = ids.shape[0]
-        return logits, CacheRows(
+        return _last_logits(out), CacheRows(
             self._keep(output_cache(out), mask), np.arange(rows, dtype=np.int64), per_request, length
         )
 
