@@ -13,6 +13,7 @@ from beamkit import NGramLM, fuse, search_batch
 from beamkit.adapters import CheckpointAdapter, FusedAdapter, TextHypothesis, decode_texts
 from beamkit.models import load_model, translate
 from beamkit.models.common import encode_sources, pad_batch
+from beamkit.search.options import SharedOptions
 from beamkit.tasks import dates
 
 SOURCES = ["3rd of March 1999", "march 3, '99", "03/04/05", "1999.3.3", "Sunday 5 June 2011"]
@@ -79,7 +80,9 @@ def test_the_driver_refuses_its_own_settings_as_search_options(model):
         decode_texts(adapter, SOURCES[:1], beam=2, num_return=1)
 
     pooled = CheckpointAdapter(model, "pooled")
-    pooled.engine_options = {"policy": "pool"}  # a model whose decoder sets the policy (as a Hugging Face one)
+    pooled.engine_options = SharedOptions(
+        policy="pool"
+    )  # a model whose decoder sets the policy (as a Hugging Face one)
     with pytest.raises(TypeError, match=r"policy: set by this model's decoder \(pooled\)"):
         decode_texts(pooled, SOURCES[:1], beam=2, policy="narrow")
     assert decode_texts(pooled, SOURCES[:1], beam=2, policy="pool") == decode_texts(pooled, SOURCES[:1], beam=2)

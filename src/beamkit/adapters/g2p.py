@@ -33,7 +33,6 @@ class G2PAdapter(ModelAdapter):
         self.name = NAME
         self.vocab = list(PHONEMES)
         self.bos, self.eos = BOS, (EOS,)
-        self.engine_options = {}
         self.default_max_tokens = self.max_tokens_limit = MAX_LEN
         self.max_prompt_tokens = 64
 
