@@ -320,9 +320,11 @@ def test_the_server_refuses_what_a_shared_engine_cannot_apply(hf_folder):
 # ------------------------------------------------------------------------------------------------ every kind
 def test_every_kind_of_model_decodes_the_same_through_translate_and_the_driver(capsys):
     """A shipped name, a checkpoint folder and g2p-en through ``translate --json``, against each model's own
-    offline decoder (``beamkit.models.translate`` / ``G2PModel.decode``)."""
+    offline decoder (``beamkit.adapters.translate`` / ``beamkit.adapters.g2p.decode_words``)."""
     pytest.importorskip("g2p_en")
-    from beamkit.models import SHIPPED_DIR, load_model, translate
+    from beamkit.adapters import translate
+    from beamkit.adapters.g2p import decode_words
+    from beamkit.models import SHIPPED_DIR, load_model
     from beamkit.models.g2p import G2PModel, phonemes
 
     model = load_model("dates-transformer")
@@ -336,7 +338,7 @@ def test_every_kind_of_model_decodes_the_same_through_translate_and_the_driver(c
         )
         got = json.loads(capsys.readouterr().out)[0]["hypotheses"]
         assert [(h["text"], h["logprob"], h["score"]) for h in got] == [(t.text, t.logprob, t.score) for t in want]
-    (alone,) = G2PModel.load().decode(["search"], beam_size=3)
+    (alone,) = decode_words(G2PModel.load(), ["search"], beam_size=3)
     assert main(["translate", "--json", "--quiet", "--model", "g2p-en", "--beam", "3", "--n-best", "2", "search"]) == 0
     got = json.loads(capsys.readouterr().out)[0]["hypotheses"]
     assert [h["text"] for h in got] == [" ".join(phonemes(h.tokens)) for h in alone[:2]]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from beamkit import NGramLM, fuse, search_batch
-from beamkit.adapters import CheckpointAdapter, FusedAdapter, TextHypothesis, decode_texts
-from beamkit.models import load_model, translate
+from beamkit.adapters import CheckpointAdapter, FusedAdapter, TextHypothesis, decode_texts, translate
+from beamkit.models import load_model
 from beamkit.models.common import encode_sources, pad_batch
 from beamkit.search.options import SharedOptions
 from beamkit.tasks import dates
@@ -113,13 +113,14 @@ def test_the_fused_adapter_is_the_inner_adapter_but_for_its_scores(model, lm):
 
 def test_g2p_decode_and_its_fusion_are_the_search_of_the_gru():
     pytest.importorskip("g2p_en")
+    from beamkit.adapters.g2p import decode_words
     from beamkit.models.g2p import BOS, EOS, MAX_LEN, PHONEMES, G2PModel, phonemes
     from beamkit.tasks.g2p import decode_fused
 
     g2p = G2PModel.load()
     words = ["beam", "search", "decoder"]
     want = search_batch(g2p.step, g2p.init_state(words), BOS, EOS, 3, MAX_LEN)
-    got = g2p.decode(words, beam_size=3)
+    got = decode_words(g2p, words, beam_size=3)
     assert [[(h.tokens, h.logprob, h.score) for h in r] for r in got] == [
         [(list(h.tokens), h.logprob, h.score) for h in r] for r in want
     ]

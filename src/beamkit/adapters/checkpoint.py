@@ -1,5 +1,5 @@
 """beamkit's own checkpoints (a shipped dates model or a checkpoint folder; Seq2Seq or Transformer, numpy or
-torch backend): the prompt is the source sentence. :func:`beamkit.models.translate` decodes a checkpoint through
+torch backend): the prompt is the source sentence. :func:`beamkit.adapters.translate` decodes a checkpoint through
 this adapter."""
 
 from __future__ import annotations

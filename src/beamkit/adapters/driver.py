@@ -1,6 +1,6 @@
 """The one batched text driver: texts in, each one's n-best out (:class:`TextHypothesis`), through one engine search
-per batch. Every command, the corpus runs, :func:`beamkit.models.translate` and
-:meth:`beamkit.models.g2p.G2PModel.decode` decode through :func:`decode_texts`.
+per batch. Every command, the corpus runs, :func:`beamkit.adapters.translate` and
+:func:`beamkit.adapters.g2p.decode_words` decode through :func:`decode_texts`.
 
 Inputs are encoded by the adapter, grouped by :meth:`~beamkit.adapters.ModelAdapter.batch_key` (a Hugging Face
 model decodes prompts of one length together: no padding) in their order, and each group is decoded in batches of
