@@ -239,17 +239,12 @@ class RequestOptions:
     def of(cls, given: Mapping[str, Any]) -> RequestOptions:
         """The record of per-request options given by name (``Engine.add(..., beam_size=3)``): TypeError for a
         field shared by every request of an engine (give it to ``Engine()``) or one that is no option at all."""
-        shared = sorted(set(given) & set(SearchOptions.__dataclass_fields__) - set(_NAMES))
-        if shared:
-            raise TypeError(f"{', '.join(shared)} are shared by every request: give them to Engine(), not add()")
-        unknown = sorted(set(given) - set(_NAMES))
-        if unknown:
-            raise TypeError(f"unknown request options {unknown}; per-request options are {list(_NAMES)}")
+        _refuse_names(given, _NAMES, "are shared by every request: give them to Engine(), not add()", "request")
         return cls(**given)
 
     def given(self) -> dict[str, Any]:
         """The fields set (not None), by name."""
-        return {name: getattr(self, name) for name in _NAMES if getattr(self, name) is not None}
+        return _set_fields(self, _NAMES)
 
     def over(self, options: SearchOptions) -> SearchOptions:
         """``options`` with this request's fields in place of their defaults, every rule checked again on the
@@ -304,17 +299,12 @@ class SharedOptions:
     def of(cls, given: Mapping[str, Any]) -> SharedOptions:
         """The record of search-wide options given by name: TypeError for a per-request field (a
         :class:`RequestOptions` one) or a name that is no option at all."""
-        own = sorted(set(given) & set(_NAMES))
-        if own:
-            raise TypeError(f"{', '.join(own)} are set per request (RequestOptions), not for the whole search")
-        unknown = sorted(set(given) - set(_SHARED))
-        if unknown:
-            raise TypeError(f"unknown search-wide options {unknown}; they are {list(_SHARED)}")
+        _refuse_names(given, _SHARED, "are set per request (RequestOptions), not for the whole search", "search-wide")
         return cls(**given)
 
     def given(self) -> dict[str, Any]:
         """The fields set (not None), by name."""
-        return {name: getattr(self, name) for name in _SHARED if getattr(self, name) is not None}
+        return _set_fields(self, _SHARED)
 
     def updated(self, other: SharedOptions) -> SharedOptions:
         """These options with ``other``'s set fields in their place."""
@@ -329,6 +319,24 @@ class SharedOptions:
 
 
 _SHARED = tuple(f.name for f in fields(SharedOptions))  # the search-wide fields, in declaration order
+
+
+def _set_fields(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """A record's fields among ``names`` that are set (not None), by name."""
+    return {name: getattr(record, name) for name in names if getattr(record, name) is not None}
+
+
+def _refuse_names(given: Mapping[str, Any], own: tuple[str, ...], elsewhere: str, kind: str) -> None:
+    """TypeError for the names in ``given`` that are :class:`SearchOptions` fields of the other record
+    (``elsewhere`` says where they go) or no option at all (``kind``: ``"request"`` or ``"search-wide"``, whose
+    options ``own`` are)."""
+    other = sorted(set(given) & set(SearchOptions.__dataclass_fields__) - set(own))
+    if other:
+        raise TypeError(f"{', '.join(other)} {elsewhere}")
+    unknown = sorted(set(given) - set(own))
+    if unknown:
+        listed = "per-request" if kind == "request" else kind
+        raise TypeError(f"unknown {kind} options {unknown}; {listed} options are {list(own)}")
 
 
 def make_options(beam_size: int, max_len: int, **options: Any) -> SearchOptions:
