@@ -135,3 +135,33 @@ def test_a_second_thread_never_sees_a_change_while_beamkit_decodes():
         seen.append(untouched and torch.equal(got, want))
     worker.join()
     assert all(seen), f"{seen.count(False)} of {len(seen)} reads saw a changed model"
+
+
+@pytest.mark.parametrize(
+    ("make", "way"),
+    [
+        (dict(kv="paged"), "paged"),
+        (dict(kv="dense"), "direct"),
+        (dict(kv="dense", direct=False), "model"),
+        (dict(kv="dense", compile="eager"), "compiled"),
+    ],
+)
+def test_a_decoding_step_decides_its_way_once_and_leaves_its_input_state_as_it_was(make, way):
+    """``DecoderOnlyStep.path`` names the way the documented rules give (the prompt: a model call; then the paged
+    forward, the direct step, the model's forward, the compiled step), and a step returns a new state record:
+    the one it was given keeps its cache, length, buffers and rows (oracle: a snapshot of them)."""
+    model, (ids, mask) = tiny_model(), prompts()
+    step = bh.DecoderOnlyStep(model, **make)
+    state = step.init_state(ids, mask)
+    assert step.path(state).kind == "prompt"
+    _, state = step(state, None)
+    for token in (3, 4):
+        assert step.path(state).kind == way, step.path(state)
+        before = (state.cache, state.length, state.per_request, dict(state.per_request), state.row_request)
+        _, new = step(state, torch.full((2,), token))
+        after = (state.cache, state.length, state.per_request, dict(state.per_request), state.row_request)
+        assert new is not state and new.length == state.length + 1
+        assert before[0] is after[0] and before[1] == after[1] and before[2] is after[2]
+        assert before[3].keys() == after[3].keys() and all(before[3][k] is after[3][k] for k in before[3])
+        assert before[4] is after[4]
+        state = new

@@ -83,10 +83,10 @@ class CacheRows:
 
     def advanced(self) -> CacheRows:
         """A new record of these rows for the next step to fill in (its cache and length): the cache, the
-        per-request buffers (a dict of its own, the tensors shared) and the shared values carried over; this one
+        per-request buffers and the shared values carried over (dicts of its own, the tensors shared); this one
         is left as it is."""
         rows = CacheRows(self.cache, self.row_request, self.per_request, self.length)
-        rows.device, rows.shared, rows.joined = self.device, self.shared, self.joined
+        rows.device, rows.shared, rows.joined = self.device, dict(self.shared), self.joined
         return rows
 
     def beamkit_select(self, idx: np.ndarray) -> CacheRows:
@@ -551,6 +551,7 @@ class EncoderDecoderStep(_ModelStep):
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
         start = time.perf_counter()
         if isinstance(state, CacheRows):
+            state = state.advanced()  # the next state: the input's fields are left as they are
             mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
             dec = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
