@@ -104,6 +104,7 @@ class PagedPool:
         self.attention = check_choice("attention", attention, PAGED_ATTENTION)
         self.kv: PagedKVCache | None = None
         self.grown = 0  # times the pool grew
+        self.view: Any = None  # the model as its steps attend through the pool (views.with_attention), made once
         self._heads_offset: tuple[int, torch.Tensor] | None = None  # (n_blocks, first column of each head)
 
     def reserve(self, blocks: int) -> None:
@@ -324,7 +325,7 @@ class PagedCache(Cache):
         if s.plan is None:
             return run(model)
         register_attention(ATTENTION, _attention)
-        view = with_attention(model, ATTENTION)
+        view = s.pool.view = with_attention(model, ATTENTION, s.pool.view)
         token = _STEP.set(s)
         out = None
         try:

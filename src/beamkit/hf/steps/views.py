@@ -9,29 +9,25 @@ and its modules stay exactly as the caller gave them, and another thread using t
 from __future__ import annotations
 
 import copy
-import threading
-import weakref
 from typing import Any
 
-from beamkit.hf.internals import attending_with, same_but_attention
-
-#: attention views by model, made once per model and attention name (rebuilt when the model's training mode or
-#: config changes); weak keys, so a view lives no longer than its model
-_ATTENTION: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+from beamkit.hf.internals import attending_with, attention_name, same_but_attention
 
 
-def with_attention(model: Any, name: str) -> Any:
+def with_attention(model: Any, name: str, previous: Any = None) -> Any:
     """A view of ``model`` whose layers attend with the attention function registered under ``name`` in
     ``transformers``' attention registry: every module copied (parameters, buffers and hooks shared), those that
-    hold the model's config given a copy of it that names ``name``. Made once per model and name, and made again
-    when the model's training mode or config has changed since."""
-    with _LOCK:
-        views = _ATTENTION.setdefault(model, {})
-        view = views.get(name)
-        if view is None or view.training != model.training or not same_but_attention(view.config, model.config):
-            view = views[name] = _copy_tree(model, model.config, attending_with(model.config, name))
-    return view
+    hold the model's config given a copy of it that names ``name``. ``previous`` (a view this function made for
+    the same model) is returned as it is while the model's training mode and config are unchanged; the caller
+    keeps it (a step function, for its life: as with the direct step, layers replaced later are not seen)."""
+    if (
+        previous is not None
+        and previous.training == model.training
+        and same_but_attention(previous.config, model.config)
+        and attention_name(previous.config) == name
+    ):
+        return previous
+    return _copy_tree(model, model.config, attending_with(model.config, name))
 
 
 def with_module(model: Any, name: str, module: Any) -> Any:
