@@ -32,8 +32,8 @@ import transformers  # noqa: E402
 
 from beamkit import Engine  # noqa: E402
 from beamkit.hf import DecoderOnlyStep  # noqa: E402
-from beamkit.hf import compiled as hc  # noqa: E402
-from beamkit.hf import step as hs  # noqa: E402
+from beamkit.hf.steps import compiled as hc  # noqa: E402
+from beamkit.hf.steps import step as hs  # noqa: E402
 
 VOCAB, BEAM, EOS = 1000, 4, 2
 

@@ -119,7 +119,7 @@ def compare(model: Any, trie: Trie, ids: Any, width: int, repeats: int) -> dict[
                 else:
                     outs[side] = bh.generate(model, ids, prefix_allowed_tokens_fn=fn, **kw)
                 times[side].append(time.perf_counter() - start)
-    from beamkit.hf.route import route
+    from beamkit.hf.bridge.route import route
 
     where = route(model, (ids,), {**kw, "prefix_allowed_tokens_fn": fn}).kind  # "engine": beamkit's batched search
     n, p = ids.shape

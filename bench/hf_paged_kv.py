@@ -38,7 +38,7 @@ import transformers
 
 from beamkit import Engine
 from beamkit.hf import DecoderOnlyStep
-from beamkit.hf.paged import PAGED_ATTENTION, PagedCache
+from beamkit.hf.steps.paged import PAGED_ATTENTION, PagedCache
 from beamkit.kv.attention import plan_prefix
 
 BEAM = 8

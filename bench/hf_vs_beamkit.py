@@ -53,7 +53,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import beamkit.hf as bh  # noqa: E402
-from beamkit.hf.generation import prepare  # noqa: E402
+from beamkit.hf.bridge.generation import prepare  # noqa: E402
 
 VOCAB, PROMPTS, PROMPT_LEN, BEAMS, NEW = 1000, 8, 10, 5, 40
 # eos = the n-th most likely token after a few greedy steps, its output row scaled: picked so that eos fires
@@ -228,7 +228,7 @@ def build_whisper() -> tuple[torch.nn.Module, torch.Tensor, int, int, dict[str, 
 def hf_overhead(model: torch.nn.Module, call: Any) -> float:
     """Share of one ``call()``'s time spent outside ``model``'s forward and its encoder's, and outside the direct
     decoding steps that run its layers without its forward (timed by wrappers)."""
-    from beamkit.hf.direct import DirectStep
+    from beamkit.hf.steps.direct import DirectStep
 
     spent = [0.0]
     parts = [model] + ([model.get_encoder()] if getattr(model.config, "is_encoder_decoder", False) else [])

@@ -6,14 +6,15 @@ float32; 8 requests of ``P`` random prompt tokens through :class:`beamkit.Engine
 ``beamkit.hf.generate`` sizes its pool once), beam 5, the pool policy, no stop token, 16 new tokens. Time per step:
 process CPU time of the steps after the prompt forward over their count (one torch thread: on a shared machine
 wall time mostly measures the neighbours), the median of ``--repeats`` interleaved runs after a warm-up of each.
-For each size it prints the paged/dense ratio, the KV bytes per row that :func:`beamkit.hf.generation.choose_cache`
+For each size it prints the paged/dense ratio, the KV bytes per row that
+:func:`beamkit.hf.bridge.generation.choose_cache`
 weighs (every layer's keys and values at the prompt's length plus the new tokens) and the cache it picks::
 
     kv-choice[2x64,p16]: paged/dense 1.17x, 32 KiB a row -> dense: right
 
 ``right`` when the choice is the faster cache, or within 10 % of it (near the crossing repeated runs on a shared
 machine land on either side of 1); the script exits 1 on a wrong one.
-The threshold (``beamkit.hf.generation.DENSE_BELOW_BYTES``) was set from these figures.
+The threshold (``beamkit.hf.bridge.generation.DENSE_BELOW_BYTES``) was set from these figures.
 
     python bench/kv_choice.py [--repeats 3] [--sizes 2x64x16,2x64x32,2x64x128,4x128x64,6x512x64]
 """
@@ -31,7 +32,7 @@ import transformers
 
 from beamkit import Engine
 from beamkit.hf import DecoderOnlyStep
-from beamkit.hf.generation import DENSE_BELOW_BYTES, kv_row_bytes
+from beamkit.hf.bridge.generation import DENSE_BELOW_BYTES, kv_row_bytes
 
 BEAM, NEW, REQUESTS, VOCAB = 5, 16, 8, 1000
 # within 10 %: either cache is right (near the crossing, runs on a shared machine went either way: 1.03x and

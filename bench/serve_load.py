@@ -10,7 +10,7 @@ Locust runs of ``--users`` closed-loop users (no wait time), ``--seconds`` of lo
 
 1. ``beamkit serve`` (one continuous-batching engine) with non-streaming completions, beam ``--beam``;
 2. the naive server defined below: the same endpoint, but every request is one ``search_batch`` call of its
-   own (``beamkit.models.translate``) in uvicorn's thread pool: no batching across requests;
+   own (``beamkit.adapters.translate``) in uvicorn's thread pool: no batching across requests;
    1 and 2 alternate in ``--rounds`` rounds (2 x 30 s each by default), both servers up all along, so that
    drifting load from other processes of a shared machine hits both alike;
 3. ``beamkit serve`` with ``stream: true`` (a third of the time), for the time to the first streamed event.
@@ -126,7 +126,8 @@ def naive_app(model_name: str, threads: int):
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
-    from beamkit.models import load_model, translate
+    from beamkit.adapters import translate
+    from beamkit.models import load_model
 
     torch.set_num_threads(threads)
     model = load_model(model_name)

@@ -46,7 +46,7 @@ import torch
 import transformers
 
 import beamkit.hf as bh
-import beamkit.hf.generation as generation
+import beamkit.hf.bridge.generation as generation
 
 VOCAB = 8192
 LAYERS, WIDTH, HEADS = 4, 256, 4

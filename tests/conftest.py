@@ -83,7 +83,7 @@ def kinds(monkeypatch):
     """The cache kind (``"paged"`` / ``"dense"``) of each DecoderOnlyStep that ``beamkit.hf.generate`` makes,
     in order."""
     pytest.importorskip("transformers")
-    from beamkit.hf import generation
+    from beamkit.hf.bridge import generation
 
     made = []
     real = generation.DecoderOnlyStep

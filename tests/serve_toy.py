@@ -37,7 +37,6 @@ class ToyAdapter(ModelAdapter):
     def __init__(self, delay: float = 0.0, nan_at: int = 2, name: str = "toy", max_prompt: int = 32):
         self.name, self.delay, self.nan_at = name, delay, nan_at
         self.bos, self.eos = BOS, (EOS,)
-        self.engine_options = {}
         self.default_max_tokens, self.max_tokens_limit, self.max_prompt_tokens = 12, 400, max_prompt
         self.calls: list[int] = []
         self.inits: list[tuple[int, ...]] = []

@@ -215,6 +215,27 @@ def test_the_adapter_equals_generate(hf_folder, device):
     assert adapter._step.stats.rows_per_call == []  # a long-running server keeps no per-call list
 
 
+def test_a_served_request_resolves_its_settings_once(hf_folder, monkeypatch):
+    """A server asks the adapter for a request's options and for its refusal: the generation config is resolved
+    once for both (oracle: a count of the resolver's calls), and the options are those of a fresh adapter
+    that resolves them anew."""
+    from beamkit.adapters import Ask, load
+    from beamkit.hf.bridge import settings
+
+    kind, folder, _, _ = hf_folder
+    adapter, fresh = load(f"hf:{folder}"), load(f"hf:{folder}")
+    calls = []
+    real = settings.resolve
+    monkeypatch.setattr(settings, "resolve", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ask = Ask(beam=3, n_best=2, max_len=5, prompt_len=4)
+    options = adapter.request(ask)
+    assert adapter.continuous_refusal(ask) is None
+    assert len(calls) == 1
+    assert adapter.request(ask) == options and len(calls) == 1
+    monkeypatch.setattr(settings, "resolve", real)
+    assert fresh.request(ask) == options
+
+
 def test_the_adapters_prompts_go_to_its_models_device(hf_folder):
     """The prompts the adapter batches are on its model's device: a model on the ``meta`` device (no GPU needed)
     gets ``meta`` ids (they were made on the CPU, which a model on cuda refuses)."""
@@ -320,9 +341,11 @@ def test_the_server_refuses_what_a_shared_engine_cannot_apply(hf_folder):
 # ------------------------------------------------------------------------------------------------ every kind
 def test_every_kind_of_model_decodes_the_same_through_translate_and_the_driver(capsys):
     """A shipped name, a checkpoint folder and g2p-en through ``translate --json``, against each model's own
-    offline decoder (``beamkit.models.translate`` / ``G2PModel.decode``)."""
+    offline decoder (``beamkit.adapters.translate`` / ``beamkit.adapters.g2p.decode_words``)."""
     pytest.importorskip("g2p_en")
-    from beamkit.models import SHIPPED_DIR, load_model, translate
+    from beamkit.adapters import translate
+    from beamkit.adapters.g2p import decode_words
+    from beamkit.models import SHIPPED_DIR, load_model
     from beamkit.models.g2p import G2PModel, phonemes
 
     model = load_model("dates-transformer")
@@ -336,7 +359,7 @@ def test_every_kind_of_model_decodes_the_same_through_translate_and_the_driver(c
         )
         got = json.loads(capsys.readouterr().out)[0]["hypotheses"]
         assert [(h["text"], h["logprob"], h["score"]) for h in got] == [(t.text, t.logprob, t.score) for t in want]
-    (alone,) = G2PModel.load().decode(["search"], beam_size=3)
+    (alone,) = decode_words(G2PModel.load(), ["search"], beam_size=3)
     assert main(["translate", "--json", "--quiet", "--model", "g2p-en", "--beam", "3", "--n-best", "2", "search"]) == 0
     got = json.loads(capsys.readouterr().out)[0]["hypotheses"]
     assert [h["text"] for h in got] == [" ".join(phonemes(h.tokens)) for h in alone[:2]]

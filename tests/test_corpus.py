@@ -266,6 +266,7 @@ def test_ctc_folder_equals_ctc_decode_one_at_a_time(tmp_path, capsys):
 
 
 def test_g2p_words_equal_decoding_alone(tmp_path):
+    from beamkit.adapters.g2p import decode_words
     from beamkit.models.g2p import G2PModel, phonemes
 
     words = ["beam", "search", "corpus", "Ray", "decoder"]
@@ -279,7 +280,7 @@ def test_g2p_words_equal_decoding_alone(tmp_path):
     for rec, word in zip(got, words, strict=True):
         if word == "Ray":
             continue
-        (alone,) = model.decode([word], beam_size=3)
+        (alone,) = decode_words(model, [word], beam_size=3)
         want = [" ".join(phonemes(h.tokens)) for h in alone[:2]]
         assert [h["text"] for h in rec["n_best"]] == want
         assert rec["n_best"][0]["logprob"] == pytest.approx(float(alone[0].logprob), abs=1e-5)

@@ -51,7 +51,8 @@ def test_dates_model_fused_with_a_target_lm_rescoring_matches_teacher_forcing(da
 
 
 def test_translate_with_weight_zero_is_the_model_alone(dates_lm):
-    from beamkit.models import load_model, translate
+    from beamkit.adapters import translate
+    from beamkit.models import load_model
 
     model = load_model("dates-seq2seq")
     plain = translate(model, SOURCES, beam_size=3)

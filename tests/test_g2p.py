@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from beamkit.adapters.g2p import decode_words, predict_words
 from beamkit.models import g2p
 
 try:
@@ -63,7 +64,8 @@ def _torch_reference(model, word, tokens):
 def test_loading_does_not_import_g2p_en():
     code = (
         "import sys; from beamkit.models.g2p import G2PModel; m = G2PModel.load(); "
-        "print(m.predict(['hello'])); assert 'g2p_en' not in sys.modules and 'nltk' not in sys.modules"
+        "from beamkit.adapters.g2p import predict_words; print(predict_words(m, ['hello'])); "
+        "assert 'g2p_en' not in sys.modules and 'nltk' not in sys.modules"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -118,12 +120,12 @@ def test_greedy_equals_an_argmax_loop_in_torch(model):
                 tokens.append(y)
                 if y == g2p.EOS:
                     break
-        assert model.predict([word], beam_size=1)[0] == g2p.phonemes(tokens)
+        assert predict_words(model, [word], beam_size=1)[0] == g2p.phonemes(tokens)
 
 
 @needs_g2p
 def test_beam_hypotheses_logprob_equals_torch_teacher_forcing(model):
-    for word, request in zip(WORDS[:3], model.decode(WORDS[:3], beam_size=4), strict=True):
+    for word, request in zip(WORDS[:3], decode_words(model, WORDS[:3], beam_size=4), strict=True):
         assert len(request) == 4
         for h in request:
             _, rows = _torch_reference(model, word, h.tokens)
@@ -135,13 +137,13 @@ def test_bad_words_and_missing_checkpoint(tmp_path):
     if HAVE_G2P:
         m = g2p.G2PModel.load()
         with pytest.raises(ValueError, match="non-empty word"):
-            m.predict([""])
+            predict_words(m, [""])
         with pytest.raises(ValueError, match="lower-case a-z"):
-            m.predict(["Hello"])
+            predict_words(m, ["Hello"])
         with pytest.raises(ValueError, match="lower-case a-z"):
-            m.predict(["caf\u00e9"])
+            predict_words(m, ["caf\u00e9"])
         with pytest.raises(TypeError, match="sequence of words"):
-            m.predict("hello")
+            predict_words(m, "hello")
     with pytest.raises(FileNotFoundError, match="not found"):
         g2p.G2PModel.load(tmp_path / "missing.npz")
     bad = tmp_path / "bad.npz"

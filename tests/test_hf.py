@@ -156,7 +156,7 @@ def engine_generate(model, *args, **kw):
     """beamkit.hf.generate on the engine bridge alone: a call asking for per-step scores is not handed to the
     loop (beamkit.hf.generate does that, since only the loop keeps Hugging Face's tables), so that the bridge's
     sequences_scores are what is compared."""
-    from beamkit.hf.generation import prepare
+    from beamkit.hf.bridge.generation import prepare
 
     inputs, second = (list(args) + [None, None])[:2]
     return prepare(model, inputs, second, kw, exact_only=False)()
@@ -319,7 +319,7 @@ def test_encoder_runs_once_per_request():
 
 
 def test_cross_cache_not_gathered_while_layout_is_stable():
-    from beamkit.hf.step import CacheRows
+    from beamkit.hf.steps.step import CacheRows
 
     class Rec:
         def __init__(self):

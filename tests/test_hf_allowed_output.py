@@ -18,7 +18,8 @@ transformers = pytest.importorskip("transformers")
 import beamkit.hf  # noqa: E402
 from beamkit import Trie  # noqa: E402
 from beamkit.hf import Unsupported  # noqa: E402
-from beamkit.hf.allowed import AllowedOutputStep, _Columns, _head_over  # noqa: E402
+from beamkit.hf.retrieval.allowed import AllowedOutputStep, _Columns  # noqa: E402
+from beamkit.hf.steps.step import DecoderOnlyStep, output_head  # noqa: E402
 
 V, EOS, P = 48, 0, 7
 
@@ -117,7 +118,7 @@ def test_the_step_computes_only_the_union_of_the_rows_allowed_ids():
     model, items = tiny_model(), entries(30, seed=3)
     trie = Trie(items, vocab_size=V)
     prompts = torch.randint(1, V, (2, P), generator=torch.Generator().manual_seed(6))
-    from beamkit.hf.step import DecoderOnlyStep
+    from beamkit.hf.steps.step import DecoderOnlyStep
 
     step = AllowedOutputStep(DecoderOnlyStep(model, kv="dense"), model, trie, (EOS,), "allowed")
     state = step.init_state(prompts, torch.ones_like(prompts))
@@ -142,12 +143,25 @@ def test_the_step_computes_only_the_union_of_the_rows_allowed_ids():
     assert isinstance(model.lm_head, torch.nn.Linear)  # the model's own head is back
 
 
-def test_the_head_is_restored_when_the_forward_fails():
+def test_the_head_is_never_replaced_and_ends_with_its_block_even_when_the_forward_fails():
+    """The narrowed output layer runs on a view of the model: ``model.lm_head`` stays the model's own inside the
+    block, and after a failure inside it the steps compute the whole vocabulary again (oracle: the model's own
+    forward)."""
     model = tiny_model()
     head = model.lm_head
-    with pytest.raises(RuntimeError), _head_over(model, torch.tensor([1, 2])):
+    ids, mask = torch.tensor([[3, 4, 5]]), torch.ones(1, 3, dtype=torch.long)
+    with pytest.raises(RuntimeError), output_head(_Columns(head, torch.tensor([1, 2]))):
+        step = DecoderOnlyStep(model, kv="dense")
+        narrow, _ = step(step.init_state(ids, mask), None)
+        assert model.lm_head is head and narrow.shape == (1, 2)
         raise RuntimeError("boom")
     assert model.lm_head is head
+    step = DecoderOnlyStep(model, kv="dense")
+    full, _ = step(step.init_state(ids, mask), None)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits[:, -1, :]
+    # float32 logits of size ~1 over sums of 32 products: the two calls may round in another order (~1e-7 each)
+    torch.testing.assert_close(full, want, rtol=0, atol=1e-5)
 
 
 def test_bad_input():

@@ -1,4 +1,4 @@
-"""The compiled decoding step of Hugging Face models (``compile=``, :mod:`beamkit.hf.compiled`): GPT-2 and Llama
+"""The compiled decoding step of Hugging Face models (``compile=``, :mod:`beamkit.hf.steps.compiled`): GPT-2 and Llama
 here for the decoder-only families; Marian, BART and T5 for the encoder-decoder ones.
 
 Oracles: the direct eager step of the same model (another code path: Hugging Face's ``DynamicCache`` grown by
@@ -31,8 +31,8 @@ transformers = pytest.importorskip("transformers")
 
 import beamkit  # noqa: E402
 import beamkit.hf as bh  # noqa: E402
-from beamkit.hf import compiled as hc  # noqa: E402
-from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
+from beamkit.hf.steps import compiled as hc  # noqa: E402
+from beamkit.hf.steps.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
 from beamkit.models import compiled as compiled_mod  # noqa: E402
 from tests.test_hf_direct import _seq2seq  # noqa: E402
 
@@ -183,7 +183,7 @@ def test_max_autotune_gives_hugging_faces_tokens_and_follows_changed_weights(cap
         eager = bh.generate(model, ids, mask, return_dict_in_generate=True, **kw)
         with caplog.at_level(logging.WARNING, logger="beamkit"):
             ours = bh.generate(model, ids, mask, return_dict_in_generate=True, compile="max-autotune", **kw)
-        step = model.__dict__[hc.ATTRIBUTE]["max-autotune"].compiled
+        step = hc.kept_steps(model)["max-autotune"].compiled
         assert step.eager_reason is None, step.eager_reason  # inductor compiled it (a C compiler is at hand)
         assert torch.equal(ours.sequences, theirs)
         a = [h.score for hs in ours.hypotheses for h in hs]
@@ -524,7 +524,7 @@ def test_bad_switches_and_combinations_are_refused():
 
 
 def test_graphs_live_with_their_model_and_not_with_a_copy():
-    """The compiled steps are kept on the model: a deep copy starts without them (its own weights, its own
+    """The compiled steps are kept beside the model: a deep copy starts without them (its own weights, its own
     graphs: the original's would run the original's layers), and the model is freed with them."""
     model = _model("gpt2")
     ids, mask = _prompts("cpu", 2)

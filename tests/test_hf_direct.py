@@ -1,4 +1,4 @@
-"""The direct decoding step (``beamkit.hf.direct``): a known model family's layers run without the model wrapper.
+"""The direct decoding step (``beamkit.hf.steps.direct``): a known model family's layers run without the model wrapper.
 
 Oracle: the model's own forward. The direct step calls the same layer functions, in the same order, on the same
 inputs and the same cache, so its logits must equal the model call's bit for bit (``torch.equal``; on one
@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import beamkit.hf as bh  # noqa: E402
-from beamkit.hf.direct import direct_step  # noqa: E402
-from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
+from beamkit.hf.steps.direct import direct_step  # noqa: E402
+from beamkit.hf.steps.step import DecoderOnlyStep, EncoderDecoderStep  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 V = 300

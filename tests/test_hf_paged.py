@@ -1,4 +1,5 @@
-"""Paged keys/values for Hugging Face decoder-only models (``beamkit.hf.paged``) on tiny seeded GPT-2 / Llama models.
+"""Paged keys/values for Hugging Face decoder-only models (``beamkit.hf.steps.paged``)
+on tiny seeded GPT-2 / Llama models.
 
 Oracles, none of them the paged code: ``model.generate`` itself (tokens identical; ``sequences_scores`` within
 1e-4, see below); the dense bridge (``cache_implementation="dynamic"``: Hugging Face's ``DynamicCache``, which
@@ -23,10 +24,10 @@ transformers = pytest.importorskip("transformers")
 
 import beamkit  # noqa: E402
 import beamkit.hf as bh  # noqa: E402
-import beamkit.hf.generation as generation  # noqa: E402
-from beamkit.hf.join import Prompt  # noqa: E402
-from beamkit.hf.paged import PagedCache  # noqa: E402
-from beamkit.hf.settings import merge_config, resolve  # noqa: E402
+import beamkit.hf.bridge.generation as generation  # noqa: E402
+from beamkit.hf.bridge.settings import merge_config, resolve  # noqa: E402
+from beamkit.hf.steps.join import Prompt  # noqa: E402
+from beamkit.hf.steps.paged import PagedCache  # noqa: E402
 from beamkit.kv import PagedKVCache  # noqa: E402
 from beamkit.search import BeamSearch, make_options  # noqa: E402
 from tests.test_hf import VOCAB, engine_generate, setup  # noqa: E402

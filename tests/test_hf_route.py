@@ -1,4 +1,5 @@
-"""Where a Hugging Face ``generate`` call runs, decided once by :func:`beamkit.hf.route.route`: a table of calls and
+"""Where a Hugging Face ``generate`` call runs, decided once by :func:`beamkit.hf.bridge.route.route`:
+a table of calls and
 the route each takes (the engine, beamkit's loop inside Hugging Face's ``generate``, or Hugging Face's own), from
 the documented rules; and bad input raises instead of being routed elsewhere."""
 
@@ -13,8 +14,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import beamkit.hf as bh  # noqa: E402
-from beamkit.hf.generation import Prepared  # noqa: E402
-from beamkit.hf.route import LoopCall, Route, route  # noqa: E402
+from beamkit.hf.bridge.generation import Prepared  # noqa: E402
+from beamkit.hf.bridge.route import LoopCall, Route, route  # noqa: E402
 from tests.test_hf import VOCAB, setup  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

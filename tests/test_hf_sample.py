@@ -177,7 +177,7 @@ def test_warpers_mask_like_hugging_face():
     """top_k / top_p / temperature as Hugging Face's warpers: the same processed scores on random rows."""
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-    from beamkit.hf.processors import TopKMask, TopPMask
+    from beamkit.hf.bridge.processors import TopKMask, TopPMask
 
     scores = torch.randn(6, 40, generator=torch.Generator().manual_seed(0)).log_softmax(-1)
     for keep, k, p in itertools.product((1, 2), (1, 5, 60), (0.05, 0.5, 0.9)):

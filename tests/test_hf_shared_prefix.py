@@ -26,8 +26,8 @@ transformers = pytest.importorskip("transformers")
 
 import beamkit  # noqa: E402
 import beamkit.hf as bh  # noqa: E402
-import beamkit.hf.generation as generation  # noqa: E402
-from beamkit.hf.paged import PagedCache  # noqa: E402
+import beamkit.hf.bridge.generation as generation  # noqa: E402
+from beamkit.hf.steps.paged import PagedCache  # noqa: E402
 from tests.test_hf import VOCAB, setup  # noqa: E402
 from tests.test_hf_paged import NEW, _generate  # noqa: E402
 

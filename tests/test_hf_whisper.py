@@ -141,11 +141,11 @@ def sdpa_whisper(device=None):
 
 
 def test_direct_steps_give_the_model_calls_logits_bit_for_bit(device):
-    """Whisper's decoder run directly (``beamkit.hf.direct``, what the loop runs for each step after the first)
+    """Whisper's decoder run directly (``beamkit.hf.steps.direct``, what the loop runs for each step after the first)
     against the model's own forward, step by step on copies of one cache, through reorders of the rows: the same
     logits (``torch.equal``) and the same self-attention keys/values. transformers' own output-capturing hooks
     (inactive outside a call that asks for attentions or hidden states) do not stop it."""
-    from beamkit.hf.direct import direct_step
+    from beamkit.hf.steps.direct import direct_step
 
     model, feats = sdpa_whisper(device)
     dev = feats.device
@@ -172,7 +172,7 @@ def test_direct_steps_give_the_model_calls_logits_bit_for_bit(device):
 
 def _direct_calls(monkeypatch):
     """A list that counts the direct step's calls from now on."""
-    from beamkit.hf.direct import DirectStep
+    from beamkit.hf.steps.direct import DirectStep
 
     calls, step = [], DirectStep.__call__
 
@@ -225,7 +225,7 @@ def test_beams_share_their_cross_keys_only_where_every_row_of_a_request_is_equal
     layer makes it reorder the whole cache."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-    from beamkit.hf.loop import BeamLoop
+    from beamkit.hf.loop.decoding import BeamLoop
 
     def cache(rows):
         own, cross = DynamicCache(), DynamicCache()

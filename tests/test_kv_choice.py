@@ -11,8 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from beamkit.hf import generation  # noqa: E402
-from beamkit.hf.settings import merge_config, resolve  # noqa: E402
+from beamkit.hf.bridge import generation  # noqa: E402
+from beamkit.hf.bridge.settings import merge_config, resolve  # noqa: E402
 from tests.test_hf import setup  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

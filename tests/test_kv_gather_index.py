@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import beamkit.hf as bh  # noqa: E402
-import beamkit.hf.generation as generation  # noqa: E402
-from beamkit.hf.paged import PagedCache, PagedPool  # noqa: E402
+import beamkit.hf.bridge.generation as generation  # noqa: E402
+from beamkit.hf.steps.paged import PagedCache, PagedPool  # noqa: E402
 from beamkit.kv import GatherIndex  # noqa: E402
 from tests.test_hf import setup  # noqa: E402
 from tests.test_hf_paged import NEW, _generate  # noqa: E402

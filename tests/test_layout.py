@@ -390,6 +390,7 @@ def test_no_module_getattr_but_documented_lazy_imports():
         "beamkit.serve.runner:Progress",
         "beamkit.serve:load_adapter",
         "beamkit.serve:HFAdapter",
+        "beamkit.models:translate",
     ],
 )
 def test_old_names_are_gone(old):
@@ -413,6 +414,11 @@ def test_old_names_are_gone(old):
         "beamkit.tasks.cli",
         "beamkit.serve.adapters",
         "beamkit.ctc.compat.legacy",
+        "beamkit.models.translation",
+        "beamkit.hf.generation",
+        "beamkit.hf.step",
+        "beamkit.hf.paged",
+        "beamkit.hf.allowed",
     ],
 )
 def test_old_modules_are_gone(old):
@@ -534,8 +540,9 @@ def test_no_import_cycle_between_packages():
 # with why.
 FORBIDDEN_IMPORTS = {
     "models": (
-        ("tasks",),
-        "models are networks, step functions and their checkpoints; a task (its data, settings and runs) uses "
+        ("tasks", "adapters", "corpus", "serve", "cli"),
+        "models are networks, step functions and their checkpoints; a task (its data, settings and runs), an "
+        "adapter (a model as the commands and the server drive it), a corpus run, the server and the commands use "
         "them, never the other way round",
     ),
 }
@@ -580,6 +587,250 @@ def test_no_import_of_a_room_above():
     found = forbidden_imports(modules(), FORBIDDEN_IMPORTS)
     why = "; ".join(f"{r}: {reason}" for r, (_, reason) in FORBIDDEN_IMPORTS.items())
     assert not found, f"these modules import a room above their own ({why}): {found}"
+
+
+def all_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import a module can run: at load time and inside its functions (run on first use), but not under
+    ``if TYPE_CHECKING:`` (never run)."""
+    hidden = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in hidden]
+
+
+def run_time_graph(trees: dict[str, ast.Module]) -> dict[tuple[str, str], set[str]]:
+    """As :func:`import_graph`, but counting the imports inside functions too (``"file:line"`` per edge)."""
+    names = {_module_name(path) for path in trees}
+    edges: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for path, tree in trees.items():
+        module = _module_name(path)
+        for node in all_imports(tree):
+            for target in _targets(node, path, names):
+                if target.split(".")[0] == "beamkit" and room(target) != room(module):
+                    edges[(room(module), room(target))].add(f"{path}:{node.lineno}")
+    return dict(edges)
+
+
+def test_the_run_time_cycle_detector_sees_imports_inside_functions():
+    trees = {
+        "models/g2p.py": ast.parse(
+            "import typing\nif typing.TYPE_CHECKING:\n    from beamkit.adapters import T\n"
+            "class G:\n    def decode(self):\n        from beamkit.adapters import decode_texts\n"
+        ),
+        "adapters/g2p.py": ast.parse("from beamkit.models.g2p import G"),
+        "adapters/__init__.py": ast.parse('"""doc"""'),
+        "models/__init__.py": ast.parse('"""doc"""'),
+    }
+    assert import_graph(trees) == {("adapters", "models"): {"beamkit.adapters.g2p"}}  # load time: no cycle
+    edges = run_time_graph(trees)
+    assert edges == {("models", "adapters"): {"models/g2p.py:6"}, ("adapters", "models"): {"adapters/g2p.py:1"}}
+    assert cycles(edges) == [["adapters", "models"]]
+
+
+# Imports up a floor inside a function that another change is closing, as "file: room": each is dropped from the
+# graph below; once it is gone its entry must go too.
+UPWARD_BEING_CLOSED = {
+    "trace.py": "viz",  # the search trace's rendering helper (its own change moves it)
+    "ctc/trace.py": "viz",  # the CTC trace's rendering helper (likewise)
+}
+
+
+def test_no_import_cycle_between_packages_counting_imports_inside_functions():
+    edges = run_time_graph(modules())
+    for path, target in UPWARD_BEING_CLOSED.items():
+        source = room(_module_name(path))
+        kept = {where for where in edges.get((source, target), set()) if not where.startswith(f"{path}:")}
+        if (source, target) in edges:
+            edges[(source, target)] = kept
+        edges = {edge: where for edge, where in edges.items() if where}
+    found = {
+        " <-> ".join(group): {f"{a} -> {b}": sorted(edges[(a, b)]) for a, b in edges if a in group and b in group}
+        for group in cycles(edges)
+    }
+    assert not found, f"these packages import each other, inside functions too (import down a floor only): {found}"
+    every = {where.split(":")[0] for where_set in run_time_graph(modules()).values() for where in where_set}
+    stale = [path for path in UPWARD_BEING_CLOSED if path not in every]
+    assert not stale, f"these upward imports are gone: drop them from UPWARD_BEING_CLOSED: {stale}"
+
+
+# The Hugging Face bridge's rooms, top floor first: a module imports only its own room and the floors below
+# (hf/__init__.py re-exports from all of them). Modules directly in hf/ (errors, internals, versions, loading,
+# pickles, quantize) are the ground floor every room may use.
+HF_FLOORS = {"bridge": 3, "loop": 2, "retrieval": 2, "steps": 1, "": 0}
+
+
+def hf_room(module: str) -> str:
+    """The room of a module under ``beamkit.hf`` (``beamkit.hf.steps.paged`` -> ``steps``; ``beamkit.hf.errors``
+    -> ``""``, the ground floor)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[2] in HF_FLOORS else ""
+
+
+def hf_upward_imports(trees: dict[str, ast.Module]) -> list[str]:
+    """``"file:line -> module"`` for every import (inside functions too) of an hf/ module that reaches another
+    hf room on its own floor or above."""
+    names = {_module_name(path) for path in trees}
+    found = []
+    for path, tree in trees.items():
+        if not path.startswith("hf/") or path == "hf/__init__.py":
+            continue
+        own = hf_room(_module_name(path))
+        for node in all_imports(tree):
+            for target in _targets(node, path, names):
+                if not target.startswith("beamkit.hf."):
+                    continue
+                other = hf_room(target)
+                if other != own and HF_FLOORS.get(other, 0) >= HF_FLOORS[own]:
+                    found.append(f"{path}:{node.lineno} -> {target}")
+    return sorted(found)
+
+
+def test_the_hf_floor_detector_finds_planted_upward_imports():
+    trees = {
+        "hf/steps/step.py": ast.parse("from beamkit.hf.errors import U\ndef f():\n    from beamkit.hf.bridge import r"),
+        "hf/loop/decoding.py": ast.parse("from beamkit.hf.steps.step import S\nfrom beamkit.hf.retrieval import a"),
+        "hf/bridge/route.py": ast.parse("def g():\n    from beamkit.hf.loop.decoding import decode"),
+        "hf/errors.py": ast.parse("from beamkit.hf.steps import step"),
+    }
+    assert hf_upward_imports(trees) == [
+        "hf/errors.py:1 -> beamkit.hf.steps.step",
+        "hf/loop/decoding.py:2 -> beamkit.hf.retrieval",
+        "hf/steps/step.py:3 -> beamkit.hf.bridge",
+    ]
+
+
+def test_hf_rooms_import_only_the_floors_below():
+    found = hf_upward_imports(modules())
+    assert not found, f"an hf room imports one on its floor or above (move the shared part down): {found}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# writes onto a caller's model
+
+# names a library function receives a caller's model or config under
+MODEL_NAMES = {"model", "config"}
+# writes onto a model kept on purpose, as "file: count  # why"
+MODEL_WRITES = {
+    "hf/bridge/patching.py": 2,  # patch(model) replaces model.generate (its whole point) and undo() restores it
+}
+
+
+def _chain(node: ast.expr) -> list[str]:
+    """The names of an attribute / subscript chain, root first (``self.model.lm_head`` -> self, model, lm_head;
+    ``model.__dict__["x"]`` -> model, __dict__); empty when the root is not a name."""
+    names: list[str] = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(names)] if isinstance(node, ast.Name) else []
+
+
+def _onto_model(target: ast.expr, params: set[str]) -> bool:
+    """Whether writing ``target`` changes an object the caller handed over as a model or a config: its chain
+    starts at such a parameter (``model.x``, ``config.y``, ``model.__dict__[k]``) or passes through an attribute
+    of that name (``self.model.z``), but not ``self.model`` itself (a reference kept, nothing written onto it)."""
+    chain = _chain(target)
+    return len(chain) >= 2 and (chain[0] in params or bool(MODEL_NAMES & set(chain[1:-1])))
+
+
+def _writes(node: ast.AST) -> list[ast.expr]:
+    """What an assignment, augmented or annotated assignment or ``del`` statement writes (tuples unpacked)."""
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    elif isinstance(node, ast.Delete):
+        targets = node.targets
+    else:
+        return []
+    return [item for t in targets for item in (t.elts if isinstance(t, ast.Tuple) else [t])]
+
+
+def _written_through_call(node: ast.AST, params: set[str]) -> bool:
+    """``setattr`` / ``delattr`` / ``object.__setattr__`` on a model or a config a function was handed."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name not in ("setattr", "delattr", "__setattr__", "__delattr__") or not node.args:
+        return False
+    chain = _chain(node.args[0])
+    return bool(chain) and (chain[0] in params or bool(MODEL_NAMES & set(chain[1:])))
+
+
+def _vars_item(item: ast.expr, params: set[str]) -> bool:
+    """``vars(model)[k]`` of a model or config a function was handed."""
+    if not (isinstance(item, ast.Subscript) and isinstance(item.value, ast.Call)):
+        return False
+    call = item.value
+    return (
+        isinstance(call.func, ast.Name)
+        and call.func.id == "vars"
+        and any(bool(set(_chain(x)[:1]) & params) for x in call.args)
+    )
+
+
+def model_writes(tree: ast.Module) -> list[int]:
+    """Line numbers of writes onto a model or a config a function was handed (a parameter named ``model`` or
+    ``config``, or an attribute of that name): assignments (plain, augmented, annotated) and ``del`` of an
+    attribute or item reached through one (see :func:`_onto_model`), ``setattr`` / ``delattr`` /
+    ``object.__setattr__`` on one, and ``vars(model)[...] = ...``. A model a function makes itself (a local
+    ``model = load(...)``) is its own to set up."""
+    found = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = fn.args
+        params = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]} & MODEL_NAMES
+        for node in ast.walk(fn):  # names bound to a part of one (``config = model.config``) are one too
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                chain = _chain(node.value)
+                if chain and (chain[0] in params or MODEL_NAMES & set(chain[1:])):
+                    params.add(node.targets[0].id)
+        for node in ast.walk(fn):
+            if _written_through_call(node, params):
+                found.add(node.lineno)
+            found.update(node.lineno for item in _writes(node) if _vars_item(item, params) or _onto_model(item, params))
+    return sorted(found)
+
+
+PLANTED_WRITES = """
+def f(model, config, other):
+    model.lm_head = head
+    config._attn_implementation_internal = "x"
+    setattr(model, "x", 1)
+    object.__setattr__(config, "y", 2)
+    model.__dict__["_steps"] = {}
+    vars(model)["z"] = 3
+    self.model.generate = g
+    del model.cache
+    model.count += 1
+    cfg = model.config
+    cfg.use_cache = False
+    # not writes onto a model: a reference kept, other objects, reading, a model the function made itself
+    self.model = model
+    other.x = model.lm_head
+    view = copy(model); view.lm_head = head
+    setattr(other, "model", model)
+def g():
+    model = load()
+    model.meta = {}
+"""
+
+
+def test_the_model_write_detector_finds_planted_writes_and_nothing_else():
+    assert model_writes(ast.parse(PLANTED_WRITES)) == [3, 4, 5, 6, 7, 8, 9, 10, 11, 13]
+
+
+def test_no_writes_onto_a_callers_model():
+    found = {
+        path: lines for path, tree in modules().items() if len(lines := model_writes(tree)) != MODEL_WRITES.get(path, 0)
+    }
+    assert not found, f"keep such state beside the model, not on it (file: lines): {found}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 
 from beamkit import Engine, search_batch
-from beamkit.models import checkpoint, load_model, resolve_model, translate
+from beamkit.adapters import translate
+from beamkit.models import checkpoint, load_model, resolve_model
 from beamkit.models.common import encode_sources, pad_batch
 from beamkit.models.numpy_seq2seq import NumpySeq2Seq
 from beamkit.models.numpy_transformer import NumpyTransformer
@@ -379,7 +380,7 @@ def test_demo_and_corpus_decoding_run_without_torch(tmp_path):
 
 def translated(texts: list[str]) -> list[str]:
     """The best output of ``beamkit translate --backend numpy --json`` for each text, run in this process."""
-    from beamkit.models import load_model, translate
+    from beamkit.models import load_model
 
     model = load_model("dates-seq2seq", backend="numpy")
     return [out[0].text for out in translate(model, texts, beam_size=5)]

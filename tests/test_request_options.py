@@ -108,7 +108,7 @@ def test_the_request_record_round_trip_http_body_to_engine():
     assert request == RequestOptions(
         beam_size=3, num_return=2, max_len=9, length_penalty=LengthPenalty.power(0.5), early_stopping="never", min_len=2
     )
-    engine = Engine(toy.step_fn, **toy.continuous_options(), policy="pool")
+    engine = Engine(toy.step_fn, **toy.continuous_options().given(), policy="pool")
     other = engine.add_batch(
         toy.init_state([toy.encode("hhh")]), BOS, EOS, request=RequestOptions(beam_size=5, max_len=4)
     )
@@ -176,3 +176,43 @@ def test_a_closed_batchs_options_come_from_the_record_and_the_shared_fields():
     for missing, given in (("beam_size", dict(max_len=4)), ("max_len", dict(beam_size=2))):
         with pytest.raises(ValueError, match=f"^{missing} is needed: set it on the RequestOptions$"):
             RequestOptions(**given).search_options()
+
+
+def test_every_search_option_is_either_a_requests_or_shared_by_the_search_once():
+    """The two records split :class:`SearchOptions`' fields between them, each field in one of them: read from
+    the declarations (the oracle is ``SearchOptions`` itself)."""
+    from beamkit import SearchOptions
+    from beamkit.search.options import SharedOptions
+
+    request = {f.name for f in dataclasses.fields(RequestOptions)}
+    shared = {f.name for f in dataclasses.fields(SharedOptions)}
+    assert not request & shared
+    assert request | shared == {f.name for f in dataclasses.fields(SearchOptions)}
+
+
+def test_shared_options_are_typed_checked_and_merged_by_name():
+    """``SharedOptions``: per-request or unknown names refused by ``of``, a bad policy named, lists of processors
+    kept as tuples, ``updated`` puts the other record's set fields in place, ``conflicts`` names the fields set
+    to another value; an engine built from ``given()`` has the options given by hand (oracle: ``make_options``)."""
+    from beamkit.processors import Temperature
+    from beamkit.search.options import SharedOptions, make_options
+
+    with pytest.raises(TypeError, match="^beam_size are set per request"):
+        SharedOptions.of({"beam_size": 3})
+    with pytest.raises(TypeError, match="unknown search-wide options"):
+        SharedOptions.of({"beams": 3})
+    with pytest.raises(ValueError, match="policy"):
+        SharedOptions(policy="wide")  # type: ignore[arg-type]
+    hot = Temperature(2.0)
+    model = SharedOptions(policy="pool")
+    batch = SharedOptions(processors=[hot], process_logits=True)  # type: ignore[arg-type]
+    assert batch.processors == (hot,) and SharedOptions().given() == {}
+    merged = model.updated(batch)
+    assert merged.given() == {"policy": "pool", "processors": (hot,), "process_logits": True}
+    assert model.updated(SharedOptions(policy="narrow")).policy == "narrow"
+    assert merged.conflicts({"policy": "narrow", "process_logits": True, "record_trace": True}) == ["policy"]
+    engine = Engine(lambda s, y: None, beam_size=2, max_len=3, **merged.given())
+    want = make_options(2, 3, policy="pool", processors=[hot], process_logits=True)
+    assert (engine.options.policy, engine.options.processors, engine.options.process_logits) == (
+        want.policy, want.processors, want.process_logits,
+    )  # fmt: skip

@@ -166,7 +166,7 @@ class Recorder:
         self.most_cohorts = 0
 
     def __call__(self, state: Any, y_prev: Any) -> Any:
-        from beamkit.hf.join import Cohorts, Prompt
+        from beamkit.hf.steps.join import Cohorts, Prompt
 
         if isinstance(state, Cohorts):
             running = [p for p in state.parts if not isinstance(p, Prompt)]
@@ -199,7 +199,7 @@ def test_requests_joining_mid_flight_equal_generate_alone(encdec, compile):
     """Requests joining a running engine one by one get what ``model.generate`` gives each alone; so they do with
     the steps compiled (``beamkit serve --compile``; torch.compile's ``eager`` backend: graph capture, guards and
     static shapes without inductor's C++ build), within :data:`COMPILED_ULPS`, and the steps ran compiled."""
-    from beamkit.hf import compiled as hc
+    from beamkit.hf.steps import compiled as hc
 
     kind, folder, model, tok = encdec
     adapter, recorder = _served(folder, compile)

@@ -192,7 +192,7 @@ def test_hf_compiled_steps_serve_what_generate_gives(hf_dir):
     (E 32 wide, F 128 feed-forward, C at most 64 columns: the smallest buffer holds every position these
     requests reach; 2 layers); a token's log-softmax moves by at most twice that, a hypothesis's logprob (at most
     10 tokens) by 20 times that."""
-    from beamkit.hf import compiled as hc
+    from beamkit.hf.steps import compiled as hc
 
     want, top = _hf_generate_alone(hf_dir)
     adapter = load_adapter(f"hf:{hf_dir}", compile="eager")

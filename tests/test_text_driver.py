@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from beamkit import NGramLM, fuse, search_batch
-from beamkit.adapters import CheckpointAdapter, FusedAdapter, TextHypothesis, decode_texts
-from beamkit.models import load_model, translate
+from beamkit.adapters import CheckpointAdapter, FusedAdapter, TextHypothesis, decode_texts, translate
+from beamkit.models import load_model
 from beamkit.models.common import encode_sources, pad_batch
+from beamkit.search.options import SharedOptions
 from beamkit.tasks import dates
 
 SOURCES = ["3rd of March 1999", "march 3, '99", "03/04/05", "1999.3.3", "Sunday 5 June 2011"]
@@ -79,7 +80,9 @@ def test_the_driver_refuses_its_own_settings_as_search_options(model):
         decode_texts(adapter, SOURCES[:1], beam=2, num_return=1)
 
     pooled = CheckpointAdapter(model, "pooled")
-    pooled.engine_options = {"policy": "pool"}  # a model whose decoder sets the policy (as a Hugging Face one)
+    pooled.engine_options = SharedOptions(
+        policy="pool"
+    )  # a model whose decoder sets the policy (as a Hugging Face one)
     with pytest.raises(TypeError, match=r"policy: set by this model's decoder \(pooled\)"):
         decode_texts(pooled, SOURCES[:1], beam=2, policy="narrow")
     assert decode_texts(pooled, SOURCES[:1], beam=2, policy="pool") == decode_texts(pooled, SOURCES[:1], beam=2)
@@ -110,13 +113,14 @@ def test_the_fused_adapter_is_the_inner_adapter_but_for_its_scores(model, lm):
 
 def test_g2p_decode_and_its_fusion_are_the_search_of_the_gru():
     pytest.importorskip("g2p_en")
+    from beamkit.adapters.g2p import decode_words
     from beamkit.models.g2p import BOS, EOS, MAX_LEN, PHONEMES, G2PModel, phonemes
     from beamkit.tasks.g2p import decode_fused
 
     g2p = G2PModel.load()
     words = ["beam", "search", "decoder"]
     want = search_batch(g2p.step, g2p.init_state(words), BOS, EOS, 3, MAX_LEN)
-    got = g2p.decode(words, beam_size=3)
+    got = decode_words(g2p, words, beam_size=3)
     assert [[(h.tokens, h.logprob, h.score) for h in r] for r in got] == [
         [(list(h.tokens), h.logprob, h.score) for h in r] for r in want
     ]

@@ -39,7 +39,7 @@ def explain(
             "--policy: a Hugging Face model decodes with the 'pool' policy, as generate does; leave it out"
         )
     adapter = model if isinstance(model, ModelAdapter) else load(model)
-    fixed = adapter.engine_options.get("policy")
+    fixed = adapter.engine_options.policy
     if policy is not None and fixed is not None and policy != fixed:
         raise ValueError(
             f"--policy: this model decodes with the {fixed!r} policy, as its own decoder does; leave it out"

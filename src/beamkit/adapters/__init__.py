@@ -2,7 +2,9 @@
 engine), one module per model kind (:mod:`~beamkit.adapters.checkpoint`: beamkit checkpoints,
 :mod:`~beamkit.adapters.g2p`: the g2p-en GRU, :mod:`~beamkit.adapters.hf`: Hugging Face folders),
 :class:`FusedAdapter` (any of them fused with a language model), :func:`load` (the one ``--model`` grammar) and
-:func:`decode_texts` (the one batched text driver, each text's n-best as :class:`TextHypothesis` records)."""
+:func:`decode_texts` (the one batched text driver, each text's n-best as :class:`TextHypothesis` records), through
+which :func:`translate` decodes texts with a beamkit checkpoint and :func:`beamkit.adapters.g2p.decode_words` words
+with the g2p-en GRU."""
 
 from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.adapters.checkpoint import CheckpointAdapter
@@ -11,6 +13,7 @@ from beamkit.adapters.fusion import FusedAdapter
 from beamkit.adapters.g2p import G2PAdapter
 from beamkit.adapters.hf import HFAdapter
 from beamkit.adapters.load import G2P_MODEL, HF_PREFIX, KINDS, ModelSpec, load, parse
+from beamkit.adapters.translation import translate
 
 __all__ = [
     "Ask",
@@ -28,4 +31,5 @@ __all__ = [
     "load",
     "parse",
     "search",
+    "translate",
 ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beamkit.scoring import LengthPenalty, as_length_penalty
-from beamkit.search.options import EarlyStopping, RequestOptions
+from beamkit.search.options import EarlyStopping, RequestOptions, SharedOptions
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,9 @@ class ModelAdapter:
     attributes and implements the methods without a default here.
 
     ``name``: the model's name (the id a server's clients send); ``bos`` / ``eos``: the engine's start token and
-    stop tokens (empty: none); ``engine_options``: the search-wide :class:`beamkit.SearchOptions` fields (the
-    policy) of the model's offline decoder, shared by every request of a running engine;
+    stop tokens (empty: none); ``engine_options``: the search-wide options
+    (:class:`~beamkit.search.options.SharedOptions`: the policy) of the model's offline decoder, shared by every
+    request of a running engine;
     ``default_max_tokens`` / ``max_tokens_limit``: generated tokens by default / at most; ``max_prompt_tokens``:
     the longest prompt (``prompt_limit``: what sets it, named in the refusal; empty: nothing to add);
     ``context``: positions shared by the prompt and the generated tokens (decoder-only models; None: no shared
@@ -43,7 +44,7 @@ class ModelAdapter:
     name: str
     bos: int
     eos: tuple[int, ...]
-    engine_options: dict[str, Any]
+    engine_options: SharedOptions = SharedOptions()
     default_max_tokens: int
     max_tokens_limit: int
     max_prompt_tokens: int
@@ -94,21 +95,21 @@ class ModelAdapter:
             min_len=ask.min_len,
         )
 
-    def batch_options(self, prompts: Sequence[Sequence[int]], ask: Ask) -> dict[str, Any]:
+    def batch_options(self, prompts: Sequence[Sequence[int]], ask: Ask) -> SharedOptions:
         """The search-wide options beyond :attr:`engine_options` that decoding ``prompts`` together for ``ask``
         needs (e.g. a Hugging Face model's logits processors); a running engine shared by other requests can
-        serve the request only when this is empty (default: nothing more)."""
-        return {}
+        serve the request only when none is set (default: nothing more)."""
+        return SharedOptions()
 
     def continuous_refusal(self, ask: Ask) -> str | None:
         """Why a running engine shared by other requests (a server's) cannot decode ``ask`` as the offline
         decoder would, naming the setting; None when it can (the default)."""
         return None
 
-    def continuous_options(self) -> dict[str, Any]:
+    def continuous_options(self) -> SharedOptions:
         """The search-wide options of a running engine shared by requests (a server's): :attr:`engine_options`
         by default; a model whose offline decoder applies processors per request adds them here."""
-        return dict(self.engine_options)
+        return self.engine_options
 
     @contextlib.contextmanager
     def step_context(self) -> Iterator[None]:

@@ -1,5 +1,5 @@
 """beamkit's own checkpoints (a shipped dates model or a checkpoint folder; Seq2Seq or Transformer, numpy or
-torch backend): the prompt is the source sentence. :func:`beamkit.models.translate` decodes a checkpoint through
+torch backend): the prompt is the source sentence. :func:`beamkit.adapters.translate` decodes a checkpoint through
 this adapter."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ class CheckpointAdapter(ModelAdapter):
         self.tv = model.tgt_vocab
         self.vocab = self.tv
         self.bos, self.eos = self.tv.bos, (self.tv.eos,)
-        self.engine_options = {}
         self.default_max_tokens = int(getattr(model, "meta", {}).get("max_len", 12))
         limit = getattr(model, "max_len", None)  # the Transformer's position table
         self.max_prompt_tokens = int(limit) if limit is not None else SEQ2SEQ_MAX_SOURCE

@@ -1,12 +1,13 @@
 """The one batched text driver: texts in, each one's n-best out (:class:`TextHypothesis`), through one engine search
-per batch. Every command, the corpus runs, :func:`beamkit.models.translate` and
-:meth:`beamkit.models.g2p.G2PModel.decode` decode through :func:`decode_texts`.
+per batch. Every command, the corpus runs, :func:`beamkit.adapters.translate` and
+:func:`beamkit.adapters.g2p.decode_words` decode through :func:`decode_texts`.
 
 Inputs are encoded by the adapter, grouped by :meth:`~beamkit.adapters.ModelAdapter.batch_key` (a Hugging Face
 model decodes prompts of one length together: no padding) in their order, and each group is decoded in batches of
 ``batch_size`` with one :class:`beamkit.BeamSearch` call: the per-request options of
 :meth:`~beamkit.adapters.ModelAdapter.request` (a :class:`beamkit.RequestOptions`), the search-wide
-ones of ``engine_options``, :meth:`~beamkit.adapters.ModelAdapter.batch_options` and the caller's own.
+ones of ``engine_options`` and :meth:`~beamkit.adapters.ModelAdapter.batch_options` (two
+:class:`~beamkit.search.options.SharedOptions`) and the caller's own.
 """
 
 from __future__ import annotations
@@ -56,11 +57,11 @@ def search(
     from beamkit.search import BeamSearch
 
     request = adapter.request(ask)
-    own = {**adapter.engine_options, **adapter.batch_options(prompts, ask)}
-    taken = sorted(name for name in set(own) & set(shared) if shared[name] != own[name])
+    own = adapter.engine_options.updated(adapter.batch_options(prompts, ask))
+    taken = own.conflicts(shared)
     if taken:
         raise TypeError(f"{', '.join(taken)}: set by this model's decoder ({adapter.name}); leave it out")
-    options = request.search_options(**{**own, **shared})
+    options = request.search_options(**{**own.given(), **shared})
     ticker = BatchTicker(progress or Silent(), len(prompts), options.max_len)
     with adapter.step_context():
         state = adapter.init_state(prompts)

@@ -9,7 +9,7 @@ from typing import Any
 
 from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.scoring import LengthPenalty
-from beamkit.search.options import RequestOptions
+from beamkit.search.options import RequestOptions, SharedOptions
 
 
 class FusedAdapter(ModelAdapter):
@@ -69,7 +69,7 @@ class FusedAdapter(ModelAdapter):
         """``inner``'s request options for ``ask``."""
         return self.inner.request(ask)
 
-    def batch_options(self, prompts: Sequence[Sequence[int]], ask: Ask) -> dict[str, Any]:
+    def batch_options(self, prompts: Sequence[Sequence[int]], ask: Ask) -> SharedOptions:
         """``inner``'s search-wide options for the batch."""
         return self.inner.batch_options(prompts, ask)
 
@@ -77,7 +77,7 @@ class FusedAdapter(ModelAdapter):
         """``inner``'s refusal, if any."""
         return self.inner.continuous_refusal(ask)
 
-    def continuous_options(self) -> dict[str, Any]:
+    def continuous_options(self) -> SharedOptions:
         """``inner``'s options for a running engine."""
         return self.inner.continuous_options()
 

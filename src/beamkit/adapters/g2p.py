@@ -1,5 +1,5 @@
 """The pretrained g2p-en GRU (:mod:`beamkit.models.g2p`, numpy): a lower-case word in, ARPAbet phonemes out,
-decoded as :meth:`beamkit.models.g2p.G2PModel.decode` decodes it (at most 20 phonemes)."""
+decoded by :func:`decode_words` (at most 20 phonemes)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from beamkit.adapters.base import Ask, ModelAdapter
+from beamkit.adapters.driver import TextHypothesis, decode_texts
+from beamkit.progress import Progress
 from beamkit.search.options import RequestOptions
 
 NAME = "g2p-en"
@@ -33,7 +35,6 @@ class G2PAdapter(ModelAdapter):
         self.name = NAME
         self.vocab = list(PHONEMES)
         self.bos, self.eos = BOS, (EOS,)
-        self.engine_options = {}
         self.default_max_tokens = self.max_tokens_limit = MAX_LEN
         self.max_prompt_tokens = 64
 
@@ -69,3 +70,35 @@ class G2PAdapter(ModelAdapter):
     def token_text(self, token: int) -> str:
         """One ARPAbet symbol (``</s>`` for the stop token)."""
         return str(self.vocab[int(token)])
+
+
+def decode_words(
+    model: Any,
+    words: Sequence[str],
+    beam_size: int = 1,
+    length_penalty: float = 1.0,
+    batch_size: int = 512,
+    progress: Progress | None = None,
+    **options: Any,
+) -> list[list[TextHypothesis]]:
+    """Each word's hypotheses (best first, ``beam_size`` of them) from a :class:`beamkit.models.g2p.G2PModel`,
+    decoded through its :class:`G2PAdapter` by the batched driver :func:`beamkit.adapters.decode_texts`: one
+    search per ``batch_size`` words. Each is a :class:`beamkit.adapters.TextHypothesis` (its text: the phonemes
+    separated by spaces).
+
+    ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per word. ``options``: more
+    :class:`beamkit.SearchOptions` fields, as :func:`beamkit.search_batch` takes them.
+    """
+    if isinstance(words, str):
+        raise TypeError("expected a sequence of words, got one string")
+    return decode_texts(
+        G2PAdapter(model), words, beam_size, length_penalty=length_penalty, batch_size=batch_size,
+        progress=progress, **options,
+    )  # fmt: skip
+
+
+def predict_words(model: Any, words: Sequence[str], beam_size: int = 1, length_penalty: float = 1.0) -> list[list[str]]:
+    """Best phoneme sequence of each word (beam 1 = greedy decoding, as g2p-en does)."""
+    from beamkit.models.g2p import phonemes
+
+    return [phonemes(r[0].tokens) for r in decode_words(model, words, beam_size, length_penalty)]

@@ -1,6 +1,7 @@
 """Hugging Face model folders (``hf:DIR``), decoder-only and encoder-decoder, decoded as
-:func:`beamkit.hf.generate` decodes them: the same settings (:func:`beamkit.hf.settings.resolve` over the model's
-generation config), the same search options (:func:`beamkit.hf.search.search_options`), the same step functions.
+:func:`beamkit.hf.generate` decodes them: the same settings (:func:`beamkit.hf.bridge.settings.resolve` over the model's
+generation config), the same search options (:func:`beamkit.hf.bridge.search.request_options` and
+:func:`~beamkit.hf.bridge.search.shared_options`), the same step functions.
 
 A decoder-only model's prompt is its input, and decoding continues it; an encoder-decoder model's prompt is the
 encoder input, and decoding starts at the decoder start token. Prompts are decoded together only when they have
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ import numpy as np
 from beamkit import ops
 from beamkit.adapters.base import Ask, ModelAdapter
 from beamkit.scoring import LengthPenalty
-from beamkit.search.options import RequestOptions
+from beamkit.search.options import RequestOptions, SharedOptions
 
 # Settings a continuous engine cannot apply per request (they need processors built for one batch of prompts),
 # as the generation-config fields users know them by.
@@ -74,12 +77,14 @@ class HFAdapter(ModelAdapter):
         self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
         self.encoder_decoder = loaded.encoder_decoder
         self.vocab = self.tokenizer
+        self._resolved: OrderedDict[Ask, Any] = OrderedDict()  # settings by ask (see settings)
+        self._resolved_lock = threading.Lock()
         folder = loaded.folder
         self.name = name or folder.name or str(folder)
         base = self.settings(Ask(beam=1, n_best=1, max_len=1))
         self.eos = base.eos
         self.bos = base.start  # decoder-only: ignored, the first call runs the prompt
-        self.engine_options = {"policy": "pool"}
+        self.engine_options = SharedOptions(policy="pool")
         found = getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", None)
         positions = int(found) if found is not None else 1024
         self.max_prompt_tokens = positions if self.encoder_decoder else positions - 1
@@ -97,8 +102,23 @@ class HFAdapter(ModelAdapter):
 
     def settings(self, ask: Ask) -> Any:
         """The :class:`beamkit.hf.Settings` that ``beamkit.hf.generate`` resolves for these arguments over the
-        model's generation config (None: the config's value, else Hugging Face's default)."""
-        from beamkit.hf.settings import merge_config, resolve
+        model's generation config (None: the config's value, else Hugging Face's default). Resolved once per
+        ask: a served request's options and its refusal check read the same settings (the last
+        :data:`_RESOLVED_KEPT` asks are kept)."""
+        with self._resolved_lock:
+            kept = self._resolved.get(ask)
+            if kept is not None:
+                self._resolved.move_to_end(ask)
+                return kept
+        settings = self._resolve(ask)
+        with self._resolved_lock:
+            self._resolved[ask] = settings
+            while len(self._resolved) > _RESOLVED_KEPT:
+                self._resolved.popitem(last=False)
+        return settings
+
+    def _resolve(self, ask: Ask) -> Any:
+        from beamkit.hf.bridge.settings import merge_config, resolve
 
         kwargs = {
             "num_beams": ask.beam,
@@ -114,22 +134,16 @@ class HFAdapter(ModelAdapter):
     def request(self, ask: Ask) -> RequestOptions:
         """``generate``'s per-request options: greedy search (one beam) stops at the first finished hypothesis,
         ``max_len`` None is the generation config's length (else 20 new tokens), ``min_len`` None its minimum."""
-        from beamkit.hf.search import search_options
+        from beamkit.hf.bridge.search import request_options
 
-        s = self.settings(ask)
-        options = search_options(s, [])
-        given = {name: options[name] for name in _REQUEST if name in options}
-        return RequestOptions(
-            **{**given, "beam_size": s.num_beams, "max_len": s.max_new_tokens, "num_return": s.num_return}
-        )
+        return request_options(self.settings(ask))
 
-    def batch_options(self, prompts: Sequence[Sequence[int]], ask: Ask) -> dict[str, Any]:
+    def batch_options(self, prompts: Sequence[Sequence[int]], ask: Ask) -> SharedOptions:
         """The logits processors ``generate`` builds for these prompts (from the generation config), with greedy
         search processing raw logits where that changes the scores; the rest of the shared options (sampling,
         diverse or constrained search) is refused, naming the setting."""
-        from beamkit.hf.processors import build_processors
-        from beamkit.hf.search import search_options
-        from beamkit.hf.settings import Unsupported
+        from beamkit.hf.bridge.processors import build_processors
+        from beamkit.hf.errors import Unsupported
 
         s = self.settings(ask)
         for field, used in (("do_sample", s.do_sample), ("num_beam_groups", s.groups > 1)):
@@ -140,22 +154,22 @@ class HFAdapter(ModelAdapter):
         rows = [[s.start] for _ in prompts] if self.encoder_decoder else [list(p) for p in prompts]
         processors = build_processors(s, tuple(tuple(r) for r in rows), [0] * len(rows))
         if not processors and not (s.num_beams == 1 and s.min_new_tokens > 0):
-            return {}  # raw logits or log-probabilities: the same scores when nothing changes them
-        shared = search_options(s, processors)
-        return {name: value for name, value in shared.items() if name not in _REQUEST and name != "policy"}
+            return SharedOptions()  # raw logits or log-probabilities: the same scores when nothing changes them
+        return SharedOptions(processors=tuple(processors), process_logits=s.num_beams == 1)
 
-    def continuous_options(self) -> dict[str, Any]:
+    def continuous_options(self) -> SharedOptions:
         """The search-wide options of a running engine shared by requests (a server's): :attr:`engine_options`,
         and for an encoder-decoder model the generation config's logits processors, applied per request
         (:class:`SharedProcessors`; a new one each call, for one engine)."""
         if not self.encoder_decoder:
-            return dict(self.engine_options)
-        from beamkit.hf.processors import build_processors
+            return self.engine_options
+        from beamkit.hf.bridge.processors import build_processors
 
         # the longest request any engine could hold: the forced stop token is moved to each request's own last step
         s = self.settings(Ask(beam=2, n_best=1, max_len=_NO_LIMIT))
         processors = build_processors(s, ((s.start,),), [0])
-        return {**self.engine_options, "processors": [SharedProcessors(processors, s.forced_eos, _NO_LIMIT - 1)]}
+        shared = SharedProcessors(processors, s.forced_eos, _NO_LIMIT - 1)
+        return self.engine_options.updated(SharedOptions(processors=(shared,)))
 
     def continuous_refusal(self, ask: Ask) -> str | None:
         """Why a running engine shared by other requests cannot decode ``ask`` as ``generate`` would: the
@@ -196,7 +210,7 @@ class HFAdapter(ModelAdapter):
 
     def init_state(self, prompts: list[list[int]]) -> Any:
         """The bridge's initial state for prompts of one length (no padding), on the model's device."""
-        from beamkit.hf.inputs import prompt_batch
+        from beamkit.hf.bridge.inputs import prompt_batch
 
         return self._step.init_state(*prompt_batch(prompts, getattr(self.model, "device", None)))
 
@@ -229,7 +243,7 @@ class HFAdapter(ModelAdapter):
 
 
 _NO_LIMIT = 1 << 30  # generated tokens: more than any request asks for
-_REQUEST = frozenset(RequestOptions.__dataclass_fields__)  # the options each request sets for itself
+_RESOLVED_KEPT = 64  # resolved settings kept per model (by ask)
 
 
 class SharedProcessors:

@@ -86,3 +86,36 @@ def prefix_constraint(processor: Any) -> tuple[Any, int] | None:
     ``_num_beams``), None for any other processor."""
     fn = getattr(processor, "_prefix_allowed_tokens_fn", None)
     return None if fn is None else (fn, int(processor._num_beams))
+
+
+def attention_name(config: Any) -> Any:
+    """The attention function a model's config names (``PretrainedConfig._attn_implementation``), or None."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def attending_with(config: Any, name: str) -> Any:
+    """A copy of ``config`` that names the attention function ``name`` (its ``_attn_implementation_internal``);
+    ``config`` itself is left as it is."""
+    import copy
+
+    renamed = copy.copy(config)
+    renamed._attn_implementation_internal = name
+    return renamed
+
+
+def same_but_attention(a: Any, b: Any) -> bool:
+    """Whether two configs hold the same settings, the attention function they name aside."""
+
+    def settings(config: Any) -> dict[str, Any]:
+        return {k: v for k, v in vars(config).items() if k != "_attn_implementation_internal"}
+
+    return settings(a) == settings(b)
+
+
+def register_attention(name: str, function: Any) -> None:
+    """Put ``function`` in ``transformers``' attention registry under ``name``, once
+    (``AttentionInterface._global_mapping``)."""
+    from transformers import AttentionInterface
+
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, function)

@@ -7,7 +7,7 @@ cache of a model's forward pass from ``past_key_values`` to ``cache``, in both d
   (``FutureWarning``) on every call;
 - the model output's field: ``out.cache``; reading ``out.past_key_values`` still works but logs a deprecation.
 
-The step functions (:mod:`beamkit.hf.step`) pass the cache under :func:`cache_keyword` (looked up once per model,
+The step functions (:mod:`beamkit.hf.steps.step`) pass the cache under :func:`cache_keyword` (looked up once per model,
 from its forward's signature) and read it back with :func:`output_cache`, so they use each release's own names
 and no deprecated one.
 """

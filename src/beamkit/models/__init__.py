@@ -2,8 +2,8 @@
 for inference), and a numpy loader for the pretrained g2p-en GRU. The trained dates checkpoints ship inside the
 package (``shipped/``); :func:`load_model` runs them with torch when it is installed, else with numpy.
 
-:func:`translate` and :meth:`beamkit.models.g2p.G2PModel.decode` decode batches of texts through the one batched
-text driver, :func:`beamkit.adapters.decode_texts`.
+Models are what a search runs; decoding texts with them (:func:`beamkit.adapters.translate`,
+:func:`beamkit.adapters.g2p.decode_words`) lives one floor up, in :mod:`beamkit.adapters`.
 """
 
 from beamkit.models.loading import (
@@ -15,7 +15,6 @@ from beamkit.models.loading import (
     shipped_models,
     torch_available,
 )
-from beamkit.models.translation import translate
 
 __all__ = [
     "BACKENDS",
@@ -25,5 +24,4 @@ __all__ = [
     "resolve_model",
     "shipped_models",
     "torch_available",
-    "translate",
 ]

@@ -12,14 +12,9 @@ import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-from beamkit.progress import Progress
-
-if TYPE_CHECKING:
-    from beamkit.adapters import TextHypothesis
 
 GRAPHEMES = ("<pad>", "<unk>", "</s>", *"abcdefghijklmnopqrstuvwxyz")
 # fmt: off
@@ -128,36 +123,6 @@ class G2PModel:
         h = gru_cell(w["dec_emb"][y], state, w["dec_w_ih"], w["dec_w_hh"], w["dec_b_ih"], w["dec_b_hh"])
         logits = h @ w["fc_w"].T + w["fc_b"]  # shape: (rows, V)
         return logits, h
-
-    def decode(
-        self,
-        words: Sequence[str],
-        beam_size: int = 1,
-        length_penalty: float = 1.0,
-        batch_size: int = 512,
-        progress: Progress | None = None,
-        **options: Any,
-    ) -> list[list[TextHypothesis]]:
-        """Each word's hypotheses (best first, ``beam_size`` of them), decoded through its
-        :class:`beamkit.adapters.G2PAdapter` by the batched driver :func:`beamkit.adapters.decode_texts`: one
-        search per ``batch_size`` words. Each is a :class:`beamkit.adapters.TextHypothesis` (its text: the
-        phonemes separated by spaces).
-
-        ``progress`` (a bar from :func:`beamkit.progress.progress_bar`) advances by one per word. ``options``:
-        more :class:`beamkit.SearchOptions` fields, as :func:`beamkit.search_batch` takes them.
-        """
-        from beamkit.adapters import G2PAdapter, decode_texts
-
-        if isinstance(words, str):
-            raise TypeError("expected a sequence of words, got one string")
-        return decode_texts(
-            G2PAdapter(self), words, beam_size, length_penalty=length_penalty, batch_size=batch_size,
-            progress=progress, **options,
-        )  # fmt: skip
-
-    def predict(self, words: Sequence[str], beam_size: int = 1, length_penalty: float = 1.0) -> list[list[str]]:
-        """Best phoneme sequence of each word (beam 1 = greedy decoding, as g2p-en does)."""
-        return [phonemes(r[0].tokens) for r in self.decode(words, beam_size, length_penalty)]
 
 
 def phonemes(tokens: Sequence[int]) -> list[str]:

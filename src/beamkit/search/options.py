@@ -3,7 +3,7 @@ of an :class:`beamkit.Engine` may set for itself)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum
 from typing import Any, Literal
@@ -85,8 +85,12 @@ class SearchOptions:
     temperature: float | None = None
 
     def __post_init__(self) -> None:
-        check_request_fields(self)  # length_penalty a LengthPenalty from here on
-        self.length_penalty.check_max_len(int(self.max_len))
+        # the per-request fields, checked as a request's are; num_return and temperature may be None here
+        given = {
+            name: getattr(self, name) for name in _NAMES if name not in _UNSET_OK or getattr(self, name) is not None
+        }
+        for name, value in check_request_fields(given).items():
+            object.__setattr__(self, name, value)  # length_penalty a LengthPenalty from here on
         check_choice("policy", self.policy, POLICIES)
         check_bool("keep_state", self.keep_state)
         if self.exact_exit and (self.policy != "pool" or self.length_penalty.alpha != 0):
@@ -133,43 +137,76 @@ class EarlyMode(IntEnum):
 EARLY_MODES = {False: EarlyMode.HEURISTIC, True: EarlyMode.FULL, "never": EarlyMode.NEVER}
 
 
-def check_request_fields(options: SearchOptions | RequestOptions) -> None:
-    """Check the per-request fields of ``options`` (those of :class:`RequestOptions`), each on its own and
-    against the others given with it, normalising ``length_penalty`` to a :class:`LengthPenalty` and
-    ``temperature`` to a float; None (a :class:`RequestOptions` field left to the engine's default) is skipped.
-    ValueError / TypeError naming the field."""
-    o = options
-    request = isinstance(o, RequestOptions)
-    for name in ("beam_size", "max_len"):
-        value = getattr(o, name)
-        if request and value is None:
-            continue
+def _whole(name: str) -> Callable[[Any], Any]:
+    """The check of ``beam_size`` / ``max_len``: an integer in [1, 2**31)."""
+
+    def check(value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
             raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
-    if o.length_penalty is not None or not request:
-        penalty = as_length_penalty(o.length_penalty)  # type: ignore[arg-type]  # a plain alpha too; None refused
-        object.__setattr__(o, "length_penalty", penalty)
-        if request and o.max_len is not None:
-            penalty.check_max_len(int(o.max_len))
-    if o.early_stopping is not None or not request:
-        if not (isinstance(o.early_stopping, bool) or o.early_stopping == "never"):
-            raise ValueError(f"early_stopping must be True, False or 'never', got {o.early_stopping!r}")
-    if o.patience is not None or not request:
-        if isinstance(o.patience, bool) or not isinstance(o.patience, (int, float)) or not o.patience > 0:
-            raise ValueError(f"patience must be > 0, got {o.patience}")
-        check_float("patience", o.patience)  # inf: no pool size; a large finite patience never fills the pool
-    if o.num_return is not None:
-        if o.beam_size is None:  # a request leaving the beam width to the engine: checked again there
-            check_int("num_return", o.num_return, 1)
-        elif not 1 <= o.num_return <= o.beam_size:
-            raise ValueError(f"num_return must be between 1 and beam_size={o.beam_size}, got {o.num_return}")
-    if o.min_len is not None or not request:
-        if isinstance(o.min_len, bool) or not isinstance(o.min_len, (int, np.integer)) or o.min_len < 0:
-            raise ValueError(f"min_len must be >= 0, got {o.min_len}")
-        if o.max_len is not None and o.min_len > o.max_len:
-            raise ValueError(f"min_len={o.min_len} must be <= max_len={o.max_len}")
-    if o.temperature is not None:
-        object.__setattr__(o, "temperature", check_float("temperature", o.temperature, above=0))
+        return value
+
+    return check
+
+
+def _early_stopping(value: Any) -> Any:
+    if not (isinstance(value, bool) or value == "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {value!r}")
+    return value
+
+
+def _patience(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"patience must be > 0, got {value}")
+    return check_float("patience", value)  # inf: no pool size; a large finite patience never fills the pool
+
+
+def _min_len(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"min_len must be >= 0, got {value}")
+    return value
+
+
+#: the check of each per-request field, by name: it returns the value normalised (a plain alpha as a
+#: :class:`LengthPenalty`, a temperature as a float) or raises ValueError / TypeError naming the field
+FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "beam_size": _whole("beam_size"),
+    "max_len": _whole("max_len"),
+    "min_len": _min_len,
+    "num_return": lambda value: value,  # checked against beam_size below
+    "length_penalty": as_length_penalty,  # a plain alpha too; None refused
+    "early_stopping": _early_stopping,
+    "patience": _patience,
+    "temperature": lambda value: check_float("temperature", value, above=0),
+}
+CHECK_ORDER = (
+    "beam_size",
+    "max_len",
+    "length_penalty",
+    "early_stopping",
+    "patience",
+    "num_return",
+    "min_len",
+    "temperature",
+)
+
+
+def check_request_fields(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-request fields ``given`` (those of :class:`RequestOptions`, by name) checked, each on its own and
+    against the others given with it, and normalised (``length_penalty`` a :class:`LengthPenalty`,
+    ``temperature`` a float), in a fixed order (the first bad field is the one named). ValueError / TypeError
+    naming the field."""
+    out = {name: FIELD_CHECKS[name](given[name]) for name in CHECK_ORDER if name in given}
+    beam, most, fewest, n = (out.get(k) for k in ("beam_size", "max_len", "min_len", "num_return"))
+    if "length_penalty" in out and most is not None:
+        out["length_penalty"].check_max_len(int(most))
+    if n is not None:
+        if beam is None:  # a request leaving the beam width to the engine: checked again there
+            check_int("num_return", n, 1)
+        elif not 1 <= n <= beam:
+            raise ValueError(f"num_return must be between 1 and beam_size={beam}, got {n}")
+    if fewest is not None and most is not None and fewest > most:
+        raise ValueError(f"min_len={fewest} must be <= max_len={most}")
+    return {name: out[name] for name in given}
 
 
 @dataclass(frozen=True)
@@ -195,23 +232,19 @@ class RequestOptions:
     temperature: float | None = None  # a sampling selector's temperature; None: the engine's (the selector's own)
 
     def __post_init__(self) -> None:
-        check_request_fields(self)
+        for name, value in check_request_fields(self.given()).items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def of(cls, given: Mapping[str, Any]) -> RequestOptions:
         """The record of per-request options given by name (``Engine.add(..., beam_size=3)``): TypeError for a
         field shared by every request of an engine (give it to ``Engine()``) or one that is no option at all."""
-        shared = sorted(set(given) & set(SearchOptions.__dataclass_fields__) - set(_NAMES))
-        if shared:
-            raise TypeError(f"{', '.join(shared)} are shared by every request: give them to Engine(), not add()")
-        unknown = sorted(set(given) - set(_NAMES))
-        if unknown:
-            raise TypeError(f"unknown request options {unknown}; per-request options are {list(_NAMES)}")
+        _refuse_names(given, _NAMES, "are shared by every request: give them to Engine(), not add()", "request")
         return cls(**given)
 
     def given(self) -> dict[str, Any]:
         """The fields set (not None), by name."""
-        return {name: getattr(self, name) for name in _NAMES if getattr(self, name) is not None}
+        return _set_fields(self, _NAMES)
 
     def over(self, options: SearchOptions) -> SearchOptions:
         """``options`` with this request's fields in place of their defaults, every rule checked again on the
@@ -231,6 +264,79 @@ class RequestOptions:
 
 
 _NAMES = tuple(f.name for f in fields(RequestOptions))  # the per-request fields, in declaration order
+_UNSET_OK = ("num_return", "temperature")  # per-request fields whose engine default is None
+
+
+@dataclass(frozen=True)
+class SharedOptions:
+    """The search-wide options one layer sets for every request of a search or of a running engine (a model's
+    offline decoder, a batch of prompts, a server): the :class:`SearchOptions` fields that are not per request
+    (those are :class:`RequestOptions`'), each meaning what the field of that name means; None where this layer
+    leaves it (to the next one, finally to :class:`SearchOptions`' default).
+
+    Between them, :class:`RequestOptions` and :class:`SharedOptions` hold every field of :class:`SearchOptions`
+    once: a field is either a request's own or shared by the whole search. ``processors`` may be given as a list.
+    """
+
+    policy: PolicyName | None = None
+    exact_exit: bool | None = None
+    processors: tuple[LogitsProcessor, ...] | None = None
+    process_logits: bool | None = None
+    coverage_penalty: CoveragePenalty | None = None
+    final_scorer: FinalScorer | None = None
+    selector: Selector | None = None
+    beam_threshold: float | None = None
+    record_trace: bool | None = None
+    keep_state: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.processors is not None:
+            object.__setattr__(self, "processors", tuple(self.processors))
+        if self.policy is not None:
+            check_choice("policy", self.policy, POLICIES)
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any]) -> SharedOptions:
+        """The record of search-wide options given by name: TypeError for a per-request field (a
+        :class:`RequestOptions` one) or a name that is no option at all."""
+        _refuse_names(given, _SHARED, "are set per request (RequestOptions), not for the whole search", "search-wide")
+        return cls(**given)
+
+    def given(self) -> dict[str, Any]:
+        """The fields set (not None), by name."""
+        return _set_fields(self, _SHARED)
+
+    def updated(self, other: SharedOptions) -> SharedOptions:
+        """These options with ``other``'s set fields in their place."""
+        more = other.given()
+        return replace(self, **more) if more else self
+
+    def conflicts(self, given: Mapping[str, Any]) -> list[str]:
+        """The names in ``given`` (:class:`SearchOptions` fields by name) that these options set to another
+        value."""
+        own = self.given()
+        return sorted(name for name in set(own) & set(given) if given[name] != own[name])
+
+
+_SHARED = tuple(f.name for f in fields(SharedOptions))  # the search-wide fields, in declaration order
+
+
+def _set_fields(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """A record's fields among ``names`` that are set (not None), by name."""
+    return {name: getattr(record, name) for name in names if getattr(record, name) is not None}
+
+
+def _refuse_names(given: Mapping[str, Any], own: tuple[str, ...], elsewhere: str, kind: str) -> None:
+    """TypeError for the names in ``given`` that are :class:`SearchOptions` fields of the other record
+    (``elsewhere`` says where they go) or no option at all (``kind``: ``"request"`` or ``"search-wide"``, whose
+    options ``own`` are)."""
+    other = sorted(set(given) & set(SearchOptions.__dataclass_fields__) - set(own))
+    if other:
+        raise TypeError(f"{', '.join(other)} {elsewhere}")
+    unknown = sorted(set(given) - set(own))
+    if unknown:
+        listed = "per-request" if kind == "request" else kind
+        raise TypeError(f"unknown {kind} options {unknown}; {listed} options are {list(own)}")
 
 
 def make_options(beam_size: int, max_len: int, **options: Any) -> SearchOptions:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from beamkit._checks import check_int
@@ -115,8 +115,8 @@ class Runner:
         options = self.adapter.continuous_options()
         if self.tries:
             self.table = TrieTable(self.tries)
-            options["processors"] = [*(options.get("processors") or ()), self.table]
-        return Engine(self.adapter.step_fn, on_step_error="fail", **options)
+            options = replace(options, processors=(*(options.processors or ()), self.table))
+        return Engine(self.adapter.step_fn, on_step_error="fail", **options.given())
 
     # ------------------------------------------------------------------------------------ handler side
     def start(self) -> None:

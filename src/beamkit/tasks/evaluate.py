@@ -78,7 +78,7 @@ def evaluate_dates(
     (:class:`beamkit.NGramLM`), each weight of ``weights`` is also decoded with shallow fusion, under
     ``"fusion"``. ``options`` go to :func:`beamkit.search_batch`.
     """
-    from beamkit.models import translate
+    from beamkit.adapters import translate
 
     pairs = dates.split(split_name, limit=limit)
     sources = [s for s, _ in pairs]

@@ -97,6 +97,7 @@ def evaluate(
     (mean log-prob there is the fused score; ``fixed`` and ``broken`` count the words right only with the LM
     and only without it, at the same width).
     """
+    from beamkit.adapters.g2p import decode_words
     from beamkit.models.g2p import G2PModel
 
     g2p = model if model is not None else G2PModel.load()
@@ -109,7 +110,7 @@ def evaluate(
     for k in beams:
         bar = progress_bar(len(words), f"beam {k}", unit="word", enabled=progress)
         try:
-            hyps = g2p.decode(words, beam_size=k, length_penalty=length_penalty, progress=bar)
+            hyps = decode_words(g2p, words, beam_size=k, length_penalty=length_penalty, progress=bar)
         finally:
             bar.close()
         plain[k] = _correct(hyps, sample)

@@ -9,13 +9,13 @@ the identity, and rows of finished requests are dropped by the same gather. The 
 only when the row -> request layout changes, and the step reads the attention mask and position ids of each
 step as slices of buffers grown in chunks, so a decoding step builds no mask and computes no position.
 
-A decoder-only model's keys/values are paged by default (:mod:`beamkit.hf.paged`: beams share blocks, a fork
+A decoder-only model's keys/values are paged by default (:mod:`beamkit.hf.steps.paged`: beams share blocks, a fork
 copies no keys/values, finished requests give their blocks back) where its cache is made of plain
 ``DynamicLayer`` layers; ``DecoderOnlyStep(model, kv="dense")`` keeps Hugging Face's own ``DynamicCache``
 (gathered whole by parent), and so does every other model.
 
-Requests may join mid-flight (``beamkit.Engine``): the initial state is a :class:`~beamkit.hf.join.Prompt`,
-and a join makes a :class:`~beamkit.hf.join.Cohorts` state; :mod:`beamkit.hf.join` describes the mechanism.
+Requests may join mid-flight (``beamkit.Engine``): the initial state is a :class:`~beamkit.hf.steps.join.Prompt`,
+and a join makes a :class:`~beamkit.hf.steps.join.Cohorts` state; :mod:`beamkit.hf.steps.join` describes the mechanism.
 
 Everything here needs torch; the module is only imported when the Hugging Face bridge is used.
 """
@@ -24,7 +24,11 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,10 +36,12 @@ from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import BaseModelOutput
 
 from beamkit._checks import check_choice
-from beamkit.hf.compiled import StaticLayers, StaticSeq2Seq, StaticSeq2SeqStep, StaticStep, static_step
-from beamkit.hf.direct import DirectStep, direct_step
-from beamkit.hf.join import Cohorts, Prompt, rows_of
-from beamkit.hf.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
+from beamkit.hf.internals import attention_name
+from beamkit.hf.steps.compiled import StaticLayers, StaticSeq2Seq, StaticSeq2SeqStep, StaticStep, static_step
+from beamkit.hf.steps.direct import DirectStep, direct_step
+from beamkit.hf.steps.join import Cohorts, Prompt, rows_of
+from beamkit.hf.steps.paged import BLOCK_SIZE, PagedCache, PagedPool, pages_fit, plain_layers
+from beamkit.hf.steps.views import with_module
 from beamkit.hf.versions import cache_keyword, output_cache
 from beamkit.hypothesis import SearchStats
 from beamkit.models.compiled import compile_setting
@@ -75,9 +81,17 @@ class CacheRows:
         self.shared: dict[str, Any] = {}  # per-batch values, never gathered (EncoderDecoderStep's encoder output)
         self.joined = False  # rows of requests that joined mid-flight: trimmed when requests leave
 
+    def advanced(self) -> CacheRows:
+        """A new record of these rows for the next step to fill in (its cache and length): the cache, the
+        per-request buffers and the shared values carried over (dicts of its own, the tensors shared); this one
+        is left as it is."""
+        rows = CacheRows(self.cache, self.row_request, self.per_request, self.length)
+        rows.device, rows.shared, rows.joined = self.device, dict(self.shared), self.joined
+        return rows
+
     def beamkit_select(self, idx: np.ndarray) -> CacheRows:
         """Gather the cache rows ``idx`` (parents; rows may repeat or disappear), in place, and return self. A
-        :class:`~beamkit.hf.paged.PagedCache` forks its block tables instead (no keys/values copied)."""
+        :class:`~beamkit.hf.steps.paged.PagedCache` forks its block tables instead (no keys/values copied)."""
         new_request = self.row_request[idx]
         same_layout = new_request.shape == self.row_request.shape and np.array_equal(new_request, self.row_request)
         index = None
@@ -137,8 +151,8 @@ class CacheRows:
         return index if self.device.type == "cpu" else index.to(self.device)
 
     def beamkit_concat(self, others: list[Any]) -> Cohorts:
-        """These rows, then the joining requests' (their :class:`~beamkit.hf.join.Prompt`), as parts that the
-        next step runs and merges (see :mod:`beamkit.hf.join`)."""
+        """These rows, then the joining requests' (their :class:`~beamkit.hf.steps.join.Prompt`), as parts that the
+        next step runs and merges (see :mod:`beamkit.hf.steps.join`)."""
         return Cohorts([self, *others])
 
 
@@ -207,7 +221,47 @@ def _takes_4d_mask(model: Any) -> bool:
     base = getattr(model, "base_model", model)
     module = inspect.getmodule(type(base))
     uses_masking_utils = module is not None and hasattr(module, "create_causal_mask")
-    return uses_masking_utils and getattr(model.config, "_attn_implementation", None) == "sdpa"
+    return uses_masking_utils and attention_name(model.config) == "sdpa"
+
+
+StepKind = Literal["prompt", "compiled", "direct", "paged", "model"]
+
+
+@dataclass(frozen=True)
+class StepPath:
+    """How one part of a decoder-only step runs (:meth:`DecoderOnlyStep.path`), decided once and as data like a
+    :class:`beamkit.hf.Route`: ``kind`` (``"prompt"``, ``"compiled"``, ``"direct"``, ``"paged"`` or
+    ``"model"``), why (``reason``), and the cache that way reads (None for the prompt)."""
+
+    kind: StepKind
+    reason: str
+    cache: Any = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+#: an output layer to run in place of the model's ``lm_head`` in this context (:func:`output_head`)
+_HEAD: ContextVar[Any] = ContextVar("beamkit_output_head", default=None)
+
+
+@contextmanager
+def output_head(head: Any) -> Iterator[None]:
+    """Inside the block, decoder-only steps in this thread (this context) compute their logits with ``head`` in
+    place of the model's ``lm_head`` (a module over the last hidden state): through a view of the model
+    (:func:`~beamkit.hf.steps.views.with_module`), or the direct step's own call; never compiled. The model is not
+    changed, and other threads using it see nothing."""
+    token = _HEAD.set(head)
+    try:
+        yield
+    finally:
+        _HEAD.reset(token)
+
+
+def _headed(model: Any) -> Any:
+    """``model``, or a view of it whose ``lm_head`` is this context's :func:`output_head`."""
+    head = _HEAD.get()
+    return model if head is None else with_module(model, "lm_head", head)
 
 
 class _ModelStep:
@@ -260,7 +314,7 @@ class _ModelStep:
         raise NotImplementedError
 
     def _direct(self, model: Any, wanted: bool) -> tuple[DirectStep | None, str]:
-        """The direct step for ``model`` and why (see :mod:`beamkit.hf.direct`): none where not ``wanted`` or
+        """The direct step for ``model`` and why (see :mod:`beamkit.hf.steps.direct`): none where not ``wanted`` or
         where the model builds its own attention masks (the direct step passes the ready 4-D one)."""
         if not wanted:
             return None, "direct=False"
@@ -269,7 +323,7 @@ class _ModelStep:
         return direct_step(model)
 
     def _step(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, Any]:
-        """Run each part of a joined state (:class:`~beamkit.hf.join.Cohorts`) on its rows, then rejoin them."""
+        """Run each part of a joined state (:class:`~beamkit.hf.steps.join.Cohorts`) on its rows, then rejoin them."""
         if not isinstance(state, Cohorts):
             return self._part(state, y_prev)
         logits, parts, start = [], [], 0
@@ -298,19 +352,19 @@ class DecoderOnlyStep(_ModelStep):
     follow Hugging Face's generate: the cumulative sum of the attention mask minus one (0 on padding), then +1 per
     generated token. A step passes ``mask[..., :L]`` and ``pos[:, L - 1 : L]`` (views, no copy).
 
-    ``kv="paged"`` (the default) keeps the keys/values in a block pool (:mod:`beamkit.hf.paged`; ``self.pool``,
+    ``kv="paged"`` (the default) keeps the keys/values in a block pool (:mod:`beamkit.hf.steps.paged`; ``self.pool``,
     shared by every request this step function decodes, grown when full) where the model's cache is plain
     ``DynamicLayer`` layers, and falls back to the dense cache for any other model; ``kv="dense"`` always uses
     Hugging Face's ``DynamicCache``. Both give the same logits. ``self.kv`` is the one in use. ``block_size``:
     positions per block; ``blocks``: the pool's first size (0: sized from the first prompts). The cache goes to
     the model under ``self.cache_key``, the keyword its forward takes (:func:`beamkit.hf.versions.cache_keyword`).
 
-    ``direct`` (default True): on the dense cache, decoding steps of a model family :mod:`beamkit.hf.direct`
+    ``direct`` (default True): on the dense cache, decoding steps of a model family :mod:`beamkit.hf.steps.direct`
     knows run its layers directly (the same logits, bit for bit, without the model wrapper's per-call work);
     ``self.direct_reason`` says whether it is used and why not.
 
     ``compile`` (default False): True (inductor) or a ``torch.compile`` backend name runs the decoding steps of
-    those families compiled over static shapes, keys/values in preallocated buffers (:mod:`beamkit.hf.compiled`;
+    those families compiled over static shapes, keys/values in preallocated buffers (:mod:`beamkit.hf.steps.compiled`;
     the cache is then dense, whatever ``kv`` says). ``self.compiled`` is the compiled step in use (None where
     the model has no direct step: then the step runs as without ``compile``, the reason logged once).
     """
@@ -356,63 +410,87 @@ class DecoderOnlyStep(_ModelStep):
                 part.cache = part.cache.to_dynamic()
         return merge_left_padded(parts)
 
+    def path(self, state: Any) -> StepPath:
+        """How the next step runs on ``state`` (one part of it), decided once and as data: the prompt's model call,
+        the compiled static step, the direct step, the model's forward over the block pool, or over its own cache;
+        with the cache that way reads (moved into or out of static buffers where it must). ``state`` is not
+        changed."""
+        if not isinstance(state, CacheRows):
+            return StepPath("prompt", "the requests' prompts: one model call")
+        cache = state.cache
+        if self.compiled is not None and _HEAD.get() is None and self.compiled.direct.usable():
+            static = cache if isinstance(cache, StaticLayers) else self._to_static(cache)
+            if static is not None:
+                return StepPath("compiled", "compile=: the compiled static step", static)
+        if isinstance(cache, StaticLayers):  # the model changed since it was compiled: its own cache again
+            cache = cache.to_dynamic()
+        if self.direct is not None and self.direct.usable() and plain_layers(cache):
+            return StepPath("direct", "a known family's layers, run directly", cache)
+        if isinstance(cache, PagedCache):
+            return StepPath("paged", "the model's forward over the block pool", cache)
+        return StepPath("model", "the model's forward over its own cache", cache)
+
     def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
-        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
-        if isinstance(state, CacheRows):
-            if state.joined and isinstance(state.cache, StaticLayers):
-                state.trim()  # the buffers are full: the columns no row attends to go first (CacheRows.trim)
-            buf = state.per_request
-            length = state.length + 1
-            if length > buf["mask"].shape[-1]:
-                _grow(buf, length)
-            ids = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
-            mask = buf["mask"][..., :length]  # shape: (rows, L) or (rows, 1, 1, L) view
-            pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
-            kwargs[self.cache_key] = cache = state.cache
-            if isinstance(cache, PagedCache):
-                cache.begin_step()  # shape: one new slot per row, copy-on-write done; the reading plan made
+        if not isinstance(state, CacheRows):
+            return self._prompt(state)
+        rows = state.advanced()  # the next state: the input's fields are left as they are
+        if rows.joined and isinstance(rows.cache, StaticLayers):
+            rows.trim()  # the buffers are full: the columns no row attends to go first (CacheRows.trim)
+        buf = rows.per_request
+        length = rows.length + 1
+        if length > buf["mask"].shape[-1]:
+            _grow(buf, length)
+        ids = torch.as_tensor(y_prev, dtype=torch.long, device=rows.device).view(-1, 1)  # shape: (rows, 1)
+        mask = buf["mask"][..., :length]  # shape: (rows, L) or (rows, 1, 1, L) view
+        pos = buf["pos"][:, length - 1 : length]  # shape: (rows, 1) view
+        path = self.path(rows)
+        rows.cache, rows.length = path.cache, length
+        if path.kind == "paged":
+            path.cache.begin_step()  # shape: one new slot per row, copy-on-write done; the reading plan made
+        start = time.perf_counter()
+        if path.kind == "compiled":
+            assert self.compiled is not None
+            logits = self.compiled(ids, mask, pos, rows.cache)  # shape: (rows, V); the buffers written in place
+        elif path.kind == "direct":
+            assert self.direct is not None
+            logits = self.direct(ids, mask, pos, rows.cache, head=_HEAD.get())  # shape: (rows, V); cache extended
         else:
-            ids = state.ids  # shape: (rows, P)
-            mask = state.mask  # shape: (rows, P)
-            pos = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)  # shape: (rows, P)
-            length = ids.shape[1]
-            if self.keep_one:
-                kwargs["logits_to_keep"] = 1
+            logits, rows.cache = self._forward(path, ids, mask, pos)
+        self.forward_seconds += time.perf_counter() - start
+        if path.kind == "paged":
+            path.cache.end_step()
+        return logits, rows
+
+    def _forward(self, path: StepPath, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[Any, Any]:
+        """A decoding step through the model's forward (``path`` ``"paged"`` or ``"model"``): the logits ``[rows,
+        V]`` and the cache after it."""
+        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True, self.cache_key: path.cache}
+        if self.takes_pos:
+            kwargs["position_ids"] = pos
+        if path.kind == "paged":
+            out = path.cache.forward(self.model, lambda m: _headed(m)(input_ids=ids, attention_mask=mask, **kwargs))
+            return _last_logits(out), path.cache
+        out = _headed(self.model)(input_ids=ids, attention_mask=mask, **kwargs)
+        return _last_logits(out), output_cache(out)  # shape: (rows, V)
+
+    def _prompt(self, state: Prompt) -> tuple[torch.Tensor, CacheRows]:
+        """The requests' prompts through the model: their logits and their first :class:`CacheRows`."""
+        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
+        ids = state.ids  # shape: (rows, P)
+        mask = state.mask  # shape: (rows, P)
+        pos = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)  # shape: (rows, P)
+        length = ids.shape[1]
+        if self.keep_one:
+            kwargs["logits_to_keep"] = 1
         if self.takes_pos:
             kwargs["position_ids"] = pos
         start = time.perf_counter()
-        if isinstance(state, CacheRows) and self._static(state):
-            assert self.compiled is not None
-            logits = self.compiled(ids, mask, pos, state.cache)  # shape: (rows, V); the buffers written in place
-            self.forward_seconds += time.perf_counter() - start
-            state.length = length
-            return logits, state
-        if isinstance(state, CacheRows) and isinstance(state.cache, StaticLayers):  # the model changed since
-            state.cache = kwargs[self.cache_key] = state.cache.to_dynamic()
-        direct = self.direct is not None and self.direct.usable()
-        if isinstance(state, CacheRows) and direct and plain_layers(state.cache):
-            assert self.direct is not None
-            logits = self.direct(ids, mask, pos, state.cache)  # shape: (rows, V); the cache extended in place
-            self.forward_seconds += time.perf_counter() - start
-            state.length = length
-            return logits, state
-        if isinstance(state, CacheRows) and isinstance(state.cache, PagedCache):
-            out = state.cache.forward(self.model, lambda: self.model(input_ids=ids, attention_mask=mask, **kwargs))
-        else:
-            out = self.model(input_ids=ids, attention_mask=mask, **kwargs)
+        out = _headed(self.model)(input_ids=ids, attention_mask=mask, **kwargs)
         self.forward_seconds += time.perf_counter() - start
-        logits = _last_logits(out)  # shape: (rows, V)
-        if isinstance(state, CacheRows):
-            if isinstance(state.cache, PagedCache):
-                state.cache.end_step()
-            else:
-                state.cache = output_cache(out)
-            state.length = length
-            return logits, state
         per_request = {"mask": mask.bool()[:, None, None, :] if self.mask_4d else mask, "pos": pos}
         _grow(per_request, length + _CHUNK)
         rows = ids.shape[0]
-        return logits, CacheRows(
+        return _last_logits(out), CacheRows(
             self._keep(output_cache(out), mask), np.arange(rows, dtype=np.int64), per_request, length
         )
 
@@ -448,9 +526,9 @@ class EncoderDecoderStep(_ModelStep):
     of one query token, where :func:`_takes_4d_mask` allows) and ``shared`` keeps the encoder output (one row per
     request, never gathered). The cache goes to the model under ``self.cache_key``
     (:func:`beamkit.hf.versions.cache_keyword`). ``direct`` (default True): after the first step, Marian, BART and T5
-    decoders run their layers directly (:mod:`beamkit.hf.direct`; ``self.direct_reason`` says whether).
+    decoders run their layers directly (:mod:`beamkit.hf.steps.direct`; ``self.direct_reason`` says whether).
     ``compile`` (default False): True (inductor) or a ``torch.compile`` backend name runs those decoder steps
-    compiled over static shapes (:mod:`beamkit.hf.compiled`); ``self.compiled`` is the compiled step in use (None
+    compiled over static shapes (:mod:`beamkit.hf.steps.compiled`); ``self.compiled`` is the compiled step in use (None
     where the model has no direct step: then it runs as without ``compile``, the reason logged once).
     """
 
@@ -466,13 +544,14 @@ class EncoderDecoderStep(_ModelStep):
         self.compiled: StaticSeq2SeqStep | None = self._fast_steps(model, direct, backend)
 
     def _rejoin(self, parts: list[CacheRows]) -> Any:
-        """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.join`)."""
+        """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.steps.join`)."""
         return parts[0] if len(parts) == 1 else Cohorts(list(parts))
 
     def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
         kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
         start = time.perf_counter()
         if isinstance(state, CacheRows):
+            state = state.advanced()  # the next state: the input's fields are left as they are
             mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
             dec = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
             rows = dec.shape[0]
@@ -524,7 +603,7 @@ class EncoderDecoderStep(_ModelStep):
 
 
 def _direct_cache(cache: Any) -> bool:
-    """Whether an encoder-decoder cache is one :class:`~beamkit.hf.direct.DirectStep` reads: plain layers on
+    """Whether an encoder-decoder cache is one :class:`~beamkit.hf.steps.direct.DirectStep` reads: plain layers on
     both sides, the cross-attention keys/values of every layer filled."""
     self_cache = getattr(cache, "self_attention_cache", None)
     cross = getattr(cache, "cross_attention_cache", None)

@@ -17,14 +17,9 @@ from typing import Any
 import torch
 
 from beamkit._checks import check_choice, check_float, check_int
+from beamkit.hf.errors import Unsupported
 from beamkit.models.compiled import compile_setting
 from beamkit.search import SearchOptions, eos_ids
-
-
-class Unsupported(ValueError):
-    """A setting that beamkit.hf does not reproduce exactly (``beamkit.hf.patch`` hands such calls to Hugging
-    Face's own ``generate``)."""
-
 
 # Generation-config fields that change Hugging Face's output but are not mapped, with their neutral values.
 UNMAPPED: dict[str, tuple[Any, ...]] = {
@@ -144,7 +139,7 @@ class Settings:
     (:class:`beamkit.hf.DecoderOnlyStep`'s ``kv``): ``"paged"``
     unless ``cache_implementation`` names one of Hugging Face's caches (``"dynamic"``, ``"static"``, ...), which
     selects the dense ``DynamicCache`` bridge (the same output either way). ``kv_chosen``: the call named no
-    cache, so :func:`beamkit.hf.generation.choose_cache` may keep it dense where paging does not pay.
+    cache, so :func:`beamkit.hf.bridge.generation.choose_cache` may keep it dense where paging does not pay.
     """
 
     encoder_decoder: bool
@@ -592,6 +587,6 @@ def _min_new_tokens(gc: Any, prompt_len: int) -> int:
 
 def _model_takes(model: Any, name: str) -> bool:
     """Whether ``name`` is a keyword of the model's forward (a model input Hugging Face would pass on)."""
-    from beamkit.hf.step import accepts
+    from beamkit.hf.steps.step import accepts
 
     return accepts(model, name)

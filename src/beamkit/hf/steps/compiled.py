@@ -3,7 +3,7 @@
 ``DecoderOnlyStep(model, compile=True)``, ``EncoderDecoderStep(model, compile=True)`` (or
 ``beamkit.hf.generate(..., compile=True)``) runs each decoding step after the first through ``torch.compile``
 (inductor; a string names another backend) over static shapes, for the model families the direct step knows
-(:mod:`beamkit.hf.direct`: GPT-2, Llama, Mistral, Qwen2, and the decoders of Marian, BART and T5; Whisper's in
+(:mod:`beamkit.hf.steps.direct`: GPT-2, Llama, Mistral, Qwen2, and the decoders of Marian, BART and T5; Whisper's in
 beamkit's loop, :mod:`beamkit.hf.loop`, over buffers of exactly its rows and audio frames, which stay fixed
 through a call):
 
@@ -20,7 +20,7 @@ through a call):
   first reorder: the dense cache's gather without its concatenation. Where at most a quarter of the buffers'
   rows survive, both sets narrow to the bucket of those rows (views), and widen back within the same memory
   when rows join or beams fork. Rows of requests joining a decoder-only
-  search are written into free rows of the buffers (``beamkit.hf.step.join_in_place``, where they fit), and
+  search are written into free rows of the buffers (``beamkit.hf.steps.step.join_in_place``, where they fit), and
   the buffers are trimmed of the columns no row attends to only once full.
 * Memory: the buffers hold the rows and columns buckets (up to twice the filled rows and columns), and beam
   search keeps the second set too; buffers narrowed to fewer rows keep their peak's memory (and grow back
@@ -44,20 +44,27 @@ and the backend may reorder sums.
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from typing import Any
 
 import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from beamkit.hf.direct import SEQ2SEQ, DirectStep
+from beamkit.hf.steps.direct import SEQ2SEQ, DirectStep
+from beamkit.hf.steps.views import alias
 from beamkit.models.compiled import MIN_ROWS, MIN_SOURCE, CompiledStep, bucket, copy_parents
 
 log = logging.getLogger("beamkit")
 
 MIN_COLUMNS = 64  # the smallest key/value columns bucket
 
-ATTRIBUTE = "_beamkit_static_steps"  # where a model keeps its static steps (graphs outlive one ``generate`` call)
+#: each model's static steps by backend, kept beside the model (graphs outlive one ``generate`` call) and freed
+#: with it (weak keys); a copy or a pickle of a model is another key, so it compiles its own (a copied step would
+#: run the original model's layers)
+_STATIC: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_STATIC_LOCK = threading.Lock()
 _LOGGED: set[str] = set()  # reasons already logged (each once per process)
 
 
@@ -68,26 +75,11 @@ def log_once(message: str) -> None:
         log.warning("%s", message)
 
 
-class _Steps(dict):  # type: ignore[type-arg]
-    """A model's static steps by backend, kept on the model (so they are freed with it). Not copied with it: a
-    deep copy or a pickled model starts with none and compiles its own (a copied step would run the original
-    model's layers)."""
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Steps:
-        return _Steps()
-
-    def __copy__(self) -> _Steps:
-        return _Steps()
-
-    def __reduce__(self) -> tuple[type, tuple[()]]:
-        return (_Steps, ())
-
-
 class StaticLayers:
     """A decoder-only model's keys/values in preallocated buffers: per layer ``keys`` / ``values`` ``[cap, kv
     heads, columns, d]`` whose first ``rows`` rows and ``length`` columns are filled, and a spare set of the same
     shape, the target of reorders (made at the first one: greedy decoding never needs it). Stands in for the
-    model's ``DynamicCache`` inside :class:`~beamkit.hf.step.CacheRows` (``reorder_cache``, ``trim``,
+    model's ``DynamicCache`` inside :class:`~beamkit.hf.steps.step.CacheRows` (``reorder_cache``, ``trim``,
     ``get_seq_length``)."""
 
     def __init__(self, keys: list[Tensor], values: list[Tensor], rows: int, length: int) -> None:
@@ -396,15 +388,21 @@ def static_step(model: Any, direct: DirectStep | None, backend: str, why: str) -
     if direct is None:
         log_once(f"beamkit: compile= runs eagerly for {type(model).__name__}: {why}")
         return None
-    steps = model.__dict__.get(ATTRIBUTE)
-    if not isinstance(steps, _Steps):
-        steps = model.__dict__[ATTRIBUTE] = _Steps()
-    if backend not in steps:
-        seq2seq = direct.family in SEQ2SEQ
-        steps[backend] = StaticSeq2SeqStep(direct, backend) if seq2seq else StaticStep(direct, backend)
-    return steps[backend]
+    with _STATIC_LOCK:
+        steps = _STATIC.setdefault(model, {})
+        if backend not in steps:
+            # the kept step runs the model through an alias (views.alias), so the registry keeps no model alive
+            kept = DirectStep(alias(model))
+            steps[backend] = StaticSeq2SeqStep(kept, backend) if direct.family in SEQ2SEQ else StaticStep(kept, backend)
+        return steps[backend]
+
+
+def kept_steps(model: Any) -> dict[str, Any]:
+    """The compiled static steps kept beside ``model``, by backend (a copy of the registry's entry)."""
+    with _STATIC_LOCK:
+        return dict(_STATIC.get(model, {}))
 
 
 def compilations(model: Any) -> dict[str, int]:
     """Graphs compiled so far for ``model``'s static steps, by backend."""
-    return {name: step.compiled.compilations for name, step in model.__dict__.get(ATTRIBUTE, {}).items()}
+    return {name: step.compiled.compilations for name, step in kept_steps(model).items()}

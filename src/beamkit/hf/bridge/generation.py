@@ -1,4 +1,5 @@
-"""``beamkit.hf.generate``: Hugging Face's ``model.generate`` (beam search and greedy) on beamkit's engine."""
+"""The engine bridge: one ``generate`` call checked and prepared (:func:`prepare`), then decoded on beamkit's engine
+with the bridge's step functions (:class:`Prepared`)."""
 
 from __future__ import annotations
 
@@ -8,78 +9,27 @@ from typing import Any
 import torch
 
 from beamkit.constraints import check_vocab
-from beamkit.hf.inputs import attention_mask_for, check_input_ids, check_model, output_size
-from beamkit.hf.output import build_output
-from beamkit.hf.paged import BLOCK_SIZE
-from beamkit.hf.processors import build_processors
-from beamkit.hf.search import run_search
-from beamkit.hf.settings import Settings, Unsupported, is_generation_config, merge_config, resolve
-from beamkit.hf.step import DecoderOnlyStep, EncoderDecoderStep
+from beamkit.hf.bridge.inputs import attention_mask_for, check_input_ids, check_model, output_size
+from beamkit.hf.bridge.output import build_output
+from beamkit.hf.bridge.processors import build_processors
+from beamkit.hf.bridge.search import run_search
+from beamkit.hf.bridge.settings import Settings, is_generation_config, merge_config, resolve
+from beamkit.hf.errors import Unsupported
+from beamkit.hf.steps.paged import BLOCK_SIZE
+from beamkit.hf.steps.step import DecoderOnlyStep, EncoderDecoderStep
 
 
-def generate(model: Any, inputs: torch.Tensor | None = None, second: Any = None, /, **kwargs: Any) -> Any:
-    """Decode with beamkit and return exactly what ``model.generate(inputs, ..., **kwargs)`` returns.
-
-    A call site switches by writing ``beamkit.hf.generate(model, `` for ``model.generate(``: ``inputs`` (or
-    ``input_ids=``) are left-padded prompts (decoder-only) or encoder inputs (encoder-decoder);
-    the second positional argument is the ``attention_mask``, or a ``GenerationConfig`` (Hugging Face's second
-    positional argument); ``attention_mask=`` as a keyword works too, and it is inferred from ``pad_token_id`` when
-    omitted. Generation settings are keyword arguments over ``generation_config`` (default: the model's), read
-    with Hugging Face 5.x's defaults: ``num_beams`` (1 is greedy decoding), ``max_new_tokens`` / ``max_length``,
-    ``min_new_tokens`` / ``min_length``, ``early_stopping``, ``length_penalty``, ``num_return_sequences``,
-    ``eos_token_id`` (one id or a list), ``pad_token_id``, ``decoder_start_token_id``, ``no_repeat_ngram_size``,
-    ``repetition_penalty``, ``bad_words_ids``, ``suppress_tokens``, ``begin_suppress_tokens``,
-    ``sequence_bias``, ``forced_bos_token_id``, ``forced_eos_token_id``, plus ``num_beam_groups`` +
-    ``diversity_penalty`` (diverse beam search) and ``force_words_ids`` (constrained beam search), which
-    Hugging Face 5.x no longer ships. Other keywords are :class:`beamkit.SearchOptions` fields (``patience``,
-    ``exact_exit``, extra ``processors`` applied after the mapped ones, ...), and ``allowed_output`` (with a
-    :class:`beamkit.Trie`'s ``prefix_allowed_tokens_fn``: ``"allowed"`` computes the output layer only for the
-    ids some row may take and normalises over each row's allowed ids, ``"vocab"`` normalises over the whole
-    vocabulary, as Hugging Face does; see :mod:`beamkit.hf.allowed`), and ``compile`` (True or a
-    ``torch.compile`` backend name runs the decoding steps compiled over static shapes, ``"max-autotune"``
-    inductor with its matrix products autotuned and the weights frozen into the graphs, see
-    :mod:`beamkit.hf.compiled`; default False; of the calls the loop decodes, Whisper's only).
-
-    Where the call runs is decided once, by :func:`beamkit.hf.route.route`: the engine bridge where it takes
-    the call, else beamkit's decoding loop inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`:
-    Whisper and other models with their own ``generate``, inputs other than token ids, model inputs the bridge
-    does not pass on, per-step ``scores``).
-
-    Returns the ``sequences`` tensor, or with ``return_dict_in_generate`` Hugging Face's output object with
-    beamkit's ``hypotheses`` and ``stats`` added (see :mod:`beamkit.hf.output`). Raises
-    :class:`beamkit.hf.Unsupported` (a ValueError) for settings beamkit.hf does not reproduce exactly, naming
-    them; ValueError / TypeError for bad input; :class:`beamkit.BatchDecodeError` when a request fails.
-    """
-    from beamkit.hf.route import route
-
-    return run_route(model, route(model, (inputs, second), kwargs))
-
-
-def run_route(model: Any, chosen: Any, original: Any = None) -> Any:
-    """Run a :class:`beamkit.hf.route.Route` of ``generate``: on the engine, or in beamkit's loop inside the
-    model's unpatched ``generate`` (``original`` where given); a route to Hugging Face's own decoding is
-    :class:`Unsupported` with its reason (:func:`generate` never runs Hugging Face's own)."""
-    if chosen.kind == "engine":
-        return chosen.prepared()
-    if chosen.kind == "loop":
-        return chosen.prepared(original if original is not None else unpatched(model))
-    raise Unsupported(chosen.reason)
-
-
-def unpatched(model: Any) -> Any:
-    """The model's ``generate`` without a :func:`beamkit.hf.patch` around it."""
-    handle = getattr(getattr(model, "generate", None), "beamkit_patch", None)
-    return handle.original if handle is not None else model.generate
-
-
-def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool) -> Any:
+def prepare(
+    model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any], exact_only: bool, merged: Any = None
+) -> Any:
     """The engine bridge's decoding of one call, checked and ready to run (a callable). Raises
     :class:`Unsupported` for calls the bridge does not take: a model with its own ``generate`` (Whisper), no
     ``input_ids`` (``inputs_embeds``, or nothing), models whose inputs are not token ids, and settings it does
     not reproduce; with ``exact_only``
     also per-step score tables (``output_scores`` with ``return_dict_in_generate``) and sampling (beamkit's
     bridge draws from its own noise, not from Hugging Face's RNG stream). ValueError / TypeError for bad input.
-    The bridge itself returns no per-step tables (``scores`` is None)."""
+    The bridge itself returns no per-step tables (``scores`` is None). ``merged``: the call's generation config
+    as :func:`~beamkit.hf.bridge.settings.merge_config` returns it, where the caller merged it already."""
     kwargs = dict(kwargs)
     check_model(model)
     own = getattr(type(model), "generate", None)
@@ -103,7 +53,9 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
             raise TypeError("generate() got attention_mask twice")
         attention_mask = kwargs.pop("attention_mask")
     passed = kwargs.pop("generation_config", None)
-    gc, rest, given = merge_config(passed, getattr(model, "generation_config", None), kwargs)
+    if merged is None:
+        merged = merge_config(passed, getattr(model, "generation_config", None), kwargs)
+    gc, rest, given = merged[0], dict(merged[1]), merged[2]
     input_ids = check_input_ids(inputs, model)
     settings = resolve(model, gc, rest, given, input_ids.shape[1])
     width = output_size(model)
@@ -113,7 +65,7 @@ def prepare(model: Any, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]
     if outside:  # Hugging Face warns and never stops on them
         raise Unsupported(f"eos ids {outside} outside the model's output")
     if settings.allowed_output is not None:
-        from beamkit.hf.allowed import check_head
+        from beamkit.hf.retrieval.allowed import check_head
 
         check_head(model)
     if exact_only and wants_tables(settings):
@@ -180,7 +132,7 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
     processors = build_processors(settings, prompts, first)
     runner: Any = step
     if settings.allowed_output is not None:  # the output layer over the ids the dictionary allows some row
-        from beamkit.hf.allowed import AllowedOutputStep
+        from beamkit.hf.retrieval.allowed import AllowedOutputStep
 
         fn = settings.prefix_fn
         runner = AllowedOutputStep(step, model, fn.trie, fn.eos, settings.allowed_output)

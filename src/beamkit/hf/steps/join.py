@@ -7,11 +7,11 @@ call for all rows, old and new; the new rows' ``y_prev`` is their ``bos``. Here:
   each). Prompts of different widths concatenate by padding with masked columns: on the left for a
   decoder-only prompt (positions come from the mask, so they do not move), on the right for encoder inputs
   (learned absolute positions such as BART's do not move either).
-- :class:`Cohorts` is a state made of parts in row order: the running :class:`~beamkit.hf.step.CacheRows`
+- :class:`Cohorts` is a state made of parts in row order: the running :class:`~beamkit.hf.steps.step.CacheRows`
   and the :class:`Prompt` of the requests that joined. The step functions run each part (a decoding step for a
   cache part, the prompt / encoder for a prompt part) and then: decoder-only, merge the caches into one
-  :class:`~beamkit.hf.step.CacheRows`, left-padding the attention masks and position ids with masked columns
-  (one forward per step again from the next step on); paged caches (:mod:`beamkit.hf.paged`) join their block
+  :class:`~beamkit.hf.steps.step.CacheRows`, left-padding the attention masks and position ids with masked columns
+  (one forward per step again from the next step on); paged caches (:mod:`beamkit.hf.steps.paged`) join their block
   tables, so nobody's keys/values are copied or re-padded (the padding is the gather's), dense caches left-pad
   the shorter key/value tensors; encoder-decoder, keep the parts
   (a cohort = the requests that joined at one step: one decoder forward per cohort and step, because decoders
@@ -75,7 +75,7 @@ class Prompt:
 
 
 class Cohorts:
-    """A state made of parts in row order (running :class:`~beamkit.hf.step.CacheRows` and joining
+    """A state made of parts in row order (running :class:`~beamkit.hf.steps.step.CacheRows` and joining
     :class:`Prompt` s); see the module docstring."""
 
     def __init__(self, parts: list[Any]):
@@ -112,7 +112,7 @@ class Cohorts:
 
 
 def rows_of(state: Any) -> int:
-    """Rows of a :class:`Prompt`, :class:`~beamkit.hf.step.CacheRows` or :class:`Cohorts`."""
+    """Rows of a :class:`Prompt`, :class:`~beamkit.hf.steps.step.CacheRows` or :class:`Cohorts`."""
     if isinstance(state, Cohorts):
         return sum(state.sizes())
     if isinstance(state, Prompt):

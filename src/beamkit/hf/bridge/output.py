@@ -22,7 +22,7 @@ from transformers.generation.utils import (
     GenerateEncoderDecoderOutput,
 )
 
-from beamkit.hf.settings import Settings
+from beamkit.hf.bridge.settings import Settings
 from beamkit.hypothesis import Hypothesis, SearchStats
 
 

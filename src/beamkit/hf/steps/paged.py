@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 
 from beamkit._checks import check_choice, check_int
+from beamkit.hf.internals import register_attention
+from beamkit.hf.steps.views import with_attention
 from beamkit.kv import GatherIndex, PagedKVCache, PagedRows
 from beamkit.kv.attention import PrefixPlan, plan_prefix, shared_prefix_attention
 
@@ -103,6 +104,7 @@ class PagedPool:
         self.attention = check_choice("attention", attention, PAGED_ATTENTION)
         self.kv: PagedKVCache | None = None
         self.grown = 0  # times the pool grew
+        self.view: Any = None  # the model as its steps attend through the pool (views.with_attention), made once
         self._heads_offset: tuple[int, torch.Tensor] | None = None  # (n_blocks, first column of each head)
 
     def reserve(self, blocks: int) -> None:
@@ -310,36 +312,34 @@ class PagedCache(Cache):
         s.index = (base_t[:, None, :] + offset[None, :, None]).reshape(-1)  # shape: (rows * heads * (L + 1),)
         s.slots = (base_t[:, -1:] + offset[None, :]).reshape(-1)  # shape: (rows * heads,) the newest position
 
-    def forward(self, model: Any, run: Callable[[], Any]) -> Any:
-        """``run()`` (the step's model forward, after :meth:`begin_step`) with ``model``'s attention layers
-        calling beamkit's shared-prefix attention (the pool's ``attention``), and the output it returns. A model
-        whose layers did not all attend through it (attention modules with a configuration of their own, a
-        setting it does not compute) runs the step again over the gathered keys/values, and its pool gathers
-        from then on."""
+    def forward(self, model: Any, run: Callable[[Any], Any]) -> Any:
+        """``run(m)`` (the step's model forward on ``m``, after :meth:`begin_step`) on a view of ``model`` whose
+        attention layers call beamkit's shared-prefix attention (the pool's ``attention``;
+        :func:`~beamkit.hf.steps.views.with_attention`: the model itself is not changed), and the output it
+        returns. A model whose layers did not all attend through it (attention modules with a configuration of
+        their own, a setting it does not compute) runs the step again on itself over the gathered keys/values,
+        and its pool gathers from then on."""
         s = self._shared
         kv = s.pool.kv
         assert kv is not None
         if s.plan is None:
-            return run()
-        _register()
-        config = model.config
-        before = config.__dict__.get("_attn_implementation_internal")
+            return run(model)
+        register_attention(ATTENTION, _attention)
+        view = s.pool.view = with_attention(model, ATTENTION, s.pool.view)
         token = _STEP.set(s)
-        config._attn_implementation_internal = ATTENTION
         out = None
         try:
-            out = run()
+            out = run(view)
         except Exception:
             if s.calls == kv.layers and not s.refused:
                 raise  # the model failed after attending here: not the attention's doing
             # a layer attended on its own (over the new position alone) and failed: gathered below
         finally:
-            config._attn_implementation_internal = before
             _STEP.reset(token)
         if out is None or s.refused or s.calls != kv.layers:
             s.pool.attention = "gather"
             self._gather_index()
-            out = run()
+            out = run(model)
         return out
 
     def end_step(self) -> None:
@@ -420,12 +420,6 @@ class PagedCache(Cache):
         """Bytes of the pool's blocks held by any row (all requests of the pool, not only these rows)."""
         kv = self._shared.pool.kv
         return 0 if kv is None else kv.bytes_in_use()
-
-
-def _register() -> None:
-    """Put beamkit's shared-prefix attention in ``transformers``' ``AttentionInterface`` (once)."""
-    if ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(ATTENTION, _attention)
 
 
 def _attention(

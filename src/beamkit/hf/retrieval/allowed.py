@@ -20,8 +20,6 @@ a model that transforms the logits after its ``lm_head`` (a final bias, soft-cap
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -29,7 +27,8 @@ import torch
 
 from beamkit._checks import check_choice
 from beamkit.constraints import FRESH, ROOT, Trie, allowed_pairs
-from beamkit.hf.settings import Unsupported
+from beamkit.hf.errors import Unsupported
+from beamkit.hf.steps.step import output_head
 from beamkit.state import concat_state, select_state
 
 NORMALISATIONS = ("vocab", "allowed")
@@ -73,17 +72,6 @@ class _Columns(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(hidden, self.weight, self.bias)  # shape: (..., |cols|)
-
-
-@contextmanager
-def _head_over(model: Any, cols: torch.Tensor) -> Iterator[None]:
-    """``model.lm_head`` computes only the columns ``cols`` inside the block (restored after, even on error)."""
-    head = model.lm_head
-    model.lm_head = _Columns(head, cols)
-    try:
-        yield
-    finally:
-        model.lm_head = head
 
 
 def check_head(model: Any) -> None:
@@ -147,7 +135,7 @@ class AllowedOutputStep:
         self.union_sizes.append(int(union.size))
         device = self.model.lm_head.weight.device
         u = torch.as_tensor(union, device=device)
-        with _head_over(self.model, u):
+        with output_head(_Columns(self.model.lm_head, u)):  # the model's own lm_head is not replaced
             part, inner = self.step(state.inner, y_prev)  # shape: (rows, U)
         r = torch.as_tensor(rows, device=part.device)
         at = torch.as_tensor(np.searchsorted(union, cols), device=part.device)  # shape: (pairs,) columns of part

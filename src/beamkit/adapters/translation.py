@@ -5,13 +5,14 @@ when one is given: the checkpoint's front door to the one batched text driver,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from beamkit._checks import check_int
+from beamkit.adapters.base import ModelAdapter
+from beamkit.adapters.checkpoint import CheckpointAdapter
+from beamkit.adapters.driver import TextHypothesis, decode_texts
+from beamkit.adapters.fusion import FusedAdapter
 from beamkit.progress import Progress
-
-if TYPE_CHECKING:
-    from beamkit.adapters import TextHypothesis
 
 
 def translate(
@@ -41,8 +42,6 @@ def translate(
     ``lm_weight``); ``logprob`` is then the fused score. Other ``options`` are :class:`beamkit.SearchOptions`
     fields, as :func:`beamkit.search_batch` takes them.
     """
-    from beamkit.adapters import CheckpointAdapter, FusedAdapter, ModelAdapter, decode_texts
-
     check_int("beam_size", beam_size, 1)
     if num_return is not None:
         check_int("num_return", num_return, 1, beam_size)

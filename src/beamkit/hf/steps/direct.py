@@ -7,7 +7,7 @@ goes through ``nn.Module.__call__`` (hooks, checks). On a small model that is mo
 layers in the same order with the same functions: each layer's own ``forward`` (embeddings, norms, linear layers,
 the model module's own rotary helper) and the attention function the model is configured with (transformers'
 attention registry), on the same inputs: the token ids ``[rows, 1]``, the ready 4-D boolean padding mask
-``[rows, 1, 1, L]`` and the position ids ``[rows, 1]`` that :class:`~beamkit.hf.step.DecoderOnlyStep` passes
+``[rows, 1, 1, L]`` and the position ids ``[rows, 1]`` that :class:`~beamkit.hf.steps.step.DecoderOnlyStep` passes
 the model, and the model's own ``DynamicCache`` (its plain layers extended by ``update`` as the model does). So
 its logits are the model call's logits, bit for bit (the tests compare them with ``torch.equal``).
 
@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+from beamkit.hf.internals import attention_name
 
 #: the model classes served, by family ("gpt2": GPT-2 blocks; "llama": pre-norm blocks with rotary positions)
 FAMILIES = {
@@ -93,8 +95,8 @@ def _unsupported(model: Any) -> str:
         if not type(module).__module__.startswith(_LIBRARIES):
             return f"{where} comes from {type(module).__module__}, not from transformers or torch"
         own = getattr(module, "config", None)
-        if own is not None and own is not cfg and getattr(own, "_attn_implementation", "sdpa") != "sdpa":
-            return f"{where} attends with {own._attn_implementation!r} (the direct step runs 'sdpa')"
+        if own is not None and own is not cfg and attention_name(own) not in (None, "sdpa"):
+            return f"{where} attends with {attention_name(own)!r} (the direct step runs 'sdpa')"
     blocks, count = _blocks(model, family)
     if len(blocks) != count:
         return f"{len(blocks)} layers against {count} in the config (the model runs the config's count)"
@@ -144,7 +146,7 @@ def _changed(model: Any) -> str:
     mode, the attention function, global module hooks ('' when the direct step may run)."""
     if model.training:
         return "the model is in training mode (dropout would apply)"
-    implementation = getattr(model.config, "_attn_implementation", None)
+    implementation = attention_name(model.config)
     if implementation != "sdpa":
         return f"attention implementation {implementation!r} (the direct step runs 'sdpa')"
     if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
@@ -174,6 +176,23 @@ def _blocks(model: Any, family: str) -> tuple[Any, int]:
     if family == "t5":
         return model.decoder.block, int(cfg.num_decoder_layers)
     return model.model.decoder.layers, int(cfg.decoder_layers)
+
+
+class DecoderToken(NamedTuple):
+    """One new token per row for an encoder-decoder model's decoder layers: its ids ``[rows, 1]``, the encoder's
+    padding mask ``[rows, 1, 1, S]`` (None: no padding), the model's ``EncoderDecoderCache`` (the cross-attention
+    keys/values filled), and for a cache of fixed width the ``position`` ``[1]`` and the self-attention columns
+    to read (``self_mask`` ``[rows, 1, 1, C]``)."""
+
+    ids: torch.Tensor
+    cross_mask: torch.Tensor | None
+    cache: Any
+    position: torch.Tensor | None = None
+    self_mask: torch.Tensor | None = None
+
+    def caches(self) -> tuple[Any, Any]:
+        """The self-attention and the cross-attention caches."""
+        return self.cache.self_attention_cache, self.cache.cross_attention_cache
 
 
 class DirectStep:
@@ -209,24 +228,26 @@ class DirectStep:
         pos: torch.Tensor | None,
         cache: Any,
         self_mask: torch.Tensor | None = None,
+        head: Any = None,
     ) -> torch.Tensor:
         """The logits ``[rows, V]`` of one token per row (see the class doc). An encoder-decoder model takes the
         encoder's padding mask ``[rows, 1, 1, S]`` as ``mask``, its ``EncoderDecoderCache`` (the cross-attention
         keys/values filled) and no ``pos`` (its position is the decoder's length, the same for every row, read
         from the cache); or, for a cache of fixed width (the compiled step), ``pos`` the position ``[1]`` and
         ``self_mask`` ``[rows, 1, 1, C]`` the self-attention columns to read. Whisper's decoder takes no encoder
-        mask (``None``: its audio frames have no padding)."""
+        mask (``None``: its audio frames have no padding). ``head``: an output layer to run in place of a
+        decoder-only model's ``lm_head`` (:func:`beamkit.hf.steps.step.output_head`), whose columns it returns."""
         if self.family == "t5":
-            logits = self.model.lm_head.forward(self._t5(ids, mask, cache, pos, self_mask))
+            logits = self.model.lm_head.forward(self._t5(DecoderToken(ids, mask, cache, pos, self_mask)))
         elif self.family == "whisper":
-            logits = self.model.proj_out.forward(self._whisper(ids, mask, cache, pos, self_mask))
+            logits = self.model.proj_out.forward(self._whisper(DecoderToken(ids, mask, cache, pos, self_mask)))
         elif self.family in SEQ2SEQ:
-            hidden = self._seq2seq(ids, mask, cache, pos, self_mask)
+            hidden = self._seq2seq(DecoderToken(ids, mask, cache, pos, self_mask))
             logits = self.model.lm_head.forward(hidden) + self.model.final_logits_bias
         else:
             assert pos is not None
             hidden = self._gpt2(ids, mask, pos, cache) if self.family == "gpt2" else self._llama(ids, mask, pos, cache)
-            logits = self.model.lm_head.forward(hidden)
+            logits = (self.model.lm_head if head is None else head).forward(hidden)
         logits = logits[:, -1, :]  # shape: (rows, V)
         return logits if logits.dtype == torch.float32 else logits.float()
 
@@ -273,20 +294,13 @@ class DirectStep:
             hidden = hidden + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
         return base.norm.forward(hidden)
 
-    def _seq2seq(
-        self,
-        ids: torch.Tensor,
-        cross_mask: torch.Tensor | None,
-        cache: Any,
-        position: torch.Tensor | None = None,
-        self_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _seq2seq(self, token: DecoderToken) -> torch.Tensor:
         """Marian / BART decoder layers (``MarianDecoder`` / ``BartDecoder.forward`` for one new token, post-norm):
         the final hidden states ``[rows, 1, E]``. The self-attention needs no mask: one query attends to every
         position of its own row (the model passes none either, having no decoder padding); a cache of fixed
         width passes ``self_mask`` and the ``position`` (then its length is not read)."""
-        dec = self.model.model.decoder
-        self_cache, cross_cache = cache.self_attention_cache, cache.cross_attention_cache
+        ids, cross_mask, position, self_mask = token.ids, token.cross_mask, token.position, token.self_mask
+        dec, (self_cache, cross_cache) = self.model.model.decoder, token.caches()
         past = 0  # read by the position embeddings only when no position ids are given (never here)
         if position is None:
             past = self_cache.get_seq_length()
@@ -317,21 +331,14 @@ class DirectStep:
             hidden = layer.final_layer_norm.forward(hidden + ffn)
         return hidden
 
-    def _t5(
-        self,
-        ids: torch.Tensor,
-        cross_mask: torch.Tensor | None,
-        cache: Any,
-        position: torch.Tensor | None = None,
-        self_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _t5(self, token: DecoderToken) -> torch.Tensor:
         """T5 decoder blocks (``T5Stack.forward`` of the decoder for one new token, pre-norm, relative position
         bias from the first block's self-attention, shared by every block; the cross-attention's bias zeros):
         the final hidden states ``[rows, 1, E]``, scaled as ``T5ForConditionalGeneration`` scales them before its
         output layer. As the model, the self-attention passes no mask but the bias (one query attends to its
         row's every position); a cache of fixed width passes ``self_mask`` and the ``position``."""
-        dec = self.model.decoder
-        self_cache, cross_cache = cache.self_attention_cache, cache.cross_attention_cache
+        ids, cross_mask, position, self_mask = token.ids, token.cross_mask, token.position, token.self_mask
+        dec, (self_cache, cross_cache) = self.model.decoder, token.caches()
         past: Any = position if position is not None else self_cache.get_seq_length()
         hidden = dec.embed_tokens.forward(ids)  # shape: (rows, 1, E)
         rows = hidden.shape[0]
@@ -364,21 +371,14 @@ class DirectStep:
             hidden = hidden * (self.model.model_dim**-0.5)
         return hidden
 
-    def _whisper(
-        self,
-        ids: torch.Tensor,
-        cross_mask: torch.Tensor | None,
-        cache: Any,
-        position: torch.Tensor | None = None,
-        self_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _whisper(self, token: DecoderToken) -> torch.Tensor:
         """Whisper decoder layers (``WhisperDecoder.forward`` for one new token, pre-norm, learned positions, the
         queries scaled before attention): the final hidden states ``[rows, 1, E]``. As the model, the
         self-attention passes no mask for one query over its row's every position, and the cross-attention the
         encoder's mask only where one is given (Whisper's own decoder passes none: its audio frames have no
         padding); a cache of fixed width passes ``self_mask`` and the ``position``."""
-        dec = self.model.model.decoder
-        self_cache, cross_cache = cache.self_attention_cache, cache.cross_attention_cache
+        ids, cross_mask, position, self_mask = token.ids, token.cross_mask, token.position, token.self_mask
+        dec, (self_cache, cross_cache) = self.model.model.decoder, token.caches()
         if position is None:
             position = self._positions(self_cache.get_seq_length())  # shape: (1,)
         hidden = dec.embed_tokens.forward(ids) + dec.embed_positions.weight[position]  # shape: (rows, 1, E)

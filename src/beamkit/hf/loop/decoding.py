@@ -11,7 +11,7 @@ order), the same finished-hypothesis pool and early-stopping rule, so sequences,
 as Hugging Face's, in its layout; the tables cost nothing unless asked for.
 
 Two things make the loop faster than Hugging Face's own, with the same results. Whisper's steps after the first
-run its decoder's layers directly (:mod:`beamkit.hf.direct`, the model call's logits bit for bit) where a call
+run its decoder's layers directly (:mod:`beamkit.hf.steps.direct`, the model call's logits bit for bit) where a call
 asks for no per-step attentions or hidden states. And an encoder-decoder's beam reorder leaves the cross-attention
 keys/values where they are when every beam of a request holds the same ones (Hugging Face copies them per beam
 from one encoder output, and moves all of them at every step).
@@ -32,15 +32,16 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from beamkit.hf import internals
-from beamkit.hf.compiled import StaticSeq2Seq, log_once, static_step
-from beamkit.hf.direct import FAMILIES, direct_step
-from beamkit.hf.paged import plain_layers
-from beamkit.hf.settings import Unsupported
+from beamkit.hf.errors import Unsupported
+from beamkit.hf.loop.trie import vectorise_prefix_fns
+from beamkit.hf.steps.compiled import StaticSeq2Seq, log_once, static_step
+from beamkit.hf.steps.direct import FAMILIES, direct_step
+from beamkit.hf.steps.paged import plain_layers
 from beamkit.hf.versions import release
 
 NEG = -1.0e9  # Hugging Face's "impossible" score, added rather than set (so rankings among them stay defined)
 
-#: the families whose one-token steps the loop runs directly (:mod:`beamkit.hf.direct`), not through the model's
+#: the families whose one-token steps the loop runs directly (:mod:`beamkit.hf.steps.direct`), not through the model's
 #: forward, where a call asks for no per-step attentions or hidden states
 DIRECT = ("whisper",)
 COMPILES = ("whisper",)  # the families whose calls take compile= here (run eagerly, said once, where not DIRECT)
@@ -57,6 +58,7 @@ def decode(
     synced_gpus: bool = False,
     *,
     compile_backend: str | None = None,
+    judged: bool = False,
     **model_kwargs: Any,
 ) -> Any:
     """A decoding method for ``model.generate(custom_generate=decode)``: Hugging Face's prepared ``input_ids``
@@ -64,10 +66,10 @@ def decode(
     model keywords it built; returns what Hugging Face's own method for the mode returns. Raises
     :class:`~beamkit.hf.Unsupported` (before any forward) for modes other than greedy, sampling, beam search and
     beam sampling. ``compile_backend`` (a ``torch.compile`` backend; ``beamkit.hf.generate(..., compile=...)``
-    passes it) runs Whisper's steps compiled over static shapes (:mod:`beamkit.hf.compiled`)."""
-    from beamkit.hf.processors import vectorise_prefix_fns
-
-    loop = loop_for(generation_config)
+    passes it) runs Whisper's steps compiled over static shapes (:mod:`beamkit.hf.steps.compiled`). ``judged``:
+    the caller (:func:`beamkit.hf.route`) has checked the mode already (:func:`mode_refusal`); the loop then only
+    reads which one it is (Hugging Face may change it inside ``generate``: Whisper's temperature fallback samples)."""
+    loop = loop_for(generation_config, judged)
     logits_processor = vectorise_prefix_fns(logits_processor)  # a beamkit.Trie's callable: applied vectorised
     run = Run(model, logits_processor, stopping_criteria, generation_config, bool(synced_gpus), model_kwargs)
     run.compile(compile_backend)
@@ -77,10 +79,10 @@ def decode(
         run.release()
 
 
-def loop_for(generation_config: Any) -> type[TokenLoop] | type[BeamLoop]:
+def loop_for(generation_config: Any, judged: bool = False) -> type[TokenLoop] | type[BeamLoop]:
     """The loop that decodes ``generation_config``'s generation mode; :class:`~beamkit.hf.Unsupported` naming
-    :func:`mode_refusal`'s reason for the modes it does not decode."""
-    refusal = mode_refusal(generation_config)
+    :func:`mode_refusal`'s reason for the modes it does not decode, unless the caller has ``judged`` the mode."""
+    refusal = None if judged else mode_refusal(generation_config)
     if refusal is not None:
         raise Unsupported(refusal)
     return LOOPS[generation_config.get_generation_mode().value]
@@ -112,9 +114,9 @@ class Run:
     config: Any
     synced_gpus: bool
     kwargs: dict[str, Any]
-    direct: Any = None  # the direct step (beamkit.hf.direct) this call's steps may run, None where they may not
+    direct: Any = None  # the direct step (beamkit.hf.steps.direct) this call's steps may run, None where they may not
     why: str = ""  # why not, where they may not
-    static: Any = None  # the compiled static step (beamkit.hf.compiled) this call's steps run, when compiling
+    static: Any = None  # the compiled static step (beamkit.hf.steps.compiled) this call's steps run, when compiling
     buffers: Any = None  # its keys/values buffers (StaticSeq2Seq), from the first step it runs to the release
 
     def __post_init__(self) -> None:

@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 
 from beamkit import ops
-from beamkit.constraints import ROOT, PrefixFn, TrieMask, allowed_pairs, check_vocab
-from beamkit.hf.internals import prefix_constraint
-from beamkit.hf.settings import Settings
+from beamkit.constraints import TrieMask
+from beamkit.hf.bridge.settings import Settings
 from beamkit.processors import (
     BadWords,
     NoRepeatNGram,
@@ -122,54 +121,3 @@ class TopPMask:
         drop = cumulative <= 1 - self.p
         drop[..., -self.keep :] = False
         return scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-
-
-class TrieLogitsProcessor:
-    """Hugging Face's ``PrefixConstrainedLogitsProcessor`` for a :class:`beamkit.Trie`'s callable, vectorised:
-    the rows' new tokens walked down the trie at once (one small host copy of ``[rows, t]`` ids per step), the
-    allowed ids set in one scatter. Same result as Hugging Face's row-by-row calls: the mask added to the
-    scores, an empty allowed list raises, a request whose allowed ids are all ``-inf`` gets the bare mask."""
-
-    def __init__(self, fn: PrefixFn, num_beams: int):
-        self.fn = fn
-        self.num_beams = num_beams
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        fn = self.fn
-        check_vocab(fn.trie, int(scores.shape[-1]), "the prefix_allowed_tokens_fn's dictionary")
-        tokens = input_ids[:, fn.prompt_len :].cpu().numpy()  # shape: (rows, t)
-        node = fn.trie.walk(tokens)  # shape: (rows,)
-        dead = node < 0
-        if not fn.eos:  # a row off the dictionary gets the root's children (PrefixFn's answer)
-            node = np.where(dead, ROOT, node)
-        rows, cols = allowed_pairs(fn.trie, node, fn.eos)
-        if fn.eos and dead.any():  # ... or the stop tokens
-            where = np.flatnonzero(dead)
-            stop = np.asarray(fn.eos, np.int64)
-            rows = np.concatenate([rows, np.repeat(where, stop.size)])
-            cols = np.concatenate([cols, np.tile(stop, where.size)])
-        empty = np.bincount(rows, minlength=node.shape[0]) == 0
-        if empty.any():
-            batch_id = int(np.flatnonzero(empty)[0]) // self.num_beams
-            raise ValueError(
-                f"`prefix_allowed_tokens_fn` returned an empty list for batch ID {batch_id}: the dictionary has no "
-                "continuation there (an entry ended without a stop token; give eos_token_id)"
-            )
-        mask = torch.full_like(scores, float("-inf"))
-        mask[torch.as_tensor(rows, device=scores.device), torch.as_tensor(cols, device=scores.device)] = 0
-        processed = scores + mask
-        batch = scores.shape[0] // self.num_beams
-        unsatisfiable = processed.amax(dim=-1).isneginf().view(batch, -1).all(dim=-1, keepdim=True)
-        return torch.where(unsatisfiable.repeat_interleave(self.num_beams, dim=0), mask, processed)
-
-
-def vectorise_prefix_fns(processors: Any) -> Any:
-    """Hugging Face's processor list with each ``PrefixConstrainedLogitsProcessor`` over a :class:`beamkit.Trie`'s
-    callable replaced by a :class:`TrieLogitsProcessor` (in place, same position); others untouched."""
-    for i, proc in enumerate(processors):
-        held = prefix_constraint(proc)
-        if held is not None and isinstance(held[0], PrefixFn):
-            processors[i] = TrieLogitsProcessor(held[0], held[1])
-    return processors

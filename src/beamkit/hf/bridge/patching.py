@@ -1,6 +1,6 @@
 """``beamkit.hf.patch(model)``: ``model.generate`` runs through beamkit where beamkit reproduces it exactly.
 
-Each call is routed once (:func:`beamkit.hf.route.route`): beamkit's engine bridge, else beamkit's decoding loop
+Each call is routed once (:func:`beamkit.hf.bridge.route.route`): beamkit's engine bridge, else beamkit's decoding loop
 inside Hugging Face's own ``generate`` (:mod:`beamkit.hf.loop`, Hugging Face's float32 arithmetic), else Hugging
 Face's own decoding method, with the reason logged once. No call breaks that Hugging Face would serve: whatever
 the bridge refuses or rejects (a check stricter than Hugging Face's) goes on to the loop, where Hugging Face's own
@@ -14,10 +14,9 @@ import logging
 from typing import Any
 
 from beamkit._checks import check_bool
-from beamkit.hf.generation import run_route
-from beamkit.hf.inputs import check_model
-from beamkit.hf.route import route
-from beamkit.hf.settings import Unsupported
+from beamkit.hf.bridge.inputs import check_model
+from beamkit.hf.bridge.route import route, run_route
+from beamkit.hf.errors import Unsupported
 from beamkit.hypothesis import BatchDecodeError
 
 log = logging.getLogger("beamkit.hf")
@@ -46,7 +45,7 @@ class Patch:
         model.generate = generate
 
     def _generate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One patched call, run where :func:`beamkit.hf.route.route` sends it; a call the engine refuses at run
+        """One patched call, run where :func:`beamkit.hf.bridge.route.route` sends it; a call the engine refuses at run
         time (a :class:`beamkit.BatchDecodeError`, nothing of the caller's changed) is routed again without it."""
         chosen = route(self.model, args, kwargs, patched=True, fast=self.fast)
         if chosen.kind == "engine":
