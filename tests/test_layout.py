@@ -633,7 +633,6 @@ def test_the_run_time_cycle_detector_sees_imports_inside_functions():
 # Imports up a floor inside a function that another change is closing, as "file: room": each is dropped from the
 # graph below; once it is gone its entry must go too.
 UPWARD_BEING_CLOSED = {
-    "trace.py": "viz",  # the search trace's rendering helper (its own change moves it)
     "ctc/trace.py": "viz",  # the CTC trace's rendering helper (likewise)
 }
 
