@@ -506,7 +506,9 @@ def _read_file(path: Path, pad: int | None) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"cannot read {name!r} as a numpy array: {err}") from None
         return _from_array(arr, pad)
     if head.startswith(ZIP_MAGIC):
-        raise ValueError(f"dictionary file {name!r} is an archive, not text: a trie saved by Trie.save loads with Trie.load")
+        raise ValueError(
+            f"dictionary file {name!r} is an archive, not text: a trie saved by Trie.save loads with Trie.load"
+        )
     lines = [line.split() for line in text_lines(path, "dictionary file") if line.strip()]
     try:
         seqs = [[int(t) for t in line] for line in lines]

@@ -95,7 +95,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from beamkit.serve.app import create_app, model_vocab
 
         # --compile "" is refused as compile="" is (no backend named), not read as "off"
-        adapter = load(args.model, allow_pickle=args.allow_pickle, compile=False if args.compile is None else args.compile)
+        compile_ = False if args.compile is None else args.compile
+        adapter = load(args.model, allow_pickle=args.allow_pickle, compile=compile_)
     except ImportError as exc:
         print(f"beamkit serve: error: {exc} ({install_hint('serve')})", file=sys.stderr)
         return 2

@@ -72,7 +72,9 @@ class Metrics:
         with self.lock:
             self.outcomes[kind] += jobs
 
-    def gauges(self, queue_depth: int | None = None, running: int | None = None, rows_reserved: int | None = None) -> None:
+    def gauges(
+        self, queue_depth: int | None = None, running: int | None = None, rows_reserved: int | None = None
+    ) -> None:
         """Set the gauges given (None: leave it)."""
         with self.lock:
             if queue_depth is not None:
