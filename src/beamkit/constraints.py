@@ -450,10 +450,9 @@ def _int_array(values: Any, what: str, ndim: int | None = None) -> np.ndarray:
         return arr.astype(np.int64)
     if arr.dtype == bool:
         raise TypeError(f"{what} must hold integer token ids, got booleans")
-    if arr.dtype == object:  # Python ints beyond int64 come as objects: say which id, not "object values"
-        flat = arr.reshape(-1).tolist()
-        if all(type(v) is int or isinstance(v, np.integer) for v in flat):
-            big = max(flat, key=abs)
+    if arr.dtype.kind in "fO":  # Python ints beyond int64 come as floats or objects: say which id
+        big = _beyond_int64(values)
+        if big is not None:
             raise ValueError(f"token id {big} is out of range: ids must be >= 0 and below 2**31 - 1")
     if arr.dtype == object or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{what} must hold integer token ids, got {arr.dtype} values")
@@ -463,6 +462,18 @@ def _int_array(values: Any, what: str, ndim: int | None = None) -> np.ndarray:
     if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"token id {int(arr.max())} is out of range: ids must be below 2**31 - 1")
     return arr.astype(np.int64, copy=False)
+
+
+def _beyond_int64(values: Any) -> int | None:
+    """The first integer of the nested lists ``values`` that int64 cannot hold (None: none)."""
+    for v in values.tolist() if isinstance(values, np.ndarray) else values:
+        if isinstance(v, (list, tuple)):
+            found = _beyond_int64(v)
+            if found is not None:
+                return found
+        elif isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+            return v
+    return None
 
 
 def _cut(values: Any) -> str:
