@@ -327,14 +327,18 @@ class TrieTable:
     def assign(self, request_id: int, name: str | None) -> None:
         """Constrain request ``request_id`` by the trie called ``name`` (None: not at all); ValueError for a
         name not in the table, or a trie holding an id past the model's vocabulary (once it is known)."""
-        if name is None:
-            return
+        if name is not None:
+            self._which[request_id] = self.check(name)
+
+    def check(self, name: str) -> int:
+        """The index of the trie called ``name``; ValueError for a name not in the table, or a trie holding an id
+        past the model's vocabulary (once it is known)."""
         if name not in self.names:
             raise ValueError(f"no dictionary {name!r}; this table has {list(self.names)}")
         k = self.names.index(name)
         if self.vocab_size is not None:
             check_vocab(self.tries[k], self.vocab_size, f"the dictionary {name!r}")
-        self._which[request_id] = k
+        return k
 
     def forget(self, request_id: int) -> None:
         """Drop a completed request."""

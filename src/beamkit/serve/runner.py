@@ -252,7 +252,7 @@ class Runner:
         with the same options (and the same :meth:`ModelAdapter.batch_key`)."""
         a = self.adapter
         groups: list[tuple[Any, list[Job]]] = []
-        for job in jobs:
+        for job in self._dictionary_refusals(jobs):
             key = (job.options, a.batch_key(job.ids))
             for k, members in groups:
                 if k == key:
@@ -267,9 +267,7 @@ class Runner:
                 ids = self.engine.add_batch(state, a.bos, a.eos, len(members), request=members[0].options)
             except Exception as exc:  # noqa: BLE001 - the jobs fail, the server goes on
                 for job in members:
-                    self._reserved -= job.beam
-                    self.metrics.outcome("failed")
-                    self._outbox.append((job, Done([], f"{type(exc).__name__}: {exc}", 0)))
+                    self._refuse(job, f"{type(exc).__name__}: {exc}")
                 continue
             for job, rid in zip(members, ids, strict=True):
                 job.rid = rid
@@ -278,6 +276,28 @@ class Runner:
                     self.table.assign(rid, job.trie)
             self.metrics.admitted(sum(len(job.ids) for job in members))
         self.metrics.gauges(running=len(self._running), rows_reserved=self._reserved)
+
+    def _dictionary_refusals(self, jobs: list[Job]) -> list[Job]:
+        """The jobs whose dictionary can constrain the model; the others fail alone before they join (a
+        dictionary holding an id past the model's vocabulary, found out at a step after the request was
+        checked)."""
+        if self.table is None:
+            return jobs
+        out = []
+        for job in jobs:
+            try:
+                if job.trie is not None:
+                    self.table.check(job.trie)
+                out.append(job)
+            except ValueError as exc:
+                self._refuse(job, str(exc))
+        return out
+
+    def _refuse(self, job: Job, message: str) -> None:
+        """Fail a job that was taken from the queue and never joined the engine."""
+        self._reserved -= job.beam
+        self.metrics.outcome("failed")
+        self._outbox.append((job, Done([], message, 0)))
 
     def _step(self) -> None:
         stats = self.engine.stats
