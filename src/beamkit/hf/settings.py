@@ -337,7 +337,8 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
     num_return = _int(gc.num_return_sequences, "num_return_sequences", 1)
     early_stopping = False if gc.early_stopping is None else gc.early_stopping
     check_int("num_beams", num_beams, 1)
-    check_int("num_return_sequences", num_return, 1, num_beams)
+    # sampling without beams draws num_return_sequences rows per prompt, as Hugging Face does (see prepare)
+    check_int("num_return_sequences", num_return, 1, None if gc.do_sample and num_beams == 1 else num_beams)
     check_choice("early_stopping", early_stopping, (True, False, "never"))
     tokens = _tokens(gc, cfg, encoder_decoder, width)
     prompt_len, eos = tokens["prompt_len"], tokens["eos"]
