@@ -342,10 +342,11 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
     check_choice("early_stopping", early_stopping, (True, False, "never"))
     tokens = _tokens(gc, cfg, encoder_decoder, width)
     prompt_len, eos = tokens["prompt_len"], tokens["eos"]
-    if prefix_fn is not None and prefix_fn.prompt_len != prompt_len:
+    if prefix_fn is not None and prefix_fn.prompt_len != prompt_len:  # the loop runs it as Hugging Face would
         raise Unsupported(
             f"prefix_allowed_tokens_fn was made with prompt_len={prefix_fn.prompt_len} but the decoder's prefix is "
-            f"{prompt_len} tokens long"
+            f"{prompt_len} tokens long (the padded prompt, or the start token of an encoder-decoder model): make "
+            f"it with trie.prefix_allowed_tokens_fn(prompt_len={prompt_len})"
         )
     lengths = _lengths(cfg, gc, given, prompt_len, encoder_decoder, eos)
     _check_allowed_output(allowed_output, prefix_fn, encoder_decoder, gc)
