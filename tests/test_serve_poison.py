@@ -192,7 +192,11 @@ def test_serve_refuses_to_start_with_a_dictionary_past_the_vocabulary(case, tmp_
     text.write_text("".join(" ".join(map(str, entry)) + "\n" for entry in _entries(bad)))
     bad.save(tmp_path / "bad.npz")
     for path in (text, tmp_path / "bad.npz"):
-        code = main(["serve", "--model", spec, "--port", "0", "--trie", f"good={ok}", "--trie", f"d={path}"])
+        argv = ["serve", "--model", spec, "--host", "127.0.0.1", "--port", "0", "--trie", f"good={ok}"]
+        t, box = in_thread(main, [*argv, "--trie", f"d={path}"])
+        t.join(60)
+        assert not t.is_alive(), "the server started with the dictionary"  # (it then serves on, in its thread)
+        code = box["out"]
         line = capsys.readouterr().err.strip().splitlines()[-1]
         assert code == 2, line
         assert line.startswith(f"beamkit serve: error: --trie d={path}: ") and "vocabulary" in line, line
