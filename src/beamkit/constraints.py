@@ -207,7 +207,7 @@ def _lookup(ids: Any, what: str) -> np.ndarray:
     ``what`` for floats, strings, booleans)."""
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TypeError(f"{what} must be a sequence of token ids, got {_cut(ids)}")
-    values = ids.tolist() if ops.is_array(ids) else list(ids)
+    values = ops.to_numpy(ids).tolist() if ops.is_array(ids) else list(ids)
     try:
         return _int_array(values, what, ndim=1)
     except ValueError:  # an id beyond int64 is in no dictionary

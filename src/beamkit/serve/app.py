@@ -403,7 +403,7 @@ def model_vocab(adapter: ModelAdapter) -> int | None:
     """The width of the model's logits (the ids a dictionary may hold): an adapter's ``vocab_size`` where it sets
     one, a Hugging Face model's output layer, else one model step on the prompt ``"a"``; None where none of
     these works (a dictionary is then checked at the first step)."""
-    size = getattr(adapter, "vocab_size", None)
+    size: Any = getattr(adapter, "vocab_size", None)
     if is_int(size):
         return int(size)
     output = getattr(getattr(adapter, "model", None), "get_output_embeddings", None)
