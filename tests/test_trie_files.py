@@ -216,3 +216,14 @@ def test_nested_sequences_are_refused_not_flattened():
         Trie([[[3, 4]], [[6, 1, 2]]])
     with pytest.raises(TypeError):
         Trie([[3, [4, 5]], [6]])
+
+
+def test_what_is_no_path_or_no_trie_is_a_type_error_naming_it():
+    from beamkit.constraints import TrieTable
+
+    for bad in (123, None, [1, 2], b"t.npz"):
+        with pytest.raises(TypeError, match="Trie.load takes the path"):
+            Trie.load(bad)
+    for tries in ({"a": [[1, 2]]}, [Trie(ENTRIES)], {"a": Trie(ENTRIES), "b": "file.txt"}):
+        with pytest.raises(TypeError, match="TrieTable takes a dict of beamkit.Trie"):
+            TrieTable(tries)

@@ -102,6 +102,8 @@ class Trie:
         """A trie written by :meth:`save`; ValueError naming the file for one that is not such a trie (not a numpy
         ``.npz`` archive, arrays missing, or arrays that do not form a well-formed trie: offsets out of order or
         out of range, labels that are not token ids or not sorted, counts that do not match)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"Trie.load takes the path of a file Trie.save wrote, got {_cut(path)}")
         name = os.fspath(path)
         arrays = _read_npz(name)
         need = {"indptr", "labels", "terminal", "count", "depth"}
@@ -315,6 +317,8 @@ class TrieTable:
     bounds_outputs = True
 
     def __init__(self, tries: dict[str, Trie], vocab_size: int | None = None):
+        if not isinstance(tries, dict) or not all(isinstance(t, Trie) for t in tries.values()):
+            raise TypeError(f"TrieTable takes a dict of beamkit.Trie by name, got {_cut(tries)}")
         self.names = tuple(tries)
         self.tries = tuple(tries.values())
         self.vocab_size = check_optional_int("TrieTable vocab_size", vocab_size, 1)
