@@ -45,8 +45,9 @@ $(FAST_STAMP): pyproject.toml $(VENV)/bin/python
 	$(BIN)/pip install -q -e . "pytest>=8" "hypothesis>=6.100"
 	touch $(FAST_STAMP) $(DEMO_STAMP)
 
+# pytest's options from pyproject (addopts "-q") are replaced, not added to: one -q keeps the "N passed" line
 test-fast: $(FAST_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS)
+	$(BIN)/python -m pytest -o addopts= -q -m "not slow" $(FAST_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench docs/_ext

@@ -484,14 +484,26 @@ def test_a_family_without_a_direct_step_runs_eagerly_and_says_why_once(caplog):
 
 
 def test_a_backend_that_fails_falls_back_to_the_eager_static_step(caplog):
+    """A backend torch knows that fails to compile: the step runs eagerly, said once. (A name torch does not know
+    is refused by name before anything runs: tests/test_compile_backends.py.)"""
+    from torch._dynamo import list_backends, register_backend
+
+    if "beamkit-test-fails" not in list_backends(exclude_tags=()):
+
+        @register_backend(name="beamkit-test-fails")
+        def _fails(gm, example_inputs):
+            raise RuntimeError("this backend cannot compile")
+
     model = _model("gpt2")
     ids, mask = _prompts("cpu")
     kw = dict(num_beams=3, max_new_tokens=8, eos_token_id=2, pad_token_id=0, do_sample=False)
     with caplog.at_level(logging.WARNING, logger="beamkit"):
-        got = bh.generate(model, ids, mask, compile="no-such-backend", **kw)
+        got = bh.generate(model, ids, mask, compile="beamkit-test-fails", **kw)
     assert torch.equal(got, model.generate(ids, attention_mask=mask, **kw))
     notes = [r.getMessage() for r in caplog.records if "not available" in r.getMessage()]
     assert len(notes) == 1 and "running it eagerly" in notes[0]
+    with pytest.raises(ValueError, match="'no-such-backend' is no torch.compile backend"):
+        bh.generate(model, ids, mask, compile="no-such-backend", **kw)
 
 
 def test_a_slow_first_compilation_is_announced_once_per_bucket(monkeypatch, capsys):

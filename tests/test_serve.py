@@ -605,7 +605,7 @@ def test_a_small_request_behind_a_heavy_one_starts_within_a_few_steps():
             if isinstance(event, Done):
                 got[name] = event
 
-        return Job(tuple(ToyAdapter().encode(prompt)), options, beam, False, deliver, loop, request=request)
+        return Job(tuple(ToyAdapter().encode(prompt)), options, False, deliver, loop, request=request)
 
     try:
         toy = ToyAdapter()

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def toy_job(loop: asyncio.AbstractEventLoop, prompt: str, request: int, beam: int = 2) -> Job:
     options = RequestOptions(**{"beam_size": beam, "max_len": 5, "min_len": 5, "num_return": beam,
                "length_penalty": as_length_penalty(1.0), "early_stopping": False})  # fmt: skip
-    return Job(tuple(ToyAdapter().encode(prompt)), options, beam, False, lambda event: None, loop, request=request)
+    return Job(tuple(ToyAdapter().encode(prompt)), options, False, lambda event: None, loop, request=request)
 
 
 # ------------------------------------------------------------------------------------------------ the queue

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import os
+import zipfile
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from beamkit import ops
 from beamkit._checks import check_int, check_optional_int
 from beamkit.processors import StepContext
 from beamkit.search.inputs import eos_ids
+from beamkit.textfiles import text_lines
 
 ROOT = 0  # the node of the empty prefix
 DEAD = -2  # a row whose tokens left the dictionary (never produced by a search that applies the mask)
@@ -58,10 +61,16 @@ class Trie:
             path = Path(source)
             if path.suffix == ".npz":
                 raise ValueError(f"{path} is a saved trie: use Trie.load({str(path)!r})")
-            table, lengths = _read_file(path, pad)
+            try:
+                table, lengths = _read_file(path, pad)
+                _check_ids(table, lengths, self.vocab_size)
+            except (ValueError, TypeError) as err:  # every error about a file names the file
+                if str(path) in str(err):
+                    raise
+                raise type(err)(f"dictionary file {str(path)!r}: {err}") from None
         else:
             table, lengths = _table(source, pad)
-        _check_ids(table, lengths, self.vocab_size)
+            _check_ids(table, lengths, self.vocab_size)
         self.indptr, self.labels, self.terminal, self.count, self.depth = _build(table, lengths)
 
     # ------------------------------------------------------------------------------------------ construction
@@ -72,7 +81,7 @@ class Trie:
         """A trie over given CSR arrays (what :meth:`load` reads)."""
         trie = cls.__new__(cls)
         trie.indptr, trie.labels, trie.terminal = indptr, labels, terminal
-        trie.count, trie.depth, trie.vocab_size = count, int(meta["depth"]), meta.get("vocab_size")
+        trie.count, trie.depth, trie.vocab_size = int(count), int(meta["depth"]), meta.get("vocab_size")
         return trie
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -90,23 +99,21 @@ class Trie:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trie:
-        """A trie written by :meth:`save`; ValueError for a file that is not one."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as err:
-            raise ValueError(f"cannot read a trie from {os.fspath(path)!r}: {err}") from err
+        """A trie written by :meth:`save`; ValueError naming the file for one that is not such a trie (not a numpy
+        ``.npz`` archive, arrays missing, or arrays that do not form a well-formed trie: offsets out of order or
+        out of range, labels that are not token ids or not sorted, counts that do not match)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"Trie.load takes the path of a file Trie.save wrote, got {_cut(path)}")
+        name = os.fspath(path)
+        arrays = _read_npz(name)
         need = {"indptr", "labels", "terminal", "count", "depth"}
         if not need <= set(arrays):
-            raise ValueError(f"{os.fspath(path)!r} is not a saved Trie (it lacks {sorted(need - set(arrays))})")
-        indptr, labels, terminal = arrays["indptr"], arrays["labels"], arrays["terminal"]
-        if indptr.shape[0] != terminal.shape[0] + 1 or labels.shape[0] != terminal.shape[0] - 1:
-            raise ValueError(f"{os.fspath(path)!r}: the trie's arrays do not fit together")
-        vocab = int(arrays["vocab_size"]) if "vocab_size" in arrays else None
-        return cls._from_arrays(
-            indptr.astype(np.int64), labels.astype(np.int32), terminal.astype(bool), int(arrays["count"]),
-            depth=int(arrays["depth"]), vocab_size=vocab,
-        )  # fmt: skip
+            raise ValueError(f"{name!r} is not a saved Trie (it lacks {sorted(need - set(arrays))})")
+        try:
+            indptr, labels, terminal, count, depth, vocab = _check_saved(arrays)
+        except ValueError as err:
+            raise ValueError(f"{name!r} is not a well-formed saved Trie: {err}") from None
+        return cls._from_arrays(indptr, labels, terminal, count, depth=depth, vocab_size=vocab)
 
     # ------------------------------------------------------------------------------------------ lookups
     def __len__(self) -> int:
@@ -169,16 +176,16 @@ class Trie:
     def allowed(self, prefix: Sequence[int], eos: int | Sequence[int] | None = None) -> list[int]:
         """The ids that may follow ``prefix`` (ascending): its node's children, plus the stop tokens ``eos`` where
         an entry ends at ``prefix``; empty when ``prefix`` is not a prefix of any entry."""
-        node = int(self.walk(np.asarray([list(prefix)], dtype=np.int64).reshape(1, -1))[0])
+        node = int(self.walk(_lookup(prefix, "Trie.allowed's prefix").reshape(1, -1))[0])
         out = self.children(node).tolist()
-        if node >= 0 and self.terminal[node] and eos is not None:
-            stops = [eos] if isinstance(eos, (int, np.integer)) else list(eos)
-            out = sorted(set(out) | {int(e) for e in stops})
+        stops = _stops(eos)
+        if node >= 0 and self.terminal[node] and stops:
+            out = sorted(set(out) | set(stops))
         return out
 
     def __contains__(self, sequence: Sequence[int]) -> bool:
         """Whether ``sequence`` is an entry of the dictionary."""
-        node = int(self.walk(np.asarray([list(sequence)], dtype=np.int64).reshape(1, -1))[0])
+        node = int(self.walk(_lookup(sequence, "a sequence looked up in a Trie").reshape(1, -1))[0])
         return node > ROOT and bool(self.terminal[node])
 
     # ------------------------------------------------------------------------------------------ adapters
@@ -195,6 +202,18 @@ class Trie:
         (``processors=[trie.mask()]``); ``eos``: the stop tokens allowed where an entry ends (default: each
         request's own)."""
         return TrieMask(self, None if eos is None else _stops(eos))
+
+
+def _lookup(ids: Any, what: str) -> np.ndarray:
+    """A looked-up sequence as int64 ``[t]``: integers only, as construction takes them (TypeError naming
+    ``what`` for floats, strings, booleans)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{what} must be a sequence of token ids, got {_cut(ids)}")
+    values = ops.to_numpy(ids).tolist() if ops.is_array(ids) else list(ids)
+    try:
+        return _int_array(values, what, ndim=1)
+    except ValueError:  # an id beyond int64 is in no dictionary
+        return np.full(1, -1, np.int64)
 
 
 def _stops(eos: int | Sequence[int] | None) -> tuple[int, ...]:
@@ -287,30 +306,56 @@ class TrieTable:
     """Processor for an engine shared by requests (a server's): named tries, each request constrained by the one
     it was :meth:`assign`-ed (none: unconstrained). Rows of one trie are masked together as :class:`TrieMask`
     masks them (nodes carried per row, the request's stop tokens allowed where an entry ends). Rows are matched to
-    their request by the engine's request ids (``StepContext.request_id``)."""
+    their request by the engine's request ids (``StepContext.request_id``).
+
+    ``vocab_size``: the model's vocabulary (the logits' width): a trie holding an id past it is refused here; left
+    None, it is learnt at the first step, and :meth:`assign` refuses such a trie from then on. A dictionary that
+    fails at a step (an id past the vocabulary) fails only the requests constrained by it: their rows get no
+    candidate, so each ends alone, and :meth:`failure` says why; every other request decodes as alone."""
 
     carries = True
     bounds_outputs = True
 
-    def __init__(self, tries: dict[str, Trie]):
+    def __init__(self, tries: dict[str, Trie], vocab_size: int | None = None):
+        if not isinstance(tries, dict) or not all(isinstance(t, Trie) for t in tries.values()):
+            raise TypeError(f"TrieTable takes a dict of beamkit.Trie by name, got {_cut(tries)}")
         self.names = tuple(tries)
         self.tries = tuple(tries.values())
+        self.vocab_size = check_optional_int("TrieTable vocab_size", vocab_size, 1)
+        if self.vocab_size is not None:
+            for name, trie in tries.items():
+                check_vocab(trie, self.vocab_size, f"the dictionary {name!r}")
         self._which: dict[int, int] = {}  # engine request id -> index into tries
+        self._failed: dict[int, str] = {}  # engine request id -> why its dictionary failed it
 
     def assign(self, request_id: int, name: str | None) -> None:
         """Constrain request ``request_id`` by the trie called ``name`` (None: not at all); ValueError for a
-        name not in the table."""
-        if name is None:
-            return
+        name not in the table, or a trie holding an id past the model's vocabulary (once it is known)."""
+        if name is not None:
+            self._which[request_id] = self.check(name)
+
+    def check(self, name: str) -> int:
+        """The index of the trie called ``name``; ValueError for a name not in the table, or a trie holding an id
+        past the model's vocabulary (once it is known)."""
         if name not in self.names:
             raise ValueError(f"no dictionary {name!r}; this table has {list(self.names)}")
-        self._which[request_id] = self.names.index(name)
+        k = self.names.index(name)
+        if self.vocab_size is not None:
+            check_vocab(self.tries[k], self.vocab_size, f"the dictionary {name!r}")
+        return k
 
     def forget(self, request_id: int) -> None:
         """Drop a completed request."""
         self._which.pop(request_id, None)
+        self._failed.pop(request_id, None)
+
+    def failure(self, request_id: int) -> str | None:
+        """Why the dictionary of request ``request_id`` failed it (None: it did not)."""
+        return self._failed.get(request_id)
 
     def __call__(self, scores: Any, ctx: StepContext) -> Any:
+        if self.vocab_size is None:
+            self.vocab_size = int(scores.shape[1])
         if not self._which or ctx.request.size == 0:
             return scores
         if ctx.request_id is None:
@@ -321,13 +366,18 @@ class TrieTable:
         for k in np.unique(trie_of[trie_of >= 0]).tolist():
             sel = np.flatnonzero(trie_of == k)  # shape: (rows of trie k,)
             trie, vocab = self.tries[k], int(scores.shape[1])
-            check_vocab(trie, vocab, f"the dictionary {self.names[k]!r}")
-            carried = None if ctx.carry is None else ctx.carry[sel]
-            part = StepContext(ctx.step, ctx.tokens[sel], ctx.request[sel], ctx.eos, carry=carried)
-            node = TrieMask(trie).nodes(part)  # shape: (rows of trie k,)
+            try:
+                check_vocab(trie, vocab, f"the dictionary {self.names[k]!r}")
+                carried = None if ctx.carry is None else ctx.carry[sel]
+                part = StepContext(ctx.step, ctx.tokens[sel], ctx.request[sel], ctx.eos, carry=carried)
+                node = TrieMask(trie).nodes(part)  # shape: (rows of trie k,)
+                rows, cols = allowed_pairs(trie, node, tuple(e for e in ctx.eos if 0 <= e < vocab))
+            except (ValueError, IndexError) as exc:  # this dictionary's requests fail, the others go on
+                for r in np.unique(rids[sel]).tolist():
+                    self._failed.setdefault(int(r), str(exc))
+                node, rows, cols = np.full(sel.size, DEAD, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
             if ctx.carry is not None:
                 ctx.carry[sel] = node
-            rows, cols = allowed_pairs(trie, node, tuple(e for e in ctx.eos if 0 <= e < vocab))
             scores = ops.keep_pairs(scores, sel[rows], cols, among=sel)
         return scores
 
@@ -360,8 +410,9 @@ def allowed_pairs(trie: Trie, node: np.ndarray, eos: tuple[int, ...]) -> tuple[n
 
 # ---------------------------------------------------------------------------------------------- building
 def _table(source: Any, pad: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """An ``[n, L]`` int64 table (padding -1) and the lengths ``[n]`` of the sequences of ``source``."""
-    if isinstance(source, (bytes, bytearray, dict)) or not isinstance(source, Iterable):
+    """An ``[n, L]`` int64 table (padding -1) and the lengths ``[n]`` of the sequences of ``source`` (``pad``:
+    the id that ends shorter sequences, as in an array)."""
+    if isinstance(source, (str, bytes, bytearray, dict)) or not isinstance(source, Iterable):
         raise TypeError(f"Trie takes token-id sequences, an [n, L] integer array or a file path, got {source!r}")
     if ops.is_array(source):
         return _from_array(ops.to_numpy(source), pad)
@@ -371,10 +422,15 @@ def _table(source: Any, pad: int | None) -> tuple[np.ndarray, np.ndarray]:
     if all(isinstance(s, (list, tuple)) for s in seqs):
         lengths = np.fromiter((len(s) for s in seqs), np.int64, len(seqs))
         if lengths.size and lengths.min() == lengths.max():  # rectangular: one conversion
-            return _int_array(seqs, "Trie").reshape(len(seqs), -1), lengths
+            rect = _int_array(seqs, "Trie", ndim=2) if lengths.min() else np.zeros((len(seqs), 0), np.int64)
+            return _from_array(rect, pad) if pad is not None else (rect, lengths)
         table = np.full((len(seqs), int(lengths.max(initial=0))), -1, np.int64)
         for i, s in enumerate(seqs):
-            table[i, : len(s)] = _int_array(s, f"Trie sequence {i}")
+            row = _int_array(s, f"Trie sequence {i}", ndim=1)
+            if pad is not None:
+                row = _strip_pad(row, pad, i)
+                lengths[i] = row.shape[0]
+            table[i, : row.shape[0]] = row
         return table, lengths
     for i, s in enumerate(seqs):
         if isinstance(s, (str, bytes)) or not isinstance(s, Iterable):
@@ -382,23 +438,63 @@ def _table(source: Any, pad: int | None) -> tuple[np.ndarray, np.ndarray]:
     return _table([list(s) for s in seqs], pad)
 
 
-def _int_array(values: Any, what: str) -> np.ndarray:
-    """``values`` as an int64 array; TypeError naming ``what`` for anything but integers."""
-    arr = np.asarray(values)
-    if arr.size == 0:
+def _strip_pad(row: np.ndarray, pad: int, i: int) -> np.ndarray:
+    """``row`` without the ``pad`` ids that end it; ValueError for a pad id before a token id."""
+    keep = np.flatnonzero(row != pad)
+    end = int(keep[-1]) + 1 if keep.size else 0
+    if (row[:end] == pad).any():
+        raise ValueError(f"row {i} has the pad id {pad} before a token id: padding goes at the end of a row")
+    return row[:end]
+
+
+def _int_array(values: Any, what: str, ndim: int | None = None) -> np.ndarray:
+    """``values`` as an int64 array (of ``ndim`` dimensions where given); TypeError naming ``what`` for
+    anything but integers, ValueError for an id no Trie can hold (beyond int64 included)."""
+    try:
+        arr = np.asarray(values)
+    except (ValueError, OverflowError) as err:  # ragged nesting
+        raise TypeError(f"{what} must hold integer token ids, got {_cut(values)} ({err})") from None
+    if arr.size == 0 and (ndim is None or arr.ndim == ndim):
         return arr.astype(np.int64)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool):
-        raise TypeError(f"{what} must hold integer token ids, got {arr.dtype} values")
     if arr.dtype == bool:
         raise TypeError(f"{what} must hold integer token ids, got booleans")
+    if arr.dtype.kind in "fO":  # Python ints beyond int64 come as floats or objects: say which id
+        big = _beyond_int64(values)
+        if big is not None:
+            raise ValueError(f"token id {big} is out of range: ids must be >= 0 and below 2**31 - 1")
+    if arr.dtype == object or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{what} must hold integer token ids, got {arr.dtype} values")
+    if ndim is not None and arr.ndim != ndim:
+        shape = "one id per position" if ndim == 1 else "one sequence of ids per row"
+        raise TypeError(f"{what} must hold {shape}, got nested values of shape {arr.shape}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"token id {int(arr.max())} is out of range: ids must be below 2**31 - 1")
     return arr.astype(np.int64, copy=False)
+
+
+def _beyond_int64(values: Any) -> int | None:
+    """The first integer of the nested lists ``values`` that int64 cannot hold (None: none)."""
+    for v in values.tolist() if isinstance(values, np.ndarray) else values:
+        if isinstance(v, (list, tuple)):
+            found = _beyond_int64(v)
+            if found is not None:
+                return found
+        elif isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+            return v
+    return None
+
+
+def _cut(values: Any) -> str:
+    """``values`` for an error message, at most 80 characters."""
+    text = repr(values)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _from_array(arr: np.ndarray, pad: int | None) -> tuple[np.ndarray, np.ndarray]:
     """An ``[n, L]`` integer array (``pad`` ends shorter rows) as (table with -1 padding, lengths)."""
     if arr.ndim != 2:
         raise ValueError(f"a Trie array must be [n, L] (one sequence per row), got shape {arr.shape}")
-    table = _int_array(arr, "a Trie array")
+    table = _int_array(arr, "a Trie array", ndim=2)
     if pad is None:
         return table, np.full(table.shape[0], table.shape[1], np.int64)
     is_pad = table == pad
@@ -411,21 +507,33 @@ def _from_array(arr: np.ndarray, pad: int | None) -> tuple[np.ndarray, np.ndarra
 
 
 def _read_file(path: Path, pad: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """A dictionary file: ``.npy`` (an ``[n, L]`` array) or text, one sequence of space-separated ids a line."""
+    """A dictionary file: ``.npy`` (an ``[n, L]`` array) or UTF-8 text, one sequence of space-separated ids a
+    line; ValueError naming the file for anything else (a binary file, an archive, an array of objects)."""
+    name = str(path)
     if not path.is_file():
-        raise ValueError(f"no dictionary file {str(path)!r}")
-    if path.suffix == ".npy":
+        raise ValueError(f"no dictionary file {name!r}")
+    head = _head(name, "dictionary file")
+    if path.suffix == ".npy" or head.startswith(NPY_MAGIC):
+        if not head.startswith(NPY_MAGIC):
+            raise ValueError(f"dictionary file {name!r} is not a numpy .npy array file")
         try:
             arr = np.load(path, allow_pickle=False)
         except ValueError as err:
-            raise ValueError(f"cannot read {str(path)!r} as a numpy array: {err}") from err
+            why = "it holds Python objects, not token ids" if "pickle" in str(err) else str(err)
+            raise ValueError(f"cannot read {name!r} as a numpy array: {why}") from None
+        except (OSError, EOFError) as err:
+            raise ValueError(f"cannot read {name!r} as a numpy array: {err}") from None
         return _from_array(arr, pad)
-    lines = [line.split() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if head.startswith(ZIP_MAGIC):
+        raise ValueError(
+            f"dictionary file {name!r} is an archive, not text: a trie saved by Trie.save loads with Trie.load"
+        )
+    lines = [line.split() for line in text_lines(path, "dictionary file") if line.strip()]
     try:
         seqs = [[int(t) for t in line] for line in lines]
     except ValueError as err:
-        raise ValueError(f"{str(path)!r}: every line must be token ids separated by spaces ({err})") from err
-    return _table(seqs, None)
+        raise ValueError(f"{name!r}: every line must be token ids separated by spaces ({err})") from None
+    return _table(seqs, pad)
 
 
 def _check_ids(table: np.ndarray, lengths: np.ndarray, vocab_size: int | None) -> None:
@@ -493,3 +601,93 @@ def _build(table: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarr
     terminal[ends] = True
     label = np.concatenate(labels).astype(np.int32) if labels else np.zeros(0, np.int32)
     return indptr, label, terminal, m, int(lengths.max())
+
+
+# ---------------------------------------------------------------------------------------------- saved tries
+ZIP_MAGIC = b"PK\x03\x04"  # a numpy .npz archive is a zip file
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def _head(path: str, what: str) -> bytes:
+    """The first bytes of the regular file ``path``; ValueError naming it when it cannot be read."""
+    if not os.path.isfile(path):
+        raise ValueError(f"no {what} {path!r}" if not os.path.exists(path) else f"{what} {path!r} is not a file")
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8)
+    except OSError as err:
+        raise ValueError(f"cannot read {what} {path!r}: {err.strerror or err}") from None
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` archive ``path`` (never unpickled); ValueError naming the file for anything
+    that is not a readable numpy archive of plain arrays."""
+    if not _head(path, "saved trie").startswith(ZIP_MAGIC):
+        raise ValueError(
+            f"cannot read a trie from {path!r}: it is not a numpy .npz archive as Trie.save writes (for a "
+            "dictionary of token ids, a text file or a .npy array, use Trie(path))"
+        )
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except ValueError as err:
+        if "pickle" in str(err):  # an array of Python objects: a saved trie holds none, and none is unpickled
+            raise ValueError(f"cannot read a trie from {path!r}: it holds arrays of Python objects") from None
+        raise ValueError(f"cannot read a trie from {path!r}: {err}") from None
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        raise ValueError(f"cannot read a trie from {path!r}: the archive is damaged ({err})") from None
+
+
+def _scalar(arrays: dict[str, np.ndarray], key: str, least: int) -> int:
+    """The integer scalar ``arrays[key]`` (ValueError unless it is one, at least ``least``)."""
+    value = arrays[key]
+    if value.shape != () or value.dtype.kind not in "iu":
+        raise ValueError(f"{key!r} is not an integer scalar (dtype {value.dtype}, shape {value.shape})")
+    if int(value) < least:
+        raise ValueError(f"{key!r} is {int(value)}, below {least}")
+    return int(value)
+
+
+def _check_saved(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int | None]:
+    """The saved arrays checked as a well-formed trie (see :class:`Trie` for the layout): ``indptr`` starts at 0,
+    never decreases and ends at ``nodes - 1``, every child is numbered after its parent (so the arrays form one
+    tree), labels are token ids (below ``vocab_size`` where saved) sorted and distinct among siblings, every leaf
+    ends an entry, the root does not, and ``count`` / ``depth`` are the trie's own. Returns (indptr, labels,
+    terminal, count, depth, vocab_size); ValueError naming the first fault."""
+    indptr, labels, terminal = arrays["indptr"], arrays["labels"], arrays["terminal"]
+    for key, arr, kinds in (("indptr", indptr, "iu"), ("labels", labels, "iu"), ("terminal", terminal, "b")):
+        if arr.ndim != 1 or arr.dtype.kind not in kinds:
+            raise ValueError(f"{key!r} is a {arr.ndim}-d {arr.dtype} array, not the 1-d array a trie saves")
+    nodes = terminal.shape[0]
+    if nodes == 0 or indptr.shape[0] != nodes + 1 or labels.shape[0] != nodes - 1:
+        raise ValueError("the trie's arrays do not fit together (indptr, labels and terminal sizes)")
+    count, depth = _scalar(arrays, "count", 1), _scalar(arrays, "depth", 1)
+    vocab = _scalar(arrays, "vocab_size", 1) if "vocab_size" in arrays else None
+    ptr = indptr.astype(np.int64)
+    if ptr[0] != 0 or ptr[-1] != nodes - 1 or (np.diff(ptr) < 0).any():
+        raise ValueError(f"indptr is not offsets from 0 to {nodes - 1} in ascending order")
+    parent = np.repeat(np.arange(nodes, dtype=np.int64), np.diff(ptr))  # shape: (nodes - 1,) of nodes 1..
+    if (parent >= np.arange(1, nodes)).any():
+        raise ValueError("a node is numbered before its parent (the arrays do not form one tree)")
+    ids = labels.astype(np.int64)
+    top = vocab if vocab is not None else 2**31 - 1
+    if labels.size and (ids.min() < 0 or ids.max() >= top):
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise ValueError(f"label {bad} is not a token id below {top}")
+    same_parent = parent[1:] == parent[:-1]
+    if (same_parent & (ids[1:] <= ids[:-1])).any():
+        raise ValueError("the labels of a node's children are not sorted and distinct")
+    has_children = np.diff(ptr) > 0
+    if terminal[0] or not terminal[~has_children].all():
+        raise ValueError("the root ends an entry, or a leaf ends none")
+    if int(terminal.sum()) != count:
+        raise ValueError(f"count is {count} but {int(terminal.sum())} nodes end an entry")
+    level = np.zeros(nodes, np.int64)  # shape: (nodes,) each node's depth: parents come first, one pass a level
+    for _ in range(nodes):
+        deeper = level[parent] + 1
+        if np.array_equal(deeper, level[1:]):
+            break
+        level[1:] = deeper
+    if int(level.max()) != depth:
+        raise ValueError(f"depth is {depth} but the deepest entry has {int(level.max())} tokens")
+    return ptr, ids.astype(np.int32), terminal.astype(bool), count, depth, vocab

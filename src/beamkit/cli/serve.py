@@ -41,7 +41,7 @@ def trie_spec(text: str) -> tuple[str, str]:
 
 def load_tries(specs: list[tuple[str, str]]) -> dict[str, Any]:
     """The dictionaries of ``--trie NAME=FILE`` (a saved ``.npz`` trie, a ``.npy`` array or a text file), by
-    name; ValueError for a name given twice or a file that is not a dictionary."""
+    name; ValueError naming the option and the file for a name given twice or a file that is not a dictionary."""
     from beamkit.constraints import Trie
 
     tries: dict[str, Any] = {}
@@ -50,9 +50,29 @@ def load_tries(specs: list[tuple[str, str]]) -> dict[str, Any]:
             raise ValueError(f"--trie {name}= is given twice")
         try:
             tries[name] = Trie.load(path) if path.endswith(".npz") else Trie(path)
-        except ValueError as exc:
-            raise ValueError(f"--trie {name}={path}: {exc}") from exc
+        except (ValueError, TypeError, OSError) as exc:  # every read error: the option, the file, one line
+            raise ValueError(f"--trie {name}={path}: {one_line(exc)}") from None
     return tries
+
+
+def check_tries(specs: list[tuple[str, str]], tries: dict[str, Any], vocab: int | None) -> None:
+    """ValueError naming ``--trie NAME=FILE`` for a dictionary holding a token id past the model's vocabulary
+    (``vocab`` ids; None: unknown until the first step, when such a dictionary fails only its own requests)."""
+    if vocab is None:
+        return
+    paths = dict(specs)
+    for name, trie in tries.items():
+        if trie.max_id >= vocab:
+            raise ValueError(
+                f"--trie {name}={paths[name]}: the dictionary holds token id {trie.max_id} but the model's "
+                f"vocabulary has {vocab} ids (0..{vocab - 1}): build it with this model's tokenizer"
+            )
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line."""
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -67,15 +87,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"--max-request-rows {args.max_request_rows} is above --max-rows {args.max_rows}: one request cannot "
             "hold more beam rows than the engine has; lower it or raise --max-rows"
         )
+    if args.compile is not None and not args.compile.strip():
+        raise ValueError("--compile was given an empty backend name: name one (inductor, max-autotune) or leave it off")
     tries = load_tries(args.trie or [])  # before the model: a bad dictionary fails fast
     try:
         from beamkit.adapters import load
-        from beamkit.serve.app import create_app
+        from beamkit.serve.app import create_app, model_vocab
 
-        adapter = load(args.model, allow_pickle=args.allow_pickle, compile=args.compile or False)
+        # --compile "" is refused as compile="" is (no backend named), not read as "off"
+        compile_ = False if args.compile is None else args.compile
+        adapter = load(args.model, allow_pickle=args.allow_pickle, compile=compile_)
     except ImportError as exc:
         print(f"beamkit serve: error: {exc} ({install_hint('serve')})", file=sys.stderr)
         return 2
+    vocab = model_vocab(adapter) if tries else None
+    check_tries(args.trie or [], tries, vocab)  # before listening: a dictionary that does not fit never serves
     ops.set_torch_threads(args.threads)
     sock = bind(args.host, args.port)
     app = create_app(
@@ -88,6 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_request_rows=args.max_request_rows,
         api_docs=args.api_docs,
         tries=tries,
+        vocab_size=vocab,
     )
     if needs_key_warning(args.host, key):
         print(

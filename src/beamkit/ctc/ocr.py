@@ -12,6 +12,9 @@ lines, found as ink bands of the horizontal projection profile with a clear gap 
 far more confidently turned by 180 degrees is read as given, with a warning (:data:`UPSIDE_DOWN_MARGIN`); text that
 reads the same both ways (``NOON``) cannot be told apart and gets none.
 
+An image larger than :data:`MAX_IMAGE_PIXELS` (20 million pixels, e.g. 40,000 x 500) is refused before its pixels
+are decoded: a text line is far smaller, and decoding such an image takes gigabytes.
+
 Needs the ``ocr`` extra, ``pip install ".[ocr]"`` (onnxruntime, rapidocr-onnxruntime for its model file, pillow;
 rapidocr brings opencv for the resize). Nothing is downloaded: the model ships in the wheel.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +40,7 @@ INK_CONTRAST = 64  # a pixel this far (0-255 grey levels) from the background's 
 LINE_SHARE = 0.3  # an ink band at least this share of the tallest band's height is a text line (not a dot or rule)
 # mean greedy log-probability per frame: the image turned by 180 degrees reading better by this much is upside down
 UPSIDE_DOWN_MARGIN = 0.05
+MAX_IMAGE_PIXELS = 20_000_000  # the largest image read (width x height): a text line is far smaller
 _EXTRA = install_hint("ocr")
 
 
@@ -69,8 +74,21 @@ def load_line_image(path: str | os.PathLike[str]) -> np.ndarray:
         raise FileNotFoundError(f"image not found: {path}")
     image_mod = _require("PIL.Image")
     try:
-        with image_mod.open(path) as im:
-            rgb = np.asarray(im.convert("RGB"))  # shape: (H, W, 3)
+        with warnings.catch_warnings():  # the size is checked here, before any pixel is decoded
+            warnings.simplefilter("ignore", image_mod.DecompressionBombWarning)
+            with image_mod.open(path) as im:
+                width, height = im.size
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise ValueError(
+                        f"image {path} is {width} x {height} pixels; a text line is read up to "
+                        f"{MAX_IMAGE_PIXELS:,} pixels (crop it to the line, or scale it down)"
+                    )
+                rgb = np.asarray(im.convert("RGB"))  # shape: (H, W, 3)
+    except image_mod.DecompressionBombError:  # past twice Pillow's own limit: refused by Pillow when opened
+        raise ValueError(
+            f"image {path} holds more than {MAX_IMAGE_PIXELS:,} pixels, the most a text line is read up to (crop it "
+            "to the line, or scale it down)"
+        ) from None
     except OSError as exc:
         raise ValueError(f"cannot read image {path}: {exc}") from None
     return np.ascontiguousarray(rgb[:, :, ::-1])

@@ -66,14 +66,34 @@ def bucket(n: int, least: int) -> int:
 def compile_setting(value: Any) -> str | None:
     """The ``torch.compile`` backend a ``compile=`` switch asks for: False / None -> None (eager), True ->
     ``"inductor"``, a string -> that backend (``"max-autotune"``: inductor, matrix products autotuned and weights
-    frozen; see the module doc). Raises TypeError for anything else."""
+    frozen; see the module doc). Raises TypeError for anything else, ValueError for a name that is no backend
+    of the installed torch (naming the ones it has)."""
     if value is None or value is False:
         return None
     if value is True:
         return "inductor"
-    if isinstance(value, str) and value:
-        return value
-    raise TypeError(f"compile must be True, False or a torch.compile backend name, got {value!r}")
+    if not (isinstance(value, str) and value):
+        raise TypeError(f"compile must be True, False or a torch.compile backend name, got {value!r}")
+    known = backends()
+    if known and value not in known:
+        shown = ", ".join(known[: len(SHOWN) + 1])
+        raise ValueError(f"compile={value!r} is no torch.compile backend; this torch has {shown} (and its debug ones)")
+    return value
+
+
+SHOWN = ("cudagraphs", "eager", "aot_eager", "inductor", "openvino", "openxla", "tvm")
+
+
+def backends() -> list[str]:
+    """The backend names ``compile=`` takes: ``"max-autotune"`` and torch.compile's registered backends, the
+    common ones first (empty without torch: nothing to check against, and nothing runs compiled)."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    names = set(torch.compiler.list_backends(exclude_tags=()))
+    common = [n for n in SHOWN if n in names]
+    return ["max-autotune", *common, *sorted(names - set(common))]
 
 
 def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:

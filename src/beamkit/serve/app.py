@@ -27,15 +27,17 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from beamkit._checks import check_bool, check_int
+from beamkit._checks import check_bool, check_int, is_int
 from beamkit.adapters import ModelAdapter
 from beamkit.hypothesis import Hypothesis
+from beamkit.search.inputs import unpack_step
 from beamkit.search.options import RequestOptions
 from beamkit.serve.malloc import IdleTrim
 from beamkit.serve.metrics import Metrics
@@ -250,6 +252,16 @@ class Completions:
         if c.trie is not None and c.trie not in self.tries:
             have = ", ".join(repr(name) for name in self.tries) or "none (start it with --trie NAME=FILE)"
             raise ApiError(400, f"no dictionary {c.trie!r}; this server loaded {have}", "trie")
+        table = self.runner.table
+        if c.trie is not None and table is not None and table.vocab_size is not None:
+            trie = self.tries[c.trie]
+            if trie.max_id >= table.vocab_size:  # known once the model has run: the request fails alone, here
+                raise ApiError(
+                    400,
+                    f"the dictionary {c.trie!r} holds token id {trie.max_id} but the model's vocabulary has "
+                    f"{table.vocab_size} ids: it cannot constrain this model",
+                    "trie",
+                )
         if c.beam > limits.max_rows:
             raise ApiError(400, f"'best_of' ({c.beam}) exceeds the server's --max-rows {limits.max_rows}", "best_of")
         cost = len(c.prompt_ids) * c.beam * c.max_tokens
@@ -287,7 +299,7 @@ class Completions:
             return deliver
 
         return [
-            Job(ids, options, c.beam, c.stream, deliver_to(i), loop, request=number, trie=c.trie)
+            Job(ids, options, c.stream, deliver_to(i), loop, request=number, trie=c.trie)
             for i, ids in enumerate(c.prompt_ids)
         ]
 
@@ -310,8 +322,7 @@ class Completions:
         if failure is not None:
             return _error(failure, self.metrics)
         body = _body(self.adapter, c, done, rid, created)
-        with self.metrics.lock:
-            self.metrics.generated_tokens += body["usage"]["completion_tokens"]
+        self.metrics.generated(body["usage"]["completion_tokens"])
         self.metrics.response(200)
         return StrictJSONResponse(body)
 
@@ -340,6 +351,7 @@ def create_app(
     max_request_rows: int | None = None,
     api_docs: bool = False,
     tries: dict[str, Any] | None = None,
+    vocab_size: int | None = None,
 ) -> FastAPI:
     """The FastAPI application serving ``adapter``'s model; its engine thread runs for the app's lifespan.
 
@@ -350,7 +362,8 @@ def create_app(
     API description pages ``/docs``, ``/redoc`` and ``/openapi.json`` (off by default: they describe the server
     to anyone who reaches it; with ``api_key`` they need the key like every other page). ``tries``: dictionaries
     by name (:class:`beamkit.Trie`); a request's ``"trie": NAME`` constrains its outputs to that one (an unknown
-    name is a 400).
+    name is a 400). Each dictionary is checked against the model's vocabulary here (``vocab_size``, else
+    :func:`model_vocab`): one holding an id past it is a ValueError naming it, and the server does not start.
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
@@ -358,9 +371,12 @@ def create_app(
     if max_request_rows is not None:
         check_int("max_request_rows", max_request_rows, 1, max_rows)
     metrics = Metrics(adapter.name)
+    if tries and vocab_size is None:
+        vocab_size = model_vocab(adapter)
     runner = Runner(
-        adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows, tries=tries
-    )
+        adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows, tries=tries,
+        vocab_size=vocab_size,
+    )  # fmt: skip
     handler = Completions(adapter, runner, limits, tries)
 
     @contextlib.asynccontextmanager
@@ -381,6 +397,26 @@ def create_app(
     app.add_api_route("/metrics", handler.prometheus, methods=["GET"])
     app.add_api_route("/v1/completions", handler.complete, methods=["POST"])
     return app
+
+
+def model_vocab(adapter: ModelAdapter) -> int | None:
+    """The width of the model's logits (the ids a dictionary may hold): an adapter's ``vocab_size`` where it sets
+    one, a Hugging Face model's output layer, else one model step on the prompt ``"a"``; None where none of
+    these works (a dictionary is then checked at the first step)."""
+    size: Any = getattr(adapter, "vocab_size", None)
+    if is_int(size):
+        return int(size)
+    output = getattr(getattr(adapter, "model", None), "get_output_embeddings", None)
+    weight = getattr(output() if callable(output) else None, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0])
+    try:
+        with adapter.step_context():
+            state = adapter.init_state([adapter.encode("a")])
+            logits = unpack_step(adapter.step_fn(state, np.full(1, adapter.bos, np.int64)))[0]
+        return int(logits.shape[1])
+    except Exception:  # noqa: BLE001 - a model that cannot take this prompt: checked at the first step instead
+        return None
 
 
 async def _next(
@@ -469,7 +505,6 @@ async def _stream(
         yield _sse(failure.body())
     else:
         body = _body(adapter, c, ordered, rid, created)
-        with runner.metrics.lock:
-            runner.metrics.generated_tokens += body["usage"]["completion_tokens"]
+        runner.metrics.generated(body["usage"]["completion_tokens"])
         yield _sse({**body, "beamkit": {"final": True}})
     yield "data: [DONE]\n\n"

@@ -34,7 +34,9 @@ class Histogram:
 
 
 class Metrics:
-    """Everything ``GET /metrics`` reports; updated by the HTTP handlers and the engine thread."""
+    """Everything ``GET /metrics`` reports. The HTTP handlers and the engine thread both count, so every count
+    goes through a method below, each under the one lock that :meth:`render` reads under: no field is written
+    from outside this class."""
 
     def __init__(self, model: str):
         self.model = model
@@ -54,6 +56,33 @@ class Metrics:
         """Count one HTTP response to the completions endpoint."""
         with self.lock:
             self.http[str(status)] += 1
+
+    def generated(self, tokens: int) -> None:
+        """Count the tokens of one answer's returned choices."""
+        with self.lock:
+            self.generated_tokens += tokens
+
+    def admitted(self, prompt_tokens: int) -> None:
+        """Count the prompt tokens of jobs that joined the engine."""
+        with self.lock:
+            self.prompt_tokens += prompt_tokens
+
+    def outcome(self, kind: str, jobs: int = 1) -> None:
+        """Count ``jobs`` engine requests that ended as ``kind`` (completed, failed, cancelled)."""
+        with self.lock:
+            self.outcomes[kind] += jobs
+
+    def gauges(
+        self, queue_depth: int | None = None, running: int | None = None, rows_reserved: int | None = None
+    ) -> None:
+        """Set the gauges given (None: leave it)."""
+        with self.lock:
+            if queue_depth is not None:
+                self.queue_depth = queue_depth
+            if running is not None:
+                self.running = running
+            if rows_reserved is not None:
+                self.rows_reserved = rows_reserved
 
     def step(self, seconds: float, rows: int) -> None:
         """Count one model call of ``rows`` rows."""

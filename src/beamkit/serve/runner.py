@@ -59,8 +59,7 @@ class Job:
     on ``loop``)."""
 
     ids: tuple[int, ...]
-    options: RequestOptions  # the engine's per-request options (from the model's adapter)
-    beam: int
+    options: RequestOptions  # the engine's per-request options (from the model's adapter), its beam width among them
     stream: bool
     deliver: Callable[[Update | Done], None]
     loop: asyncio.AbstractEventLoop
@@ -70,6 +69,12 @@ class Job:
     steps: int = 0
     last: tuple[int, ...] | None = field(default=None, repr=False)  # tokens of the last streamed best
 
+    @property
+    def beam(self) -> int:
+        """The beam rows the job holds in the engine: its options' width (kept there only; unset: one beam, the
+        engine's default)."""
+        return self.options.beam_size or 1
+
 
 class Runner:
     """Owns the engine and its thread. ``max_queue``: requests waiting at most (a request waits while any of its
@@ -77,7 +82,9 @@ class Runner:
     engine at most (a job is admitted when its ``beam`` fits next to the running ones); ``request_rows``: rows
     one request holds at most once it has a job running (default half of ``max_rows``); ``tries``: the
     dictionaries jobs may name (:class:`beamkit.Trie` by name), applied by one :class:`beamkit.constraints.TrieTable`
-    after the adapter's processors."""
+    after the adapter's processors; ``vocab_size``: the model's vocabulary, each dictionary checked against it
+    (ValueError naming the dictionary; None: checked at the first step, a dictionary that does not fit then
+    failing only its own requests). The runner is the one writer of the metrics' engine counts and gauges."""
 
     def __init__(
         self,
@@ -87,6 +94,7 @@ class Runner:
         max_rows: int = 256,
         request_rows: int | None = None,
         tries: dict[str, Any] | None = None,
+        vocab_size: int | None = None,
     ):
         request_rows = max(1, max_rows // 2) if request_rows is None else request_rows
         for name, value in (("max_queue", max_queue), ("max_rows", max_rows)):
@@ -96,6 +104,7 @@ class Runner:
         self.metrics = metrics
         self.max_queue, self.max_rows, self.request_rows = max_queue, max_rows, request_rows
         self.tries = dict(tries or {})
+        self.vocab_size = vocab_size
         self.table: TrieTable | None = None
         self.engine = self._new_engine()
         self._cond = threading.Condition()
@@ -114,7 +123,7 @@ class Runner:
         :meth:`~beamkit.adapters.ModelAdapter.continuous_options`), the dictionaries' table after its processors."""
         options = self.adapter.continuous_options()
         if self.tries:
-            self.table = TrieTable(self.tries)
+            self.table = TrieTable(self.tries, self.vocab_size if self.table is None else self.table.vocab_size)
             options = replace(options, processors=(*(options.processors or ()), self.table))
         return Engine(self.adapter.step_fn, on_step_error="fail", **options.given())
 
@@ -134,7 +143,7 @@ class Runner:
                 raise QueueFull(f"{len(self._waiting_jobs)} requests are waiting (--max-queue {self.max_queue})")
             self._waiting.extend(jobs)
             self._waiting_jobs.update(job.request for job in jobs)
-            self.metrics.queue_depth = len(self._waiting_jobs)
+            self.metrics.gauges(queue_depth=len(self._waiting_jobs))
             self._cond.notify()
 
     def cancel(self, job: Job) -> None:
@@ -183,9 +192,9 @@ class Runner:
                 if job in self._waiting:
                     self._unqueue(job)
                     self._outbox.append((job, Done([], "cancelled", 0)))
-                    self.metrics.outcomes["cancelled"] += 1
+                    self.metrics.outcome("cancelled")
             admit = self._take_admissible()
-            self.metrics.queue_depth = len(self._waiting_jobs)
+            self.metrics.gauges(queue_depth=len(self._waiting_jobs))
         for job in cancels:
             if job.rid is not None and job.rid in self._running:
                 self.engine.cancel(job.rid)
@@ -243,7 +252,7 @@ class Runner:
         with the same options (and the same :meth:`ModelAdapter.batch_key`)."""
         a = self.adapter
         groups: list[tuple[Any, list[Job]]] = []
-        for job in jobs:
+        for job in self._dictionary_refusals(jobs):
             key = (job.options, a.batch_key(job.ids))
             for k, members in groups:
                 if k == key:
@@ -258,19 +267,37 @@ class Runner:
                 ids = self.engine.add_batch(state, a.bos, a.eos, len(members), request=members[0].options)
             except Exception as exc:  # noqa: BLE001 - the jobs fail, the server goes on
                 for job in members:
-                    self._reserved -= job.beam
-                    self.metrics.outcomes["failed"] += 1
-                    self._outbox.append((job, Done([], f"{type(exc).__name__}: {exc}", 0)))
+                    self._refuse(job, f"{type(exc).__name__}: {exc}")
                 continue
             for job, rid in zip(members, ids, strict=True):
                 job.rid = rid
                 self._running[rid] = job
                 if self.table is not None:
                     self.table.assign(rid, job.trie)
-            with self.metrics.lock:
-                self.metrics.prompt_tokens += sum(len(job.ids) for job in members)
-        self.metrics.running = len(self._running)
-        self.metrics.rows_reserved = self._reserved
+            self.metrics.admitted(sum(len(job.ids) for job in members))
+        self.metrics.gauges(running=len(self._running), rows_reserved=self._reserved)
+
+    def _dictionary_refusals(self, jobs: list[Job]) -> list[Job]:
+        """The jobs whose dictionary can constrain the model; the others fail alone before they join (a
+        dictionary holding an id past the model's vocabulary, found out at a step after the request was
+        checked)."""
+        if self.table is None:
+            return jobs
+        out = []
+        for job in jobs:
+            try:
+                if job.trie is not None:
+                    self.table.check(job.trie)
+                out.append(job)
+            except ValueError as exc:
+                self._refuse(job, str(exc))
+        return out
+
+    def _refuse(self, job: Job, message: str) -> None:
+        """Fail a job that was taken from the queue and never joined the engine."""
+        self._reserved -= job.beam
+        self.metrics.outcome("failed")
+        self._outbox.append((job, Done([], message, 0)))
 
     def _step(self) -> None:
         stats = self.engine.stats
@@ -294,27 +321,29 @@ class Runner:
                 if best is not None and tuple(best.tokens) != job.last:
                     job.last = tuple(best.tokens)
                     self._outbox.append((job, Update(job.steps, best)))
-        self.metrics.running = len(self._running)
-        self.metrics.rows_reserved = self._reserved
+        self.metrics.gauges(running=len(self._running), rows_reserved=self._reserved)
 
     def _reset(self, message: str) -> None:
         """The engine raised outside the step function: fail every running job and start a fresh engine."""
         for job in self._running.values():
-            self.metrics.outcomes["failed"] += 1
+            self.metrics.outcome("failed")
             self._outbox.append((job, Done([], message, job.steps)))
         self._running.clear()
         self._reserved = 0
         self.engine = self._new_engine()
-        self.metrics.running = self.metrics.rows_reserved = 0
+        self.metrics.gauges(running=0, rows_reserved=0)
 
     def _finish(self, c: Completed) -> None:
         job = self._running.pop(c.request_id)
+        error = c.error
         if self.table is not None:
+            why = self.table.failure(c.request_id)  # its dictionary failed it: say so, not "no candidate"
+            error = error if why is None else f"the dictionary {job.trie!r} cannot constrain this model: {why}"
             self.table.forget(c.request_id)
         self._reserved -= job.beam
-        outcome = "completed" if c.error is None else ("cancelled" if c.error == "cancelled" else "failed")
-        self.metrics.outcomes[outcome] += 1
-        self._outbox.append((job, Done(c.hypotheses, c.error, c.steps)))
+        outcome = "completed" if error is None else ("cancelled" if error == "cancelled" else "failed")
+        self.metrics.outcome(outcome)
+        self._outbox.append((job, Done(c.hypotheses, error, c.steps)))
 
 
 def _deliver_all(items: list[tuple[Job, Update | Done]]) -> None:

@@ -3,7 +3,7 @@ with the bridge's step functions (:class:`Prepared`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -73,6 +73,11 @@ def prepare(
     if exact_only and settings.do_sample:
         raise Unsupported("do_sample=True: beamkit samples from its own noise, not Hugging Face's RNG stream")
     mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
+    if settings.do_sample and settings.num_beams == 1 and settings.num_return > 1:
+        # Hugging Face samples each prompt num_return_sequences times, as that many rows side by side
+        input_ids = input_ids.repeat_interleave(settings.num_return, dim=0)  # shape: (B * n, P)
+        mask = mask.repeat_interleave(settings.num_return, dim=0)  # shape: (B * n, P)
+        settings = replace(settings, num_return=1)
     return Prepared(model, input_ids, mask, settings)
 
 

@@ -332,14 +332,16 @@ def resolve(model: Any, gc: Any, rest: dict[str, Any], given: set[str], width: i
     num_return = _int(gc.num_return_sequences, "num_return_sequences", 1)
     early_stopping = False if gc.early_stopping is None else gc.early_stopping
     check_int("num_beams", num_beams, 1)
-    check_int("num_return_sequences", num_return, 1, num_beams)
+    # sampling without beams draws num_return_sequences rows per prompt, as Hugging Face does (see prepare)
+    check_int("num_return_sequences", num_return, 1, None if gc.do_sample and num_beams == 1 else num_beams)
     check_choice("early_stopping", early_stopping, (True, False, "never"))
     tokens = _tokens(gc, cfg, encoder_decoder, width)
     prompt_len, eos = tokens["prompt_len"], tokens["eos"]
-    if prefix_fn is not None and prefix_fn.prompt_len != prompt_len:
+    if prefix_fn is not None and prefix_fn.prompt_len != prompt_len:  # the loop runs it as Hugging Face would
         raise Unsupported(
             f"prefix_allowed_tokens_fn was made with prompt_len={prefix_fn.prompt_len} but the decoder's prefix is "
-            f"{prompt_len} tokens long"
+            f"{prompt_len} tokens long (the padded prompt, or the start token of an encoder-decoder model): make "
+            f"it with trie.prefix_allowed_tokens_fn(prompt_len={prompt_len})"
         )
     lengths = _lengths(cfg, gc, given, prompt_len, encoder_decoder, eos)
     _check_allowed_output(allowed_output, prefix_fn, encoder_decoder, gc)

@@ -20,12 +20,15 @@ class TrieLogitsProcessor:
     def __init__(self, fn: PrefixFn, num_beams: int):
         self.fn = fn
         self.num_beams = num_beams
+        self.prefix: int | None = None  # the decoder's prefix width, seen at the first step
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
         fn = self.fn
         check_vocab(fn.trie, int(scores.shape[-1]), "the prefix_allowed_tokens_fn's dictionary")
+        if self.prefix is None:  # the first step sees the decoder's prefix alone
+            self.prefix = int(input_ids.shape[1])
         tokens = input_ids[:, fn.prompt_len :].cpu().numpy()  # shape: (rows, t)
         node = fn.trie.walk(tokens)  # shape: (rows,)
         dead = node < 0
@@ -38,11 +41,20 @@ class TrieLogitsProcessor:
             rows = np.concatenate([rows, np.repeat(where, stop.size)])
             cols = np.concatenate([cols, np.tile(stop, where.size)])
         empty = np.bincount(rows, minlength=node.shape[0]) == 0
-        if empty.any():
-            batch_id = int(np.flatnonzero(empty)[0]) // self.num_beams
+        if empty.any():  # a row at the end of an entry, with no stop token to take (as Hugging Face, raise)
+            row = int(np.flatnonzero(empty)[0])
+            said = f"`prefix_allowed_tokens_fn` returned an empty list for batch ID {row // self.num_beams}: "
+            if self.prefix != fn.prompt_len:
+                raise ValueError(
+                    f"{said}it was made with prompt_len={fn.prompt_len} but the decoder's prefix is {self.prefix} "
+                    "tokens wide (the padded prompt, or the start tokens of an encoder-decoder model), so it reads "
+                    f"the wrong tokens: make it with trie.prefix_allowed_tokens_fn(prompt_len={self.prefix})"
+                )
             raise ValueError(
-                f"`prefix_allowed_tokens_fn` returned an empty list for batch ID {batch_id}: the dictionary has no "
-                "continuation there (an entry ended without a stop token; give eos_token_id)"
+                f"{said}beam {row % self.num_beams} holds a whole entry of the dictionary ({tokens[row].tolist()}) "
+                "and nothing may follow it. Hugging Face keeps such beams running when the dictionary allows fewer "
+                f"continuations than num_beams={self.num_beams} ({len(fn.trie)} entries in all): pass eos_token_id= "
+                "to trie.prefix_allowed_tokens_fn (the stop tokens are then allowed after an entry), or fewer beams"
             )
         mask = torch.full_like(scores, float("-inf"))
         mask[torch.as_tensor(rows, device=scores.device), torch.as_tensor(cols, device=scores.device)] = 0
