@@ -8,10 +8,12 @@ beamkit lm build corpus.txt --order 3 -o lm.arpa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -105,7 +107,25 @@ def _build_decoder(args: argparse.Namespace, options: CTCOptions) -> Decoder:
     )
 
 
+@contextlib.contextmanager
+def one_line_warnings(prog: str) -> Iterator[None]:
+    """Show the library's warnings on standard error as one line each, ``prog: warning: message`` (Python's own
+    format adds the source file and line of the library code that warned)."""
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        print(f"{prog}: warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def _cmd_ctc_decode(args: argparse.Namespace) -> int:
+    with one_line_warnings("beamkit ctc decode"):
+        return _ctc_decode(args)
+
+
+def _ctc_decode(args: argparse.Namespace) -> int:
     from beamkit.ctc import CTCOptions
 
     _check_lm_options(args)
@@ -135,6 +155,11 @@ EXPLAIN_FORMATS = ("html", "svg", "dot", "json")
 
 
 def _cmd_ctc_explain(args: argparse.Namespace) -> int:
+    with one_line_warnings("beamkit ctc explain"):
+        return _ctc_explain(args)
+
+
+def _ctc_explain(args: argparse.Namespace) -> int:
     from beamkit.ctc import CTCOptions
     from beamkit.viz import to_dot, to_html, to_svg
 

@@ -9,6 +9,7 @@ from .decoder import Decoder, normalize_logits
 from .errors import CTCBatchDecodeError
 from .greedy import greedy_ctc, labels_to_text
 from .lm import Hotwords, LanguageModelFusion, UnigramPrefixIndex, fusion_of
+from .moved import MovedNameError
 from .options import CTCOptions
 from .prefix_search import prefix_beam_search
 from .search import CTCHypothesis
@@ -21,6 +22,7 @@ __all__ = [
     "Decoder",
     "Hotwords",
     "LanguageModelFusion",
+    "MovedNameError",
     "UnigramPrefixIndex",
     "Vocabulary",
     "fusion_of",

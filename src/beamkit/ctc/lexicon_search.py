@@ -30,6 +30,7 @@ from beamkit._checks import check_bool, check_float, check_int
 
 from .jit import COMPILED
 from .lexicon import LexiconTrie, TrieNode, f32
+from .options import MAX_BEAM_WIDTH
 
 
 class LMState:
@@ -135,7 +136,7 @@ class LexiconSearchOptions:
     """The knobs of one token-level CTC search (torchaudio's ``ctc_decoder`` arguments). A bad value is a
     TypeError / ValueError naming the field."""
 
-    # hypotheses kept after each frame
+    # hypotheses kept after each frame (1 to MAX_BEAM_WIDTH, 100,000: the search sets aside room for them)
     beam_size: int = 50
     # tokens tried per frame (the frame's best); 0: all of them
     beam_size_token: int = 0
@@ -154,7 +155,7 @@ class LexiconSearchOptions:
 
     def __post_init__(self) -> None:
         """Check every field (see :mod:`beamkit._checks`)."""
-        check_int("beam_size", self.beam_size, least=1)
+        check_int("beam_size", self.beam_size, least=1, most=MAX_BEAM_WIDTH)
         check_int("beam_size_token", self.beam_size_token, least=0)
         for name in ("beam_threshold", "lm_weight", "word_score", "sil_score"):
             check_float(name, getattr(self, name))
@@ -211,6 +212,7 @@ class LexiconSearch:
         self.blank = blank
         self.unk = unk
         self.frames = 0
+        self.started = False  # begin() was called: step() and end() need an utterance
         self._beam: list[Hyp] = []
         self._final: list[Hyp] | None = None
         self._compiled: Any = None
@@ -222,6 +224,7 @@ class LexiconSearch:
     # ------------------------------------------------------------------------------------------------------------
     def begin(self) -> None:
         """Start an utterance: one hypothesis at the LM's sentence start, on the silence token."""
+        self.started = True
         if self._compiled is not None:
             self.frames = 0
             return self._compiled.begin()
@@ -234,6 +237,8 @@ class LexiconSearch:
         """Decode more frames: ``emissions`` float32 of shape ``(frames, tokens)``."""
         # shape: (T, N)
         T, N = emissions.shape
+        if not self.started:
+            raise RuntimeError("decode_step before decode_begin: start an utterance with decode_begin() first")
         if self._compiled is not None:
             self._compiled.step(emissions)
             self.frames += T
@@ -257,6 +262,8 @@ class LexiconSearch:
     def end(self) -> None:
         """End the utterance: the LM's end-of-sentence score (with a lexicon, only hypotheses at a word boundary
         finish, unless none is), then the final hypotheses, best first."""
+        if not self.started:
+            raise RuntimeError("decode_end before decode_begin: start an utterance with decode_begin() first")
         if self._compiled is not None:
             return self._compiled.end()
         w = self.options.lm_weight

@@ -242,7 +242,7 @@ class CTCDecoder:
         """Decode more frames of the current utterance: a float32 CPU tensor (or numpy array) of shape
         ``(frames, tokens)``."""
         array = _emissions(emissions, 2)
-        self._check_tokens(array.shape[-1])
+        self._check_emissions(array)
         self.decoder.step(array)
 
     def decode_end(self) -> None:
@@ -258,7 +258,7 @@ class CTCDecoder:
         of shape ``(batch,)``; the ``nbest`` best hypotheses of each utterance, best first."""
         array = _emissions(emissions, 3)
         B, T, N = array.shape
-        self._check_tokens(N)
+        self._check_width(N)
         if lengths is None:
             valid = [T] * B
         else:
@@ -270,6 +270,8 @@ class CTCDecoder:
             for n in valid:
                 if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= T:
                     raise EmissionsError(f"lengths must be integers in 0 .. {T} (the frames), got {n!r}")
+        for b in range(B):
+            self._check_values(array[b, : valid[b]])
         hypos = []
         for b in range(B):
             self.decoder.begin()
@@ -282,13 +284,24 @@ class CTCDecoder:
         """The tokens of token ids."""
         return [self.tokens_dict.get_entry(int(i)) for i in idxs]
 
-    def _check_tokens(self, n: int) -> None:
-        """Emissions need a column per token; extra columns are decoded as token ids past the list (as torchaudio
-        does), which ``idxs_to_tokens`` cannot name."""
-        if n < self.tokens_dict.index_size():
+    def _check_emissions(self, array: np.ndarray) -> None:
+        """:meth:`_check_width` and :meth:`_check_values`."""
+        self._check_width(array.shape[-1])
+        self._check_values(array)
+
+    def _check_width(self, n: int) -> None:
+        """Emissions need one column per token: torchaudio reads past a narrower array and decodes the columns
+        of a wider one as tokens no one can name."""
+        if n != self.tokens_dict.index_size():
             raise EmissionsError(
                 f"emissions must have a column per token ({self.tokens_dict.index_size()}), got {n} columns"
             )
+
+    @staticmethod
+    def _check_values(array: np.ndarray) -> None:
+        """No NaN among the frames decoded (every comparison of the search with a NaN is false)."""
+        if np.isnan(array).any():
+            raise EmissionsError("emissions hold NaN: check the acoustic model's output")
 
 
 def _emissions(emissions: Any, ndim: int) -> np.ndarray:
