@@ -154,7 +154,7 @@ def best_of(repeats: int, run):
 
 def _threads(n: int) -> int:
     """Threads ``Decoder.decode`` uses for ``n`` utterances by default."""
-    from beamkit.ctc.search import thread_count
+    from beamkit.ctc.prefix.run import thread_count
 
     return thread_count(None, n)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from beamkit.ctc import CTCOptions, Decoder, LanguageModelFusion, Vocabulary, greedy_ctc, prefix_beam_search
-from beamkit.ctc.chartrie import CharTrie, walk
+from beamkit.ctc.prefix.chartrie import CharTrie, walk
 from beamkit.lm import ArpaLM, build_arpa
 from beamkit.ops import log_softmax
 
@@ -599,7 +599,7 @@ def _hyps_of(hyps: list) -> list[tuple]:
 def test_kernel_logaddexp_equals_numpy_bit_for_bit() -> None:
     # the search's scalar log-sum-exp (with its short cut for a -inf side) against np.logaddexp, signs of
     # zero, infinities and NaN included
-    from beamkit.ctc.kernel import lse
+    from beamkit.ctc.prefix.kernel import lse
 
     rng = np.random.default_rng(13)
     xs = np.concatenate([rng.normal(0, 30, 300), [0.0, -0.0, -np.inf, np.inf, np.nan, 1e-300, -745.0, 709.0]])

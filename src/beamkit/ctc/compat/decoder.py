@@ -438,7 +438,7 @@ def load_compiled_search() -> bool:
     A cold cache is left alone: compiling takes 20-60 s, which the first decode does, saying so. Returns
     whether it loaded."""
     from ..jit import COMPILED, is_cold
-    from ..kernel import run_frames
+    from ..prefix.kernel import run_frames
 
     if not COMPILED or is_cold(run_frames):
         return False

@@ -3,7 +3,7 @@
 ctc_decoder``.
 
 The names, arguments, defaults and results are torchaudio's (``ctc_decoder``, ``CTCDecoder``, ``CTCHypothesis``,
-``CTCDecoderLM``, ``CTCDecoderLMState``); the search is :mod:`beamkit.ctc.lexicon_search` (flashlight's algorithm,
+``CTCDecoderLM``, ``CTCDecoderLMState``); the search is :mod:`beamkit.ctc.lexicon.search` (flashlight's algorithm,
 no flashlight-text needed). Two differences: ``download_pretrained_files`` downloads nothing (it says where the
 files are), and a lexicon-free decoder with a KenLM file and no ``lm_dict`` scores each token as itself
 (torchaudio scores token ``i`` as the ``i``-th entry of a hash-ordered word list, i.e. as another token).
@@ -19,15 +19,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from beamkit._checks import check_bool, check_float, check_int
-from beamkit.ctc.lexicon import UNK_WORD, build_trie, f32, read_lexicon
-from beamkit.ctc.lexicon_search import (
-    KenLMWords,
-    LexiconResult,
-    LexiconSearch,
-    LexiconSearchOptions,
-    LMState,
-    ZeroLM,
-)
+from beamkit.ctc.lexicon.lm import KenLMWords, LMState, ZeroLM
+from beamkit.ctc.lexicon.options import LexiconResult, LexiconSearchOptions
+from beamkit.ctc.lexicon.search import LexiconSearch
+from beamkit.ctc.lexicon.trie import UNK_WORD, build_trie, f32, read_lexicon
 from beamkit.extras import install_hint
 
 try:

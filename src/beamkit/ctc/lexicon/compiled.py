@@ -5,13 +5,17 @@ transitions the loop has not seen. Same results as the interpreted search, opera
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .jit import note_if_cold
-from .lexicon import LexiconTrie
-from .lexicon_search import LexiconResult, LexiconSearch, ZeroLM
+from ..jit import note_if_cold
+from .lm import ZeroLM
+from .options import LexiconResult
+from .trie import LexiconTrie
+
+if TYPE_CHECKING:
+    from .search import LexiconSearch
 
 
 class CompiledSearch:
@@ -21,7 +25,7 @@ class CompiledSearch:
 
     def __init__(self, search: LexiconSearch) -> None:
         """Arrays for ``search``'s options, trie and LM."""
-        from . import lexicon_kernel as kernel
+        from . import kernel
 
         self.k = kernel
         self.search = search
@@ -224,7 +228,7 @@ class CompiledSearch:
 
 def _trie_arrays(trie: LexiconTrie | None) -> Any:
     """A trie as the kernel's CSR arrays (node 0: the root); empty arrays without a lexicon."""
-    from .lexicon_kernel import TrieArrays
+    from .kernel import TrieArrays
 
     if trie is None:
         z = np.zeros(0, dtype=np.int64)

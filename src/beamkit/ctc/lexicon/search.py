@@ -11,9 +11,8 @@ the bit.
 
 :class:`LexiconSearch` decodes incrementally (:meth:`~LexiconSearch.begin`, :meth:`~LexiconSearch.step` on
 ``(frames, tokens)`` float32 arrays, :meth:`~LexiconSearch.end`, :meth:`~LexiconSearch.results`). Language models
-follow the :class:`WordLM` protocol (``start`` / ``score`` / ``finish`` over :class:`LMState` objects whose identity
-is the hypothesis state): :class:`ZeroLM` (no LM) and :class:`KenLMWords` (a KenLM ARPA or binary file) are here.
-Where numba is installed the frame loop runs compiled (:mod:`beamkit.ctc.lexicon_compiled`); the interpreted loop
+follow the :class:`~beamkit.ctc.lexicon.lm.WordLM` protocol (:mod:`beamkit.ctc.lexicon.lm`).
+Where numba is installed the frame loop runs compiled (:mod:`beamkit.ctc.lexicon.compiled`); the interpreted loop
 below is the reference and the fallback.
 """
 
@@ -21,146 +20,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from beamkit._checks import check_bool, check_float, check_int
-
-from .jit import COMPILED
-from .lexicon import LexiconTrie, TrieNode, f32
-from .options import MAX_BEAM_WIDTH
-
-
-class LMState:
-    """A language model state: a node of the tree of histories the search has asked about. ``child(index)``
-    returns (creating it once) the state after one more word (token) ``index``; two hypotheses are in the same
-    LM state only when they hold the same state object."""
-
-    def __init__(self) -> None:
-        """A state with no children yet."""
-        self.children: dict[int, Any] = {}
-
-    def child(self, usr_index: int) -> Any:
-        """The state after ``usr_index``, created on first use (as an instance of this state's class)."""
-        state = self.children.get(usr_index)
-        if state is None:
-            state = self.children[usr_index] = type(self)()
-        return state
-
-    def compare(self, state: LMState) -> int:
-        """0 for the same state, else -1 or 1 (an arbitrary but fixed order)."""
-        return 0 if self is state else (-1 if id(self) < id(state) else 1)
-
-
-class WordLM(Protocol):
-    """What the search asks of a language model (torchaudio's ``CTCDecoderLM``): the start state, the next state
-    and its score (log10 for KenLM; any log scale works) for a word (lexicon) or token (lexicon-free) index, and
-    the end-of-sentence state and score."""
-
-    def start(self, start_with_nothing: bool) -> Any: ...
-
-    def score(self, state: Any, usr_token_idx: int) -> tuple[Any, float]: ...
-
-    def finish(self, state: Any) -> tuple[Any, float]: ...
-
-
-class ZeroLM:
-    """No language model: every score is 0; the state still follows the history (so only equal histories merge)."""
-
-    def start(self, start_with_nothing: bool) -> LMState:
-        """A fresh root state."""
-        return LMState()
-
-    def score(self, state: LMState, usr_token_idx: int) -> tuple[LMState, float]:
-        """The child state, score 0."""
-        return state.child(usr_token_idx), 0.0
-
-    def finish(self, state: LMState) -> tuple[LMState, float]:
-        """The same state, score 0."""
-        return state, 0.0
-
-
-class _KenState(LMState):
-    __slots__ = ("ken", "cached")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ken: Any = None
-        self.cached: float | None = None
-
-
-class KenLMWords:
-    """A KenLM model (ARPA or binary, through the ``kenlm`` module) scoring word (or token) indices: index ``i``
-    is the LM word ``words[i]`` (a word the model lacks is its ``<unk>``); scores are KenLM's log10 float32."""
-
-    def __init__(self, model: Any, words: list[str]) -> None:
-        """Wrap a loaded ``kenlm.Model`` with the index-to-word list."""
-        import kenlm
-
-        self._kenlm = kenlm
-        self.model = model
-        self.words = words
-
-    def start(self, start_with_nothing: bool) -> _KenState:
-        """A fresh state at the sentence start (or with no context)."""
-        state = _KenState()
-        state.ken = self._kenlm.State()
-        if start_with_nothing:
-            self.model.NullContextWrite(state.ken)
-        else:
-            self.model.BeginSentenceWrite(state.ken)
-        return state
-
-    def _advance(self, state: _KenState, key: int, word: str) -> tuple[_KenState, float]:
-        child = state.child(key)
-        if child.cached is None:
-            child.ken = self._kenlm.State()
-            child.cached = f32(self.model.BaseScore(state.ken, word, child.ken))
-        return child, child.cached
-
-    def score(self, state: _KenState, usr_token_idx: int) -> tuple[_KenState, float]:
-        """The state after word ``usr_token_idx`` and its log10 probability."""
-        if not 0 <= usr_token_idx < len(self.words):
-            raise ValueError(f"word index {usr_token_idx} is out of range for the LM's {len(self.words)} words")
-        return self._advance(state, usr_token_idx, self.words[usr_token_idx])
-
-    def finish(self, state: _KenState) -> tuple[_KenState, float]:
-        """The state after the end of sentence and its log10 probability."""
-        return self._advance(state, -1, "</s>")
-
-
-@dataclass(frozen=True)
-class LexiconSearchOptions:
-    """The knobs of one token-level CTC search (torchaudio's ``ctc_decoder`` arguments). A bad value is a
-    TypeError / ValueError naming the field."""
-
-    # hypotheses kept after each frame (1 to MAX_BEAM_WIDTH, 100,000: the search sets aside room for them)
-    beam_size: int = 50
-    # tokens tried per frame (the frame's best); 0: all of them
-    beam_size_token: int = 0
-    # candidates scoring more than this below the frame's best are dropped
-    beam_threshold: float = 50.0
-    # weight of the language model's scores
-    lm_weight: float = 2.0
-    # added for each word ending (a lexicon word)
-    word_score: float = 0.0
-    # added for each unknown word (a token sequence off the lexicon); -inf: no unknown words
-    unk_score: float = -math.inf
-    # added for each silence token
-    sil_score: float = 0.0
-    # merge candidates in the same state by log-sum of their scores (False: keep the max)
-    log_add: bool = False
-
-    def __post_init__(self) -> None:
-        """Check every field (see :mod:`beamkit._checks`)."""
-        check_int("beam_size", self.beam_size, least=1, most=MAX_BEAM_WIDTH)
-        check_int("beam_size_token", self.beam_size_token, least=0)
-        for name in ("beam_threshold", "lm_weight", "word_score", "sil_score"):
-            check_float(name, getattr(self, name))
-        check_float("unk_score", self.unk_score, minus_inf=True)
-        check_bool("log_add", self.log_add)
+from ..jit import COMPILED
+from .compiled import CompiledSearch
+from .lm import WordLM
+from .options import LexiconResult, LexiconSearchOptions
+from .trie import LexiconTrie, TrieNode, f32
 
 
 class Hyp(NamedTuple):
@@ -175,17 +43,6 @@ class Hyp(NamedTuple):
     prev_blank: bool  # this frame's token is the blank
     am_score: float  # the emissions' sum
     lm_score: float  # the LM's sum (unweighted; with a lexicon, look-ahead scores included)
-
-
-class LexiconResult(NamedTuple):
-    """One final hypothesis: its token and word per frame (index 0: the start, 1 .. T: the frames, T + 1: the
-    end; -1 where no word ends) and its scores."""
-
-    tokens: list[int]  # shape: (T + 2,)
-    words: list[int]  # shape: (T + 2,)
-    score: float
-    am_score: float
-    lm_score: float
 
 
 class LexiconSearch:
@@ -217,8 +74,6 @@ class LexiconSearch:
         self._final: list[Hyp] | None = None
         self._compiled: Any = None
         if compiled and COMPILED:
-            from .lexicon_compiled import CompiledSearch
-
             self._compiled = CompiledSearch(self)
 
     # ------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .jit import njit
+from ..jit import njit
 
 
 class CharTrie:

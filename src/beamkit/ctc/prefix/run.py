@@ -1,8 +1,8 @@
 """The CTC prefix beam search as begin / frames / end, one utterance after another.
 
-:func:`search_candidates` runs the compiled frame loop (:func:`beamkit.ctc.kernel.run_frames`) over each
+:func:`search_candidates` runs the compiled frame loop (:func:`beamkit.ctc.prefix.kernel.run_frames`) over each
 utterance's candidate labels and does in Python what it hands back: growing storage, answering LM queries
-(:meth:`beamkit.ctc.fusion.Fusion.resolve`), recording frames for a trace. The end of an utterance is here
+(:meth:`beamkit.ctc.prefix.fusion.Fusion.resolve`), recording frames for a trace. The end of an utterance is here
 too: beams with the same final text merge by log-sum-exp, the end-of-utterance LM scores are added, and the
 hypotheses are ranked and spelled.
 """
@@ -14,83 +14,33 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from beamkit._checks import check_int
 from beamkit.ops import NEG_INF
 
+from ..jit import COMPILED, note_if_cold, records, warn_if_interpreted
+from ..lm import Hotwords, LanguageModelFusion
+from ..options import CTCOptions
+from ..posteriors import FrameCandidates
+from ..search import CTCHypothesis, CTCRecorder, FrameSnapshot
+from ..vocab import Vocabulary
 from . import kernel as K
+from . import records as R
 from .chartrie import CharTrie
+from .final import end_utterance, texts_of
 from .fusion import (
-    HAS_HOT,
-    HAS_LM,
-    HOT_WEIGHT,
     MAX_CACHED_STATES,
     PENDING,
     Fusion,
     LabelTables,
     LMCache,
-    Static,
     fresh_lm_cache,
     lm_cache_key,
-    word_lookup,
 )  # fmt: skip
-from .jit import COMPILED, njit, note_if_cold, records, warn_if_interpreted
-from .lm import Hotwords, LanguageModelFusion
-from .nodes import NODE, final_key, init_root, node_labels, word_hash
-from .options import CTCOptions
-from .posteriors import FrameCandidates
-from .vocab import Vocabulary
-
-
-@dataclass
-class CTCHypothesis:
-    """One decoded hypothesis.
-
-    ``text``: whitespace-normalised output; ``score``: combined score (logit + LM + hotwords);
-    ``logit_score``: log-probability of the prefix under the CTC model (sum over the kept alignments);
-    ``lm_score``: ``score - logit_score``; ``word_frames``: ``(word, (start_frame, end_frame))`` per word
-    along the best alignment; ``lm_state``: the LM state after the last word (None without an LM).
-    """
-
-    text: str
-    score: float
-    logit_score: float
-    lm_score: float
-    word_frames: list[tuple[str, tuple[int, int]]] = field(default_factory=list)
-    lm_state: Any = None
-
-
-class FrameSnapshot(NamedTuple):
-    """What one frame of a traced search did (see ``beamkit.ctc.trace``): the frame's candidates, and every
-    merged beam, kept ones first (best first), then the pruned ones."""
-
-    t: int  # the frame
-    cand_labels: np.ndarray  # shape: (K,) int64 candidate labels of the frame
-    cand_lp: np.ndarray  # shape: (K,) float64 their log-probabilities
-    prefix: np.ndarray  # shape: (M,) int64 prefix id (0: the empty prefix)
-    source: np.ndarray  # shape: (M,) int64 the previous frame's kept beam behind the most probable row
-    label: np.ndarray  # shape: (M,) int64 the label that row added (-1: the prefix stayed)
-    ends_in_blank: np.ndarray  # shape: (M,) bool
-    p_b: np.ndarray  # shape: (M,) float64
-    p_nb: np.ndarray  # shape: (M,) float64
-    lm: np.ndarray  # shape: (M,) float64 the prefix's fused LM + hotword score
-    total: np.ndarray  # shape: (M,) float64 logaddexp(p_b, p_nb) + lm
-    merged: np.ndarray  # shape: (M,) int64 rows merged into the beam
-    fate: np.ndarray  # shape: (M,) int8 0 kept, 1 threshold, 2 beam width, 3 history
-
-
-class CTCRecorder(Protocol):
-    """What a traced search tells a recorder (``beamkit.ctc.trace.CTCTraceRecorder``)."""
-
-    def begin(self, utt: int, n_frames: int, text_of: Callable[[int], str]) -> None: ...
-
-    def frame(self, utt: int, snap: FrameSnapshot) -> None: ...
-
-    def end(self, utt: int, hyps: list[CTCHypothesis], prefix_ids: list[int]) -> None: ...
+from .nodes import NODE, init_root
 
 
 class Workspace:
@@ -104,7 +54,7 @@ class Workspace:
         self.whist = np.empty((nodes, history), dtype=np.uint64)
         self.ek = np.full(_pow2(4 * nodes), -1, dtype=np.int64)
         self.ev = np.full(len(self.ek), -1, dtype=np.int64)
-        self.recs = records(max(1024, 4 * width), K.RECORD)
+        self.recs = records(max(1024, 4 * width), R.RECORD)
         self.cnt = np.zeros(8, dtype=np.int64)
         self.width = 0
         self.rows_cap = 0
@@ -114,12 +64,12 @@ class Workspace:
         """Make the per-frame arrays hold ``width`` beams and ``rows`` rows."""
         if width > self.width:
             self.width = width
-            self.beams = records(width, K.BEAM)
-            self.nxt = records(width, K.BEAM)
+            self.beams = records(width, R.BEAM)
+            self.nxt = records(width, R.BEAM)
         if rows > self.rows_cap:
             self.rows_cap = rows
-            self.rows = records(rows, K.ROW)
-            self.merged = records(rows, K.MERGED)
+            self.rows = records(rows, R.ROW)
+            self.merged = records(rows, R.MERGED)
             self.order = np.empty(rows, dtype=np.int64)
             self.scratch = np.empty((3, rows), dtype=np.int64)
             self.pend = records(rows, PENDING)
@@ -127,26 +77,26 @@ class Workspace:
 
     def grow(self, reason: int) -> None:
         """Grow what the frame loop ran out of (nodes 4x, edges 4x, word records 4x)."""
-        if reason == K.NEED_NODES:
+        if reason == R.NEED_NODES:
             n = len(self.nodes)
             nodes = records(4 * n, NODE)
             nodes[:n] = self.nodes
             whist = np.empty((4 * n, self.history), dtype=np.uint64)
             whist[:n] = self.whist
             self.nodes, self.whist = nodes, whist
-        elif reason == K.NEED_EDGES:
+        elif reason == R.NEED_EDGES:
             ek = np.full(4 * len(self.ek), -1, dtype=np.int64)
             ev = np.full(len(ek), -1, dtype=np.int64)
             K.rehash_edges(self.ek, self.ev, ek, ev)
             self.ek, self.ev = ek, ev
         else:
-            recs = records(4 * len(self.recs), K.RECORD)
+            recs = records(4 * len(self.recs), R.RECORD)
             recs[: len(self.recs)] = self.recs
             self.recs = recs
 
-    def store(self) -> K.Store:
+    def store(self) -> R.Store:
         """The arrays as the frame loop takes them."""
-        return K.Store(
+        return R.Store(
             self.nodes, self.whist, self.ek, self.ev, self.recs, self.pend, self.cnt, self.beams, self.nxt,
             self.rows, self.merged, self.mslot, self.order, self.scratch,
         )  # fmt: skip
@@ -263,9 +213,9 @@ class SearchRun(NamedTuple):
     vocab: Vocabulary
     fusion: Fusion
     opts: CTCOptions
-    knobs: K.Knobs
+    knobs: R.Knobs
     cands: FrameCandidates
-    frame_input: K.FrameInput
+    frame_input: R.FrameInput
     recorder: CTCRecorder | None
 
 
@@ -297,11 +247,11 @@ def search_candidates(
     width = int(opts.beam_width)
     rows = max(16, width * (int(counts.max(initial=1)) + 1))
     nodes = min(1 << 22, max(1 << 12, int(cands.lens.sum(initial=0)) * min(width, 16) // max(N, 1)))
-    knobs = K.Knobs(
+    knobs = R.Knobs(
         width, int(voc.blank), int(voc.size), bool(opts.split_blank), bool(opts.prune_history),
         bool(opts.word_frames), recorder is not None, float(opts.beam_prune_logp),
     )  # fmt: skip
-    run = SearchRun(voc, fusion, opts, knobs, cands, K.FrameInput(c_off, cands.labels, cands.values), recorder)
+    run = SearchRun(voc, fusion, opts, knobs, cands, R.FrameInput(c_off, cands.labels, cands.values), recorder)
 
     def work(utts: range) -> list[list[CTCHypothesis]]:
         ws = caches.take_workspace(history, nodes, width, rows)
@@ -324,9 +274,9 @@ def _utterance(ws: Workspace, run: SearchRun, u: int) -> list[CTCHypothesis]:
     _begin(ws, run.vocab)
     recorder, fusion = run.recorder, run.fusion
     if recorder is not None:
-        recorder.begin(u, int(run.cands.lens[u]), lambda node: _texts(ws, fusion, np.array([node]))[0])
+        recorder.begin(u, int(run.cands.lens[u]), lambda node: texts_of(ws, fusion, np.array([node]))[0])
     _frames(ws, run, u)
-    hyps, finals = _end(ws, fusion, run.opts)
+    hyps, finals = end_utterance(ws, fusion, run.opts)
     if recorder is not None:
         recorder.end(u, hyps, finals)
     return hyps
@@ -367,8 +317,8 @@ def thread_count(threads: int | None, n: int) -> int:
 
 def _clear(ws: Workspace, V: int) -> None:
     """Empty the edge map of the nodes made over a vocabulary of ``V`` labels."""
-    if ws.cnt[K.N_NODES] > 1:
-        K.clear_edges(ws.nodes, int(ws.cnt[K.N_NODES]), ws.ek, ws.ev, V)
+    if ws.cnt[R.N_NODES] > 1:
+        K.clear_edges(ws.nodes, int(ws.cnt[R.N_NODES]), ws.ek, ws.ev, V)
     ws.cnt[:] = 0
 
 
@@ -377,10 +327,10 @@ def _begin(ws: Workspace, voc: Vocabulary) -> None:
     _clear(ws, voc.size)
     cnt = ws.cnt
     init_root(ws.nodes, ws.whist, voc.space)
-    cnt[K.N_NODES] = 1
+    cnt[R.N_NODES] = 1
     b = ws.beams
     b[0] = (0, 0.0, NEG_INF, -1, -1, -1)
-    cnt[K.N_BEAMS] = 1
+    cnt[R.N_BEAMS] = 1
 
 
 def _frames(ws: Workspace, run: SearchRun, utt: int) -> None:
@@ -393,11 +343,11 @@ def _frames(ws: Workspace, run: SearchRun, utt: int) -> None:
     while True:
         with reading():
             status, t = K.run_frames(static, fusion.table, ws.store(), frame_input, knobs, row0, t, n_frames)
-        if status == K.DONE:
+        if status == R.DONE:
             return
-        if status == K.NEED_LM:
-            fusion.resolve(ws.nodes, ws.pend[: ws.cnt[K.N_PENDING]])
-        elif status == K.FRAME:
+        if status == R.NEED_LM:
+            fusion.resolve(ws.nodes, ws.pend[: ws.cnt[R.N_PENDING]])
+        elif status == R.FRAME:
             assert recorder is not None
             recorder.frame(utt, _snapshot(ws, run.cands, frame_input.offsets, row0, t - 1))
         else:
@@ -406,7 +356,7 @@ def _frames(ws: Workspace, run: SearchRun, utt: int) -> None:
 
 def _snapshot(ws: Workspace, cands: FrameCandidates, c_off: np.ndarray, row0: int, t: int) -> FrameSnapshot:
     """The record of frame ``t``, just searched."""
-    M = int(ws.cnt[K.N_MERGED])
+    M = int(ws.cnt[R.N_MERGED])
     g = ws.merged[ws.order[:M]]
     lo, hi = int(c_off[row0 + t]), int(c_off[row0 + t + 1])
     pb, pnb = g["pb"].copy(), g["pnb"].copy()
@@ -425,184 +375,6 @@ def _snapshot(ws: Workspace, cands: FrameCandidates, c_off: np.ndarray, row0: in
         merged=g["n"].copy(),
         fate=g["fate"].copy(),
     )
-
-
-@njit
-def _final_groups(
-    nodes: np.ndarray, beams: np.ndarray, n: int, mslot: np.ndarray, last: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Group the beams by final text, in order of first occurrence: each group's log-sum-exp of its beams'
-    log-probs (in beam order) and the beam representing it (the first, or the ``last``)."""
-    mask = len(mslot) - 1
-    logit = np.empty(n, dtype=np.float64)
-    rep = np.empty(n, dtype=np.int64)
-    keys = np.empty(n, dtype=np.int64)
-    slots = np.empty(n, dtype=np.int64)
-    G = 0
-    for e in range(n):
-        v = K.lse(beams[e].pb, beams[e].pnb)
-        key = np.int64(final_key(nodes, beams[e].node))
-        s = K.slot_of(key, mask)
-        while mslot[s] != -1 and keys[mslot[s]] != key:
-            s = (s + 1) & mask
-        g = mslot[s]
-        if g == -1:
-            g = G
-            G += 1
-            mslot[s] = g
-            slots[g] = s
-            keys[g] = key
-            logit[g] = v
-            rep[g] = e
-        else:
-            logit[g] = K.lse(logit[g], v)
-            if last:
-                rep[g] = e
-    for g in range(G):
-        mslot[slots[g]] = -1
-    return logit[:G], rep[:G]
-
-
-class EndKnobs(NamedTuple):
-    """The settings of an utterance's end (see :class:`~beamkit.ctc.options.CTCOptions`)."""
-
-    compat: bool  # pyctcdecode's end-of-utterance scoring
-    prune_logp: float  # the beam threshold
-    out_k: int  # hypotheses returned
-
-
-@njit
-def _rank_final(
-    st: Static, wt: np.ndarray, eos: np.ndarray, ws: K.Store, end: EndKnobs
-) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The end of an utterance: beams grouped by final text (:func:`_final_groups`), each group scored as
-    a finished text (the partial word as a completed word: hotword bonus, LM score; with an LM the
-    end-of-sentence score ``eos[context]``), ranked best first (ties: first occurrence), pruned by
-    ``prune_logp`` below the best, cut to ``out_k`` (``end``'s knobs), over the ``ws.cnt[N_BEAMS]`` beams.
-
-    Returns ``(pending, rep_beam, logit, total, context)`` for the kept groups, best first; ``pending > 0``
-    means LM queries were written to ``pend`` instead (a word: its node; an end-of-sentence score: node -1):
-    answer them and call again."""
-    nodes, beams, mslot, pend = ws.nodes, ws.beams, ws.mslot, ws.pend
-    compat, prune_logp, out_k = end.compat, end.prune_logp, end.out_k
-    logit, rep = _final_groups(nodes, beams, ws.cnt[K.N_BEAMS], mslot, compat)
-    G = len(logit)
-    has_lm = st.flags[HAS_LM]
-    score = np.empty(G, dtype=np.float64)
-    sid = np.empty(G, dtype=np.int64)
-    n_pend = 0
-    for g in range(G):
-        i = beams[rep[g]].node
-        s = nodes[i].tscore
-        c = nodes[i].sid
-        if st.flags[HAS_HOT] and nodes[i].plen > 0 and nodes[i].hot >= 0 and st.hot_is_word[nodes[i].hot]:
-            s = s + st.floats[HOT_WEIGHT]
-        if has_lm and (compat or nodes[i].plen > 0):  # the partial (with compat: even an empty) word
-            wh = word_hash(nodes, i)
-            slot = word_lookup(st, wt, c, wh)
-            if slot < 0:
-                p = pend[n_pend]
-                p.sid = c
-                p.node = i
-                p.whash = wh
-                n_pend += 1
-                continue
-            s = s + wt[slot].delta
-            c = wt[slot].nsid
-        if has_lm:
-            if c >= len(eos) or np.isnan(eos[c]):
-                p = pend[n_pend]
-                p.sid = c
-                p.node = -1
-                p.whash = 0
-                n_pend += 1
-                continue
-            s = s + eos[c]
-        score[g] = s
-        sid[g] = c
-    if n_pend:
-        return n_pend, rep[:0], logit[:0], score[:0], sid[:0]
-    total = logit + score
-    order = np.argsort(-total, kind="mergesort")  # ties keep first-occurrence order
-    k = 0
-    best = total[order[0]]
-    while k < G and k < out_k and total[order[k]] >= best + prune_logp:
-        k += 1
-    order = order[:k]
-    return 0, rep[order], logit[order], total[order], sid[order]
-
-
-def _end(ws: Workspace, fusion: Fusion, opts: CTCOptions) -> tuple[list[CTCHypothesis], list[int]]:
-    """Finish an utterance (:func:`_rank_final`) and spell its hypotheses. Returns them and their prefixes."""
-    n = int(ws.cnt[K.N_BEAMS])
-    if n == 0:
-        return [], []
-    cache = fusion.cache
-    ws.fit(ws.width, n)
-    store = ws.store()
-    knobs = EndKnobs(opts.pyctcdecode_compat, float(opts.beam_prune_logp), opts.out_k)
-    while True:
-        eos = cache.eos if cache is not None else _NO_EOS
-        with cache.lock.shared() if cache is not None else nullcontext():
-            n_pend, rep_beam, logit, totals, sids = _rank_final(fusion.static, fusion.table, eos, store, knobs)
-        if not n_pend:
-            break
-        assert cache is not None
-        pend = ws.pend[:n_pend]
-        known = len(cache.states)
-        fusion.resolve(ws.nodes, pend)  # the words (end-of-utterance queries are skipped)
-        # the end-of-utterance scores asked for, and those of the contexts the words just made (asked now, in
-        # the same batch, they spare the next round a stop)
-        eos = np.concatenate((pend["sid"][pend["node"] < 0], np.arange(known, len(cache.states), dtype=np.int64)))
-        if len(eos):
-            cache.eos_scores(eos)
-    out_nodes = ws.beams["node"][rep_beam]
-    texts = _texts(ws, fusion, out_nodes)
-    states = cache.states if cache is not None else None
-    plen = ws.nodes["plen"]
-    hyps: list[CTCHypothesis] = []
-    for j, text in enumerate(texts):
-        frames: list[tuple[int, int]] = []
-        if opts.word_frames:
-            b = ws.beams[rep_beam[j]]
-            frames = _word_frames(ws.recs, int(b["wf"]))
-            if plen[out_nodes[j]] > 0:
-                frames.append((int(b["ps"]), int(b["pe"])))
-        tot, gl = float(totals[j]), float(logit[j])
-        hyps.append(
-            CTCHypothesis(
-                text=text,
-                score=tot,
-                logit_score=gl,
-                lm_score=tot - gl,
-                word_frames=list(zip(text.split(), frames, strict=False)),
-                lm_state=states[int(sids[j])] if states is not None else None,
-            )
-        )
-    return hyps, out_nodes.tolist()
-
-
-_NO_EOS = np.zeros(0, dtype=np.float64)
-
-
-def _word_frames(recs: np.ndarray, pointer: int) -> list[tuple[int, int]]:
-    """The completed words' frames along a record chain, first word first."""
-    out: list[tuple[int, int]] = []
-    while pointer >= 0:
-        r = recs[pointer]
-        out.append((int(r["start"]), int(r["end"])))
-        pointer = int(r["prev"])
-    out.reverse()
-    return out
-
-
-def _texts(ws: Workspace, fusion: Fusion, targets: np.ndarray) -> list[str]:
-    """The whitespace-normalised text of each target node."""
-    labels, offsets = node_labels(ws.nodes, targets.astype(np.int64), 0)
-    piece = fusion.text_piece
-    flat = [piece[i] for i in labels.tolist()]
-    bounds = offsets.tolist()
-    return [" ".join("".join(flat[a:b]).split()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 __all__ = ["COMPILED", "CTCHypothesis", "CTCRecorder", "FrameSnapshot", "SearchCaches", "search_candidates"]
