@@ -170,9 +170,8 @@ def test_torchaudio_drop_in_says_decode_begin_comes_first() -> None:
     torch = pytest.importorskip("torch")
     from beamkit.ctc.compat.torchaudio import ctc_decoder
 
-    for compiled in (True, False):
+    for _ in range(2):  # a decoder made afresh each time: the first call on it is out of order
         dec = ctc_decoder(None, ["-", "|", "a", "b"])
-        dec.decoder._compiled = dec.decoder._compiled if compiled else None
         with pytest.raises(RuntimeError, match="decode_step before decode_begin"):
             dec.decode_step(torch.zeros(3, 4))
         with pytest.raises(RuntimeError, match="decode_end before decode_begin"):

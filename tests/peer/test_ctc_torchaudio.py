@@ -162,3 +162,19 @@ def test_the_guides_example_n_best_is_one_of_torchaudios_answers(tmp_path):
     assert len(ours) == 3 and all(ours[rank] in seen[rank] for rank in range(3)), (ours, seen)
     assert [answers(beamkit_ta.ctc_decoder) for _ in range(3)] == [ours] * 3
     assert len(seen[0]) == 1  # the best hypothesis has one alignment of its score: torchaudio always agrees
+
+
+@pytest.mark.parametrize("name", ["lexicon-free", "lexicon", "lexicon+word-lm", "lexicon+unk+log-add"])
+def test_the_native_lexicon_decoder_gives_torchaudios_hypotheses(name, assets, batch):
+    # beamkit.ctc.LexiconDecoder: numpy in, no torch; the same inputs as torchaudio's ctc_decoder
+    from beamkit.ctc import LexiconDecoder, LexiconOptions
+
+    setting = dict(bench.settings(assets)[name])
+    kwargs = {"tokens": bench.TOKENS, "nbest": 8, "beam_size": 30, **setting}
+    ta_results = oracle.ctc_decoder(**kwargs)(batch)
+    lexicon, lm = setting.pop("lexicon"), setting.pop("lm", None)
+    setting.pop("lm_dict", None)
+    native = LexiconDecoder(bench.TOKENS, lexicon, lm, LexiconOptions(nbest=8, beam_size=30, **setting))
+    bk_results = native.decode(batch.numpy())
+    top1, nbest = agreement(ta_results, bk_results)
+    assert top1 >= 0.99 and nbest >= 0.95, (name, top1, nbest)

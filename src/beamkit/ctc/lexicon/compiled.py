@@ -1,6 +1,6 @@
-"""The compiled driver of :class:`~beamkit.ctc.lexicon_search.LexiconSearch`: the search's state in the arrays of
-:mod:`beamkit.ctc.lexicon_kernel`, its frame loop compiled by numba, a language model in Python asked only for the
-transitions the loop has not seen. Same results as the interpreted search, operation for operation."""
+"""The driver of :class:`~beamkit.ctc.lexicon.search.LexiconSearch`: the search's state in the arrays of
+:mod:`beamkit.ctc.lexicon.kernel`, its frame loop compiled by numba (plain Python without numba), a language model
+in Python asked only for the transitions the loop has not seen."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The knobs of one lexicon search (:class:`LexiconSearchOptions`, frozen and checked once) and what it returns
+"""The knobs of one lexicon search (:class:`LexiconOptions`, frozen and checked once) and what it returns
 (:class:`LexiconResult`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ..options import MAX_BEAM_WIDTH
 
 
 @dataclass(frozen=True)
-class LexiconSearchOptions:
+class LexiconOptions:
     """The knobs of one token-level CTC search (torchaudio's ``ctc_decoder`` arguments). A bad value is a
     TypeError / ValueError naming the field."""
 
@@ -33,6 +33,8 @@ class LexiconSearchOptions:
     sil_score: float = 0.0
     # merge candidates in the same state by log-sum of their scores (False: keep the max)
     log_add: bool = False
+    # hypotheses returned per utterance, best first
+    nbest: int = 1
 
     def __post_init__(self) -> None:
         """Check every field (see :mod:`beamkit._checks`)."""
@@ -42,6 +44,7 @@ class LexiconSearchOptions:
             check_float(name, getattr(self, name))
         check_float("unk_score", self.unk_score, minus_inf=True)
         check_bool("log_add", self.log_add)
+        check_int("nbest", self.nbest, least=1)
 
 
 class LexiconResult(NamedTuple):
