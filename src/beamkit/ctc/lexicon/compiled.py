@@ -206,24 +206,17 @@ class CompiledSearch:
         self.final = [(score, h, am, lm, 0) for score, h, am, lm, _ in merged[: o.beam_size]]
         self.search.frames += 1
 
-    def results(self) -> list[LexiconResult]:
-        """The final hypotheses, best first (empty before :meth:`end`)."""
+    def results(self, limit: int | None = None) -> list[LexiconResult]:
+        """The final hypotheses, best first (empty before :meth:`end`); ``limit``: only the first ones."""
         if self.final is None:
             return []
-        b = self.beam
-        last = int(b.step[0])
-        out = []
-        for score, h, am, lm, _ in self.final:
-            tokens, words = [self.search.sil], [-1]
-            row = h
-            for step in range(last, -1, -1):
-                tokens.append(int(b.back_token[step, row]))
-                words.append(int(b.back_word[step, row]))
-                row = int(b.back_parent[step, row])
-            tokens.reverse()
-            words.reverse()
-            out.append(LexiconResult(tokens, words, score, am, lm))
-        return out
+        final = self.final[:limit]
+        rows = np.array([h for _, h, _, _, _ in final], dtype=np.int64)
+        tokens, words = self.k.backtrace(self.beam, rows, self.search.sil)
+        return [
+            LexiconResult(tokens[i].tolist(), words[i].tolist(), score, am, lm)
+            for i, (score, _, am, lm, _) in enumerate(final)
+        ]
 
 
 def _trie_arrays(trie: LexiconTrie | None) -> Any:

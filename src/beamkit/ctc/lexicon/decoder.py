@@ -156,7 +156,7 @@ class LexiconDecoder:
 
     def hypotheses(self) -> list[LexiconHypothesis]:
         """The ``nbest`` best hypotheses of the finished utterance, best first."""
-        return [self._hypothesis(r) for r in self.search.results()[: self.options.nbest]]
+        return [self._hypothesis(r) for r in self.search.results(self.options.nbest)]
 
     def idxs_to_tokens(self, idxs: Any) -> list[str]:
         """The tokens of token ids."""
@@ -196,19 +196,16 @@ class LexiconDecoder:
         return [check_int("lengths", n, least=0, most=frames) for n in valid]
 
     def _hypothesis(self, result: LexiconResult) -> LexiconHypothesis:
-        """A result's per-step path read out as torchaudio reads it."""
-        path = result.tokens
-        tokens, steps = [], []
-        prev = None
-        for i, idx in enumerate(path):
-            if idx != self.blank and idx != prev:
-                tokens.append(idx)
-                steps.append(i)
-            prev = idx
+        """A result's per-step path read out as torchaudio reads it: a step whose token differs from the step
+        before and is not the blank holds a token."""
+        path = np.asarray(result.tokens, dtype=np.int64)  # shape: (steps,)
+        new = np.ones(path.shape[0], dtype=bool)
+        new[1:] = path[1:] != path[:-1]
+        steps = np.flatnonzero(new & (path != self.blank))
         words = self.word_dict
         return LexiconHypothesis(
-            tokens=np.array(tokens, dtype=np.int64),
+            tokens=path[steps],
             words=[words.get_entry(x) for x in result.words if x >= 0] if words is not None else [],
             score=result.score,
-            timesteps=np.array(steps, dtype=np.int32),
+            timesteps=steps.astype(np.int32),
         )

@@ -428,3 +428,21 @@ def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: b
         beam.back_parent[step, r] = work.parent[c]
     beam.size[0] = keep
     beam.step[0] = step
+
+
+@njit
+def backtrace(beam: Any, rows: np.ndarray, sil: int) -> tuple[np.ndarray, np.ndarray]:
+    """The token and word of every step of each final hypothesis (``rows``: their places in the last step's beam),
+    followed by the end's silence token (no word): two arrays of shape ``(len(rows), steps + 1)``."""
+    last = beam.step[0]
+    tokens = np.empty((rows.shape[0], last + 2), dtype=np.int64)
+    words = np.empty((rows.shape[0], last + 2), dtype=np.int64)
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        for step in range(last, -1, -1):
+            tokens[i, step] = beam.back_token[step, row]
+            words[i, step] = beam.back_word[step, row]
+            row = beam.back_parent[step, row]
+        tokens[i, last + 1] = sil
+        words[i, last + 1] = -1
+    return tokens, words

@@ -80,9 +80,10 @@ class LexiconSearch:
         with _quiet():
             self._run.end()
 
-    def results(self) -> list[LexiconResult]:
-        """The final hypotheses (after :meth:`end`; before it, an empty list), best first."""
-        return self._run.results()
+    def results(self, limit: int | None = None) -> list[LexiconResult]:
+        """The final hypotheses (after :meth:`end`; before it, an empty list), best first; ``limit``: only the
+        first ones (the others' paths are not read back)."""
+        return self._run.results(limit)
 
 
 def _quiet() -> nullcontext[None] | np.errstate:
