@@ -94,6 +94,8 @@ def test_a_corrupt_arpa_through_the_drop_in_is_one_value_error(tmp_path: Path) -
         ("beamkit.ctc.options", "SearchOptions", "beamkit.ctc.CTCOptions"),
         ("beamkit.ctc.prefix_search", "log_softmax", "beamkit.ops.log_softmax"),
         ("beamkit.ctc.search", "Recorder", "beamkit.ctc.search.CTCRecorder"),
+        ("beamkit.ctc.search", "search_candidates", "beamkit.ctc.prefix.run.search_candidates"),
+        ("beamkit.ctc.lexicon", "read_lexicon", "beamkit.ctc.lexicon.trie.read_lexicon"),
         ("beamkit.ctc.posteriors", "Candidates", "beamkit.ctc.posteriors.FrameCandidates"),
     ],
 )
@@ -113,7 +115,18 @@ def test_a_removed_name_is_an_import_error_naming_its_new_home(module: str, name
 
 
 @pytest.mark.parametrize(
-    ("old", "home"), [("beamkit.ctc.kneser_ney", "beamkit.lm"), ("beamkit.ctc.cli", "beamkit.cli.ctc")]
+    ("old", "home"),
+    [
+        ("beamkit.ctc.kneser_ney", "beamkit.lm"),
+        ("beamkit.ctc.cli", "beamkit.cli.ctc"),
+        ("beamkit.ctc.kernel", "beamkit.ctc.prefix.kernel"),
+        ("beamkit.ctc.nodes", "beamkit.ctc.prefix.nodes"),
+        ("beamkit.ctc.fusion", "beamkit.ctc.prefix.fusion"),
+        ("beamkit.ctc.chartrie", "beamkit.ctc.prefix.chartrie"),
+        ("beamkit.ctc.lexicon_search", "beamkit.ctc.lexicon.search"),
+        ("beamkit.ctc.lexicon_kernel", "beamkit.ctc.lexicon.kernel"),
+        ("beamkit.ctc.lexicon_compiled", "beamkit.ctc.lexicon.compiled"),
+    ],
 )
 def test_a_removed_module_names_its_new_home(old: str, home: str) -> None:
     with pytest.raises(ModuleNotFoundError, match=rf"^{old.replace('.', '[.]')} was removed: import {home}"):

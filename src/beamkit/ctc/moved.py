@@ -62,7 +62,27 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
             _LM,
         ),
     },
-    "beamkit.ctc.search": {"Recorder": "beamkit.ctc.search.CTCRecorder"},
+    "beamkit.ctc.search": {
+        "Recorder": "beamkit.ctc.search.CTCRecorder",
+        **dict.fromkeys(
+            [
+                "Workspace",
+                "SearchCaches",
+                "SearchRun",
+                "search_candidates",
+                "spread",
+                "thread_count",
+                "SPARE_MAX_BYTES",
+                "UTTERANCES_PER_THREAD",
+            ],
+            "beamkit.ctc.prefix.run.*",
+        ),
+        "EndKnobs": "beamkit.ctc.prefix.final.EndKnobs",
+    },
+    "beamkit.ctc.lexicon": dict.fromkeys(
+        ["UNK_WORD", "f32", "read_lexicon", "log_add", "TrieNode", "LexiconTrie", "build_trie"],
+        "beamkit.ctc.lexicon.trie.*",
+    ),
     "beamkit.ctc.posteriors": {"Candidates": "beamkit.ctc.posteriors.FrameCandidates"},
 }
 
@@ -70,6 +90,16 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
 MOVED_MODULES: dict[str, str] = {
     "beamkit.ctc.kneser_ney": "beamkit.lm (build_arpa, write_arpa)",
     "beamkit.ctc.cli": "beamkit.cli.ctc",
+    "beamkit.ctc.kernel": "beamkit.ctc.prefix.kernel (its records: beamkit.ctc.prefix.records)",
+    "beamkit.ctc.nodes": "beamkit.ctc.prefix.nodes",
+    "beamkit.ctc.fusion": "beamkit.ctc.prefix.fusion",
+    "beamkit.ctc.chartrie": "beamkit.ctc.prefix.chartrie",
+    "beamkit.ctc.lexicon_search": (
+        "beamkit.ctc.lexicon.search (LexiconSearch), beamkit.ctc.lexicon.lm (KenLMWords, ZeroLM, LMState) or "
+        "beamkit.ctc.lexicon.options (LexiconOptions, was LexiconSearchOptions); or beamkit.ctc.LexiconDecoder"
+    ),
+    "beamkit.ctc.lexicon_kernel": "beamkit.ctc.lexicon.kernel",
+    "beamkit.ctc.lexicon_compiled": "beamkit.ctc.lexicon.compiled",
 }
 
 
