@@ -130,6 +130,7 @@ class SearchCaches:
         self._labels: LabelTables | None = None
         self._lm: tuple[tuple[Any, ...], LMCache] | None = None
         self._hot: tuple[frozenset[str], CharTrie | None] = (frozenset(), None)
+        self._hot_list: tuple[str, ...] | None = None  # the hotwords the words of _hot were read from
         self._fusion: tuple[tuple[Any, ...], Fusion] | None = None
         self._spare: list[Workspace] = []
 
@@ -148,9 +149,11 @@ class SearchCaches:
                 self._labels = LabelTables(self.vocab)
             labels = self._labels
             cache = self._lm_cache(lm, labels) if lm is not None else None
-            words = Hotwords(hotwords, weight).words  # a phrase counts word by word, as in pyctcdecode
-            if self._hot[0] != words:
-                self._hot = (words, CharTrie(words, labels.alphabet) if words else None)
+            if hotwords != self._hot_list:  # the list of the last call: its words and trie stand (no set-up per call)
+                words = Hotwords(hotwords, weight).words  # a phrase counts word by word, as in pyctcdecode
+                if self._hot[0] != words:
+                    self._hot = (words, CharTrie(words, labels.alphabet) if words else None)
+                self._hot_list = hotwords
             key = (id(lm), id(cache), hotwords, weight)
             if self._fusion is None or self._fusion[0] != key:
                 self._fusion = (key, Fusion(labels, cache, self._hot[1], weight))
@@ -164,7 +167,7 @@ class SearchCaches:
             if self._labels is None:
                 self._labels = LabelTables(self.vocab)
             out = SearchCaches(self.vocab)
-            out._labels, out._hot = self._labels, self._hot
+            out._labels, out._hot, out._hot_list = self._labels, self._hot, self._hot_list
         return out
 
     def _lm_cache(self, lm: LanguageModelFusion, labels: LabelTables) -> LMCache:
