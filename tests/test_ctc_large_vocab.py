@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from beamkit.ctc import CTCOptions, Vocabulary, prefix_beam_search
-from beamkit.ctc.kernel import clear_edges, rehash_edges
 from beamkit.ctc.lm import LanguageModelFusion
-from beamkit.ctc.nodes import NODE, edge_find
+from beamkit.ctc.prefix.kernel import clear_edges, rehash_edges
+from beamkit.ctc.prefix.nodes import NODE, edge_find
 from beamkit.lm import ArpaLM, build_arpa
 from tests.ctc_legacy import build_legacy_decoder as build_ctcdecoder
 

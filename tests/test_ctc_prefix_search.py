@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from beamkit.ctc import CTCOptions, Decoder, LanguageModelFusion, Vocabulary, greedy_ctc, prefix_beam_search
-from beamkit.ctc.chartrie import CharTrie, walk
+from beamkit.ctc.prefix.chartrie import CharTrie, walk
 from beamkit.lm import ArpaLM, build_arpa
 from beamkit.ops import log_softmax
 
@@ -599,7 +599,7 @@ def _hyps_of(hyps: list) -> list[tuple]:
 def test_kernel_logaddexp_equals_numpy_bit_for_bit() -> None:
     # the search's scalar log-sum-exp (with its short cut for a -inf side) against np.logaddexp, signs of
     # zero, infinities and NaN included
-    from beamkit.ctc.kernel import lse
+    from beamkit.ctc.prefix.kernel import lse
 
     rng = np.random.default_rng(13)
     xs = np.concatenate([rng.normal(0, 30, 300), [0.0, -0.0, -np.inf, np.inf, np.nan, 1e-300, -745.0, 709.0]])
@@ -613,3 +613,41 @@ def test_kernel_logaddexp_equals_numpy_bit_for_bit() -> None:
                     assert math.isnan(got), (a, b)
                 else:
                     assert got == want and math.copysign(1, got) == math.copysign(1, want), (a, b)
+
+
+def test_char_trie_states_hold_what_the_word_list_says() -> None:
+    # brute force over random word lists (duplicates, the empty word, characters outside the alphabet): every
+    # string over the alphabet is a state exactly when it starts the inserted part of some word (a word goes in
+    # up to its first unknown character); its min_len is the shortest such word's whole length, is_word whether
+    # it is a word, string() spells it
+    import itertools
+
+    rng = np.random.default_rng(11)
+    alphabet = {c: i for i, c in enumerate("abcd")}
+    for _ in range(60):
+        words = [
+            "".join(rng.choice(list("abcdx"), size=int(rng.integers(0, 5)))) for _ in range(int(rng.integers(0, 25)))
+        ]
+        trie = CharTrie(words, alphabet)
+        inserted = {w: w.split("x")[0] for w in words}
+        n_states = 0
+        for length in range(5):
+            for chars in itertools.product("abcd", repeat=length):
+                s = "".join(chars)
+                through = [w for w, part in inserted.items() if part.startswith(s) and (s or w == "")]
+                state = 0
+                for ch in s:
+                    state = walk(
+                        trie.table, trie.width, trie.keys, trie.values, trie.alphabet_size, state, alphabet[ch]
+                    )
+                    if state < 0:
+                        break
+                assert (state >= 0) == (bool(through) or s == ""), (words, s)
+                if state < 0:
+                    continue
+                n_states += 1
+                if s:
+                    assert trie.min_len[state] == min(len(w) for w in through), (words, s)
+                    assert trie.string(state) == s
+                assert trie.is_word[state] == (s in words), (words, s)
+        assert n_states == len(trie.min_len)

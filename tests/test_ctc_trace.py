@@ -243,7 +243,7 @@ def test_html_is_self_contained_and_carries_the_trace():
     offline = page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert page.startswith("<!DOCTYPE html>") and "http://" not in offline
     assert "https://" not in page and "compress runs of blank-only frames" in page
-    assert trace._repr_html_().startswith('<div class="bk-view"')
+    assert to_html(trace, standalone=False).startswith('<div class="bk-view"')  # the Jupyter fragment
     with pytest.raises(TypeError, match="CTCTrace"):
         to_html(object())  # type: ignore[arg-type]
 

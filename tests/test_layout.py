@@ -896,7 +896,7 @@ def test_no_long_functions_in_the_application_rooms():
 
 
 def test_the_ctc_kernel_takes_at_most_eight_parameters():
-    tree = modules()["ctc/kernel.py"]
+    tree = modules()["ctc/prefix/kernel.py"]
     (run_frames,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_frames"]
     names = [a.arg for a in run_frames.args.args]
     assert len(names) <= 8, f"run_frames takes {len(names)} parameters: {names}"

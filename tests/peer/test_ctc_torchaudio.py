@@ -135,3 +135,46 @@ def test_scores_are_float64_sums_in_flashlights_order(assets, batch):
     bk = beamkit_ta.ctc_decoder(**kwargs)(batch[:3].contiguous())
     for a, b in zip(ta, bk, strict=True):
         assert math.isfinite(a[0].score) and a[0].score.hex() == b[0].score.hex()
+
+
+def test_the_guides_example_n_best_is_one_of_torchaudios_answers(tmp_path):
+    # The CTC guide's example: its lower-ranked hypotheses each have several alignments of one score (a letter
+    # spoken on a blank frame or on its own frame). flashlight keeps whichever of the tied candidates its sort
+    # leaves first, which depends on where its LM states lie in memory: the same process gives different
+    # timesteps (and sometimes silence tokens) for them from one call to the next. beamkit keeps one of them,
+    # always the same; each must be one that torchaudio gives, with torchaudio's score.
+    lexicon = tmp_path / "lexicon.txt"
+    lexicon.write_text("cab c a b |\nab a b |\n")
+    tokens = ["-", "|", "a", "b", "c"]
+    frames = [4, 2, 0, 3, 1, 2, 3, 1]  # c a - b | a b |
+    emissions = torch.full((1, len(frames), 5), -4.0)
+    emissions[0, torch.arange(len(frames)), torch.tensor(frames)] = -0.05
+
+    def answers(make) -> list[tuple]:
+        hyps = make(lexicon=str(lexicon), tokens=tokens, nbest=3, word_score=0.5)(emissions)[0]
+        return [(tuple(h.words), tuple(h.tokens.tolist()), tuple(h.timesteps.tolist()), h.score) for h in hyps]
+
+    seen: list[set[tuple]] = [set(), set(), set()]
+    for _ in range(40):
+        for rank, answer in enumerate(answers(oracle.ctc_decoder)):
+            seen[rank].add(answer)
+    ours = answers(beamkit_ta.ctc_decoder)
+    assert len(ours) == 3 and all(ours[rank] in seen[rank] for rank in range(3)), (ours, seen)
+    assert [answers(beamkit_ta.ctc_decoder) for _ in range(3)] == [ours] * 3
+    assert len(seen[0]) == 1  # the best hypothesis has one alignment of its score: torchaudio always agrees
+
+
+@pytest.mark.parametrize("name", ["lexicon-free", "lexicon", "lexicon+word-lm", "lexicon+unk+log-add"])
+def test_the_native_lexicon_decoder_gives_torchaudios_hypotheses(name, assets, batch):
+    # beamkit.ctc.LexiconDecoder: numpy in, no torch; the same inputs as torchaudio's ctc_decoder
+    from beamkit.ctc import LexiconDecoder, LexiconOptions
+
+    setting = dict(bench.settings(assets)[name])
+    kwargs = {"tokens": bench.TOKENS, "nbest": 8, "beam_size": 30, **setting}
+    ta_results = oracle.ctc_decoder(**kwargs)(batch)
+    lexicon, lm = setting.pop("lexicon"), setting.pop("lm", None)
+    setting.pop("lm_dict", None)
+    native = LexiconDecoder(bench.TOKENS, lexicon, lm, LexiconOptions(nbest=8, beam_size=30, **setting))
+    bk_results = native.decode(batch.numpy())
+    top1, nbest = agreement(ta_results, bk_results)
+    assert top1 >= 0.99 and nbest >= 0.95, (name, top1, nbest)

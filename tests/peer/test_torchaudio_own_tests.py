@@ -32,8 +32,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("kenlm")
 
 from beamkit.ctc.compat import torchaudio as drop_in  # noqa: E402
-from beamkit.ctc.lexicon import read_lexicon  # noqa: E402
-from beamkit.ctc.lexicon_search import KenLMWords  # noqa: E402
+from beamkit.ctc.lexicon.lm import KenLMWords  # noqa: E402
+from beamkit.ctc.lexicon.trie import read_lexicon  # noqa: E402
 from beamkit.lm import KenLMModel  # noqa: E402
 
 # torchaudio's tests that do not apply to the drop-in, with the reason (none so far: every test runs)

@@ -8,10 +8,12 @@ beamkit lm build corpus.txt --order 3 -o lm.arpa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -105,11 +107,73 @@ def _build_decoder(args: argparse.Namespace, options: CTCOptions) -> Decoder:
     )
 
 
+@contextlib.contextmanager
+def one_line_warnings(prog: str) -> Iterator[None]:
+    """Show the library's warnings on standard error as one line each, ``prog: warning: message`` (Python's own
+    format adds the source file and line of the library code that warned)."""
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        print(f"{prog}: warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def _cmd_ctc_decode(args: argparse.Namespace) -> int:
+    with one_line_warnings("beamkit ctc decode"):
+        return _ctc_decode(args)
+
+
+def _lexicon_decoder(args: argparse.Namespace, labels: list[str]) -> Any:
+    """The lexicon decoder ``--lexicon`` asks for: the labels are its tokens, the blank found as ``Decoder`` finds
+    it, the silence token ``|`` (else the space label); ``--alpha`` weighs the LM, ``--beta`` scores each word."""
+    from beamkit.ctc import LexiconDecoder, LexiconOptions
+    from beamkit.ctc.vocab import Vocabulary
+
+    blank = labels[Vocabulary.from_labels(labels, parse_blank(args.blank)).blank]
+    sil = "|" if "|" in labels else " " if " " in labels else None
+    if sil is None:
+        raise ValueError("--lexicon needs a word delimiter among the labels: '|' or '<space>'")
+    options = LexiconOptions(beam_size=args.beam, nbest=args.top)
+    if args.lm is not None:
+        options = dataclasses.replace(options, lm_weight=args.alpha, word_score=args.beta)
+    return LexiconDecoder(labels, args.lexicon, args.lm, options, blank=blank, sil=sil)
+
+
+def _lexicon_decode(args: argparse.Namespace, mats: list[np.ndarray]) -> list[list[dict[str, Any]]]:
+    """Each matrix decoded by the lexicon search (log-probabilities, as float32): its beams as dictionaries."""
+    from beamkit.ctc.posteriors import normalize_posteriors
+
+    if args.greedy or args.pyctcdecode_compat:
+        raise ValueError(f"{'--greedy' if args.greedy else '--pyctcdecode-compat'} does not apply to --lexicon")
+    decoder = _lexicon_decoder(args, read_labels(args.labels, args.alphabet))
+    results = []
+    for m in mats:
+        lp = normalize_posteriors(m, args.input_kind, name=args.file)  # shape: (T, V) log-probabilities
+        [hyps] = decoder.decode(lp.astype(np.float32))
+        results.append(
+            [
+                {
+                    "text": " ".join(h.words),
+                    "words": h.words,
+                    "tokens": decoder.idxs_to_tokens(h.tokens),
+                    "timesteps": h.timesteps.tolist(),
+                    "score": h.score,
+                }
+                for h in hyps
+            ]
+        )
+    return results
+
+
+def _ctc_decode(args: argparse.Namespace) -> int:
     from beamkit.ctc import CTCOptions
 
     _check_lm_options(args)
     mats = _load_matrices(args.file)
+    if args.lexicon is not None:
+        return _print_results(args, _lexicon_decode(args, mats))
     decoder = _build_decoder(args, CTCOptions(beam_width=args.beam, num_hypotheses=args.top))
     if args.greedy:
         results: list[list[dict[str, Any]]] = [
@@ -123,6 +187,11 @@ def _cmd_ctc_decode(args: argparse.Namespace) -> int:
             ]
             for hyps in decoder.decode(mats)
         ]
+    return _print_results(args, results)
+
+
+def _print_results(args: argparse.Namespace, results: list[list[dict[str, Any]]]) -> int:
+    """One line per utterance: its best text, or (``--json``) a JSON object with its top beams."""
     for i, hyps in enumerate(results):
         if args.json:
             print(json_text({"utterance": i, "beams": hyps[: args.top]}))
@@ -135,6 +204,11 @@ EXPLAIN_FORMATS = ("html", "svg", "dot", "json")
 
 
 def _cmd_ctc_explain(args: argparse.Namespace) -> int:
+    with one_line_warnings("beamkit ctc explain"):
+        return _ctc_explain(args)
+
+
+def _ctc_explain(args: argparse.Namespace) -> int:
     from beamkit.ctc import CTCOptions
     from beamkit.viz import to_dot, to_html, to_svg
 
@@ -313,6 +387,14 @@ def register_ctc_decode(ctc_sub: Any) -> None:
         default=1,
         action=StoreGiven,
         help="beams per utterance in --json output (>= 1; needs --json, not --greedy)",
+    )
+    dec.add_argument(
+        "--lexicon",
+        metavar="FILE",
+        help="decode with a lexicon (flashlight's search, torchaudio's ctc_decoder): each line a word and its "
+        "spelling in labels separated by spaces (several lines: several spellings); the silence token is '|' "
+        "(else the space label); with --lm (a KenLM file, needs kenlm) --alpha weighs the LM's log10 scores "
+        "and --beta is added per word",
     )
     dec.set_defaults(func=_cmd_ctc_decode)
 

@@ -25,7 +25,8 @@ from .greedy import greedy_ctc
 from .lm import LanguageModelFusion, fusion_of
 from .options import CTCOptions
 from .posteriors import INPUT_KINDS, FrameCandidates, collect_candidates, normalize_posteriors, utterance_parts
-from .search import CTCHypothesis, CTCRecorder, SearchCaches, search_candidates, spread
+from .prefix.run import SearchCaches, search_candidates, spread
+from .search import CTCHypothesis, CTCRecorder
 from .vocab import Vocabulary
 
 if TYPE_CHECKING:

@@ -18,9 +18,9 @@ import os
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, overload
 
+from beamkit import lm as ngram  # its names are used as ``ngram.ArpaLM``: none of them is importable from here
 from beamkit._checks import check_float
-from beamkit.lm.arpa import ArpaLM, NGramModel, load_unigrams_from_arpa
-from beamkit.lm.kenlm_model import KenLMModel, load_language_model
+from beamkit.ctc.options import MAX_HOTWORD_WEIGHT
 
 LOG10_TO_LN = math.log(10.0)
 AVG_TOKEN_LEN = 6  # characters per word assumed when scaling the unknown-partial-word penalty
@@ -88,7 +88,7 @@ class LanguageModelFusion:
 
     def __init__(
         self,
-        model: ArpaLM | KenLMModel | NGramModel,
+        model: ngram.ArpaLM | ngram.KenLMModel | ngram.NGramModel,
         unigrams: Collection[str] | None = None,
         alpha: float = 0.5,
         beta: float = 1.5,
@@ -202,7 +202,7 @@ class Hotwords:
         """Collect the hotword unigrams."""
         if isinstance(hotwords, str):
             raise TypeError("hotwords must be a list of strings, not one string")
-        check_float("hotword_weight", weight)
+        check_float("hotword_weight", weight, least=-MAX_HOTWORD_WEIGHT, most=MAX_HOTWORD_WEIGHT)
         words: list[str] = []
         for phrase in hotwords or []:
             words.extend(phrase.split())
@@ -233,7 +233,7 @@ class Hotwords:
 
 
 def fusion_of(
-    model: str | os.PathLike[str] | ArpaLM | KenLMModel | NGramModel,
+    model: str | os.PathLike[str] | ngram.ArpaLM | ngram.KenLMModel | ngram.NGramModel,
     unigrams: Collection[str] | None = None,
     *,
     alpha: float = 0.5,
@@ -248,10 +248,10 @@ def fusion_of(
     those written without a back-off weight)."""
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
-        model = load_language_model(path, backend=backend)
+        model = ngram.load_language_model(path, backend=backend)
         if unigrams is None and path.endswith(".arpa"):
-            unigrams = load_unigrams_from_arpa(path)
-    if unigrams is None and isinstance(model, ArpaLM):
+            unigrams = ngram.load_unigrams_from_arpa(path)
+    if unigrams is None and isinstance(model, ngram.ArpaLM):
         unigrams = [w for w in model.words() if w not in ("<s>", "</s>")]
     return LanguageModelFusion(
         model, unigrams, alpha=alpha, beta=beta, unk_score_offset=unk_score_offset, score_boundary=score_boundary

@@ -8,6 +8,7 @@ from typing import Any
 from beamkit._checks import check_bool, check_float, check_int
 
 MAX_BEAM_WIDTH = 100_000  # the search holds beam_width * (candidates per frame + 1) rows a frame, allocated up front
+MAX_HOTWORD_WEIGHT = 1000.0  # |hotword_weight| beyond this makes sums of bonuses leave the float range
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class CTCOptions:
     pyctcdecode_compat: bool = False
     # words earning a bonus (a partial word that starts one earns a share of it); phrases count word by word
     hotwords: tuple[str, ...] | None = None
-    # the bonus per hotword (natural-log units)
+    # the bonus per hotword (natural-log units; between -1000 and 1000, MAX_HOTWORD_WEIGHT)
     hotword_weight: float = 10.0
     # hypotheses returned per utterance (None: up to beam_width)
     num_hypotheses: int | None = None
@@ -43,7 +44,7 @@ class CTCOptions:
         check_float("token_min_logp", self.token_min_logp, most=0.0, minus_inf=True)
         for name in ("prune_history", "split_blank", "pyctcdecode_compat", "word_frames"):
             check_bool(name, getattr(self, name))
-        check_float("hotword_weight", self.hotword_weight)
+        check_float("hotword_weight", self.hotword_weight, least=-MAX_HOTWORD_WEIGHT, most=MAX_HOTWORD_WEIGHT)
         if self.num_hypotheses is not None:
             check_int("num_hypotheses", self.num_hypotheses, least=1)
         if self.hotwords is not None:

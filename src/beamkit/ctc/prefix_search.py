@@ -1,10 +1,9 @@
 """CTC prefix beam search as one function: :func:`prefix_beam_search` is a :class:`~beamkit.ctc.Decoder` made for
 the call, over log-probabilities taken as given.
 
-The decoder is where the search lives (a compiled frame loop over a prefix store, :mod:`beamkit.ctc.search`,
-:mod:`beamkit.ctc.kernel`, :mod:`beamkit.ctc.nodes`, with the fusion rules of :mod:`beamkit.ctc.fusion`) and
-what it keeps between calls (the LM's scored words, the search storage): hold a :class:`~beamkit.ctc.Decoder`
-for repeated calls, and for recorded searches (:meth:`~beamkit.ctc.Decoder.trace`).
+The decoder is where the search lives (a compiled frame loop over a prefix store, :mod:`beamkit.ctc.prefix`: its
+kernel, nodes and fusion rules) and what it keeps between calls (the LM's scored words, the search storage): hold
+a :class:`~beamkit.ctc.Decoder` for repeated calls, and for recorded searches (:meth:`~beamkit.ctc.Decoder.trace`).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ recorder turns them into a :class:`CTCTrace` per utterance:
   of the last frame holding that prefix.
 
 Label ids are mapped to text with the labels the recorder was given. ``CTCTrace.to_json()`` /
-``CTCTrace.from_json()`` round-trip; :func:`beamkit.viz.to_html` (``to_svg``, ``to_dot``) draws a trace, and in
-Jupyter a trace draws itself.
+``CTCTrace.from_json()`` round-trip; :func:`beamkit.viz.to_html` (``to_svg``, ``to_dot``) draws a trace (in
+Jupyter: ``IPython.display.HTML(to_html(trace, standalone=False))``). The drawing lives in :mod:`beamkit.viz`,
+which reads this module; nothing here imports it.
 """
 
 from __future__ import annotations
@@ -234,12 +235,6 @@ class CTCTrace:
                 h[name] = _from_json_float(h[name])
             hyps.append(CTCTraceHypothesis(**h))
         return cls(frames=frames, hypotheses=hyps, **raw)
-
-    def _repr_html_(self) -> str:
-        """Jupyter: the interactive prefix-search drawing."""
-        from beamkit.viz import to_html
-
-        return to_html(self, standalone=False)
 
 
 def _json_float(x: float) -> float | str:

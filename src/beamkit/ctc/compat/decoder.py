@@ -19,8 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from ...lm.kenlm_model import kenlm_failure
-from ...textfiles import check_text_file
 from ..decoder import Decoder, checked
 from ..options import CTCOptions, word_tuple
 from ..search import CTCHypothesis
@@ -37,7 +35,7 @@ from .constants import (
     DEFAULT_UNK_LOGP_OFFSET,
     MIN_TOKEN_CLIP_P,
 )
-from .language_model import AbstractLanguageModel, LanguageModel, load_unigram_set_from_arpa
+from .language_model import AbstractLanguageModel, LanguageModel, load_unigram_set_from_arpa, read_kenlm
 from .search_lm import fusion_weights, search_lm
 
 logger = logging.getLogger(__name__)
@@ -419,14 +417,7 @@ def build_ctcdecoder(
     ``kenlm_model_path`` when given (unigrams read from an ``.arpa`` file when not given)."""
     kenlm_model = None
     if kenlm_model_path is not None:
-        import kenlm
-
-        if os.path.exists(kenlm_model_path):  # a named pipe or device would block kenlm (a missing file: its OSError)
-            check_text_file(kenlm_model_path, "language model file")
-        try:
-            kenlm_model = kenlm.Model(kenlm_model_path)
-        except UnicodeDecodeError as exc:  # a UTF-16 or binary ARPA file: say which file and why
-            raise ValueError(kenlm_failure(os.fspath(kenlm_model_path), exc)) from None
+        kenlm_model = read_kenlm(kenlm_model_path)
         if unigrams is None:
             if kenlm_model_path.endswith(".arpa"):
                 unigrams = load_unigram_set_from_arpa(kenlm_model_path)
@@ -447,12 +438,12 @@ def load_compiled_search() -> bool:
     A cold cache is left alone: compiling takes 20-60 s, which the first decode does, saying so. Returns
     whether it loaded."""
     from ..jit import COMPILED, is_cold
-    from ..kernel import run_frames
+    from ..prefix.kernel import run_frames
 
     if not COMPILED or is_cold(run_frames):
         return False
-    lp = np.log(np.full((2, 2), 0.5))  # shape: (T, V) two frames over a blank and one label
-    BeamSearchDecoderCTC(Alphabet.build_alphabet(["", "a"])).decode_beams(lp)
+    lp = np.log(np.full((2, 3), 1 / 3))  # shape: (T, V) two frames over a blank, a space and one letter
+    BeamSearchDecoderCTC(Alphabet.build_alphabet(["", " ", "a"])).decode_beams(lp)  # with a space: nothing logged
     return True
 
 

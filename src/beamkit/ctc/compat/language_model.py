@@ -22,10 +22,12 @@ from re import Pattern
 from typing import Any
 
 from beamkit._checks import check_number
-from beamkit.textfiles import text_lines
+from beamkit.lm import KenLMModel
+from beamkit.lm.kenlm_model import kenlm_failure
+from beamkit.textfiles import check_text_file, text_lines
 
 from ..lm import Hotwords as _Hotwords
-from ..lm import KenLMModel, LanguageModelFusion
+from ..lm import LanguageModelFusion
 from .constants import (
     AVG_TOKEN_LEN,
     DEFAULT_ALPHA,
@@ -365,8 +367,6 @@ class LanguageModel(AbstractLanguageModel):
     @classmethod
     def load_from_dir(cls, filepath: str, unigram_encoding: str | None = None) -> LanguageModel:
         """Read a directory written by :meth:`save_to_dir` (by beamkit or pyctcdecode)."""
-        import kenlm
-
         files = cls.parse_directory_contents(filepath)
         with open(files["json_attrs"]) as fh:
             attrs = json.load(fh)
@@ -374,7 +374,7 @@ class LanguageModel(AbstractLanguageModel):
             raise ValueError(f"Expected json serialized attributes to be {cls.JSON_ATTRS} but found {attrs.keys()}")
         with open(files["unigrams"], encoding=unigram_encoding) as fh:
             unigrams = fh.read().splitlines()
-        return cls(kenlm.Model(files["kenlm"]), unigrams, **attrs)
+        return cls(read_kenlm(files["kenlm"]), unigrams, **attrs)
 
 
 class MultiLanguageModel(AbstractLanguageModel):
@@ -404,3 +404,18 @@ class MultiLanguageModel(AbstractLanguageModel):
         """The mean fused score and one new state per model."""
         pairs = [lm.score(s, word, is_last_word) for s, lm in zip(prev_state, self._language_models, strict=False)]
         return sum(p for p, _ in pairs) / len(self._language_models), [s for _, s in pairs]
+
+
+def read_kenlm(path: str | os.PathLike[str]) -> Any:
+    """``kenlm.Model(path)``, with a file kenlm cannot read (malformed, UTF-16, binary garbage) refused by one
+    ValueError naming the file and the reason instead of kenlm's multi-line OSError; a missing file stays
+    kenlm's OSError, as in pyctcdecode."""
+    import kenlm
+
+    if not os.path.exists(path):
+        return kenlm.Model(path)
+    check_text_file(path, "language model file")  # a named pipe or device would block kenlm
+    try:
+        return kenlm.Model(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(kenlm_failure(os.fspath(path), exc)) from None

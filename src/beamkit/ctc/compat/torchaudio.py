@@ -3,7 +3,7 @@
 ctc_decoder``.
 
 The names, arguments, defaults and results are torchaudio's (``ctc_decoder``, ``CTCDecoder``, ``CTCHypothesis``,
-``CTCDecoderLM``, ``CTCDecoderLMState``); the search is :mod:`beamkit.ctc.lexicon_search` (flashlight's algorithm,
+``CTCDecoderLM``, ``CTCDecoderLMState``); the search is :mod:`beamkit.ctc.lexicon.search` (flashlight's algorithm,
 no flashlight-text needed). Two differences: ``download_pretrained_files`` downloads nothing (it says where the
 files are), and a lexicon-free decoder with a KenLM file and no ``lm_dict`` scores each token as itself
 (torchaudio scores token ``i`` as the ``i``-th entry of a hash-ordered word list, i.e. as another token).
@@ -11,23 +11,20 @@ files are), and a lexicon-free decoder with a KenLM file and no ``lm_dict`` scor
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from beamkit._checks import check_bool, check_float, check_int
-from beamkit.ctc.lexicon import UNK_WORD, build_trie, f32, read_lexicon
-from beamkit.ctc.lexicon_search import (
-    KenLMWords,
-    LexiconResult,
-    LexiconSearch,
-    LexiconSearchOptions,
-    LMState,
-    ZeroLM,
-)
+from beamkit.ctc.lexicon.decoder import LexiconDecoder, LexiconHypothesis
+from beamkit.ctc.lexicon.lm import LMState
+from beamkit.ctc.lexicon.options import LexiconOptions
+from beamkit.ctc.lexicon.trie import read_lexicon
+from beamkit.ctc.lexicon.words import Dictionary, check_words, search_lm_of, tokens_dictionary, word_dictionary
 from beamkit.extras import install_hint
 
 try:
@@ -85,89 +82,10 @@ class CTCDecoderLM:
         raise NotImplementedError(f"{type(self).__name__} must define finish(state)")
 
 
-class _UserLM:
-    """A custom LM as the search calls it: its scores rounded to float32 (torchaudio passes them as float)."""
-
-    def __init__(self, lm: Any) -> None:
-        self.lm = lm
-
-    def start(self, start_with_nothing: bool) -> Any:
-        return self.lm.start(start_with_nothing)
-
-    def score(self, state: Any, usr_token_idx: int) -> tuple[Any, float]:
-        out, s = self.lm.score(state, usr_token_idx)
-        return out, f32(s)
-
-    def finish(self, state: Any) -> tuple[Any, float]:
-        out, s = self.lm.finish(state)
-        return out, f32(s)
-
-
-class Dictionary:
-    """Entries and their indices (flashlight's dictionary, as ``CTCDecoder.tokens_dict`` / ``word_dict``): from a
-    file (one index a line; several entries on a line share it) or a list (one entry per index)."""
-
-    def __init__(self, source: str | Path | Sequence[str], *, default: str | None = None) -> None:
-        """Read ``source``; ``default``: the entry an unknown one maps to (none: unknown entries are refused)."""
-        self._index: dict[str, int] = {}
-        self._entries: list[str] = []
-        if isinstance(source, (str, Path)):
-            try:
-                lines = Path(source).read_text(encoding="utf-8").splitlines()
-            except OSError as exc:
-                raise ValueError(f"cannot read the dictionary file {str(source)!r}: {exc.strerror or exc}") from None
-            for line in lines:
-                entries = line.split()
-                if entries:
-                    self._add(entries)
-        else:
-            for entry in source:
-                if not isinstance(entry, str):
-                    raise TypeError(f"tokens must be strings, got {entry!r}")
-                self._add([entry])
-        self._default = -1 if default is None or default not in self._index else self._index[default]
-
-    def _add(self, entries: list[str]) -> None:
-        idx = len(self._entries)
-        for entry in entries:
-            if entry in self._index:
-                raise ValueError(f"duplicate entry {entry!r} in the dictionary")
-            self._index[entry] = idx
-        self._entries.append(entries[0])
-
-    def add_entry(self, entry: str) -> None:
-        """Append ``entry`` at the next index."""
-        self._add([entry])
-
-    def get_index(self, entry: str) -> int:
-        """The index of ``entry`` (an unknown entry: the default's index, or a ValueError without a default)."""
-        idx = self._index.get(entry, self._default)
-        if idx < 0:
-            raise ValueError(f"unknown entry in the dictionary: {entry!r}")
-        return idx
-
-    def get_entry(self, idx: int) -> str:
-        """The (first) entry at index ``idx``."""
-        if not 0 <= idx < len(self._entries):
-            raise ValueError(f"unknown index in the dictionary: {idx}")
-        return self._entries[idx]
-
-    def contains(self, entry: str) -> bool:
-        """Whether ``entry`` is in the dictionary."""
-        return entry in self._index
-
-    def index_size(self) -> int:
-        """The number of indices."""
-        return len(self._entries)
-
-    def entry_size(self) -> int:
-        """The number of entries (several can share an index)."""
-        return len(self._index)
-
-
 class CTCDecoder:
     """The CTC beam search decoder (build it with :func:`ctc_decoder`): ``decoder(emissions, lengths)`` decodes a
-    batch; ``decode_begin`` / ``decode_step`` / ``decode_end`` / ``get_final_hypothesis`` decode incrementally."""
+    batch; ``decode_begin`` / ``decode_step`` / ``decode_end`` / ``get_final_hypothesis`` decode incrementally.
+    A shell over :class:`beamkit.ctc.LexiconDecoder` (torch tensors in and out, torchaudio's checks)."""
 
     def __init__(
         self,
@@ -176,119 +94,73 @@ class CTCDecoder:
         word_dict: Dictionary | None,
         tokens_dict: Dictionary,
         lm: Any,
-        decoder_options: LexiconSearchOptions,
+        decoder_options: LexiconOptions,
         blank_token: str,
         sil_token: str,
         unk_word: str,
     ) -> None:
         """Assemble the decoder (:func:`ctc_decoder` reads the files and checks the arguments)."""
         self.nbest = nbest
+        options = dataclasses.replace(decoder_options, nbest=nbest)
+        specials = (blank_token, sil_token, unk_word)
+        self.native = LexiconDecoder.from_parts(lexicon, word_dict, tokens_dict, lm, options, specials)
         self.word_dict = word_dict
         self.tokens_dict = tokens_dict
-        self.blank = tokens_dict.get_index(blank_token)
-        silence = tokens_dict.get_index(sil_token)
+        self.blank = self.native.blank
         self.lm = lm
-        search_lm: Any = lm if isinstance(lm, (ZeroLM, KenLMWords)) else _UserLM(lm)
-        if lexicon:
-            assert word_dict is not None
-            start = search_lm.start(False)
-            scores = {word: search_lm.score(start, word_dict.get_index(word))[1] for word in lexicon}
-            index = {word: word_dict.get_index(word) for word in lexicon}
-            tokens = {tokens_dict.get_entry(i): i for i in range(tokens_dict.index_size())}
-            tokens.update(tokens_dict._index)
-            trie = build_trie(lexicon, tokens, index, scores, tokens_dict.index_size())
-            unk = word_dict.get_index(unk_word)
-            self.decoder = LexiconSearch(decoder_options, search_lm, trie=trie, sil=silence, blank=self.blank, unk=unk)
-        else:
-            self.decoder = LexiconSearch(decoder_options, search_lm, trie=None, sil=silence, blank=self.blank)
-
-    # ------------------------------------------------------------------------------------------------------------
-    def _get_tokens(self, idxs: Any) -> torch.Tensor:
-        """The token ids of a per-step path: runs of one id as one, blanks dropped."""
-        if hasattr(idxs, "tolist"):
-            idxs = idxs.tolist()
-        out = []
-        prev = None
-        for idx in idxs:
-            if idx != prev and idx != self.blank:
-                out.append(idx)
-            prev = idx
-        return torch.tensor(out, dtype=torch.int64)
-
-    def _get_timesteps(self, idxs: Any) -> torch.Tensor:
-        """The step of each token (a token differing from the one before and not the blank)."""
-        if hasattr(idxs, "tolist"):
-            idxs = idxs.tolist()
-        steps = [i for i, idx in enumerate(idxs) if idx != self.blank and (i == 0 or idx != idxs[i - 1])]
-        return torch.tensor(steps, dtype=torch.int32)
-
-    def _to_hypo(self, results: list[LexiconResult]) -> list[CTCHypothesis]:
-        words = self.word_dict
-        return [
-            CTCHypothesis(
-                tokens=self._get_tokens(r.tokens),
-                words=[words.get_entry(x) for x in r.words if x >= 0] if words is not None else [],
-                score=r.score,
-                timesteps=self._get_timesteps(r.tokens),
-            )
-            for r in results
-        ]
+        self.decoder = self.native.search
 
     def decode_begin(self) -> None:
         """Start an utterance for incremental decoding (not needed for ``decoder(emissions)``)."""
-        self.decoder.begin()
+        self.native.begin()
 
     def decode_step(self, emissions: Any) -> None:
         """Decode more frames of the current utterance: a float32 CPU tensor (or numpy array) of shape
         ``(frames, tokens)``."""
         array = _emissions(emissions, 2)
-        self._check_tokens(array.shape[-1])
-        self.decoder.step(array)
+        with _as_emissions_error():
+            self.native.check_width(array.shape[-1])
+            self.native.check_values(array)
+        self.native.search.step(array)
 
     def decode_end(self) -> None:
         """Finish the current utterance (the LM's end-of-sentence score)."""
-        self.decoder.end()
+        self.native.end()
 
     def get_final_hypothesis(self) -> list[CTCHypothesis]:
         """The ``nbest`` best hypotheses of the finished utterance, best first."""
-        return self._to_hypo(self.decoder.results()[: self.nbest])
+        return [_to_torch(h) for h in self.native.hypotheses()]
 
     def __call__(self, emissions: Any, lengths: Any = None) -> list[list[CTCHypothesis]]:
         """Decode a batch: float32 CPU emissions of shape ``(batch, frames, tokens)`` and optional valid lengths
         of shape ``(batch,)``; the ``nbest`` best hypotheses of each utterance, best first."""
         array = _emissions(emissions, 3)
-        B, T, N = array.shape
-        self._check_tokens(N)
-        if lengths is None:
-            valid = [T] * B
-        else:
-            if isinstance(lengths, torch.Tensor) and not lengths.is_cpu:
-                raise EmissionsError("lengths must be a CPU tensor.")
-            valid = np.asarray(lengths).reshape(-1).tolist()
-            if len(valid) != B:
-                raise EmissionsError(f"lengths must hold one length per utterance ({B}), got {len(valid)}")
-            for n in valid:
-                if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= T:
-                    raise EmissionsError(f"lengths must be integers in 0 .. {T} (the frames), got {n!r}")
-        hypos = []
-        for b in range(B):
-            self.decoder.begin()
-            self.decoder.step(array[b, : valid[b]])
-            self.decoder.end()
-            hypos.append(self.get_final_hypothesis())
-        return hypos
+        if isinstance(lengths, torch.Tensor) and not lengths.is_cpu:
+            raise EmissionsError("lengths must be a CPU tensor.")
+        with _as_emissions_error():
+            self.native.check_width(array.shape[-1])
+            return [[_to_torch(h) for h in hyps] for hyps in self.native.decode(array, lengths)]
 
     def idxs_to_tokens(self, idxs: Any) -> list[str]:
         """The tokens of token ids."""
-        return [self.tokens_dict.get_entry(int(i)) for i in idxs]
+        return self.native.idxs_to_tokens(idxs)
 
-    def _check_tokens(self, n: int) -> None:
-        """Emissions need a column per token; extra columns are decoded as token ids past the list (as torchaudio
-        does), which ``idxs_to_tokens`` cannot name."""
-        if n < self.tokens_dict.index_size():
-            raise EmissionsError(
-                f"emissions must have a column per token ({self.tokens_dict.index_size()}), got {n} columns"
-            )
+
+@contextlib.contextmanager
+def _as_emissions_error() -> Iterator[None]:
+    """The native decoder's errors about the emissions and lengths as :class:`EmissionsError` (also a
+    RuntimeError, where torchaudio raises one)."""
+    try:
+        yield
+    except EmissionsError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise EmissionsError(str(exc)) from None
+
+
+def _to_torch(h: LexiconHypothesis) -> CTCHypothesis:
+    """A native hypothesis as torchaudio's record (torch tensors)."""
+    return CTCHypothesis(torch.from_numpy(h.tokens), h.words, h.score, torch.from_numpy(h.timesteps))
 
 
 def _emissions(emissions: Any, ndim: int) -> np.ndarray:
@@ -310,23 +182,6 @@ def _emissions(emissions: Any, ndim: int) -> np.ndarray:
     if array.ndim != ndim:
         raise EmissionsError(f"emissions must be {ndim}D. Found {tuple(array.shape)}")
     return array
-
-
-def _word_dict(
-    lexicon: dict[str, list[list[str]]] | None, lm: Any, lm_dict: str | None, tokens: Dictionary, unk_word: str
-) -> Dictionary | None:
-    """The word dictionary: ``lm_dict``'s, else the lexicon's words (in file order, ``<unk>`` included), else (a
-    lexicon-free KenLM) the tokens themselves and ``unk_word``."""
-    if lm_dict is not None:
-        return Dictionary(lm_dict)
-    if lexicon:
-        return Dictionary(list(lexicon), default=UNK_WORD)
-    if isinstance(lm, (str, Path)):
-        names = [tokens.get_entry(i) for i in range(tokens.index_size())]
-        if unk_word not in names:
-            names.append(unk_word)
-        return Dictionary(names, default=UNK_WORD)
-    return None
 
 
 def ctc_decoder(
@@ -363,8 +218,8 @@ def ctc_decoder(
     nbest = check_int("nbest", nbest, least=1)
     if beam_size_token is not None:
         beam_size_token = check_int("beam_size_token", beam_size_token, least=1)
-    tokens_dict = _tokens_dict(tokens, blank_token, sil_token, unk_word)
-    options = LexiconSearchOptions(
+    tokens_dict = tokens_dictionary(tokens, blank_token, sil_token, unk_word)
+    options = LexiconOptions(
         beam_size=beam_size,
         beam_size_token=beam_size_token or tokens_dict.index_size(),
         beam_threshold=check_float("beam_threshold", beam_threshold),
@@ -375,9 +230,9 @@ def ctc_decoder(
         log_add=check_bool("log_add", log_add),
     )
     words = read_lexicon(lexicon) if lexicon else None
-    word_dict = _word_dict(words, lm, lm_dict, tokens_dict, unk_word)
-    search_lm = _search_lm(lm, word_dict)
-    _check_words(words, word_dict, unk_word)
+    word_dict = word_dictionary(words, lm, lm_dict, tokens_dict, unk_word)
+    search_lm = search_lm_of(lm, word_dict)
+    check_words(words, word_dict, unk_word)
     return CTCDecoder(
         nbest=nbest,
         lexicon=words,
@@ -389,49 +244,6 @@ def ctc_decoder(
         sil_token=sil_token,
         unk_word=unk_word,
     )
-
-
-def _tokens_dict(tokens: str | list[str], blank_token: str, sil_token: str, unk_word: str) -> Dictionary:
-    """The tokens' dictionary, the special tokens checked (a string each; the blank and silence among the
-    tokens)."""
-    for name, value in (("blank_token", blank_token), ("sil_token", sil_token), ("unk_word", unk_word)):
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a string, got {value!r}")
-    if not isinstance(tokens, (str, Path, list, tuple)):
-        raise TypeError(f"tokens must be a file path or a list of strings, got {type(tokens).__name__}")
-    tokens_dict = Dictionary(tokens)
-    for name, value in (("blank_token", blank_token), ("sil_token", sil_token)):
-        if not tokens_dict.contains(value):
-            raise ValueError(f"{name} {value!r} must be one of the tokens")
-    return tokens_dict
-
-
-def _search_lm(lm: str | CTCDecoderLM | None, word_dict: Dictionary | None) -> Any:
-    """The LM the search asks: a KenLM file's words (``word_dict``'s indices), no LM, or the user's
-    :class:`CTCDecoderLM`."""
-    if isinstance(lm, (str, Path)):
-        from beamkit.lm import KenLMModel
-
-        assert word_dict is not None
-        model = KenLMModel(str(lm)).model
-        return KenLMWords(model, [word_dict.get_entry(i) for i in range(word_dict.index_size())])
-    if lm is None:
-        return ZeroLM()
-    if all(callable(getattr(lm, name, None)) for name in ("start", "score", "finish")):
-        return lm
-    raise TypeError(f"lm must be a KenLM file path, a CTCDecoderLM or None, got {type(lm).__name__}")
-
-
-def _check_words(words: Any, word_dict: Dictionary | None, unk_word: str) -> None:
-    """With a lexicon and an LM dictionary, the unknown word and every lexicon word must be in the dictionary
-    (unless it has a default)."""
-    if words is None or word_dict is None:
-        return
-    if not word_dict.contains(unk_word) and word_dict._default < 0:
-        raise ValueError(f"unk_word {unk_word!r} must be in the LM dictionary")
-    for word in words:
-        if not word_dict.contains(word) and word_dict._default < 0:
-            raise ValueError(f"the lexicon word {word!r} must be in the LM dictionary (lm_dict)")
 
 
 def download_pretrained_files(model: str) -> Any:

@@ -14,11 +14,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .jit import njit, njit_inline
+from ..jit import njit, njit_inline
+from ..tables import home_slot, next_slot
 
 DONE, MISSES, GROW = 0, 1, 2  # run_lexicon_frames's status
 EMPTY = -1  # an unused slot of the LM table
-_HASH = 0x5851F42D4C957F2D  # a 64-bit multiplicative hash constant (odd, below 2**63)
 
 
 class TrieArrays(NamedTuple):
@@ -107,15 +107,14 @@ def new_table(capacity: int, stride: int, external: bool, first_free: int) -> Ta
 def table_find(keys: np.ndarray, key: int) -> int:
     """The slot holding ``key``, or the empty slot where it would go (as ``-slot - 1``)."""
     mask = keys.shape[0] - 1
-    x = key * _HASH  # wraps around in int64 (compiled code only)
-    slot = (x ^ (x >> 29)) & mask  # the high bits (the parent state's) folded into the low ones
+    slot = home_slot(key, mask)
     while True:
         k = keys[slot]
         if k == key:
             return slot
         if k == EMPTY:
             return -slot - 1
-        slot = (slot + 1) & mask
+        slot = next_slot(slot, mask)
 
 
 @njit
@@ -363,10 +362,9 @@ def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: b
         if work.score[i] < floor:
             continue
         key = ((work.lm[i] * n_lex + work.lex[i] + 1) * n_tokens + work.token[i]) * 2 + (1 if work.blank[i] else 0)
-        x = key * _HASH
-        slot = (x ^ (x >> 29)) & mask
+        slot = home_slot(key, mask)
         while work.gstamp[slot] == stamp and work.gkeys[slot] != key:
-            slot = (slot + 1) & mask
+            slot = next_slot(slot, mask)
         if work.gstamp[slot] == stamp:
             grp = work.ggroup[slot]
             work.next[work.tail[grp]] = i
@@ -430,3 +428,21 @@ def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: b
         beam.back_parent[step, r] = work.parent[c]
     beam.size[0] = keep
     beam.step[0] = step
+
+
+@njit
+def backtrace(beam: Any, rows: np.ndarray, sil: int) -> tuple[np.ndarray, np.ndarray]:
+    """The token and word of every step of each final hypothesis (``rows``: their places in the last step's beam),
+    followed by the end's silence token (no word): two arrays of shape ``(len(rows), steps + 1)``."""
+    last = beam.step[0]
+    tokens = np.empty((rows.shape[0], last + 2), dtype=np.int64)
+    words = np.empty((rows.shape[0], last + 2), dtype=np.int64)
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        for step in range(last, -1, -1):
+            tokens[i, step] = beam.back_token[step, row]
+            words[i, step] = beam.back_word[step, row]
+            row = beam.back_parent[step, row]
+        tokens[i, last + 1] = sil
+        words[i, last + 1] = -1
+    return tokens, words

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..jit import njit
+from ..tables import SALT, probe
 from .fusion import HAS_LM, SCORED, Static, complete_word, partial_score, word_lookup
-from .jit import njit
 
 NODE = np.dtype(
     [
@@ -37,10 +38,8 @@ NODE = np.dtype(
 EDGE_FREE = -1  # an empty slot of the edge map
 EDGE_MAKING = -2  # a child being made in the current frame
 
-SALT = np.uint64(0x9E3779B97F4A7C15)
 MUL = np.uint64(0x100000001B3)
 SHIFT = np.uint64(29)
-HIGH = np.uint64(32)
 
 
 @njit
@@ -71,19 +70,9 @@ def final_key(nodes: np.ndarray, i: int) -> np.uint64:
 
 
 @njit
-def slot_of(key: np.int64, mask: int) -> int:
-    """Home slot of an int64 key in a power-of-two table."""
-    return int((np.uint64(key) * SALT) >> HIGH) & mask
-
-
-@njit
 def edge_find(ek: np.ndarray, key: np.int64) -> int:
     """Slot of ``key`` in the edge map, or the free slot where it would go."""
-    mask = len(ek) - 1
-    s = slot_of(key, mask)
-    while ek[s] != EDGE_FREE and ek[s] != key:
-        s = (s + 1) & mask
-    return s
+    return probe(ek, key, EDGE_FREE)
 
 
 @njit

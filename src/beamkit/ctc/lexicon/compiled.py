@@ -1,17 +1,21 @@
-"""The compiled driver of :class:`~beamkit.ctc.lexicon_search.LexiconSearch`: the search's state in the arrays of
-:mod:`beamkit.ctc.lexicon_kernel`, its frame loop compiled by numba, a language model in Python asked only for the
-transitions the loop has not seen. Same results as the interpreted search, operation for operation."""
+"""The driver of :class:`~beamkit.ctc.lexicon.search.LexiconSearch`: the search's state in the arrays of
+:mod:`beamkit.ctc.lexicon.kernel`, its frame loop compiled by numba (plain Python without numba), a language model
+in Python asked only for the transitions the loop has not seen."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .jit import note_if_cold
-from .lexicon import LexiconTrie
-from .lexicon_search import LexiconResult, LexiconSearch, ZeroLM
+from ..jit import note_if_cold
+from .lm import ZeroLM
+from .options import LexiconResult
+from .trie import LexiconTrie
+
+if TYPE_CHECKING:
+    from .search import LexiconSearch
 
 
 class CompiledSearch:
@@ -21,7 +25,7 @@ class CompiledSearch:
 
     def __init__(self, search: LexiconSearch) -> None:
         """Arrays for ``search``'s options, trie and LM."""
-        from . import lexicon_kernel as kernel
+        from . import kernel
 
         self.k = kernel
         self.search = search
@@ -202,29 +206,22 @@ class CompiledSearch:
         self.final = [(score, h, am, lm, 0) for score, h, am, lm, _ in merged[: o.beam_size]]
         self.search.frames += 1
 
-    def results(self) -> list[LexiconResult]:
-        """The final hypotheses, best first (empty before :meth:`end`)."""
+    def results(self, limit: int | None = None) -> list[LexiconResult]:
+        """The final hypotheses, best first (empty before :meth:`end`); ``limit``: only the first ones."""
         if self.final is None:
             return []
-        b = self.beam
-        last = int(b.step[0])
-        out = []
-        for score, h, am, lm, _ in self.final:
-            tokens, words = [self.search.sil], [-1]
-            row = h
-            for step in range(last, -1, -1):
-                tokens.append(int(b.back_token[step, row]))
-                words.append(int(b.back_word[step, row]))
-                row = int(b.back_parent[step, row])
-            tokens.reverse()
-            words.reverse()
-            out.append(LexiconResult(tokens, words, score, am, lm))
-        return out
+        final = self.final[:limit]
+        rows = np.array([h for _, h, _, _, _ in final], dtype=np.int64)
+        tokens, words = self.k.backtrace(self.beam, rows, self.search.sil)
+        return [
+            LexiconResult(tokens[i].tolist(), words[i].tolist(), score, am, lm)
+            for i, (score, _, am, lm, _) in enumerate(final)
+        ]
 
 
 def _trie_arrays(trie: LexiconTrie | None) -> Any:
     """A trie as the kernel's CSR arrays (node 0: the root); empty arrays without a lexicon."""
-    from .lexicon_kernel import TrieArrays
+    from .kernel import TrieArrays
 
     if trie is None:
         z = np.zeros(0, dtype=np.int64)

@@ -26,10 +26,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..jit import njit, njit_inline, records
+from ..lm import AVG_TOKEN_LEN, LanguageModelFusion
+from ..tables import SALT, home_slot, next_slot
+from ..vocab import Vocabulary
 from .chartrie import CharTrie, walk
-from .jit import njit, njit_inline, records
-from .lm import AVG_TOKEN_LEN, LanguageModelFusion
-from .vocab import Vocabulary
 
 # Static.flags
 SCORED, HAS_LM, HAS_HOT, HAS_UNI = 0, 1, 2, 3
@@ -48,7 +49,6 @@ PENDING = np.dtype([("sid", np.int64), ("node", np.int64), ("whash", np.uint64)]
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 _EMPTY_F = np.zeros(0, dtype=np.float64)
 _EMPTY_B = np.zeros(0, dtype=np.bool_)
-_SALT = np.uint64(0x9E3779B97F4A7C15)
 MAX_CACHED_STATES = 1 << 20  # an LM cache that grows past this many contexts starts afresh
 
 
@@ -77,11 +77,11 @@ class Static(NamedTuple):
 def word_lookup(st: Static, wt: np.ndarray, sid: int, wh: np.uint64) -> int:
     """Slot of (context ``sid``, word hash ``wh``) in the word table, or -1 when it is not there."""
     mask = len(wt) - 1
-    s = int((wh ^ (np.uint64(sid) * _SALT)) * _SALT >> np.uint64(32)) & mask
+    s = home_slot(wh ^ (np.uint64(sid) * SALT), mask)
     while wt[s].sid != -1:
         if wt[s].sid == sid and wt[s].whash == wh:
             return s
-        s = (s + 1) & mask
+        s = next_slot(s, mask)
     return -1
 
 
@@ -89,11 +89,11 @@ def word_lookup(st: Static, wt: np.ndarray, sid: int, wh: np.uint64) -> int:
 def word_store(wt: np.ndarray, sid: int, wh: np.uint64, nsid: int, delta: float) -> None:
     """Put a scored (context, word) pair into the word table (which has a free slot)."""
     mask = len(wt) - 1
-    s = int((wh ^ (np.uint64(sid) * _SALT)) * _SALT >> np.uint64(32)) & mask
+    s = home_slot(wh ^ (np.uint64(sid) * SALT), mask)
     while wt[s].sid != -1:
         if wt[s].sid == sid and wt[s].whash == wh:
             return
-        s = (s + 1) & mask
+        s = next_slot(s, mask)
     wt[s].sid = sid
     wt[s].whash = wh
     wt[s].nsid = nsid
@@ -355,7 +355,7 @@ class LabelTables:
         self.piece_len = np.array([len(p) for p in self.clean], dtype=np.int64)  # shape: (V,)
         self.starts_word = np.asarray(starts, dtype=np.bool_)  # shape: (V,)
         self.loop_tok = self.starts_word & (self.piece_len == 0)  # shape: (V,)
-        self.piece_codes = (self.piece_chars + 1).astype(np.uint64) * _SALT  # shape: (V, L)
+        self.piece_codes = (self.piece_chars + 1).astype(np.uint64) * SALT  # shape: (V, L)
         # text pieces per label (a word-starting label opens a new word)
         self.text_piece = [(" " + p if starts[i] else p) for i, p in enumerate(self.clean)]
         self.alphabet_key = tuple(sorted(self.alphabet.items()))

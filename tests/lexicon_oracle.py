@@ -1,165 +1,19 @@
-"""Token-level CTC beam search with word-level LM scoring (flashlight's algorithm, behind torchaudio's
-``ctc_decoder``): with a lexicon trie the words are those of the lexicon (plus an unknown word where allowed), the
-LM scores each word as it ends and the trie's look-ahead scores partial words; without a lexicon any token
-sequence is allowed and the LM scores tokens.
-
-Each frame extends every hypothesis by the frame's ``beam_size_token`` best tokens, drops candidates scoring more
-than ``beam_threshold`` below the best, merges candidates in the same state (same LM state, trie node, last token
-and blank flag: by max or, with ``log_add``, by log-sum) and keeps the ``beam_size`` best. Scores are float64 sums
-of the float32 emissions and the LM's float32 scores, in flashlight's order of operations, so they match it to
-the bit.
-
-:class:`LexiconSearch` decodes incrementally (:meth:`~LexiconSearch.begin`, :meth:`~LexiconSearch.step` on
-``(frames, tokens)`` float32 arrays, :meth:`~LexiconSearch.end`, :meth:`~LexiconSearch.results`). Language models
-follow the :class:`WordLM` protocol (``start`` / ``score`` / ``finish`` over :class:`LMState` objects whose identity
-is the hypothesis state): :class:`ZeroLM` (no LM) and :class:`KenLMWords` (a KenLM ARPA or binary file) are here.
-Where numba is installed the frame loop runs compiled (:mod:`beamkit.ctc.lexicon_compiled`); the interpreted loop
-below is the reference and the fallback.
-"""
+"""The lexicon search (flashlight's algorithm, :mod:`beamkit.ctc.lexicon`) written as plain Python, one
+hypothesis object per candidate and heaps for the beam cut: the oracle the compiled frame loop is checked
+against (``tests/test_ctc_torchaudio.py``). It was the library's fallback before the compiled loop learned to run
+interpreted; it stays here, independent of the arrays and tables the library's loop uses."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from beamkit._checks import check_bool, check_float, check_int
-
-from .jit import COMPILED
-from .lexicon import LexiconTrie, TrieNode, f32
-
-
-class LMState:
-    """A language model state: a node of the tree of histories the search has asked about. ``child(index)``
-    returns (creating it once) the state after one more word (token) ``index``; two hypotheses are in the same
-    LM state only when they hold the same state object."""
-
-    def __init__(self) -> None:
-        """A state with no children yet."""
-        self.children: dict[int, Any] = {}
-
-    def child(self, usr_index: int) -> Any:
-        """The state after ``usr_index``, created on first use (as an instance of this state's class)."""
-        state = self.children.get(usr_index)
-        if state is None:
-            state = self.children[usr_index] = type(self)()
-        return state
-
-    def compare(self, state: LMState) -> int:
-        """0 for the same state, else -1 or 1 (an arbitrary but fixed order)."""
-        return 0 if self is state else (-1 if id(self) < id(state) else 1)
-
-
-class WordLM(Protocol):
-    """What the search asks of a language model (torchaudio's ``CTCDecoderLM``): the start state, the next state
-    and its score (log10 for KenLM; any log scale works) for a word (lexicon) or token (lexicon-free) index, and
-    the end-of-sentence state and score."""
-
-    def start(self, start_with_nothing: bool) -> Any: ...
-
-    def score(self, state: Any, usr_token_idx: int) -> tuple[Any, float]: ...
-
-    def finish(self, state: Any) -> tuple[Any, float]: ...
-
-
-class ZeroLM:
-    """No language model: every score is 0; the state still follows the history (so only equal histories merge)."""
-
-    def start(self, start_with_nothing: bool) -> LMState:
-        """A fresh root state."""
-        return LMState()
-
-    def score(self, state: LMState, usr_token_idx: int) -> tuple[LMState, float]:
-        """The child state, score 0."""
-        return state.child(usr_token_idx), 0.0
-
-    def finish(self, state: LMState) -> tuple[LMState, float]:
-        """The same state, score 0."""
-        return state, 0.0
-
-
-class _KenState(LMState):
-    __slots__ = ("ken", "cached")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ken: Any = None
-        self.cached: float | None = None
-
-
-class KenLMWords:
-    """A KenLM model (ARPA or binary, through the ``kenlm`` module) scoring word (or token) indices: index ``i``
-    is the LM word ``words[i]`` (a word the model lacks is its ``<unk>``); scores are KenLM's log10 float32."""
-
-    def __init__(self, model: Any, words: list[str]) -> None:
-        """Wrap a loaded ``kenlm.Model`` with the index-to-word list."""
-        import kenlm
-
-        self._kenlm = kenlm
-        self.model = model
-        self.words = words
-
-    def start(self, start_with_nothing: bool) -> _KenState:
-        """A fresh state at the sentence start (or with no context)."""
-        state = _KenState()
-        state.ken = self._kenlm.State()
-        if start_with_nothing:
-            self.model.NullContextWrite(state.ken)
-        else:
-            self.model.BeginSentenceWrite(state.ken)
-        return state
-
-    def _advance(self, state: _KenState, key: int, word: str) -> tuple[_KenState, float]:
-        child = state.child(key)
-        if child.cached is None:
-            child.ken = self._kenlm.State()
-            child.cached = f32(self.model.BaseScore(state.ken, word, child.ken))
-        return child, child.cached
-
-    def score(self, state: _KenState, usr_token_idx: int) -> tuple[_KenState, float]:
-        """The state after word ``usr_token_idx`` and its log10 probability."""
-        if not 0 <= usr_token_idx < len(self.words):
-            raise ValueError(f"word index {usr_token_idx} is out of range for the LM's {len(self.words)} words")
-        return self._advance(state, usr_token_idx, self.words[usr_token_idx])
-
-    def finish(self, state: _KenState) -> tuple[_KenState, float]:
-        """The state after the end of sentence and its log10 probability."""
-        return self._advance(state, -1, "</s>")
-
-
-@dataclass(frozen=True)
-class LexiconSearchOptions:
-    """The knobs of one token-level CTC search (torchaudio's ``ctc_decoder`` arguments). A bad value is a
-    TypeError / ValueError naming the field."""
-
-    # hypotheses kept after each frame
-    beam_size: int = 50
-    # tokens tried per frame (the frame's best); 0: all of them
-    beam_size_token: int = 0
-    # candidates scoring more than this below the frame's best are dropped
-    beam_threshold: float = 50.0
-    # weight of the language model's scores
-    lm_weight: float = 2.0
-    # added for each word ending (a lexicon word)
-    word_score: float = 0.0
-    # added for each unknown word (a token sequence off the lexicon); -inf: no unknown words
-    unk_score: float = -math.inf
-    # added for each silence token
-    sil_score: float = 0.0
-    # merge candidates in the same state by log-sum of their scores (False: keep the max)
-    log_add: bool = False
-
-    def __post_init__(self) -> None:
-        """Check every field (see :mod:`beamkit._checks`)."""
-        check_int("beam_size", self.beam_size, least=1)
-        check_int("beam_size_token", self.beam_size_token, least=0)
-        for name in ("beam_threshold", "lm_weight", "word_score", "sil_score"):
-            check_float(name, getattr(self, name))
-        check_float("unk_score", self.unk_score, minus_inf=True)
-        check_bool("log_add", self.log_add)
+from beamkit.ctc.lexicon.lm import WordLM
+from beamkit.ctc.lexicon.options import LexiconOptions, LexiconResult
+from beamkit.ctc.lexicon.trie import LexiconTrie, TrieNode, f32
 
 
 class Hyp(NamedTuple):
@@ -176,34 +30,22 @@ class Hyp(NamedTuple):
     lm_score: float  # the LM's sum (unweighted; with a lexicon, look-ahead scores included)
 
 
-class LexiconResult(NamedTuple):
-    """One final hypothesis: its token and word per frame (index 0: the start, 1 .. T: the frames, T + 1: the
-    end; -1 where no word ends) and its scores."""
-
-    tokens: list[int]  # shape: (T + 2,)
-    words: list[int]  # shape: (T + 2,)
-    score: float
-    am_score: float
-    lm_score: float
-
-
-class LexiconSearch:
-    """The search over one utterance at a time (``begin``, ``step`` any number of times, ``end``, ``results``),
+class InterpretedLexiconSearch:
+    """The lexicon search as plain Python, one hypothesis object per candidate (the oracle): the search over one
+    utterance at a time (``begin``, ``step`` any number of times, ``end``, ``results``),
     with a lexicon trie (``trie``) or lexicon-free (``trie=None``)."""
 
     def __init__(
         self,
-        options: LexiconSearchOptions,
+        options: LexiconOptions,
         lm: WordLM,
         *,
         trie: LexiconTrie | None,
         sil: int,
         blank: int,
         unk: int = -1,
-        compiled: bool = True,
     ) -> None:
-        """A search with these options and LM; ``sil`` / ``blank`` are token ids, ``unk`` the unknown word's id.
-        ``compiled``: run the frame loop compiled where numba is installed (False: interpreted, same results)."""
+        """A search with these options and LM; ``sil`` / ``blank`` are token ids, ``unk`` the unknown word's id."""
         self.options = options
         self.lm = lm
         self.trie = trie
@@ -211,20 +53,14 @@ class LexiconSearch:
         self.blank = blank
         self.unk = unk
         self.frames = 0
+        self.started = False  # begin() was called: step() and end() need an utterance
         self._beam: list[Hyp] = []
         self._final: list[Hyp] | None = None
-        self._compiled: Any = None
-        if compiled and COMPILED:
-            from .lexicon_compiled import CompiledSearch
-
-            self._compiled = CompiledSearch(self)
 
     # ------------------------------------------------------------------------------------------------------------
     def begin(self) -> None:
         """Start an utterance: one hypothesis at the LM's sentence start, on the silence token."""
-        if self._compiled is not None:
-            self.frames = 0
-            return self._compiled.begin()
+        self.started = True
         root = self.trie.root if self.trie is not None else None
         self._beam = [Hyp(0.0, self.lm.start(False), root, None, self.sil, -1, False, 0.0, 0.0)]
         self._final = None
@@ -234,10 +70,8 @@ class LexiconSearch:
         """Decode more frames: ``emissions`` float32 of shape ``(frames, tokens)``."""
         # shape: (T, N)
         T, N = emissions.shape
-        if self._compiled is not None:
-            self._compiled.step(emissions)
-            self.frames += T
-            return
+        if not self.started:
+            raise RuntimeError("decode_step before decode_begin: start an utterance with decode_begin() first")
         k = self.options.beam_size_token or N
         for t in range(T):
             row = emissions[t]
@@ -257,8 +91,8 @@ class LexiconSearch:
     def end(self) -> None:
         """End the utterance: the LM's end-of-sentence score (with a lexicon, only hypotheses at a word boundary
         finish, unless none is), then the final hypotheses, best first."""
-        if self._compiled is not None:
-            return self._compiled.end()
+        if not self.started:
+            raise RuntimeError("decode_end before decode_begin: start an utterance with decode_begin() first")
         w = self.options.lm_weight
         thr = self.options.beam_threshold
         root = self.trie.root if self.trie is not None else None
@@ -281,8 +115,6 @@ class LexiconSearch:
 
     def results(self) -> list[LexiconResult]:
         """The final hypotheses (after :meth:`end`; before it, an empty list), best first."""
-        if self._compiled is not None:
-            return self._compiled.results()
         if self._final is None:
             return []
         out = []
@@ -441,3 +273,10 @@ class LexiconSearch:
 
 def _score(hyp: Hyp) -> float:
     return hyp.score
+
+
+def oracle_of(search: Any) -> InterpretedLexiconSearch:
+    """An interpreted search with ``search``'s options, LM, trie and special ids."""
+    return InterpretedLexiconSearch(
+        search.options, search.lm, trie=search.trie, sil=search.sil, blank=search.blank, unk=search.unk
+    )

@@ -23,101 +23,35 @@ queries to answer, a frame to record); the caller then calls it again for the sa
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 
 from beamkit.ops import NEG_INF
 
+from ..jit import njit
+from ..tables import home_slot, next_slot
 from .fusion import Static
-from .jit import njit
-from .nodes import EDGE_FREE, EDGE_MAKING, edge_find, make_node, slot_of, word_hash
-
-BEAM = np.dtype(
-    [
-        ("node", np.int64),  # the prefix
-        ("pb", np.float64),  # log-prob of its alignments ending in blank
-        ("pnb", np.float64),  # ... ending in its last label
-        ("ps", np.int64),  # first frame of the partial word (-1: none)
-        ("pe", np.int64),  # frame after its last label
-        ("wf", np.int64),  # last completed word's frames in the word records (-1: none)
-    ]
+from .nodes import EDGE_FREE, EDGE_MAKING, edge_find, make_node, word_hash
+from .rank import rank_frame
+from .records import (
+    DONE,
+    FRAME,
+    KEPT,
+    N_BEAMS,
+    N_EDGES,
+    N_KEPT,
+    N_MERGED,
+    N_NODES,
+    N_PENDING,
+    N_RECORDS,
+    NEED_EDGES,
+    NEED_LM,
+    NEED_NODES,
+    NEED_RECORDS,
+    FrameInput,
+    Knobs,
+    Store,
 )
-ROW = np.dtype(
-    [
-        ("src", np.int64),  # the beam extended
-        ("tok", np.int64),  # by this label
-        ("node", np.int64),  # giving this prefix
-        ("val", np.float64),  # with this log-prob
-        ("stay", np.bool_),  # the prefix stayed (blank, or the last label repeated)
-        ("nb", np.bool_),  # the alignment ends in a label
-    ]
-)
-MERGED = np.dtype(
-    [
-        ("rep", np.int64),  # the most probable row (the first on ties): the beam's history
-        ("node", np.int64),
-        ("nb", np.bool_),  # with split_blank: the beam ends in a label
-        ("pb", np.float64),
-        ("pnb", np.float64),
-        ("total", np.float64),  # logaddexp(pb, pnb) + the prefix's fused score
-        ("best", np.float64),  # the rep row's log-prob
-        ("n", np.int64),  # rows merged
-        ("fate", np.int8),  # KEPT, or the pruning that dropped it
-        ("slot", np.int64),  # its slot in the merge table
-        ("label", np.int64),  # the label the rep row added (-1: the prefix stayed)
-    ]
-)
-RECORD = np.dtype([("start", np.int64), ("end", np.int64), ("prev", np.int64)])  # a completed word's frames
-
-
-class Store(NamedTuple):
-    """The storage the frame loop reads and writes (built by ``beamkit.ctc.search.Workspace``, again whenever
-    an array grows)."""
-
-    nodes: np.ndarray  # shape: (capacity,) NODE: the prefix store
-    whist: np.ndarray  # shape: (capacity, history) uint64: each node's last words' hashes
-    ek: np.ndarray  # shape: (slots,) int64: edge map keys (parent * V + label)
-    ev: np.ndarray  # shape: (slots,) int64: edge map values (child node)
-    recs: np.ndarray  # shape: (capacity,) RECORD: completed words' frames
-    pend: np.ndarray  # shape: (rows,) PENDING: LM queries to answer
-    cnt: np.ndarray  # shape: (8,) int64: the counters N_*
-    beams: np.ndarray  # shape: (width,) BEAM: the beams
-    nxt: np.ndarray  # shape: (width,) BEAM: the next frame's beams
-    rows: np.ndarray  # shape: (rows,) ROW: a frame's rows
-    merged: np.ndarray  # shape: (rows,) MERGED: the rows merged by prefix
-    mslot: np.ndarray  # shape: (slots,) int64: the merge table (-1: free)
-    order: np.ndarray  # shape: (rows,) int64: the merged beams' ranking
-    scratch: np.ndarray  # shape: (3, rows) int64: working space
-
-
-class FrameInput(NamedTuple):
-    """The candidate labels of every frame of a batch (see ``beamkit.ctc.posteriors.FrameCandidates``)."""
-
-    offsets: np.ndarray  # shape: (N * T + 1,) int64: row r's candidates are [offsets[r], offsets[r + 1])
-    labels: np.ndarray  # shape: (C,) int64
-    values: np.ndarray  # shape: (C,) float64: their log-probabilities
-
-
-class Knobs(NamedTuple):
-    """The scalar settings of one search."""
-
-    width: int  # beam width
-    blank: int  # the blank's label
-    V: int  # labels
-    split: bool  # pyctcdecode's beam unit (see CTCOptions.split_blank)
-    history: bool  # prune by history
-    frames: bool  # record word frames
-    trace: bool  # stop after every frame for a recorder
-    prune_logp: float  # the beam threshold
-
-
-# fates
-KEPT, BY_THRESHOLD, BY_WIDTH, BY_HISTORY = 0, 1, 2, 3
-# run_frames results
-DONE, NEED_LM, NEED_NODES, NEED_EDGES, NEED_RECORDS, FRAME = 0, 1, 2, 3, 4, 5
-# counters
-N_NODES, N_EDGES, N_RECORDS, N_PENDING, N_BEAMS, N_MERGED, N_KEPT = 0, 1, 2, 3, 4, 5, 6
 
 LOGE2 = math.log(2.0)
 
@@ -158,14 +92,14 @@ def _blank_frame_is_trivial(
     used = 0
     for e in range(n):
         key = np.int64(nodes[beams[e].node].hkey) if history else beams[e].node
-        s = slot_of(key, mask)
+        s = home_slot(key, mask)
         while mslot[s] != -1:
             other = beams[mslot[s]].node
             okey = np.int64(nodes[other].hkey) if history else other
             if okey == key:
                 trivial = False
                 break
-            s = (s + 1) & mask
+            s = next_slot(s, mask)
         if not trivial:
             break
         mslot[s] = e
@@ -281,9 +215,9 @@ def _merge(rows: np.ndarray, n: int, nodes: np.ndarray, merged: np.ndarray, mslo
         r = rows[j]
         nb = r.nb and split
         key = r.node * 2 + (1 if nb else 0)
-        s = slot_of(key, mask)
+        s = home_slot(key, mask)
         while mslot[s] != -1 and not (merged[mslot[s]].node == r.node and merged[mslot[s]].nb == nb):
-            s = (s + 1) & mask
+            s = next_slot(s, mask)
         m = mslot[s]
         if m == -1:
             m = M
@@ -312,104 +246,6 @@ def _merge(rows: np.ndarray, n: int, nodes: np.ndarray, merged: np.ndarray, mslo
         mslot[g.slot] = -1
         g.total = lse(g.pb, g.pnb) + nodes[g.node].score
     return M
-
-
-@njit
-def _before(merged: np.ndarray, a: int, b: int) -> bool:
-    """Whether merged beam ``a`` ranks before ``b``: higher total, then the lower (node, ends in a label)."""
-    ta, tb = merged[a].total, merged[b].total
-    if ta != tb:
-        return ta > tb
-    return merged[a].node * 2 + merged[a].nb < merged[b].node * 2 + merged[b].nb
-
-
-@njit
-def _sort_ranked(merged: np.ndarray, cand: np.ndarray, P: int) -> None:
-    """Sort ``cand[:P]`` (merged beam indices) best first in place (see :func:`_before`)."""
-    if P <= 48:  # insertion sort: no allocation, fast for the few beams an LM leaves
-        for i in range(1, P):
-            m = cand[i]
-            j = i - 1
-            while j >= 0 and _before(merged, m, cand[j]):
-                cand[j + 1] = cand[j]
-                j -= 1
-            cand[j + 1] = m
-        return
-    keys = np.empty(P, dtype=np.int64)
-    for i in range(P):
-        keys[i] = merged[cand[i]].node * 2 + merged[cand[i]].nb
-    by_key = cand[:P][np.argsort(keys)]
-    neg = np.empty(P, dtype=np.float64)
-    for i in range(P):
-        neg[i] = -merged[by_key[i]].total
-    cand[:P] = by_key[np.argsort(neg, kind="mergesort")]
-
-
-@njit
-def _rank(ws: Store, M: int, kn: Knobs) -> int:
-    """Write the ``M`` merged beams' ranking into ``ws.order`` (kept first, best first, then the pruned ones)
-    and their fates. Returns the number kept."""
-    merged, nodes, order, mslot, scratch = ws.merged, ws.nodes, ws.order, ws.mslot, ws.scratch
-    width, prune_logp, history, split = kn.width, kn.prune_logp, kn.history, kn.split
-    best = NEG_INF
-    for m in range(M):
-        if merged[m].total > best:
-            best = merged[m].total
-    cand = scratch[1]
-    tail = scratch[2]
-    P = 0
-    for m in range(M):
-        g = merged[m]
-        if g.total >= best + prune_logp and g.total > NEG_INF:
-            cand[P] = m
-            P += 1
-        else:
-            g.fate = BY_THRESHOLD
-    _sort_ranked(merged, cand, P)
-    kept = 0
-    dropped = 0
-    mask = len(mslot) - 1
-    for i in range(P):
-        m = cand[i]
-        g = merged[m]
-        if i >= width:
-            g.fate = BY_WIDTH
-            tail[dropped] = m
-            dropped += 1
-            continue
-        if history:
-            flag = 1 if (split and g.pb == NEG_INF) else 0
-            hk = np.int64(nodes[g.node].hkey ^ np.uint64(flag))
-            s = slot_of(hk, mask)
-            dup = False
-            while mslot[s] != -1:
-                o = merged[mslot[s]]
-                oflag = 1 if (split and o.pb == NEG_INF) else 0
-                if np.int64(nodes[o.node].hkey ^ np.uint64(oflag)) == hk:
-                    dup = True
-                    break
-                s = (s + 1) & mask
-            if dup:
-                g.fate = BY_HISTORY
-                tail[dropped] = m
-                dropped += 1
-                continue
-            mslot[s] = m
-            g.slot = s
-        g.fate = KEPT
-        order[kept] = m
-        kept += 1
-    if history:
-        for i in range(kept):
-            mslot[merged[order[i]].slot] = -1
-    for i in range(dropped):
-        order[kept + i] = tail[i]
-    w = kept + dropped
-    for m in range(M):
-        if merged[m].fate == BY_THRESHOLD:
-            order[w] = m
-            w += 1
-    return kept
 
 
 @njit
@@ -530,7 +366,7 @@ def run_frames(
         if cnt[N_PENDING] > 0:
             return NEED_LM, t
         M = _merge(rows, n, nodes, merged, mslot, split)
-        kept = _rank(ws, M, kn)
+        kept = rank_frame(ws, M, kn)
         if trace:
             _label_of_rep(merged, M, rows, beams)
         _advance(st, ws, kept, t, frames)
@@ -564,4 +400,4 @@ def rehash_edges(ek: np.ndarray, ev: np.ndarray, new_k: np.ndarray, new_v: np.nd
             new_v[slot] = ev[s]
 
 
-__all__ = ["BEAM", "MERGED", "RECORD", "ROW", "FrameInput", "Knobs", "Store", "run_frames"]
+__all__ = ["clear_edges", "lse", "rehash_edges", "run_frames"]

@@ -1,0 +1,180 @@
+"""``beamkit.ctc.LexiconDecoder`` (numpy in, no torch) and ``beamkit ctc decode --lexicon``: the guide's hand-worked
+example, an independent interpreted search (``tests/lexicon_oracle.py``) as the oracle on random emissions, the
+same search run without numba, and the options and input checks. Agreement with torchaudio's own decoder:
+``tests/peer/test_ctc_torchaudio.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beamkit.cli import entry as cli
+from beamkit.ctc import LexiconDecoder, LexiconOptions
+from tests.lexicon_oracle import oracle_of
+
+TOKENS = ["-", "|", "a", "b", "c"]
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.fixture
+def lexicon(tmp_path: Path) -> str:
+    path = tmp_path / "lexicon.txt"
+    path.write_text("cab c a b |\nab a b |\nba b a |\nc c |\n")
+    return str(path)
+
+
+def guide_emissions() -> np.ndarray:
+    frames = [4, 2, 0, 3, 1, 2, 3, 1]  # c a - b | a b |
+    em = np.full((len(frames), len(TOKENS)), -4.0, dtype=np.float32)
+    em[np.arange(len(frames)), frames] = -0.05
+    return em
+
+
+def random_emissions(seed: int, T: int = 20) -> np.ndarray:
+    x = np.random.default_rng(seed).normal(size=(T, len(TOKENS))) * 2.0
+    return (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(np.float32)
+
+
+def plain(hyps) -> list[tuple]:
+    return [(h.tokens.tolist(), list(h.words), float(h.score), h.timesteps.tolist()) for h in hyps]
+
+
+def oracle_hyps(decoder: LexiconDecoder, em: np.ndarray) -> list[tuple]:
+    """The interpreted oracle on the decoder's own trie, LM and options, read out as torchaudio reads a path."""
+    search = oracle_of(decoder.search)
+    search.begin()
+    search.step(em)
+    search.end()
+    out = []
+    for r in search.results()[: decoder.options.nbest]:
+        tokens = [t for i, t in enumerate(r.tokens) if t != decoder.blank and (i == 0 or t != r.tokens[i - 1])]
+        steps = [i for i, t in enumerate(r.tokens) if t != decoder.blank and (i == 0 or t != r.tokens[i - 1])]
+        words = [decoder.word_dict.get_entry(w) for w in r.words if w >= 0] if decoder.word_dict else []
+        out.append((tokens, words, float(r.score), steps))
+    return out
+
+
+def test_the_guides_example(lexicon: str) -> None:
+    # hand-worked in the CTC guide (and torchaudio's answer): c a - b | a b | spells "cab ab"
+    dec = LexiconDecoder(TOKENS, lexicon, options=LexiconOptions(nbest=3, word_score=0.5))
+    [hyps] = dec.decode(guide_emissions())
+    best = hyps[0]
+    assert best.words == ["cab", "ab"]
+    assert dec.idxs_to_tokens(best.tokens) == ["|", "c", "a", "b", "|", "a", "b", "|"]
+    assert best.timesteps.tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
+    assert best.tokens.dtype == np.int64 and best.timesteps.dtype == np.int32
+    # the score by hand: the path takes each frame's -0.05 (float32, summed in float64), plus two words at 0.5
+    assert best.score == 8 * float(np.float32(-0.05)) + 2 * 0.5
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"lexicon": False},
+        {"lexicon": True},
+        {"lexicon": True, "unk_score": -2.0, "sil_score": -0.3, "word_score": 0.4, "log_add": True},
+        {"lexicon": False, "beam_size_token": 3, "beam_threshold": 6.0},
+    ],
+    ids=["free", "lexicon", "lexicon-unk-log-add", "free-pruned"],
+)
+def test_same_hypotheses_as_the_interpreted_oracle(setting: dict, lexicon: str) -> None:
+    setting = dict(setting)
+    lex = lexicon if setting.pop("lexicon") else None
+    dec = LexiconDecoder(TOKENS, lex, options=LexiconOptions(nbest=5, beam_size=6, **setting))
+    for seed in range(5):
+        em = random_emissions(seed)
+        [hyps] = dec.decode(em)
+        assert plain(hyps) == oracle_hyps(dec, em), seed
+
+
+def test_without_numba_the_same_search_runs_as_python(lexicon: str) -> None:
+    # BEAMKIT_NO_JIT runs the library's frame loop interpreted (as the numpy-only install does): same hypotheses
+    # as the oracle, and no numpy overflow warning from the tables' hashes
+    code = (
+        "import warnings, numpy as np, sys\n"
+        "sys.path.insert(0, '.')\n"
+        "warnings.simplefilter('error')\n"
+        "from beamkit.ctc import LexiconDecoder, LexiconOptions, jit\n"
+        "from tests.test_ctc_lexicon import TOKENS, plain, oracle_hyps, random_emissions\n"
+        "assert not jit.COMPILED\n"
+        "jit._warned = True  # the one 'runs as plain Python' warning is the expected one\n"
+        f"dec = LexiconDecoder(TOKENS, {lexicon!r}, options=LexiconOptions(nbest=4, beam_size=5, unk_score=-3.0))\n"
+        "for seed in range(3):\n"
+        "    em = random_emissions(seed, 12)\n"
+        "    assert plain(dec.decode(em)[0]) == oracle_hyps(dec, em)\n"
+        "print('same')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC, "BEAMKIT_NO_JIT": "1"}
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "same"
+
+
+def test_options_are_frozen_and_checked() -> None:
+    opts = LexiconOptions(nbest=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.nbest = 3  # type: ignore[misc]
+    for field, value, error in [
+        ("beam_size", 0, ValueError),
+        ("beam_size", 10**9, ValueError),
+        ("nbest", 0, ValueError),
+        ("lm_weight", float("nan"), ValueError),
+        ("log_add", 1, TypeError),
+        ("unk_score", float("inf"), ValueError),
+    ]:
+        with pytest.raises(error, match=field):
+            LexiconOptions(**{field: value})
+    with pytest.raises(TypeError, match="LexiconOptions"):
+        LexiconDecoder(TOKENS, options={"nbest": 2})  # type: ignore[arg-type]
+
+
+def test_bad_emissions_are_named(lexicon: str) -> None:
+    dec = LexiconDecoder(TOKENS, lexicon)
+    with pytest.raises(ValueError, match=r"a column per token \(5\), got 4 columns"):
+        dec.decode(np.zeros((3, 4), dtype=np.float32))
+    nan = random_emissions(0)
+    nan[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        dec.decode(nan)
+    with pytest.raises(TypeError):
+        dec.decode(np.zeros((3, 5), dtype=bool))
+    with pytest.raises(ValueError, match="lengths"):
+        dec.decode(np.zeros((2, 3, 5), dtype=np.float32), [3])
+    with pytest.raises(RuntimeError, match="decode_step before decode_begin"):
+        LexiconDecoder(TOKENS, lexicon).step(random_emissions(1))
+    # incremental decoding gives what one call gives
+    em = random_emissions(2, 16)
+    dec.begin()
+    for chunk in np.split(em, [5, 5, 11]):
+        dec.step(chunk)
+    dec.end()
+    assert plain(dec.hypotheses()) == plain(dec.decode(em)[0])
+
+
+def test_the_command_decodes_with_a_lexicon(lexicon: str, tmp_path: Path, capsys) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(TOKENS) + "\n")
+    em = np.stack([guide_emissions(), random_emissions(3, 8)])
+    np.save(tmp_path / "em.npy", em)
+    argv = ["ctc", "decode", str(tmp_path / "em.npy"), "--labels", str(labels), "--blank", "0", "--lexicon", lexicon]
+    assert cli.main([*argv, "--input-kind", "log_probs", "--json", "--top", "2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    # the command decodes the log-softmax of each matrix (as every CTC command reads its input), as float32
+    lp = em - np.log(np.exp(em.astype(np.float64)).sum(-1, keepdims=True))
+    dec = LexiconDecoder(TOKENS, lexicon, options=LexiconOptions(beam_size=100, nbest=2))
+    for row, hyps in zip(rows, dec.decode(lp.astype(np.float32)), strict=True):
+        assert [b["words"] for b in row["beams"]] == [h.words for h in hyps]
+        assert [b["timesteps"] for b in row["beams"]] == [h.timesteps.tolist() for h in hyps]
+        assert [b["score"] for b in row["beams"]] == pytest.approx([h.score for h in hyps], abs=1e-5)
+    assert cli.main([*argv, "--input-kind", "log_probs"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "cab ab"
+    assert cli.main([*argv, "--greedy"]) == 2
+    assert "--greedy does not apply to --lexicon" in capsys.readouterr().err
