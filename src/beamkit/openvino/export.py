@@ -105,7 +105,8 @@ def _wrapper_class() -> Any:
                 layers.append(layer)
             cache.layers = layers
             out = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                input_ids=input_ids, attention_mask=_attention(input_ids, attention_mask), position_ids=position_ids,
+                use_cache=True,
                 logits_to_keep=1, return_dict=True, **{self.cache_key: cache},
             )  # fmt: skip
             new = output_cache(out)
@@ -115,6 +116,21 @@ def _wrapper_class() -> Any:
             return (out.logits, *flat)
 
     return KeysValuesIO
+
+
+def _attention(input_ids: Any, attention_mask: Any) -> Any:
+    """The boolean attention mask ``[rows, 1, new, past + new]`` (True: attend) of the new tokens: causal and
+    the padding mask; a query that would attend to nothing (a padding position of a left-padded prompt) attends
+    to every column instead, so its output is finite (no row reads it: every real query masks that column).
+    Left fully masked, the padding rows' NaN would reach the real ones through the next layer's keys/values."""
+    import torch
+
+    new, total = input_ids.shape[1], attention_mask.shape[1]
+    keys = torch.arange(total, device=input_ids.device)  # shape: (past + new,)
+    queries = torch.arange(new, device=input_ids.device) + (total - new)  # shape: (new,)
+    allowed = (keys[None, :] <= queries[:, None])[None] & attention_mask[:, None, :].bool()  # shape: (rows, new, L)
+    allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
+    return allowed[:, None]  # shape: (rows, 1, new, past + new)
 
 
 def _kv_dims(model: Any) -> tuple[int, int]:

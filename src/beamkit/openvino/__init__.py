@@ -1,0 +1,17 @@
+"""beamkit's search over OpenVINO-compiled models: ``beamkit.openvino.generate(folder, input_ids, ...)``.
+
+:class:`~beamkit.openvino.model.Model` reads an OpenVINO IR folder (optimum-intel's layout) once and compiles it
+per precision; :mod:`~beamkit.openvino.step` is the engine's step function over it (the keys/values stay inside
+the model's state, ``beam_idx`` reorders them); :mod:`~beamkit.openvino.generation` is ``generate``, taking what
+:func:`beamkit.hf.generate` takes; :mod:`~beamkit.openvino.export` converts a ``transformers`` decoder-only model
+to such a folder (:func:`export_decoder`).
+
+Needs ``openvino``, ``torch`` and ``transformers`` (``pip install ".[openvino]"``), imported when this module is.
+"""
+
+from beamkit.openvino.export import export_decoder
+from beamkit.openvino.generation import generate, load
+from beamkit.openvino.model import PRECISIONS, Model
+from beamkit.openvino.step import OVDecoderStep, OVRows, StaleState
+
+__all__ = ["PRECISIONS", "Model", "OVDecoderStep", "OVRows", "StaleState", "export_decoder", "generate", "load"]
