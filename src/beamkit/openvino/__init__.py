@@ -10,8 +10,8 @@ Needs ``openvino``, ``torch`` and ``transformers`` (``pip install ".[openvino]"`
 """
 
 from beamkit.openvino.export import export_decoder
-from beamkit.openvino.generation import generate, load
+from beamkit.openvino.generation import as_model, generate
 from beamkit.openvino.model import PRECISIONS, Model
 from beamkit.openvino.step import OVDecoderStep, OVRows, StaleState
 
-__all__ = ["PRECISIONS", "Model", "OVDecoderStep", "OVRows", "StaleState", "export_decoder", "generate", "load"]
+__all__ = ["PRECISIONS", "Model", "OVDecoderStep", "OVRows", "StaleState", "as_model", "export_decoder", "generate"]

@@ -15,28 +15,31 @@ Needs ``torch``, ``transformers`` and ``openvino`` (``pip install "beamkit[openv
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from beamkit._checks import check_bool
-
-IR_XML = "openvino_model.xml"
-IR_BIN = "openvino_model.bin"
+from beamkit.openvino.model import IR_XML
 
 
-def export_decoder(model: Any, out_dir: str | Path, *, tokenizer: Any = None, stateful: bool = True) -> Path:
+def export_decoder(
+    model: Any, out_dir: str | Path, *, tokenizer: Any = None, stateful: bool = True, beam_idx: bool = True
+) -> Path:
     """Convert ``model`` (a ``transformers`` decoder-only model with a key/value cache, e.g. GPT-2, Llama;
     or the folder of one) to an OpenVINO IR folder ``out_dir`` and return its path. ``tokenizer`` (a
     ``transformers`` tokenizer) is saved beside it, so ``--model ov:DIR`` finds one; a folder's own tokenizer
     is copied when it has one. The weights are kept in their float32 (or given) precision; the model is not
-    changed. Raises TypeError for an encoder-decoder model or a model without a key/value cache."""
+    changed. ``beam_idx=False`` (stateful only) leaves out the ``beam_idx`` input: such a model decodes greedily
+    only. Raises TypeError for an encoder-decoder model or a model without a key/value cache."""
     import openvino as ov
     import torch
     import transformers
 
     check_bool("stateful", stateful)
+    check_bool("beam_idx", beam_idx)
     if isinstance(model, (str, Path)):
         source = Path(model)
         model = transformers.AutoModelForCausalLM.from_pretrained(source)
@@ -53,11 +56,13 @@ def export_decoder(model: Any, out_dir: str | Path, *, tokenizer: Any = None, st
     layers = int(config.get_text_config().num_hidden_layers)
     wrapper = _KeysValuesIO(model, layers).eval()
     example = _example(model, layers)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on values it keeps constant (checked by the tests)
         ov_model = ov.convert_model(wrapper, example_input=example)
     _name(ov_model, layers, _kv_dims(model))
     if stateful:
-        _add_beam_idx(ov_model, layers)
+        if beam_idx:
+            _add_beam_idx(ov_model, layers)
         _make_stateful(ov_model, layers)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,7 +102,7 @@ def _wrapper_class() -> Any:
 
         def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any, *past: Any) -> tuple[Any, ...]:
             cache = DynamicCache()
-            layers = []
+            layers: list[Any] = []
             for i in range(self.layers):  # filled directly: an empty layer's lazy start would be traced as rank 1
                 layer = DynamicLayer()
                 layer.dtype, layer.device = past[2 * i].dtype, past[2 * i].device

@@ -8,7 +8,7 @@ from typing import Any
 from beamkit.openvino.model import Model, check_precision, require
 
 
-def load(model: Any) -> Model:
+def as_model(model: Any) -> Model:
     """``model`` as a :class:`Model`: itself, or the IR folder it names (read once here)."""
     if isinstance(model, Model):
         return model
@@ -43,11 +43,11 @@ def generate(
     """
     require()
     check_precision(precision)
-    prepared = prepare(load(model), input_ids, attention_mask, kwargs)
-    return decode(prepared, precision, threads)
+    prepared = prepare_call(as_model(model), input_ids, attention_mask, kwargs)
+    return run_call(prepared, precision, threads)
 
 
-def prepare(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]) -> Any:
+def prepare_call(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]) -> Any:
     """The call checked and its settings resolved, as ``beamkit.hf.generate`` does: a
     :class:`beamkit.hf.generation.Prepared`."""
     from beamkit.constraints import check_vocab
@@ -58,7 +58,9 @@ def prepare(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[str, An
     kwargs = dict(kwargs)
     for name in ("compile", "allowed_output"):
         if kwargs.get(name) not in (None, False):
-            raise Unsupported(f"{name}= is for torch models (beamkit.hf.generate); an OpenVINO IR is compiled by OpenVINO")
+            raise Unsupported(
+                f"{name}= is for torch models (beamkit.hf.generate); an OpenVINO IR is compiled by OpenVINO"
+            )
         kwargs.pop(name, None)
     if "inputs" in kwargs:
         if inputs is not None:
@@ -89,7 +91,7 @@ def prepare(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[str, An
     return Prepared(model, input_ids, mask, settings)
 
 
-def decode(prepared: Any, precision: str, threads: int | None) -> Any:
+def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
     """Run a prepared call on beamkit's engine over the IR compiled at ``precision`` / ``threads``."""
     import torch
 

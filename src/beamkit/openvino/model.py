@@ -24,6 +24,12 @@ from beamkit._checks import check_choice, check_optional_int
 from beamkit.extras import install_hint
 
 IR_XML = "openvino_model.xml"
+#: files of which a folder with a tokenizer holds at least one
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
+LOCAL: dict[str, Any] = {
+    "trust_remote_code": False,
+    "local_files_only": True,
+}  # read from the folder only; none of its code runs
 
 #: precision name -> the CPU plugin's properties for it
 PRECISIONS: dict[str, dict[str, str]] = {
@@ -40,7 +46,9 @@ def require() -> None:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        raise ImportError(f"beamkit.openvino needs openvino, torch and transformers: {install_hint('openvino')} ({exc})") from exc
+        raise ImportError(
+            f"beamkit.openvino needs openvino, torch and transformers: {install_hint('openvino')} ({exc})"
+        ) from exc
 
 
 def check_precision(precision: Any) -> str:
@@ -76,11 +84,11 @@ class Model:
             self.ir = self.core.read_model(xml)
         except RuntimeError as err:
             raise ValueError(f"{xml} cannot be read as an OpenVINO IR: {str(err).splitlines()[0]}") from None
-        self.config = transformers.AutoConfig.from_pretrained(self.path)
+        self.config = transformers.AutoConfig.from_pretrained(self.path, **LOCAL)
         if getattr(self.config, "is_encoder_decoder", False):
             raise ValueError(f"{self.path} is an encoder-decoder model: beamkit.openvino decodes decoder-only IRs")
         try:
-            self.generation_config = transformers.GenerationConfig.from_pretrained(self.path)
+            self.generation_config = transformers.GenerationConfig.from_pretrained(self.path, **LOCAL)
         except OSError:  # no generation_config.json: the config's own defaults, as Hugging Face does
             self.generation_config = transformers.GenerationConfig.from_model_config(self.config)
         names = {name for port in self.ir.inputs for name in port.get_names()}
@@ -132,13 +140,17 @@ class Model:
         """The folder's Hugging Face tokenizer; ValueError when the folder has none."""
         import transformers
 
+        hint = "save one beside the IR: tokenizer.save_pretrained(folder)"
+        if not any((self.path / name).is_file() for name in TOKENIZER_FILES):
+            raise ValueError(f"{self.path} has no tokenizer ({hint})")  # (transformers would make an empty one)
         try:
-            return transformers.AutoTokenizer.from_pretrained(self.path)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(self.path, **LOCAL)
         except (OSError, ValueError, TypeError) as err:
-            raise ValueError(
-                f"{self.path} has no tokenizer (save one beside the IR: tokenizer.save_pretrained(folder)): "
-                f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
-            ) from None
+            why = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(f"{self.path} has no tokenizer it can read ({hint}): {why}") from None
+        if len(tokenizer) <= 1:
+            raise ValueError(f"{self.path} has no tokenizer: the one in the folder holds no vocabulary ({hint})")
+        return tokenizer
 
     def __repr__(self) -> str:
         kind = "stateful" if self.stateful else "stateless"

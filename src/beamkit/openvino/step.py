@@ -251,8 +251,7 @@ class OVDecoderStep:
         attended = mask.any(axis=0)
         drop = int(attended.argmax()) if attended.any() else 0
         kv = {
-            name: np.concatenate([_left_pad(a[name], width, 2) for a in arrays])[:, :, drop:]
-            for name in arrays[0]
+            name: np.concatenate([_left_pad(a[name], width, 2) for a in arrays])[:, :, drop:] for name in arrays[0]
         }  # each: (rows, heads, width - drop, d)
         first = parts[0]
         offsets = np.cumsum([0] + [int(p.row_request.max()) + 1 if p.row_request.size else 0 for p in parts[:-1]])
