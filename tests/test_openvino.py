@@ -273,3 +273,29 @@ def test_the_translate_command_takes_ov(built, capsys):
         assert code in (0, None)
         outs.append(out)
     assert outs[0] == outs[1] and outs[0].strip()
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_tokens_equal_openvino_genai_on_the_same_ir(built, beams):
+    """OpenVINO GenAI's own decoding of the IR (its C++ greedy and beam search, ``LLMPipeline``) gives each
+    prompt's best sequence; beamkit's best hypothesis over the same IR is the same tokens. Beam search with
+    ``early_stopping=True`` on both sides: with Hugging Face's default (False), GenAI's heuristic stopping rule
+    ends some requests at another step than Hugging Face's rule (which beamkit follows, see the tests above)."""
+    og = pytest.importorskip("openvino_genai")
+    import openvino as ov
+
+    ids, mask = _prompts()
+    props = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "INFERENCE_NUM_THREADS": 1}
+    pipe = og.LLMPipeline(str(built["stateful"]), "CPU", **props)
+    config = pipe.get_generation_config()
+    config.max_new_tokens, config.num_beams, config.eos_token_id, config.do_sample = NEW, beams, 2, False
+    if beams > 1:  # early_stopping=True on both sides (GenAI's EARLY), length_penalty 1
+        config.num_beam_groups, config.diversity_penalty, config.num_return_sequences = 1, 0.0, 1
+        config.stop_criteria, config.length_penalty = og.StopCriteria.EARLY, 1.0
+    inputs = og.TokenizedInputs(ov.Tensor(ids.numpy()), ov.Tensor(mask.numpy()))
+    want = [list(row) for row in pipe.generate(inputs, config).tokens]
+    got = bo.generate(
+        built["stateful"], ids, mask, num_beams=beams, max_new_tokens=NEW, eos_token_id=2, pad_token_id=0,
+        early_stopping=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    assert [list(hyps[0].tokens) for hyps in got.hypotheses] == want

@@ -10,7 +10,7 @@ key/value and the keys/values turned into the model's internal state by OpenVINO
 optimum-intel does. ``stateful=False`` keeps them as inputs ``past_key_values.{i}.key`` / ``.value`` and outputs
 ``present.{i}.key`` / ``.value``.
 
-Needs ``torch``, ``transformers`` and ``openvino`` (``pip install "beamkit[openvino]"``).
+Needs ``torch``, ``transformers`` and ``openvino`` (the ``openvino`` extra).
 """
 
 from __future__ import annotations
