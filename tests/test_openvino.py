@@ -299,3 +299,42 @@ def test_tokens_equal_openvino_genai_on_the_same_ir(built, beams):
         early_stopping=True, return_dict_in_generate=True,
     )  # fmt: skip
     assert [list(hyps[0].tokens) for hyps in got.hypotheses] == want
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(num_beams=4, num_beam_groups=2, diversity_penalty=0.5, num_return_sequences=2),
+        dict(num_beams=4, force_words_ids=[[10]]),
+        dict(num_beams=3, no_repeat_ngram_size=2, num_return_sequences=3),
+        dict(num_beams=4, patience=2.0),
+    ],
+    ids=["diverse", "constrained", "no-repeat-n-best", "patience"],
+)
+def test_search_variants_equal_the_torch_bridge(built, kw):
+    """Diverse and constrained beam search, n-best lists, beamkit's own search options: the same tokens as
+    ``beamkit.hf.generate`` over the float32 torch model (itself checked against Hugging Face elsewhere)."""
+    import beamkit.hf
+
+    ids, mask = _prompts()
+    common = dict(max_new_tokens=8, eos_token_id=2, pad_token_id=0)
+    got = bo.generate(built["stateful"], ids, mask, **common, **kw)
+    want = beamkit.hf.generate(built["model"], ids, mask, **common, **kw)
+    assert torch.equal(got, want)
+
+
+def test_the_decode_command_takes_ov(built, tmp_path):
+    import json
+
+    from beamkit.cli import main
+
+    (tmp_path / "in.txt").write_text("w1 w2 w3\nw30 w4\n")
+    rows = []
+    for spec in (f"ov:{built['stateful']}", f"hf:{built['hf']}"):
+        out = tmp_path / f"{spec[:2]}.jsonl"
+        argv = ["decode", "--input", str(tmp_path / "in.txt"), "--model", spec, "--beam", "3", "--output", str(out)]
+        assert main(argv) in (0, None)
+        rows.append([json.loads(line) for line in out.read_text().splitlines()])
+    assert [[h["text"] for h in r["n_best"]] for r in rows[0]] == [[h["text"] for h in r["n_best"]] for r in rows[1]]
+    for a, b in zip(rows[0], rows[1], strict=True):
+        np.testing.assert_allclose([h["logprob"] for h in a["n_best"]], [h["logprob"] for h in b["n_best"]], atol=TOL)
