@@ -338,3 +338,24 @@ def test_the_decode_command_takes_ov(built, tmp_path):
     assert [[h["text"] for h in r["n_best"]] for r in rows[0]] == [[h["text"] for h in r["n_best"]] for r in rows[1]]
     for a, b in zip(rows[0], rows[1], strict=True):
         np.testing.assert_allclose([h["logprob"] for h in a["n_best"]], [h["logprob"] for h in b["n_best"]], atol=TOL)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny Llama-style model (rotary positions, grouped key/value heads; tests/test_hf.py's) and its IR."""
+    from tests.test_hf import _config_model
+
+    model = _config_model("llama").eval()
+    return model, bo.export_decoder(model, tmp_path_factory.mktemp("llama") / "ir")
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_a_llama_style_ir_gives_hugging_faces_tokens(llama, beams):
+    from tests.test_hf import left_padded_prompts
+
+    model, folder = llama
+    ids, mask = left_padded_prompts(0, 20)
+    kw = dict(num_beams=beams, max_new_tokens=NEW, eos_token_id=2, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, do_sample=False, **kw)
+    assert torch.equal(bo.generate(folder, ids, mask, **kw), want)
