@@ -51,8 +51,10 @@ def parse(spec: str | None) -> ModelSpec:
         directory = spec[len(OV_PREFIX) :]
         if not directory:
             raise ValueError("--model ov:DIR needs a folder after 'ov:'")
-        if not (Path(directory) / "openvino_model.xml").is_file():
-            raise FileNotFoundError(f"ov:{directory}: not an OpenVINO IR folder (no openvino_model.xml in it)")
+        if not any((Path(directory) / f"openvino_{name}model.xml").is_file() for name in ("", "encoder_")):
+            raise FileNotFoundError(
+                f"ov:{directory}: not an OpenVINO IR folder (no openvino_model.xml or openvino_encoder_model.xml in it)"
+            )
         return ModelSpec("openvino", Path(directory))
     if spec == G2P_MODEL:
         return ModelSpec("g2p", G2P_MODEL)

@@ -10,8 +10,23 @@ Needs ``openvino``, ``torch`` and ``transformers`` (``pip install ".[openvino]"`
 """
 
 from beamkit.openvino.export import export_decoder
+from beamkit.openvino.export_seq2seq import export_seq2seq
 from beamkit.openvino.generation import as_model, generate
 from beamkit.openvino.model import PRECISIONS, Model
+from beamkit.openvino.seq2seq import OVSeq2SeqStep, Seq2SeqRows, make_step
 from beamkit.openvino.step import OVDecoderStep, OVRows, StaleState
 
-__all__ = ["PRECISIONS", "Model", "OVDecoderStep", "OVRows", "StaleState", "as_model", "export_decoder", "generate"]
+__all__ = [
+    "PRECISIONS",
+    "Model",
+    "OVDecoderStep",
+    "OVRows",
+    "OVSeq2SeqStep",
+    "Seq2SeqRows",
+    "StaleState",
+    "as_model",
+    "export_decoder",
+    "export_seq2seq",
+    "generate",
+    "make_step",
+]

@@ -99,12 +99,15 @@ def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
     from beamkit.hf.output import build_output
     from beamkit.hf.processors import build_processors
     from beamkit.hf.search import run_search
-    from beamkit.openvino.step import OVDecoderStep
+    from beamkit.openvino.seq2seq import make_step
 
     model, input_ids, mask, settings = prepared.model, prepared.input_ids, prepared.mask, prepared.settings
-    step = OVDecoderStep(model, precision, threads)
+    step = make_step(model, precision, threads)
     batch = input_ids.shape[0]
-    prompts = tuple(tuple(int(t) for t in row) for row in input_ids.tolist())
+    prefix = input_ids
+    if settings.encoder_decoder:  # the decoder starts from the start token; the inputs go to the encoder
+        prefix = torch.full((batch, 1), settings.start, dtype=torch.long)
+    prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
     first = (mask != 0).int().argmax(dim=1).tolist()  # first attended column of each prompt
     if settings.groups > 1:  # diverse beam search decodes each request once per group, as requests of their own
         prompts = tuple(p for p in prompts for _ in range(settings.groups))
@@ -114,4 +117,4 @@ def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
     seeds = request_seeds(input_ids, mask) if settings.do_sample else None
     with torch.inference_mode():
         hyps, traces = run_search(step, state, settings, batch, processors, seeds)
-    return build_output(settings, input_ids, hyps, step.stats, step.forward_seconds, traces)
+    return build_output(settings, prefix, hyps, step.stats, step.forward_seconds, traces)

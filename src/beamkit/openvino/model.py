@@ -24,6 +24,12 @@ from beamkit._checks import check_choice, check_optional_int
 from beamkit.extras import install_hint
 
 IR_XML = "openvino_model.xml"
+#: an encoder-decoder folder's IRs: the encoder, the first decoder step, the later decoder steps
+SEQ2SEQ_XML = {
+    "encoder": "openvino_encoder_model.xml",
+    "decoder": "openvino_decoder_model.xml",
+    "past": "openvino_decoder_with_past_model.xml",
+}
 #: files of which a folder with a tokenizer holds at least one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
 LOCAL: dict[str, Any] = {
@@ -57,11 +63,13 @@ def check_precision(precision: Any) -> str:
 
 
 class Model:
-    """A decoder-only OpenVINO IR folder, read once (``Model(path)``); :meth:`compiled` compiles it for the CPU
+    """An OpenVINO IR folder, read once (``Model(path)``); :meth:`compiled` compiles it for the CPU
     per ``(precision, threads)``, once each. ``config`` / ``generation_config`` are the folder's Hugging Face
     configs; ``stateful`` says whether the keys/values are the model's state, ``reorders`` whether it has a
     ``beam_idx`` input (a stateful model without one decodes greedily only); ``layers`` the past key/value input
-    names of a stateless model. Raises ValueError for a folder that is not such an IR."""
+    names of a stateless model. An encoder-decoder folder (``encoder_decoder``) holds three stateless IRs
+    (:data:`SEQ2SEQ_XML`, see :mod:`beamkit.openvino.export_seq2seq`). Raises ValueError for a folder that is
+    not such an IR."""
 
     def __init__(self, path: str | Path):
         require()
@@ -71,8 +79,7 @@ class Model:
         self.path = Path(path)
         if not self.path.is_dir():
             raise ValueError(f"{self.path} is not a folder (an OpenVINO IR folder holds {IR_XML})")
-        xml = self.path / IR_XML
-        if not xml.is_file():
+        if not (self.path / IR_XML).is_file() and not (self.path / SEQ2SEQ_XML["encoder"]).is_file():
             raise ValueError(
                 f"{self.path} is not an OpenVINO IR folder: no {IR_XML} (export one with "
                 "beamkit.openvino.export_decoder or optimum-cli export openvino)"
@@ -80,17 +87,51 @@ class Model:
         if not (self.path / "config.json").is_file():
             raise ValueError(f"{self.path} has no config.json (the model's Hugging Face config, saved beside the IR)")
         self.core = ov.Core()
-        try:
-            self.ir = self.core.read_model(xml)
-        except RuntimeError as err:
-            raise ValueError(f"{xml} cannot be read as an OpenVINO IR: {str(err).splitlines()[0]}") from None
         self.config = transformers.AutoConfig.from_pretrained(self.path, **LOCAL)
-        if getattr(self.config, "is_encoder_decoder", False):
-            raise ValueError(f"{self.path} is an encoder-decoder model: beamkit.openvino decodes decoder-only IRs")
         try:
             self.generation_config = transformers.GenerationConfig.from_pretrained(self.path, **LOCAL)
         except OSError:  # no generation_config.json: the config's own defaults, as Hugging Face does
             self.generation_config = transformers.GenerationConfig.from_model_config(self.config)
+        self.vocab_size = int(getattr(self.config.get_text_config(), "vocab_size", 0) or 0) or None
+        self.encoder_decoder = bool(getattr(self.config, "is_encoder_decoder", False))
+        self._compiled: dict[tuple[str, int | None], Any] = {}
+        self.irs: dict[str, Any] = {}
+        if self.encoder_decoder:
+            self._read_seq2seq()
+        else:
+            self._read_decoder_only()
+
+    def _read(self, name: str) -> Any:
+        """The IR ``name`` of the folder; ValueError where it is missing or unreadable."""
+        xml = self.path / name
+        if not xml.is_file():
+            raise ValueError(
+                f"{self.path} is an encoder-decoder model's folder without {name} (beamkit reads the three IRs that "
+                f"beamkit.openvino.export_seq2seq writes: {', '.join(SEQ2SEQ_XML.values())})"
+            )
+        try:
+            return self.core.read_model(xml)
+        except RuntimeError as err:
+            raise ValueError(f"{xml} cannot be read as an OpenVINO IR: {str(err).splitlines()[0]}") from None
+
+    def _read_seq2seq(self) -> None:
+        """An encoder-decoder folder: the encoder, first decoder step and later decoder steps (stateless)."""
+        self.irs = {kind: self._read(name) for kind, name in SEQ2SEQ_XML.items()}
+        self.ir = self.irs["past"]
+        names = {name for port in self.ir.inputs for name in port.get_names()}
+        self.layers = sorted((n for n in names if n.startswith("past_key_values.")), key=_layer_order)
+        self.takes_positions, self.reorders, self.stateful = False, True, False
+
+    def _read_decoder_only(self) -> None:
+        """A decoder-only folder: its one IR, stateful or stateless."""
+        xml = self.path / IR_XML
+        if not xml.is_file():
+            raise ValueError(f"{self.path} is not an OpenVINO IR folder: no {IR_XML}")
+        try:
+            self.ir = self.core.read_model(xml)
+        except RuntimeError as err:
+            raise ValueError(f"{xml} cannot be read as an OpenVINO IR: {str(err).splitlines()[0]}") from None
+        self.irs = {"model": self.ir}
         names = {name for port in self.ir.inputs for name in port.get_names()}
         missing = [n for n in ("input_ids", "attention_mask") if n not in names]
         outputs = {name for port in self.ir.outputs for name in port.get_names()}
@@ -105,12 +146,11 @@ class Model:
         self.stateful = not self.layers
         if self.stateful and not any(op.get_type_name() == "ReadValue" for op in self.ir.get_ops()):
             raise ValueError(f"{xml} has neither a key/value state nor past_key_values inputs: it cannot decode")
-        self.vocab_size = int(getattr(self.config.get_text_config(), "vocab_size", 0) or 0) or None
-        self._compiled: dict[tuple[str, int | None], Any] = {}
 
     def compiled(self, precision: str = "f32", threads: int | None = None) -> Any:
         """The IR compiled for the CPU at ``precision`` (:data:`PRECISIONS`) with ``threads`` inference threads
-        (None: OpenVINO's default), compiled once per pair."""
+        (None: OpenVINO's default), compiled once per pair; for an encoder-decoder folder a dict of the three
+        (``"encoder"``, ``"decoder"``, ``"past"``)."""
         check_precision(precision)
         threads = check_optional_int("threads", threads, 1)
         key = (precision, threads)
@@ -118,20 +158,23 @@ class Model:
             props: dict[str, Any] = dict(PRECISIONS[precision])
             if threads is not None:
                 props["INFERENCE_NUM_THREADS"] = threads
-            self._compiled[key] = self.core.compile_model(self.ir, "CPU", props)
+            compiled = {kind: self.core.compile_model(ir, "CPU", props) for kind, ir in self.irs.items()}
+            self._compiled[key] = compiled if self.encoder_decoder else compiled["model"]
         return self._compiled[key]
 
     def forward(self, input_ids: Any, attention_mask: Any = None) -> Any:
-        """The float32 logits ``[rows, V]`` of the last position of left-padded prompts ``input_ids``
-        ``[rows, P]`` (``attention_mask`` default all ones), computed at ``"f32"`` from an empty cache."""
+        """The float32 logits ``[rows, V]`` of the next token after left-padded prompts ``input_ids`` ``[rows, P]``
+        (an encoder-decoder model: of the first decoder token after the encoder inputs ``input_ids``);
+        ``attention_mask`` default all ones; computed at ``"f32"`` from an empty cache."""
         import torch
 
-        from beamkit.openvino.step import OVDecoderStep
+        from beamkit.openvino.seq2seq import make_step
 
         ids = torch.as_tensor(input_ids, dtype=torch.long)
         mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask, dtype=torch.long)
-        step = OVDecoderStep(self)
-        logits, _ = step(step.init_state(ids, mask), np.zeros(ids.shape[0], dtype=np.int64))
+        step = make_step(self)
+        start = int(self.config.decoder_start_token_id) if self.encoder_decoder else 0
+        logits, _ = step(step.init_state(ids, mask), np.full(ids.shape[0], start, dtype=np.int64))
         return logits.clone()
 
     __call__ = forward
