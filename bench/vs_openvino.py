@@ -66,10 +66,11 @@ def _load_sibling(name: str) -> Any:
 
 VS_CT2 = _load_sibling("vs_ct2")  # build(): the same random models and prompts
 NEW, PROMPT_LEN = VS_CT2.NEW, VS_CT2.PROMPT_LEN
-MODELS = ("tiny", "gpt2-small")
+MODELS = ("tiny", "gpt2-small", "marian")
 MODES = {"beam": 4, "greedy": 1}
 PRECISIONS = ("f32", "default")
 GENAI_TARGET = {"tiny": 0.5, "gpt2-small": 0.95}  # beamkit's speed over GenAI's
+CT2_TARGET = 1.0  # beamkit's speed over CTranslate2's (Marian, float32)
 HF_TARGET = 1.5  # beamkit's speed over Hugging Face's (float32)
 ROWS_TARGET = 7  # rows equal to Hugging Face's on >= 7 of 8 prompts (float32)
 
@@ -172,6 +173,73 @@ def run(kind: str, mode: str, precision: str, repeats: int, threads: int, folder
     return verdicts
 
 
+def run_seq2seq(mode: str, repeats: int, threads: int, folder: Path, model: Any, ids: Any, mask: Any,
+                tmp: str) -> list[tuple[str, float, float, bool]]:  # fmt: skip
+    """Time the Marian model in one mode, float32: Hugging Face, beamkit over the IR, CTranslate2 (a converted
+    copy, ``bench/vs_ct2.py``'s); print its line and targets; return the verdicts."""
+    beams = MODES[mode]
+    kw: dict[str, Any] = dict(num_beams=beams, max_new_tokens=NEW, min_new_tokens=NEW)
+    if beams > 1:
+        kw.update(early_stopping=False, length_penalty=1.0)
+    ov_model = bo.Model(folder)
+    forward: list[float] = []
+
+    def bk() -> list[list[int]]:
+        out = bo.generate(ov_model, ids, mask, threads=threads, return_dict_in_generate=True, **kw)
+        forward.append(out.forward_seconds)
+        return [row[1:] for row in out.sequences.tolist()]
+
+    ct2 = VS_CT2.CT2("marian", model, ids, mask, tmp, threads, "cpu")
+    calls: dict[str, Callable[[], list[list[int]]]] = {
+        "hf": lambda: [r[1:] for r in model.generate(ids, attention_mask=mask, do_sample=False, **kw).tolist()],
+        "bk-ov": bk,
+        "ct2": ct2.runner("float32", beams),
+    }
+    reference = calls["hf"]()
+    return _timed(f"marian/{mode}/f32", calls, reference, repeats, forward, {"ct2": CT2_TARGET, "hf": HF_TARGET})
+
+
+def _timed(label: str, calls: dict[str, Any], reference: list[list[int]], repeats: int, forward: list[float],
+           targets: dict[str, float]) -> list[tuple[str, float, float, bool]]:  # fmt: skip
+    """Warm every call up, time them interleaved in rotating order, print the line and the targets (each peer's
+    CPU time over beamkit's, ``targets`` by peer) and return the verdicts."""
+    for call in calls.values():
+        call()
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
+    wall: dict[str, list[float]] = {name: [] for name in calls}
+    rows: dict[str, int] = {}
+    forward.clear()
+    spent: list[float] = []
+    names = list(calls)
+    for i in range(repeats):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            c0, w0 = time.process_time(), time.perf_counter()
+            got = calls[name]()
+            cpu[name].append(time.process_time() - c0)
+            wall[name].append(time.perf_counter() - w0)
+            if name == "bk-ov":
+                spent.append(wall[name][-1])
+            rows[name] = sum(list(a) == list(b) for a, b in zip(got, reference, strict=True))
+    med = {name: statistics.median(cpu[name]) for name in calls}
+    medw = {name: statistics.median(wall[name]) for name in calls}
+    times = ", ".join(f"{n} {1000 * med[n]:.0f} ({1000 * medw[n]:.0f})" for n in calls)
+    equal = ", ".join(f"{n} {rows[n]}/{len(reference)}" for n in calls if n != "hf")
+    share = sum(forward) / sum(spent) if spent else float("nan")
+    print(f"[{label}] cpu ms (wall ms): {times}; rows = hf: {equal}; bk-ov forward share {share:.0%}")
+    verdicts = []
+    for peer, target in targets.items():
+        ratio = med[peer] / med["bk-ov"]
+        verdicts.append((f"vs-{peer}[{label}]", ratio, target, ratio >= target))
+    verdicts.append((f"rows[{label}]", rows["bk-ov"], ROWS_TARGET, rows["bk-ov"] >= ROWS_TARGET))
+    for name, figure, target, met in verdicts:
+        shown = f"{figure:.2f}x" if isinstance(figure, float) else f"{figure}/{len(reference)}"
+        unit = "x" if isinstance(figure, float) else ""
+        print(f"{name}: {shown}; target >= {target}{unit}: {'met' if met else 'missed'}")
+    sys.stdout.flush()
+    return verdicts
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print every line and a summary of targets met."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -186,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = []
     for kind in args.models.split(","):
         model, ids, mask = VS_CT2.build(kind)
+        if kind == "marian":
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = bo.export_seq2seq(model, Path(tmp) / "ir")
+                for mode in args.modes.split(","):
+                    verdicts += run_seq2seq(mode, args.repeats, args.threads, folder, model, ids, mask, tmp)
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             folder = bo.export_decoder(model, Path(tmp) / "ir")
             for mode in args.modes.split(","):
