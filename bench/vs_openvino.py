@@ -6,7 +6,10 @@ each (``--threads``: torch's threads, OpenVINO's ``INFERENCE_NUM_THREADS``), ran
 with a fixed seed (``bench/vs_ct2.py``'s builders):
 
 * ``tiny``: GPT-2, 2 layers x 64, 4 heads, vocab 1000;
-* ``gpt2-small``: GPT-2-small size, 12 layers x 768, 12 heads, vocab 8000.
+* ``gpt2-small``: GPT-2-small size, 12 layers x 768, 12 heads, vocab 8000;
+* ``marian``: Marian size, 6+6 layers x 512, 8 heads, FFN 2048, vocab 8000 (encoder-decoder: exported with
+  :func:`beamkit.openvino.export_seq2seq` and compared with CTranslate2 on a converted copy, ``bench/vs_ct2.py``'s,
+  float32 only; ``vs-ct2`` is CTranslate2's CPU time over beamkit's, target >= 1.0x).
 
 8 prompts of 16 tokens (some left-padded), 32 new tokens at fixed length (``min_new_tokens`` =
 ``max_new_tokens``), beam 4 and greedy. The model is exported once with :func:`beamkit.openvino.export_decoder`
@@ -30,8 +33,9 @@ OpenVINO sides (the target: >= 7 of 8 at float32; not set at the default precisi
 share of beamkit's time spent inside OpenVINO's inference calls: where the rest of the time goes (the search,
 the processors, Python).
 
-Run: ``python bench/vs_openvino.py [--models tiny,gpt2-small] [--modes beam,greedy] [--precisions f32,default]
-[--repeats 3] [--threads 1]``. Needs ``openvino``, ``openvino-genai``, torch and transformers.
+Run: ``python bench/vs_openvino.py [--models tiny,gpt2-small,marian] [--modes beam,greedy]
+[--precisions f32,default] [--repeats 3] [--threads 1]``. Needs ``openvino``, ``openvino-genai``, torch and
+transformers (and ``ctranslate2`` for ``marian``).
 """
 
 from __future__ import annotations
