@@ -136,3 +136,19 @@ def test_an_encoder_decoder_folder_missing_an_ir_is_refused(seq2seq, tmp_path):
         bo.export_seq2seq(
             transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2)), tmp_path
         )
+
+
+def test_an_older_state_is_refused_not_read(seq2seq):
+    """A state's self-attention keys/values are views of an infer request's outputs: stepping a state whose
+    request has run since raises StaleState instead of reading overwritten keys/values."""
+    _, model, _, folder = seq2seq
+    ids, mask = _inputs(model)
+    step = bo.make_step(bo.Model(folder))
+    start = np.full(ids.shape[0], int(model.config.decoder_start_token_id))
+    _, first = step(step.init_state(ids, mask), start)
+    _, second = step(first, np.full(ids.shape[0], 5))
+    older = second.beamkit_select(np.arange(ids.shape[0]))
+    _, third = step(second, np.full(ids.shape[0], 6))
+    step(third, np.full(ids.shape[0], 7))  # runs on the request that made ``older``'s keys/values
+    with pytest.raises(bo.StaleState, match="newer one ran"):
+        step(older, np.full(ids.shape[0], 7))
