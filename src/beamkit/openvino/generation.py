@@ -1,0 +1,120 @@
+"""``beamkit.openvino.generate``: what ``beamkit.hf.generate`` does, over an OpenVINO IR folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from beamkit.openvino.model import Model, check_precision, require
+
+
+def as_model(model: Any) -> Model:
+    """``model`` as a :class:`Model`: itself, or the IR folder it names (read once here)."""
+    if isinstance(model, Model):
+        return model
+    if isinstance(model, (str, Path)):
+        return Model(model)
+    raise TypeError(f"model must be an OpenVINO IR folder or a beamkit.openvino.Model, got {type(model).__name__}")
+
+
+def generate(
+    model: Any,
+    input_ids: Any = None,
+    attention_mask: Any = None,
+    *,
+    precision: str = "f32",
+    threads: int | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Decode with beamkit's engine over an OpenVINO IR and return what :func:`beamkit.hf.generate` returns.
+
+    ``model``: an IR folder (optimum-intel's layout, see :class:`beamkit.openvino.Model`) or a loaded
+    :class:`~beamkit.openvino.Model`. ``input_ids`` / ``attention_mask``: left-padded prompts ``[batch, P]``
+    (torch tensors; the mask is inferred from ``pad_token_id`` when omitted). ``precision``: ``"f32"`` (float32
+    inference and key/value cache: Hugging Face's float32 results), ``"bf16"`` or ``"auto"`` (OpenVINO's CPU
+    defaults); ``threads``: OpenVINO's inference threads (None: its default). Every other keyword is what
+    ``beamkit.hf.generate`` takes (beams, lengths, penalties, processors, n-best, sampling, constraints,
+    ``prefix_allowed_tokens_fn``, ``return_dict_in_generate``, ``beamkit.SearchOptions`` fields), read over the
+    folder's ``generation_config.json``; ``compile=`` and ``allowed_output=`` are for torch models and refused.
+
+    Raises ValueError / TypeError for bad input (an unknown precision, a folder that is not an IR, beam search
+    on a stateful IR without ``beam_idx``), :class:`beamkit.hf.Unsupported` for settings the bridge does not
+    reproduce, :class:`beamkit.BatchDecodeError` when a request fails.
+    """
+    require()
+    check_precision(precision)
+    prepared = prepare_call(as_model(model), input_ids, attention_mask, kwargs)
+    return run_call(prepared, precision, threads)
+
+
+def prepare_call(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]) -> Any:
+    """The call checked and its settings resolved, as ``beamkit.hf.generate`` does: a
+    :class:`beamkit.hf.generation.Prepared`."""
+    from beamkit.constraints import check_vocab
+    from beamkit.hf.generation import Prepared
+    from beamkit.hf.inputs import attention_mask_for, check_input_ids
+    from beamkit.hf.settings import Unsupported, is_generation_config, merge_config, resolve
+
+    kwargs = dict(kwargs)
+    for name in ("compile", "allowed_output"):
+        if kwargs.get(name) not in (None, False):
+            raise Unsupported(
+                f"{name}= is for torch models (beamkit.hf.generate); an OpenVINO IR is compiled by OpenVINO"
+            )
+        kwargs.pop(name, None)
+    if "inputs" in kwargs:
+        if inputs is not None:
+            raise TypeError("generate() got the inputs twice (positional and inputs=)")
+        inputs = kwargs.pop("inputs")
+    if is_generation_config(attention_mask):  # Hugging Face's second positional argument
+        if "generation_config" in kwargs:
+            raise TypeError("generate() got generation_config twice")
+        kwargs["generation_config"], attention_mask = attention_mask, None
+    passed = kwargs.pop("generation_config", None)
+    gc, rest, given = merge_config(passed, model.generation_config, kwargs)
+    input_ids = check_input_ids(inputs, model)
+    settings = resolve(model, gc, rest, given, input_ids.shape[1])
+    width = model.vocab_size
+    if settings.prefix_fn is not None and width is not None:
+        check_vocab(settings.prefix_fn.trie, width, "the prefix_allowed_tokens_fn's dictionary")
+    outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
+    if outside:
+        raise Unsupported(f"eos ids {outside} outside the model's output")
+    beams = settings.num_beams > 1 or settings.groups > 1 or bool(settings.force_words)
+    if beams and model.stateful and not model.reorders:
+        raise ValueError(
+            f"{model.path} is a stateful IR without a beam_idx input: its rows cannot be reordered, so it decodes "
+            "greedily only (num_beams=1); export it with beam_idx (optimum-cli export openvino, or "
+            "beamkit.openvino.export_decoder) for beam search"
+        )
+    mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
+    return Prepared(model, input_ids, mask, settings)
+
+
+def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
+    """Run a prepared call on beamkit's engine over the IR compiled at ``precision`` / ``threads``."""
+    import torch
+
+    from beamkit.hf.generation import request_seeds
+    from beamkit.hf.output import build_output
+    from beamkit.hf.processors import build_processors
+    from beamkit.hf.search import run_search
+    from beamkit.openvino.seq2seq import make_step
+
+    model, input_ids, mask, settings = prepared.model, prepared.input_ids, prepared.mask, prepared.settings
+    step = make_step(model, precision, threads)
+    batch = input_ids.shape[0]
+    prefix = input_ids
+    if settings.encoder_decoder:  # the decoder starts from the start token; the inputs go to the encoder
+        prefix = torch.full((batch, 1), settings.start, dtype=torch.long)
+    prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
+    first = (mask != 0).int().argmax(dim=1).tolist()  # first attended column of each prompt
+    if settings.groups > 1:  # diverse beam search decodes each request once per group, as requests of their own
+        prompts = tuple(p for p in prompts for _ in range(settings.groups))
+        first = [f for f in first for _ in range(settings.groups)]
+    processors = build_processors(settings, prompts, first)
+    state = step.init_state(input_ids.cpu(), mask.cpu())
+    seeds = request_seeds(input_ids, mask) if settings.do_sample else None
+    with torch.inference_mode():
+        hyps, traces = run_search(step, state, settings, batch, processors, seeds)
+    return build_output(settings, prefix, hyps, step.stats, step.forward_seconds, traces)
