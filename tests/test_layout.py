@@ -630,29 +630,13 @@ def test_the_run_time_cycle_detector_sees_imports_inside_functions():
     assert cycles(edges) == [["adapters", "models"]]
 
 
-# Imports up a floor inside a function that another change is closing, as "file: room": each is dropped from the
-# graph below; once it is gone its entry must go too.
-UPWARD_BEING_CLOSED = {
-    "ctc/trace.py": "viz",  # the CTC trace's rendering helper (likewise)
-}
-
-
 def test_no_import_cycle_between_packages_counting_imports_inside_functions():
     edges = run_time_graph(modules())
-    for path, target in UPWARD_BEING_CLOSED.items():
-        source = room(_module_name(path))
-        kept = {where for where in edges.get((source, target), set()) if not where.startswith(f"{path}:")}
-        if (source, target) in edges:
-            edges[(source, target)] = kept
-        edges = {edge: where for edge, where in edges.items() if where}
     found = {
         " <-> ".join(group): {f"{a} -> {b}": sorted(edges[(a, b)]) for a, b in edges if a in group and b in group}
         for group in cycles(edges)
     }
     assert not found, f"these packages import each other, inside functions too (import down a floor only): {found}"
-    every = {where.split(":")[0] for where_set in run_time_graph(modules()).values() for where in where_set}
-    stale = [path for path in UPWARD_BEING_CLOSED if path not in every]
-    assert not stale, f"these upward imports are gone: drop them from UPWARD_BEING_CLOSED: {stale}"
 
 
 # The Hugging Face bridge's rooms, top floor first: a module imports only its own room and the floors below

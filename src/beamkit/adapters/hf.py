@@ -74,12 +74,29 @@ class HFAdapter(ModelAdapter):
 
         with _no_loading_bars():
             loaded = load_pretrained(directory, allow_pickle=allow_pickle)
-        self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
-        self.encoder_decoder = loaded.encoder_decoder
+        base = self._describe(
+            loaded.model, loaded.tokenizer, loaded.config, loaded.encoder_decoder, loaded.folder, name
+        )
+        # decoder-only: keys/values paged (one pool for every request served) unless the generation config asks
+        # for one of Hugging Face's caches (cache_implementation="dynamic" and the like: the dense bridge) or the
+        # steps are compiled (their own static buffers)
+        self._step: Any = (
+            EncoderDecoderStep(self.model, compile=compile)
+            if self.encoder_decoder
+            else DecoderOnlyStep(self.model, kv=base.kv, compile=compile)
+        )
+
+    def _describe(
+        self, model: Any, tokenizer: Any, config: Any, encoder_decoder: bool, folder: Path, name: str | None
+    ) -> Any:
+        """Take the loaded model, tokenizer and config, and set what the commands and the server read of them
+        (name, stop and start tokens, prompt and output limits, the search-wide options); the settings of a plain
+        one-beam ask, returned for the step's choices."""
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.encoder_decoder = encoder_decoder
         self.vocab = self.tokenizer
         self._resolved: OrderedDict[Ask, Any] = OrderedDict()  # settings by ask (see settings)
         self._resolved_lock = threading.Lock()
-        folder = loaded.folder
         self.name = name or folder.name or str(folder)
         base = self.settings(Ask(beam=1, n_best=1, max_len=1))
         self.eos = base.eos
@@ -91,14 +108,7 @@ class HFAdapter(ModelAdapter):
         self.max_tokens_limit = positions if self.encoder_decoder else positions - 1
         self.context = None if self.encoder_decoder else positions
         self.default_max_tokens = 16  # the OpenAI completions default (a server's; the commands ask for 20)
-        # decoder-only: keys/values paged (one pool for every request served) unless the generation config asks
-        # for one of Hugging Face's caches (cache_implementation="dynamic" and the like: the dense bridge) or the
-        # steps are compiled (their own static buffers)
-        self._step: Any = (
-            EncoderDecoderStep(self.model, compile=compile)
-            if self.encoder_decoder
-            else DecoderOnlyStep(self.model, kv=base.kv, compile=compile)
-        )
+        return base
 
     def settings(self, ask: Ask) -> Any:
         """The :class:`beamkit.hf.Settings` that ``beamkit.hf.generate`` resolves for these arguments over the

@@ -104,7 +104,7 @@ def load(
         return HFAdapter(target, allow_pickle=allow_pickle, compile=compile)
     if kind == "openvino":
         try:
-            from beamkit.openvino.adapter import OVAdapter
+            from beamkit.adapters.openvino import OVAdapter
         except ImportError as exc:
             raise ImportError(f"--model ov:DIR needs openvino: {install_hint('openvino')} ({exc})") from exc
         return OVAdapter(target)

@@ -49,11 +49,12 @@ def generate(
 
 def prepare_call(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]) -> Any:
     """The call checked and its settings resolved, as ``beamkit.hf.generate`` does: a
-    :class:`beamkit.hf.generation.Prepared`."""
+    :class:`beamkit.hf.bridge.generation.Prepared`."""
     from beamkit.constraints import check_vocab
-    from beamkit.hf.generation import Prepared
-    from beamkit.hf.inputs import attention_mask_for, check_input_ids
-    from beamkit.hf.settings import Unsupported, is_generation_config, merge_config, resolve
+    from beamkit.hf.bridge.generation import Prepared
+    from beamkit.hf.bridge.inputs import attention_mask_for, check_input_ids
+    from beamkit.hf.bridge.settings import is_generation_config, merge_config, resolve
+    from beamkit.hf.errors import Unsupported
 
     kwargs = dict(kwargs)
     for name in ("compile", "allowed_output"):
@@ -95,10 +96,10 @@ def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
     """Run a prepared call on beamkit's engine over the IR compiled at ``precision`` / ``threads``."""
     import torch
 
-    from beamkit.hf.generation import request_seeds
-    from beamkit.hf.output import build_output
-    from beamkit.hf.processors import build_processors
-    from beamkit.hf.search import run_search
+    from beamkit.hf.bridge.generation import request_seeds
+    from beamkit.hf.bridge.output import build_output
+    from beamkit.hf.bridge.processors import build_processors
+    from beamkit.hf.bridge.search import run_search
     from beamkit.openvino.seq2seq import make_step
 
     model, input_ids, mask, settings = prepared.model, prepared.input_ids, prepared.mask, prepared.settings

@@ -9,7 +9,7 @@ older state whose request has run since raises :class:`~beamkit.openvino.StaleSt
 ``phys`` (the cache row each row reads); the next step gathers the self-attention keys/values by it, and the
 cross-attention keys/values and encoder mask only when rows move between requests (a request's beams read the
 same ones). Requests joining mid-flight form a cohort of their own (one decoder call per cohort and step: their
-self-attention caches have other lengths), as :mod:`beamkit.hf.join` describes.
+self-attention caches have other lengths), as :mod:`beamkit.hf.steps.join` describes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.hf.join import Cohorts, Prompt, rows_of
+from beamkit.hf.steps.join import Cohorts, Prompt, rows_of
 from beamkit.hypothesis import SearchStats
 from beamkit.openvino.step import OVDecoderStep, StaleState
 

@@ -16,7 +16,7 @@ too, their logits unused), so it decodes greedily (rows leave, none forks).
 A stateful model holds one batch's keys/values, so one state is live at a time: stepping an older state (a
 search that keeps several, such as ``keep_state``) raises :class:`StaleState`; stateless IRs have no such limit.
 
-Requests join mid-flight (``beamkit.Engine``) as in :mod:`beamkit.hf.join`: the joining prompts run on a second
+Requests join mid-flight (``beamkit.Engine``) as in :mod:`beamkit.hf.steps.join`: the joining prompts run on a second
 infer request, then the keys/values of both are left-padded to the longer length and joined (a copy, once per
 join, not per step), and the leading columns no row attends to are dropped.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from beamkit.hf.join import Cohorts, Prompt, rows_of
+from beamkit.hf.steps.join import Cohorts, Prompt, rows_of
 from beamkit.hypothesis import SearchStats
 
 _CHUNK = 64  # columns added to the mask buffer at a time

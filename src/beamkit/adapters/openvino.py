@@ -1,0 +1,27 @@
+"""``--model ov:DIR``: an OpenVINO IR folder with its tokenizer, decoded by every command and the server as
+``hf:DIR`` is (:class:`beamkit.adapters.hf.HFAdapter`: the same settings over the folder's generation config, the
+same search options), with :class:`beamkit.openvino.OVDecoderStep` or :class:`beamkit.openvino.OVSeq2SeqStep` as
+the step function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from beamkit.adapters.hf import HFAdapter
+
+
+class OVAdapter(HFAdapter):
+    """An OpenVINO IR folder (:class:`beamkit.openvino.Model`, decoder-only or encoder-decoder) and the tokenizer
+    saved in it, run at ``precision`` (default ``"f32"``: Hugging Face's float32 results) with ``threads``
+    inference threads."""
+
+    owned_by = "openvino"
+
+    def __init__(self, directory: str | Path, name: str | None = None, precision: str = "f32", threads: Any = None):
+        from beamkit.openvino.model import Model
+        from beamkit.openvino.seq2seq import make_step
+
+        model = Model(directory)
+        self._describe(model, model.tokenizer(), model.config, model.encoder_decoder, model.path, name)
+        self._step: Any = make_step(model, precision, threads)
