@@ -11,11 +11,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from beamkit import Shared, search_batch, select_state  # noqa: E402
+from beamkit.adapters import translate  # noqa: E402
 from beamkit.models import (  # noqa: E402
     checkpoint,  # noqa: E402
     load_model,
     shipped_models,
-    translate,
 )
 from beamkit.models.common import encode_sources, pad_batch  # noqa: E402
 from beamkit.models.scoring import score  # noqa: E402

@@ -1,5 +1,5 @@
-"""The one batched text driver (``beamkit.adapters.decode_texts``) behind ``beamkit.models.translate``,
-``G2PModel.decode`` and the g2p fusion task, and its adapter wrapper for shallow fusion.
+"""The one batched text driver (``beamkit.adapters.decode_texts``) behind ``beamkit.adapters.translate``,
+``beamkit.adapters.g2p.decode_words`` and the g2p fusion task, and its adapter wrapper for shallow fusion.
 
 Oracle: the model's own step function searched by ``beamkit.search_batch`` on the same padded batch (so float
 rounding is the same and results must be equal, not close), with ``beamkit.fuse`` built by hand for fusion."""
