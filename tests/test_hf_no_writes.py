@@ -165,3 +165,33 @@ def test_a_decoding_step_decides_its_way_once_and_leaves_its_input_state_as_it_w
         assert before[3].keys() == after[3].keys() and all(before[3][k] is after[3][k] for k in before[3])
         assert before[4] is after[4]
         state = new
+
+
+def test_a_forward_that_recomputes_its_rotary_frequencies_writes_them_into_the_view_only():
+    """A Llama with dynamic rotary scaling recomputes (re-registers) its ``inv_freq`` buffer once the sequence
+    passes ``max_position_embeddings``. Decoding on the paged cache runs the forward on a view of the model: the
+    recomputed buffer must land in the view's own table, and the caller's rotary module keep its buffer and its
+    cached length together (a shared buffer table would leave it with new frequencies and its old length)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+    )
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    rotary = model.model.rotary_emb
+    freq, length = rotary.inv_freq, rotary.max_seq_len_cached
+    before = snapshot(model)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.inference_mode():  # 6 prompt + 8 new tokens: past the 8 positions the frequencies were made for
+        bh.generate(model, ids, num_beams=2, max_new_tokens=8, min_new_tokens=8, cache_implementation="paged")
+    same(before, snapshot(model))
+    assert rotary.inv_freq is freq and rotary.max_seq_len_cached == length

@@ -33,7 +33,7 @@ def with_attention(model: Any, name: str, previous: Any = None) -> Any:
 def with_module(model: Any, name: str, module: Any) -> Any:
     """A view of ``model`` whose direct child ``name`` is ``module`` (``with_module(model, "lm_head", head)``):
     only the top module is copied, everything else shared."""
-    view = copy.copy(model)
+    view = _own_tables(model, copy.copy(model))
     view.__dict__["_modules"] = {**model._modules, name: module}
     return view
 
@@ -44,11 +44,21 @@ def _copy_tree(module: Any, config: Any, replacement: Any, memo: dict[int, Any] 
     memo = {} if memo is None else memo
     if id(module) in memo:
         return memo[id(module)]
-    view = memo[id(module)] = copy.copy(module)
+    view = memo[id(module)] = _own_tables(module, copy.copy(module))
     children = module._modules.items()
     view.__dict__["_modules"] = {k: c if c is None else _copy_tree(c, config, replacement, memo) for k, c in children}
     if module.__dict__.get("config") is config:
         view.__dict__["config"] = replacement
+    return view
+
+
+def _own_tables(module: Any, view: Any) -> Any:
+    """``view`` (a shallow copy of ``module``) given tables of its own for its parameters and buffers: the tensors
+    stay shared, but a forward that assigns a tensor to one of its names (a rotary embedding that recomputes its
+    frequencies for a longer input) writes into the view's table, never into the caller's module."""
+    view.__dict__["_parameters"] = dict(module._parameters)
+    view.__dict__["_buffers"] = dict(module._buffers)
+    view.__dict__["_non_persistent_buffers_set"] = set(module._non_persistent_buffers_set)
     return view
 
 
