@@ -12,8 +12,9 @@ through a call):
   keys/values live in preallocated buffers ``[rows bucket, kv heads, columns bucket, d]`` per layer
   (:class:`StaticLayers`); the step writes its column in place (``index_copy_`` at a position tensor) and
   attends over the whole buffer under a boolean mask, so one graph serves every step whose rows and length fall
-  in one pair of buckets, across calls of the same model (graphs are kept on the model, not copied with it;
-  inductor also keeps its kernels in its on-disk cache across processes).
+  in one pair of buckets, across calls of the same model (graphs are kept beside the model in a weak-keyed
+  registry, freed with it and not copied with it; inductor also keeps its kernels in its on-disk cache across
+  processes).
 * The same layer functions as the direct step (the model's own ``forward`` of each part, its rotary helper,
   transformers' SDPA attention function), inside one graph: no Python per module.
 * Between steps the surviving rows (parents, may repeat) are copied into a second set of buffers, made at the
@@ -25,8 +26,8 @@ through a call):
 * Memory: the buffers hold the rows and columns buckets (up to twice the filled rows and columns), and beam
   search keeps the second set too; buffers narrowed to fewer rows keep their peak's memory (and grow back
   within it); ``kv=`` (the paged cache, whose beams share their prompt's blocks) is not
-  used. A model whose step was compiled keeps the step on itself, in a reference cycle: dropping the model
-  frees it at the next garbage collection (``gc.collect()``), not at once.
+  used. A model's compiled steps are kept beside it (a weak-keyed registry, the steps running through an alias
+  of the model that does not refer to it), so dropping the model frees them with it.
 
 ``compile="max-autotune"`` compiles with inductor, its matrix products autotuned and the model's weights frozen
 into the graphs (:mod:`beamkit.models.compiled`): with few rows (greedy decoding, a few requests) the step's
