@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class CompiledSearch:
-    """The same search with its frame loop compiled (:mod:`beamkit.ctc.lexicon_kernel`): the beam, back-pointers,
+    """The same search with its frame loop compiled (:mod:`beamkit.ctc.lexicon.kernel`): the beam, back-pointers,
     trie and LM states live in arrays; a language model in Python is asked only for the transitions the loop has
     not seen (it resumes the frame afterwards)."""
 

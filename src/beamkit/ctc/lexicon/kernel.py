@@ -1,4 +1,4 @@
-"""The compiled frame loop of :mod:`beamkit.ctc.lexicon_search` (numba; see :mod:`beamkit.ctc.jit`).
+"""The compiled frame loop of :mod:`beamkit.ctc.lexicon.search` (numba; see :mod:`beamkit.ctc.jit`).
 
 The search's state lives in arrays: the beam (one row per hypothesis), the back-pointers of every frame, the
 lexicon trie in CSR form, and the LM's tree of states as integer ids in an open-addressing table mapping

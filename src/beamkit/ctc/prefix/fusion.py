@@ -60,7 +60,7 @@ class Static(NamedTuple):
     piece_len: np.ndarray  # shape: (V,) int64: characters the label adds to the partial word
     piece_chars: np.ndarray  # shape: (V, L) int64: those characters as alphabet codes (-1: padding)
     piece_codes: np.ndarray  # shape: (V, L) uint64: the codes as hash inputs
-    uni_table: np.ndarray  # unigram trie (see beamkit.ctc.chartrie): dense table, or empty
+    uni_table: np.ndarray  # unigram trie (see beamkit.ctc.prefix.chartrie): dense table, or empty
     uni_keys: np.ndarray  # ... or sorted keys and values
     uni_values: np.ndarray
     hot_table: np.ndarray  # hotword trie, the same way
@@ -369,7 +369,7 @@ class Fusion:
         self, labels: LabelTables, cache: LMCache | None, hot_trie: CharTrie | None, hotword_weight: float
     ) -> None:
         """Gather the label tables, the LM cache (None without an LM) and the hotword trie (None without
-        hotwords); a decoder keeps the last one for its next search (``beamkit.ctc.search.SearchCaches``)."""
+        hotwords); a decoder keeps the last one for its next search (``beamkit.ctc.prefix.run.SearchCaches``)."""
         lm = cache.lm if cache is not None else None
         self.lm = lm
         self.clean = labels.clean

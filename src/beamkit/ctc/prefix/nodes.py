@@ -6,7 +6,7 @@ trailing and repeated delimiters collapse, a BPE ``▁`` starts a word). Nodes f
 whatever the vocabulary size). Strings are never built while searching: a partial word is identified by a
 64-bit hash of its characters (its length is part of the word's hash), completed words by a hash chain;
 texts are rebuilt from the parent chains for the returned hypotheses. The fused score of a node (LM,
-unknown-prefix penalty, hotwords) is set when the node is made, by the rules of :mod:`beamkit.ctc.fusion`.
+unknown-prefix penalty, hotwords) is set when the node is made, by the rules of :mod:`beamkit.ctc.prefix.fusion`.
 
 Everything here is storage and arithmetic on records, compiled by :mod:`beamkit.ctc.jit`.
 """

@@ -48,7 +48,7 @@ RECORD = np.dtype([("start", np.int64), ("end", np.int64), ("prev", np.int64)]) 
 
 
 class Store(NamedTuple):
-    """The storage the frame loop reads and writes (built by ``beamkit.ctc.search.Workspace``, again whenever
+    """The storage the frame loop reads and writes (built by ``beamkit.ctc.prefix.run.Workspace``, again whenever
     an array grows)."""
 
     nodes: np.ndarray  # shape: (capacity,) NODE: the prefix store

@@ -119,7 +119,7 @@ SPARE_MAX_BYTES = 1 << 28  # a workspace larger than this is freed after its sea
 class SearchCaches:
     """What one decoder keeps from a search to the next, shared with no other decoder: its vocabulary's label
     tables, its LM's cache of scored (context, word) pairs (made afresh when the LM's weights change or the cache
-    grows past :data:`~beamkit.ctc.fusion.MAX_CACHED_STATES` contexts), the last search's fusion and hotword
+    grows past :data:`~beamkit.ctc.prefix.fusion.MAX_CACHED_STATES` contexts), the last search's fusion and hotword
     trie, and one spare workspace (first touches of fresh memory cost more than frames). Thread-safe; it
     pickles empty (a process pool's worker starts its own)."""
 
