@@ -8,7 +8,7 @@ engine: the engine ranks by float64 sums, so hypotheses that tie within float32 
 order; ``patch(model, fast=True)`` runs those beam searches on the engine. Where a call runs (the engine, the loop
 or Hugging Face's own decoding) is decided once, as a printable record, by :func:`beamkit.hf.bridge.route.route`.
 
-Rooms, each importing only the ones after it: :mod:`beamkit.hf.bridge` (a call's settings, its route and its
+Subpackages, each importing only the ones after it: :mod:`beamkit.hf.bridge` (a call's settings, its route and its
 decoding on the engine; ``patch``), :mod:`beamkit.hf.loop` (beamkit's decoding method inside Hugging Face's
 ``generate``), :mod:`beamkit.hf.retrieval` (the output layer over a dictionary's allowed ids),
 :mod:`beamkit.hf.steps` (the step functions: through the model's forward over a dense or paged cache, direct,
