@@ -126,6 +126,22 @@ def test_the_translate_command_takes_an_encoder_decoder_ov_folder(seq2seq, capsy
     assert outs[0] == outs[1] and outs[0].strip()
 
 
+def test_a_hugging_face_folder_exports_with_its_own_tokenizer(seq2seq, tmp_path, capsys):
+    """``export_seq2seq`` given the Hugging Face folder (no tokenizer passed) loads the model and the folder's
+    tokenizer from it; the IR folder reads as the ``hf:DIR`` route of the same folder does."""
+    from beamkit.cli import main
+
+    _, _, hf_folder, _ = seq2seq
+    folder = bo.export_seq2seq(hf_folder, tmp_path / "ir")
+    assert (folder / "tokenizer.json").is_file()
+    outs = []
+    for spec in (f"ov:{folder}", f"hf:{hf_folder}"):
+        code = main(["translate", "--model", spec, "--beam", "3", "--max-len", "6", "w1 w2 w3", "w30 w4"])
+        outs.append(capsys.readouterr().out)
+        assert code in (0, None)
+    assert outs[0] == outs[1] and outs[0].strip()
+
+
 def test_an_encoder_decoder_folder_missing_an_ir_is_refused(seq2seq, tmp_path):
     _, _, _, folder = seq2seq
     for name in ("openvino_encoder_model.xml", "openvino_encoder_model.bin", "config.json"):

@@ -25,6 +25,21 @@ from beamkit._checks import check_bool
 from beamkit.openvino.model import IR_XML
 
 
+def load_folder(folder: str | Path, auto_class: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """The model in ``folder`` (loaded by the ``transformers`` ``auto_class``) and ``tokenizer``, or when that is
+    None the folder's own tokenizer (None when the folder has no tokenizer files)."""
+    import transformers
+
+    source = Path(folder)
+    model = auto_class.from_pretrained(source)
+    if tokenizer is None:
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError, TypeError):  # no tokenizer files in the folder
+            tokenizer = None
+    return model, tokenizer
+
+
 def export_decoder(
     model: Any, out_dir: str | Path, *, tokenizer: Any = None, stateful: bool = True, beam_idx: bool = True
 ) -> Path:
@@ -41,13 +56,7 @@ def export_decoder(
     check_bool("stateful", stateful)
     check_bool("beam_idx", beam_idx)
     if isinstance(model, (str, Path)):
-        source = Path(model)
-        model = transformers.AutoModelForCausalLM.from_pretrained(source)
-        if tokenizer is None:
-            try:
-                tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-            except (OSError, ValueError, TypeError):  # no tokenizer files in the folder
-                tokenizer = None
+        model, tokenizer = load_folder(model, transformers.AutoModelForCausalLM, tokenizer)
     config = getattr(model, "config", None)
     if config is None or not callable(model):
         raise TypeError(f"export_decoder needs a transformers model, got {type(model).__name__}")

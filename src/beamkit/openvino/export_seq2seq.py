@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from beamkit.openvino.export import load_folder
 from beamkit.openvino.model import SEQ2SEQ_XML
 
 
@@ -32,13 +33,7 @@ def export_seq2seq(model: Any, out_dir: str | Path, *, tokenizer: Any = None) ->
     import transformers
 
     if isinstance(model, (str, Path)):
-        source = Path(model)
-        model = transformers.AutoModelForSeq2SeqLM.from_pretrained(source)
-        if tokenizer is None:
-            try:
-                tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-            except (OSError, ValueError, TypeError):
-                tokenizer = None
+        model, tokenizer = load_folder(model, transformers.AutoModelForSeq2SeqLM, tokenizer)
     config = getattr(model, "config", None)
     if config is None or not getattr(config, "is_encoder_decoder", False):
         raise TypeError(f"export_seq2seq converts encoder-decoder models, got {type(model).__name__}")

@@ -96,9 +96,8 @@ def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
     """Run a prepared call on beamkit's engine over the IR compiled at ``precision`` / ``threads``."""
     import torch
 
-    from beamkit.hf.bridge.generation import request_seeds
+    from beamkit.hf.bridge.generation import prompt_processors, request_seeds
     from beamkit.hf.bridge.output import build_output
-    from beamkit.hf.bridge.processors import build_processors
     from beamkit.hf.bridge.search import run_search
     from beamkit.openvino.seq2seq import make_step
 
@@ -108,12 +107,7 @@ def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
     prefix = input_ids
     if settings.encoder_decoder:  # the decoder starts from the start token; the inputs go to the encoder
         prefix = torch.full((batch, 1), settings.start, dtype=torch.long)
-    prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
-    first = (mask != 0).int().argmax(dim=1).tolist()  # first attended column of each prompt
-    if settings.groups > 1:  # diverse beam search decodes each request once per group, as requests of their own
-        prompts = tuple(p for p in prompts for _ in range(settings.groups))
-        first = [f for f in first for _ in range(settings.groups)]
-    processors = build_processors(settings, prompts, first)
+    processors = prompt_processors(settings, prefix, mask)
     state = step.init_state(input_ids.cpu(), mask.cpu())
     seeds = request_seeds(input_ids, mask) if settings.do_sample else None
     with torch.inference_mode():

@@ -30,6 +30,7 @@ import numpy as np
 
 from beamkit.hf.steps.join import Cohorts, Prompt, rows_of
 from beamkit.hypothesis import SearchStats
+from beamkit.ops.gather import left_pad
 
 _CHUNK = 64  # columns added to the mask buffer at a time
 
@@ -246,12 +247,12 @@ class OVDecoderStep:
             return parts[0]
         width = max(p.length for p in parts)
         arrays = [p.kv if p.kv is not None else p.backend.read() for p in parts]
-        masks = [_left_pad(p.mask[:, : p.length], width, 1) for p in parts]
+        masks = [left_pad(p.mask[:, : p.length], width, 1) for p in parts]
         mask = np.concatenate(masks)  # shape: (rows, width)
         attended = mask.any(axis=0)
         drop = int(attended.argmax()) if attended.any() else 0
         kv = {
-            name: np.concatenate([_left_pad(a[name], width, 2) for a in arrays])[:, :, drop:] for name in arrays[0]
+            name: np.concatenate([left_pad(a[name], width, 2) for a in arrays])[:, :, drop:] for name in arrays[0]
         }  # each: (rows, heads, width - drop, d)
         first = parts[0]
         offsets = np.cumsum([0] + [int(p.row_request.max()) + 1 if p.row_request.size else 0 for p in parts[:-1]])
@@ -267,13 +268,3 @@ class OVDecoderStep:
         else:
             merged_kv = kv
         return OVRows(first.backend, phys, buf, pos, row_request, width - drop, merged_kv)
-
-
-def _left_pad(x: np.ndarray, width: int, axis: int) -> np.ndarray:
-    """``x`` widened to ``width`` along ``axis`` by zeros on the left."""
-    extra = width - x.shape[axis]
-    if extra <= 0:
-        return x
-    shape = list(x.shape)
-    shape[axis] = extra
-    return np.concatenate([np.zeros(shape, dtype=x.dtype), x], axis=axis)

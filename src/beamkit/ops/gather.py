@@ -1,5 +1,5 @@
 """Reading entries of ``[rows, V]`` arrays in their own library and device: copies, rows and columns gathered,
-picked entries and row extremes brought to the host, float64 offsets and row divisions."""
+picked entries and row extremes brought to the host, float64 offsets and row divisions, left padding."""
 
 from __future__ import annotations
 
@@ -38,6 +38,21 @@ def concat_rows(parts: list[Any]) -> Any:
 
         return torch.cat(parts, dim=0)
     return np.concatenate(parts, axis=0)
+
+
+def left_pad(x: Any, width: int, axis: int) -> Any:
+    """``x`` widened to ``width`` along ``axis`` by zeros (False) on the left, in its own library, device and
+    dtype; ``x`` itself when it is that wide already."""
+    extra = width - x.shape[axis]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[axis] = extra
+    if is_torch(x):
+        import torch
+
+        return torch.cat([x.new_zeros(shape), x], dim=axis)
+    return np.concatenate([np.zeros(shape, dtype=x.dtype), x], axis=axis)
 
 
 def plus_offset64(scores: Any, offset: np.ndarray) -> Any:

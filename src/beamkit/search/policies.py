@@ -156,18 +156,24 @@ _NO_CANDIDATE = Stop(StopReason.NO_CANDIDATE, "no candidate left to run on")
 
 
 # ------------------------------------------------------------------------------------------------ policies
-class Narrow:
-    """The exact contract: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
-
-    name = "narrow"
+class _FirstBeam:
+    """What a policy that takes its candidates among each request's first ``beam_size`` ranks (Narrow, Compete)
+    asks of the engine: those ranks, and nothing beyond them."""
 
     def ranked(self, book: Book) -> np.ndarray:
-        """The first ``beam_size`` (at most that many are taken)."""
+        """The first ``beam_size``: at most that many are taken (Compete: a request's pool entries can only push
+        its candidates further down)."""
         return book.beam
 
     def covered(self, view: StepView, book: Book) -> bool:
         """Always: the candidates taken are among the first ``beam_size``."""
         return True
+
+
+class Narrow(_FirstBeam):
+    """The exact contract: keep the first ``beam_size - finished`` candidates; eos finishes and keeps its slot."""
+
+    name = "narrow"
 
     def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision:
         """Take, finish, cut at ``max_len``."""
@@ -274,19 +280,11 @@ class Pool:
         return out
 
 
-class Compete:
+class Compete(_FirstBeam):
     """Kool et al.: a request's finished hypotheses and new candidates compete by key for its k slots (one
     vectorised merge for every request)."""
 
     name = "compete"
-
-    def ranked(self, book: Book) -> np.ndarray:
-        """The first ``beam_size``: a request's pool entries can only push its candidates further down."""
-        return book.beam
-
-    def covered(self, view: StepView, book: Book) -> bool:
-        """Always: the candidates taken are among the first ``beam_size``."""
-        return True
 
     def step(self, view: StepView, book: Book, scoring: Entries) -> StepDecision:
         """Merge by key, finish, cut at ``max_len``."""

@@ -127,14 +127,7 @@ def _decode(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, settings: S
         blocks = pool_blocks(mask, settings.num_beams, settings.max_new_tokens)
         kv = choose_cache(model, settings, mask).kind
         step = DecoderOnlyStep(model, kv=kv, blocks=blocks, compile=settings.compile or False)
-    # Hugging Face's processors see prompt + generated tokens (decoder-only, left padding included) or the
-    # decoder tokens from the start token on (encoder-decoder)
-    prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
-    first = (mask != 0).int().argmax(dim=1).tolist()  # first attended column of each prompt
-    if settings.groups > 1:  # diverse beam search decodes each request once per group, as requests of their own
-        prompts = tuple(p for p in prompts for _ in range(settings.groups))
-        first = [f for f in first for _ in range(settings.groups)]
-    processors = build_processors(settings, prompts, first)
+    processors = prompt_processors(settings, prefix, mask)
     runner: Any = step
     if settings.allowed_output is not None:  # the output layer over the ids the dictionary allows some row
         from beamkit.hf.retrieval.allowed import AllowedOutputStep
@@ -162,6 +155,20 @@ class CacheChoice:
 
     kind: str
     reason: str
+
+
+def prompt_processors(settings: Settings, prefix: torch.Tensor, mask: torch.Tensor) -> list[Any]:
+    """Hugging Face's logits processors for a call whose decoder starts from ``prefix`` (rows, cols).
+
+    The processors see prompt + generated tokens (decoder-only, left padding included) or the decoder tokens from
+    the start token on (encoder-decoder); ``mask`` (rows, prompt cols) gives each prompt's first attended column.
+    """
+    prompts = tuple(tuple(int(t) for t in row) for row in prefix.tolist())
+    first = (mask != 0).int().argmax(dim=1).tolist()  # first attended column of each prompt
+    if settings.groups > 1:  # diverse beam search decodes each request once per group, as requests of their own
+        prompts = tuple(p for p in prompts for _ in range(settings.groups))
+        first = [f for f in first for _ in range(settings.groups)]
+    return build_processors(settings, prompts, first)
 
 
 def choose_cache(model: Any, settings: Settings, mask: torch.Tensor) -> CacheChoice:

@@ -45,6 +45,7 @@ from beamkit.hf.steps.views import with_module
 from beamkit.hf.versions import cache_keyword, output_cache
 from beamkit.hypothesis import SearchStats
 from beamkit.models.compiled import compile_setting
+from beamkit.ops.gather import left_pad
 
 _CHUNK = 64  # columns added to the mask / position buffers at a time
 
@@ -622,16 +623,6 @@ def _check_cross_cache(cache: Any) -> None:
         )
 
 
-def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """``x`` widened to ``width`` along ``dim`` by zeros (False) on the left."""
-    extra = width - x.shape[dim]
-    if extra <= 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = extra
-    return torch.cat([x.new_zeros(shape), x], dim=dim)
-
-
 def merge_left_padded(parts: list[CacheRows]) -> CacheRows:
     """Decoder-only parts (rows in order) as one :class:`CacheRows`: the attention-mask buffer and the position
     ids left-padded to the longest cache with masked columns (mask 0 / False, position 0), then stacked by rows;
@@ -655,7 +646,7 @@ def merge_rows(parts: list[CacheRows], cache: Any, width: int) -> CacheRows:
     """The parts' rows as one :class:`CacheRows` over ``cache`` (their keys/values, already joined, ``width``
     columns): masks and positions left-padded to ``width`` and stacked, requests renumbered, then trimmed."""
     per_request = {
-        name: torch.cat([_left_pad(p.per_request[name][..., : p.length], width, -1) for p in parts])
+        name: torch.cat([left_pad(p.per_request[name][..., : p.length], width, -1) for p in parts])
         for name in ("mask", "pos")
     }  # mask: (rows, L) or (rows, 1, 1, L); pos: (rows, L)
     offsets = np.cumsum([0] + [int(p.row_request.max()) + 1 for p in parts[:-1]])
@@ -720,6 +711,6 @@ def _merge_dense(parts: list[CacheRows], width: int) -> Any:
     first = parts[0]
     for i, layer in enumerate(first.cache.layers):
         mine = [p.cache.layers[i] for p in parts]
-        layer.keys = torch.cat([_left_pad(m.keys, width, 2) for m in mine])  # shape: (rows, heads, L, d)
-        layer.values = torch.cat([_left_pad(m.values, width, 2) for m in mine])
+        layer.keys = torch.cat([left_pad(m.keys, width, 2) for m in mine])  # shape: (rows, heads, L, d)
+        layer.values = torch.cat([left_pad(m.values, width, 2) for m in mine])
     return first.cache
