@@ -156,6 +156,24 @@ def test_sampling_repeats_with_the_seed_and_penalties_apply(built):
     assert torch.equal(one, ref)
 
 
+def test_sampling_several_sequences_gives_each_prompt_that_many_rows(built):
+    """``do_sample=True, num_return_sequences=3`` with one beam: three rows per prompt, as ``model.generate``
+    returns them (each prompt sampled three times side by side), equal to the torch bridge's draws under the same
+    seed, and to the same call on the prompts repeated three times."""
+    import beamkit.hf
+
+    ids, mask = _prompts()
+    kw = dict(do_sample=True, top_k=8, max_new_tokens=NEW, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(7)
+    got = bo.generate(built["stateful"], ids, mask, num_return_sequences=3, **kw)
+    assert got.shape[0] == 3 * ids.shape[0]
+    torch.manual_seed(7)
+    assert torch.equal(got, beamkit.hf.generate(built["model"], ids, mask, num_return_sequences=3, **kw))
+    torch.manual_seed(7)
+    repeated = bo.generate(built["stateful"], ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), **kw)
+    assert torch.equal(got, repeated)
+
+
 @pytest.mark.parametrize("kind", ["stateful", "stateless", "no_beam_idx"])
 def test_requests_joining_mid_flight_decode_as_alone(built, kind):
     ids, mask = _prompts()

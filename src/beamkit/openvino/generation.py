@@ -50,9 +50,8 @@ def generate(
 def prepare_call(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]) -> Any:
     """The call checked and its settings resolved, as ``beamkit.hf.generate`` does: a
     :class:`beamkit.hf.bridge.generation.Prepared`."""
-    from beamkit.constraints import check_vocab
-    from beamkit.hf.bridge.generation import Prepared
-    from beamkit.hf.bridge.inputs import attention_mask_for, check_input_ids
+    from beamkit.hf.bridge.generation import Prepared, rows_to_decode
+    from beamkit.hf.bridge.inputs import check_input_ids
     from beamkit.hf.bridge.settings import is_generation_config, merge_config, resolve
     from beamkit.hf.errors import Unsupported
 
@@ -75,12 +74,6 @@ def prepare_call(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[st
     gc, rest, given = merge_config(passed, model.generation_config, kwargs)
     input_ids = check_input_ids(inputs, model)
     settings = resolve(model, gc, rest, given, input_ids.shape[1])
-    width = model.vocab_size
-    if settings.prefix_fn is not None and width is not None:
-        check_vocab(settings.prefix_fn.trie, width, "the prefix_allowed_tokens_fn's dictionary")
-    outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
-    if outside:
-        raise Unsupported(f"eos ids {outside} outside the model's output")
     beams = settings.num_beams > 1 or settings.groups > 1 or bool(settings.force_words)
     if beams and model.stateful and not model.reorders:
         raise ValueError(
@@ -88,8 +81,7 @@ def prepare_call(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[st
             "greedily only (num_beams=1); export it with beam_idx (optimum-cli export openvino, or "
             "beamkit.openvino.export_decoder) for beam search"
         )
-    mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
-    return Prepared(model, input_ids, mask, settings)
+    return Prepared(model, *rows_to_decode(input_ids, attention_mask, settings, model.vocab_size))
 
 
 def run_call(prepared: Any, precision: str, threads: int | None) -> Any:

@@ -58,12 +58,6 @@ def prepare(
     gc, rest, given = merged[0], dict(merged[1]), merged[2]
     input_ids = check_input_ids(inputs, model)
     settings = resolve(model, gc, rest, given, input_ids.shape[1])
-    width = output_size(model)
-    if settings.prefix_fn is not None and width is not None:
-        check_vocab(settings.prefix_fn.trie, width, "the prefix_allowed_tokens_fn's dictionary")
-    outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
-    if outside:  # Hugging Face warns and never stops on them
-        raise Unsupported(f"eos ids {outside} outside the model's output")
     if settings.allowed_output is not None:
         from beamkit.hf.retrieval.allowed import check_head
 
@@ -72,13 +66,25 @@ def prepare(
         raise Unsupported("output_scores=True with return_dict_in_generate: per-step scores come from the loop")
     if exact_only and settings.do_sample:
         raise Unsupported("do_sample=True: beamkit samples from its own noise, not Hugging Face's RNG stream")
+    return Prepared(model, *rows_to_decode(input_ids, attention_mask, settings, output_size(model)))
+
+
+def rows_to_decode(input_ids: Any, attention_mask: Any, settings: Settings, width: int | None) -> tuple[Any, ...]:
+    """A resolved call's rows, checked against the model's output width ``width`` (a dictionary's ids, the eos
+    ids; None: not known): the prompts, their attention mask and the settings to decode them with. Sampling with
+    ``num_return_sequences=n`` and one beam decodes each prompt n times, as n rows side by side, as Hugging Face
+    does. Shared by every bridge that reads a call as Hugging Face does (``beamkit.openvino`` too)."""
+    if settings.prefix_fn is not None and width is not None:
+        check_vocab(settings.prefix_fn.trie, width, "the prefix_allowed_tokens_fn's dictionary")
+    outside = [e for e in settings.eos if e < 0 or width is not None and e >= width]
+    if outside:  # Hugging Face warns and never stops on them
+        raise Unsupported(f"eos ids {outside} outside the model's output")
     mask = attention_mask_for(input_ids, attention_mask, settings.pad, settings.eos)
     if settings.do_sample and settings.num_beams == 1 and settings.num_return > 1:
-        # Hugging Face samples each prompt num_return_sequences times, as that many rows side by side
         input_ids = input_ids.repeat_interleave(settings.num_return, dim=0)  # shape: (B * n, P)
         mask = mask.repeat_interleave(settings.num_return, dim=0)  # shape: (B * n, P)
         settings = replace(settings, num_return=1)
-    return Prepared(model, input_ids, mask, settings)
+    return input_ids, mask, settings
 
 
 def wants_tables(settings: Settings) -> bool:
