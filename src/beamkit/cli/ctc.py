@@ -394,7 +394,7 @@ def register_ctc_decode(ctc_sub: Any) -> None:
         help="decode with a lexicon (flashlight's search, torchaudio's ctc_decoder): each line a word and its "
         "spelling in labels separated by spaces (several lines: several spellings); the silence token is '|' "
         "(else the space label); with --lm (a KenLM file, needs kenlm) --alpha weighs the LM's log10 scores "
-        "and --beta is added per word",
+        "and --beta is added per word (default: no lexicon, any label sequence)",
     )
     dec.set_defaults(func=_cmd_ctc_decode)
 
