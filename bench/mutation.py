@@ -34,7 +34,7 @@ EXPAND, VIEW, ENTRIES = (
 DECODE, STATE = "src/beamkit/decode.py", "src/beamkit/state.py"
 
 # the narrow policy's ranking cut, and the two sorts of the ranking (all candidates finite, or some not)
-NARROW_RANKED = '"""The first ``beam_size`` (at most that many are taken)."""\n        return book.beam'
+NARROW_RANKED = 'its candidates further down)."""\n        return book.beam'  # Narrow's and Compete's (_FirstBeam)
 TIES_ALL = "order = np.lexsort((-key, req) if ordered else (tok, row, -key, req))"
 TIES_ALL_MUTANT = "order = np.lexsort((-row, -key, req) if ordered else (-tok, -row, -key, req))"
 TIES_SOME = "order = idx[np.lexsort((k, r) if ordered else (tok[idx], row[idx], k, r))]"
