@@ -97,17 +97,20 @@ class Model:
     def __call__(self, h: torch.Tensor, y: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         """``(logits [rows, V] in self.dtype, new_state)`` for the rows ``(h, y, t)``."""
         n = y.shape[0]
-        self.rows += n
-        if n < MIN_ROWS:
-            pad = MIN_ROWS - n
-            h, y, t = (
-                torch.cat([h, h.new_zeros(pad, DIM)]),
-                torch.cat([y, y.new_zeros(pad)]),
-                torch.cat([t, t.new_zeros(pad)]),
-            )
+        h, y, t = self.padded(h, y, t)
         h = torch.tanh(self.E[y] + h @ self.U)
         logits = torch.addr(h @ self.W, EOS_BIAS0 + EOS_SLOPE * t, self.eos_row)  # the end token's growing bias
         return logits[:n].to(self.dtype), {"h": h[:n], "t": t[:n] + 1.0}
+
+    def padded(self, h: torch.Tensor, y: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The rows ``(h, y, t)`` counted, and padded with zero rows to at least ``MIN_ROWS`` (both shapes run their
+        matrix products on at least that many rows, whatever the search hands them)."""
+        n = y.shape[0]
+        self.rows += n
+        if n >= MIN_ROWS:
+            return h, y, t
+        pad = MIN_ROWS - n
+        return torch.cat([h, h.new_zeros(pad, DIM)]), torch.cat([y, y.new_zeros(pad)]), torch.cat([t, t.new_zeros(pad)])
 
     def olmo_step(self, last_predictions: torch.Tensor, state: dict[str, torch.Tensor]):
         """OLMo's contract: ``step(last_predictions, state) -> (log_probs [rows, V], state)``."""
@@ -138,14 +141,7 @@ class Bigram(Model):
 
     def __call__(self, h: torch.Tensor, y: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         n = y.shape[0]
-        self.rows += n
-        if n < MIN_ROWS:
-            pad = MIN_ROWS - n
-            h, y, t = (
-                torch.cat([h, h.new_zeros(pad, DIM)]),
-                torch.cat([y, y.new_zeros(pad)]),
-                torch.cat([t, t.new_zeros(pad)]),
-            )
+        h, y, t = self.padded(h, y, t)
         h = 0.5 * h + self.F[y]
         logits = torch.addr(torch.addmm(self.B[y], h, self.G), EOS_BIAS0 + EOS_SLOPE * t, self.eos_row)
         return logits[:n].to(self.dtype), {"h": h[:n], "t": t[:n] + 1.0}
