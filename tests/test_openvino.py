@@ -26,27 +26,13 @@ pytest.importorskip("openvino")
 
 import beamkit  # noqa: E402
 import beamkit.openvino as bo  # noqa: E402
+from tests.word_tokenizer import WORDS, save_word_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-WORDS = [f"w{i}" for i in range(44)]
 V = 4 + len(WORDS)
 NEW = 10
 TOL = 1e-4  # see the module docstring
-
-
-def _tokenizer(folder):
-    """A word-level tokenizer saved with ``save_pretrained`` (offline)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, "[UNK]": 3, **{w: 4 + i for i, w in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
-    )
-    tok.save_pretrained(folder)
-    return tok
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +50,7 @@ def built(tmp_path_factory):
     with torch.no_grad():  # the stop token likelier, so that some rows finish early and others do not
         model.transformer.wte.weight[2] *= 3.0
     model.generation_config.pad_token_id = 0
-    tok = _tokenizer(root / "hf")
+    tok = save_word_tokenizer(root / "hf")
     model.save_pretrained(root / "hf")
     out = {"model": model, "hf": root / "hf"}
     for name, kw in (("stateful", {}), ("stateless", {"stateful": False}), ("no_beam_idx", {"beam_idx": False})):

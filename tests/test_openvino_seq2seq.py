@@ -19,7 +19,8 @@ pytest.importorskip("openvino")
 
 import beamkit  # noqa: E402
 import beamkit.openvino as bo  # noqa: E402
-from tests.test_openvino import TOL, V, _tokenizer  # noqa: E402
+from tests.test_openvino import TOL, V  # noqa: E402
+from tests.word_tokenizer import save_word_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 NEW = 10
@@ -45,7 +46,7 @@ def seq2seq(request, tmp_path_factory):
     name = request.param
     model = _config_model("bart").eval() if name == "bart" else _marian()
     root = tmp_path_factory.mktemp(name)
-    tok = _tokenizer(root / "hf")
+    tok = save_word_tokenizer(root / "hf")
     model.save_pretrained(root / "hf")
     return name, model, root / "hf", bo.export_seq2seq(model, root / "ir", tokenizer=tok)
 

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 from beamkit.adapters import load as load_adapter  # noqa: E402
 from beamkit.cli import main  # noqa: E402
 from tests.test_serve import in_thread, post, same, serving, sse_events, texts  # noqa: E402
+from tests.word_tokenizer import VOCAB, save_word_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -72,7 +73,6 @@ def test_dates_stream_ends_with_the_translate_n_best(capsys):
 
 
 # ------------------------------------------------------------------------------------------------ hf:DIR
-WORDS = [f"w{i}" for i in range(44)]
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +80,13 @@ def hf_dir(tmp_path_factory):
     """A tiny random GPT-2 and a word-level tokenizer saved with ``save_pretrained`` (offline)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    pytest.importorskip("tokenizers")
 
     folder = tmp_path_factory.mktemp("tiny-gpt2")
-    vocab = {"[PAD]": 0, "[BOS]": 1, "[EOS]": 2, "[UNK]": 3, **{w: 4 + i for i, w in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
-    )
-    tok.save_pretrained(folder)
+    save_word_tokenizer(folder)
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=len(vocab), n_positions=64, bos_token_id=1, eos_token_id=2,
+        n_layer=2, n_embd=32, n_head=2, vocab_size=len(VOCAB), n_positions=64, bos_token_id=1, eos_token_id=2,
         pad_token_id=0, initializer_range=0.1,
     )  # fmt: skip
     model = transformers.GPT2LMHeadModel(cfg).eval()
