@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from beamkit.strictjson import finite
 
 FORMAT = "beamkit-corpus/2"
 CHUNK = 1 << 20
@@ -65,18 +66,8 @@ def _json_record(record: dict[str, Any]) -> str:
     except ValueError:
         pass
     why = "a score is not a finite number (infinite or NaN), written as null: lower the weights, or check the input"
-    fixed = _finite_or_none(record) | {"error": record.get("error") or why}
+    fixed = finite(record) | {"error": record.get("error") or why}
     return json.dumps(fixed, ensure_ascii=False, allow_nan=False)
-
-
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import hmac
 import itertools
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -51,6 +50,7 @@ from beamkit.serve.protocol import (
     trim_stop,
 )
 from beamkit.serve.runner import Done, Job, QueueFull, Runner, ShuttingDown, Update
+from beamkit.strictjson import finite
 
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait
 LOG = logging.getLogger("uvicorn.error")  # uvicorn's own server log, so that --log-level governs these lines too
@@ -131,17 +131,6 @@ def _failure(done: list[Done]) -> ApiError | None:
     if not errors:
         return None
     return ApiError(500, f"decoding failed: {errors[0]}", None, "server_error")
-
-
-def finite(payload: Any) -> Any:
-    """``payload`` with every NaN or infinite float replaced by None, so that it encodes as strict JSON."""
-    if isinstance(payload, float):
-        return payload if math.isfinite(payload) else None
-    if isinstance(payload, dict):
-        return {k: finite(v) for k, v in payload.items()}
-    if isinstance(payload, (list, tuple)):
-        return [finite(v) for v in payload]
-    return payload
 
 
 def dumps(payload: Any) -> str:
