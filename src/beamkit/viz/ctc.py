@@ -23,7 +23,17 @@ from html import escape
 
 from beamkit.ctc.trace import BLANK_TEXT, CTCEntry, CTCTrace
 from beamkit.viz.layout import BOX_H, BOX_W, COL_W, MARGIN, ROW_H
-from beamkit.viz.render import CSS, dot_end, dot_head, dot_string, edge_path
+from beamkit.viz.render import (
+    CSS,
+    DOT_ROOT,
+    dot_end,
+    dot_head,
+    dot_string,
+    dot_style,
+    edge_path,
+    node_box,
+    svg_document,
+)
 
 MODES = ("full", "fold", "full-q", "fold-q")  # pruned shown / folded, x quiet runs shown / compressed
 DEFAULT_MODE = "full-q"
@@ -300,28 +310,25 @@ def ctc_svg(trace: CTCTrace, style: bool = True, lay: CTCLayout | None = None) -
     mode = DEFAULT_MODE
     w, h = lay.size[mode]
     sizes = " ".join(f'data-{m}-size="{lay.size[m][0]:.0f} {lay.size[m][1]:.0f}"' for m in MODES)
-    parts = [
+    head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="bk-tree bk-ctc" width="{w:.0f}" height="{h:.0f}" '
         f'viewBox="0 0 {w:.0f} {h:.0f}" {sizes} data-box="{BOX_W} {BOX_H}">'
-    ]
-    if style:
-        parts.append(f"<style>{CSS}{CTC_CSS}</style>")
-    parts.append('<rect width="100%" height="100%" fill="#fff"/>')
-    parts.append(f'<text class="hdr" x="{MARGIN}" y="{MARGIN + 14}">start</text>')
+    )
+    headers = [f'<text class="hdr" x="{MARGIN}" y="{MARGIN + 14}">start</text>']
     for t in range(len(trace.frames)):
         attrs, shown = _placed(lay, {m: lay.column[m][t] for m in MODES})
-        parts.append(
+        headers.append(
             f'<g class="hdr-col" {attrs} {shown}><text class="hdr" x="0" y="{MARGIN + 14}">t {t}</text>'
             f'<text class="hdr cand" x="0" y="{MARGIN + 28}">{escape(_header(trace, t))}</text></g>'
         )
         s = _run_start(lay, t)
         if s < t and (t + 1 == len(trace.frames) or not lay.quiet[t + 1]):  # a compressed run ends here
             attrs, shown = _placed(lay, {m: lay.column[m][t] for m in MODES}, ("full-q", "fold-q"))
-            parts.append(
+            headers.append(
                 f'<g class="hdr-col run" {attrs} {shown}><text class="hdr" x="0" y="{MARGIN + 42}">'
                 f"(t {s}-{t}: ε)</text></g>"
             )
-    parts.append('<g class="edges">')
+    edges: list[str] = []
     for node in lay.nodes[1:]:
         e = node.entry
         assert e is not None
@@ -336,31 +343,25 @@ def ctc_svg(trace: CTCTrace, style: bool = True, lay: CTCLayout | None = None) -
             cls.append("greedy")
         hide = ' style="display:none"' if not d else ""
         # the page's script redraws edges from the node positions when the layout changes
-        parts.append(f'<path class="{" ".join(cls)}" data-child="{node.id}" d="{d or "M0,0"}"{hide}/>')
-    parts.append('</g><g class="nodes">')
+        edges.append(f'<path class="{" ".join(cls)}" data-child="{node.id}" d="{d or "M0,0"}"{hide}/>')
+    nodes: list[str] = []
     for node in lay.nodes:
         at0 = lay.pos[mode][node.id]
-        attrs = " ".join(f'data-{m}="{_xy(lay.pos[m][node.id])}"' for m in MODES)
+        places = " ".join(f'data-{m}="{_xy(lay.pos[m][node.id])}"' for m in MODES)
         hide = ' style="display:none"' if at0 is None else ""
-        x, y = at0 if at0 is not None else (0.0, 0.0)
         parent = "" if node.parent is None else str(node.parent)
-        parts.append(
-            f'<g class="{_classes(node, lay)}" data-id="{node.id}" data-parent="{parent}" '
-            f'transform="translate({x:.1f},{y:.1f})" {attrs}{hide}>'
-            f"<title>{escape(describe_ctc(trace, lay, node))}</title>"
-            f'<rect width="{BOX_W}" height="{BOX_H}" rx="3"/>'
-            f'<text x="4" y="{BOX_H / 2 + 1}">{escape(box_text(node))}</text></g>'
-        )
-    parts.append("</g></svg>")
-    return "".join(parts)
+        attrs = f'data-id="{node.id}" data-parent="{parent}" {places}{hide}'
+        at = at0 if at0 is not None else (0.0, 0.0)
+        nodes.append(node_box(_classes(node, lay), at, attrs, describe_ctc(trace, lay, node), box_text(node)))
+    return svg_document(head, CSS + CTC_CSS if style else None, headers, edges, nodes)
 
 
 _DOT_STYLE = {
-    "root": 'fillcolor="#eeeeee" color="#555555"',
-    "kept": 'fillcolor="#dbe9ff" color="#2b6cd1"',
-    "threshold": 'fillcolor="#f6f6f6" color="#bbbbbb" style="filled,dashed" fontcolor="#999999"',
-    "beam": 'fillcolor="#f6f6f6" color="#c77c7c" style="filled,dashed" fontcolor="#999999"',
-    "history": 'fillcolor="#fff3dc" color="#d98c1a" style="filled,dashed" fontcolor="#999999"',
+    "root": DOT_ROOT,
+    "kept": dot_style("#dbe9ff", "#2b6cd1"),
+    "threshold": dot_style("#f6f6f6", "#bbbbbb", pruned=True),
+    "beam": dot_style("#f6f6f6", "#c77c7c", pruned=True),
+    "history": dot_style("#fff3dc", "#d98c1a", pruned=True),
 }
 
 

@@ -89,6 +89,33 @@ def edge_path(a: tuple[float, float], b: tuple[float, float]) -> str:
     return f"M{x1:.1f},{y1:.1f} C{mid:.1f},{y1:.1f} {mid:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
 
 
+def node_box(cls: str, at: tuple[float, float], attrs: str, title: str, label: str) -> str:
+    """One drawn node: a ``<g class="cls">`` at ``at`` (``attrs``: its other attributes, for the page's script)
+    holding its hover text ``title``, its box and its ``label`` (both escaped here)."""
+    return (
+        f'<g class="{cls}" {attrs} transform="translate({at[0]:.1f},{at[1]:.1f})"><title>{escape(title)}</title>'
+        f'<rect width="{BOX_W}" height="{BOX_H}" rx="3"/><text x="4" y="{BOX_H / 2 + 1}">{escape(label)}</text></g>'
+    )
+
+
+def svg_document(head: str, css: str | None, headers: list[str], edges: list[str], nodes: list[str]) -> str:
+    """A tree drawn as one SVG document: ``head`` (the opening ``<svg>`` tag), its style sheet (``css``; None:
+    none), a white background, the column ``headers``, then the ``edges`` drawn under the ``nodes``."""
+    style = [] if css is None else [f"<style>{css}</style>"]
+    background = '<rect width="100%" height="100%" fill="#fff"/>'
+    return "".join(
+        [head, *style, background, *headers, '<g class="edges">', *edges, '</g><g class="nodes">', *nodes, "</g></svg>"]
+    )
+
+
+def dot_style(fill: str, line: str, pruned: bool = False) -> str:
+    """A DOT node's colours (``fill``, ``line``); a ``pruned`` node dashed and greyed."""
+    return f'fillcolor="{fill}" color="{line}"' + (' style="filled,dashed" fontcolor="#999999"' if pruned else "")
+
+
+DOT_ROOT = dot_style("#eeeeee", "#555555")  # the start node of every drawing
+
+
 def to_svg(trace: Trace | CTCTrace, style: bool = True) -> str:
     """The search tree as an SVG document (with its style sheet unless ``style=False``).
 
@@ -105,19 +132,16 @@ def to_svg(trace: Trace | CTCTrace, style: bool = True) -> str:
     on_result = {i for r in trace.result for i in trace.path(r)}
     best = set(trace.path(trace.result[0])) if trace.result else set()
     w, h = lay.size_full
-    parts = [
+    head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="bk-tree" width="{w:.0f}" height="{h:.0f}" '
         f'viewBox="0 0 {w:.0f} {h:.0f}" data-full-size="{w:.0f} {h:.0f}" '
         f'data-fold-size="{lay.size_folded[0]:.0f} {lay.size_folded[1]:.0f}">'
+    )
+    headers = [
+        f'<text class="hdr" x="{MARGIN + (s + 1) * COL_W}" y="{MARGIN + 16}">{"start" if s < 0 else f"step {s}"}</text>'
+        for s in range(-1, max(n.step for n in trace.nodes) + 1)
     ]
-    if style:
-        parts.append(f"<style>{CSS}</style>")
-    parts.append('<rect width="100%" height="100%" fill="#fff"/>')
-    steps = max(n.step for n in trace.nodes) + 1
-    for s in range(-1, steps):
-        hx = MARGIN + (s + 1) * COL_W
-        parts.append(f'<text class="hdr" x="{hx}" y="{MARGIN + 16}">{"start" if s < 0 else f"step {s}"}</text>')
-    parts.append('<g class="edges">')
+    edges: list[str] = []
     for n in trace.nodes:
         if n.parent is None:
             continue
@@ -129,7 +153,7 @@ def to_svg(trace: Trace | CTCTrace, style: bool = True) -> str:
         if n.id in lay.greedy:
             cls.append("greedy")
         fold = edge_path(fa, fb) if fa is not None and fb is not None else ""
-        parts.append(
+        edges.append(
             f'<path class="{" ".join(cls)}" data-child="{n.id}" d="{edge_path(a, b)}" data-d-full="{edge_path(a, b)}" '
             f'data-d-fold="{fold}"/>'
         )
@@ -139,40 +163,30 @@ def to_svg(trace: Trace | CTCTrace, style: bool = True) -> str:
             pa, pd = lay.full[ghost.parent], lay.folded[ghost.parent] or lay.full[ghost.parent]
         else:
             pa, pd = lay.ghost_full[-ghost.parent - 1], lay.ghost_folded[-ghost.parent - 1]
-        parts.append(
+        edges.append(
             f'<path class="edge greedy ghost-edge" d="{edge_path(pa, gf)}" data-d-full="{edge_path(pa, gf)}" '
             f'data-d-fold="{edge_path(pd, gd)}"/>'
         )
-    parts.append('</g><g class="nodes">')
+    nodes: list[str] = []
     for n in trace.nodes:
         x, y = lay.full[n.id]
         at = lay.folded[n.id]
         fold_attr = f"{at[0]:.1f},{at[1]:.1f}" if at is not None else ""
-        parts.append(
-            f'<g class="{_classes(trace, n, lay, on_result)}" data-id="{n.id}" data-parent="{_parent(n)}" '
-            f'transform="translate({x:.1f},{y:.1f})" '
-            f'data-full="{x:.1f},{y:.1f}" data-fold="{fold_attr}"><title>{escape(describe(trace, n))}</title>'
-            f'<rect width="{BOX_W}" height="{BOX_H}" rx="3"/>'
-            f'<text x="4" y="{BOX_H / 2 + 1}">{escape(label(trace, n))}</text></g>'
-        )
+        attrs = f'data-id="{n.id}" data-parent="{_parent(n)}" data-full="{x:.1f},{y:.1f}" data-fold="{fold_attr}"'
+        nodes.append(node_box(_classes(trace, n, lay, on_result), (x, y), attrs, describe(trace, n), label(trace, n)))
     for ghost, (gx, gy), (fx, fy) in zip(lay.ghosts, lay.ghost_full, lay.ghost_folded, strict=True):
         text = trace.text(ghost.token)
-        parts.append(
-            f'<g class="ghost" transform="translate({gx:.1f},{gy:.1f})" data-full="{gx:.1f},{gy:.1f}" '
-            f'data-fold="{fx:.1f},{fy:.1f}"><title>greedy: {escape(text)} (never a beam candidate)</title>'
-            f'<rect width="{BOX_W}" height="{BOX_H}" rx="3"/><text x="4" y="{BOX_H / 2 + 1}">'
-            f"{escape(text[:8])}</text></g>"
-        )
-    parts.append("</g></svg>")
-    return "".join(parts)
+        attrs = f'data-full="{gx:.1f},{gy:.1f}" data-fold="{fx:.1f},{fy:.1f}"'
+        nodes.append(node_box("ghost", (gx, gy), attrs, f"greedy: {text} (never a beam candidate)", text[:8]))
+    return svg_document(head, CSS if style else None, headers, edges, nodes)
 
 
 _DOT_STYLE = {
-    "root": 'fillcolor="#eeeeee" color="#555555"',
-    "running": 'fillcolor="#dbe9ff" color="#2b6cd1"',
-    "pruned": 'fillcolor="#f6f6f6" color="#bbbbbb" style="filled,dashed" fontcolor="#999999"',
-    "finished": 'fillcolor="#d5f2cc" color="#2e8b2e"',
-    "unfinished": 'fillcolor="#ffe8c4" color="#d98c1a"',
+    "root": DOT_ROOT,
+    "running": dot_style("#dbe9ff", "#2b6cd1"),
+    "pruned": dot_style("#f6f6f6", "#bbbbbb", pruned=True),
+    "finished": dot_style("#d5f2cc", "#2e8b2e"),
+    "unfinished": dot_style("#ffe8c4", "#d98c1a"),
 }
 
 
