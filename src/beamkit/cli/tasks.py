@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from beamkit import ops
@@ -227,47 +228,30 @@ def _target_lm(path: str, vocab: list[str]) -> Any:
 
 def _eval_dates(args: argparse.Namespace) -> int:
     from beamkit.models import DEFAULT_MODEL, load_model
-    from beamkit.progress import progress_enabled
     from beamkit.tasks.dates import lm_vocab
-    from beamkit.tasks.evaluate import check_plot_path, evaluate_dates, parse_beams
+    from beamkit.tasks.evaluate import evaluate_dates, parse_beams
 
     beams = _bounded(parse_beams(args.beams))
     lm, weights = _lm_args(args, lm_vocab())
     if lm is not None and args.search_errors:
         raise ValueError("--search-errors counts errors of the model alone; leave out --lm")
     try:
-        if args.plot:
-            check_plot_path(args.plot)  # before the evaluation, so a bad path does not cost the table
-            check_output(args.plot, "--plot", args.force)
+        _check_plot(args)
         model = load_model(args.model, backend=args.backend)
     except ImportError as exc:
         return _fail_import("eval", exc)
-    progress = progress_enabled(args.quiet)
     if args.length_penalty is not None:
         alphas = [args.length_penalty]
     else:
         alphas = [1.0] if args.json or lm is not None else [0.0, 1.0]
-    results = {
-        a: evaluate_dates(
-            model,
-            beams,
-            length_penalty=a,
-            limit=args.limit,
-            split_name=args.split,
-            search_errors=args.search_errors,
-            progress=progress,
-            lm=lm,
-            weights=weights,
-        )  # fmt: skip
-        for a in alphas
-    }
+    options = {"limit": args.limit, "search_errors": args.search_errors, "lm": lm, "weights": weights}
+    results = _per_alpha(args, alphas, evaluate_dates, model, beams, **options)
     return _report(args, results, alphas, "exact_match", f"dates ({args.split}), {args.model or DEFAULT_MODEL}")
 
 
 def _eval_g2p(args: argparse.Namespace) -> int:
     from beamkit.models.g2p import PHONEMES
-    from beamkit.progress import progress_enabled
-    from beamkit.tasks.evaluate import check_plot_path, parse_beams
+    from beamkit.tasks.evaluate import parse_beams
     from beamkit.tasks.g2p import evaluate
 
     if args.split is not None and args.words is not None:
@@ -275,28 +259,34 @@ def _eval_g2p(args: argparse.Namespace) -> int:
     beams = _bounded(parse_beams(args.beams))
     lm, weights = _lm_args(args, list(PHONEMES))
     alphas = [args.length_penalty if args.length_penalty is not None else 1.0]
-    progress = progress_enabled(args.quiet)
+    words = 500 if args.words is None else args.words
     try:
-        if args.plot:
-            check_plot_path(args.plot)
-            check_output(args.plot, "--plot", args.force)
-        results = {
-            a: evaluate(
-                beams,
-                500 if args.words is None else args.words,
-                length_penalty=a,
-                seed=args.seed,
-                split_name=args.split,
-                lm=lm,
-                weights=weights,
-                progress=progress,
-            )  # fmt: skip
-            for a in alphas
-        }
+        _check_plot(args)
+        results = _per_alpha(args, alphas, evaluate, beams, words, seed=args.seed, lm=lm, weights=weights)
     except ImportError as exc:
         return _fail_import("eval", exc)
     title = "g2p-en on cmudict" + (f" ({args.split} split)" if args.split else "")
     return _report(args, results, alphas, "word_accuracy", title)
+
+
+def _check_plot(args: argparse.Namespace) -> None:
+    """Refuse a bad ``--plot`` path before the evaluation runs, so that it does not cost the table."""
+    from beamkit.tasks.evaluate import check_plot_path
+
+    if args.plot:
+        check_plot_path(args.plot)
+        check_output(args.plot, "--plot", args.force)
+
+
+def _per_alpha(
+    args: argparse.Namespace, alphas: list[float], evaluate: Callable[..., Any], *lead: Any, **options: Any
+) -> dict[float, Any]:
+    """An evaluation's result per length penalty: ``evaluate(*lead, length_penalty=alpha, **options)`` for each
+    alpha, with the split and the progress display every ``eval`` command takes."""
+    from beamkit.progress import progress_enabled
+
+    progress = progress_enabled(args.quiet)
+    return {a: evaluate(*lead, length_penalty=a, split_name=args.split, progress=progress, **options) for a in alphas}
 
 
 def _bounded(beams: list[int]) -> list[int]:
