@@ -216,3 +216,63 @@ def test_shared_options_are_typed_checked_and_merged_by_name():
     assert (engine.options.policy, engine.options.processors, engine.options.process_logits) == (
         want.policy, want.processors, want.process_logits,
     )  # fmt: skip
+
+
+# one valid value per per-request field and the value the engine's options hold after it, chosen by hand (not read
+# from the declaration): a field marked per request on SearchOptions without a row here fails the test below
+OVERRIDES = {
+    "beam_size": (4, 4),
+    "max_len": (7, 7),
+    "length_penalty": (0.5, LengthPenalty.power(0.5)),
+    "early_stopping": ("never", "never"),
+    "patience": (2, 2.0),
+    "num_return": (2, 2),
+    "min_len": (1, 1),
+    "temperature": (0.7, 0.7),
+}
+
+
+def test_the_fields_a_request_may_set_are_declared_once_and_both_records_agree():
+    """``RequestOptions``' fields are ``SearchOptions``' fields marked per request (at the place each marks), each
+    None by default; each, set on a request, lands on the engine's options with the value worked by hand above
+    and leaves every other field as the engine had it."""
+    from beamkit import SearchOptions
+    from beamkit.search.options import PER_REQUEST
+
+    marked = [f.name for f in dataclasses.fields(SearchOptions) if "per_request" in f.metadata]
+    assert marked == list(PER_REQUEST)  # checked in SearchOptions' order
+    assert [f.name for f in dataclasses.fields(RequestOptions)] == sorted(
+        marked, key=lambda name: SearchOptions.__dataclass_fields__[name].metadata["place"]
+    )
+    assert sorted(OVERRIDES) == sorted(marked), "a per-request field needs its row in OVERRIDES"
+    assert all(f.default is None for f in dataclasses.fields(RequestOptions))
+    for doc in (SearchOptions.__doc__, RequestOptions.__doc__):  # the reference lists them: the same names
+        assert all(f"``{name}``" in (doc or "") for name in marked)
+    engine = SearchOptions(beam_size=3, max_len=9)
+    for name, (given, held) in OVERRIDES.items():
+        got = RequestOptions(**{name: given}).over(engine)
+        assert getattr(got, name) == held, name
+        assert dataclasses.replace(got, **{name: getattr(engine, name)}) == engine, name
+
+
+def test_a_field_marked_per_request_is_a_field_of_the_derived_record():
+    """The derivation itself, on a planted declaration: adding a marked field adds the override at its place, an
+    unmarked field stays out."""
+    from beamkit.search.options import _overriding, per_request
+
+    @dataclasses.dataclass(frozen=True)
+    class Planted:
+        width: int = dataclasses.field(metadata=per_request(1, int))
+        shared: str = "x"
+        heat: float | None = dataclasses.field(default=None, metadata=per_request(0, float))
+
+    @_overriding(Planted)
+    class PlantedRequest:
+        pass
+
+    assert [(f.name, f.type, f.default) for f in dataclasses.fields(PlantedRequest)] == [
+        ("heat", "float | None", None),
+        ("width", "int | None", None),
+    ]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PlantedRequest(width=2).width = 3  # type: ignore[misc]

@@ -4,9 +4,9 @@ of an :class:`beamkit.Engine` may set for itself)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from enum import IntEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from beamkit.processors import LogitsProcessor
 from beamkit.scoring import CoveragePenalty, FinalScorer, LengthPenalty, as_length_penalty
 from beamkit.search.selectors import Deterministic, Selector
 
+_Record = TypeVar("_Record")
 POOL_NEVER_FULL = 2**53  # a finished pool of this size is never full (the largest float that counts exactly)
 
 EarlyStopping = bool | Literal["never"]
@@ -22,9 +23,59 @@ PolicyName = Literal["narrow", "pool", "compete"]
 POLICIES: tuple[PolicyName, ...] = ("narrow", "pool", "compete")
 
 
+def _whole(name: str) -> Callable[[Any], Any]:
+    """The check of ``beam_size`` / ``max_len``: an integer in [1, 2**31)."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
+            raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
+        return value
+
+    return check
+
+
+def _early_stopping(value: Any) -> Any:
+    if not (isinstance(value, bool) or value == "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {value!r}")
+    return value
+
+
+def _patience(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"patience must be > 0, got {value}")
+    return check_float("patience", value)  # inf: no pool size; a large finite patience never fills the pool
+
+
+def _min_len(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"min_len must be >= 0, got {value}")
+    return value
+
+
+def _temperature(value: Any) -> Any:
+    return check_float("temperature", value, above=0)
+
+
+def _checked_with_beam_size(value: Any) -> Any:
+    return value  # num_return: checked against beam_size by check_request_fields
+
+
+def per_request(place: int, check: Callable[[Any], Any]) -> dict[str, Any]:
+    """The metadata of a :class:`SearchOptions` field that a request may set for itself (a field of
+    :class:`RequestOptions` too, at ``place`` in its order): ``check`` returns a value of the field normalised (a
+    plain alpha as a :class:`LengthPenalty`, a temperature as a float) or raises ValueError / TypeError naming
+    the field."""
+    return {"per_request": check, "place": place}
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     """Everything that configures a search (frozen, like whisper's ``DecodingOptions``).
+
+    The fields a request may set for itself are marked per request here, the one declaration of them (listed in
+    :data:`PER_REQUEST`, with their checks): ``beam_size``, ``max_len``, ``length_penalty``, ``early_stopping``,
+    ``patience``, ``num_return``, ``min_len`` and ``temperature``; :class:`RequestOptions` is made from them. The
+    others are shared by every request of a search (:class:`SharedOptions`).
 
     policy:
         ``"narrow"`` (the exact beam-search contract): a finished hypothesis keeps its slot, the beam narrows;
@@ -65,15 +116,17 @@ class SearchOptions:
         their scores with :class:`beamkit.processors.Temperature`).
     """
 
-    beam_size: int
-    max_len: int
-    length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
+    # the fields marked per_request are those a request may set for itself: the one declaration of
+    # RequestOptions' fields (each an optional override there) and of their checks
+    beam_size: int = field(metadata=per_request(0, _whole("beam_size")))
+    max_len: int = field(metadata=per_request(1, _whole("max_len")))
+    length_penalty: LengthPenalty = field(default_factory=LengthPenalty, metadata=per_request(4, as_length_penalty))
     policy: PolicyName = "narrow"
-    early_stopping: EarlyStopping = False
-    patience: float = 1.0
+    early_stopping: EarlyStopping = field(default=False, metadata=per_request(5, _early_stopping))
+    patience: float = field(default=1.0, metadata=per_request(6, _patience))
     exact_exit: bool = False
-    num_return: int | None = None
-    min_len: int = 0
+    num_return: int | None = field(default=None, metadata=per_request(3, _checked_with_beam_size))
+    min_len: int = field(default=0, metadata=per_request(2, _min_len))
     processors: tuple[LogitsProcessor, ...] = ()
     process_logits: bool = False
     coverage_penalty: CoveragePenalty | None = None
@@ -82,12 +135,14 @@ class SearchOptions:
     beam_threshold: float | None = None
     record_trace: bool = False
     keep_state: bool = False
-    temperature: float | None = None
+    temperature: float | None = field(default=None, metadata=per_request(7, _temperature))
 
     def __post_init__(self) -> None:
         # the per-request fields, checked as a request's are; num_return and temperature may be None here
         given = {
-            name: getattr(self, name) for name in _NAMES if name not in _UNSET_OK or getattr(self, name) is not None
+            name: getattr(self, name)
+            for name in PER_REQUEST
+            if name not in _NONE_BY_DEFAULT or getattr(self, name) is not None
         }
         for name, value in check_request_fields(given).items():
             object.__setattr__(self, name, value)  # length_penalty a LengthPenalty from here on
@@ -136,66 +191,20 @@ class EarlyMode(IntEnum):
 
 EARLY_MODES = {False: EarlyMode.HEURISTIC, True: EarlyMode.FULL, "never": EarlyMode.NEVER}
 
-
-def _whole(name: str) -> Callable[[Any], Any]:
-    """The check of ``beam_size`` / ``max_len``: an integer in [1, 2**31)."""
-
-    def check(value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value < 2**31:
-            raise ValueError(f"{name} must be an integer between 1 and 2**31 - 1, got {value!r}")
-        return value
-
-    return check
-
-
-def _early_stopping(value: Any) -> Any:
-    if not (isinstance(value, bool) or value == "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never', got {value!r}")
-    return value
-
-
-def _patience(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"patience must be > 0, got {value}")
-    return check_float("patience", value)  # inf: no pool size; a large finite patience never fills the pool
-
-
-def _min_len(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"min_len must be >= 0, got {value}")
-    return value
-
-
-#: the check of each per-request field, by name: it returns the value normalised (a plain alpha as a
-#: :class:`LengthPenalty`, a temperature as a float) or raises ValueError / TypeError naming the field
-FIELD_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "beam_size": _whole("beam_size"),
-    "max_len": _whole("max_len"),
-    "min_len": _min_len,
-    "num_return": lambda value: value,  # checked against beam_size below
-    "length_penalty": as_length_penalty,  # a plain alpha too; None refused
-    "early_stopping": _early_stopping,
-    "patience": _patience,
-    "temperature": lambda value: check_float("temperature", value, above=0),
+#: the fields a request may set for itself (those :class:`SearchOptions` marks :func:`per_request`), in its
+#: order, each with its check
+PER_REQUEST: dict[str, Callable[[Any], Any]] = {
+    f.name: f.metadata["per_request"] for f in fields(SearchOptions) if "per_request" in f.metadata
 }
-CHECK_ORDER = (
-    "beam_size",
-    "max_len",
-    "length_penalty",
-    "early_stopping",
-    "patience",
-    "num_return",
-    "min_len",
-    "temperature",
-)
+_NONE_BY_DEFAULT = frozenset(f.name for f in fields(SearchOptions) if f.default is None)  # None: unset
 
 
 def check_request_fields(given: Mapping[str, Any]) -> dict[str, Any]:
     """The per-request fields ``given`` (those of :class:`RequestOptions`, by name) checked, each on its own and
     against the others given with it, and normalised (``length_penalty`` a :class:`LengthPenalty`,
-    ``temperature`` a float), in a fixed order (the first bad field is the one named). ValueError / TypeError
-    naming the field."""
-    out = {name: FIELD_CHECKS[name](given[name]) for name in CHECK_ORDER if name in given}
+    ``temperature`` a float), in :class:`SearchOptions`' order (the first bad field is the one named).
+    ValueError / TypeError naming the field."""
+    out = {name: check(given[name]) for name, check in PER_REQUEST.items() if name in given}
     beam, most, fewest, n = (out.get(k) for k in ("beam_size", "max_len", "min_len", "num_return"))
     if "length_penalty" in out and most is not None:
         out["length_penalty"].check_max_len(int(most))
@@ -209,27 +218,42 @@ def check_request_fields(given: Mapping[str, Any]) -> dict[str, Any]:
     return {name: out[name] for name in given}
 
 
-@dataclass(frozen=True)
+def _overriding(source: type[Any]) -> Callable[[type[_Record]], type[_Record]]:
+    """Make a class the frozen dataclass of the overrides of ``source``'s per-request fields: one field per field
+    ``source`` marks :func:`per_request`, at the place marked, of its type or None, None by default."""
+
+    def build(cls: type[_Record]) -> type[_Record]:
+        marked = sorted((f for f in fields(source) if "per_request" in f.metadata), key=lambda f: f.metadata["place"])
+        cls.__annotations__ = {f.name: str(f.type).removesuffix(" | None") + " | None" for f in marked}
+        for f in marked:
+            setattr(cls, f.name, None)
+        return dataclass(frozen=True)(cls)
+
+    return build
+
+
+@_overriding(SearchOptions)
 class RequestOptions:
     """What one request of an :class:`beamkit.Engine` may set for itself: the per-request fields of
     :class:`SearchOptions`, the one record a request's options travel in, from an HTTP body or a command line
     (through :meth:`beamkit.adapters.ModelAdapter.request`) to :meth:`beamkit.Engine.add_batch`.
 
-    Each field means what the :class:`SearchOptions` field of that name means; None (the default) leaves it to
-    the engine's own options. Checked on construction, each field by name (ValueError / TypeError), and the
-    fields given together against each other (``num_return <= beam_size``, ``min_len <= max_len``, the length
-    penalty within the float range at ``max_len``); the engine checks the whole request again against its shared
-    options when it is added (:meth:`over`).
+    Its fields are declared once, on :class:`SearchOptions` (those marked per request, listed in
+    :data:`PER_REQUEST`): ``beam_size``, ``max_len``, ``length_penalty`` (a plain alpha too), ``early_stopping``,
+    ``patience``, ``num_return``, ``min_len`` and ``temperature`` (a sampling selector's temperature), each
+    meaning what the :class:`SearchOptions` field of that name means; None (the default) leaves it to the
+    engine's own options. Checked on construction, each field by name (ValueError / TypeError), and the fields
+    given together against each other (``num_return <= beam_size``, ``min_len <= max_len``, the length penalty
+    within the float range at ``max_len``); the engine checks the whole request again against its shared options
+    when it is added (:meth:`over`).
     """
 
-    beam_size: int | None = None
-    max_len: int | None = None
-    min_len: int | None = None
-    num_return: int | None = None
-    length_penalty: LengthPenalty | float | None = None
-    early_stopping: EarlyStopping | None = None
-    patience: float | None = None
-    temperature: float | None = None  # a sampling selector's temperature; None: the engine's (the selector's own)
+    if TYPE_CHECKING:  # the fields are added from SearchOptions' declaration: callers see them as Any
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+        def __init__(self, **overrides: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
 
     def __post_init__(self) -> None:
         for name, value in check_request_fields(self.given()).items():
@@ -263,8 +287,7 @@ class RequestOptions:
         return self.over(make_options(int(self.beam_size or 1), int(self.max_len or 1), **shared))
 
 
-_NAMES = tuple(f.name for f in fields(RequestOptions))  # the per-request fields, in declaration order
-_UNSET_OK = ("num_return", "temperature")  # per-request fields whose engine default is None
+_NAMES = tuple(f.name for f in fields(RequestOptions))  # the per-request fields, in the request record's order
 
 
 @dataclass(frozen=True)

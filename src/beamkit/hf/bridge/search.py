@@ -3,7 +3,6 @@ the engine's typed options: :func:`request_options` (per request) and :func:`sha
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from beamkit.hf.bridge.settings import Settings
@@ -12,9 +11,9 @@ from beamkit.hypothesis import BatchDecodeError, Hypothesis
 from beamkit.samplers import HuggingFaceSample
 from beamkit.scoring import LengthPenalty
 from beamkit.search import BeamSearch
-from beamkit.search.options import RequestOptions, SharedOptions
+from beamkit.search.options import PER_REQUEST, RequestOptions, SharedOptions
 
-REQUEST_FIELDS = frozenset(f.name for f in fields(RequestOptions))  # the options each request sets for itself
+REQUEST_FIELDS = frozenset(PER_REQUEST)  # the options each request sets for itself
 WIDTH_AND_LENGTH = ("beam_size", "max_len", "num_return")
 
 
