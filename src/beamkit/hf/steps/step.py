@@ -230,9 +230,10 @@ StepKind = Literal["prompt", "compiled", "direct", "paged", "model"]
 
 @dataclass(frozen=True)
 class StepPath:
-    """How one part of a decoder-only step runs (:meth:`DecoderOnlyStep.path`), decided once and as data like a
-    :class:`beamkit.hf.Route`: ``kind`` (``"prompt"``, ``"compiled"``, ``"direct"``, ``"paged"`` or
-    ``"model"``), why (``reason``), and the cache that way reads (None for the prompt)."""
+    """How one part of a step runs (:meth:`DecoderOnlyStep.path`, :meth:`EncoderDecoderStep.path`), decided once
+    per step and as data like a :class:`beamkit.hf.Route`: ``kind`` (``"prompt"``: the first call; then
+    ``"compiled"``, ``"direct"``, ``"paged"`` (decoder-only) or ``"model"``), why (``reason``), and the cache that
+    way reads (None for the first call)."""
 
     kind: StepKind
     reason: str
@@ -298,21 +299,6 @@ class _ModelStep:
         if not direct:
             self.direct, self.direct_reason = None, "direct=False"
         return compiled
-
-    def _static(self, state: CacheRows) -> bool:
-        """Whether this step runs compiled: a compiled step is set and its direct step still usable; the cache
-        is moved into static buffers here, the first time (:meth:`_to_static`)."""
-        if self.compiled is None or not self.compiled.direct.usable():
-            return False
-        if not isinstance(state.cache, (StaticLayers, StaticSeq2Seq)):
-            made = self._to_static(state.cache)
-            if made is None:
-                return False
-            state.cache = made
-        return True
-
-    def _to_static(self, cache: Any) -> Any:
-        raise NotImplementedError
 
     def _direct(self, model: Any, wanted: bool) -> tuple[DirectStep | None, str]:
         """The direct step for ``model`` and why (see :mod:`beamkit.hf.steps.direct`): none where not ``wanted`` or
@@ -548,59 +534,82 @@ class EncoderDecoderStep(_ModelStep):
         """The parts stay apart (one decoder forward each; see :mod:`beamkit.hf.steps.join`)."""
         return parts[0] if len(parts) == 1 else Cohorts(list(parts))
 
+    def path(self, state: Any) -> StepPath:
+        """How the next step runs on ``state`` (one part of it), decided once and as data, as
+        :meth:`DecoderOnlyStep.path` does: the first call (the encoder, then the decoder's first step, which fills
+        the cross-attention cache), the compiled static step, the direct step, or the model's forward over its own
+        cache; with the cache that way reads (moved out of static buffers where it must; moved into them by the
+        compiled step that runs, since that empties the model's cache). ``state`` and its cache are not
+        changed."""
+        if not isinstance(state, CacheRows):
+            return StepPath("prompt", "the encoder over the requests' inputs, then the decoder's first step")
+        cache = state.cache
+        compiled = self.compiled is not None and self.compiled.direct.usable()
+        if compiled and (isinstance(cache, StaticSeq2Seq) or _direct_cache(cache)):
+            return StepPath("compiled", "compile=: the compiled static step", cache)
+        if isinstance(cache, StaticSeq2Seq):  # the model changed since it was compiled: its own cache again
+            cache = cache.to_dynamic()
+        if self.direct is not None and self.direct.usable() and _direct_cache(cache):
+            return StepPath("direct", "a known family's decoder layers, run directly", cache)
+        return StepPath("model", "the model's forward over its own cache", cache)
+
     def _part(self, state: Any, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
-        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True}
+        path = self.path(state)
+        if path.kind == "prompt":
+            return self._first(state, y_prev)
+        rows = state.advanced()  # the next state: the input's fields are left as they are
+        rows.cache = path.cache
+        mask = rows.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
+        dec = torch.as_tensor(y_prev, dtype=torch.long, device=rows.device).view(-1, 1)  # shape: (rows, 1)
         start = time.perf_counter()
-        if isinstance(state, CacheRows):
-            state = state.advanced()  # the next state: the input's fields are left as they are
-            mask = state.per_request["mask"]  # shape: (rows, 1, 1, S) or (rows, S)
-            dec = torch.as_tensor(y_prev, dtype=torch.long, device=state.device).view(-1, 1)  # shape: (rows, 1)
-            rows = dec.shape[0]
-            if self._static(state):
-                assert self.compiled is not None
-                logits = self.compiled(dec, mask, state.cache)  # shape: (rows, V); the buffers written in place
-                self.forward_seconds += time.perf_counter() - start
-                state.length += 1
-                return logits, state
-            if isinstance(state.cache, StaticSeq2Seq):  # the model changed since: its own cache again
-                state.cache = state.cache.to_dynamic()
-            if self.direct is not None and self.direct.usable() and _direct_cache(state.cache):
-                logits = self.direct(dec, mask, None, state.cache)  # shape: (rows, V); the cache extended
-                self.forward_seconds += time.perf_counter() - start
-                state.length += 1
-                return logits, state
-            kwargs[self.cache_key] = state.cache
-            enc_out = state.shared["enc_out"]
-            if enc_out.last_hidden_state.shape[0] != rows:
-                # Cross-attention keys/values come from the cache; the model only needs the batch shape.
-                hidden = state.shared["enc"][:1].expand(rows, -1, -1)  # shape: (rows, S, d) view, no copy
-                enc_out = state.shared["enc_out"] = BaseModelOutput(last_hidden_state=hidden)
+        if path.kind == "compiled":
+            assert self.compiled is not None
+            if not isinstance(rows.cache, StaticSeq2Seq):  # the first compiled step: the cache into static buffers
+                rows.cache = StaticSeq2Seq(rows.cache)
+            logits = self.compiled(dec, mask, rows.cache)  # shape: (rows, V); the buffers written in place
+        elif path.kind == "direct":
+            assert self.direct is not None
+            logits = self.direct(dec, mask, None, rows.cache)  # shape: (rows, V); the cache extended
         else:
-            mask = state.mask  # shape: (rows, S)
-            dec = torch.as_tensor(y_prev, dtype=torch.long, device=mask.device).view(-1, 1)  # shape: (rows, 1)
-            rows = dec.shape[0]
-            encoder = self.model.get_encoder()
-            enc = encoder(input_ids=state.ids, attention_mask=mask, return_dict=True).last_hidden_state
-            enc_out = BaseModelOutput(last_hidden_state=enc)  # shape: (rows, S, d), one row per request
-        out = self.model(encoder_outputs=enc_out, attention_mask=mask, decoder_input_ids=dec, **kwargs)
+            logits, rows.cache = self._forward(rows, dec, mask)
         self.forward_seconds += time.perf_counter() - start
-        logits = _last_logits(out)  # shape: (rows, V)
-        if isinstance(state, CacheRows):
-            state.cache = output_cache(out)
-            state.length += 1
-            return logits, state
+        rows.length += 1
+        return logits, rows
+
+    def _forward(self, rows: CacheRows, dec: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """A decoding step through the model's forward (path ``"model"``): the logits ``[rows, V]`` and the cache
+        after it. Cross-attention keys and values come from the cache: the model only needs the encoder output's
+        batch shape, given as a zero-copy broadcast view of one request's row."""
+        enc_out = rows.shared["enc_out"]
+        n = dec.shape[0]
+        if enc_out.last_hidden_state.shape[0] != n:
+            hidden = rows.shared["enc"][:1].expand(n, -1, -1)  # shape: (rows, S, d) view, no copy
+            enc_out = rows.shared["enc_out"] = BaseModelOutput(last_hidden_state=hidden)
+        kwargs: dict[str, Any] = {"use_cache": True, "return_dict": True, self.cache_key: rows.cache}
+        out = self.model(encoder_outputs=enc_out, attention_mask=mask, decoder_input_ids=dec, **kwargs)
+        return _last_logits(out), output_cache(out)  # shape: (rows, V)
+
+    def _first(self, state: Prompt, y_prev: Any) -> tuple[torch.Tensor, CacheRows]:
+        """The requests' inputs through the encoder (once per request), then the decoder's first step: its
+        logits and the first :class:`CacheRows` (the cross-attention cache filled, the encoder output kept)."""
+        start = time.perf_counter()
+        mask = state.mask  # shape: (rows, S)
+        dec = torch.as_tensor(y_prev, dtype=torch.long, device=mask.device).view(-1, 1)  # shape: (rows, 1)
+        rows = dec.shape[0]
+        encoder = self.model.get_encoder()
+        enc = encoder(input_ids=state.ids, attention_mask=mask, return_dict=True).last_hidden_state
+        enc_out = BaseModelOutput(last_hidden_state=enc)  # shape: (rows, S, d), one row per request
+        out = self.model(
+            encoder_outputs=enc_out, attention_mask=mask, decoder_input_ids=dec, use_cache=True, return_dict=True
+        )
+        self.forward_seconds += time.perf_counter() - start
         kv = output_cache(out)
         _check_cross_cache(kv)
         # the encoder mask of each row; for one query token the cross-attention mask is it, ready-made in 4-D
         per_request = {"mask": mask.bool()[:, None, None, :] if self.mask_4d else mask}
         cache = CacheRows(kv, np.arange(rows, dtype=np.int64), per_request, 1)
         cache.shared.update(enc=enc, enc_out=enc_out)
-        return logits, cache
-
-    def _to_static(self, cache: Any) -> StaticSeq2Seq | None:
-        """The model's cache in static buffers (at the second step: the first filled the cross-attention cache);
-        None for a cache the direct step does not read."""
-        return StaticSeq2Seq(cache) if _direct_cache(cache) else None
+        return _last_logits(out), cache  # shape: (rows, V)
 
 
 def _direct_cache(cache: Any) -> bool:
