@@ -103,15 +103,31 @@ _JS = """
 })();
 """
 
+# each node class a page draws: its fill and line colours, and its key on the search tree's page and on the CTC
+# prefix search's page (None: not drawn there); the returned and the greedy paths look the same on both
 _LEGEND = (
-    ("running", "#dbe9ff", "#2b6cd1", "ran on"),
-    ("pruned", "#f6f6f6", "#bbb", "pruned"),
-    ("finished", "#d5f2cc", "#2e8b2e", "finished (eos)"),
-    ("unfinished", "#ffe8c4", "#d98c1a", "cut at max_len"),
-    ("evicted", "#fbdada", "#c0392b", "evicted from the pool"),
-    ("result", "#fff", "#b8860b", "returned n-best"),
-    ("greedy", "#fff", "#8e44ad", "greedy path"),
+    ("running", "#dbe9ff", "#2b6cd1", "ran on", None),
+    ("pruned", "#f6f6f6", "#bbb", "pruned", None),
+    ("finished", "#d5f2cc", "#2e8b2e", "finished (eos)", None),
+    ("unfinished", "#ffe8c4", "#d98c1a", "cut at max_len", None),
+    ("evicted", "#fbdada", "#c0392b", "evicted from the pool", None),
+    ("kept", "#dbe9ff", "#2b6cd1", None, "kept beam"),
+    ("threshold", "#f6f6f6", "#bbb", None, "pruned: threshold"),
+    ("beam", "#f9eeee", "#c77c7c", None, "pruned: beam width"),
+    ("history", "#fff3dc", "#d98c1a", None, "pruned: history"),
+    ("quiet", "#eef3fa", "#2b6cd1", None, "blank-only frame"),
+    ("result", "#fff", "#b8860b", "returned n-best", "returned hypotheses"),
+    ("greedy", "#fff", "#8e44ad", "greedy path", "greedy (best path) prefix"),
 )
+_SEARCH_PAGE, _CTC_PAGE = 0, 1
+
+
+def _legend(page: int) -> tuple[tuple[str, str, str, str], ...]:
+    """The keys of one page (``_SEARCH_PAGE`` or ``_CTC_PAGE``): ``(class, fill, line, text)`` in the table's
+    order."""
+    return tuple((cls, fill, line, keys[page]) for cls, fill, line, *keys in _LEGEND if keys[page] is not None)
+
+
 _ids = itertools.count()
 
 
@@ -169,7 +185,7 @@ def to_html(trace: Trace | CTCTrace, vocab: Any = None, standalone: bool = True,
         head,
         meta,
         _summary(trace),
-        _LEGEND,
+        _legend(_SEARCH_PAGE),
         controls,
         hint,
         to_svg(trace, style=False),
@@ -223,17 +239,6 @@ def _page(
     )
 
 
-_CTC_LEGEND = (
-    ("kept", "#dbe9ff", "#2b6cd1", "kept beam"),
-    ("threshold", "#f6f6f6", "#bbb", "pruned: threshold"),
-    ("beam", "#f9eeee", "#c77c7c", "pruned: beam width"),
-    ("history", "#fff3dc", "#d98c1a", "pruned: history"),
-    ("quiet", "#eef3fa", "#2b6cd1", "blank-only frame"),
-    ("result", "#fff", "#b8860b", "returned hypotheses"),
-    ("greedy", "#fff", "#8e44ad", "greedy (best path) prefix"),
-)
-
-
 def _ctc_summary(trace: CTCTrace, leaves: int | None) -> str:
     rows = []
     for rank, h in enumerate(trace.hypotheses, 1):
@@ -265,4 +270,4 @@ def _ctc_html(trace: CTCTrace, standalone: bool, title: str | None) -> str:
     svg = ctc_svg(trace, style=False, lay=lay)
     summary = _ctc_summary(trace, lay.greedy_leaves)
     # no embedded JSON: the drawing carries every number, and traces get large (beamkit ctc explain --format json)
-    return _page("", head, meta, summary, _CTC_LEGEND, controls, hint, svg, CTC_CSS, standalone)
+    return _page("", head, meta, summary, _legend(_CTC_PAGE), controls, hint, svg, CTC_CSS, standalone)
