@@ -125,7 +125,8 @@ _SEARCH_PAGE, _CTC_PAGE = 0, 1
 def _legend(page: int) -> tuple[tuple[str, str, str, str], ...]:
     """The keys of one page (``_SEARCH_PAGE`` or ``_CTC_PAGE``): ``(class, fill, line, text)`` in the table's
     order."""
-    return tuple((cls, fill, line, keys[page]) for cls, fill, line, *keys in _LEGEND if keys[page] is not None)
+    keys = ((cls, fill, line, texts[page]) for cls, fill, line, *texts in _LEGEND)
+    return tuple((cls, fill, line, text) for cls, fill, line, text in keys if text is not None)
 
 
 _ids = itertools.count()
