@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,16 @@ MODEL_HELP = (
 )
 
 
-def add_command(subparsers: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
+def add_command(
+    subparsers: Any, name: str, summary: str, more: str = "", *, run: Callable[[argparse.Namespace], int] | None = None
+) -> argparse.ArgumentParser:
     """Add the command ``name`` to ``subparsers``: ``summary`` is its line in ``beamkit --help`` and, with
-    ``more``, the description its own ``--help`` starts with."""
+    ``more``, the description its own ``--help`` starts with; ``run`` is what runs it (given its parsed
+    arguments, returning the exit status; None for a command whose sub-commands run)."""
     description = summary[0].upper() + summary[1:] + "." + (f" {more}" if more else "")
     parser: argparse.ArgumentParser = subparsers.add_parser(name, help=summary, description=description)
+    if run is not None:
+        parser.set_defaults(func=run)
     return parser
 
 

@@ -96,6 +96,7 @@ def register(subparsers: Any) -> None:
         "decode",
         "decode a corpus file (or a folder of CTC .npy posteriors) into JSONL; resumable, Ray-ready",
         "Local worker processes or Ray; the output is in input order.",
+        run=cmd_decode,
     )
     add_model_arg(p)
     p.add_argument("--input", required=True, help="text file (a source a line), .jsonl ({id, text}) or .npy folder")
@@ -123,4 +124,3 @@ def register(subparsers: Any) -> None:
         "--force", action="store_true", help="replace an existing --output file that beamkit decode did not write"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_decode)

@@ -27,11 +27,11 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``demo`` subcommand."""
-    p = add_command(
+    add_command(
         subparsers,
         "demo",
         "a worked example: beam search beats greedy",
         "Greedy decoding commits to 'a' and ends with 'a b' (P = 0.35); a beam of two finds 'b eos' (P = 0.36). "
         "No options.",
+        run=run,
     )
-    p.set_defaults(func=run)

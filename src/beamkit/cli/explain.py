@@ -43,6 +43,7 @@ def register(subparsers: Any) -> None:
         "draw the search tree of one decode (HTML, SVG, DOT or JSON)",
         "Every candidate considered, which ran on, which were pruned, which finished, and the greedy path (HTML "
         "opens offline in a browser).",
+        run=run,
     )
     p.add_argument("text", help="the input, e.g. '3rd of March 1999'")
     add_model_arg(p)
@@ -59,4 +60,3 @@ def register(subparsers: Any) -> None:
         help="search policy (beamkit checkpoints; default: narrow; a Hugging Face model decodes with pool)",
     )
     add_render_args(p, FORMATS)
-    p.set_defaults(func=run)

