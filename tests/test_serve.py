@@ -592,7 +592,7 @@ def test_a_small_request_behind_a_heavy_one_starts_within_a_few_steps():
     from beamkit import RequestOptions
     from beamkit.scoring import as_length_penalty
     from beamkit.serve.metrics import Metrics
-    from beamkit.serve.runner import Done, Job, Runner
+    from beamkit.serve.runner import Done, Job, Limits, Runner
 
     loop = asyncio.new_event_loop()
     got: dict[str, Done] = {}
@@ -609,7 +609,7 @@ def test_a_small_request_behind_a_heavy_one_starts_within_a_few_steps():
 
     try:
         toy = ToyAdapter()
-        runner = Runner(toy, Metrics("toy"), max_queue=64, max_rows=8)
+        runner = Runner(toy, Metrics("toy"), Limits(max_queue=64, max_rows=8))
         heavy = [job(f"heavy{i}", "abcdefgh"[i] * 3, 4, 50, request=1) for i in range(8)]
         runner.submit(heavy)
         for _ in range(3):

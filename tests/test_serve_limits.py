@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 from beamkit import RequestOptions  # noqa: E402
 from beamkit.scoring import as_length_penalty  # noqa: E402
 from beamkit.serve.metrics import Metrics  # noqa: E402
-from beamkit.serve.runner import Job, QueueFull, Runner  # noqa: E402
+from beamkit.serve.runner import Job, Limits, QueueFull, Runner  # noqa: E402
 from tests.serve_toy import ToyAdapter  # noqa: E402
 from tests.test_serve_models import hf_dir, pickled_dir  # noqa: E402, F401, F811 (fixtures)
 
@@ -37,7 +37,7 @@ def test_the_queue_counts_requests_not_prompts():
     request with more prompts than --max-queue is taken when the queue is empty (it used to be refused for ever)."""
     loop = asyncio.new_event_loop()
     try:
-        runner = Runner(ToyAdapter(), Metrics("toy"), max_queue=64, max_rows=8)
+        runner = Runner(ToyAdapter(), Metrics("toy"), Limits(max_queue=64, max_rows=8))
         runner.submit([toy_job(loop, "abc", request=1) for _ in range(64)])
         assert runner.depth == 1
         for r in range(2, 65):
@@ -53,7 +53,7 @@ def test_the_queue_counts_requests_not_prompts():
         assert runner.depth == 63 - len({job.request for job in runner._running.values()} - {1})
         runner.submit([toy_job(loop, "cab", request=65)])
 
-        small = Runner(ToyAdapter(), Metrics("toy"), max_queue=2, max_rows=8)
+        small = Runner(ToyAdapter(), Metrics("toy"), Limits(max_queue=2, max_rows=8))
         small.submit([toy_job(loop, "abc", request=1) for _ in range(5)])
         small.submit([toy_job(loop, "bad", request=2)])
         with pytest.raises(QueueFull):
@@ -87,7 +87,7 @@ def test_the_api_refuses_a_request_share_above_the_engine_rows():
     with pytest.raises(ValueError, match="max_request_rows must be between 1 and 8, got 9"):
         create_app(ToyAdapter(), max_rows=8, max_request_rows=9)
     with pytest.raises(ValueError, match="request_rows must be between 1 and 8, got 9"):
-        Runner(ToyAdapter(), Metrics("toy"), max_rows=8, request_rows=9)
+        Runner(ToyAdapter(), Metrics("toy"), Limits(max_rows=8, request_rows=9))
     create_app(ToyAdapter(), max_rows=8, max_request_rows=8)  # equal is fine: one request may fill the engine
 
 

@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ from beamkit.serve.protocol import (
     parse_completion,
     trim_stop,
 )
-from beamkit.serve.runner import Done, Job, QueueFull, Runner, ShuttingDown, Update
+from beamkit.serve.runner import Done, Job, Limits, QueueFull, Runner, ShuttingDown, Update
 from beamkit.strictjson import finite
 
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait
@@ -316,20 +316,6 @@ class Completions:
         return StrictJSONResponse(body)
 
 
-@dataclass(frozen=True)
-class Limits:
-    """A server's limits on one request: its body's bytes, its cost (prompts x beam width x ``max_tokens``), and
-    the engine's beam rows (a request's beam must fit)."""
-
-    max_body_bytes: int = MAX_BODY_BYTES
-    max_request_cost: int = MAX_REQUEST_COST
-    max_rows: int = 256
-
-    def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_request_cost", "max_rows"):
-            check_int(name, getattr(self, name), 1)
-
-
 def create_app(
     adapter: ModelAdapter,
     max_queue: int = 64,
@@ -356,16 +342,14 @@ def create_app(
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
-    limits = Limits(max_body_bytes, max_request_cost, max_rows)
+    limits = Limits(max_body_bytes, max_request_cost, max_rows, max_queue)
     if max_request_rows is not None:
         check_int("max_request_rows", max_request_rows, 1, max_rows)
+        limits = replace(limits, request_rows=max_request_rows)
     metrics = Metrics(adapter.name)
     if tries and vocab_size is None:
         vocab_size = model_vocab(adapter)
-    runner = Runner(
-        adapter, metrics, max_queue=max_queue, max_rows=max_rows, request_rows=max_request_rows, tries=tries,
-        vocab_size=vocab_size,
-    )  # fmt: skip
+    runner = Runner(adapter, metrics, limits, tries=tries, vocab_size=vocab_size)
     handler = Completions(adapter, runner, limits, tries)
 
     @contextlib.asynccontextmanager

@@ -26,6 +26,7 @@ from beamkit.constraints import TrieTable
 from beamkit.hypothesis import Hypothesis
 from beamkit.search import Completed, Engine, RequestOptions
 from beamkit.serve.metrics import Metrics
+from beamkit.serve.protocol import MAX_BODY_BYTES, MAX_REQUEST_COST
 
 
 class QueueFull(Exception):
@@ -76,11 +77,34 @@ class Job:
         return self.options.beam_size or 1
 
 
+@dataclass(frozen=True)
+class Limits:
+    """A server's limits, checked when made (ValueError naming the field): on one request, its body's bytes and
+    its cost (prompts x beam width x ``max_tokens``); on the engine, ``max_rows`` beam rows at most (a request's
+    beam must fit; a job is admitted when its beam fits next to the running ones), ``max_queue`` requests waiting
+    at most (a request waits while any of its jobs has not joined the engine, however many prompts it has), and
+    ``request_rows`` rows one request holds at most once it has a job running (None: half of ``max_rows``)."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_request_cost: int = MAX_REQUEST_COST
+    max_rows: int = 256
+    max_queue: int = 64
+    request_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_request_cost", "max_rows", "max_queue"):
+            check_int(name, getattr(self, name), 1)
+        check_int("request_rows", self.rows_per_request, 1, self.max_rows)
+
+    @property
+    def rows_per_request(self) -> int:
+        """Rows one request holds at most: ``request_rows``, or half of ``max_rows``."""
+        return max(1, self.max_rows // 2) if self.request_rows is None else self.request_rows
+
+
 class Runner:
-    """Owns the engine and its thread. ``max_queue``: requests waiting at most (a request waits while any of its
-    jobs has not joined the engine, however many prompts it has); ``max_rows``: beam rows in the
-    engine at most (a job is admitted when its ``beam`` fits next to the running ones); ``request_rows``: rows
-    one request holds at most once it has a job running (default half of ``max_rows``); ``tries``: the
+    """Owns the engine and its thread, within ``limits`` (:class:`Limits`: the engine's rows, the queue, a
+    request's rows); ``tries``: the
     dictionaries jobs may name (:class:`beamkit.Trie` by name), applied by one :class:`beamkit.constraints.TrieTable`
     after the adapter's processors; ``vocab_size``: the model's vocabulary, each dictionary checked against it
     (ValueError naming the dictionary; None: checked at the first step, a dictionary that does not fit then
@@ -90,19 +114,18 @@ class Runner:
         self,
         adapter: ModelAdapter,
         metrics: Metrics,
-        max_queue: int = 64,
-        max_rows: int = 256,
-        request_rows: int | None = None,
+        limits: Limits | None = None,
         tries: dict[str, Any] | None = None,
         vocab_size: int | None = None,
     ):
-        request_rows = max(1, max_rows // 2) if request_rows is None else request_rows
-        for name, value in (("max_queue", max_queue), ("max_rows", max_rows)):
-            check_int(name, value, least=1)
-        check_int("request_rows", request_rows, 1, max_rows)
+        limits = Limits() if limits is None else limits
         self.adapter = adapter
         self.metrics = metrics
-        self.max_queue, self.max_rows, self.request_rows = max_queue, max_rows, request_rows
+        self.max_queue, self.max_rows, self.request_rows = (
+            limits.max_queue,
+            limits.max_rows,
+            limits.rows_per_request,
+        )
         self.tries = dict(tries or {})
         self.vocab_size = vocab_size
         self.table: TrieTable | None = None
