@@ -15,7 +15,7 @@ from beamkit.cli.args import add_command, add_model_arg
 from beamkit.cli.types import non_negative_int, positive_int
 from beamkit.extras import install_hint
 from beamkit.serve.listen import bind, needs_key_warning, run_server, url_of
-from beamkit.serve.protocol import MAX_BODY_BYTES, MAX_REQUEST_COST
+from beamkit.serve.protocol import Limits
 
 __all__ = ["bind", "cmd_serve", "needs_key_warning", "register", "run_server", "url_of"]
 
@@ -180,28 +180,32 @@ def register(subparsers: Any) -> None:
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning", help="uvicorn log level")
 
 
-def add_limit_args(p: argparse.ArgumentParser) -> None:
-    """The server's limits: queue, beam rows, body size and cost of one request (beyond them: 503, 413, 400)."""
-    p.add_argument(
+#: the flag of each of the server's limits (a field of beamkit.serve.protocol.Limits, whose default it takes) and
+#: its help (beyond the limit: 503, 413, 400)
+LIMIT_FLAGS = (
+    (
         "--max-queue",
-        type=positive_int,
-        default=64,
-        help="requests waiting to join the engine at most, each counted once whatever its prompts; more get 503",
-    )
-    p.add_argument("--max-rows", type=positive_int, default=256, help="beam rows in the engine at most")
-    p.add_argument(
+        "max_queue",
+        "requests waiting to join the engine at most, each counted once whatever its prompts; more get 503",
+    ),
+    ("--max-rows", "max_rows", "beam rows in the engine at most"),
+    (
         "--max-request-rows",
-        type=positive_int,
-        default=None,
-        help="beam rows one request holds at most, leaving room for requests that arrive behind it; at most "
-        "--max-rows (default: half of --max-rows)",
-    )
-    p.add_argument(
-        "--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, help="request body size at most; larger gets 413"
-    )
-    p.add_argument(
+        "request_rows",
+        "beam rows one request holds at most, leaving room for requests that arrive behind it; at most --max-rows "
+        "(default: half of --max-rows)",
+    ),
+    ("--max-body-bytes", "max_body_bytes", "request body size at most; larger gets 413"),
+    (
         "--max-request-cost",
-        type=positive_int,
-        default=MAX_REQUEST_COST,
-        help="prompts x beam width x max_tokens of one request at most; more gets 400",
-    )
+        "max_request_cost",
+        "prompts x beam width x max_tokens of one request at most; more gets 400",
+    ),
+)
+
+
+def add_limit_args(p: argparse.ArgumentParser) -> None:
+    """The server's limits: queue, beam rows, body size and cost of one request (:data:`LIMIT_FLAGS`)."""
+    defaults = Limits()
+    for flag, name, about in LIMIT_FLAGS:
+        p.add_argument(flag, type=positive_int, default=getattr(defaults, name), help=about)

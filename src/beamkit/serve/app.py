@@ -41,15 +41,14 @@ from beamkit.search.options import RequestOptions
 from beamkit.serve.malloc import IdleTrim
 from beamkit.serve.metrics import Metrics
 from beamkit.serve.protocol import (
-    MAX_BODY_BYTES,
-    MAX_REQUEST_COST,
     ApiError,
     Completion,
+    Limits,
     parse_body,
     parse_completion,
     trim_stop,
 )
-from beamkit.serve.runner import Done, Job, Limits, QueueFull, Runner, ShuttingDown, Update
+from beamkit.serve.runner import Done, Job, QueueFull, Runner, ShuttingDown, Update
 from beamkit.strictjson import finite
 
 RETRY_AFTER_S = 1  # what a 503 asks a client to wait
@@ -318,11 +317,11 @@ class Completions:
 
 def create_app(
     adapter: ModelAdapter,
-    max_queue: int = 64,
-    max_rows: int = 256,
+    max_queue: int = Limits.max_queue,
+    max_rows: int = Limits.max_rows,
     api_key: str | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
-    max_request_cost: int = MAX_REQUEST_COST,
+    max_body_bytes: int = Limits.max_body_bytes,
+    max_request_cost: int = Limits.max_request_cost,
     max_request_rows: int | None = None,
     api_docs: bool = False,
     tries: dict[str, Any] | None = None,

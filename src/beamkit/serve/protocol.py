@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from beamkit._checks import check_int
 from beamkit.adapters import Ask, ModelAdapter
 from beamkit.scoring import LengthPenalty
 from beamkit.search.options import EarlyStopping
@@ -43,6 +44,31 @@ KNOWN = frozenset(
         "trie",
     }
 )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A server's limits, checked when made (ValueError naming the field): on one request, its body's bytes and
+    its cost (prompts x beam width x ``max_tokens``); on the engine, ``max_rows`` beam rows at most (a request's
+    beam must fit; a job is admitted when its beam fits next to the running ones), ``max_queue`` requests waiting
+    at most (a request waits while any of its jobs has not joined the engine, however many prompts it has), and
+    ``request_rows`` rows one request holds at most once it has a job running (None: half of ``max_rows``)."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_request_cost: int = MAX_REQUEST_COST
+    max_rows: int = 256
+    max_queue: int = 64
+    request_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_request_cost", "max_rows", "max_queue"):
+            check_int(name, getattr(self, name), 1)
+        check_int("request_rows", self.rows_per_request, 1, self.max_rows)
+
+    @property
+    def rows_per_request(self) -> int:
+        """Rows one request holds at most: ``request_rows``, or half of ``max_rows``."""
+        return max(1, self.max_rows // 2) if self.request_rows is None else self.request_rows
 
 
 class ApiError(Exception):
