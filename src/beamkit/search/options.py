@@ -218,13 +218,20 @@ def check_request_fields(given: Mapping[str, Any]) -> dict[str, Any]:
     return {name: out[name] for name in given}
 
 
+def _or_none(kind: Any) -> Any:
+    """A field's type, or None: a string where the declaration's annotations are strings."""
+    if isinstance(kind, str):
+        return kind if kind.endswith("| None") else f"{kind} | None"
+    return kind | None
+
+
 def _overriding(source: type[Any]) -> Callable[[type[_Record]], type[_Record]]:
     """Make a class the frozen dataclass of the overrides of ``source``'s per-request fields: one field per field
     ``source`` marks :func:`per_request`, at the place marked, of its type or None, None by default."""
 
     def build(cls: type[_Record]) -> type[_Record]:
         marked = sorted((f for f in fields(source) if "per_request" in f.metadata), key=lambda f: f.metadata["place"])
-        cls.__annotations__ = {f.name: str(f.type).removesuffix(" | None") + " | None" for f in marked}
+        cls.__annotations__ = {f.name: _or_none(f.type) for f in marked}
         for f in marked:
             setattr(cls, f.name, None)
         return dataclass(frozen=True)(cls)
