@@ -539,8 +539,7 @@ class EncoderDecoderStep(_ModelStep):
         :meth:`DecoderOnlyStep.path` does: the first call (the encoder, then the decoder's first step, which fills
         the cross-attention cache), the compiled static step, the direct step, or the model's forward over its own
         cache; with the cache that way reads (moved out of static buffers where it must; moved into them by the
-        compiled step that runs, since that empties the model's cache). ``state`` and its cache are not
-        changed."""
+        compiled step that runs, since that empties the model's cache). ``state`` is not changed."""
         if not isinstance(state, CacheRows):
             return StepPath("prompt", "the encoder over the requests' inputs, then the decoder's first step")
         cache = state.cache
