@@ -118,12 +118,14 @@ class CompiledNGram:
 
     def score(self, state: int, word: str) -> tuple[float, int]:
         """``(log10 p(word | state), new_state)``."""
-        p, nxt = score(self.arrays, state, self.word_id(word))
+        with np.errstate(over="ignore"):  # the table's hashes wrap (interpreted, numpy would warn)
+            p, nxt = score(self.arrays, state, self.word_id(word))
         return float(p), int(nxt)
 
     def eos_score(self, state: int) -> float:
         """``log10 p(</s> | state)``."""
-        return float(score(self.arrays, state, self.eos)[0])
+        with np.errstate(over="ignore"):
+            return float(score(self.arrays, state, self.eos)[0])
 
     def __contains__(self, word: object) -> bool:
         """Whether ``word`` is a known (non-``<unk>``) word."""
@@ -218,7 +220,8 @@ def compile_arpa(lm: ArpaLM) -> CompiledNGram:
     slots = 1 << max(4, (2 * len(longer)).bit_length())
     keys = np.full(slots, FREE, dtype=np.int64)
     kid = np.zeros(slots, dtype=np.int64)
-    _fill(keys, kid, new_keys, new_ids)
+    with np.errstate(over="ignore"):  # interpreted (no numba), numpy warns when the hashes wrap, as they are meant to
+        _fill(keys, kid, new_keys, new_ids)
     begin = ids[(words.index("<s>"),)] if "<s>" in words else 0
     eos = words.index("</s>") if "</s>" in words else 0
     sizes = np.array([W, order, begin, eos], dtype=np.int64)
@@ -380,9 +383,12 @@ def is_arpa_text(path: str | os.PathLike[str]) -> bool:
 def ngram_of(model: Any) -> CompiledNGram | None:
     """The compiled arrays behind a model, when it is an ARPA file's: a path to an ARPA text file, an
     :class:`~beamkit.lm.ArpaLM`, or a :class:`~beamkit.lm.KenLMModel` (or ``kenlm.Model``) loaded from an ARPA
-    text file. None for anything else (a KenLM binary file, a user's model)."""
+    text file. None for anything else (a KenLM binary file, a user's model, a model whose scoring methods were
+    replaced on the object)."""
     if isinstance(model, CompiledNGram):
         return model
+    if any(name in vars(model) for name in _SCORING if hasattr(model, "__dict__")):
+        return None  # its scoring replaced on the object: the model is asked, in Python
     if isinstance(model, ArpaLM):
         held = _from_arpalm.get(id(model))
         if held is None or held[0] is not model:
@@ -401,3 +407,4 @@ def ngram_of(model: Any) -> CompiledNGram | None:
 
 
 _from_arpalm: dict[int, tuple[ArpaLM, CompiledNGram]] = {}
+_SCORING = ("score", "score_many", "eos_score", "eos_many")
