@@ -57,7 +57,7 @@ class CompiledSearch:
         if self.external:
             self._state_id(self.search.lm.start(False))
         if self.arrays_lm:
-            self.lm.context[0] = self.search.lm.start(False).context
+            self.lm.context[0] = self.search.lm.model.begin  # the state after <s>
         steps = 64
         self.beam = self.k.Beam(
             np.zeros(size),
