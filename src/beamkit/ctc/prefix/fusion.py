@@ -338,15 +338,26 @@ def fresh_lm_cache(lm: LanguageModelFusion, labels: LabelTables, old: LMCache | 
     return LMCache(lm, trie)
 
 
+MAX_KEPT_TRIES = 8  # unigram tries kept by the process (the last ones built)
+_TRIES: dict[tuple[Any, ...], CharTrie] = {}
+
+
 def _unigram_trie(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> CharTrie:
-    """The character trie of ``lm``'s unigrams over ``alphabet``. A fusion made per call (the pyctcdecode
-    drop-in's, with a start state) keeps it where its class says, ``_char_trie_cache`` on a longer-lived
-    object, and finds it there again while the unigrams and the alphabet are the same."""
+    """The character trie of ``lm``'s unigrams over ``alphabet``, built once per process for the same unigrams
+    and alphabet (a fresh decoder over the same words does not build it again). A fusion made per call (the
+    pyctcdecode drop-in's, with a start state) keeps it where its class says, ``_char_trie_cache`` on a
+    longer-lived object, and finds it there again while the unigrams and the alphabet are the same."""
     keeps = hasattr(type(lm), "_char_trie_cache")
     held = getattr(lm, "_char_trie_cache", None) if keeps else None
     if held is not None and held[0] == alphabet_key and held[1] is lm.unigrams:
         return held[2]  # type: ignore[no-any-return]
-    trie = CharTrie(lm.unigrams, alphabet)
+    key = (alphabet_key, lm.unigrams)
+    trie = _TRIES.get(key)
+    if trie is None:  # read-only once built: shared by the decoders of this process with these unigrams
+        trie = CharTrie(lm.unigrams, alphabet)
+        if len(_TRIES) >= MAX_KEPT_TRIES:
+            _TRIES.pop(next(iter(_TRIES)))
+        _TRIES[key] = trie
     if keeps:
         lm._char_trie_cache = (alphabet_key, lm.unigrams, trie)  # type: ignore[attr-defined]
     return trie

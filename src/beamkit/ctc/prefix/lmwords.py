@@ -39,27 +39,27 @@ def _fill(keys: np.ndarray, ids: np.ndarray, known: np.ndarray, hashes: np.ndarr
             known[s] = kn[j]
 
 
-def word_arrays(lm: LanguageModelFusion, model: CompiledNGram, alphabet: dict[str, int]) -> WordArrays:
-    """The compiled ``model`` of the fusion ``lm`` with its words spelled over ``alphabet`` (character -> code)."""
+def word_arrays(
+    lm: LanguageModelFusion, model: CompiledNGram, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]
+) -> WordArrays:
+    """The compiled ``model`` of the fusion ``lm`` with its words spelled over ``alphabet`` (character -> code,
+    ``alphabet_key`` its sorted items). The spelling is worked out once per model and alphabet."""
+    spelled = model.spelled.get(alphabet_key)
+    if spelled is None:
+        spelled = model.spelled[alphabet_key] = _spell(model, alphabet)
+    hashes, wids = spelled
     unigrams: Any = lm.unigrams
-    codes: list[int] = []
-    offsets = [0]
-    wids: list[int] = []
-    known: list[bool] = []
-    for wid, word in enumerate(model.word_list):
-        if wid == 0 or not word or any(ch not in alphabet for ch in word):
-            continue  # <unk> is what a missing word scores as; a word the alphabet cannot spell never comes
-        codes.extend(alphabet[ch] for ch in word)
-        offsets.append(len(codes))
-        wids.append(wid)
-        known.append(word in unigrams if unigrams else True)  # LanguageModelFusion.score_words's rule
+    words = model.word_list
+    # LanguageModelFusion.score_words's rule: a unigram, or (without unigrams) a word of the model
+    known = np.array([words[w] in unigrams for w in wids.tolist()], dtype=np.bool_) if unigrams else None
+    if known is None:
+        known = np.ones(len(wids), dtype=np.bool_)
     slots = 1 << max(4, (2 * len(wids)).bit_length())
     keys = np.zeros(slots, dtype=np.uint64)
     ids = np.zeros(slots, dtype=np.int64)
     kn = np.zeros(slots, dtype=np.bool_)
     with np.errstate(over="ignore"):  # interpreted (no numba), numpy warns when the hashes wrap, as they are meant to
-        hashes = _hashes(np.array(codes, dtype=np.int64), np.array(offsets, dtype=np.int64))
-        _fill(keys, ids, kn, hashes, np.array(wids, dtype=np.int64), np.array(known, dtype=np.bool_))
+        _fill(keys, ids, kn, hashes, wids, known)
     start = model.begin_state() if lm.score_boundary else model.null_state()
     return WordArrays(
         model.arrays,
@@ -70,3 +70,19 @@ def word_arrays(lm: LanguageModelFusion, model: CompiledNGram, alphabet: dict[st
         np.array([True, lm.score_boundary], dtype=np.bool_),
         np.array([start], dtype=np.int64),
     )
+
+
+def _spell(model: CompiledNGram, alphabet: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The word hash and word id of every word of ``model`` that ``alphabet`` can spell."""
+    codes: list[int] = []
+    offsets = [0]
+    wids: list[int] = []
+    for wid, word in enumerate(model.word_list):
+        if wid == 0 or not word or any(ch not in alphabet for ch in word):
+            continue  # <unk> is what a missing word scores as; a word the alphabet cannot spell never comes
+        codes.extend(alphabet[ch] for ch in word)
+        offsets.append(len(codes))
+        wids.append(wid)
+    with np.errstate(over="ignore"):
+        hashes = _hashes(np.array(codes, dtype=np.int64), np.array(offsets, dtype=np.int64))
+    return hashes, np.array(wids, dtype=np.int64)

@@ -181,7 +181,7 @@ class SearchCaches:
             model = lm.arrays_model()
             if model is not None:  # an ARPA model: read from its compiled arrays inside the loop
                 cache.model = model
-                cache.arrays = word_arrays(lm, model, labels.alphabet)
+                cache.arrays = word_arrays(lm, model, labels.alphabet, labels.alphabet_key)
             self._lm = got = (key, cache)
         return got[1]
 
