@@ -41,6 +41,7 @@ class CompiledSearch:
         kind = kernel.ARRAY_LM if self.arrays_lm else kernel.PYTHON_LM if self.external else kernel.NO_LM
         self.table.meta[3] = kind
         self.lm = _lm_arrays(search.lm, self.table.keys.shape[0])
+        self.lm_start = search.lm.model.begin if isinstance(search.lm, NGramWords) else 0
         self.work: Any = None
         self.beam: Any = None
         self.objects: list[Any] = []
@@ -57,7 +58,7 @@ class CompiledSearch:
         if self.external:
             self._state_id(self.search.lm.start(False))
         if self.arrays_lm:
-            self.lm.context[0] = self.search.lm.model.begin  # the state after <s>
+            self.lm.context[0] = self.lm_start  # the state after <s>
         steps = 64
         self.beam = self.k.Beam(
             np.zeros(size),
