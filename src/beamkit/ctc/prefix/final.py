@@ -147,7 +147,7 @@ def end_utterance(ws: Workspace, fusion: Fusion, opts: CTCOptions) -> tuple[list
     knobs = EndKnobs(opts.pyctcdecode_compat, float(opts.beam_prune_logp), opts.out_k)
     while True:
         eos = cache.eos if cache is not None else _NO_EOS
-        with cache.lock.shared() if cache is not None else nullcontext():
+        with cache.lock.shared() if cache is not None and cache.arrays is None else nullcontext():  # arrays: no writer
             n_pend, rep_beam, logit, totals, sids = _rank_final(fusion.static, fusion.table, eos, store, knobs)
         if not n_pend:
             break

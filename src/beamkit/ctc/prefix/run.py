@@ -350,7 +350,8 @@ def _frames(ws: Workspace, run: SearchRun, utt: int) -> None:
     row0, n_frames = utt * run.cands.T, int(run.cands.lens[utt])
     t = 0
     static = fusion.static
-    reading = fusion.cache.lock.shared if fusion.cache is not None else nullcontext
+    # a compiled model's search writes nothing shared: no lock to take
+    reading = fusion.cache.lock.shared if fusion.cache is not None and fusion.cache.arrays is None else nullcontext
     while True:
         with reading():
             status, t = K.run_frames(static, fusion.table, ws.store(), frame_input, knobs, row0, t, n_frames)
