@@ -166,10 +166,10 @@ def _contexts(a: NGramArrays) -> dict[int, tuple[int, ...]]:
 
 def compile_arpa(lm: ArpaLM) -> CompiledNGram:
     """Compile a parsed ARPA model (every n-gram of ``lm``) into arrays."""
-    words = ["<unk>"] + [w for w in lm.vocab if w != "<unk>"]
-    remap = {lm.vocab[w]: i for i, w in enumerate(words)}
+    words = sorted(lm.vocab, key=lm.vocab.__getitem__)  # by id: the reader gives <unk> id 0
+    assert words[0] == "<unk>" and lm.vocab[words[-1]] == len(words) - 1
     W = len(words)
-    table = {tuple(remap[i] for i in ids): value for ids, value in lm._table.items()}
+    table = dict(lm._table)
     if (0,) not in table:
         table[(0,)] = (-100.0, 0.0)
     order = max(len(k) for k in table)
@@ -348,6 +348,7 @@ def _write_cache(place: str, key: tuple[str, int, int], got: CompiledNGram) -> b
     except OSError:
         return False
     try:
+        os.chmod(tmp, 0o644)  # readable by whoever can read the model (mkstemp makes it private)
         with os.fdopen(fd, "wb") as fh:
             np.savez(
                 fh,
