@@ -93,7 +93,7 @@ class CompiledNGram:
         self.vocab = {w: i for i, w in enumerate(words)}
         self.order = int(arrays.sizes[1])
         self._context_words: dict[int, tuple[int, ...]] | None = None
-        self.spelled: dict[Any, tuple[np.ndarray, np.ndarray]] = {}  # a search's spelling of the words, by alphabet
+        self.spelled: dict[Any, tuple[np.ndarray, ...]] = {}  # the prefix search's word tables (prefix.lmwords)
 
     @property
     def begin(self) -> int:

@@ -43,23 +43,16 @@ def word_arrays(
     lm: LanguageModelFusion, model: CompiledNGram, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]
 ) -> WordArrays:
     """The compiled ``model`` of the fusion ``lm`` with its words spelled over ``alphabet`` (character -> code,
-    ``alphabet_key`` its sorted items). The spelling is worked out once per model and alphabet."""
-    spelled = model.spelled.get(alphabet_key)
-    if spelled is None:
-        spelled = model.spelled[alphabet_key] = _spell(model, alphabet)
-    hashes, wids = spelled
+    ``alphabet_key`` its sorted items). The word table is built once per model, alphabet and unigram list."""
     unigrams: Any = lm.unigrams
-    words = model.word_list
-    # LanguageModelFusion.score_words's rule: a unigram, or (without unigrams) a word of the model
-    known = np.array([words[w] in unigrams for w in wids.tolist()], dtype=np.bool_) if unigrams else None
-    if known is None:
-        known = np.ones(len(wids), dtype=np.bool_)
-    slots = 1 << max(4, (2 * len(wids)).bit_length())
-    keys = np.zeros(slots, dtype=np.uint64)
-    ids = np.zeros(slots, dtype=np.int64)
-    kn = np.zeros(slots, dtype=np.bool_)
-    with np.errstate(over="ignore"):  # interpreted (no numba), numpy warns when the hashes wrap, as they are meant to
-        _fill(keys, ids, kn, hashes, wids, known)
+    key = (alphabet_key, unigrams)
+    table = model.spelled.get(key)
+    if table is None:
+        table = _table(model, alphabet, unigrams)
+        if len(model.spelled) >= 8:
+            model.spelled.pop(next(iter(model.spelled)))
+        model.spelled[key] = table
+    keys, ids, kn = table
     start = model.begin_state() if lm.score_boundary else model.null_state()
     return WordArrays(
         model.arrays,
@@ -72,8 +65,10 @@ def word_arrays(
     )
 
 
-def _spell(model: CompiledNGram, alphabet: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """The word hash and word id of every word of ``model`` that ``alphabet`` can spell."""
+def _table(model: CompiledNGram, alphabet: dict[str, int], unigrams: Any) -> tuple[np.ndarray, ...]:
+    """The word table: hash slots, word ids and known flags of every word of ``model`` that ``alphabet`` can
+    spell (known: a unigram, or, without unigrams, any word of the model: LanguageModelFusion.score_words's
+    rule)."""
     codes: list[int] = []
     offsets = [0]
     wids: list[int] = []
@@ -83,6 +78,13 @@ def _spell(model: CompiledNGram, alphabet: dict[str, int]) -> tuple[np.ndarray, 
         codes.extend(alphabet[ch] for ch in word)
         offsets.append(len(codes))
         wids.append(wid)
-    with np.errstate(over="ignore"):
+    words = model.word_list
+    known = [words[w] in unigrams for w in wids] if unigrams else [True] * len(wids)
+    slots = 1 << max(4, (2 * len(wids)).bit_length())
+    keys = np.zeros(slots, dtype=np.uint64)
+    ids = np.zeros(slots, dtype=np.int64)
+    kn = np.zeros(slots, dtype=np.bool_)
+    with np.errstate(over="ignore"):  # interpreted (no numba), numpy warns when the hashes wrap, as they are meant to
         hashes = _hashes(np.array(codes, dtype=np.int64), np.array(offsets, dtype=np.int64))
-    return hashes, np.array(wids, dtype=np.int64)
+        _fill(keys, ids, kn, hashes, np.array(wids, dtype=np.int64), np.array(known, dtype=np.bool_))
+    return keys, ids, kn
