@@ -174,3 +174,13 @@ def test_lexicon_search_asks_python_nothing_while_decoding(
     counted(monkeypatch, NGramWords, ["start", "score", "finish"], calls)
     got = [decoder.decode(em)[0] for em in emissions(4, 10)]
     assert any(h and h[0].words for h in got) and calls == []
+
+
+def test_a_token_the_lm_dictionary_lacks_is_refused(arpa: str, tmp_path: Path) -> None:
+    # lexicon-free, a token is scored as the LM dictionary's word of its index: a dictionary shorter than the
+    # tokens is an error naming the index (the compiled loop must not read past the word list)
+    short = tmp_path / "short.txt"
+    short.write_text("\n".join(TOKENS[:3]) + "\n")
+    decoder = LexiconDecoder(TOKENS, None, arpa, LexiconOptions(beam_size=4), lm_dict=str(short))
+    with pytest.raises(ValueError, match="word index 5 is out of range for the LM's 3 words"):
+        decoder.decode(emissions(5, 1)[0])

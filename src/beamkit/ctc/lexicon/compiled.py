@@ -144,6 +144,10 @@ class CompiledSearch:
     def step(self, emissions: np.ndarray) -> None:
         """Decode more frames (shape: (T, N) float32)."""
         T, N = emissions.shape
+        if self.arrays_lm and not self.trie.max_score.size and N > self.lm.word_ids.shape[0]:
+            # lexicon-free, the LM scores tokens as words: each token needs one (the compiled loop reads no further)
+            n = self.lm.word_ids.shape[0]
+            raise ValueError(f"word index {N - 1} is out of range for the LM's {n} words")
         work = self._work(N)
         self._grow_back(T)
         emissions = np.ascontiguousarray(emissions)
