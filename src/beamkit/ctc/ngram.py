@@ -336,6 +336,7 @@ def _holds_together(a: NGramArrays, words: list[str]) -> bool:
         and (a.state >= 0).all()
         and (a.state < n).all()
         and int(used.sum()) == n - W - 1
+        and 2 * int(used.sum()) <= slots  # free slots end every probe
     )
 
 
