@@ -225,7 +225,7 @@ def test_a_damaged_cache_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             parts["path"] = np.array("/elsewhere/lm.arpa")
         else:
             parts["meta"] = parts["meta"].copy()
-            parts["meta"][0] = ngram.FORMAT + 1
+            parts["meta"][0] = ngram.CACHE_FORMAT + 1
         with open(cache, "wb") as fh:
             np.savez(fh, **parts)
     monkeypatch.setattr(ngram, "_loaded", {})

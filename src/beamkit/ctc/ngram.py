@@ -6,7 +6,7 @@ the longer n-grams). An n-gram of two or more words is found in one open-address
 hash rule, :mod:`beamkit.ctc.tables`) by the key ``(id of its context n-gram) * words + last word``. An LM state is
 the id of its context n-gram and, as in KenLM, that context is the longest suffix of the history that some
 longer n-gram extends (its back-off is not 0, or it starts a longer n-gram): histories whose futures score alike
-share a state. :func:`score` is KenLM's back-off (``log10 p(w | h) = log10 p(w | h') + bow(h)`` when ``h w`` is
+share a state. `backoff_score` is KenLM's back-off (``log10 p(w | h) = log10 p(w | h') + bow(h)`` when ``h w`` is
 absent) in KenLM's float32 arithmetic, so its scores equal KenLM's ``BaseScore`` to the bit.
 
 :func:`compiled_ngram` compiles a file once and keeps the arrays in a ``.npz`` file next to it (or, where that
@@ -20,6 +20,7 @@ import hashlib
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,9 +30,10 @@ from beamkit.lm.arpa import ArpaLM
 from .jit import njit
 from .tables import probe
 
-FORMAT = 1  # the layout of the cached arrays: a cache written with another is rebuilt
+CACHE_FORMAT = 1  # the layout of the cached arrays: a cache written with another is rebuilt
 FREE = -1  # an empty slot of the n-gram table
 CACHE_SUFFIX = ".beamkit-ngram.npz"
+MAX_KEPT = 8  # derived tables a compiled model keeps (CompiledNGram.kept)
 
 
 class NGramArrays(NamedTuple):
@@ -47,7 +49,7 @@ class NGramArrays(NamedTuple):
 
 
 @njit
-def score(a: NGramArrays, state: int, word: int) -> tuple[float, int]:
+def backoff_score(a: NGramArrays, state: int, word: int) -> tuple[float, int]:
     """``(log10 p(word | state), next state)``: KenLM's back-off, summed in float32 in KenLM's order (the
     longest matching n-gram's probability, then the back-offs of the longer contexts, shortest first)."""
     W = a.sizes[0]
@@ -83,7 +85,7 @@ def _fill(keys: np.ndarray, ids: np.ndarray, new_keys: np.ndarray, new_ids: np.n
 
 class CompiledNGram:
     """An ARPA model's arrays (:class:`NGramArrays`) and its words, with the :class:`beamkit.lm.NGramModel`
-    interface in Python (the set-up of a search; the searches call :func:`score` from compiled code). States
+    interface in Python (the set-up of a search; the searches call :func:`backoff_score` from compiled code). States
     are ints."""
 
     def __init__(self, arrays: NGramArrays, words: list[str]) -> None:
@@ -93,7 +95,7 @@ class CompiledNGram:
         self.vocab = {w: i for i, w in enumerate(words)}
         self.order = int(arrays.sizes[1])
         self._context_words: dict[int, tuple[int, ...]] | None = None
-        self.spelled: dict[Any, tuple[np.ndarray, ...]] = {}  # the prefix search's word tables (prefix.lmwords)
+        self._kept: dict[Any, Any] = {}  # what searches derive from the model, by what else it depends on
 
     @property
     def begin(self) -> int:
@@ -120,17 +122,28 @@ class CompiledNGram:
     def score(self, state: int, word: str) -> tuple[float, int]:
         """``(log10 p(word | state), new_state)``."""
         with np.errstate(over="ignore"):  # the table's hashes wrap (interpreted, numpy would warn)
-            p, nxt = score(self.arrays, state, self.word_id(word))
+            p, nxt = backoff_score(self.arrays, state, self.word_id(word))
         return float(p), int(nxt)
 
     def eos_score(self, state: int) -> float:
         """``log10 p(</s> | state)``."""
         with np.errstate(over="ignore"):
-            return float(score(self.arrays, state, self.eos)[0])
+            return float(backoff_score(self.arrays, state, self.eos)[0])
 
     def __contains__(self, word: object) -> bool:
         """Whether ``word`` is a known (non-``<unk>``) word."""
         return isinstance(word, str) and self.vocab.get(word, 0) != 0
+
+    def kept(self, key: Any, build: Callable[[], Any]) -> Any:
+        """``build()``, once per ``key`` (a few kept): what a search derives from this model and ``key`` (such as
+        the prefix search's word table over an alphabet), shared by the decoders of the process."""
+        got = self._kept.get(key)
+        if got is None:
+            got = build()
+            if len(self._kept) >= MAX_KEPT:
+                self._kept.pop(next(iter(self._kept)))
+            self._kept[key] = got
+        return got
 
     def context_words(self, state: int) -> list[str]:
         """The words of a state's context, oldest first (empty for the empty context)."""
@@ -297,7 +310,7 @@ def _read_cache(place: str, key: tuple[str, int, int]) -> CompiledNGram | None:
     try:
         with np.load(place, allow_pickle=False) as z:
             meta = z["meta"]
-            if meta.tolist() != [FORMAT, key[1], key[2]] or str(z["path"]) != key[0]:
+            if meta.tolist() != [CACHE_FORMAT, key[1], key[2]] or str(z["path"]) != key[0]:
                 return None
             arrays = NGramArrays(*(np.array(z[name]) for name in _FIELDS))
             words = z["words"].tolist()
@@ -353,7 +366,7 @@ def _write_cache(place: str, key: tuple[str, int, int], got: CompiledNGram) -> b
         with os.fdopen(fd, "wb") as fh:
             np.savez(
                 fh,
-                meta=np.array([FORMAT, key[1], key[2]], dtype=np.int64),
+                meta=np.array([CACHE_FORMAT, key[1], key[2]], dtype=np.int64),
                 path=np.array(key[0]),
                 words=np.array(got.word_list),
                 **got.arrays._asdict(),

@@ -15,8 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..jit import njit, njit_inline
-from ..ngram import NGramArrays
-from ..ngram import score as ngram_score
+from ..ngram import NGramArrays, backoff_score
 from ..tables import home_slot, next_slot
 
 DONE, MISSES, GROW = 0, 1, 2  # run_lexicon_frames's status
@@ -167,19 +166,12 @@ def table_move(keys: np.ndarray, child: np.ndarray, score: np.ndarray, into: Any
 
 @njit_inline
 def _lm_step(
-    keys: np.ndarray,
-    child: np.ndarray,
-    score: np.ndarray,
-    meta: np.ndarray,
-    misses: np.ndarray,
-    lm: LMArrays,
-    parent: int,
-    index: int,
-    n_miss: int,
-) -> tuple[int, float, int]:  # noqa: E501
+    table: Table, misses: np.ndarray, lm: LMArrays, parent: int, index: int, n_miss: int
+) -> tuple[int, float, int]:
     """The child of LM state ``parent`` after ``index`` (-1: the end of sentence) and its score; -1 when a Python
     LM has not scored it yet (recorded as a miss). Without a LM the child is made with score 0; with a compiled
     ARPA model it is made with the model's score (index -1: ``</s>``)."""
+    keys, child, score, meta = table.keys, table.child, table.score, table.meta
     key = parent * meta[2] + index + 1
     slot = table_find(keys, key)
     if slot >= 0:
@@ -194,7 +186,7 @@ def _lm_step(
     s = 0.0
     if meta[3] == ARRAY_LM:
         word = lm.ngram.sizes[3] if index < 0 else lm.word_ids[index]
-        s, lm.context[c] = ngram_score(lm.ngram, lm.context[parent], word)
+        s, lm.context[c] = backoff_score(lm.ngram, lm.context[parent], word)
     slot = -slot - 1
     keys[slot] = key
     child[slot] = c
@@ -209,7 +201,7 @@ def lm_finish(table: Table, misses: np.ndarray, lm: LMArrays, parents: np.ndarra
     ids = np.empty(parents.shape[0], dtype=np.int64)
     scores = np.empty(parents.shape[0], dtype=np.float64)
     for i in range(parents.shape[0]):
-        ids[i], scores[i], _ = _lm_step(table.keys, table.child, table.score, table.meta, misses, lm, parents[i], -1, 0)
+        ids[i], scores[i], _ = _lm_step(table, misses, lm, parents[i], -1, 0)
     return ids, scores
 
 
@@ -267,7 +259,7 @@ def run_lexicon_frames(
     k = min(k_tokens, N)
     cap = work.score.shape[0]
     cand = (work.score, work.lm, work.lex, work.token, work.word, work.blank, work.am, work.lm_sum, work.parent)
-    t_keys, t_child, t_score, t_meta, misses = table.keys, table.child, table.score, table.meta, work.misses
+    misses = work.misses
     b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
         beam.score,
         beam.lm,
@@ -304,7 +296,7 @@ def run_lexicon_frames(
                     if tok == sil:
                         score += sil_score
                     if tok != blank_id and (tok != ptok or pblank):
-                        c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, lm, plm, tok, n_miss)
+                        c, s, n_miss = _lm_step(table, misses, lm, plm, tok, n_miss)
                         if c < 0:
                             continue
                         n, best = _add(
@@ -338,7 +330,7 @@ def run_lexicon_frames(
                     if at_root and ptok == tok:
                         continue
                     label = words[j]
-                    c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, lm, plm, label, n_miss)
+                    c, s, n_miss = _lm_step(table, misses, lm, plm, label, n_miss)
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)
@@ -350,7 +342,7 @@ def run_lexicon_frames(
                         (score + w * s + word_score, c, 0, tok, label, False, pam + e, plmsum + s, h),
                     )
                 if w0 == w1 and allow_unk:
-                    c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, lm, plm, unk, n_miss)
+                    c, s, n_miss = _lm_step(table, misses, lm, plm, unk, n_miss)
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)

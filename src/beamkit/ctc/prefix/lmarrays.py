@@ -17,11 +17,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ..jit import njit
+from ..lm import LOG10_TO_LN as LN10
 from ..ngram import NGramArrays
-from ..ngram import score as ngram_score
+from ..ngram import backoff_score as ngram_score
 from ..tables import probe
 
-LN10 = math.log(10.0)  # the same number as beamkit.ctc.lm.LOG10_TO_LN
 NO_WORD = np.uint64(0)  # an empty slot of the word table
 
 

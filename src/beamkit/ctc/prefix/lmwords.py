@@ -45,14 +45,7 @@ def word_arrays(
     """The compiled ``model`` of the fusion ``lm`` with its words spelled over ``alphabet`` (character -> code,
     ``alphabet_key`` its sorted items). The word table is built once per model, alphabet and unigram list."""
     unigrams: Any = lm.unigrams
-    key = (alphabet_key, unigrams)
-    table = model.spelled.get(key)
-    if table is None:
-        table = _table(model, alphabet, unigrams)
-        if len(model.spelled) >= 8:
-            model.spelled.pop(next(iter(model.spelled)))
-        model.spelled[key] = table
-    keys, ids, kn = table
+    keys, ids, kn = model.kept(("words", alphabet_key, unigrams), lambda: _table(model, alphabet, unigrams))
     start = model.begin_state() if lm.score_boundary else model.null_state()
     return WordArrays(
         model.arrays,
