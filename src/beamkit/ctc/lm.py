@@ -130,6 +130,17 @@ class LanguageModelFusion:
         """Order of the n-gram model."""
         return int(self.model.order)
 
+    def arrays_model(self) -> Any:
+        """The compiled arrays of the model (:class:`beamkit.ctc.ngram.CompiledNGram`) when it is an ARPA file's
+        (a path, an :class:`~beamkit.lm.ArpaLM`, or a KenLM model loaded from an ARPA text file) and this class
+        scores words by these rules; None otherwise (the search asks the model in Python)."""
+        for name in ("score_words", "score_eos_many"):  # rules replaced (on the class or this object): ask them
+            if getattr(type(self), name) is not getattr(LanguageModelFusion, name) or name in vars(self):
+                return None
+        from .ngram import ngram_of
+
+        return ngram_of(self.model)
+
     def start_state(self) -> Any:
         """The LM state at the start of an utterance."""
         return self.model.begin_state() if self.score_boundary else self.model.null_state()

@@ -52,6 +52,13 @@ class SearchLM(LanguageModelFusion):
     def _char_trie_cache(self, value: Any) -> None:
         self.members[0]._char_trie_cache = value  # type: ignore[attr-defined]
 
+    def arrays_model(self) -> Any:
+        """One member and no given start state: the member's compiled model (see
+        :meth:`LanguageModelFusion.arrays_model`); else None."""
+        if len(self.members) != 1 or self._start is not None:
+            return None
+        return self.members[0].arrays_model()
+
     @property
     def order(self) -> int:
         """The highest member order."""

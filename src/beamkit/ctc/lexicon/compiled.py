@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..jit import note_if_cold
-from .lm import ZeroLM
+from .lm import NGramWords, ZeroLM
 from .options import LexiconResult
 from .trie import LexiconTrie
 
@@ -30,13 +30,18 @@ class CompiledSearch:
         self.k = kernel
         self.search = search
         o = search.options
-        self.external = not isinstance(search.lm, ZeroLM)
+        self.arrays_lm = isinstance(search.lm, NGramWords)  # a compiled ARPA model: scored inside the loop
+        self.external = not isinstance(search.lm, ZeroLM) and not self.arrays_lm  # a LM asked in Python
         self.trie = _trie_arrays(search.trie)
         self.options = kernel.Options(
             np.array([o.beam_threshold, o.lm_weight, o.word_score, o.unk_score, o.sil_score], dtype=np.float64),
             np.array([o.beam_size, o.beam_size_token or 1 << 30, search.sil, search.blank, search.unk, int(o.log_add)]),
         )
         self.table = kernel.new_table(1 << 12, 1 << 24, self.external, 1)
+        kind = kernel.ARRAY_LM if self.arrays_lm else kernel.PYTHON_LM if self.external else kernel.NO_LM
+        self.table.meta[3] = kind
+        self.lm = _lm_arrays(search.lm, self.table.keys.shape[0])
+        self.lm_start = search.lm.model.begin if isinstance(search.lm, NGramWords) else 0
         self.work: Any = None
         self.beam: Any = None
         self.objects: list[Any] = []
@@ -52,6 +57,8 @@ class CompiledSearch:
         self.objects, self.ids = [], {}
         if self.external:
             self._state_id(self.search.lm.start(False))
+        if self.arrays_lm:
+            self.lm.context[0] = self.lm_start  # the state after <s>
         steps = 64
         self.beam = self.k.Beam(
             np.zeros(size),
@@ -95,8 +102,12 @@ class CompiledSearch:
             capacity *= 2
         into = self.k.new_table(capacity, int(t.meta[2]), self.external, int(t.meta[1]))
         self.k.table_move(t.keys, t.child, t.score, into)
-        into.meta[4] = t.meta[4]
+        into.meta[3:] = t.meta[3:]
         self.table = into
+        if self.lm.context.shape[0] < capacity:
+            context = np.zeros(capacity, dtype=np.int64)
+            context[: self.lm.context.shape[0]] = self.lm.context
+            self.lm = self.lm._replace(context=context)
 
     def _work(self, n_tokens: int) -> Any:
         o = self.search.options
@@ -133,13 +144,19 @@ class CompiledSearch:
     def step(self, emissions: np.ndarray) -> None:
         """Decode more frames (shape: (T, N) float32)."""
         T, N = emissions.shape
+        if self.arrays_lm and not self.trie.max_score.size and N > self.lm.word_ids.shape[0]:
+            # lexicon-free, the LM scores tokens as words: each token needs one (the compiled loop reads no further)
+            n = self.lm.word_ids.shape[0]
+            raise ValueError(f"word index {N - 1} is out of range for the LM's {n} words")
         work = self._work(N)
         self._grow_back(T)
         emissions = np.ascontiguousarray(emissions)
         note_if_cold(self.k.run_lexicon_frames)  # the first decode after an install compiles the loop
         t = 0
         while True:
-            status, t = self.k.run_lexicon_frames(emissions, t, self.beam, self.trie, self.table, self.options, work)
+            status, t = self.k.run_lexicon_frames(
+                emissions, t, self.beam, self.trie, self.table, self.options, work, self.lm
+            )
             if status == self.k.DONE:
                 break
             if status == self.k.GROW:
@@ -174,6 +191,10 @@ class CompiledSearch:
         rows = range(int(b.size[0]))
         lexicon = self.trie.max_score.size > 0
         nice = lexicon and any(b.lex[h] == 0 for h in rows)
+        if self.arrays_lm:  # every end-of-sentence score in one compiled call
+            self._grow_table(len(rows))
+            no_misses = np.zeros((1, 2), dtype=np.int64)
+            ends = self.k.lm_finish(self.table, no_misses, self.lm, b.lm[: len(rows)].copy())
         best = -math.inf
         cands: list[tuple[float, int, int, float, float, int]] = []
         for h in rows:
@@ -182,6 +203,8 @@ class CompiledSearch:
             if self.external:
                 obj, s = self.search.lm.finish(self.objects[int(b.lm[h])])
                 lm_id = self._state_id(obj)
+            elif self.arrays_lm:
+                lm_id, s = int(ends[0][h]), float(ends[1][h])
             else:
                 lm_id, s = int(b.lm[h]), 0.0
             score = float(b.score[h]) + o.lm_weight * s
@@ -217,6 +240,18 @@ class CompiledSearch:
             LexiconResult(tokens[i].tolist(), words[i].tolist(), score, am, lm)
             for i, (score, _, am, lm, _) in enumerate(final)
         ]
+
+
+def _lm_arrays(lm: Any, capacity: int) -> Any:
+    """The loop's view of a compiled ARPA model (a placeholder of empty arrays for any other LM)."""
+    from ..ngram import NGramArrays
+    from .kernel import LMArrays
+
+    if isinstance(lm, NGramWords):
+        return LMArrays(lm.model.arrays, lm.word_ids, np.zeros(capacity, dtype=np.int64))
+    z, f = np.zeros(16, dtype=np.int64), np.zeros(1, dtype=np.float32)
+    none = NGramArrays(np.full(16, -1, dtype=np.int64), z, f, f, z[:1], z[:1], np.array([1, 1, 0, 0], dtype=np.int64))
+    return LMArrays(none, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
 
 
 def _trie_arrays(trie: LexiconTrie | None) -> Any:

@@ -17,7 +17,7 @@ import numpy as np
 from beamkit._checks import check_int
 
 from ..posteriors import as_real_array
-from .lm import KenLMWords, ZeroLM
+from .lm import KenLMWords, NGramWords, ZeroLM
 from .options import LexiconOptions, LexiconResult
 from .search import LexiconSearch
 from .trie import UNK_WORD, build_trie, read_lexicon
@@ -105,7 +105,7 @@ class LexiconDecoder:
         self.blank = tokens_dict.get_index(blank_token)
         self.lm = lm
         silence = tokens_dict.get_index(sil_token)
-        search_lm: Any = lm if isinstance(lm, (ZeroLM, KenLMWords)) else Float32LM(lm)
+        search_lm: Any = lm if isinstance(lm, (ZeroLM, KenLMWords, NGramWords)) else Float32LM(lm)
         trie, unk = None, -1
         if lexicon:
             assert word_dict is not None

@@ -15,10 +15,21 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..jit import njit, njit_inline
+from ..ngram import NGramArrays, backoff_score
 from ..tables import home_slot, next_slot
 
 DONE, MISSES, GROW = 0, 1, 2  # run_lexicon_frames's status
 EMPTY = -1  # an unused slot of the LM table
+NO_LM, PYTHON_LM, ARRAY_LM = 0, 1, 2  # Table.meta[3]: no LM (scores 0), a LM in Python, a compiled ARPA model
+
+
+class LMArrays(NamedTuple):
+    """A compiled ARPA model as the loop reads it (:mod:`beamkit.ctc.ngram`): the n-gram arrays, the model's word
+    id of each word (lexicon) or token (lexicon-free) index, and the n-gram state of every LM state id."""
+
+    ngram: NGramArrays
+    word_ids: np.ndarray  # shape: (indices,) int64, index -> the model's word id (0: <unk>)
+    context: np.ndarray  # shape: (state ids,) int64, LM state id -> n-gram state (grown with the table)
 
 
 class TrieArrays(NamedTuple):
@@ -34,7 +45,8 @@ class TrieArrays(NamedTuple):
 
 class Table(NamedTuple):
     """The LM's transitions: ``key = parent * stride + index + 1`` -> child id and score; ``meta``: [used,
-    next free state id, stride, external (1: scores come from Python), misses found]."""
+    next free state id, stride, where scores come from (:data:`NO_LM`, :data:`PYTHON_LM`, :data:`ARRAY_LM`),
+    misses found]."""
 
     keys: np.ndarray  # shape: (capacity,) int64, EMPTY where unused
     child: np.ndarray  # shape: (capacity,) int64
@@ -154,34 +166,43 @@ def table_move(keys: np.ndarray, child: np.ndarray, score: np.ndarray, into: Any
 
 @njit_inline
 def _lm_step(
-    keys: np.ndarray,
-    child: np.ndarray,
-    score: np.ndarray,
-    meta: np.ndarray,
-    misses: np.ndarray,
-    parent: int,
-    index: int,
-    n_miss: int,
-) -> tuple[int, float, int]:  # noqa: E501
-    """The child of LM state ``parent`` after ``index`` and its score; -1 when a Python LM has not scored it yet
-    (recorded as a miss). A LM without scores of its own (no LM) creates the child with score 0."""
+    table: Table, misses: np.ndarray, lm: LMArrays, parent: int, index: int, n_miss: int
+) -> tuple[int, float, int]:
+    """The child of LM state ``parent`` after ``index`` (-1: the end of sentence) and its score; -1 when a Python
+    LM has not scored it yet (recorded as a miss). Without a LM the child is made with score 0; with a compiled
+    ARPA model it is made with the model's score (index -1: ``</s>``)."""
+    keys, child, score, meta = table.keys, table.child, table.score, table.meta
     key = parent * meta[2] + index + 1
     slot = table_find(keys, key)
     if slot >= 0:
         return child[slot], score[slot], n_miss
-    if meta[3] == 1:
+    if meta[3] == PYTHON_LM:
         if n_miss < misses.shape[0]:
             misses[n_miss, 0] = parent
             misses[n_miss, 1] = index
         return -1, 0.0, n_miss + 1
     c = meta[1]
     meta[1] += 1
+    s = 0.0
+    if meta[3] == ARRAY_LM:
+        word = lm.ngram.sizes[3] if index < 0 else lm.word_ids[index]
+        s, lm.context[c] = backoff_score(lm.ngram, lm.context[parent], word)
     slot = -slot - 1
     keys[slot] = key
     child[slot] = c
-    score[slot] = 0.0
+    score[slot] = s
     meta[0] += 1
-    return c, 0.0, n_miss
+    return c, s, n_miss
+
+
+@njit
+def lm_finish(table: Table, misses: np.ndarray, lm: LMArrays, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The end-of-sentence state and score of each LM state in ``parents`` (no LM or a compiled model)."""
+    ids = np.empty(parents.shape[0], dtype=np.int64)
+    scores = np.empty(parents.shape[0], dtype=np.float64)
+    for i in range(parents.shape[0]):
+        ids[i], scores[i], _ = _lm_step(table, misses, lm, parents[i], -1, 0)
+    return ids, scores
 
 
 @njit_inline
@@ -214,7 +235,7 @@ def _add(cand: tuple, n: int, best: float, thr: float, entry: tuple) -> tuple[in
 
 @njit
 def run_lexicon_frames(
-    emissions: np.ndarray, start: int, beam: Any, trie: Any, table: Any, options: Any, work: Any
+    emissions: np.ndarray, start: int, beam: Any, trie: Any, table: Any, options: Any, work: Any, lm: LMArrays
 ) -> tuple[int, int]:  # noqa: E501
     """Decode frames ``start ..`` of ``emissions`` (shape: (T, N) float32); return (status, next frame)."""
     thr, w, word_score, unk_score, sil_score = (
@@ -238,7 +259,7 @@ def run_lexicon_frames(
     k = min(k_tokens, N)
     cap = work.score.shape[0]
     cand = (work.score, work.lm, work.lex, work.token, work.word, work.blank, work.am, work.lm_sum, work.parent)
-    t_keys, t_child, t_score, t_meta, misses = table.keys, table.child, table.score, table.meta, work.misses
+    misses = work.misses
     b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
         beam.score,
         beam.lm,
@@ -275,7 +296,7 @@ def run_lexicon_frames(
                     if tok == sil:
                         score += sil_score
                     if tok != blank_id and (tok != ptok or pblank):
-                        c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, tok, n_miss)
+                        c, s, n_miss = _lm_step(table, misses, lm, plm, tok, n_miss)
                         if c < 0:
                             continue
                         n, best = _add(
@@ -309,7 +330,7 @@ def run_lexicon_frames(
                     if at_root and ptok == tok:
                         continue
                     label = words[j]
-                    c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, label, n_miss)
+                    c, s, n_miss = _lm_step(table, misses, lm, plm, label, n_miss)
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)
@@ -321,7 +342,7 @@ def run_lexicon_frames(
                         (score + w * s + word_score, c, 0, tok, label, False, pam + e, plmsum + s, h),
                     )
                 if w0 == w1 and allow_unk:
-                    c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, unk, n_miss)
+                    c, s, n_miss = _lm_step(table, misses, lm, plm, unk, n_miss)
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)

@@ -1,12 +1,17 @@
 """The language models the lexicon search asks (torchaudio's ``CTCDecoderLM`` protocol, :class:`WordLM`): the
 start state, the next state and its score for a word (lexicon) or token (lexicon-free) index, and the
 end-of-sentence state and score, over :class:`LMState` objects whose identity is the hypothesis state.
-:class:`ZeroLM` (no LM) and :class:`KenLMWords` (a KenLM ARPA or binary file) are here."""
+:class:`ZeroLM` (no LM), :class:`NGramWords` (an ARPA file compiled into arrays the search reads inside its
+compiled loop, :mod:`beamkit.ctc.ngram`) and :class:`KenLMWords` (a KenLM binary file, through ``kenlm``) are
+here."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
+
+from ..ngram import CompiledNGram
 from .trie import f32
 
 
@@ -104,5 +109,49 @@ class KenLMWords:
         return self._advance(state, usr_token_idx, self.words[usr_token_idx])
 
     def finish(self, state: _KenState) -> tuple[_KenState, float]:
+        """The state after the end of sentence and its log10 probability."""
+        return self._advance(state, -1, "</s>")
+
+
+class _NGramState(LMState):
+    __slots__ = ("context", "cached")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.context = 0
+        self.cached: float | None = None
+
+
+class NGramWords:
+    """A compiled ARPA model (:class:`beamkit.ctc.ngram.CompiledNGram`) scoring word (or token) indices: index ``i``
+    is the LM word ``words[i]`` (a word the model lacks is its ``<unk>``). The search reads its arrays inside the
+    compiled loop; these methods give the same float32 scores in Python (for the lexicon's look-ahead scores)."""
+
+    def __init__(self, model: CompiledNGram, words: list[str]) -> None:
+        """The model with the index-to-word list."""
+        self.model = model
+        self.words = words
+        self.word_ids = np.array([model.word_id(w) for w in words], dtype=np.int64)  # shape: (indices,)
+
+    def start(self, start_with_nothing: bool) -> _NGramState:
+        """A fresh state at the sentence start (or with no context)."""
+        state = _NGramState()
+        state.context = self.model.null_state() if start_with_nothing else self.model.begin_state()
+        return state
+
+    def _advance(self, state: _NGramState, key: int, word: str) -> tuple[_NGramState, float]:
+        child = state.child(key)
+        if child.cached is None:
+            p, child.context = self.model.score(state.context, word)
+            child.cached = f32(p)
+        return child, child.cached
+
+    def score(self, state: _NGramState, usr_token_idx: int) -> tuple[_NGramState, float]:
+        """The state after word ``usr_token_idx`` and its log10 probability."""
+        if not 0 <= usr_token_idx < len(self.words):
+            raise ValueError(f"word index {usr_token_idx} is out of range for the LM's {len(self.words)} words")
+        return self._advance(state, usr_token_idx, self.words[usr_token_idx])
+
+    def finish(self, state: _NGramState) -> tuple[_NGramState, float]:
         """The state after the end of sentence and its log10 probability."""
         return self._advance(state, -1, "</s>")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .lm import KenLMWords, ZeroLM
+from .lm import KenLMWords, NGramWords, ZeroLM
 from .trie import UNK_WORD, f32
 
 
@@ -126,14 +126,21 @@ def tokens_dictionary(tokens: str | list[str], blank_token: str, sil_token: str,
 
 
 def search_lm_of(lm: Any, word_dict: Dictionary | None) -> Any:
-    """The LM the search asks: a KenLM file's words (``word_dict``'s indices), no LM, or the user's
-    LM (an object with ``start``, ``score`` and ``finish``, as torchaudio's ``CTCDecoderLM``)."""
+    """The LM the search asks: an ARPA file compiled into arrays (read inside the compiled loop, no ``kenlm``
+    needed) or a KenLM binary file (through ``kenlm``), over ``word_dict``'s indices; no LM; or the user's LM (an
+    object with ``start``, ``score`` and ``finish``, as torchaudio's ``CTCDecoderLM``)."""
     if isinstance(lm, (str, Path)):
         from beamkit.lm import KenLMModel
+        from beamkit.textfiles import check_text_file
+
+        from ..ngram import compiled_ngram, is_arpa_text
 
         assert word_dict is not None
-        model = KenLMModel(str(lm)).model
-        return KenLMWords(model, [word_dict.get_entry(i) for i in range(word_dict.index_size())])
+        words = [word_dict.get_entry(i) for i in range(word_dict.index_size())]
+        path = check_text_file(str(lm), "language model file")
+        if is_arpa_text(path):
+            return NGramWords(compiled_ngram(path), words)
+        return KenLMWords(KenLMModel(path).model, words)
     if lm is None:
         return ZeroLM()
     if all(callable(getattr(lm, name, None)) for name in ("start", "score", "finish")):

@@ -16,6 +16,8 @@ from ..tables import home_slot, next_slot
 from . import kernel as K
 from . import records as R
 from .fusion import HAS_HOT, HAS_LM, HOT_WEIGHT, Fusion, Static, word_lookup
+from .lmarrays import eos_score as array_eos_score
+from .lmarrays import word_score as array_word_score
 from .nodes import final_key, node_labels, word_hash
 
 if TYPE_CHECKING:
@@ -92,6 +94,13 @@ def _rank_final(
         c = nodes[i].sid
         if st.flags[HAS_HOT] and nodes[i].plen > 0 and nodes[i].hot >= 0 and st.hot_is_word[nodes[i].hot]:
             s = s + st.floats[HOT_WEIGHT]
+        if has_lm and st.lm.flags[0]:  # a compiled model: the same rules, nothing to ask
+            if compat or nodes[i].plen > 0:
+                delta, c = array_word_score(st.lm, c, word_hash(nodes, i))
+                s = s + delta
+            score[g] = s + array_eos_score(st.lm, c)
+            sid[g] = c
+            continue
         if has_lm and (compat or nodes[i].plen > 0):  # the partial (with compat: even an empty) word
             wh = word_hash(nodes, i)
             slot = word_lookup(st, wt, c, wh)
@@ -138,7 +147,7 @@ def end_utterance(ws: Workspace, fusion: Fusion, opts: CTCOptions) -> tuple[list
     knobs = EndKnobs(opts.pyctcdecode_compat, float(opts.beam_prune_logp), opts.out_k)
     while True:
         eos = cache.eos if cache is not None else _NO_EOS
-        with cache.lock.shared() if cache is not None else nullcontext():
+        with cache.lock.shared() if cache is not None and cache.arrays is None else nullcontext():  # arrays: no writer
             n_pend, rep_beam, logit, totals, sids = _rank_final(fusion.static, fusion.table, eos, store, knobs)
         if not n_pend:
             break
@@ -153,7 +162,6 @@ def end_utterance(ws: Workspace, fusion: Fusion, opts: CTCOptions) -> tuple[list
             cache.eos_scores(eos)
     out_nodes = ws.beams["node"][rep_beam]
     texts = texts_of(ws, fusion, out_nodes)
-    states = cache.states if cache is not None else None
     plen = ws.nodes["plen"]
     hyps: list[CTCHypothesis] = []
     for j, text in enumerate(texts):
@@ -171,7 +179,7 @@ def end_utterance(ws: Workspace, fusion: Fusion, opts: CTCOptions) -> tuple[list
                 logit_score=gl,
                 lm_score=tot - gl,
                 word_frames=list(zip(text.split(), frames, strict=False)),
-                lm_state=states[int(sids[j])] if states is not None else None,
+                lm_state=cache.state_of(int(sids[j])) if cache is not None else None,
             )
         )
     return hyps, out_nodes.tolist()

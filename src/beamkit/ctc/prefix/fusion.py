@@ -11,10 +11,12 @@ A prefix's fused score is the score of its completed words plus the score of its
 * end of utterance: the partial word is scored as a completed word (an empty one too with
   ``pyctcdecode_compat``), then ``alpha * ln(10) * log10 p(</s> | h)``.
 
-The compiled search reads these rules from arrays (:class:`Static`) and from a table of (LM context, word)
-pairs already scored (:class:`LMCache`, kept across calls). A word whose pair is not in the table is a
-*pending* query: the search stops, :meth:`Fusion.resolve` asks the LM (in Python, one batch), and the search
-takes up the frame again.
+The compiled search reads these rules from arrays (:class:`Static`). An ARPA model (a file, or a model loaded
+from one) is read from its compiled arrays (:mod:`beamkit.ctc.prefix.lmarrays`): the search never leaves compiled
+code for it. Any other model (a KenLM binary file, a user's model) is read from a table of (LM context, word)
+pairs already scored (:class:`LMCache`, kept across calls): a word whose pair is not in the table is a *pending*
+query, the search stops, :meth:`Fusion.resolve` asks the LM (in Python, one batch), and the search takes up the
+frame again.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from ..lm import AVG_TOKEN_LEN, LanguageModelFusion
 from ..tables import SALT, home_slot, next_slot
 from ..vocab import Vocabulary
 from .chartrie import CharTrie, walk
+from .lmarrays import WordArrays, no_words
+from .lmarrays import word_score as array_word_score
 
 # Static.flags
 SCORED, HAS_LM, HAS_HOT, HAS_UNI = 0, 1, 2, 3
@@ -71,6 +75,7 @@ class Static(NamedTuple):
     flags: np.ndarray  # shape: (4,) bool: SCORED (LM or hotwords), HAS_LM, HAS_HOT, HAS_UNI
     sizes: np.ndarray  # shape: (4,) int64: unigram trie width and alphabet size, hotword trie the same
     floats: np.ndarray  # shape: (2,) float64: unknown-word offset, hotword weight
+    lm: WordArrays  # a compiled ARPA model (lm.flags[0]), else unused
 
 
 @njit
@@ -161,13 +166,19 @@ def word_rehash(old: np.ndarray, new: np.ndarray) -> None:
 
 
 @njit_inline
-def complete_word(st: Static, wt: np.ndarray, src_hot: int, slot: int, n: Any) -> bool:
-    """Score a word the new node ``n`` completes (``n.tscore`` and ``n.sid`` hold the source's): the hotword
-    bonus (``src_hot``: the hotword state of the word), then the LM score found at ``slot`` of the word
-    table. Returns False (``n.sid`` = -1) when the LM has not scored the pair yet."""
+def complete_word(st: Static, wt: np.ndarray, src_hot: int, wh: np.uint64, n: Any) -> bool:
+    """Score the word of hash ``wh`` the new node ``n`` completes (``n.tscore`` and ``n.sid`` hold the
+    source's): the hotword bonus (``src_hot``: the hotword state of the word), then the LM score (a compiled
+    model's, or the one the word table holds). Returns False (``n.sid`` = -1) when the LM has not scored the
+    pair yet."""
     if st.flags[HAS_HOT] and src_hot >= 0 and st.hot_is_word[src_hot]:
         n.tscore = n.tscore + st.floats[HOT_WEIGHT]
-    if st.flags[HAS_LM]:
+    if st.flags[HAS_LM] and st.lm.flags[0]:
+        delta, after = array_word_score(st.lm, n.sid, wh)
+        n.sid = after
+        n.tscore = n.tscore + delta
+    elif st.flags[HAS_LM]:
+        slot = word_lookup(st, wt, n.sid, wh)
         if slot < 0:
             n.sid = -1
             return False
@@ -247,6 +258,23 @@ class LMCache:
         self.count = 0
         self.eos = np.full(1 << 10, np.nan)  # shape: (contexts,) end-of-utterance scores (NaN: not asked yet)
         self.lock = SharedLock()
+        self.arrays: WordArrays | None = None  # a compiled ARPA model: contexts are its states, not ids of states
+        self.model: Any = None  # ... and its CompiledNGram
+        self._replayed: dict[int, Any] = {}
+
+    def state_of(self, sid: int) -> Any:
+        """The LM's own state object of context ``sid`` (a compiled model's state: its context words scored by
+        the LM from the empty context, once per state)."""
+        if self.arrays is None:
+            return self.states[sid]
+        got = self._replayed.get(sid)
+        if got is None:
+            model = self.lm.model
+            got = model.null_state()
+            for word in self.model.context_words(sid):
+                got = model.score(got, word)[1]
+            self._replayed[sid] = got
+        return got
 
     def store(self, sids: np.ndarray, hashes: np.ndarray, words: Sequence[str]) -> None:
         """Score the distinct new (context, word) pairs (``sids``: int64, ``hashes``: uint64) with the LM in
@@ -310,15 +338,26 @@ def fresh_lm_cache(lm: LanguageModelFusion, labels: LabelTables, old: LMCache | 
     return LMCache(lm, trie)
 
 
+MAX_KEPT_TRIES = 8  # unigram tries kept by the process (the last ones built)
+_TRIES: dict[tuple[Any, ...], CharTrie] = {}
+
+
 def _unigram_trie(lm: LanguageModelFusion, alphabet: dict[str, int], alphabet_key: tuple[Any, ...]) -> CharTrie:
-    """The character trie of ``lm``'s unigrams over ``alphabet``. A fusion made per call (the pyctcdecode
-    drop-in's, with a start state) keeps it where its class says, ``_char_trie_cache`` on a longer-lived
-    object, and finds it there again while the unigrams and the alphabet are the same."""
+    """The character trie of ``lm``'s unigrams over ``alphabet``, built once per process for the same unigrams
+    and alphabet (a fresh decoder over the same words does not build it again). A fusion made per call (the
+    pyctcdecode drop-in's, with a start state) keeps it where its class says, ``_char_trie_cache`` on a
+    longer-lived object, and finds it there again while the unigrams and the alphabet are the same."""
     keeps = hasattr(type(lm), "_char_trie_cache")
     held = getattr(lm, "_char_trie_cache", None) if keeps else None
     if held is not None and held[0] == alphabet_key and held[1] is lm.unigrams:
         return held[2]  # type: ignore[no-any-return]
-    trie = CharTrie(lm.unigrams, alphabet)
+    key = (alphabet_key, lm.unigrams)
+    trie = _TRIES.get(key)
+    if trie is None:  # read-only once built: shared by the decoders of this process with these unigrams
+        trie = CharTrie(lm.unigrams, alphabet)
+        if len(_TRIES) >= MAX_KEPT_TRIES:
+            _TRIES.pop(next(iter(_TRIES)))
+        _TRIES[key] = trie
     if keeps:
         lm._char_trie_cache = (alphabet_key, lm.unigrams, trie)  # type: ignore[attr-defined]
     return trie
@@ -395,6 +434,7 @@ class Fusion:
             flags=np.array([lm is not None or hot_trie is not None, lm is not None, hot_trie is not None, uni[3] > 0]),
             sizes=np.array([uni[3], uni[4], hot[3], hot[4]], dtype=np.int64),
             floats=np.array([lm.unk_score_offset if lm is not None else 0.0, hotword_weight]),
+            lm=cache.arrays if cache is not None and cache.arrays is not None else _NO_ARRAYS,
         )
 
     @property
@@ -418,5 +458,6 @@ class Fusion:
         cache.store(sids, hashes, words)
 
 
+_NO_ARRAYS = no_words()
 _NO_WORDS = records(1, WORD)
 _NO_WORDS["sid"] = -1

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..jit import njit
 from ..tables import SALT, probe
-from .fusion import HAS_LM, SCORED, Static, complete_word, partial_score, word_lookup
+from .fusion import SCORED, Static, complete_word, partial_score
 
 NODE = np.dtype(
     [
@@ -125,8 +125,7 @@ def make_node(st: Static, nodes: np.ndarray, whist: np.ndarray, wt: np.ndarray, 
         n.wkey = key
         n.thash = mix(n.thash, wh)
         if scored:
-            slot = word_lookup(st, wt, n.sid, wh) if st.flags[HAS_LM] else -1
-            ok = complete_word(st, wt, nodes[s].hot, slot, n)
+            ok = complete_word(st, wt, nodes[s].hot, wh, n)
     plen = (0 if sw else sp) + st.piece_len[t]
     n.plen = plen
     ph = np.uint64(0) if sw else nodes[s].phash

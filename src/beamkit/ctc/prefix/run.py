@@ -40,6 +40,7 @@ from .fusion import (
     fresh_lm_cache,
     lm_cache_key,
 )  # fmt: skip
+from .lmwords import word_arrays
 from .nodes import NODE, init_root
 
 
@@ -176,7 +177,12 @@ class SearchCaches:
         if got is None or got[0] != key or got[1].lm is not lm or len(got[1].states) > MAX_CACHED_STATES:
             old = got[1] if got is not None and got[1].lm is lm else None
             same_alphabet = old is not None and got is not None and got[0][1] == key[1]
-            self._lm = got = (key, fresh_lm_cache(lm, labels, old, same_alphabet))
+            cache = fresh_lm_cache(lm, labels, old, same_alphabet)
+            model = lm.arrays_model()
+            if model is not None:  # an ARPA model: read from its compiled arrays inside the loop
+                cache.model = model
+                cache.arrays = word_arrays(lm, model, labels.alphabet, labels.alphabet_key)
+            self._lm = got = (key, cache)
         return got[1]
 
     def take_workspace(self, history: int, nodes: int, width: int, rows: int) -> Workspace:
@@ -276,6 +282,8 @@ def _utterance(ws: Workspace, run: SearchRun, u: int) -> list[CTCHypothesis]:
     """Search utterance ``u`` on ``ws`` from its first frame to its hypotheses."""
     _begin(ws, run.vocab)
     recorder, fusion = run.recorder, run.fusion
+    if fusion.static.lm.flags[0]:
+        ws.nodes["sid"][0] = fusion.static.lm.start[0]  # the contexts are the compiled model's states
     if recorder is not None:
         recorder.begin(u, int(run.cands.lens[u]), lambda node: texts_of(ws, fusion, np.array([node]))[0])
     _frames(ws, run, u)
@@ -342,7 +350,8 @@ def _frames(ws: Workspace, run: SearchRun, utt: int) -> None:
     row0, n_frames = utt * run.cands.T, int(run.cands.lens[utt])
     t = 0
     static = fusion.static
-    reading = fusion.cache.lock.shared if fusion.cache is not None else nullcontext
+    # a compiled model's search writes nothing shared: no lock to take
+    reading = fusion.cache.lock.shared if fusion.cache is not None and fusion.cache.arrays is None else nullcontext
     while True:
         with reading():
             status, t = K.run_frames(static, fusion.table, ws.store(), frame_input, knobs, row0, t, n_frames)
