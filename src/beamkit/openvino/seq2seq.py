@@ -106,7 +106,7 @@ class OVSeq2SeqStep:
     def _run(self, kind: str, inputs: dict[str, np.ndarray], request: Any = None) -> Any:
         request = self.requests[kind] if request is None else request
         start = time.perf_counter()
-        request.infer(inputs, share_inputs=True)
+        request.infer(inputs, share_inputs=True, share_outputs=True)  # outputs read as views: none copied
         self.forward_seconds += time.perf_counter() - start
         return request
 

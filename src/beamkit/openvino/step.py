@@ -66,7 +66,7 @@ class _Backend:
                 rows = len(inputs["input_ids"])
                 kv = {n: np.zeros((rows, *e.shape[1:]), dtype=e.dtype) for n, e in self.empty.items()}
             inputs.update(kv)
-        self.request.infer(inputs, share_inputs=True)
+        self.request.infer(inputs, share_inputs=True, share_outputs=True)  # outputs read as views: none copied
         self.epoch += 1
         logits = self.request.get_tensor("logits").data  # shape: (rows, T, V)
         new = None
