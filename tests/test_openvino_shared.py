@@ -162,3 +162,14 @@ def test_bad_input_gets_one_clear_error(shared, tmp_path):
         bo.generate(plain, ids, mask, shared_prompt=True, num_beams=2, max_new_tokens=2)
     with pytest.raises(TypeError, match="shared_prompt must be"):
         bo.generate(plain, ids, mask, shared_prompt="yes")
+
+
+def test_other_precisions_run(shared):
+    _, folder = shared
+    ids, mask = _prompts()
+    model = bo.Model(folder)
+    for precision in ("bf16", "auto"):  # runs; tokens may differ from float32's
+        out = bo.generate(
+            model, ids, mask, precision=precision, shared_prompt=True, num_beams=4, max_new_tokens=4, eos_token_id=2
+        )
+        assert out.shape[0] == ids.shape[0]
