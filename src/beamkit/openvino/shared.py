@@ -26,7 +26,7 @@ import numpy as np
 
 from beamkit.hf.steps.join import Cohorts, Prompt
 from beamkit.hypothesis import SearchStats
-from beamkit.openvino.step import StaleState
+from beamkit.openvino.step import StaleState, infer, input_dtypes
 
 _CHUNK = 64  # columns added to the generated positions' mask buffer at a time
 _STATE_NAME = re.compile(r"past_key_values\.(\d+)\.(key|value)")
@@ -37,6 +37,7 @@ class _SharedBackend:
 
     def __init__(self, compiled: Any, model: Any):
         self.request = compiled.create_infer_request()
+        self.dtypes = input_dtypes(compiled)
         self.names = [f"prompt_key_values.{i}.{p}" for i in range(model.shared_layers) for p in ("key", "value")]
         self.dims = {}  # prompt input name -> (heads, d)
         for name in self.names:
@@ -58,7 +59,7 @@ class _SharedBackend:
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """Run ``inputs``; the logits of each row's last position ``[rows, V]`` (a view of the output)."""
-        self.request.infer(inputs, share_inputs=True, share_outputs=True)  # outputs read as views: none copied
+        infer(self.request, inputs, self.dtypes)
         self.epoch += 1
         return self.request.get_tensor("logits").data[:, -1, :]  # shape: (rows, V)
 

@@ -35,6 +35,31 @@ from beamkit.ops.gather import left_pad
 _CHUNK = 64  # columns added to the mask buffer at a time
 
 
+def input_dtypes(compiled: Any) -> dict[str, Any]:
+    """The numpy type of each input of a compiled model, by every name of the input."""
+    out = {}
+    for port in compiled.inputs:
+        dtype = port.get_element_type().to_dtype()
+        for name in port.get_names():
+            out[name] = dtype
+    return out
+
+
+def infer(request: Any, inputs: dict[str, np.ndarray], dtypes: dict[str, Any]) -> None:
+    """Run ``request`` on ``inputs`` (arrays by input name, each bound to the request without a copy where it is
+    contiguous, writable and of the input's type ``dtypes[name]``, else converted first); the outputs stay the
+    request's tensors (read them as views). Cheaper per call than ``InferRequest.infer(inputs)``, whose Python
+    side dispatches every input and gathers the outputs into a dictionary."""
+    from openvino import Tensor
+
+    for name, array in inputs.items():
+        dtype = dtypes[name]
+        if array.dtype != dtype or not (array.flags.c_contiguous and array.flags.writeable):
+            array = np.array(array, dtype=dtype, order="C")
+        request.set_tensor(name, Tensor(array, shared_memory=True))
+    request.infer(share_outputs=True)
+
+
 class StaleState(RuntimeError):
     """A decoding state of a stateful OpenVINO model that is no longer the model's (a newer one ran since)."""
 
@@ -44,6 +69,7 @@ class _Backend:
 
     def __init__(self, compiled: Any, model: Any):
         self.request = compiled.create_infer_request()
+        self.dtypes = input_dtypes(compiled)
         self.stateful = bool(model.stateful)
         self.reorders = bool(model.reorders) or not self.stateful
         self.takes_positions = bool(model.takes_positions)
@@ -66,7 +92,7 @@ class _Backend:
                 rows = len(inputs["input_ids"])
                 kv = {n: np.zeros((rows, *e.shape[1:]), dtype=e.dtype) for n, e in self.empty.items()}
             inputs.update(kv)
-        self.request.infer(inputs, share_inputs=True, share_outputs=True)  # outputs read as views: none copied
+        infer(self.request, inputs, self.dtypes)
         self.epoch += 1
         logits = self.request.get_tensor("logits").data  # shape: (rows, T, V)
         new = None
