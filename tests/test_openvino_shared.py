@@ -173,3 +173,14 @@ def test_other_precisions_run(shared):
             model, ids, mask, precision=precision, shared_prompt=True, num_beams=4, max_new_tokens=4, eos_token_id=2
         )
         assert out.shape[0] == ids.shape[0]
+
+
+def test_a_sliding_window_model_is_refused_at_export(tmp_path):
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, sliding_window=4,
+    )  # fmt: skip
+    model = transformers.MistralForCausalLM(cfg).eval()
+    with pytest.raises(TypeError, match="no shared-prompt IR: .*no sliding window"):
+        bo.export_shared_prompt(model, tmp_path / "ir")

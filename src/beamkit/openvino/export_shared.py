@@ -64,6 +64,10 @@ def export_shared_prompt(model: Any, out_dir: str | Path) -> Path:
             warnings.simplefilter("ignore")  # the tracer's notes on values it keeps constant (checked by the tests)
             wrapper.calls = calls
             ov_model = ov.convert_model(wrapper, example_input=example)
+    except Exception:
+        if wrapper.refused:  # the attention refused the model (raised inside the tracer, which rewraps it)
+            raise TypeError(f"this model has no shared-prompt IR: {wrapper.refused[0]}") from None
+        raise
     finally:
         _PARTS.reset(token)
     if not calls or len(set(calls)) != layers:
@@ -109,6 +113,7 @@ def _wrapper_class() -> Any:
             self.layers = layers
             self.cache_key = cache_keyword(model)
             self.calls: list[int] = []
+            self.refused: list[str] = []  # why the attention refused this model, when it did
 
         def forward(
             self,
@@ -137,6 +142,9 @@ def _wrapper_class() -> Any:
                     input_ids=input_ids, position_ids=position_ids, use_cache=True, logits_to_keep=1,
                     return_dict=True, **{self.cache_key: cache},
                 )  # fmt: skip
+            except TypeError as err:
+                self.refused.append(str(err))
+                raise
             finally:
                 _PARTS.reset(token)
             self.calls[:] = parts.calls
@@ -183,11 +191,10 @@ def _attention(
 
     parts = _PARTS.get()
     layer = getattr(module, "layer_idx", None)
-    if parts is None or layer is None or dropout or kwargs.get("sliding_window") is not None:
-        raise TypeError(
-            "the shared-prompt attention runs only while beamkit exports a shared-prompt IR, for layers with a "
-            "layer_idx and full attention"
-        )
+    if parts is None:
+        raise TypeError("the shared-prompt attention runs only while beamkit exports a shared-prompt IR")
+    if layer is None or dropout or kwargs.get("sliding_window") is not None:
+        raise TypeError("its attention layers need a layer_idx and full attention (no sliding window, no dropout)")
     if kwargs.get("s_aux", kwargs.get("sinks")) is not None or kwargs.get("softcap") is not None:
         raise TypeError("the shared-prompt IR does not compute attention sinks or soft-capped scores")
     parts.calls.append(int(layer))
