@@ -184,3 +184,14 @@ def test_a_sliding_window_model_is_refused_at_export(tmp_path):
     model = transformers.MistralForCausalLM(cfg).eval()
     with pytest.raises(TypeError, match="no shared-prompt IR: .*no sliding window"):
         bo.export_shared_prompt(model, tmp_path / "ir")
+
+
+def test_an_older_state_is_refused(shared):
+    _, folder = shared
+    step = bo.OVSharedPromptStep(bo.Model(folder))
+    ids, mask = _prompts()
+    _, first = step(step.init_state(ids, mask), np.zeros(6, dtype=np.int64))
+    older = first.beamkit_select(np.arange(6))
+    step(first, np.full(6, 5))
+    with pytest.raises(bo.StaleState, match="one batch"):
+        step(older, np.full(6, 5))

@@ -51,7 +51,7 @@ class _SharedBackend:
         """Bind the prompt arrays and mask (kept alive here: the request reads their memory)."""
         import openvino as ov
 
-        self.prompt = {n: np.ascontiguousarray(prompt[n], dtype=np.float32) for n in self.names}
+        self.prompt = {n: np.ascontiguousarray(prompt[n], dtype=self.dtypes[n]) for n in self.names}
         self.prompt_mask = np.ascontiguousarray(mask, dtype=np.int64)
         for name, array in self.prompt.items():
             self.request.set_tensor(name, ov.Tensor(array, shared_memory=True))
