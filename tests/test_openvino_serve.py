@@ -125,3 +125,19 @@ def test_ov_command_serves_dictionary_and_streamed_requests_as_generate_alone(hf
     events = got["stream"]
     assert events[-1] == "[DONE]" and len(events) > 2  # progress events, the final answer, the end
     same([(c["text"], c["logprob"]) for c in events[-2]["choices"]], want["stream"])
+
+
+def test_ov_shared_prompt_ir_serves_concurrent_requests_as_generate_alone(hf_dir, tmp_path):  # noqa: F811
+    """The adapter on the folder's shared-prompt IR (each request's prompt held once): requests sent at once (they
+    join the running engine at different steps) get what ``beamkit.hf.generate`` gives each alone."""
+    import beamkit.openvino as bo
+    from beamkit.adapters.openvino import OVAdapter
+
+    folder = bo.export_decoder(hf_dir, tmp_path / "ir", shared_prompt=True)
+    want, _ = _hf_generate_alone(hf_dir)
+    adapter = OVAdapter(folder, shared_prompt=True)
+    assert isinstance(adapter._step, bo.OVSharedPromptStep)
+    got, reasons = _hf_served(adapter)
+    for prompt in want:
+        same(got[prompt], want[prompt])
+    assert reasons == {"stop", "length"}
