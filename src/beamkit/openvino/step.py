@@ -81,6 +81,8 @@ class _Backend:
             dims = [0 if i in (0, 2) else shape[i].get_length() for i in range(len(shape))]
             self.empty[name] = np.zeros(dims, dtype=model.ir.input(name).get_element_type().to_dtype())
         self.epoch = 0  # runs so far: an OVRows of a stateful model is live while its epoch is this one
+        self._order: np.ndarray | None = None  # the beam_idx bound at the last run
+        self._identity: np.ndarray | None = None  # the identity beam_idx of the last row count asked
 
     def run(self, inputs: dict[str, np.ndarray], kv: dict[str, np.ndarray] | None) -> tuple[np.ndarray, Any]:
         """Run ``inputs`` (with ``kv``, a stateless model's past keys/values); the logits of each row's last
@@ -92,13 +94,23 @@ class _Backend:
                 rows = len(inputs["input_ids"])
                 kv = {n: np.zeros((rows, *e.shape[1:]), dtype=e.dtype) for n, e in self.empty.items()}
             inputs.update(kv)
+        order = inputs.get("beam_idx")
+        if order is not None and order is self._order:  # the same identity order as bound already
+            inputs = {k: v for k, v in inputs.items() if k != "beam_idx"}
         infer(self.request, inputs, self.dtypes)
+        self._order = order
         self.epoch += 1
         logits = self.request.get_tensor("logits").data  # shape: (rows, T, V)
         new = None
         if not self.stateful:  # the outputs' memory is the request's: copied before the next run
             new = {p: self.request.get_tensor(o).data.copy() for p, o in zip(self.past, self.present, strict=True)}
         return logits[:, -1, :], new
+
+    def identity(self, rows: int) -> np.ndarray:
+        """``beam_idx`` of ``rows`` rows in order (int32), one array per row count: bound once while it repeats."""
+        if self._identity is None or self._identity.shape[0] != rows:
+            self._identity = np.arange(rows, dtype=np.int32)
+        return self._identity
 
     def read(self) -> dict[str, np.ndarray]:
         """A stateful model's keys/values by state name (``[rows, heads, L, d]`` each)."""
@@ -223,7 +235,7 @@ class OVDecoderStep:
             ids = y[:, None]  # shape: (rows, 1)
             inputs = {"input_ids": ids, "attention_mask": np.ascontiguousarray(mask[:, :length])}
             if backend.stateful:
-                inputs["beam_idx"] = phys.astype(np.int32)
+                inputs["beam_idx"] = backend.identity(rows) if identity else phys.astype(np.int32)
         else:  # no beam_idx: every cache row runs; the live ones keep their order and never fork
             if rows and bool((np.diff(phys) <= 0).any()):
                 raise ValueError(
