@@ -1,5 +1,5 @@
-"""Benchmark: beamkit's search over an OpenVINO IR against OpenVINO GenAI's ``LLMPipeline`` on the same IR, and
-Hugging Face ``model.generate``.
+"""Benchmark: beamkit's search over an OpenVINO IR against OpenVINO GenAI's ``LLMPipeline`` and
+``ContinuousBatchingPipeline`` on the same IR, and Hugging Face ``model.generate``.
 
 One process, the systems interleaved in rotating order (each runs first, second, ... equally often), one thread
 each (``--threads``: torch's threads, OpenVINO's ``INFERENCE_NUM_THREADS``), random GPT-2 models built offline
@@ -20,18 +20,19 @@ with a fixed seed (``bench/vs_ct2.py``'s builders):
 * ``default``: each side's CPU default (beamkit ``precision="auto"``; GenAI with no precision property).
 
 Columns: ``hf`` (float32 torch), ``bk-ov`` (``beamkit.openvino.generate``), ``genai`` (``LLMPipeline.generate``
-on the prompts' ids and mask). Each timed call records process CPU time and wall time. Per model, mode and
-precision it prints::
+on the prompts' ids and mask), ``genai-cb`` (``ContinuousBatchingPipeline.generate``: each prompt, its padding
+stripped, a request of its paged-attention scheduler; 1 GB of key/value blocks, its other scheduler defaults).
+Each timed call records process CPU time and wall time. Per model, mode and precision it prints::
 
     [gpt2-small/beam4/f32] cpu ms (wall ms): hf 9800 (9790), bk-ov 5400 (5390), genai 5300 (5290); rows = hf: ...
     vs-genai[gpt2-small/beam4/f32]: 0.98x; target >= 0.95x: met
     vs-hf[gpt2-small/beam4/f32]: 1.81x; target >= 1.5x: met
 
-``vs-genai`` is GenAI's CPU time over beamkit's (above 1: beamkit is faster), ``vs-hf`` Hugging Face's over
-beamkit's (float32 only). ``rows = hf`` counts rows equal to Hugging Face's best, token for token, for both
-OpenVINO sides (the target: >= 7 of 8 at float32; not set at the default precision). ``forward share`` is the
-share of beamkit's time spent inside OpenVINO's inference calls: where the rest of the time goes (the search,
-the processors, Python).
+``vs-genai`` / ``vs-genai-cb`` is that GenAI pipeline's CPU time over beamkit's (above 1: beamkit is faster),
+``vs-hf`` Hugging Face's over beamkit's (float32 only). ``rows = hf`` counts rows equal to Hugging Face's best,
+token for token, for every OpenVINO side (the target: >= 7 of 8 at float32; not set at the default precision).
+``forward share`` is the share of beamkit's time spent inside OpenVINO's inference calls: where the rest of the
+time goes (the search, the processors, Python).
 
 Run: ``python bench/vs_openvino.py [--models tiny,gpt2-small,marian] [--modes beam,greedy]
 [--precisions f32,default] [--repeats 3] [--threads 1]``. Needs ``openvino``, ``openvino-genai``, torch and
@@ -108,6 +109,40 @@ def genai_runner(folder: Path, precision: str, threads: int, beams: int, ids: An
     return run
 
 
+def genai_cb_runner(folder: Path, precision: str, threads: int, beams: int, ids: Any, mask: Any, eos: int) -> Any:
+    """A call of GenAI's ``ContinuousBatchingPipeline`` (its paged-attention scheduler: the IR's attention turned
+    into paged attention, prompts batched together) on the IR folder: every prompt (its padding stripped) as a
+    request, ``beams`` beams at fixed length; returns the best new ids per prompt."""
+    import openvino as ov
+    import openvino_genai as og
+
+    props: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads}
+    if precision == "f32":
+        props.update(INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
+    scheduler = og.SchedulerConfig()
+    scheduler.cache_size = 1  # GB of key/value blocks
+    pipe = og.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", props)
+    config = og.GenerationConfig()
+    config.max_new_tokens = NEW
+    config.min_new_tokens = NEW
+    config.num_beams = beams
+    config.num_beam_groups = 1
+    config.num_return_sequences = 1
+    config.diversity_penalty = 0.0
+    config.length_penalty = 1.0
+    config.stop_criteria = og.StopCriteria.HEURISTIC  # Hugging Face's early_stopping=False
+    config.eos_token_id = eos
+    config.do_sample = False
+    prompts = [
+        ov.Tensor(row[keep.bool()].numpy().astype(np.int64)[None]) for row, keep in zip(ids, mask, strict=True)
+    ]  # each: (1, its length)
+
+    def run() -> list[list[int]]:
+        return [list(r.m_generation_ids[0]) for r in pipe.generate(prompts, [config] * len(prompts))]
+
+    return run
+
+
 def run(kind: str, mode: str, precision: str, repeats: int, threads: int, folder: Path, model: Any, ids: Any,
         mask: Any) -> list[tuple[str, float, float, bool]]:  # fmt: skip
     """Time one model, mode and precision; print its line and targets; return the verdicts."""
@@ -132,11 +167,16 @@ def run(kind: str, mode: str, precision: str, repeats: int, threads: int, folder
         ],
         "bk-ov": bk,
         "genai": genai_runner(folder, precision, threads, beams, ids, mask, eos),
+        "genai-cb": genai_cb_runner(folder, precision, threads, beams, ids, mask, eos),
     }
     if precision != "f32":
         calls.pop("hf")  # Hugging Face's rows are the float32 reference: computed once, untimed
     reference = [r[PROMPT_LEN:] for r in model.generate(ids, attention_mask=mask, do_sample=False, **kw).tolist()]
-    targets = {"genai": GENAI_TARGET[kind], **({"hf": HF_TARGET} if "hf" in calls else {})}
+    targets = {
+        "genai": GENAI_TARGET[kind],
+        "genai-cb": GENAI_TARGET[kind],
+        **({"hf": HF_TARGET} if "hf" in calls else {}),
+    }
     # the rows are compared with Hugging Face's float32 ones as a target at float32 only (counted at every precision)
     return _timed(f"{kind}/{mode}/{precision}", calls, reference, repeats, forward, targets, precision == "f32")
 

@@ -41,20 +41,30 @@ def load_folder(folder: str | Path, auto_class: Any, tokenizer: Any) -> tuple[An
 
 
 def export_decoder(
-    model: Any, out_dir: str | Path, *, tokenizer: Any = None, stateful: bool = True, beam_idx: bool = True
+    model: Any,
+    out_dir: str | Path,
+    *,
+    tokenizer: Any = None,
+    stateful: bool = True,
+    beam_idx: bool = True,
+    shared_prompt: bool = False,
 ) -> Path:
     """Convert ``model`` (a ``transformers`` decoder-only model with a key/value cache, e.g. GPT-2, Llama;
     or the folder of one) to an OpenVINO IR folder ``out_dir`` and return its path. ``tokenizer`` (a
     ``transformers`` tokenizer) is saved beside it, so ``--model ov:DIR`` finds one; a folder's own tokenizer
     is copied when it has one. The weights are kept in their float32 (or given) precision; the model is not
     changed. ``beam_idx=False`` (stateful only) leaves out the ``beam_idx`` input: such a model decodes greedily
-    only. Raises TypeError for an encoder-decoder model or a model without a key/value cache."""
+    only. ``shared_prompt=True`` also writes beamkit's shared-prompt IR beside it
+    (:mod:`beamkit.openvino.export_shared`: wide beams hold their request's prompt keys/values once; decoded with
+    ``generate(..., shared_prompt=True)``). Raises TypeError for an encoder-decoder model or a model without a
+    key/value cache."""
     import openvino as ov
     import torch
     import transformers
 
     check_bool("stateful", stateful)
     check_bool("beam_idx", beam_idx)
+    check_bool("shared_prompt", shared_prompt)
     if isinstance(model, (str, Path)):
         model, tokenizer = load_folder(model, transformers.AutoModelForCausalLM, tokenizer)
     config = getattr(model, "config", None)
@@ -82,6 +92,10 @@ def export_decoder(
         gen.save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    if shared_prompt:
+        from beamkit.openvino.export_shared import export_shared_prompt
+
+        export_shared_prompt(model, out)
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from beamkit._checks import check_bool
 from beamkit.openvino.model import Model, check_precision, require
 
 
@@ -24,6 +25,7 @@ def generate(
     *,
     precision: str = "f32",
     threads: int | None = None,
+    shared_prompt: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Decode with beamkit's engine over an OpenVINO IR and return what :func:`beamkit.hf.generate` returns.
@@ -32,7 +34,9 @@ def generate(
     :class:`~beamkit.openvino.Model`. ``input_ids`` / ``attention_mask``: left-padded prompts ``[batch, P]``
     (torch tensors; the mask is inferred from ``pad_token_id`` when omitted). ``precision``: ``"f32"`` (float32
     inference and key/value cache: Hugging Face's float32 results), ``"bf16"`` or ``"auto"`` (OpenVINO's CPU
-    defaults); ``threads``: OpenVINO's inference threads (None: its default). Every other keyword is what
+    defaults); ``threads``: OpenVINO's inference threads (None: its default). ``shared_prompt=True`` decodes on the
+    folder's shared-prompt IR (``export_decoder(..., shared_prompt=True)``): each request's prompt keys/values are
+    held once however many beams read them (:mod:`beamkit.openvino.shared`). Every other keyword is what
     ``beamkit.hf.generate`` takes (beams, lengths, penalties, processors, n-best, sampling, constraints,
     ``prefix_allowed_tokens_fn``, ``return_dict_in_generate``, ``beamkit.SearchOptions`` fields), read over the
     folder's ``generation_config.json``; ``compile=`` and ``allowed_output=`` are for torch models and refused.
@@ -43,8 +47,9 @@ def generate(
     """
     require()
     check_precision(precision)
+    check_bool("shared_prompt", shared_prompt)
     prepared = prepare_call(as_model(model), input_ids, attention_mask, kwargs)
-    return run_call(prepared, precision, threads)
+    return run_call(prepared, precision, threads, shared_prompt)
 
 
 def prepare_call(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[str, Any]) -> Any:
@@ -84,8 +89,9 @@ def prepare_call(model: Model, inputs: Any, attention_mask: Any, kwargs: dict[st
     return Prepared(model, *rows_to_decode(input_ids, attention_mask, settings, model.vocab_size))
 
 
-def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
-    """Run a prepared call on beamkit's engine over the IR compiled at ``precision`` / ``threads``."""
+def run_call(prepared: Any, precision: str, threads: int | None, shared_prompt: bool = False) -> Any:
+    """Run a prepared call on beamkit's engine over the IR compiled at ``precision`` / ``threads`` (the
+    shared-prompt IR with ``shared_prompt``)."""
     import torch
 
     from beamkit.hf.bridge.generation import prompt_processors, request_seeds
@@ -94,7 +100,7 @@ def run_call(prepared: Any, precision: str, threads: int | None) -> Any:
     from beamkit.openvino.seq2seq import make_step
 
     model, input_ids, mask, settings = prepared.model, prepared.input_ids, prepared.mask, prepared.settings
-    step = make_step(model, precision, threads)
+    step = make_step(model, precision, threads, shared_prompt)
     batch = input_ids.shape[0]
     prefix = input_ids
     if settings.encoder_decoder:  # the decoder starts from the start token; the inputs go to the encoder

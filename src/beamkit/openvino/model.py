@@ -24,6 +24,7 @@ from beamkit._checks import check_choice, check_optional_int
 from beamkit.extras import install_hint
 
 IR_XML = "openvino_model.xml"
+SHARED_XML = "openvino_shared_prompt_model.xml"  # beamkit's shared-prompt IR of a decoder-only folder
 #: an encoder-decoder folder's IRs: the encoder, the first decoder step, the later decoder steps
 SEQ2SEQ_XML = {
     "encoder": "openvino_encoder_model.xml",
@@ -95,6 +96,9 @@ class Model:
         self.vocab_size = int(getattr(self.config.get_text_config(), "vocab_size", 0) or 0) or None
         self.encoder_decoder = bool(getattr(self.config, "is_encoder_decoder", False))
         self._compiled: dict[tuple[str, int | None], Any] = {}
+        self._shared_compiled: dict[tuple[str, str, int | None], Any] = {}
+        self.shared_ir: Any = None  # the shared-prompt IR (beamkit.openvino.export_shared), when the folder has one
+        self.shared_layers = 0
         self.irs: dict[str, Any] = {}
         if self.encoder_decoder:
             self._read_seq2seq()
@@ -146,6 +150,14 @@ class Model:
         self.stateful = not self.layers
         if self.stateful and not any(op.get_type_name() == "ReadValue" for op in self.ir.get_ops()):
             raise ValueError(f"{xml} has neither a key/value state nor past_key_values inputs: it cannot decode")
+        shared = self.path / SHARED_XML
+        if shared.is_file():
+            try:
+                self.shared_ir = self.core.read_model(shared)
+            except RuntimeError as err:
+                raise ValueError(f"{shared} cannot be read as an OpenVINO IR: {str(err).splitlines()[0]}") from None
+            names = {name for port in self.shared_ir.inputs for name in port.get_names()}
+            self.shared_layers = sum(1 for n in names if n.startswith("prompt_key_values.") and n.endswith(".key"))
 
     def compiled(self, precision: str = "f32", threads: int | None = None) -> Any:
         """The IR compiled for the CPU at ``precision`` (:data:`PRECISIONS`) with ``threads`` inference threads
@@ -161,6 +173,24 @@ class Model:
             compiled = {kind: self.core.compile_model(ir, "CPU", props) for kind, ir in self.irs.items()}
             self._compiled[key] = compiled if self.encoder_decoder else compiled["model"]
         return self._compiled[key]
+
+    def compiled_shared(self, precision: str = "f32", threads: int | None = None) -> Any:
+        """The folder's shared-prompt IR compiled for the CPU at ``precision`` with ``threads`` (once per pair);
+        ValueError when the folder has none."""
+        check_precision(precision)
+        threads = check_optional_int("threads", threads, 1)
+        if self.shared_ir is None:
+            raise ValueError(
+                f"{self.path} has no shared-prompt IR ({SHARED_XML}): export the folder with "
+                "beamkit.openvino.export_decoder(..., shared_prompt=True)"
+            )
+        key = ("shared", precision, threads)
+        if key not in self._shared_compiled:
+            props: dict[str, Any] = dict(PRECISIONS[precision])
+            if threads is not None:
+                props["INFERENCE_NUM_THREADS"] = threads
+            self._shared_compiled[key] = self.core.compile_model(self.shared_ir, "CPU", props)
+        return self._shared_compiled[key]
 
     def forward(self, input_ids: Any, attention_mask: Any = None) -> Any:
         """The float32 logits ``[rows, V]`` of the next token after left-padded prompts ``input_ids`` ``[rows, P]``

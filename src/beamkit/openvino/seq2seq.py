@@ -106,7 +106,7 @@ class OVSeq2SeqStep:
     def _run(self, kind: str, inputs: dict[str, np.ndarray], request: Any = None) -> Any:
         request = self.requests[kind] if request is None else request
         start = time.perf_counter()
-        request.infer(inputs, share_inputs=True)
+        request.infer(inputs, share_inputs=True, share_outputs=True)  # outputs read as views: none copied
         self.forward_seconds += time.perf_counter() - start
         return request
 
@@ -158,9 +158,16 @@ class OVSeq2SeqStep:
         return logits, Seq2SeqRows(rows, rows.copy(), mask, own, cross, rows.copy())
 
 
-def make_step(model: Any, precision: str = "f32", threads: int | None = None) -> Any:
+def make_step(model: Any, precision: str = "f32", threads: int | None = None, shared_prompt: bool = False) -> Any:
     """The step function for ``model``: :class:`OVSeq2SeqStep` for an encoder-decoder folder, else
-    :class:`~beamkit.openvino.OVDecoderStep`."""
+    :class:`~beamkit.openvino.OVDecoderStep`, or with ``shared_prompt`` the folder's shared-prompt IR's
+    :class:`~beamkit.openvino.shared.OVSharedPromptStep` (ValueError where the folder has none)."""
+    if shared_prompt:
+        from beamkit.openvino.shared import OVSharedPromptStep
+
+        if model.encoder_decoder:
+            raise ValueError("shared_prompt is for decoder-only models; this folder holds an encoder-decoder")
+        return OVSharedPromptStep(model, precision, threads)
     if model.encoder_decoder:
         return OVSeq2SeqStep(model, precision, threads)
     return OVDecoderStep(model, precision, threads)

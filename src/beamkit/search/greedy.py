@@ -72,6 +72,7 @@ class _Greedy:
         self.carried = [i for i, p in enumerate(procs) if getattr(p, "carries", False)]
         self.stats = EngineStats()
         self.errors: dict[int, str] = {}
+        self._stop_ids: tuple[int, np.ndarray] | None = None  # (vocabulary width, its stop ids)
 
     def run(self, state: Any, y: np.ndarray, n: int) -> SearchResult:
         """Step until every request has ended."""
@@ -165,7 +166,13 @@ class _Greedy:
         procs = opt.processors
         if not procs and not raw:  # the log-sum-exp and the best token from one read
             stop = self._stops(int(logits.shape[1])) if masked else np.zeros(0, np.int64)
-            lse, vals, tok = lse_and_top(logits, 1 + stop.size)  # shape: (rows,), (rows, m), (rows, m)
+            lse, vals, tok = lse_and_top(logits, 1)  # shape: (rows,), (rows, 1), (rows, 1)
+            if stop.size and (bool((tok == stop).any()) or not bool(np.isfinite(lse).all())):
+                # below min_len, a row's best is a stop token (or a row is not finite): read one more candidate
+                # per stop token (where no row's best is one, its first non-stop candidate is that best)
+                lse, vals, tok = lse_and_top(logits, 1 + stop.size)  # shape: (rows,), (rows, m), (rows, m)
+            else:
+                stop = stop[:0]
             if stop.size:  # below min_len: each row's best token that is no stop token (ties: lowest id)
                 other = np.asarray(~np.isin(tok, stop))  # shape: (rows, m) m = 1 + stops: one at least, if V allows
                 first = other.argmax(axis=1)[:, None]  # shape: (rows, 1)
@@ -219,9 +226,11 @@ class _Greedy:
         return bad
 
     def _stops(self, vocab: int) -> np.ndarray:
-        """The stop token ids that are ids of a ``vocab``-wide vocabulary, each once."""
-        stop = np.unique(np.asarray(self.eos, dtype=np.int64))
-        return stop[(stop >= 0) & (stop < vocab)]
+        """The stop token ids that are ids of a ``vocab``-wide vocabulary, each once (kept per width)."""
+        if self._stop_ids is None or self._stop_ids[0] != vocab:
+            stop = np.unique(np.asarray(self.eos, dtype=np.int64))
+            self._stop_ids = (vocab, stop[(stop >= 0) & (stop < vocab)])
+        return self._stop_ids[1]
 
     def _mask_eos(self, scores: Any) -> Any:
         """Stop tokens set to -inf in every row (all rows are below ``min_len`` together)."""
