@@ -103,31 +103,8 @@ class CompiledSearch:
         k = min(o.beam_size_token or n_tokens, n_tokens)
         labels = int(np.diff(self.trie.word_start).max()) if self.trie.word_start.size > 1 else 0
         cap = o.beam_size * (k * (labels + 2) + 2)
-        if self.work is None or self.work.score.shape[0] < cap:
-            f, i = (lambda: np.empty(cap)), (lambda: np.empty(cap, dtype=np.int64))
-            groups = 1 << (2 * cap - 1).bit_length()
-            self.work = self.k.Work(
-                f(),
-                i(),
-                i(),
-                i(),
-                i(),
-                np.empty(cap, dtype=bool),
-                f(),
-                f(),
-                i(),
-                i(),
-                i(),
-                i(),
-                f(),
-                i(),
-                i(),
-                np.zeros(groups, dtype=np.int64),
-                np.zeros(groups, dtype=np.int64),
-                np.zeros(groups, dtype=np.int64),
-                np.zeros(1, dtype=np.int64),
-                np.empty((cap, 2), np.int64),
-            )
+        if self.work is None or self.work.score.shape[0] < cap or self.work.tokens.shape[0] != n_tokens:
+            self.work = self.k.new_work(cap, n_tokens)
         return self.work
 
     def step(self, emissions: np.ndarray) -> None:
@@ -142,8 +119,8 @@ class CompiledSearch:
             status, t = self.k.run_lexicon_frames(emissions, t, self.beam, self.trie, self.table, self.options, work)
             if status == self.k.DONE:
                 break
-            if status == self.k.GROW:
-                self._grow_table(work.score.shape[0])
+            if status == self.k.GROW:  # a frame makes at most beam_size states
+                self._grow_table(self.search.options.beam_size)
                 continue
             found = min(int(self.table.meta[4]), work.misses.shape[0])
             self._grow_table(found)

@@ -19,6 +19,7 @@ from ..tables import home_slot, next_slot
 
 DONE, MISSES, GROW = 0, 1, 2  # run_lexicon_frames's status
 EMPTY = -1  # an unused slot of the LM table
+PENDING = 1 << 62  # PENDING + key: the LM state of transition ``key``, not made yet (ids are below it)
 
 
 class TrieArrays(NamedTuple):
@@ -69,10 +70,11 @@ class Beam(NamedTuple):
 
 
 class Work(NamedTuple):
-    """Scratch rows for one frame's candidates and the misses found (pairs of state id and index)."""
+    """Scratch rows for one frame's candidates (``cap`` of them), their groups of equal states, the frame's tokens
+    and the misses found (pairs of state id and index); made once per decoder and reused."""
 
     score: np.ndarray  # shape: (cap,) float64
-    lm: np.ndarray  # shape: (cap,) int64
+    lm: np.ndarray  # shape: (cap,) int64, an LM state id, or PENDING + key for a state not made yet (no LM)
     lex: np.ndarray  # shape: (cap,) int64
     token: np.ndarray  # shape: (cap,) int64
     word: np.ndarray  # shape: (cap,) int64
@@ -80,17 +82,47 @@ class Work(NamedTuple):
     am: np.ndarray  # shape: (cap,) float64
     lm_sum: np.ndarray  # shape: (cap,) float64
     parent: np.ndarray  # shape: (cap,) int64
-    next: np.ndarray  # shape: (cap,) int64, the next member of a candidate's group
-    head: np.ndarray  # shape: (cap,) int64, a group's first member (after merging: its best)
-    tail: np.ndarray  # shape: (cap,) int64
+    next: np.ndarray  # shape: (cap,) int64, the next member of a candidate's group (log-add merging)
+    first: np.ndarray  # shape: (cap,) int64, a group's first member
+    last: np.ndarray  # shape: (cap,) int64, a group's last member
+    top: np.ndarray  # shape: (cap,) int64, a group's best member (the earliest among equals)
     merged: np.ndarray  # shape: (cap,) float64, a group's merged score
-    members: np.ndarray  # shape: (cap,) int64, one group's members sorted
-    order: np.ndarray  # shape: (cap,) int64, the kept groups sorted
-    gkeys: np.ndarray  # shape: (G,) int64, G a power of two >= 2 * cap: the group table's keys
-    ggroup: np.ndarray  # shape: (G,) int64
+    order: np.ndarray  # shape: (cap,) int64, the kept groups sorted (and one group's members, to log-add them)
+    ggroup: np.ndarray  # shape: (G,) int64, G a power of two >= 2 * cap: the group table's groups
     gstamp: np.ndarray  # shape: (G,) int64, the frame stamp a slot was written in
     stamp: np.ndarray  # shape: (1,) int64
+    tokens: np.ndarray  # shape: (N,) int64, the frame's tried tokens (best first with beam_size_token)
+    tried: np.ndarray  # shape: (N,) bool, whether the frame tries a token
     misses: np.ndarray  # shape: (cap, 2) int64
+
+
+def new_work(cap: int, n_tokens: int) -> Work:
+    """Scratch arrays for ``cap`` candidates a frame over ``n_tokens`` tokens."""
+    f, i = (lambda: np.empty(cap)), (lambda: np.empty(cap, dtype=np.int64))
+    groups = 1 << (2 * cap - 1).bit_length()
+    return Work(
+        score=f(),
+        lm=i(),
+        lex=i(),
+        token=i(),
+        word=i(),
+        blank=np.empty(cap, dtype=np.bool_),
+        am=f(),
+        lm_sum=f(),
+        parent=i(),
+        next=i(),
+        first=i(),
+        last=i(),
+        top=i(),
+        merged=f(),
+        order=i(),
+        ggroup=np.zeros(groups, dtype=np.int64),
+        gstamp=np.zeros(groups, dtype=np.int64),
+        stamp=np.zeros(1, dtype=np.int64),
+        tokens=np.arange(n_tokens, dtype=np.int64),
+        tried=np.ones(n_tokens, dtype=np.bool_),
+        misses=np.empty((cap, 2), dtype=np.int64),
+    )
 
 
 def new_table(capacity: int, stride: int, external: bool, first_free: int) -> Table:
@@ -164,7 +196,8 @@ def _lm_step(
     n_miss: int,
 ) -> tuple[int, float, int]:  # noqa: E501
     """The child of LM state ``parent`` after ``index`` and its score; -1 when a Python LM has not scored it yet
-    (recorded as a miss). A LM without scores of its own (no LM) creates the child with score 0."""
+    (recorded as a miss). Without an LM (score 0), a child not made yet is returned as ``PENDING + key``:
+    :func:`store` makes the states of the hypotheses it keeps, so a frame adds at most ``beam_size`` states."""
     key = parent * meta[2] + index + 1
     slot = table_find(keys, key)
     if slot >= 0:
@@ -174,14 +207,7 @@ def _lm_step(
             misses[n_miss, 0] = parent
             misses[n_miss, 1] = index
         return -1, 0.0, n_miss + 1
-    c = meta[1]
-    meta[1] += 1
-    slot = -slot - 1
-    keys[slot] = key
-    child[slot] = c
-    score[slot] = 0.0
-    meta[0] += 1
-    return c, 0.0, n_miss
+    return PENDING + key, 0.0, n_miss  # a state not made yet: made by store() only if a hypothesis keeps it
 
 
 @njit_inline
@@ -212,6 +238,26 @@ def _add(cand: tuple, n: int, best: float, thr: float, entry: tuple) -> tuple[in
     return n, best
 
 
+@njit_inline
+def _best_tokens(row: np.ndarray, k: int, order: np.ndarray, tried: np.ndarray) -> None:
+    """The frame's ``k`` best tokens into ``order[:k]``, best first (the lower id first among equals, as a stable
+    sort), and ``tried`` set for them alone."""
+    n = 0
+    for tok in range(row.shape[0]):
+        tried[tok] = False
+        v = row[tok]
+        if n == k and v <= row[order[k - 1]]:
+            continue
+        j = min(n, k - 1)
+        while j > 0 and row[order[j - 1]] < v:
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = tok
+        n = min(n + 1, k)
+    for r in range(k):
+        tried[order[r]] = True
+
+
 @njit
 def run_lexicon_frames(
     emissions: np.ndarray, start: int, beam: Any, trie: Any, table: Any, options: Any, work: Any
@@ -236,7 +282,6 @@ def run_lexicon_frames(
     allow_unk = unk_score > -math.inf
     T, N = emissions.shape
     k = min(k_tokens, N)
-    cap = work.score.shape[0]
     cand = (work.score, work.lm, work.lex, work.token, work.word, work.blank, work.am, work.lm_sum, work.parent)
     t_keys, t_child, t_score, t_meta, misses = table.keys, table.child, table.score, table.meta, work.misses
     b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
@@ -250,17 +295,17 @@ def run_lexicon_frames(
     )
     child_start, child_token, child_node = trie.child_start, trie.child_token, trie.child_node
     max_score, word_start, words = trie.max_score, trie.word_start, trie.words
+    order, tried = work.tokens, work.tried
+    if N == k:  # every token, in column order
+        for tok in range(N):
+            order[tok] = tok
+            tried[tok] = True
     for t in range(start, T):
-        if 2 * (table.meta[0] + cap) > table.keys.shape[0]:
+        if 2 * (table.meta[0] + beam_size) > table.keys.shape[0]:
             return GROW, t
         row = emissions[t]
         if N > k:
-            order = np.argsort(-row, kind="mergesort")[:k]
-        else:
-            order = np.arange(N)
-        tried = np.zeros(N, dtype=np.bool_)
-        for r in range(k):
-            tried[order[r]] = True
+            _best_tokens(row, k, order, tried)
         n = 0
         best = -math.inf
         n_miss = 0
@@ -340,84 +385,83 @@ def run_lexicon_frames(
         if n_miss > 0:
             table.meta[4] = n_miss
             return MISSES, t
-        store(work, n, best, thr, beam_size, log_add == 1, beam, N)
+        store(work, n, best, thr, beam_size, log_add == 1, beam, table)
     return DONE, T
 
 
+@njit_inline
+def _group_slot(work: Any, i: int, stamp: int, mask: int) -> int:
+    """The slot of the group table holding candidate ``i``'s state (same LM state, trie node, token and blank
+    flag as the group's first member), or the free slot where its group goes."""
+    lm, lex, token, blank = work.lm[i], work.lex[i], work.token[i], work.blank[i]
+    key = ((lm * 1000003 + lex) * 8191 + token) * 2 + (1 if blank else 0)
+    slot = home_slot(key, mask)
+    while work.gstamp[slot] == stamp:
+        f = work.first[work.ggroup[slot]]
+        if work.lm[f] == lm and work.lex[f] == lex and work.token[f] == token and work.blank[f] == blank:
+            return slot
+        slot = next_slot(slot, mask)
+    return slot
+
+
 @njit
-def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: bool, beam: Any, n_tokens: int) -> None:
+def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: bool, beam: Any, table: Any) -> None:
     """flashlight's candidatesStore: drop candidates below best - threshold, merge equal states (max or log-sum,
     in descending score order), keep the ``beam_size`` best as the next beam (best first, earlier first among
-    equals) and record the back-pointers. Groups are found with a hash table stamped per frame."""
+    equals) and record the back-pointers. Groups are found with a hash table stamped per frame; an LM state not
+    made yet (``PENDING + key``, no LM) is made here for the hypotheses kept."""
     floor = best - thr
     work.stamp[0] += 1
     stamp = work.stamp[0]
-    mask = work.gkeys.shape[0] - 1
-    n_lex = 1
-    for i in range(n):
-        if work.lex[i] + 2 > n_lex:
-            n_lex = work.lex[i] + 2
+    mask = work.gstamp.shape[0] - 1
+    score, first, last, top, nxt, merged = work.score, work.first, work.last, work.top, work.next, work.merged
     g = 0
     for i in range(n):
-        if work.score[i] < floor:
+        s = score[i]
+        if s < floor:
             continue
-        key = ((work.lm[i] * n_lex + work.lex[i] + 1) * n_tokens + work.token[i]) * 2 + (1 if work.blank[i] else 0)
-        slot = home_slot(key, mask)
-        while work.gstamp[slot] == stamp and work.gkeys[slot] != key:
-            slot = next_slot(slot, mask)
+        slot = _group_slot(work, i, stamp, mask)
         if work.gstamp[slot] == stamp:
             grp = work.ggroup[slot]
-            work.next[work.tail[grp]] = i
-            work.tail[grp] = i
+            if s > merged[grp]:  # max merge: the best member (the earliest among equals) leads the group
+                merged[grp] = s
+                top[grp] = i
+            if log_add:
+                nxt[last[grp]] = i
+                last[grp] = i
         else:
             work.gstamp[slot] = stamp
-            work.gkeys[slot] = key
             work.ggroup[slot] = g
-            work.head[g] = i
-            work.tail[g] = i
+            first[g] = i
+            top[g] = i
+            merged[g] = s
+            last[g] = i
             g += 1
-        work.next[i] = -1
-    # merge each group: its members by descending score (earlier first among equals)
-    members = work.members
-    for grp in range(g):
-        c = work.head[grp]
-        if work.next[c] < 0:
-            work.merged[grp] = work.score[c]
-            continue
-        size = 0
-        while c >= 0:
-            j = size
-            while j > 0 and work.score[members[j - 1]] < work.score[c]:
-                members[j] = members[j - 1]
-                j -= 1
-            members[j] = c
-            size += 1
-            c = work.next[c]
-        acc = work.score[members[0]]
-        for j in range(1, size):
-            s = work.score[members[j]]
-            hi, lo = (acc, s) if acc >= s else (s, acc)
-            acc = hi + math.log1p(math.exp(lo - hi)) if log_add else hi
-        work.head[grp] = members[0]
-        work.merged[grp] = acc
+        if log_add:
+            nxt[i] = -1
+    if log_add:
+        _log_add_groups(work, g)
     # the beam_size best groups, best first (earlier first among equals)
     keep = min(g, beam_size)
     order = work.order
     for grp in range(g):
-        v = work.merged[grp]
-        if grp >= keep and v <= work.merged[order[keep - 1]]:
+        v = merged[grp]
+        if grp >= keep and v <= merged[order[keep - 1]]:
             continue
         j = min(grp, keep - 1)
-        while j > 0 and work.merged[order[j - 1]] < v:
+        while j > 0 and merged[order[j - 1]] < v:
             order[j] = order[j - 1]
             j -= 1
         order[j] = grp
     step = beam.step[0] + 1
     for r in range(keep):
         grp = order[r]
-        c = work.head[grp]
-        beam.score[r] = work.merged[grp]
-        beam.lm[r] = work.lm[c]
+        c = top[grp]
+        lm = work.lm[c]
+        if lm >= PENDING:
+            lm = _make_state(table.keys, table.child, table.score, table.meta, lm - PENDING)
+        beam.score[r] = merged[grp]
+        beam.lm[r] = lm
         beam.lex[r] = work.lex[c]
         beam.token[r] = work.token[c]
         beam.blank[r] = work.blank[c]
@@ -428,6 +472,47 @@ def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: b
         beam.back_parent[step, r] = work.parent[c]
     beam.size[0] = keep
     beam.step[0] = step
+
+
+@njit_inline
+def _make_state(keys: np.ndarray, child: np.ndarray, score: np.ndarray, meta: np.ndarray, key: int) -> int:
+    """The id of the LM state of transition ``key`` (no LM), made now unless another kept hypothesis made it."""
+    slot = table_find(keys, key)
+    if slot >= 0:
+        return child[slot]
+    c = meta[1]
+    meta[1] += 1
+    slot = -slot - 1
+    keys[slot] = key
+    child[slot] = c
+    score[slot] = 0.0
+    meta[0] += 1
+    return c
+
+
+@njit
+def _log_add_groups(work: Any, g: int) -> None:
+    """Log-add merging: each group's members summed in descending score order (earlier first among equals)."""
+    members, score = work.order, work.score
+    for grp in range(g):
+        c = work.first[grp]
+        if work.next[c] < 0:
+            continue
+        size = 0
+        while c >= 0:
+            j = size
+            while j > 0 and score[members[j - 1]] < score[c]:
+                members[j] = members[j - 1]
+                j -= 1
+            members[j] = c
+            size += 1
+            c = work.next[c]
+        acc = score[members[0]]
+        for j in range(1, size):
+            s = score[members[j]]
+            hi, lo = (acc, s) if acc >= s else (s, acc)
+            acc = hi + math.log1p(math.exp(lo - hi))
+        work.merged[grp] = acc
 
 
 @njit
