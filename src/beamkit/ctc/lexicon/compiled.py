@@ -103,8 +103,10 @@ class CompiledSearch:
         k = min(o.beam_size_token or n_tokens, n_tokens)
         labels = int(np.diff(self.trie.word_start).max()) if self.trie.word_start.size > 1 else 0
         cap = o.beam_size * (k * (labels + 2) + 2)
-        if self.work is None or self.work.score.shape[0] < cap or self.work.tokens.shape[0] != n_tokens:
-            self.work = self.k.new_work(cap, n_tokens)
+        if self.work is None or self.work.cand.shape[0] < cap or self.work.tokens.shape[0] != n_tokens:
+            from .candidates import new_work
+
+            self.work = new_work(cap, n_tokens)
         return self.work
 
     def step(self, emissions: np.ndarray) -> None:

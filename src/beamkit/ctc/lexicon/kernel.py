@@ -4,7 +4,8 @@ The search's state lives in arrays: the beam (one row per hypothesis), the back-
 lexicon trie in CSR form, and the LM's tree of states as integer ids in an open-addressing table mapping
 ``(state id, word or token index)`` to the child's id and its score. :func:`run_lexicon_frames` decodes frames until the
 emissions end, an LM score is missing (a language model in Python: the caller asks it and resumes the same frame)
-or the table needs to grow. The arithmetic is the interpreted search's, operation for operation.
+or the table needs to grow. The arithmetic is the interpreted search's, operation for operation. A frame's
+candidates, their merging and the beam cut are :mod:`beamkit.ctc.lexicon.candidates`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import numpy as np
 
 from ..jit import njit, njit_inline
 from ..tables import home_slot, next_slot
+from .candidates import add, store
 
 DONE, MISSES, GROW = 0, 1, 2  # run_lexicon_frames's status
 EMPTY = -1  # an unused slot of the LM table
-PENDING = 1 << 62  # PENDING + key: the LM state of transition ``key``, not made yet (ids are below it)
+UNMADE = 1 << 62  # UNMADE + key: the LM state of transition ``key``, not made yet (ids are below it)
 
 
 class TrieArrays(NamedTuple):
@@ -67,62 +69,6 @@ class Beam(NamedTuple):
     back_token: np.ndarray  # shape: (steps, beam) int64
     back_word: np.ndarray  # shape: (steps, beam) int64
     back_parent: np.ndarray  # shape: (steps, beam) int64
-
-
-class Work(NamedTuple):
-    """Scratch rows for one frame's candidates (``cap`` of them), their groups of equal states, the frame's tokens
-    and the misses found (pairs of state id and index); made once per decoder and reused."""
-
-    score: np.ndarray  # shape: (cap,) float64
-    lm: np.ndarray  # shape: (cap,) int64, an LM state id, or PENDING + key for a state not made yet (no LM)
-    lex: np.ndarray  # shape: (cap,) int64
-    token: np.ndarray  # shape: (cap,) int64
-    word: np.ndarray  # shape: (cap,) int64
-    blank: np.ndarray  # shape: (cap,) bool
-    am: np.ndarray  # shape: (cap,) float64
-    lm_sum: np.ndarray  # shape: (cap,) float64
-    parent: np.ndarray  # shape: (cap,) int64
-    next: np.ndarray  # shape: (cap,) int64, the next member of a candidate's group (log-add merging)
-    first: np.ndarray  # shape: (cap,) int64, a group's first member
-    last: np.ndarray  # shape: (cap,) int64, a group's last member
-    top: np.ndarray  # shape: (cap,) int64, a group's best member (the earliest among equals)
-    merged: np.ndarray  # shape: (cap,) float64, a group's merged score
-    order: np.ndarray  # shape: (cap,) int64, the kept groups sorted (and one group's members, to log-add them)
-    ggroup: np.ndarray  # shape: (G,) int64, G a power of two >= 2 * cap: the group table's groups
-    gstamp: np.ndarray  # shape: (G,) int64, the frame stamp a slot was written in
-    stamp: np.ndarray  # shape: (1,) int64
-    tokens: np.ndarray  # shape: (N,) int64, the frame's tried tokens (best first with beam_size_token)
-    tried: np.ndarray  # shape: (N,) bool, whether the frame tries a token
-    misses: np.ndarray  # shape: (cap, 2) int64
-
-
-def new_work(cap: int, n_tokens: int) -> Work:
-    """Scratch arrays for ``cap`` candidates a frame over ``n_tokens`` tokens."""
-    f, i = (lambda: np.empty(cap)), (lambda: np.empty(cap, dtype=np.int64))
-    groups = 1 << (2 * cap - 1).bit_length()
-    return Work(
-        score=f(),
-        lm=i(),
-        lex=i(),
-        token=i(),
-        word=i(),
-        blank=np.empty(cap, dtype=np.bool_),
-        am=f(),
-        lm_sum=f(),
-        parent=i(),
-        next=i(),
-        first=i(),
-        last=i(),
-        top=i(),
-        merged=f(),
-        order=i(),
-        ggroup=np.zeros(groups, dtype=np.int64),
-        gstamp=np.zeros(groups, dtype=np.int64),
-        stamp=np.zeros(1, dtype=np.int64),
-        tokens=np.arange(n_tokens, dtype=np.int64),
-        tried=np.ones(n_tokens, dtype=np.bool_),
-        misses=np.empty((cap, 2), dtype=np.int64),
-    )
 
 
 def new_table(capacity: int, stride: int, external: bool, first_free: int) -> Table:
@@ -196,8 +142,8 @@ def _lm_step(
     n_miss: int,
 ) -> tuple[int, float, int]:  # noqa: E501
     """The child of LM state ``parent`` after ``index`` and its score; -1 when a Python LM has not scored it yet
-    (recorded as a miss). Without an LM (score 0), a child not made yet is returned as ``PENDING + key``:
-    :func:`store` makes the states of the hypotheses it keeps, so a frame adds at most ``beam_size`` states."""
+    (recorded as a miss). Without an LM (score 0), a child not made yet is returned as ``UNMADE + key``:
+    the states the new beam keeps are made after the beam cut, so a frame adds at most ``beam_size`` states."""
     key = parent * meta[2] + index + 1
     slot = table_find(keys, key)
     if slot >= 0:
@@ -207,35 +153,12 @@ def _lm_step(
             misses[n_miss, 0] = parent
             misses[n_miss, 1] = index
         return -1, 0.0, n_miss + 1
-    return PENDING + key, 0.0, n_miss  # a state not made yet: made by store() only if a hypothesis keeps it
+    return UNMADE + key, 0.0, n_miss  # a state not made yet: made only if the beam keeps it
 
 
 @njit_inline
 def _f32(x: float) -> float:
     return float(np.float32(x))
-
-
-@njit_inline
-def _add(cand: tuple, n: int, best: float, thr: float, entry: tuple) -> tuple[int, float]:
-    """flashlight's candidatesAdd: track the best; keep the candidate ``entry`` if within the threshold of it.
-    ``cand``: the candidate arrays (score, lm, lex, token, word, blank, am, lm_sum, parent), unpacked once per
-    frame loop; ``entry``: one value for each, in that order (inlined: the tuple costs nothing)."""
-    score, lm, lex, token, word, blank, am, lm_sum, parent = entry
-    if score >= best:
-        best = score
-    if score >= best - thr:
-        c_score, c_lm, c_lex, c_token, c_word, c_blank, c_am, c_lm_sum, c_parent = cand
-        c_score[n] = score
-        c_lm[n] = lm
-        c_lex[n] = lex
-        c_token[n] = token
-        c_word[n] = word
-        c_blank[n] = blank
-        c_am[n] = am
-        c_lm_sum[n] = lm_sum
-        c_parent[n] = parent
-        n += 1
-    return n, best
 
 
 @njit_inline
@@ -282,7 +205,7 @@ def run_lexicon_frames(
     allow_unk = unk_score > -math.inf
     T, N = emissions.shape
     k = min(k_tokens, N)
-    cand = (work.score, work.lm, work.lex, work.token, work.word, work.blank, work.am, work.lm_sum, work.parent)
+    cand = work.cand
     t_keys, t_child, t_score, t_meta, misses = table.keys, table.child, table.score, table.meta, work.misses
     b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
         beam.score,
@@ -323,11 +246,11 @@ def run_lexicon_frames(
                         c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, tok, n_miss)
                         if c < 0:
                             continue
-                        n, best = _add(
+                        n, best = add(
                             cand, n, best, thr, (score + w * s, c, -1, tok, -1, False, pam + e, plmsum + s, h)
                         )
                     else:
-                        n, best = _add(
+                        n, best = add(
                             cand, n, best, thr, (score, plm, -1, tok, -1, tok == blank_id, pam + e, plmsum, h)
                         )
                 continue
@@ -346,7 +269,7 @@ def run_lexicon_frames(
                 if pblank or tok != ptok:
                     if child_start[lex + 1] > child_start[lex]:
                         s = _f32(max_score[lex] - lex_max)
-                        n, best = _add(
+                        n, best = add(
                             cand, n, best, thr, (score + w * s, plm, lex, tok, -1, False, pam + e, plmsum + s, h)
                         )
                 w0, w1 = word_start[lex], word_start[lex + 1]
@@ -358,7 +281,7 @@ def run_lexicon_frames(
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)
-                    n, best = _add(
+                    n, best = add(
                         cand,
                         n,
                         best,
@@ -370,7 +293,7 @@ def run_lexicon_frames(
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)
-                    n, best = _add(
+                    n, best = add(
                         cand, n, best, thr, (score + w * s + unk_score, c, 0, tok, unk, False, pam + e, plmsum + s, h)
                     )
             if not pblank or at_root:
@@ -379,99 +302,24 @@ def run_lexicon_frames(
                 score = pscore + e
                 if tok == sil:
                     score += sil_score
-                n, best = _add(cand, n, best, thr, (score, plm, plex, tok, -1, False, pam + e, plmsum, h))
+                n, best = add(cand, n, best, thr, (score, plm, plex, tok, -1, False, pam + e, plmsum, h))
             e = float(row[blank_id])
-            n, best = _add(cand, n, best, thr, (pscore + e, plm, plex, blank_id, -1, True, pam + e, plmsum, h))
+            n, best = add(cand, n, best, thr, (pscore + e, plm, plex, blank_id, -1, True, pam + e, plmsum, h))
         if n_miss > 0:
             table.meta[4] = n_miss
             return MISSES, t
-        store(work, n, best, thr, beam_size, log_add == 1, beam, table)
+        store(work, n, best, thr, beam_size, log_add == 1, beam)
+        _make_kept_states(beam, table)
     return DONE, T
 
 
 @njit_inline
-def _group_slot(work: Any, i: int, stamp: int, mask: int) -> int:
-    """The slot of the group table holding candidate ``i``'s state (same LM state, trie node, token and blank
-    flag as the group's first member), or the free slot where its group goes."""
-    lm, lex, token, blank = work.lm[i], work.lex[i], work.token[i], work.blank[i]
-    key = ((lm * 1000003 + lex) * 8191 + token) * 2 + (1 if blank else 0)
-    slot = home_slot(key, mask)
-    while work.gstamp[slot] == stamp:
-        f = work.first[work.ggroup[slot]]
-        if work.lm[f] == lm and work.lex[f] == lex and work.token[f] == token and work.blank[f] == blank:
-            return slot
-        slot = next_slot(slot, mask)
-    return slot
-
-
-@njit
-def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: bool, beam: Any, table: Any) -> None:
-    """flashlight's candidatesStore: drop candidates below best - threshold, merge equal states (max or log-sum,
-    in descending score order), keep the ``beam_size`` best as the next beam (best first, earlier first among
-    equals) and record the back-pointers. Groups are found with a hash table stamped per frame; an LM state not
-    made yet (``PENDING + key``, no LM) is made here for the hypotheses kept."""
-    floor = best - thr
-    work.stamp[0] += 1
-    stamp = work.stamp[0]
-    mask = work.gstamp.shape[0] - 1
-    score, first, last, top, nxt, merged = work.score, work.first, work.last, work.top, work.next, work.merged
-    g = 0
-    for i in range(n):
-        s = score[i]
-        if s < floor:
-            continue
-        slot = _group_slot(work, i, stamp, mask)
-        if work.gstamp[slot] == stamp:
-            grp = work.ggroup[slot]
-            if s > merged[grp]:  # max merge: the best member (the earliest among equals) leads the group
-                merged[grp] = s
-                top[grp] = i
-            if log_add:
-                nxt[last[grp]] = i
-                last[grp] = i
-        else:
-            work.gstamp[slot] = stamp
-            work.ggroup[slot] = g
-            first[g] = i
-            top[g] = i
-            merged[g] = s
-            last[g] = i
-            g += 1
-        if log_add:
-            nxt[i] = -1
-    if log_add:
-        _log_add_groups(work, g)
-    # the beam_size best groups, best first (earlier first among equals)
-    keep = min(g, beam_size)
-    order = work.order
-    for grp in range(g):
-        v = merged[grp]
-        if grp >= keep and v <= merged[order[keep - 1]]:
-            continue
-        j = min(grp, keep - 1)
-        while j > 0 and merged[order[j - 1]] < v:
-            order[j] = order[j - 1]
-            j -= 1
-        order[j] = grp
-    step = beam.step[0] + 1
-    for r in range(keep):
-        grp = order[r]
-        c = top[grp]
-        lm = work.lm[c]
-        if lm >= PENDING:
-            lm = _make_state(table.keys, table.child, table.score, table.meta, lm - PENDING)
-        beam.score[r] = merged[grp]
-        beam.lm[r] = lm
-        beam.lex[r] = work.lex[c]
-        beam.token[r] = work.token[c]
-        beam.blank[r] = work.blank[c]
-        beam.am[r] = work.am[c]
-        beam.lm_sum[r] = work.lm_sum[c]
-        beam.back_token[step, r] = work.token[c]
-        beam.back_word[step, r] = work.word[c]
-        beam.back_parent[step, r] = work.parent[c]
-    beam.size[0] = keep
-    beam.step[0] = step
+def _make_kept_states(beam: Any, table: Any) -> None:
+    """Make the LM states not made yet (``UNMADE + key``, no LM) that the new beam holds."""
+    b_lm, keys, child, score, meta = beam.lm, table.keys, table.child, table.score, table.meta
+    for r in range(beam.size[0]):
+        if b_lm[r] >= UNMADE:
+            b_lm[r] = _make_state(keys, child, score, meta, b_lm[r] - UNMADE)
 
 
 @njit_inline
@@ -488,31 +336,6 @@ def _make_state(keys: np.ndarray, child: np.ndarray, score: np.ndarray, meta: np
     score[slot] = 0.0
     meta[0] += 1
     return c
-
-
-@njit
-def _log_add_groups(work: Any, g: int) -> None:
-    """Log-add merging: each group's members summed in descending score order (earlier first among equals)."""
-    members, score = work.order, work.score
-    for grp in range(g):
-        c = work.first[grp]
-        if work.next[c] < 0:
-            continue
-        size = 0
-        while c >= 0:
-            j = size
-            while j > 0 and score[members[j - 1]] < score[c]:
-                members[j] = members[j - 1]
-                j -= 1
-            members[j] = c
-            size += 1
-            c = work.next[c]
-        acc = score[members[0]]
-        for j in range(1, size):
-            s = score[members[j]]
-            hi, lo = (acc, s) if acc >= s else (s, acc)
-            acc = hi + math.log1p(math.exp(lo - hi))
-        work.merged[grp] = acc
 
 
 @njit
