@@ -3,10 +3,13 @@ plain Python (identical results, much slower; a warning says so once)."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -32,26 +35,50 @@ COLD_NOTE = "beamkit: compiling the CTC search once (about 20-60 s); later runs 
 
 def njit(fn: F) -> F:
     """Compile ``fn`` in numba's nopython mode (cached on disk), or return it unchanged without numba."""
-    if not COMPILED:
-        return fn
-    assert _numba is not None
-    try:
-        return _numba.njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return,return-value]
-    except RuntimeError:  # no writable place for numba's cache (a read-only install, no home): compile each run
-        return _numba.njit(nogil=True)(fn)  # type: ignore[no-any-return,return-value]
+    return _compile(fn)
 
 
 def njit_inline(fn: F) -> F:
     """:func:`njit`, with ``fn``'s body inlined into the compiled functions that call it (numba's
     ``inline="always"``): a small helper called per prefix that takes the search's tables as one record would
     otherwise receive a copy of the record at each call."""
+    return _compile(fn, inline="always")
+
+
+def _compile(fn: F, **flags: Any) -> F:
     if not COMPILED:
         return fn
     assert _numba is not None
     try:
-        return _numba.njit(cache=True, nogil=True, inline="always")(fn)  # type: ignore[no-any-return,return-value]
-    except RuntimeError:  # no writable place for numba's cache: compile each run
-        return _numba.njit(nogil=True, inline="always")(fn)  # type: ignore[no-any-return,return-value]
+        dispatcher = _numba.njit(cache=True, nogil=True, **flags)(fn)
+    except RuntimeError:  # no writable place for numba's cache (a read-only install, no home): compile each run
+        return _numba.njit(nogil=True, **flags)(fn)  # type: ignore[no-any-return]
+    _tie_cache_to_sources(dispatcher)
+    return dispatcher  # type: ignore[no-any-return]
+
+
+SOURCES = Path(__file__).resolve().parent  # the package of the CTC search
+
+
+@functools.cache
+def sources_stamp(root: Path = SOURCES) -> str:
+    """A digest of every module of the CTC search (the ``.py`` files under ``root``, names and contents)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _tie_cache_to_sources(dispatcher: Any) -> None:
+    """Make numba's on-disk cache of ``dispatcher`` current only for these sources of the whole search: numba
+    checks the function's own file alone, and a compiled function holds the code of the helpers it calls from
+    other modules, which an upgrade may change while its own file stays the same."""
+    try:
+        index = dispatcher._cache._cache_file  # numba's IndexDataCacheFile
+        index._source_stamp = (index._source_stamp, sources_stamp())
+    except Exception:  # noqa: BLE001 - a numba without this layout: its own check stands
+        pass
 
 
 def records(n: int, dtype: np.dtype) -> np.ndarray:
