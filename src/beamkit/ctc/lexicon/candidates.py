@@ -24,7 +24,8 @@ CAND = np.dtype(
         ("word", np.int64),  # the word ending here (-1: none)
         ("parent", np.int64),  # the hypothesis extended (its row in the beam)
         ("blank", np.bool_),  # the token is the blank
-    ]
+    ],
+    align=True,
 )  # one candidate of a frame: one record, so that the loop passes one array around (each array it passes costs
 # two atomic reference-count updates)
 
