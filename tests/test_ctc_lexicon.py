@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -116,6 +117,29 @@ def test_without_numba_the_same_search_runs_as_python(lexicon: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "same"
+
+
+@pytest.mark.parametrize("with_lexicon", [False, True], ids=["free", "lexicon"])
+def test_a_decoder_makes_its_arrays_once(with_lexicon: bool, lexicon: str) -> None:
+    # the search's arrays (beam, back-pointers, state table, a frame's scratch rows) are made by the decoder and
+    # its first call, and every later call works in them; each call still gives what a fresh decoder gives and
+    # what the interpreted oracle gives
+    lex = lexicon if with_lexicon else None
+    opts = LexiconOptions(nbest=5, beam_size=6, unk_score=-2.0 if with_lexicon else -math.inf)
+    dec = LexiconDecoder(TOKENS, lex, options=opts)
+    dec.decode(random_emissions(9, 100))  # longer than the back-pointers first made: they grow once
+    run = dec.search._run
+
+    def arrays() -> list[int]:
+        return [id(a) for part in (run.beam, run.work, run.table) for a in part]
+
+    made = arrays()
+    for seed, frames in ((0, 100), (1, 8), (2, 30), (3, 1)):
+        em = random_emissions(seed, frames)
+        got = plain(dec.decode(em)[0])
+        assert arrays() == made
+        assert got == plain(LexiconDecoder(TOKENS, lex, options=opts).decode(em)[0])
+        assert got == oracle_hyps(dec, em)
 
 
 def test_options_are_frozen_and_checked() -> None:

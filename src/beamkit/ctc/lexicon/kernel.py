@@ -339,18 +339,36 @@ def _make_state(keys: np.ndarray, child: np.ndarray, score: np.ndarray, meta: np
 
 
 @njit
-def backtrace(beam: Any, rows: np.ndarray, sil: int) -> tuple[np.ndarray, np.ndarray]:
-    """The token and word of every step of each final hypothesis (``rows``: their places in the last step's beam),
-    followed by the end's silence token (no word): two arrays of shape ``(len(rows), steps + 1)``."""
+def finish_frames(beam: Any, lm_ids: np.ndarray, scores: np.ndarray, nice: bool, options: Any, work: Any) -> None:  # noqa: E501
+    """The end of an utterance: each hypothesis (with ``nice``, only those at a word boundary) with the LM's
+    end-of-sentence score (``scores[h]``; its LM state after it: ``lm_ids[h]``) stored as one more step on the
+    silence token, merged, cut and sorted best first as a frame's candidates are."""
+    thr, w = options.values[0], options.values[1]
+    beam_size, sil, log_add = options.ints[0], options.ints[2], options.ints[5]
+    b_score, b_lex, b_am, b_lm_sum = beam.score, beam.lex, beam.am, beam.lm_sum
+    cand = work.cand
+    n = 0
+    best = -math.inf
+    for h in range(beam.size[0]):
+        if nice and b_lex[h] != 0:
+            continue
+        s = scores[h]
+        entry = (b_score[h] + w * s, lm_ids[h], b_lex[h], sil, -1, False, b_am[h], b_lm_sum[h] + s, h)
+        n, best = add(cand, n, best, thr, entry)
+    store(work, n, best, thr, beam_size, log_add == 1, beam)
+
+
+@njit
+def backtrace(beam: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The token and word of every step (the start, each frame, the end) of the hypotheses ``rows`` of the beam:
+    two arrays of shape ``(len(rows), steps + 1)``."""
     last = beam.step[0]
-    tokens = np.empty((rows.shape[0], last + 2), dtype=np.int64)
-    words = np.empty((rows.shape[0], last + 2), dtype=np.int64)
+    tokens = np.empty((rows.shape[0], last + 1), dtype=np.int64)
+    words = np.empty((rows.shape[0], last + 1), dtype=np.int64)
     for i in range(rows.shape[0]):
         row = rows[i]
         for step in range(last, -1, -1):
             tokens[i, step] = beam.back_token[step, row]
             words[i, step] = beam.back_word[step, row]
             row = beam.back_parent[step, row]
-        tokens[i, last + 1] = sil
-        words[i, last + 1] = -1
     return tokens, words
