@@ -248,6 +248,7 @@ def test_the_first_decode_on_a_cold_cache_says_it_compiles_once(monkeypatch, cap
     monkeypatch.delenv("BEAMKIT_COMPILE_NOTE", raising=False)  # the test suite keeps the note quiet elsewhere
     monkeypatch.setattr(jit, "is_cold", lambda dispatcher: cold["now"])
     monkeypatch.setattr(jit, "_noted", False)
+    monkeypatch.setattr(jit, "_asked", set())
     dec = Decoder(["", " ", "a", "b"])
     lp = np.log(np.full((4, 4), 0.25))
     dec.decode(lp)
@@ -264,6 +265,24 @@ def test_the_first_decode_on_a_cold_cache_says_it_compiles_once(monkeypatch, cap
     cold["now"] = True
     dec.decode(lp)
     assert capsys.readouterr().err == ""  # silenced
+
+
+def test_each_search_says_it_compiles_when_it_is_the_cold_one(monkeypatch, capsys) -> None:
+    # the note was asked once per process: a lexicon search compiling after a prefix search had run was silent
+    from beamkit.ctc import LexiconDecoder, jit
+
+    cold: set[int] = set()
+    monkeypatch.delenv("BEAMKIT_COMPILE_NOTE", raising=False)
+    monkeypatch.setattr(jit, "is_cold", lambda dispatcher: id(dispatcher) in cold)
+    monkeypatch.setattr(jit, "_noted", False)
+    monkeypatch.setattr(jit, "_asked", set())
+    lp = np.log(np.full((4, 4), 0.25))
+    Decoder(["", " ", "a", "b"]).decode(lp)  # the prefix search: warm
+    lexicon = LexiconDecoder(["-", "|", "a", "b"])
+    cold.add(id(lexicon.search._run.k.run_lexicon_frames))  # the lexicon search: cold
+    lexicon.decode(lp.astype(np.float32))
+    lexicon.decode(lp.astype(np.float32))
+    assert capsys.readouterr().err.strip() == jit.COLD_NOTE
 
 
 def test_two_decoders_share_no_search_state() -> None:

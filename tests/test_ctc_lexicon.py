@@ -142,6 +142,34 @@ def test_a_decoder_makes_its_arrays_once(with_lexicon: bool, lexicon: str) -> No
         assert got == oracle_hyps(dec, em)
 
 
+def test_a_later_process_loads_the_compiled_search_from_the_cache(lexicon: str) -> None:
+    # numba's cache on disk: the first process that decodes compiles the frame loop and saves it, a later one
+    # loads it (no compilation, no note that it compiles)
+    from beamkit.ctc import jit
+    from beamkit.ctc.lexicon import kernel
+
+    if not jit.COMPILED or type(kernel.run_lexicon_frames._cache).__name__ == "NullCache":
+        pytest.skip("nothing is compiled, or numba has no writable cache here")
+    code = (
+        "import numpy as np\n"
+        "from beamkit.ctc import LexiconDecoder\n"
+        "from beamkit.ctc.lexicon import kernel\n"
+        f"dec = LexiconDecoder({TOKENS!r}, {lexicon!r})\n"
+        "dec.decode(np.log(np.full((6, 5), 0.2, dtype=np.float32)))\n"
+        "stats = kernel.run_lexicon_frames.stats\n"
+        "print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    env.pop("BEAMKIT_COMPILE_NOTE", None)
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        for _ in range(2)
+    ]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert runs[1].stdout.split() == ["1", "0"]  # loaded from the cache, nothing compiled
+    assert jit.COLD_NOTE not in runs[1].stderr
+
+
 def test_options_are_frozen_and_checked() -> None:
     opts = LexiconOptions(nbest=2)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -27,7 +27,8 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
 #: whether the CTC search runs compiled (numba importable and ``BEAMKIT_NO_JIT`` not set)
 COMPILED = _numba is not None and not os.environ.get("BEAMKIT_NO_JIT")
 _warned = False
-_noted = False
+_noted = False  # the note was printed (once per process)
+_asked: set[int] = set()  # the frame loops asked whether they are cold (each search's own, once)
 
 #: the line printed on standard error before the first compilation of the search (see :func:`note_if_cold`)
 COLD_NOTE = "beamkit: compiling the CTC search once (about 20-60 s); later runs reuse the compiled code"
@@ -115,14 +116,15 @@ def is_cold(dispatcher: Any) -> bool:
 
 
 def note_if_cold(dispatcher: Any) -> None:
-    """Print :data:`COLD_NOTE` on standard error, once per process, when ``dispatcher`` (the search's frame
-    loop) is about to be compiled: the first decode after an install waits for it and would otherwise be
-    silent. ``BEAMKIT_COMPILE_NOTE=0`` in the environment keeps it quiet."""
+    """Print :data:`COLD_NOTE` on standard error, once per process, when ``dispatcher`` (a search's frame loop)
+    is about to be compiled: the first decode after an install waits for it and would otherwise be silent.
+    ``BEAMKIT_COMPILE_NOTE=0`` in the environment keeps it quiet."""
     global _noted
-    if _noted:
+    if _noted or id(dispatcher) in _asked:
         return
-    # asked once: code that is not cold now (compiled, or in numba's cache) never is again in this process, and
-    # asking numba costs about 0.1 ms, a tenth of a short utterance's search
-    _noted = True
+    # each loop asked once: code that is not cold now (compiled, or in numba's cache) never is again in this
+    # process, and asking numba costs about 0.1 ms, a tenth of a short utterance's search
+    _asked.add(id(dispatcher))
     if os.environ.get("BEAMKIT_COMPILE_NOTE") != "0" and is_cold(dispatcher):
+        _noted = True
         print(COLD_NOTE, file=sys.stderr, flush=True)
