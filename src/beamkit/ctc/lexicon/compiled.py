@@ -199,6 +199,19 @@ class CompiledSearch:
             for i, r in enumerate(rows.tolist())
         ]
 
+    def paths(self, limit: int, blank: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, float]]:
+        """The first ``limit`` final hypotheses read as torchaudio reads a path (empty before :meth:`end`): per
+        hypothesis its tokens, their steps (int32), the ids of the words ending and its score."""
+        if not self.ended:
+            return []
+        b = self.beam
+        rows = np.arange(min(int(b.size[0]), limit), dtype=np.int64)
+        tokens, steps, words, at = self.k.read_paths(b, rows, blank)
+        return [
+            (tokens[t0:t1], steps[t0:t1], words[w0:w1], float(b.score[r]))
+            for r, (t0, w0), (t1, w1) in zip(rows.tolist(), at[:-1].tolist(), at[1:].tolist(), strict=True)
+        ]
+
 
 def _trie_arrays(trie: LexiconTrie | None) -> Any:
     """A trie as the kernel's CSR arrays (node 0: the root); empty arrays without a lexicon."""

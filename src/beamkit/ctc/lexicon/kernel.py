@@ -372,3 +372,37 @@ def backtrace(beam: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             words[i, step] = beam.back_word[step, row]
             row = beam.back_parent[step, row]
     return tokens, words
+
+
+@njit
+def read_paths(beam: Any, rows: np.ndarray, blank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The hypotheses ``rows`` of the beam as torchaudio reads a path: a step whose token differs from the step
+    before and is not the blank holds a token. Returns the tokens, their steps (int32) and the words ending, of
+    every hypothesis one after the other, and the offsets (shape: (len(rows) + 1, 2): tokens, words) of each."""
+    last = beam.step[0]
+    back_token, back_word, back_parent = beam.back_token, beam.back_word, beam.back_parent
+    path = np.empty(last + 1, dtype=np.int64)
+    ends = np.empty(last + 1, dtype=np.int64)
+    tokens = np.empty(rows.shape[0] * (last + 1), dtype=np.int64)
+    steps = np.empty(rows.shape[0] * (last + 1), dtype=np.int32)
+    words = np.empty(rows.shape[0] * (last + 1), dtype=np.int64)
+    offsets = np.zeros((rows.shape[0] + 1, 2), dtype=np.int64)
+    n_tok = n_word = 0
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        for step in range(last, -1, -1):
+            path[step] = back_token[step, row]
+            ends[step] = back_word[step, row]
+            row = back_parent[step, row]
+        for step in range(last + 1):
+            tok = path[step]
+            if tok != blank and (step == 0 or tok != path[step - 1]):
+                tokens[n_tok] = tok
+                steps[n_tok] = step
+                n_tok += 1
+            if ends[step] >= 0:
+                words[n_word] = ends[step]
+                n_word += 1
+        offsets[i + 1, 0] = n_tok
+        offsets[i + 1, 1] = n_word
+    return tokens[:n_tok], steps[:n_tok], words[:n_word], offsets
