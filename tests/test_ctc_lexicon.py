@@ -142,6 +142,28 @@ def test_a_decoder_makes_its_arrays_once(with_lexicon: bool, lexicon: str) -> No
         assert got == oracle_hyps(dec, em)
 
 
+def test_without_an_lm_a_frame_makes_states_only_for_the_hypotheses_it_keeps() -> None:
+    # each candidate's new state went into the state table (beam x tokens a frame, 200,000 an utterance on the
+    # benchmark, a table far past the CPU caches); only the states the beam keeps need an entry
+    beam, frames = 6, 40
+    dec = LexiconDecoder(TOKENS, options=LexiconOptions(beam_size=beam, nbest=3))
+    em = random_emissions(4, frames)
+    [hyps] = dec.decode(em)
+    assert int(dec.search._run.table.meta[0]) <= beam * frames  # one a candidate would be up to 6 * 4 * 40
+    assert plain(hyps) == oracle_hyps(dec, em)
+
+
+def test_the_frames_best_tokens_are_chosen_as_a_stable_sort_chooses_them(lexicon: str) -> None:
+    # beam_size_token keeps a frame's best tokens; among equal scores the lower token id first (the oracle sorts
+    # with a stable sort): frames of tied scores choose by id
+    em = np.log(np.full((10, len(TOKENS)), 0.2, dtype=np.float32))
+    em[::3, 2] = np.log(np.float32(0.4))  # every third frame "a" leads, the others tie
+    em[1::3, [3, 4]] = np.log(np.float32(0.3))  # "b" and "c" tie above the rest
+    for lex in (None, lexicon):
+        dec = LexiconDecoder(TOKENS, lex, options=LexiconOptions(beam_size=5, nbest=4, beam_size_token=2))
+        assert plain(dec.decode(em)[0]) == oracle_hyps(dec, em)
+
+
 def test_a_later_process_loads_the_compiled_search_from_the_cache(lexicon: str) -> None:
     # numba's cache on disk: the first process that decodes compiles the frame loop and saves it, a later one
     # loads it (no compilation, no note that it compiles)
