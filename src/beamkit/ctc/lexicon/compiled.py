@@ -158,8 +158,8 @@ class CompiledSearch:
             )
             if status == self.k.DONE:
                 break
-            if status == self.k.GROW:  # a frame makes at most beam_size states (a candidate's with an ARPA model)
-                self._grow_table(work.cand.shape[0] if self.arrays_lm else self.search.options.beam_size)
+            if status == self.k.GROW:  # a frame makes at most beam_size states
+                self._grow_table(self.search.options.beam_size)
                 continue
             found = min(int(self.table.meta[4]), work.misses.shape[0])
             self._grow_table(found)
@@ -196,14 +196,13 @@ class CompiledSearch:
                 if not nice or b.lex[h] == 0:
                     obj, scores[h] = self.search.lm.finish(self.objects[int(b.lm[h])])
                     lm_ids[h] = self._state_id(obj)
-        elif self.arrays_lm:  # every end-of-sentence score in one compiled call
-            self._grow_table(rows)
-            lm_ids, scores = self.k.lm_finish(self.table, np.zeros((1, 2), dtype=np.int64), self.lm, b.lm[:rows].copy())
+        elif self.arrays_lm:  # scored in finish_frames
+            lm_ids, scores = np.zeros(rows, dtype=np.int64), np.zeros(rows)
         else:
             lm_ids, scores = b.lm[:rows].copy(), np.zeros(rows)
         self._grow_back(0)
         work = self._work(1 if self.work is None else self.work.tokens.shape[0])  # end() may come before step()
-        self.k.finish_frames(b, lm_ids, scores, nice, self.options, work)
+        self.k.finish_frames(b, lm_ids, scores, nice, self.options, work, self.table, self.lm)
         self.ended = True
         self.search.frames += 1
 

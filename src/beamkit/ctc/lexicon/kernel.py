@@ -145,46 +145,29 @@ def table_move(keys: np.ndarray, child: np.ndarray, score: np.ndarray, into: Any
 
 
 @njit_inline
-def _lm_step(tab: tuple, lm: LMArrays, parent: int, index: int, n_miss: int) -> tuple[int, float, int]:
-    """The child of LM state ``parent`` after ``index`` (-1: the end of sentence) and its score; -1 when a Python
-    LM has not scored it yet (recorded as a miss). ``tab``: the table's arrays and the misses (keys, child, score,
-    meta, misses), unpacked once per frame loop. Without an LM (score 0), a child not made yet is returned as
-    ``UNMADE + key``: the states the new beam keeps are made after the beam cut, so a frame adds at most
-    ``beam_size`` states. With a compiled ARPA model the child is made with the model's score (index -1:
-    ``</s>``)."""
+def _lm_step(tab: tuple, lm: tuple, parent: int, index: int, n_miss: int) -> tuple[int, float, int]:
+    """The child of LM state ``parent`` after ``index`` and its score; -1 when a Python LM has not scored it yet
+    (recorded as a miss). ``tab``: the table's arrays and the misses (keys, child, score, meta, misses); ``lm``: a
+    compiled ARPA model's (n-gram arrays, word ids, contexts); both unpacked once per call of the loop. Without an LM
+    (score 0) or with a compiled ARPA model (its score, from the parent's n-gram state), a child not made yet is
+    returned as ``UNMADE + key``: the states the new beam keeps are made after the beam cut, so a frame adds at
+    most ``beam_size`` states."""
     keys, child, score, meta, misses = tab
     key = parent * meta[2] + index + 1
     slot = table_find(keys, key)
     if slot >= 0:
         return child[slot], score[slot], n_miss
-    if meta[3] == PYTHON_LM:
+    kind = meta[3]
+    if kind == PYTHON_LM:
         if n_miss < misses.shape[0]:
             misses[n_miss, 0] = parent
             misses[n_miss, 1] = index
         return -1, 0.0, n_miss + 1
-    if meta[3] == NO_LM:
+    if kind == NO_LM:
         return UNMADE + key, 0.0, n_miss  # a state not made yet: made only if the beam keeps it
-    c = meta[1]  # a compiled ARPA model
-    meta[1] += 1
-    word = lm.ngram.sizes[3] if index < 0 else lm.word_ids[index]
-    s, lm.context[c] = backoff_score(lm.ngram, lm.context[parent], word)
-    slot = -slot - 1
-    keys[slot] = key
-    child[slot] = c
-    score[slot] = s
-    meta[0] += 1
-    return c, s, n_miss
-
-
-@njit
-def lm_finish(table: Table, misses: np.ndarray, lm: LMArrays, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The end-of-sentence state and score of each LM state in ``parents`` (no LM or a compiled model)."""
-    tab = (table.keys, table.child, table.score, table.meta, misses)
-    ids = np.empty(parents.shape[0], dtype=np.int64)
-    scores = np.empty(parents.shape[0], dtype=np.float64)
-    for i in range(parents.shape[0]):
-        ids[i], scores[i], _ = _lm_step(tab, lm, parents[i], -1, 0)
-    return ids, scores
+    ngram, word_ids, context = lm
+    s, _ = backoff_score(ngram, context[parent], word_ids[index])
+    return UNMADE + key, s, n_miss
 
 
 @njit_inline
@@ -238,7 +221,7 @@ def run_lexicon_frames(
     k = min(k_tokens, N)
     cand = work.cand
     tab = (table.keys, table.child, table.score, table.meta, work.misses)
-    made = cand.shape[0] if table.meta[3] == ARRAY_LM else beam_size  # the most states a frame can make
+    lm_arrays = (lm.ngram, lm.word_ids, lm.context)
     b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
         beam.score,
         beam.lm,
@@ -256,7 +239,7 @@ def run_lexicon_frames(
             order[tok] = tok
             tried[tok] = True
     for t in range(start, T):
-        if 2 * (table.meta[0] + made) > table.keys.shape[0]:
+        if 2 * (table.meta[0] + beam_size) > table.keys.shape[0]:
             return GROW, t
         row = emissions[t]
         if N > k:
@@ -275,7 +258,7 @@ def run_lexicon_frames(
                     if tok == sil:
                         score += sil_score
                     if tok != blank_id and (tok != ptok or pblank):
-                        c, s, n_miss = _lm_step(tab, lm, plm, tok, n_miss)
+                        c, s, n_miss = _lm_step(tab, lm_arrays, plm, tok, n_miss)
                         if c < 0:
                             continue
                         n, best = add(
@@ -309,7 +292,7 @@ def run_lexicon_frames(
                     if at_root and ptok == tok:
                         continue
                     label = words[j]
-                    c, s, n_miss = _lm_step(tab, lm, plm, label, n_miss)
+                    c, s, n_miss = _lm_step(tab, lm_arrays, plm, label, n_miss)
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)
@@ -321,7 +304,7 @@ def run_lexicon_frames(
                         (score + w * s + word_score, c, 0, tok, label, False, pam + e, plmsum + s, h),
                     )
                 if w0 == w1 and allow_unk:
-                    c, s, n_miss = _lm_step(tab, lm, plm, unk, n_miss)
+                    c, s, n_miss = _lm_step(tab, lm_arrays, plm, unk, n_miss)
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)
@@ -341,40 +324,54 @@ def run_lexicon_frames(
             table.meta[4] = n_miss
             return MISSES, t
         store(work, n, best, thr, beam_size, log_add == 1, beam)
-        _make_kept_states(beam, table)
+        _make_kept_states(beam, table, lm)
     return DONE, T
 
 
 @njit_inline
-def _make_kept_states(beam: Any, table: Any) -> None:
-    """Make the LM states not made yet (``UNMADE + key``, no LM) that the new beam holds."""
+def _make_kept_states(beam: Any, table: Any, lm: LMArrays) -> None:
+    """Make the LM states not made yet (``UNMADE + key``) that the new beam holds (with a compiled ARPA model, with
+    their n-gram state and score)."""
     b_lm, keys, child, score, meta = beam.lm, table.keys, table.child, table.score, table.meta
+    arrays = meta[3] == ARRAY_LM
+    ngram, word_ids, context = lm.ngram, lm.word_ids, lm.context
+    stride = meta[2]
     for r in range(beam.size[0]):
-        if b_lm[r] >= UNMADE:
-            b_lm[r] = _make_state(keys, child, score, meta, b_lm[r] - UNMADE)
-
-
-@njit_inline
-def _make_state(keys: np.ndarray, child: np.ndarray, score: np.ndarray, meta: np.ndarray, key: int) -> int:
-    """The id of the LM state of transition ``key`` (no LM), made now unless another kept hypothesis made it."""
-    slot = table_find(keys, key)
-    if slot >= 0:
-        return child[slot]
-    c = meta[1]
-    meta[1] += 1
-    slot = -slot - 1
-    keys[slot] = key
-    child[slot] = c
-    score[slot] = 0.0
-    meta[0] += 1
-    return c
+        if b_lm[r] < UNMADE:
+            continue
+        key = b_lm[r] - UNMADE
+        slot = table_find(keys, key)
+        if slot >= 0:  # another kept hypothesis made it
+            b_lm[r] = child[slot]
+            continue
+        c = meta[1]
+        meta[1] += 1
+        s = 0.0
+        if arrays:
+            parent = key // stride
+            s, context[c] = backoff_score(ngram, context[parent], word_ids[key % stride - 1])
+        slot = -slot - 1
+        keys[slot] = key
+        child[slot] = c
+        score[slot] = s
+        meta[0] += 1
+        b_lm[r] = c
 
 
 @njit
-def finish_frames(beam: Any, lm_ids: np.ndarray, scores: np.ndarray, nice: bool, options: Any, work: Any) -> None:  # noqa: E501
+def finish_frames(
+    beam: Any, lm_ids: np.ndarray, scores: np.ndarray, nice: bool, options: Any, work: Any, table: Any, lm: LMArrays
+) -> None:
     """The end of an utterance: each hypothesis (with ``nice``, only those at a word boundary) with the LM's
-    end-of-sentence score (``scores[h]``; its LM state after it: ``lm_ids[h]``) stored as one more step on the
-    silence token, merged, cut and sorted best first as a frame's candidates are."""
+    end-of-sentence score (``scores[h]``; its LM state after it: ``lm_ids[h]``; with a compiled ARPA model both come
+    from the model here: ``</s>`` after the hypothesis's n-gram state) stored as one more step on the silence token,
+    merged, cut and sorted best first as a frame's candidates are."""
+    if table.meta[3] == ARRAY_LM:
+        stride, eos = table.meta[2], lm.ngram.sizes[3]
+        for h in range(beam.size[0]):
+            parent = beam.lm[h]
+            scores[h], _ = backoff_score(lm.ngram, lm.context[parent], eos)
+            lm_ids[h] = UNMADE + parent * stride  # the state after </s>: one per parent, never made
     thr, w = options.values[0], options.values[1]
     beam_size, sil, log_add = options.ints[0], options.ints[2], options.ints[5]
     b_score, b_lex, b_am, b_lm_sum = beam.score, beam.lex, beam.am, beam.lm_sum
