@@ -145,29 +145,31 @@ def table_move(keys: np.ndarray, child: np.ndarray, score: np.ndarray, into: Any
 
 
 @njit_inline
-def _lm_step(tab: tuple, lm: tuple, parent: int, index: int, n_miss: int) -> tuple[int, float, int]:
+def _lm_step(
+    keys: np.ndarray,
+    child: np.ndarray,
+    score: np.ndarray,
+    meta: np.ndarray,
+    misses: np.ndarray,
+    parent: int,
+    index: int,
+    n_miss: int,
+) -> tuple[int, float, int]:
     """The child of LM state ``parent`` after ``index`` and its score; -1 when a Python LM has not scored it yet
-    (recorded as a miss). ``tab``: the table's arrays and the misses (keys, child, score, meta, misses); ``lm``: a
-    compiled ARPA model's (n-gram arrays, word ids, contexts); both unpacked once per call of the loop. Without an LM
-    (score 0) or with a compiled ARPA model (its score, from the parent's n-gram state), a child not made yet is
-    returned as ``UNMADE + key``: the states the new beam keeps are made after the beam cut, so a frame adds at
-    most ``beam_size`` states."""
-    keys, child, score, meta, misses = tab
+    (recorded as a miss). Without an LM (score 0) or with a compiled ARPA model (the caller scores it from the
+    parent's n-gram state), a child not made yet is returned as ``UNMADE + key``: the states the new beam keeps
+    are made after the beam cut, so a frame adds at most ``beam_size`` states. Plain arrays, not the table's
+    tuple: each array an inlined helper unpacks costs atomic reference counts in the hot loop."""
     key = parent * meta[2] + index + 1
     slot = table_find(keys, key)
     if slot >= 0:
         return child[slot], score[slot], n_miss
-    kind = meta[3]
-    if kind == PYTHON_LM:
+    if meta[3] == PYTHON_LM:
         if n_miss < misses.shape[0]:
             misses[n_miss, 0] = parent
             misses[n_miss, 1] = index
         return -1, 0.0, n_miss + 1
-    if kind == NO_LM:
-        return UNMADE + key, 0.0, n_miss  # a state not made yet: made only if the beam keeps it
-    ngram, word_ids, context = lm
-    s, _ = backoff_score(ngram, context[parent], word_ids[index])
-    return UNMADE + key, s, n_miss
+    return UNMADE + key, 0.0, n_miss  # a state not made yet: made only if the beam keeps it
 
 
 @njit_inline
@@ -220,8 +222,9 @@ def run_lexicon_frames(
     T, N = emissions.shape
     k = min(k_tokens, N)
     cand = work.cand
-    tab = (table.keys, table.child, table.score, table.meta, work.misses)
-    lm_arrays = (lm.ngram, lm.word_ids, lm.context)
+    t_keys, t_child, t_score, t_meta, misses = table.keys, table.child, table.score, table.meta, work.misses
+    arrays = table.meta[3] == ARRAY_LM  # a compiled ARPA model scores a transition not made yet here
+    ngram, word_ids, context = lm.ngram, lm.word_ids, lm.context
     b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
         beam.score,
         beam.lm,
@@ -258,9 +261,11 @@ def run_lexicon_frames(
                     if tok == sil:
                         score += sil_score
                     if tok != blank_id and (tok != ptok or pblank):
-                        c, s, n_miss = _lm_step(tab, lm_arrays, plm, tok, n_miss)
+                        c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, tok, n_miss)
                         if c < 0:
                             continue
+                        if arrays and c >= UNMADE:
+                            s, _ = backoff_score(ngram, context[plm], word_ids[tok])
                         n, best = add(
                             cand, n, best, thr, (score + w * s, c, -1, tok, -1, False, pam + e, plmsum + s, h)
                         )
@@ -292,9 +297,11 @@ def run_lexicon_frames(
                     if at_root and ptok == tok:
                         continue
                     label = words[j]
-                    c, s, n_miss = _lm_step(tab, lm_arrays, plm, label, n_miss)
+                    c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, label, n_miss)
                     if c < 0:
                         continue
+                    if arrays and c >= UNMADE:
+                        s, _ = backoff_score(ngram, context[plm], word_ids[label])
                     s = _f32(s - lex_max)
                     n, best = add(
                         cand,
@@ -304,9 +311,11 @@ def run_lexicon_frames(
                         (score + w * s + word_score, c, 0, tok, label, False, pam + e, plmsum + s, h),
                     )
                 if w0 == w1 and allow_unk:
-                    c, s, n_miss = _lm_step(tab, lm_arrays, plm, unk, n_miss)
+                    c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, unk, n_miss)
                     if c < 0:
                         continue
+                    if arrays and c >= UNMADE:
+                        s, _ = backoff_score(ngram, context[plm], word_ids[unk])
                     s = _f32(s - lex_max)
                     n, best = add(
                         cand, n, best, thr, (score + w * s + unk_score, c, 0, tok, unk, False, pam + e, plmsum + s, h)
