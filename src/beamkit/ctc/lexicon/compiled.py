@@ -196,7 +196,8 @@ class CompiledSearch:
                 if not nice or b.lex[h] == 0:
                     obj, scores[h] = self.search.lm.finish(self.objects[int(b.lm[h])])
                     lm_ids[h] = self._state_id(obj)
-        elif self.arrays_lm:  # scored in finish_frames
+        elif self.arrays_lm:  # scored in finish_frames, which makes the states after </s> the beam keeps
+            self._grow_table(rows)
             lm_ids, scores = np.zeros(rows, dtype=np.int64), np.zeros(rows)
         else:
             lm_ids, scores = b.lm[:rows].copy(), np.zeros(rows)

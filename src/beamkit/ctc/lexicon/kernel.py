@@ -357,8 +357,9 @@ def _make_kept_states(beam: Any, table: Any, lm: LMArrays) -> None:
         meta[1] += 1
         s = 0.0
         if arrays:
-            parent = key // stride
-            s, context[c] = backoff_score(ngram, context[parent], word_ids[key % stride - 1])
+            index = key % stride - 1  # -1: the end of sentence
+            word = ngram.sizes[3] if index < 0 else word_ids[index]
+            s, context[c] = backoff_score(ngram, context[key // stride], word)
         slot = -slot - 1
         keys[slot] = key
         child[slot] = c
@@ -380,7 +381,7 @@ def finish_frames(
         for h in range(beam.size[0]):
             parent = beam.lm[h]
             scores[h], _ = backoff_score(lm.ngram, lm.context[parent], eos)
-            lm_ids[h] = UNMADE + parent * stride  # the state after </s>: one per parent, never made
+            lm_ids[h] = UNMADE + parent * stride  # the state after </s> (index -1), made if the beam keeps it
     thr, w = options.values[0], options.values[1]
     beam_size, sil, log_add = options.ints[0], options.ints[2], options.ints[5]
     b_score, b_lex, b_am, b_lm_sum = beam.score, beam.lex, beam.am, beam.lm_sum
@@ -394,6 +395,7 @@ def finish_frames(
         entry = (b_score[h] + w * s, lm_ids[h], b_lex[h], sil, -1, False, b_am[h], b_lm_sum[h] + s, h)
         n, best = add(cand, n, best, thr, entry)
     store(work, n, best, thr, beam_size, log_add == 1, beam)
+    _make_kept_states(beam, table, lm)  # the states after </s> the beam keeps (a later step starts from them)
 
 
 @njit
