@@ -4,7 +4,9 @@ The search's state lives in arrays: the beam (one row per hypothesis), the back-
 lexicon trie in CSR form, and the LM's tree of states as integer ids in an open-addressing table mapping
 ``(state id, word or token index)`` to the child's id and its score. :func:`run_lexicon_frames` decodes frames until the
 emissions end, an LM score is missing (a language model in Python: the caller asks it and resumes the same frame)
-or the table needs to grow. The arithmetic is the interpreted search's, operation for operation. A frame's
+or the table needs to grow. A compiled ARPA model (:class:`LMArrays`) is scored inside the loop from the parent's
+n-gram state; without an LM or with such a model a state (a table entry) is made only for the hypotheses a frame
+keeps, after the beam cut. The arithmetic is the interpreted search's, operation for operation. A frame's
 candidates, their merging and the beam cut are :mod:`beamkit.ctc.lexicon.candidates`.
 """
 
@@ -275,6 +277,7 @@ def run_lexicon_frames(
                         )
                 continue
             at_root = plex == 0
+            unk_c, unk_s = -2, 0.0  # not asked yet
             lex_max = 0.0 if at_root else max_score[plex]
             c0, c1 = child_start[plex], child_start[plex + 1]
             for j in range(c0, c1):  # the node's children among the frame's tried tokens
@@ -311,11 +314,13 @@ def run_lexicon_frames(
                         (score + w * s + word_score, c, 0, tok, label, False, pam + e, plmsum + s, h),
                     )
                 if w0 == w1 and allow_unk:
-                    c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, unk, n_miss)
+                    if unk_c == -2:  # the unknown word after this hypothesis's state: the same for every token
+                        unk_c, unk_s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, unk, n_miss)
+                        if arrays and unk_c >= UNMADE:
+                            unk_s, _ = backoff_score(ngram, context[plm], word_ids[unk])
+                    c, s = unk_c, unk_s
                     if c < 0:
                         continue
-                    if arrays and c >= UNMADE:
-                        s, _ = backoff_score(ngram, context[plm], word_ids[unk])
                     s = _f32(s - lex_max)
                     n, best = add(
                         cand, n, best, thr, (score + w * s + unk_score, c, 0, tok, unk, False, pam + e, plmsum + s, h)
