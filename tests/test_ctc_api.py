@@ -216,6 +216,30 @@ def test_a_cold_compiled_cache_is_recognised(tmp_path, monkeypatch) -> None:
     assert not jit.is_cold(object())  # a layout it does not know: nothing untrue is said
 
 
+def test_the_compiled_cache_follows_every_module_of_the_search(tmp_path) -> None:
+    # numba checks a compiled function's own file only, and the frame loops hold the code of helpers from other
+    # modules (the candidates' merging, the hash tables): after an upgrade that changed a helper alone, the cache
+    # on disk gave the old code. Every cached function of the search now also carries a digest of all its modules.
+    from beamkit.ctc import jit
+    from beamkit.ctc.lexicon import kernel
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    before = jit.sources_stamp.__wrapped__(tmp_path)
+    assert jit.sources_stamp.__wrapped__(tmp_path) == before  # the same sources, the same digest
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    changed = jit.sources_stamp.__wrapped__(tmp_path)
+    assert changed != before  # a helper's change alone is seen
+    (tmp_path / "sub" / "b.py").rename(tmp_path / "sub" / "c.py")
+    assert jit.sources_stamp.__wrapped__(tmp_path) != changed  # so is a module renamed
+    if not jit.COMPILED:
+        pytest.skip("numba is not installed: nothing is compiled or cached")
+    for dispatcher in (kernel.run_lexicon_frames, kernel.backtrace):
+        stamp = dispatcher._cache._cache_file._source_stamp
+        assert stamp[1] == jit.sources_stamp(jit.SOURCES)
+
+
 def test_the_first_decode_on_a_cold_cache_says_it_compiles_once(monkeypatch, capsys) -> None:
     # the first decode after an install compiled for 20-60 s and printed nothing
     from beamkit.ctc import jit
@@ -224,6 +248,7 @@ def test_the_first_decode_on_a_cold_cache_says_it_compiles_once(monkeypatch, cap
     monkeypatch.delenv("BEAMKIT_COMPILE_NOTE", raising=False)  # the test suite keeps the note quiet elsewhere
     monkeypatch.setattr(jit, "is_cold", lambda dispatcher: cold["now"])
     monkeypatch.setattr(jit, "_noted", False)
+    monkeypatch.setattr(jit, "_asked", set())
     dec = Decoder(["", " ", "a", "b"])
     lp = np.log(np.full((4, 4), 0.25))
     dec.decode(lp)
@@ -240,6 +265,24 @@ def test_the_first_decode_on_a_cold_cache_says_it_compiles_once(monkeypatch, cap
     cold["now"] = True
     dec.decode(lp)
     assert capsys.readouterr().err == ""  # silenced
+
+
+def test_each_search_says_it_compiles_when_it_is_the_cold_one(monkeypatch, capsys) -> None:
+    # the note was asked once per process: a lexicon search compiling after a prefix search had run was silent
+    from beamkit.ctc import LexiconDecoder, jit
+
+    cold: set[int] = set()
+    monkeypatch.delenv("BEAMKIT_COMPILE_NOTE", raising=False)
+    monkeypatch.setattr(jit, "is_cold", lambda dispatcher: id(dispatcher) in cold)
+    monkeypatch.setattr(jit, "_noted", False)
+    monkeypatch.setattr(jit, "_asked", set())
+    lp = np.log(np.full((4, 4), 0.25))
+    Decoder(["", " ", "a", "b"]).decode(lp)  # the prefix search: warm
+    lexicon = LexiconDecoder(["-", "|", "a", "b"])
+    cold.add(id(lexicon.search._run.k.run_lexicon_frames))  # the lexicon search: cold
+    lexicon.decode(lp.astype(np.float32))
+    lexicon.decode(lp.astype(np.float32))
+    assert capsys.readouterr().err.strip() == jit.COLD_NOTE
 
 
 def test_two_decoders_share_no_search_state() -> None:

@@ -184,3 +184,69 @@ def test_a_token_the_lm_dictionary_lacks_is_refused(arpa: str, tmp_path: Path) -
     decoder = LexiconDecoder(TOKENS, None, arpa, LexiconOptions(beam_size=4), lm_dict=str(short))
     with pytest.raises(ValueError, match="word index 5 is out of range for the LM's 3 words"):
         decoder.decode(emissions(5, 1)[0])
+
+
+@pytest.mark.parametrize("lexicon", [True, False], ids=["lexicon", "lexicon-free"])
+def test_with_a_compiled_model_a_frame_makes_states_only_for_the_hypotheses_it_keeps(
+    arpa: str, tmp_path: Path, lexicon: bool
+) -> None:
+    # each scored transition went into the state table (lexicon-free with a character model: ~57,000 states an
+    # utterance on the benchmark, a table far past the CPU caches); the score of a transition is read from its
+    # parent's n-gram state, and only the states the beam keeps need an entry (and an n-gram state)
+    kenlm = pytest.importorskip("kenlm")
+    frames = 40
+    options = LexiconOptions(nbest=3, beam_size=6, lm_weight=1.5, word_score=0.3, unk_score=-3.0)
+    if lexicon:
+        lex, lm_dict = lexicon_file(tmp_path), None
+    else:
+        lm_path = tmp_path / "chars.arpa"
+        lm_path.write_text(build_arpa([" ".join(s.replace(" ", "|")) for s in CORPUS], order=4), encoding="utf-8")
+        arpa = str(lm_path)
+        lex, lm_dict = None, str(tmp_path / "tokens.txt")
+        Path(lm_dict).write_text("\n".join(TOKENS) + "\n")
+    compiled = LexiconDecoder(TOKENS, lex, arpa, options, lm_dict=lm_dict)
+    words = [compiled.word_dict.get_entry(i) for i in range(compiled.word_dict.index_size())]
+    python = LexiconDecoder(TOKENS, lex, KenLMWords(kenlm.Model(arpa), words), options, lm_dict=lm_dict)
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(frames, len(TOKENS))) * 0.5  # flat frames: many candidates a frame, few kept
+    em = (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(np.float32)
+    run, kept = compiled.search._run, set()
+    compiled.begin()
+    for t in range(frames):  # frame by frame, the LM states each new beam holds
+        compiled.step(em[t : t + 1])
+        kept.update(run.beam.lm[: int(run.beam.size[0])].tolist())
+    compiled.end()  # and the states after </s> the final beam holds
+    kept.update(run.beam.lm[: int(run.beam.size[0])].tolist())
+    got = plain(compiled.hypotheses())
+    kept.discard(0)  # the start state is no entry of the table
+    assert kept and int(run.table.meta[0]) == len(kept)  # one a candidate scored: several times as many
+    assert got == plain(python.decode(em)[0])
+
+
+@pytest.mark.parametrize("lexicon", [True, False], ids=["lexicon", "lexicon-free"])
+def test_decoding_goes_on_after_the_end_of_sentence_as_through_python(arpa: str, tmp_path: Path, lexicon: bool) -> None:
+    # steps after end() go on from the hypotheses' states after </s> (as torchaudio's decode_step after
+    # decode_end): the compiled model's states after </s> must exist, with their n-gram state, as kenlm's do
+    kenlm = pytest.importorskip("kenlm")
+    options = LexiconOptions(nbest=4, beam_size=6, lm_weight=1.2, word_score=0.2, unk_score=-3.0)
+    lex = lexicon_file(tmp_path) if lexicon else None
+    lm_dict = None
+    if not lexicon:
+        lm_dict = str(tmp_path / "tokens.txt")
+        Path(lm_dict).write_text("\n".join(TOKENS) + "\n")
+        lm_path = tmp_path / "chars.arpa"
+        lm_path.write_text(build_arpa([" ".join(s.replace(" ", "|")) for s in CORPUS], order=4), encoding="utf-8")
+        arpa = str(lm_path)
+    compiled = LexiconDecoder(TOKENS, lex, arpa, options, lm_dict=lm_dict)
+    words = [compiled.word_dict.get_entry(i) for i in range(compiled.word_dict.index_size())]
+    python = LexiconDecoder(TOKENS, lex, KenLMWords(kenlm.Model(arpa), words), options, lm_dict=lm_dict)
+    first, second = emissions(9, 2)
+    got = []
+    for decoder in (compiled, python):
+        decoder.begin()
+        decoder.step(first)
+        decoder.end()
+        decoder.step(second)
+        decoder.end()
+        got.append(plain(decoder.hypotheses()))
+    assert got[0] and got[0] == got[1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -116,6 +117,79 @@ def test_without_numba_the_same_search_runs_as_python(lexicon: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "same"
+
+
+@pytest.mark.parametrize("with_lexicon", [False, True], ids=["free", "lexicon"])
+def test_a_decoder_makes_its_arrays_once(with_lexicon: bool, lexicon: str) -> None:
+    # the search's arrays (beam, back-pointers, state table, a frame's scratch rows) are made by the decoder and
+    # its first call, and every later call works in them; each call still gives what a fresh decoder gives and
+    # what the interpreted oracle gives
+    lex = lexicon if with_lexicon else None
+    opts = LexiconOptions(nbest=5, beam_size=6, unk_score=-2.0 if with_lexicon else -math.inf)
+    dec = LexiconDecoder(TOKENS, lex, options=opts)
+    dec.decode(random_emissions(9, 100))  # longer than the back-pointers first made: they grow once
+    run = dec.search._run
+
+    def arrays() -> list[int]:
+        return [id(a) for part in (run.beam, run.work, run.table) for a in part]
+
+    made = arrays()
+    for seed, frames in ((0, 100), (1, 8), (2, 30), (3, 1)):
+        em = random_emissions(seed, frames)
+        got = plain(dec.decode(em)[0])
+        assert arrays() == made
+        assert got == plain(LexiconDecoder(TOKENS, lex, options=opts).decode(em)[0])
+        assert got == oracle_hyps(dec, em)
+
+
+def test_without_an_lm_a_frame_makes_states_only_for_the_hypotheses_it_keeps() -> None:
+    # each candidate's new state went into the state table (beam x tokens a frame, 200,000 an utterance on the
+    # benchmark, a table far past the CPU caches); only the states the beam keeps need an entry
+    beam, frames = 6, 40
+    dec = LexiconDecoder(TOKENS, options=LexiconOptions(beam_size=beam, nbest=3))
+    em = random_emissions(4, frames)
+    [hyps] = dec.decode(em)
+    assert int(dec.search._run.table.meta[0]) <= beam * frames  # one a candidate would be up to 6 * 4 * 40
+    assert plain(hyps) == oracle_hyps(dec, em)
+
+
+def test_the_frames_best_tokens_are_chosen_as_a_stable_sort_chooses_them(lexicon: str) -> None:
+    # beam_size_token keeps a frame's best tokens; among equal scores the lower token id first (the oracle sorts
+    # with a stable sort): frames of tied scores choose by id
+    em = np.log(np.full((10, len(TOKENS)), 0.2, dtype=np.float32))
+    em[::3, 2] = np.log(np.float32(0.4))  # every third frame "a" leads, the others tie
+    em[1::3, [3, 4]] = np.log(np.float32(0.3))  # "b" and "c" tie above the rest
+    for lex in (None, lexicon):
+        dec = LexiconDecoder(TOKENS, lex, options=LexiconOptions(beam_size=5, nbest=4, beam_size_token=2))
+        assert plain(dec.decode(em)[0]) == oracle_hyps(dec, em)
+
+
+def test_a_later_process_loads_the_compiled_search_from_the_cache(lexicon: str) -> None:
+    # numba's cache on disk: the first process that decodes compiles the frame loop and saves it, a later one
+    # loads it (no compilation, no note that it compiles)
+    from beamkit.ctc import jit
+    from beamkit.ctc.lexicon import kernel
+
+    if not jit.COMPILED or type(kernel.run_lexicon_frames._cache).__name__ == "NullCache":
+        pytest.skip("nothing is compiled, or numba has no writable cache here")
+    code = (
+        "import numpy as np\n"
+        "from beamkit.ctc import LexiconDecoder\n"
+        "from beamkit.ctc.lexicon import kernel\n"
+        f"dec = LexiconDecoder({TOKENS!r}, {lexicon!r})\n"
+        "dec.decode(np.log(np.full((6, 5), 0.2, dtype=np.float32)))\n"
+        "stats = kernel.run_lexicon_frames.stats\n"
+        "print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    env.pop("BEAMKIT_COMPILE_NOTE", None)
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        for _ in range(2)
+    ]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert runs[1].stdout.split() == ["1", "0"]  # loaded from the cache, nothing compiled
+    assert jit.COLD_NOTE not in runs[1].stderr
 
 
 def test_options_are_frozen_and_checked() -> None:

@@ -2,17 +2,19 @@
 of them is an ``ImportError`` naming its new home (reading it as an attribute: an ``AttributeError`` naming it).
 Nothing is forwarded: the old names do not work, they only say where to look.
 
-:func:`refuse_moved_names` makes the modules below answer an old name so (``from beamkit.ctc.lm import ArpaLM``);
-a removed module (``import beamkit.ctc.kneser_ney``) is a ``ModuleNotFoundError`` naming its new home.
+One mechanism, the import system's own: :class:`MovedFinder`, the last finder on ``sys.meta_path``, answers a
+removed module (``import beamkit.ctc.kneser_ney``) and an old name of a module (``from beamkit.ctc.lm import
+ArpaLM``: for a name it does not hold, ``from`` asks the import system for ``beamkit.ctc.lm.ArpaLM`` as it does
+for a package's submodules, which is why each module of :data:`MOVED_NAMES` is given an empty ``__path__``) with
+an error naming the new home. Read as an attribute, an old name is an ``AttributeError`` naming it (the module's
+``__getattr__``, PEP 562).
 """
 
 from __future__ import annotations
 
-import dis
 import importlib
 import sys
-import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from typing import Any
 
@@ -111,42 +113,42 @@ class MovedAttributeError(AttributeError):
     """``module.old_name`` (``getattr``, ``hasattr``) of an earlier import path: the message names the new one."""
 
 
-_IMPORT_FROM = dis.opmap["IMPORT_FROM"]
+def _home(module: str, name: str) -> str | None:
+    """The new import of ``module.name``, or None when it is not an old name."""
+    home = MOVED_NAMES.get(module, {}).get(name)
+    return None if home is None else home.replace("*", name)
 
 
-def _in_from_import(frame: types.FrameType | None) -> bool:
-    """Whether ``frame`` is running a ``from module import name`` statement (Python turns any AttributeError
-    there into its own ImportError, which would drop the new home from the message)."""
-    return frame is not None and frame.f_lasti >= 0 and frame.f_code.co_code[frame.f_lasti] == _IMPORT_FROM
-
-
-class _RefusingModule(types.ModuleType):
-    """A module that answers an old name of :data:`MOVED_NAMES` with an error naming its new home: a
-    :class:`MovedNameError` in a ``from ... import``, else a :class:`MovedAttributeError` (any other missing name:
-    the usual AttributeError)."""
-
-    def __getattr__(self, name: str) -> Any:
-        home = MOVED_NAMES.get(self.__name__, {}).get(name)
-        missing = f"module {self.__name__!r} has no attribute {name!r}"
-        if home is None:
-            raise AttributeError(missing)
-        home = home.replace("*", name)
-        if _in_from_import(sys._getframe(1)):
-            raise MovedNameError(f"{self.__name__}.{name} was removed: import {home} instead", name=self.__name__)
-        raise MovedAttributeError(f"{missing}: it was removed, import {home} instead")
-
-
-class _RemovedModules:
-    """The last finder on ``sys.meta_path``: a removed module of :data:`MOVED_MODULES` (found by no other
-    finder) is a ModuleNotFoundError naming its new home."""
+class MovedFinder:
+    """The last finder on ``sys.meta_path`` (asked only for what no other finder found): a removed module of
+    :data:`MOVED_MODULES`, or ``module.old_name`` of :data:`MOVED_NAMES` (asked by ``from module import
+    old_name``), raises an error naming the new home; anything else is not found here."""
 
     @staticmethod
     def find_spec(fullname: str, path: Sequence[str] | None = None, target: Any = None) -> ModuleSpec | None:
-        """None for every module but a removed one, which raises."""
+        """None for every module but a removed one or an old name, which raise."""
         home = MOVED_MODULES.get(fullname)
+        if home is not None:
+            raise ModuleNotFoundError(f"{fullname} was removed: import {home} instead", name=fullname)
+        module, _, name = fullname.rpartition(".")
+        home = _home(module, name)
         if home is None:
             return None
-        raise ModuleNotFoundError(f"{fullname} was removed: import {home} instead", name=fullname)
+        raise MovedNameError(f"{module}.{name} was removed: import {home} instead", name=module)
+
+
+def _getattr_of(module: str) -> Callable[[str], Any]:
+    """The ``__getattr__`` of ``module`` (PEP 562): an old name is a :class:`MovedAttributeError` naming its new
+    home, any other missing name the usual AttributeError."""
+
+    def __getattr__(name: str) -> Any:
+        missing = f"module {module!r} has no attribute {name!r}"
+        home = _home(module, name)
+        if home is None:
+            raise AttributeError(missing)
+        raise MovedAttributeError(f"{missing}: it was removed, import {home} instead")
+
+    return __getattr__
 
 
 def refuse_moved_names() -> None:
@@ -154,10 +156,11 @@ def refuse_moved_names() -> None:
     (idempotent; :mod:`beamkit.ctc` imports this module, which calls it)."""
     for module_name in MOVED_NAMES:
         module = sys.modules.get(module_name) or importlib.import_module(module_name)
-        if not isinstance(module, _RefusingModule):
-            module.__class__ = _RefusingModule
-    if not any(isinstance(finder, _RemovedModules) for finder in sys.meta_path):
-        sys.meta_path.append(_RemovedModules())  # type: ignore[arg-type]
+        module.__getattr__ = _getattr_of(module_name)  # type: ignore[method-assign]
+        if not hasattr(module, "__path__"):
+            module.__path__ = []  # so that ``from module import name`` asks MovedFinder for a name it lacks
+    if not any(isinstance(finder, MovedFinder) for finder in sys.meta_path):
+        sys.meta_path.append(MovedFinder())  # type: ignore[arg-type]
 
 
 refuse_moved_names()

@@ -240,11 +240,17 @@ class BeamSearchDecoderCTC:
     ) -> list[OutputBeam]:
         """Beams ``(text, lm_state, word_frames, logit_score, lm_score)``, best first; ``lm_start_state``
         (a beam's ``lm_state`` from the previous chunk) continues the LM context."""
-        lp = self._prepared(logits)
         knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, prune_history, hotwords, hotword_weight)
-        results, errors = self._decoder(lm_start_state).search([lp], self._call_options(knobs))
+        return beams_of(self._search_one(logits, knobs, lm_start_state))
+
+    def _search_one(
+        self, logits: Any, knobs: CallKnobs, lm_start_state: Any, best_only: bool = False
+    ) -> list[CTCHypothesis]:
+        """The hypotheses of one matrix (what is wrong with it raised as it was raised)."""
+        lp = self._prepared(logits)
+        results, errors = self._decoder(lm_start_state).search([lp], self._call_options(knobs, best_only))
         raise_single(errors)
-        return beams_of(results[0])
+        return results[0]
 
     def _decode_beams_mp_safe(self, logits: Any, knobs: CallKnobs) -> list[OutputBeamMPSafe]:
         beams = self.decode_beams(logits, *knobs)
@@ -301,11 +307,8 @@ class BeamSearchDecoderCTC:
     ) -> str:
         """The best text (history pruning on, as in pyctcdecode): the text of :meth:`decode_beams`'s first
         beam, found without spelling the other beams or any word frames."""
-        lp = self._prepared(logits)
         knobs: CallKnobs = (beam_width, beam_prune_logp, token_min_logp, True, hotwords, hotword_weight)
-        results, errors = self._decoder(lm_start_state).search([lp], self._call_options(knobs, best_only=True))
-        raise_single(errors)
-        return beams_of(results[0])[0][0]
+        return self._search_one(logits, knobs, lm_start_state, best_only=True)[0].text
 
     def decode_batch(
         self,

@@ -93,38 +93,33 @@ class SearchLM(LanguageModelFusion):
         return [sum(v) / n for v in zip(*cols, strict=True)]
 
 
-def fusion_weights(language_model: AbstractLanguageModel | None) -> tuple[Any, ...] | None:
-    """The fusion weights of ``language_model`` and of its members (each one's model, alpha, beta,
-    unknown-word offset and boundary scoring), to tell whether a search built for it still holds; None for a
-    class :func:`search_lm` refuses."""
+def _fusions(language_model: AbstractLanguageModel) -> list[LanguageModelFusion]:
+    """The fusion objects of ``language_model`` (a LanguageModel: its own; a MultiLanguageModel: its members');
+    other model classes: TypeError."""
+    if isinstance(language_model, LanguageModel):
+        return [language_model._fusion]
+    if isinstance(language_model, MultiLanguageModel):
+        members = language_model._language_models
+        if not all(isinstance(m, LanguageModel) for m in members):
+            raise TypeError("a MultiLanguageModel must hold LanguageModel objects")
+        return [m._fusion for m in members]
+    raise TypeError(
+        f"{type(language_model).__name__} is not supported: beamkit's search fuses LanguageModel or "
+        "MultiLanguageModel objects (the scores are computed inside the compiled search)"
+    )
+
+
+def fusion_weights(language_model: AbstractLanguageModel | None) -> tuple[Any, ...]:
+    """The fusion weights of ``language_model`` and of its members (each one's model, alpha, beta, unknown-word
+    offset and boundary scoring), to tell whether a search built for it still holds; other model classes:
+    TypeError (as :func:`search_lm`)."""
     if language_model is None:
         return ()
-    if isinstance(language_model, LanguageModel):
-        members = [language_model]
-    elif isinstance(language_model, MultiLanguageModel):
-        members = list(language_model._language_models)
-        if not all(isinstance(m, LanguageModel) for m in members):
-            return None
-    else:
-        return None
     return tuple(
-        (id(f), id(f.model), f.alpha, f.beta, f.unk_score_offset, f.score_boundary)
-        for f in (m._fusion for m in members)
+        (id(f), id(f.model), f.alpha, f.beta, f.unk_score_offset, f.score_boundary) for f in _fusions(language_model)
     )
 
 
 def search_lm(language_model: AbstractLanguageModel | None, start: Any = None) -> SearchLM | None:
     """The fusion object for ``language_model`` (None without one); other model classes: TypeError."""
-    if language_model is None:
-        return None
-    if isinstance(language_model, LanguageModel):
-        return SearchLM([language_model._fusion], start)
-    if isinstance(language_model, MultiLanguageModel):
-        members = language_model._language_models
-        if not all(isinstance(m, LanguageModel) for m in members):
-            raise TypeError("a MultiLanguageModel must hold LanguageModel objects")
-        return SearchLM([m._fusion for m in members], start)
-    raise TypeError(
-        f"{type(language_model).__name__} is not supported: beamkit's search fuses LanguageModel or "
-        "MultiLanguageModel objects (the scores are computed inside the compiled search)"
-    )
+    return None if language_model is None else SearchLM(_fusions(language_model), start)

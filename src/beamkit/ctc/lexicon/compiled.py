@@ -4,7 +4,6 @@ in Python asked only for the transitions the loop has not seen."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,15 +41,38 @@ class CompiledSearch:
         self.table.meta[3] = kind
         self.lm = _lm_arrays(search.lm, self.table.keys.shape[0])
         self.lm_start = search.lm.model.begin if isinstance(search.lm, NGramWords) else 0
+        # the most words one trie node ends (room for a frame's candidates)
+        self.labels = int(np.diff(self.trie.word_start).max()) if self.trie.word_start.size > 1 else 0
         self.work: Any = None
-        self.beam: Any = None
+        self.beam = self._new_beam(64)
         self.objects: list[Any] = []
         self.ids: dict[int, int] = {}
-        self.final: list[tuple[float, int, float, float, int]] | None = None
+        self.ended = False
+
+    def _new_beam(self, steps: int) -> Any:
+        """The beam's arrays, with back-pointers for ``steps`` steps (made once; grown for longer utterances)."""
+        size = self.search.options.beam_size
+        i = lambda: np.zeros(size, dtype=np.int64)  # noqa: E731
+        back = lambda: np.zeros((steps, size), dtype=np.int64)  # noqa: E731
+        one = lambda: np.zeros(1, dtype=np.int64)  # noqa: E731
+        return self.k.Beam(
+            score=np.zeros(size),
+            lm=i(),
+            lex=i(),
+            token=i(),
+            blank=np.zeros(size, dtype=bool),
+            am=np.zeros(size),
+            lm_sum=np.zeros(size),
+            size=one(),
+            step=one(),
+            back_token=back(),
+            back_word=back(),
+            back_parent=back(),
+        )
 
     def begin(self) -> None:
-        """One hypothesis at the LM's start, on the silence token, at the trie's root."""
-        size = self.search.options.beam_size
+        """One hypothesis at the LM's start, on the silence token, at the trie's root (in the arrays of the
+        previous utterance: nothing is allocated)."""
         t = self.table
         t.keys.fill(self.k.EMPTY)
         t.meta[0], t.meta[1], t.meta[4] = 0, 1, 0
@@ -59,22 +81,20 @@ class CompiledSearch:
             self._state_id(self.search.lm.start(False))
         if self.arrays_lm:
             self.lm.context[0] = self.lm_start  # the state after <s>
-        steps = 64
-        self.beam = self.k.Beam(
-            np.zeros(size),
-            np.zeros(size, dtype=np.int64),
-            np.full(size, 0 if self.trie.max_score.size else -1),
-            np.full(size, self.search.sil, dtype=np.int64),
-            np.zeros(size, dtype=bool),
-            np.zeros(size),
-            np.zeros(size),
-            np.ones(1, dtype=np.int64),
-            np.zeros(1, dtype=np.int64),
-            np.full((steps, size), self.search.sil, dtype=np.int64),
-            np.full((steps, size), -1, dtype=np.int64),
-            np.full((steps, size), -1, dtype=np.int64),
-        )
-        self.final = None
+        b, sil = self.beam, self.search.sil
+        for row, value in (
+            (b.score, 0.0),
+            (b.lm, 0),
+            (b.lex, 0 if self.trie.max_score.size else -1),
+            (b.token, sil),
+            (b.blank, False),
+            (b.am, 0.0),
+            (b.lm_sum, 0.0),
+        ):
+            row[0] = value
+        b.size[0], b.step[0] = 1, 0
+        b.back_token[0], b.back_word[0], b.back_parent[0] = sil, -1, -1
+        self.ended = False
 
     def _state_id(self, obj: Any) -> int:
         sid = self.ids.get(id(obj))
@@ -84,14 +104,14 @@ class CompiledSearch:
         return sid
 
     def _grow_back(self, frames: int) -> None:
+        """Room for the back-pointers of ``frames`` more frames and the end (the arrays double when short)."""
         b = self.beam
         need = int(b.step[0]) + frames + 2
         if b.back_token.shape[0] < need:
-            rows = max(need, 2 * b.back_token.shape[0])
-            grown = [np.full((rows, b.back_token.shape[1]), -1, dtype=np.int64) for _ in range(3)]
-            for new, old in zip(grown, (b.back_token, b.back_word, b.back_parent), strict=True):
+            grown = self._new_beam(max(need, 2 * b.back_token.shape[0]))
+            for new, old in zip(grown, b, strict=True):
                 new[: old.shape[0]] = old
-            self.beam = b._replace(back_token=grown[0], back_word=grown[1], back_parent=grown[2])
+            self.beam = grown
 
     def _grow_table(self, extra: int) -> None:
         t = self.table
@@ -110,35 +130,14 @@ class CompiledSearch:
             self.lm = self.lm._replace(context=context)
 
     def _work(self, n_tokens: int) -> Any:
+        """The frame's scratch arrays, made at the first call (again only for a wider vocabulary)."""
         o = self.search.options
         k = min(o.beam_size_token or n_tokens, n_tokens)
-        labels = int(np.diff(self.trie.word_start).max()) if self.trie.word_start.size > 1 else 0
-        cap = o.beam_size * (k * (labels + 2) + 2)
-        if self.work is None or self.work.score.shape[0] < cap:
-            f, i = (lambda: np.empty(cap)), (lambda: np.empty(cap, dtype=np.int64))
-            groups = 1 << (2 * cap - 1).bit_length()
-            self.work = self.k.Work(
-                f(),
-                i(),
-                i(),
-                i(),
-                i(),
-                np.empty(cap, dtype=bool),
-                f(),
-                f(),
-                i(),
-                i(),
-                i(),
-                i(),
-                f(),
-                i(),
-                i(),
-                np.zeros(groups, dtype=np.int64),
-                np.zeros(groups, dtype=np.int64),
-                np.zeros(groups, dtype=np.int64),
-                np.zeros(1, dtype=np.int64),
-                np.empty((cap, 2), np.int64),
-            )
+        cap = o.beam_size * (k * (self.labels + 2) + 2)
+        if self.work is None or self.work.cand.shape[0] < cap or self.work.tokens.shape[0] != n_tokens:
+            from .candidates import new_work
+
+            self.work = new_work(cap, n_tokens)
         return self.work
 
     def step(self, emissions: np.ndarray) -> None:
@@ -159,8 +158,8 @@ class CompiledSearch:
             )
             if status == self.k.DONE:
                 break
-            if status == self.k.GROW:
-                self._grow_table(work.score.shape[0])
+            if status == self.k.GROW:  # a frame makes at most beam_size states
+                self._grow_table(self.search.options.beam_size)
                 continue
             found = min(int(self.table.meta[4]), work.misses.shape[0])
             self._grow_table(found)
@@ -185,60 +184,52 @@ class CompiledSearch:
             )
 
     def end(self) -> None:
-        """The LM's end-of-sentence score, merged and sorted as the interpreted search does."""
-        o = self.search.options
+        """The LM's end-of-sentence score, then one more step on the silence token, merged and cut as a frame is
+        (with a lexicon, only hypotheses at a word boundary finish, unless none is)."""
         b = self.beam
-        rows = range(int(b.size[0]))
+        rows = int(b.size[0])
         lexicon = self.trie.max_score.size > 0
-        nice = lexicon and any(b.lex[h] == 0 for h in rows)
-        if self.arrays_lm:  # every end-of-sentence score in one compiled call
-            self._grow_table(len(rows))
-            no_misses = np.zeros((1, 2), dtype=np.int64)
-            ends = self.k.lm_finish(self.table, no_misses, self.lm, b.lm[: len(rows)].copy())
-        best = -math.inf
-        cands: list[tuple[float, int, int, float, float, int]] = []
-        for h in rows:
-            if nice and b.lex[h] != 0:
-                continue
-            if self.external:
-                obj, s = self.search.lm.finish(self.objects[int(b.lm[h])])
-                lm_id = self._state_id(obj)
-            elif self.arrays_lm:
-                lm_id, s = int(ends[0][h]), float(ends[1][h])
-            else:
-                lm_id, s = int(b.lm[h]), 0.0
-            score = float(b.score[h]) + o.lm_weight * s
-            if score >= best:
-                best = score
-            if score >= best - o.beam_threshold:
-                cands.append((score, lm_id, int(b.lex[h]), float(b.am[h]), float(b.lm_sum[h]) + s, h))
-        groups: dict[tuple[int, int], list[tuple[float, int, int, float, float, int]]] = {}
-        for c in cands:
-            if c[0] >= best - o.beam_threshold:
-                groups.setdefault((c[1], c[2]), []).append(c)
-        merged = []
-        for group in groups.values():
-            group.sort(key=lambda c: c[0], reverse=True)
-            acc = group[0][0]
-            for other in group[1:]:
-                hi, lo = (acc, other[0]) if acc >= other[0] else (other[0], acc)
-                acc = hi + math.log1p(math.exp(lo - hi)) if o.log_add else hi
-            top = group[0]
-            merged.append((acc, top[5], top[3], top[4], top[1]))
-        merged.sort(key=lambda c: c[0], reverse=True)
-        self.final = [(score, h, am, lm, 0) for score, h, am, lm, _ in merged[: o.beam_size]]
+        nice = lexicon and bool((b.lex[:rows] == 0).any())
+        if self.external:
+            lm_ids, scores = np.zeros(rows, dtype=np.int64), np.zeros(rows)
+            for h in range(rows):
+                if not nice or b.lex[h] == 0:
+                    obj, scores[h] = self.search.lm.finish(self.objects[int(b.lm[h])])
+                    lm_ids[h] = self._state_id(obj)
+        elif self.arrays_lm:  # scored in finish_frames, which makes the states after </s> the beam keeps
+            self._grow_table(rows)
+            lm_ids, scores = np.zeros(rows, dtype=np.int64), np.zeros(rows)
+        else:
+            lm_ids, scores = b.lm[:rows].copy(), np.zeros(rows)
+        self._grow_back(0)
+        work = self._work(1 if self.work is None else self.work.tokens.shape[0])  # end() may come before step()
+        self.k.finish_frames(b, lm_ids, scores, nice, self.options, work, self.table, self.lm)
+        self.ended = True
         self.search.frames += 1
 
     def results(self, limit: int | None = None) -> list[LexiconResult]:
         """The final hypotheses, best first (empty before :meth:`end`); ``limit``: only the first ones."""
-        if self.final is None:
+        if not self.ended:
             return []
-        final = self.final[:limit]
-        rows = np.array([h for _, h, _, _, _ in final], dtype=np.int64)
-        tokens, words = self.k.backtrace(self.beam, rows, self.search.sil)
+        b = self.beam
+        rows = np.arange(min(int(b.size[0]), limit if limit is not None else int(b.size[0])), dtype=np.int64)
+        tokens, words = self.k.backtrace(b, rows)
         return [
-            LexiconResult(tokens[i].tolist(), words[i].tolist(), score, am, lm)
-            for i, (score, _, am, lm, _) in enumerate(final)
+            LexiconResult(tokens[i].tolist(), words[i].tolist(), float(b.score[r]), float(b.am[r]), float(b.lm_sum[r]))
+            for i, r in enumerate(rows.tolist())
+        ]
+
+    def paths(self, limit: int, blank: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, float]]:
+        """The first ``limit`` final hypotheses read as torchaudio reads a path (empty before :meth:`end`): per
+        hypothesis its tokens, their steps (int32), the ids of the words ending and its score."""
+        if not self.ended:
+            return []
+        b = self.beam
+        rows = np.arange(min(int(b.size[0]), limit), dtype=np.int64)
+        tokens, steps, words, at = self.k.read_paths(b, rows, blank)
+        return [
+            (tokens[t0:t1], steps[t0:t1], words[w0:w1], float(b.score[r]))
+            for r, (t0, w0), (t1, w1) in zip(rows.tolist(), at[:-1].tolist(), at[1:].tolist(), strict=True)
         ]
 
 

@@ -18,7 +18,7 @@ from beamkit._checks import check_int
 
 from ..posteriors import as_real_array
 from .lm import KenLMWords, NGramWords, ZeroLM
-from .options import LexiconOptions, LexiconResult
+from .options import LexiconOptions
 from .search import LexiconSearch
 from .trie import UNK_WORD, build_trie, read_lexicon
 from .words import Dictionary, Float32LM, check_words, search_lm_of, tokens_dictionary, word_dictionary
@@ -156,7 +156,11 @@ class LexiconDecoder:
 
     def hypotheses(self) -> list[LexiconHypothesis]:
         """The ``nbest`` best hypotheses of the finished utterance, best first."""
-        return [self._hypothesis(r) for r in self.search.results(self.options.nbest)]
+        entry = self.word_dict.get_entry if self.word_dict is not None else None
+        return [
+            LexiconHypothesis(tokens, [entry(w) for w in words.tolist()] if entry else [], score, steps)
+            for tokens, steps, words, score in self.search.paths(self.options.nbest)
+        ]
 
     def idxs_to_tokens(self, idxs: Any) -> list[str]:
         """The tokens of token ids."""
@@ -194,18 +198,3 @@ class LexiconDecoder:
         if len(valid) != batch:
             raise ValueError(f"lengths must hold one length per utterance ({batch}), got {len(valid)}")
         return [check_int("lengths", n, least=0, most=frames) for n in valid]
-
-    def _hypothesis(self, result: LexiconResult) -> LexiconHypothesis:
-        """A result's per-step path read out as torchaudio reads it: a step whose token differs from the step
-        before and is not the blank holds a token."""
-        path = np.asarray(result.tokens, dtype=np.int64)  # shape: (steps,)
-        new = np.ones(path.shape[0], dtype=bool)
-        new[1:] = path[1:] != path[:-1]
-        steps = np.flatnonzero(new & (path != self.blank))
-        words = self.word_dict
-        return LexiconHypothesis(
-            tokens=path[steps],
-            words=[words.get_entry(x) for x in result.words if x >= 0] if words is not None else [],
-            score=result.score,
-            timesteps=steps.astype(np.int32),
-        )

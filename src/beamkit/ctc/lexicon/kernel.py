@@ -4,7 +4,10 @@ The search's state lives in arrays: the beam (one row per hypothesis), the back-
 lexicon trie in CSR form, and the LM's tree of states as integer ids in an open-addressing table mapping
 ``(state id, word or token index)`` to the child's id and its score. :func:`run_lexicon_frames` decodes frames until the
 emissions end, an LM score is missing (a language model in Python: the caller asks it and resumes the same frame)
-or the table needs to grow. The arithmetic is the interpreted search's, operation for operation.
+or the table needs to grow. A compiled ARPA model (:class:`LMArrays`) is scored inside the loop from the parent's
+n-gram state; without an LM or with such a model a state (a table entry) is made only for the hypotheses a frame
+keeps, after the beam cut. The arithmetic is the interpreted search's, operation for operation. A frame's
+candidates, their merging and the beam cut are :mod:`beamkit.ctc.lexicon.candidates`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from ..jit import njit, njit_inline
 from ..ngram import NGramArrays, backoff_score
 from ..tables import home_slot, next_slot
+from .candidates import add, store
 
 DONE, MISSES, GROW = 0, 1, 2  # run_lexicon_frames's status
 EMPTY = -1  # an unused slot of the LM table
@@ -30,6 +34,9 @@ class LMArrays(NamedTuple):
     ngram: NGramArrays
     word_ids: np.ndarray  # shape: (indices,) int64, index -> the model's word id (0: <unk>)
     context: np.ndarray  # shape: (state ids,) int64, LM state id -> n-gram state (grown with the table)
+
+
+UNMADE = 1 << 62  # UNMADE + key: the LM state of transition ``key``, not made yet (ids are below it)
 
 
 class TrieArrays(NamedTuple):
@@ -78,31 +85,6 @@ class Beam(NamedTuple):
     back_token: np.ndarray  # shape: (steps, beam) int64
     back_word: np.ndarray  # shape: (steps, beam) int64
     back_parent: np.ndarray  # shape: (steps, beam) int64
-
-
-class Work(NamedTuple):
-    """Scratch rows for one frame's candidates and the misses found (pairs of state id and index)."""
-
-    score: np.ndarray  # shape: (cap,) float64
-    lm: np.ndarray  # shape: (cap,) int64
-    lex: np.ndarray  # shape: (cap,) int64
-    token: np.ndarray  # shape: (cap,) int64
-    word: np.ndarray  # shape: (cap,) int64
-    blank: np.ndarray  # shape: (cap,) bool
-    am: np.ndarray  # shape: (cap,) float64
-    lm_sum: np.ndarray  # shape: (cap,) float64
-    parent: np.ndarray  # shape: (cap,) int64
-    next: np.ndarray  # shape: (cap,) int64, the next member of a candidate's group
-    head: np.ndarray  # shape: (cap,) int64, a group's first member (after merging: its best)
-    tail: np.ndarray  # shape: (cap,) int64
-    merged: np.ndarray  # shape: (cap,) float64, a group's merged score
-    members: np.ndarray  # shape: (cap,) int64, one group's members sorted
-    order: np.ndarray  # shape: (cap,) int64, the kept groups sorted
-    gkeys: np.ndarray  # shape: (G,) int64, G a power of two >= 2 * cap: the group table's keys
-    ggroup: np.ndarray  # shape: (G,) int64
-    gstamp: np.ndarray  # shape: (G,) int64, the frame stamp a slot was written in
-    stamp: np.ndarray  # shape: (1,) int64
-    misses: np.ndarray  # shape: (cap, 2) int64
 
 
 def new_table(capacity: int, stride: int, external: bool, first_free: int) -> Table:
@@ -166,12 +148,20 @@ def table_move(keys: np.ndarray, child: np.ndarray, score: np.ndarray, into: Any
 
 @njit_inline
 def _lm_step(
-    table: Table, misses: np.ndarray, lm: LMArrays, parent: int, index: int, n_miss: int
+    keys: np.ndarray,
+    child: np.ndarray,
+    score: np.ndarray,
+    meta: np.ndarray,
+    misses: np.ndarray,
+    parent: int,
+    index: int,
+    n_miss: int,
 ) -> tuple[int, float, int]:
-    """The child of LM state ``parent`` after ``index`` (-1: the end of sentence) and its score; -1 when a Python
-    LM has not scored it yet (recorded as a miss). Without a LM the child is made with score 0; with a compiled
-    ARPA model it is made with the model's score (index -1: ``</s>``)."""
-    keys, child, score, meta = table.keys, table.child, table.score, table.meta
+    """The child of LM state ``parent`` after ``index`` and its score; -1 when a Python LM has not scored it yet
+    (recorded as a miss). Without an LM (score 0) or with a compiled ARPA model (the caller scores it from the
+    parent's n-gram state), a child not made yet is returned as ``UNMADE + key``: the states the new beam keeps
+    are made after the beam cut, so a frame adds at most ``beam_size`` states. Plain arrays, not the table's
+    tuple: each array an inlined helper unpacks costs atomic reference counts in the hot loop."""
     key = parent * meta[2] + index + 1
     slot = table_find(keys, key)
     if slot >= 0:
@@ -181,28 +171,7 @@ def _lm_step(
             misses[n_miss, 0] = parent
             misses[n_miss, 1] = index
         return -1, 0.0, n_miss + 1
-    c = meta[1]
-    meta[1] += 1
-    s = 0.0
-    if meta[3] == ARRAY_LM:
-        word = lm.ngram.sizes[3] if index < 0 else lm.word_ids[index]
-        s, lm.context[c] = backoff_score(lm.ngram, lm.context[parent], word)
-    slot = -slot - 1
-    keys[slot] = key
-    child[slot] = c
-    score[slot] = s
-    meta[0] += 1
-    return c, s, n_miss
-
-
-@njit
-def lm_finish(table: Table, misses: np.ndarray, lm: LMArrays, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The end-of-sentence state and score of each LM state in ``parents`` (no LM or a compiled model)."""
-    ids = np.empty(parents.shape[0], dtype=np.int64)
-    scores = np.empty(parents.shape[0], dtype=np.float64)
-    for i in range(parents.shape[0]):
-        ids[i], scores[i], _ = _lm_step(table, misses, lm, parents[i], -1, 0)
-    return ids, scores
+    return UNMADE + key, 0.0, n_miss  # a state not made yet: made only if the beam keeps it
 
 
 @njit_inline
@@ -211,26 +180,23 @@ def _f32(x: float) -> float:
 
 
 @njit_inline
-def _add(cand: tuple, n: int, best: float, thr: float, entry: tuple) -> tuple[int, float]:
-    """flashlight's candidatesAdd: track the best; keep the candidate ``entry`` if within the threshold of it.
-    ``cand``: the candidate arrays (score, lm, lex, token, word, blank, am, lm_sum, parent), unpacked once per
-    frame loop; ``entry``: one value for each, in that order (inlined: the tuple costs nothing)."""
-    score, lm, lex, token, word, blank, am, lm_sum, parent = entry
-    if score >= best:
-        best = score
-    if score >= best - thr:
-        c_score, c_lm, c_lex, c_token, c_word, c_blank, c_am, c_lm_sum, c_parent = cand
-        c_score[n] = score
-        c_lm[n] = lm
-        c_lex[n] = lex
-        c_token[n] = token
-        c_word[n] = word
-        c_blank[n] = blank
-        c_am[n] = am
-        c_lm_sum[n] = lm_sum
-        c_parent[n] = parent
-        n += 1
-    return n, best
+def _best_tokens(row: np.ndarray, k: int, order: np.ndarray, tried: np.ndarray) -> None:
+    """The frame's ``k`` best tokens into ``order[:k]``, best first (the lower id first among equals, as a stable
+    sort), and ``tried`` set for them alone."""
+    n = 0
+    for tok in range(row.shape[0]):
+        tried[tok] = False
+        v = row[tok]
+        if n == k and v <= row[order[k - 1]]:
+            continue
+        j = min(n, k - 1)
+        while j > 0 and row[order[j - 1]] < v:
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = tok
+        n = min(n + 1, k)
+    for r in range(k):
+        tried[order[r]] = True
 
 
 @njit
@@ -257,9 +223,10 @@ def run_lexicon_frames(
     allow_unk = unk_score > -math.inf
     T, N = emissions.shape
     k = min(k_tokens, N)
-    cap = work.score.shape[0]
-    cand = (work.score, work.lm, work.lex, work.token, work.word, work.blank, work.am, work.lm_sum, work.parent)
-    misses = work.misses
+    cand = work.cand
+    t_keys, t_child, t_score, t_meta, misses = table.keys, table.child, table.score, table.meta, work.misses
+    arrays = table.meta[3] == ARRAY_LM  # a compiled ARPA model scores a transition not made yet here
+    ngram, word_ids, context = lm.ngram, lm.word_ids, lm.context
     b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
         beam.score,
         beam.lm,
@@ -271,17 +238,17 @@ def run_lexicon_frames(
     )
     child_start, child_token, child_node = trie.child_start, trie.child_token, trie.child_node
     max_score, word_start, words = trie.max_score, trie.word_start, trie.words
+    order, tried = work.tokens, work.tried
+    if N == k:  # every token, in column order
+        for tok in range(N):
+            order[tok] = tok
+            tried[tok] = True
     for t in range(start, T):
-        if 2 * (table.meta[0] + cap) > table.keys.shape[0]:
+        if 2 * (table.meta[0] + beam_size) > table.keys.shape[0]:
             return GROW, t
         row = emissions[t]
         if N > k:
-            order = np.argsort(-row, kind="mergesort")[:k]
-        else:
-            order = np.arange(N)
-        tried = np.zeros(N, dtype=np.bool_)
-        for r in range(k):
-            tried[order[r]] = True
+            _best_tokens(row, k, order, tried)
         n = 0
         best = -math.inf
         n_miss = 0
@@ -296,18 +263,21 @@ def run_lexicon_frames(
                     if tok == sil:
                         score += sil_score
                     if tok != blank_id and (tok != ptok or pblank):
-                        c, s, n_miss = _lm_step(table, misses, lm, plm, tok, n_miss)
+                        c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, tok, n_miss)
                         if c < 0:
                             continue
-                        n, best = _add(
+                        if arrays and c >= UNMADE:
+                            s, _ = backoff_score(ngram, context[plm], word_ids[tok])
+                        n, best = add(
                             cand, n, best, thr, (score + w * s, c, -1, tok, -1, False, pam + e, plmsum + s, h)
                         )
                     else:
-                        n, best = _add(
+                        n, best = add(
                             cand, n, best, thr, (score, plm, -1, tok, -1, tok == blank_id, pam + e, plmsum, h)
                         )
                 continue
             at_root = plex == 0
+            unk_c, unk_s = -2, 0.0  # not asked yet
             lex_max = 0.0 if at_root else max_score[plex]
             c0, c1 = child_start[plex], child_start[plex + 1]
             for j in range(c0, c1):  # the node's children among the frame's tried tokens
@@ -322,7 +292,7 @@ def run_lexicon_frames(
                 if pblank or tok != ptok:
                     if child_start[lex + 1] > child_start[lex]:
                         s = _f32(max_score[lex] - lex_max)
-                        n, best = _add(
+                        n, best = add(
                             cand, n, best, thr, (score + w * s, plm, lex, tok, -1, False, pam + e, plmsum + s, h)
                         )
                 w0, w1 = word_start[lex], word_start[lex + 1]
@@ -330,11 +300,13 @@ def run_lexicon_frames(
                     if at_root and ptok == tok:
                         continue
                     label = words[j]
-                    c, s, n_miss = _lm_step(table, misses, lm, plm, label, n_miss)
+                    c, s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, label, n_miss)
                     if c < 0:
                         continue
+                    if arrays and c >= UNMADE:
+                        s, _ = backoff_score(ngram, context[plm], word_ids[label])
                     s = _f32(s - lex_max)
-                    n, best = _add(
+                    n, best = add(
                         cand,
                         n,
                         best,
@@ -342,11 +314,15 @@ def run_lexicon_frames(
                         (score + w * s + word_score, c, 0, tok, label, False, pam + e, plmsum + s, h),
                     )
                 if w0 == w1 and allow_unk:
-                    c, s, n_miss = _lm_step(table, misses, lm, plm, unk, n_miss)
+                    if unk_c == -2:  # the unknown word after this hypothesis's state: the same for every token
+                        unk_c, unk_s, n_miss = _lm_step(t_keys, t_child, t_score, t_meta, misses, plm, unk, n_miss)
+                        if arrays and unk_c >= UNMADE:
+                            unk_s, _ = backoff_score(ngram, context[plm], word_ids[unk])
+                    c, s = unk_c, unk_s
                     if c < 0:
                         continue
                     s = _f32(s - lex_max)
-                    n, best = _add(
+                    n, best = add(
                         cand, n, best, thr, (score + w * s + unk_score, c, 0, tok, unk, False, pam + e, plmsum + s, h)
                     )
             if not pblank or at_root:
@@ -355,115 +331,123 @@ def run_lexicon_frames(
                 score = pscore + e
                 if tok == sil:
                     score += sil_score
-                n, best = _add(cand, n, best, thr, (score, plm, plex, tok, -1, False, pam + e, plmsum, h))
+                n, best = add(cand, n, best, thr, (score, plm, plex, tok, -1, False, pam + e, plmsum, h))
             e = float(row[blank_id])
-            n, best = _add(cand, n, best, thr, (pscore + e, plm, plex, blank_id, -1, True, pam + e, plmsum, h))
+            n, best = add(cand, n, best, thr, (pscore + e, plm, plex, blank_id, -1, True, pam + e, plmsum, h))
         if n_miss > 0:
             table.meta[4] = n_miss
             return MISSES, t
-        store(work, n, best, thr, beam_size, log_add == 1, beam, N)
+        store(work, n, best, thr, beam_size, log_add == 1, beam)
+        _make_kept_states(beam, table, lm)
     return DONE, T
 
 
-@njit
-def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: bool, beam: Any, n_tokens: int) -> None:
-    """flashlight's candidatesStore: drop candidates below best - threshold, merge equal states (max or log-sum,
-    in descending score order), keep the ``beam_size`` best as the next beam (best first, earlier first among
-    equals) and record the back-pointers. Groups are found with a hash table stamped per frame."""
-    floor = best - thr
-    work.stamp[0] += 1
-    stamp = work.stamp[0]
-    mask = work.gkeys.shape[0] - 1
-    n_lex = 1
-    for i in range(n):
-        if work.lex[i] + 2 > n_lex:
-            n_lex = work.lex[i] + 2
-    g = 0
-    for i in range(n):
-        if work.score[i] < floor:
+@njit_inline
+def _make_kept_states(beam: Any, table: Any, lm: LMArrays) -> None:
+    """Make the LM states not made yet (``UNMADE + key``) that the new beam holds (with a compiled ARPA model, with
+    their n-gram state and score)."""
+    b_lm, keys, child, score, meta = beam.lm, table.keys, table.child, table.score, table.meta
+    arrays = meta[3] == ARRAY_LM
+    ngram, word_ids, context = lm.ngram, lm.word_ids, lm.context
+    stride = meta[2]
+    for r in range(beam.size[0]):
+        if b_lm[r] < UNMADE:
             continue
-        key = ((work.lm[i] * n_lex + work.lex[i] + 1) * n_tokens + work.token[i]) * 2 + (1 if work.blank[i] else 0)
-        slot = home_slot(key, mask)
-        while work.gstamp[slot] == stamp and work.gkeys[slot] != key:
-            slot = next_slot(slot, mask)
-        if work.gstamp[slot] == stamp:
-            grp = work.ggroup[slot]
-            work.next[work.tail[grp]] = i
-            work.tail[grp] = i
-        else:
-            work.gstamp[slot] = stamp
-            work.gkeys[slot] = key
-            work.ggroup[slot] = g
-            work.head[g] = i
-            work.tail[g] = i
-            g += 1
-        work.next[i] = -1
-    # merge each group: its members by descending score (earlier first among equals)
-    members = work.members
-    for grp in range(g):
-        c = work.head[grp]
-        if work.next[c] < 0:
-            work.merged[grp] = work.score[c]
+        key = b_lm[r] - UNMADE
+        slot = table_find(keys, key)
+        if slot >= 0:  # another kept hypothesis made it
+            b_lm[r] = child[slot]
             continue
-        size = 0
-        while c >= 0:
-            j = size
-            while j > 0 and work.score[members[j - 1]] < work.score[c]:
-                members[j] = members[j - 1]
-                j -= 1
-            members[j] = c
-            size += 1
-            c = work.next[c]
-        acc = work.score[members[0]]
-        for j in range(1, size):
-            s = work.score[members[j]]
-            hi, lo = (acc, s) if acc >= s else (s, acc)
-            acc = hi + math.log1p(math.exp(lo - hi)) if log_add else hi
-        work.head[grp] = members[0]
-        work.merged[grp] = acc
-    # the beam_size best groups, best first (earlier first among equals)
-    keep = min(g, beam_size)
-    order = work.order
-    for grp in range(g):
-        v = work.merged[grp]
-        if grp >= keep and v <= work.merged[order[keep - 1]]:
-            continue
-        j = min(grp, keep - 1)
-        while j > 0 and work.merged[order[j - 1]] < v:
-            order[j] = order[j - 1]
-            j -= 1
-        order[j] = grp
-    step = beam.step[0] + 1
-    for r in range(keep):
-        grp = order[r]
-        c = work.head[grp]
-        beam.score[r] = work.merged[grp]
-        beam.lm[r] = work.lm[c]
-        beam.lex[r] = work.lex[c]
-        beam.token[r] = work.token[c]
-        beam.blank[r] = work.blank[c]
-        beam.am[r] = work.am[c]
-        beam.lm_sum[r] = work.lm_sum[c]
-        beam.back_token[step, r] = work.token[c]
-        beam.back_word[step, r] = work.word[c]
-        beam.back_parent[step, r] = work.parent[c]
-    beam.size[0] = keep
-    beam.step[0] = step
+        c = meta[1]
+        meta[1] += 1
+        s = 0.0
+        if arrays:
+            index = key % stride - 1  # -1: the end of sentence
+            word = ngram.sizes[3] if index < 0 else word_ids[index]
+            s, context[c] = backoff_score(ngram, context[key // stride], word)
+        slot = -slot - 1
+        keys[slot] = key
+        child[slot] = c
+        score[slot] = s
+        meta[0] += 1
+        b_lm[r] = c
 
 
 @njit
-def backtrace(beam: Any, rows: np.ndarray, sil: int) -> tuple[np.ndarray, np.ndarray]:
-    """The token and word of every step of each final hypothesis (``rows``: their places in the last step's beam),
-    followed by the end's silence token (no word): two arrays of shape ``(len(rows), steps + 1)``."""
+def finish_frames(
+    beam: Any, lm_ids: np.ndarray, scores: np.ndarray, nice: bool, options: Any, work: Any, table: Any, lm: LMArrays
+) -> None:
+    """The end of an utterance: each hypothesis (with ``nice``, only those at a word boundary) with the LM's
+    end-of-sentence score (``scores[h]``; its LM state after it: ``lm_ids[h]``; with a compiled ARPA model both come
+    from the model here: ``</s>`` after the hypothesis's n-gram state) stored as one more step on the silence token,
+    merged, cut and sorted best first as a frame's candidates are."""
+    if table.meta[3] == ARRAY_LM:
+        stride, eos = table.meta[2], lm.ngram.sizes[3]
+        for h in range(beam.size[0]):
+            parent = beam.lm[h]
+            scores[h], _ = backoff_score(lm.ngram, lm.context[parent], eos)
+            lm_ids[h] = UNMADE + parent * stride  # the state after </s> (index -1), made if the beam keeps it
+    thr, w = options.values[0], options.values[1]
+    beam_size, sil, log_add = options.ints[0], options.ints[2], options.ints[5]
+    b_score, b_lex, b_am, b_lm_sum = beam.score, beam.lex, beam.am, beam.lm_sum
+    cand = work.cand
+    n = 0
+    best = -math.inf
+    for h in range(beam.size[0]):
+        if nice and b_lex[h] != 0:
+            continue
+        s = scores[h]
+        entry = (b_score[h] + w * s, lm_ids[h], b_lex[h], sil, -1, False, b_am[h], b_lm_sum[h] + s, h)
+        n, best = add(cand, n, best, thr, entry)
+    store(work, n, best, thr, beam_size, log_add == 1, beam)
+    _make_kept_states(beam, table, lm)  # the states after </s> the beam keeps (a later step starts from them)
+
+
+@njit
+def backtrace(beam: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The token and word of every step (the start, each frame, the end) of the hypotheses ``rows`` of the beam:
+    two arrays of shape ``(len(rows), steps + 1)``."""
     last = beam.step[0]
-    tokens = np.empty((rows.shape[0], last + 2), dtype=np.int64)
-    words = np.empty((rows.shape[0], last + 2), dtype=np.int64)
+    tokens = np.empty((rows.shape[0], last + 1), dtype=np.int64)
+    words = np.empty((rows.shape[0], last + 1), dtype=np.int64)
     for i in range(rows.shape[0]):
         row = rows[i]
         for step in range(last, -1, -1):
             tokens[i, step] = beam.back_token[step, row]
             words[i, step] = beam.back_word[step, row]
             row = beam.back_parent[step, row]
-        tokens[i, last + 1] = sil
-        words[i, last + 1] = -1
     return tokens, words
+
+
+@njit
+def read_paths(beam: Any, rows: np.ndarray, blank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The hypotheses ``rows`` of the beam as torchaudio reads a path: a step whose token differs from the step
+    before and is not the blank holds a token. Returns the tokens, their steps (int32) and the words ending, of
+    every hypothesis one after the other, and the offsets (shape: (len(rows) + 1, 2): tokens, words) of each."""
+    last = beam.step[0]
+    back_token, back_word, back_parent = beam.back_token, beam.back_word, beam.back_parent
+    path = np.empty(last + 1, dtype=np.int64)
+    ends = np.empty(last + 1, dtype=np.int64)
+    tokens = np.empty(rows.shape[0] * (last + 1), dtype=np.int64)
+    steps = np.empty(rows.shape[0] * (last + 1), dtype=np.int32)
+    words = np.empty(rows.shape[0] * (last + 1), dtype=np.int64)
+    offsets = np.zeros((rows.shape[0] + 1, 2), dtype=np.int64)
+    n_tok = n_word = 0
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        for step in range(last, -1, -1):
+            path[step] = back_token[step, row]
+            ends[step] = back_word[step, row]
+            row = back_parent[step, row]
+        for step in range(last + 1):
+            tok = path[step]
+            if tok != blank and (step == 0 or tok != path[step - 1]):
+                tokens[n_tok] = tok
+                steps[n_tok] = step
+                n_tok += 1
+            if ends[step] >= 0:
+                words[n_word] = ends[step]
+                n_word += 1
+        offsets[i + 1, 0] = n_tok
+        offsets[i + 1, 1] = n_word
+    return tokens[:n_tok], steps[:n_tok], words[:n_word], offsets

@@ -85,6 +85,12 @@ class LexiconSearch:
         first ones (the others' paths are not read back)."""
         return self._run.results(limit)
 
+    def paths(self, limit: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, float]]:
+        """The first ``limit`` final hypotheses (after :meth:`end`; before it, an empty list), best first, read as
+        torchaudio reads a path: per hypothesis the tokens (repeats collapsed, blanks dropped), the step of
+        each (int32; 0: the start, frame t: t + 1), the ids of the words ending, and the score."""
+        return self._run.paths(limit, self.blank)
+
 
 def _quiet() -> nullcontext[None] | np.errstate:
     """Interpreted, numpy warns when the tables' 64-bit hashes wrap around (they are meant to); compiled code does
