@@ -210,6 +210,27 @@ def test_options_are_frozen_and_checked() -> None:
         LexiconDecoder(TOKENS, options={"nbest": 2})  # type: ignore[arg-type]
 
 
+def test_emissions_wider_than_the_tokens_are_decoded_over_every_column(lexicon: str) -> None:
+    # as torchaudio: a column past the tokens is a token without a name; the interpreted oracle decodes the same
+    rng = np.random.default_rng(7)
+    narrow = random_emissions(3, 24)
+    extra = np.where(rng.random((24, 2)) < 0.3, narrow.max(-1, keepdims=True) + 0.5, -9.0).astype(np.float32)
+    wide = np.ascontiguousarray(np.concatenate([narrow, extra], -1))
+    n = len(TOKENS)
+    for lex in (lexicon, None):
+        for k in (0, 4):  # every column, or the frame's 4 best (the extra columns crowd out tokens)
+            dec = LexiconDecoder(TOKENS, lex, options=LexiconOptions(nbest=4, beam_size=8, beam_size_token=k))
+            [hyps] = dec.decode(wide)
+            assert plain(hyps) == oracle_hyps(dec, wide), (lex, k)
+            emitted = {t for h in hyps for t in h.tokens.tolist() if t >= n}
+            assert bool(emitted) == (lex is None), (lex, k)  # a lexicon spells its words in the named tokens
+    with pytest.raises(ValueError, match=f"unknown index in the dictionary: {n}"):
+        dec.idxs_to_tokens([n])
+    # every column: with a lexicon the extra ones change nothing
+    dec = LexiconDecoder(TOKENS, lexicon, options=LexiconOptions(nbest=4, beam_size=8))
+    assert plain(dec.decode(wide)[0]) == plain(dec.decode(narrow)[0])
+
+
 def test_bad_emissions_are_named(lexicon: str) -> None:
     dec = LexiconDecoder(TOKENS, lexicon)
     with pytest.raises(ValueError, match=r"a column per token \(5\), got 4 columns"):

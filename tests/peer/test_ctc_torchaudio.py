@@ -178,3 +178,56 @@ def test_the_native_lexicon_decoder_gives_torchaudios_hypotheses(name, assets, b
     bk_results = native.decode(batch.numpy())
     top1, nbest = agreement(ta_results, bk_results)
     assert top1 >= 0.99 and nbest >= 0.95, (name, top1, nbest)
+
+
+@pytest.fixture(scope="module")
+def wide_batch(batch):
+    # two columns past the tokens: usually far below the frame's best, on about one frame in eight close to it
+    rng = np.random.default_rng(11)
+    B, T, _ = batch.shape
+    best = batch.amax(-1, keepdim=True).numpy()
+    extra = np.where(rng.random((B, T, 2)) < 0.125, best - np.abs(rng.normal(size=(B, T, 2))), -8.0)
+    return torch.cat([batch, torch.from_numpy(extra.astype(np.float32))], -1).contiguous()
+
+
+@pytest.mark.parametrize("name", ["lexicon-free", "lexicon", "lexicon+word-lm", "lexicon+unk+log-add"])
+def test_emissions_wider_than_the_tokens_as_torchaudio(name, assets, wide_batch):
+    # torchaudio decodes over every column: lexicon-free the extra columns are tokens without a name (both
+    # decoders' idxs_to_tokens refuse them); with a lexicon they only take part in the frame's beam_size_token best
+    kwargs = {"tokens": bench.TOKENS, "nbest": 8, "beam_size": 30, **bench.settings(assets)[name]}
+    ta_dec, bk_dec = oracle.ctc_decoder(**kwargs), beamkit_ta.ctc_decoder(**kwargs)
+    ta_results, bk_results = ta_dec(wide_batch), bk_dec(wide_batch)
+    top1, nbest = agreement(ta_results, bk_results)
+    assert top1 >= 0.99 and nbest >= 0.95, (name, top1, nbest)
+    n = len(bench.TOKENS)
+    emitted = {t for hyps in bk_results for h in hyps for t in h.tokens.tolist() if t >= n}
+    if kwargs["lexicon"] is None:
+        assert emitted  # the extra columns were emitted: the comparison covers them
+        for dec in (ta_dec, bk_dec):
+            with pytest.raises(ValueError, match=str(n)):
+                dec.idxs_to_tokens(torch.tensor([n]))
+    else:
+        assert not emitted
+
+
+def test_emissions_wider_than_the_lms_tokens_are_refused_as_torchaudio(assets, wide_batch):
+    # lexicon-free with the tokens as the LM's words: a column past them has no word, torchaudio raises a
+    # RuntimeError (beamkit's EmissionsError is one, and a ValueError)
+    kwargs = {"tokens": bench.TOKENS, **bench.settings(assets)["lexicon-free+char-lm"]}
+    for make in (oracle.ctc_decoder, beamkit_ta.ctc_decoder):
+        with pytest.raises(RuntimeError, match="index"):
+            make(**kwargs)(wide_batch[:2].contiguous())
+
+
+@pytest.mark.parametrize(
+    "ids", [[2, 2, 0, 3, 3, 3, 0, 3], [], [0, 0, 0], [1, 1, 1], [0, 5, 5, 0, 0, 5, 6, 6], [4, 0, 4, 4, 1, 4, 0]]
+)
+def test_get_tokens_and_timesteps_as_torchaudio(ids, assets):
+    # torchaudio's private helpers (its own tests call them) on the same frame-by-frame ids
+    kwargs = {"tokens": bench.TOKENS, "lexicon": assets["lexicon.txt"]}
+    ta_dec, bk_dec = oracle.ctc_decoder(**kwargs), beamkit_ta.ctc_decoder(**kwargs)
+    for idxs in (torch.tensor(ids, dtype=torch.int64), torch.tensor(ids, dtype=torch.int32)):
+        want, got = ta_dec._get_tokens(idxs), bk_dec._get_tokens(idxs)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+        want, got = ta_dec._get_timesteps(idxs), bk_dec._get_timesteps(idxs)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()

@@ -121,7 +121,7 @@ class CTCDecoder:
         with _as_emissions_error():
             self.native.check_width(array.shape[-1])
             self.native.check_values(array)
-        self.native.search.step(array)
+            self.native.search.step(array)
 
     def decode_end(self) -> None:
         """Finish the current utterance (the LM's end-of-sentence score)."""
@@ -144,6 +144,29 @@ class CTCDecoder:
     def idxs_to_tokens(self, idxs: Any) -> list[str]:
         """The tokens of token ids."""
         return self.native.idxs_to_tokens(idxs)
+
+    def _get_tokens(self, idxs: Any) -> torch.Tensor:
+        """The tokens a frame-by-frame path of token ids emits: each run of one id read once, blanks dropped
+        (int64)."""
+        ids, starts = self._runs(idxs)
+        return torch.from_numpy(ids[starts])
+
+    def _get_timesteps(self, idxs: Any) -> torch.Tensor:
+        """The frame where each token of :meth:`_get_tokens` starts (int32)."""
+        _, starts = self._runs(idxs)
+        return torch.from_numpy(np.flatnonzero(starts).astype(np.int32))
+
+    def _runs(self, idxs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """A path's ids (int64) and where a run of a non-blank id starts (bool)."""
+        if isinstance(idxs, torch.Tensor):
+            idxs = idxs.detach().cpu().numpy()
+        ids = np.asarray(idxs)
+        if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+            raise TypeError(f"idxs must be a 1D sequence of token ids, got shape {ids.shape} of {ids.dtype}")
+        ids = ids.astype(np.int64)  # shape: (frames,)
+        starts = np.ones(ids.shape[0], dtype=bool)
+        starts[1:] = ids[1:] != ids[:-1]
+        return ids, starts & (ids != self.blank)
 
 
 @contextlib.contextmanager

@@ -168,7 +168,7 @@ class LexiconDecoder:
 
     # ------------------------------------------------------------------------------------------------------------
     def emissions(self, emissions: Any) -> np.ndarray:
-        """``emissions`` as a C-contiguous float32 array of 2 or 3 dimensions with one column per token."""
+        """``emissions`` as a C-contiguous float32 array of 2 or 3 dimensions with a column per token (or more)."""
         array = as_real_array(emissions, "emissions", keep_dtype=True)
         if array.ndim not in (2, 3):
             raise ValueError(f"emissions must be (frames, tokens) or (batch, frames, tokens), got shape {array.shape}")
@@ -176,11 +176,13 @@ class LexiconDecoder:
         return np.ascontiguousarray(array, dtype=np.float32)
 
     def check_width(self, n: int) -> None:
-        """Emissions need one column per token: fewer would be read past, more decoded as tokens no one can
-        name."""
-        if n != self.tokens_dict.index_size():
+        """Emissions need at least one column per token (fewer would leave tokens unscored). Wider emissions are
+        decoded over all their columns, as torchaudio decodes them: with a lexicon only the lexicon's tokens can
+        be emitted; lexicon-free a column past the tokens is a token without a name (``idxs_to_tokens`` refuses
+        it) and, with a language model over the tokens, its word (past the last one: a ValueError)."""
+        if n < self.tokens_dict.index_size():
             raise ValueError(
-                f"emissions must have a column per token ({self.tokens_dict.index_size()}), got {n} columns"
+                f"emissions must have at least a column per token ({self.tokens_dict.index_size()}), got {n} columns"
             )
 
     @staticmethod
