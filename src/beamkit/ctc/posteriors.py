@@ -129,8 +129,8 @@ def _shifted_logits(raw: np.ndarray, name: str, own: bool = False) -> tuple[np.n
             raise ValueError(f"{name} contains NaN")
         raise ValueError(f"{name} has a frame that is all -inf or holds +inf (it normalises to NaN)")
     out -= m
-    with np.errstate(divide="ignore"):
-        lse = np.log(np.sum(np.exp(out), axis=1, keepdims=True))  # shape: (T, 1)
+    # each row's maximum is now 0, so its sum of exponentials is at least 1: the log never meets a zero
+    lse = np.log(np.sum(np.exp(out), axis=1, keepdims=True))  # shape: (T, 1)
     return out, lse
 
 
