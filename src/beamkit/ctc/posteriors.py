@@ -264,6 +264,10 @@ def utterance_parts(
         block = np.concatenate(pending) if len(pending) > 1 else pending[0]  # shape: (rows, V)
         shifted, lse = _shifted_logits(block, "logits", own=len(pending) > 1)  # shape: (rows, V), (rows, 1)
         count, labels, values, lp_blank = _cut_shifted(shifted, lse, _LOG_MIN_P, token_min_logp, blank)
+        if len(pending) == 1:  # one matrix: its candidates as they are
+            pending.clear()
+            yield count, labels, values, lp_blank
+            return
         c_end = np.concatenate(([0], np.cumsum(count)))  # shape: (rows + 1,) candidates before each row
         start = 0
         for m in pending:
@@ -293,6 +297,19 @@ def collect_candidates(parts: Iterable[Part], lens: np.ndarray) -> FrameCandidat
     time, so a generator keeps only one dense matrix alive), of lengths ``lens``."""
     N = len(lens)
     T = int(lens.max(initial=0))
+    if N == 1:  # one utterance: its arrays as they are (no padding to add)
+        part = next(iter(parts), None)
+        if part is not None and len(part[0]) == T:
+            c, lab, val, lpb = part
+            return FrameCandidates(
+                lens=lens,
+                T=T,
+                count=np.ascontiguousarray(c, dtype=np.int64),
+                labels=np.ascontiguousarray(lab, dtype=np.int64),
+                values=np.ascontiguousarray(val, dtype=np.float64),
+                lp_blank=np.ascontiguousarray(lpb, dtype=np.float64).reshape(1, T),  # shape: (1, T)
+            )
+        parts = [] if part is None else [part]
     count = np.zeros((N, T), dtype=np.int64)  # shape: (N, T)
     lp_blank = np.zeros((N, T))  # shape: (N, T)
     labels: list[np.ndarray] = []
