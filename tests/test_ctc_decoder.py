@@ -71,6 +71,24 @@ def test_blank_is_named_or_spelled_never_guessed() -> None:
         build_ctcdecoder(rapid)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_normalize_logits_equals_numpy_log_softmax_to_the_bit(dtype: type) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 4, (60, 31)).astype(dtype)
+    x[rng.random(x.shape) < 0.2] = -np.inf  # masked labels
+    x[3, :] = -np.inf
+    x[3, 7] = 1.5  # one label left
+    x[10, 0], x[10, 5] = 20.0, 20.0  # a tie for the maximum
+    x[11, 2], x[11, 9] = 0.0, -0.0  # the maximum is 0 and -0 at once
+    x[12] = np.log(np.full(31, 1 / 31, dtype=dtype))  # already normalised
+    for m in (x, x[:, ::-1], x[::2]):  # contiguous and not
+        wide = m.astype(np.float64)  # pyctcdecode's log-softmax in numpy, written out
+        shifted = wide - wide.max(axis=1, keepdims=True)
+        want = np.maximum(shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)), np.log(1e-15))
+        assert normalize_logits(m, "logits").tobytes() == want.tobytes()
+        assert normalize_logits(m).tobytes() == want.tobytes()  # detected as logits
+
+
 def test_normalize_logits_follows_pyctcdecode_rule() -> None:
     probs = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
     np.testing.assert_allclose(normalize_logits(probs), np.log(np.clip(probs, 1e-15, 1)))
