@@ -448,3 +448,19 @@ def test_decoding_never_writes_into_the_callers_matrices() -> None:
     decoder.decode(mats[0])
     decoder.decode_beams_batch(None, mats)
     assert all(np.array_equal(a, b) for a, b in zip(mats, kept, strict=True))
+
+
+def test_one_utterance_decodes_as_in_a_batch_and_is_checked_the_same() -> None:
+    from beamkit.ctc import CTCBatchDecodeError, CTCOptions, Decoder
+
+    rng = np.random.default_rng(9)
+    labels = ["", " ", "a", "b", "c"]
+    decoder = Decoder(labels, options=CTCOptions(beam_width=8, num_hypotheses=4))
+    x, y = (rng.normal(0, 2, (12, 5)) for _ in range(2))
+    alone, batch = decoder.decode([x])[0], decoder.decode([y, x], threads=1)[1]
+    assert [(h.text, h.score, h.word_frames) for h in alone] == [(h.text, h.score, h.word_frames) for h in batch]
+    with pytest.raises(CTCBatchDecodeError, match="vocabulary has 5 labels") as caught:
+        decoder.decode([np.zeros((3, 7))])
+    assert caught.value.results == [[]]
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        decoder.decode([x], threads=0)
