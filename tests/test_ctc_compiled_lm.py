@@ -250,3 +250,19 @@ def test_decoding_goes_on_after_the_end_of_sentence_as_through_python(arpa: str,
         decoder.end()
         got.append(plain(decoder.hypotheses()))
     assert got[0] and got[0] == got[1]
+
+
+def test_a_fusion_made_again_over_the_same_words_shares_their_set_and_follows_a_changed_list(arpa: str) -> None:
+    model = ArpaLM.from_file(arpa)
+    words = ["cat", "bat", "dog", "a"]  # "dog" is not a word of the model: dropped
+    first, again = LanguageModelFusion(model, words), LanguageModelFusion(model, list(words))
+    assert first.unigrams == {"cat", "bat", "a"}  # by hand from CORPUS
+    assert again.unigrams is first.unigrams  # the tables keyed by it are found without comparing every word
+    assert again.prefix_index is first.prefix_index
+    words.append("tab")  # the caller's list changed: the known words follow it
+    changed = LanguageModelFusion(model, words)
+    assert changed.unigrams == {"cat", "bat", "a", "tab"}
+    other = LanguageModelFusion(ArpaLM.from_file(arpa), ["cat", "bat", "dog", "a"])  # another model: its own set
+    assert other.unigrams == {"cat", "bat", "a"} and other.unigrams is not first.unigrams
+    assert changed.prefix_index is not None and changed.prefix_index.has_prefix("ta")
+    assert first.prefix_index is not None and not first.prefix_index.has_prefix("ta")

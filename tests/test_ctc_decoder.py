@@ -71,6 +71,24 @@ def test_blank_is_named_or_spelled_never_guessed() -> None:
         build_ctcdecoder(rapid)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_normalize_logits_equals_numpy_log_softmax_to_the_bit(dtype: type) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 4, (60, 31)).astype(dtype)
+    x[rng.random(x.shape) < 0.2] = -np.inf  # masked labels
+    x[3, :] = -np.inf
+    x[3, 7] = 1.5  # one label left
+    x[10, 0], x[10, 5] = 20.0, 20.0  # a tie for the maximum
+    x[11, 2], x[11, 9] = 0.0, -0.0  # the maximum is 0 and -0 at once
+    x[12] = np.log(np.full(31, 1 / 31, dtype=dtype))  # already normalised
+    for m in (x, x[:, ::-1], x[::2]):  # contiguous and not
+        wide = m.astype(np.float64)  # pyctcdecode's log-softmax in numpy, written out
+        shifted = wide - wide.max(axis=1, keepdims=True)
+        want = np.maximum(shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)), np.log(1e-15))
+        assert normalize_logits(m, "logits").tobytes() == want.tobytes()
+        assert normalize_logits(m).tobytes() == want.tobytes()  # detected as logits
+
+
 def test_normalize_logits_follows_pyctcdecode_rule() -> None:
     probs = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
     np.testing.assert_allclose(normalize_logits(probs), np.log(np.clip(probs, 1e-15, 1)))
@@ -430,3 +448,19 @@ def test_decoding_never_writes_into_the_callers_matrices() -> None:
     decoder.decode(mats[0])
     decoder.decode_beams_batch(None, mats)
     assert all(np.array_equal(a, b) for a, b in zip(mats, kept, strict=True))
+
+
+def test_one_utterance_decodes_as_in_a_batch_and_is_checked_the_same() -> None:
+    from beamkit.ctc import CTCBatchDecodeError, CTCOptions, Decoder
+
+    rng = np.random.default_rng(9)
+    labels = ["", " ", "a", "b", "c"]
+    decoder = Decoder(labels, options=CTCOptions(beam_width=8, num_hypotheses=4))
+    x, y = (rng.normal(0, 2, (12, 5)) for _ in range(2))
+    alone, batch = decoder.decode([x])[0], decoder.decode([y, x], threads=1)[1]
+    assert [(h.text, h.score, h.word_frames) for h in alone] == [(h.text, h.score, h.word_frames) for h in batch]
+    with pytest.raises(CTCBatchDecodeError, match="vocabulary has 5 labels") as caught:
+        decoder.decode([np.zeros((3, 7))])
+    assert caught.value.results == [[]]
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        decoder.decode([x], threads=0)

@@ -25,7 +25,7 @@ from .greedy import greedy_ctc
 from .lm import LanguageModelFusion, fusion_of
 from .options import CTCOptions
 from .posteriors import INPUT_KINDS, FrameCandidates, collect_candidates, normalize_posteriors, utterance_parts
-from .prefix.run import SearchCaches, search_candidates, spread
+from .prefix.run import SearchCaches, search_candidates, spread, thread_count
 from .search import CTCHypothesis, CTCRecorder
 from .vocab import Vocabulary
 
@@ -128,7 +128,15 @@ class Decoder:
 
         The utterances are spread over ``threads`` threads (default: one per available core, at least 8
         utterances each; the results do not depend on it)."""
-        results, errors = self.search(as_batch(logits), self._options(options), threads=threads)
+        mats, opts = as_batch(logits), self._options(options)
+        if len(mats) == 1:  # one utterance: no threads to deal it to (what search does, without the dealing)
+            thread_count(threads, 1)  # the same check of ``threads``
+            try:
+                cands = self._candidates(mats, opts.token_min_logp)
+            except (ValueError, TypeError) as exc:
+                return checked([[]], {0: exc})
+            return self.search_candidates(cands, opts, threads=1)
+        results, errors = self.search(mats, opts, threads=threads)
         return checked(results, errors)
 
     def trace(self, logits: Any, options: CTCOptions | None = None) -> list[CTCTrace]:

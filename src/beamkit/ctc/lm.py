@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import math
 import os
+import weakref
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, overload
 
@@ -76,6 +77,31 @@ def _weighted(alpha: float, logp10: float) -> float:
     return alpha * logp10 * LOG10_TO_LN
 
 
+MAX_KEPT_UNIGRAMS = 4  # unigram lists whose known words the process keeps (the last ones filtered)
+_KNOWN: dict[int, tuple[Any, tuple[str, ...], frozenset[str], UnigramPrefixIndex]] = {}
+
+
+def _known_unigrams(model: Any, unigrams: Collection[str]) -> tuple[frozenset[str], UnigramPrefixIndex]:
+    """The words of ``unigrams`` that ``model`` knows and their prefix index, made once per model and word
+    list: a fusion made again over the same model and list (a fresh decoder, a drop-in's per-call fusion)
+    takes the same frozen set, so that the tables keyed by it are found at once instead of after comparing
+    every word. A model that cannot be weakly referenced is filtered every time (nothing keeps it alive)."""
+    words = tuple(unigrams)
+    held = _KNOWN.get(id(model))
+    if held is not None and held[0]() is model and held[1] == words:
+        return held[2], held[3]
+    known = frozenset(w for w in words if w in model)
+    index = UnigramPrefixIndex(known)
+    try:
+        ref = weakref.ref(model)
+    except TypeError:
+        return known, index
+    if len(_KNOWN) >= MAX_KEPT_UNIGRAMS:
+        _KNOWN.pop(next(iter(_KNOWN)), None)
+    _KNOWN[id(model)] = (ref, words, known, index)
+    return known, index
+
+
 class LanguageModelFusion:
     """Shallow fusion of a word n-gram model, with pyctcdecode's scoring rules.
 
@@ -107,8 +133,7 @@ class LanguageModelFusion:
         else:
             if isinstance(unigrams, str):
                 raise TypeError("unigrams must be a collection of words, not one string")
-            self.unigrams = frozenset(w for w in unigrams if w in model)
-            self.prefix_index = UnigramPrefixIndex(self.unigrams)
+            self.unigrams, self.prefix_index = _known_unigrams(model, unigrams)
 
     alpha = _Weight(bound=MAX_LM_WEIGHT)
     """LM weight (a finite number between -1000 and 1000, ``MAX_LM_WEIGHT``)."""

@@ -119,19 +119,59 @@ def normalize_posteriors(x: Any, input_kind: str = "auto", name: str = "logits")
 def _shifted_logits(raw: np.ndarray, name: str, own: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(x - max, log(sum(exp(x - max))))`` per row of a logit matrix in float64 (the log-softmax is their
     difference); refuses NaN and rows that normalise to NaN. ``own``: ``raw`` may be shifted in place."""
-    # shape: (T, V) shifted in place (a copy unless ``raw`` is ours and already float64)
-    out = np.asarray(raw, dtype=np.float64, order="C") if own else np.array(raw, dtype=np.float64, order="C")
-    if out.shape[0] == 0:
-        return out, np.zeros((0, 1))
-    m = out.max(axis=1, keepdims=True)  # shape: (T, 1) NaN where a row holds NaN, +inf where it holds +inf
-    if not np.isfinite(m).all():
-        if np.isnan(m).any():
-            raise ValueError(f"{name} contains NaN")
+    bad = 3
+    if raw.ndim == 2 and raw.shape[0] > 0 and raw.shape[1] > 0 and raw.dtype in _SHIFTED_DTYPES:
+        out, bad = _shift_rows(raw)  # shape: (T, V) a new float64 matrix; the row maxima and the shift compiled
+    if bad == 3:  # another dtype, an empty matrix, or a maximum numpy is to choose: numpy throughout
+        # shape: (T, V) shifted in place (a copy unless ``raw`` is ours and already float64)
+        out = np.asarray(raw, dtype=np.float64, order="C") if own else np.array(raw, dtype=np.float64, order="C")
+        if out.shape[0] == 0:
+            return out, np.zeros((0, 1))
+        m = out.max(axis=1, keepdims=True)  # shape: (T, 1) NaN where a row holds NaN, +inf where it holds +inf
+        bad = 0 if np.isfinite(m).all() else 1 if np.isnan(m).any() else 2
+        if not bad:
+            out -= m
+    if bad == 1:
+        raise ValueError(f"{name} contains NaN")
+    if bad == 2:
         raise ValueError(f"{name} has a frame that is all -inf or holds +inf (it normalises to NaN)")
-    out -= m
-    with np.errstate(divide="ignore"):
-        lse = np.log(np.sum(np.exp(out), axis=1, keepdims=True))  # shape: (T, 1)
+    # each row's maximum is now 0, so its sum of exponentials is at least 1: the log never meets a zero
+    lse = np.log(np.sum(np.exp(out), axis=1, keepdims=True))  # shape: (T, 1)
     return out, lse
+
+
+_SHIFTED_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))  # what the compiled shift reads (native order)
+
+
+@njit
+def _shift_rows(raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """``raw - max`` per row in float64 (the values numpy gives: a float32 value widens exactly, the maximum
+    and the difference are exact operations) and what is wrong: 0 nothing, 1 a row holds NaN, 2 a row's
+    maximum is -inf or +inf (NaN takes precedence, as numpy's maximum propagates it); 3: a row's maximum is
+    both 0 and -0 (numpy is asked instead)."""
+    T, V = raw.shape
+    out = np.empty((T, V), dtype=np.float64)
+    bad = 0
+    for t in range(T):
+        m = -np.inf
+        for j in range(V):
+            v = np.float64(raw[t, j])
+            if np.isnan(v):
+                return out, 1
+            if v > m:
+                m = v
+        if np.isinf(m):
+            bad = 2
+        elif m == 0.0:  # a row whose maximum is 0 and -0 at once: which one numpy keeps is its own affair
+            signs = 0
+            for j in range(V):
+                if raw[t, j] == 0.0:
+                    signs |= 2 if np.signbit(raw[t, j]) else 1
+            if signs == 3:
+                return out, 3
+        for j in range(V):
+            out[t, j] = np.float64(raw[t, j]) - m
+    return out, bad
 
 
 @njit
@@ -264,6 +304,10 @@ def utterance_parts(
         block = np.concatenate(pending) if len(pending) > 1 else pending[0]  # shape: (rows, V)
         shifted, lse = _shifted_logits(block, "logits", own=len(pending) > 1)  # shape: (rows, V), (rows, 1)
         count, labels, values, lp_blank = _cut_shifted(shifted, lse, _LOG_MIN_P, token_min_logp, blank)
+        if len(pending) == 1:  # one matrix: its candidates as they are
+            pending.clear()
+            yield count, labels, values, lp_blank
+            return
         c_end = np.concatenate(([0], np.cumsum(count)))  # shape: (rows + 1,) candidates before each row
         start = 0
         for m in pending:
@@ -293,6 +337,19 @@ def collect_candidates(parts: Iterable[Part], lens: np.ndarray) -> FrameCandidat
     time, so a generator keeps only one dense matrix alive), of lengths ``lens``."""
     N = len(lens)
     T = int(lens.max(initial=0))
+    if N == 1:  # one utterance: its arrays as they are (no padding to add)
+        part = next(iter(parts), None)
+        if part is not None and len(part[0]) == T:
+            c, lab, val, lpb = part
+            return FrameCandidates(
+                lens=lens,
+                T=T,
+                count=np.ascontiguousarray(c, dtype=np.int64),
+                labels=np.ascontiguousarray(lab, dtype=np.int64),
+                values=np.ascontiguousarray(val, dtype=np.float64),
+                lp_blank=np.ascontiguousarray(lpb, dtype=np.float64).reshape(1, T),  # shape: (1, T)
+            )
+        parts = [] if part is None else [part]
     count = np.zeros((N, T), dtype=np.int64)  # shape: (N, T)
     lp_blank = np.zeros((N, T))  # shape: (N, T)
     labels: list[np.ndarray] = []
