@@ -185,26 +185,28 @@ def _example(model: Any, layers: int) -> tuple[Any, ...]:
 
 def _name(ov_model: Any, layers: int, kv: tuple[int, int]) -> None:
     """Name the inputs and outputs as optimum-intel does, every dimension but the fixed head sizes dynamic."""
+    inputs = {name: [-1, -1] for name in ("input_ids", "attention_mask", "position_ids")}
+    inputs |= {f"past_key_values.{i}.{p}": [-1, kv[0], -1, kv[1]] for i in range(layers) for p in ("key", "value")}
+    outs = ["logits"] + [f"present.{i}.{p}" for i in range(layers) for p in ("key", "value")]
+    name_ports(
+        ov_model, inputs, outs, "the converted model", ": its cache does not hold one key and one value per layer"
+    )
+
+
+def name_ports(ov_model: Any, inputs: dict[str, list[int]], outs: list[str], what: str, why: str = "") -> None:
+    """Name ``ov_model``'s inputs in order, each with its dimensions (-1: dynamic), and its outputs; a model with
+    other counts is refused (``what`` names it in the error, ``why`` says what that means)."""
     import openvino as ov
 
-    names = ["input_ids", "attention_mask", "position_ids"]
-    for i in range(layers):
-        names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-    outs = ["logits"]
-    for i in range(layers):
-        outs += [f"present.{i}.key", f"present.{i}.value"]
-    if len(ov_model.inputs) != len(names) or len(ov_model.outputs) != len(outs):
+    if len(ov_model.inputs) != len(inputs) or len(ov_model.outputs) != len(outs):
         raise TypeError(
-            f"the converted model has {len(ov_model.inputs)} inputs and {len(ov_model.outputs)} outputs, expected "
-            f"{len(names)} and {len(outs)}: its cache does not hold one key and one value per layer"
+            f"{what} has {len(ov_model.inputs)} inputs and {len(ov_model.outputs)} outputs, expected "
+            f"{len(inputs)} and {len(outs)}{why}"
         )
     shapes = {}
-    for port, name in zip(ov_model.inputs, names, strict=True):
+    for port, (name, dims) in zip(ov_model.inputs, inputs.items(), strict=True):
         port.get_tensor().set_names({name})
-        if name.startswith("past_key_values"):
-            shapes[port] = ov.PartialShape([-1, kv[0], -1, kv[1]])
-        else:
-            shapes[port] = ov.PartialShape([-1, -1])
+        shapes[port] = ov.PartialShape(dims)
     for port, name in zip(ov_model.outputs, outs, strict=True):
         port.get_tensor().set_names({name})
     ov_model.reshape(shapes)

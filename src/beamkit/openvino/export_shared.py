@@ -30,6 +30,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from beamkit.openvino.export import name_ports
 from beamkit.openvino.model import SHARED_XML
 
 SHARED_ATTENTION = "beamkit_openvino_shared_prompt"  # the attention function's name in transformers' AttentionInterface
@@ -249,26 +250,10 @@ def _example(model: Any, layers: int, heads: int, head_dim: int) -> tuple[Any, .
 
 def _name(ov_model: Any, layers: int, heads: int, head_dim: int) -> None:
     """Name the inputs and outputs, every dimension but the fixed head sizes dynamic."""
-    import openvino as ov
-
-    names = list(INPUTS)
-    names += [f"past_key_values.{i}.{p}" for i in range(layers) for p in ("key", "value")]
-    names += [f"prompt_key_values.{i}.{p}" for i in range(layers) for p in ("key", "value")]
+    inputs = {name: [-1] if name in ("grid_rows", "row_slot") else [-1, -1] for name in INPUTS}
+    for part in ("past", "prompt"):
+        inputs |= {
+            f"{part}_key_values.{i}.{p}": [-1, heads, -1, head_dim] for i in range(layers) for p in ("key", "value")
+        }
     outs = ["logits"] + [f"present.{i}.{p}" for i in range(layers) for p in ("key", "value")]
-    if len(ov_model.inputs) != len(names) or len(ov_model.outputs) != len(outs):
-        raise TypeError(
-            f"the converted shared-prompt model has {len(ov_model.inputs)} inputs and {len(ov_model.outputs)} "
-            f"outputs, expected {len(names)} and {len(outs)}"
-        )
-    shapes = {}
-    for port, name in zip(ov_model.inputs, names, strict=True):
-        port.get_tensor().set_names({name})
-        if name.endswith((".key", ".value")):
-            shapes[port] = ov.PartialShape([-1, heads, -1, head_dim])
-        elif name in ("grid_rows", "row_slot"):
-            shapes[port] = ov.PartialShape([-1])
-        else:
-            shapes[port] = ov.PartialShape([-1, -1])
-    for port, name in zip(ov_model.outputs, outs, strict=True):
-        port.get_tensor().set_names({name})
-    ov_model.reshape(shapes)
+    name_ports(ov_model, inputs, outs, "the converted shared-prompt model")

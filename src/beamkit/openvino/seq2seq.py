@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from beamkit.hf.steps.join import Cohorts, Prompt, rows_of
-from beamkit.hypothesis import SearchStats
-from beamkit.openvino.step import OVDecoderStep, StaleState
+from beamkit.openvino.step import Counted, OVDecoderStep, StaleState
 
 
 class Seq2SeqRows:
@@ -53,7 +52,7 @@ class Seq2SeqRows:
         return Cohorts([self, *others])
 
 
-class OVSeq2SeqStep:
+class OVSeq2SeqStep(Counted):
     """Step function of the engine over an encoder-decoder :class:`~beamkit.openvino.Model` compiled at
     ``precision`` with ``threads``; ``stats`` / ``forward_seconds`` as :class:`~beamkit.openvino.OVDecoderStep`'s."""
 
@@ -65,8 +64,7 @@ class OVSeq2SeqStep:
         self.runs: dict[int, int] = {}  # runs of each pool request, by id
         self.own_names = [n for n in model.layers if ".decoder." in n]
         self.cross_names = [n for n in model.layers if ".encoder." in n]
-        self.stats = SearchStats()
-        self.forward_seconds = 0.0
+        super().__init__()  # stats, forward_seconds
 
     def init_state(self, input_ids: Any, attention_mask: Any) -> Prompt:
         """The engine's initial state: one row per request (encoder inputs ``[n, S]``, right-padded)."""
@@ -76,9 +74,7 @@ class OVSeq2SeqStep:
         """One engine step: ``(logits [rows, V] float32 torch tensor, new state)``."""
         import torch
 
-        y = np.asarray(y_prev, dtype=np.int64).reshape(-1)
-        self.stats.model_calls += 1
-        self.stats.rows_per_call.append(int(y.shape[0]))
+        y = self.counted(y_prev)
         parts = state.parts if isinstance(state, Cohorts) else [state]
         busy = {id(p.owner) for p in parts if isinstance(p, Seq2SeqRows) and p.owner is not None}
         outs, new, start = [], [], 0

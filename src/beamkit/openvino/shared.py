@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from beamkit.hf.steps.join import Cohorts, Prompt
-from beamkit.hypothesis import SearchStats
-from beamkit.openvino.step import StaleState, infer, input_dtypes
+from beamkit.openvino.step import Counted, StaleState, infer, input_dtypes, next_mask
 
 _CHUNK = 64  # columns added to the generated positions' mask buffer at a time
 _STATE_NAME = re.compile(r"past_key_values\.(\d+)\.(key|value)")
@@ -146,7 +145,7 @@ def grid(prompt_of: np.ndarray, requests: int) -> tuple[np.ndarray, np.ndarray]:
     return grid_rows.astype(np.int64), row_slot
 
 
-class OVSharedPromptStep:
+class OVSharedPromptStep(Counted):
     """Step function of the engine over a :class:`~beamkit.openvino.Model`'s shared-prompt IR compiled at
     ``precision`` with ``threads`` (see the module docstring). ``stats`` counts model calls and rows per call;
     ``forward_seconds`` the time inside OpenVINO's inference; ``peak_state_bytes`` the most bytes of keys/values
@@ -162,8 +161,7 @@ class OVSharedPromptStep:
         self.compiled = model.compiled_shared(precision, threads)
         self.main = _SharedBackend(self.compiled, model)
         self.spare: _SharedBackend | None = None
-        self.stats = SearchStats()
-        self.forward_seconds = 0.0
+        super().__init__()  # stats, forward_seconds
         self.peak_state_bytes = 0
 
     def init_state(self, input_ids: Any, attention_mask: Any) -> Prompt:
@@ -174,9 +172,7 @@ class OVSharedPromptStep:
         """One engine step: ``(logits [rows, V] float32 torch tensor, new state)``."""
         import torch
 
-        y = np.asarray(y_prev, dtype=np.int64).reshape(-1)
-        self.stats.model_calls += 1
-        self.stats.rows_per_call.append(int(y.shape[0]))
+        y = self.counted(y_prev)
         parts = state.parts if isinstance(state, Cohorts) else [state]
         running = parts[0] if isinstance(parts[0], SharedRows) else None
         prompts = [p for p in parts if isinstance(p, Prompt)]
@@ -214,12 +210,9 @@ class OVSharedPromptStep:
             )
         prompt_of = self._compact(state.prompt_of, backend)
         rows = int(y.shape[0])
-        length = state.length + 1
-        mask = state.mask
-        if length > mask.shape[1]:
-            mask = np.concatenate([mask, np.ones((mask.shape[0], _CHUNK), dtype=mask.dtype)], axis=1)
+        length, mask, identity = next_mask(state, rows)
         phys = state.phys
-        if rows == int(mask.shape[0]) and bool((phys == np.arange(rows)).all()):
+        if identity:
             pos = state.pos
         else:
             mask, pos = mask[phys], state.pos[phys]  # shape: (rows, C), (rows,)

@@ -35,6 +35,34 @@ from beamkit.ops.gather import left_pad
 _CHUNK = 64  # columns added to the mask buffer at a time
 
 
+class Counted:
+    """What every OpenVINO step function counts: ``stats`` (model calls, rows per call) and ``forward_seconds``
+    (the time inside OpenVINO's inference)."""
+
+    def __init__(self) -> None:
+        """Nothing counted yet."""
+        self.stats = SearchStats()
+        self.forward_seconds = 0.0
+
+    def counted(self, y_prev: Any) -> np.ndarray:
+        """A step's tokens as a flat int64 array (one per row), the call counted in ``stats``."""
+        y = np.asarray(y_prev, dtype=np.int64).reshape(-1)  # shape: (rows,)
+        self.stats.model_calls += 1
+        self.stats.rows_per_call.append(int(y.shape[0]))
+        return y
+
+
+def next_mask(state: Any, rows: int) -> tuple[int, np.ndarray, bool]:
+    """The next step's length, the state's mask (grown by a chunk when full) and whether the step's ``rows`` are
+    the cache's rows in order (no reorder). ``state`` has ``length``, ``mask`` and ``phys``."""
+    length = state.length + 1
+    mask = state.mask  # shape: (cache rows, C)
+    if length > mask.shape[1]:
+        mask = np.concatenate([mask, np.ones((mask.shape[0], _CHUNK), dtype=mask.dtype)], axis=1)
+    identity = rows == int(mask.shape[0]) and bool((state.phys == np.arange(rows)).all())
+    return length, mask, identity
+
+
 def input_dtypes(compiled: Any) -> dict[str, Any]:
     """The numpy type of each input of a compiled model, by every name of the input."""
     out = {}
@@ -161,7 +189,7 @@ class OVRows:
         return Cohorts([self, *others])
 
 
-class OVDecoderStep:
+class OVDecoderStep(Counted):
     """Step function of the engine over a :class:`~beamkit.openvino.Model` compiled at ``precision`` with
     ``threads`` (see the module docstring). ``stats`` counts model calls and rows per call; ``forward_seconds``
     the time inside OpenVINO's inference."""
@@ -171,8 +199,7 @@ class OVDecoderStep:
         self.compiled = model.compiled(precision, threads)
         self.main = _Backend(self.compiled, model)
         self.spares: list[_Backend] = []
-        self.stats = SearchStats()
-        self.forward_seconds = 0.0
+        super().__init__()  # stats, forward_seconds
 
     def init_state(self, input_ids: Any, attention_mask: Any) -> Prompt:
         """The engine's initial state: one row per request (left-padded ``input_ids`` / ``attention_mask``
@@ -183,9 +210,7 @@ class OVDecoderStep:
         """One engine step: ``(logits [rows, V] float32 torch tensor, new state)``."""
         import torch
 
-        y = np.asarray(y_prev, dtype=np.int64).reshape(-1)
-        self.stats.model_calls += 1
-        self.stats.rows_per_call.append(int(y.shape[0]))
+        y = self.counted(y_prev)
         if not isinstance(state, Cohorts):
             logits, new = self._part(state, y, self.main)
             return torch.from_numpy(logits), new
@@ -217,13 +242,9 @@ class OVDecoderStep:
             )
         backend = state.backend
         rows = int(y.shape[0])
-        length = state.length + 1
-        mask = state.mask
-        if length > mask.shape[1]:
-            mask = np.concatenate([mask, np.ones((mask.shape[0], _CHUNK), dtype=mask.dtype)], axis=1)
+        length, mask, identity = next_mask(state, rows)
         phys = state.phys
         cache_rows = int(mask.shape[0])
-        identity = rows == cache_rows and bool((phys == np.arange(rows)).all())
         kv = state.kv
         if backend.reorders:
             if not identity:

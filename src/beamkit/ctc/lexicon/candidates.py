@@ -71,6 +71,21 @@ def new_work(cap: int, n_tokens: int) -> Work:
 
 
 @njit_inline
+def insert_best(values: np.ndarray, order: np.ndarray, n: int, k: int, i: int) -> int:
+    """Index ``i`` put in its place in ``order[:n]``, the best ``n <= k`` indices by ``values`` so far (best first,
+    earlier first among equals; a partial insertion sort); returns the new count (at most ``k``)."""
+    v = values[i]
+    if n == k and v <= values[order[k - 1]]:
+        return n
+    j = min(n, k - 1)
+    while j > 0 and values[order[j - 1]] < v:
+        order[j] = order[j - 1]
+        j -= 1
+    order[j] = i
+    return min(n + 1, k)
+
+
+@njit_inline
 def add(cand: np.ndarray, n: int, best: float, thr: float, entry: tuple) -> tuple[int, float]:
     """flashlight's candidatesAdd: track the best; keep the candidate ``entry`` (one value for each field of
     :data:`CAND`: score, lm, lex, token, word, blank, am, lm_sum, parent) as ``cand[n]`` if within the threshold
@@ -152,25 +167,11 @@ def store(work: Any, n: int, best: float, thr: float, beam_size: int, log_add: b
         log_add_groups(work, g)
     # the beam_size best groups, best first (earlier first among equals)
     keep = min(g, beam_size)
+    n = 0
     for grp in range(g):
-        v = merged[grp]
-        if grp >= keep and v <= merged[order[keep - 1]]:
-            continue
-        j = min(grp, keep - 1)
-        while j > 0 and merged[order[j - 1]] < v:
-            order[j] = order[j - 1]
-            j -= 1
-        order[j] = grp
+        n = insert_best(merged, order, n, keep, grp)
     step = beam.step[0] + 1
-    b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
-        beam.score,
-        beam.lm,
-        beam.lex,
-        beam.token,
-        beam.blank,
-        beam.am,
-        beam.lm_sum,
-    )
+    b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = beam[:7]  # Beam's hypothesis columns, in field order
     back_token, back_word, back_parent = beam.back_token, beam.back_word, beam.back_parent
     for r in range(keep):
         grp = order[r]

@@ -20,7 +20,7 @@ import numpy as np
 from ..jit import njit, njit_inline
 from ..ngram import NGramArrays, backoff_score
 from ..tables import home_slot, next_slot
-from .candidates import add, store
+from .candidates import add, insert_best, store
 
 DONE, MISSES, GROW = 0, 1, 2  # run_lexicon_frames's status
 EMPTY = -1  # an unused slot of the LM table
@@ -186,15 +186,7 @@ def _best_tokens(row: np.ndarray, k: int, order: np.ndarray, tried: np.ndarray) 
     n = 0
     for tok in range(row.shape[0]):
         tried[tok] = False
-        v = row[tok]
-        if n == k and v <= row[order[k - 1]]:
-            continue
-        j = min(n, k - 1)
-        while j > 0 and row[order[j - 1]] < v:
-            order[j] = order[j - 1]
-            j -= 1
-        order[j] = tok
-        n = min(n + 1, k)
+        n = insert_best(row, order, n, k, tok)
     for r in range(k):
         tried[order[r]] = True
 
@@ -227,15 +219,7 @@ def run_lexicon_frames(
     t_keys, t_child, t_score, t_meta, misses = table.keys, table.child, table.score, table.meta, work.misses
     arrays = table.meta[3] == ARRAY_LM  # a compiled ARPA model scores a transition not made yet here
     ngram, word_ids, context = lm.ngram, lm.word_ids, lm.context
-    b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = (
-        beam.score,
-        beam.lm,
-        beam.lex,
-        beam.token,
-        beam.blank,
-        beam.am,
-        beam.lm_sum,
-    )
+    b_score, b_lm, b_lex, b_token, b_blank, b_am, b_lm_sum = beam[:7]  # Beam's hypothesis columns, in field order
     child_start, child_token, child_node = trie.child_start, trie.child_token, trie.child_node
     max_score, word_start, words = trie.max_score, trie.word_start, trie.words
     order, tried = work.tokens, work.tried

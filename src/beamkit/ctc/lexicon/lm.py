@@ -64,6 +64,26 @@ class ZeroLM:
         return state, 0.0
 
 
+class _IndexedWords:
+    """What the two n-gram models share: index ``i`` is the LM word ``words[i]``; ``score`` and ``finish`` go
+    through the model's ``_advance(state, key, word)`` (key -1: the end of sentence)."""
+
+    words: list[str]
+
+    def _advance(self, state: Any, key: int, word: str) -> tuple[Any, float]:
+        raise NotImplementedError
+
+    def score(self, state: Any, usr_token_idx: int) -> tuple[Any, float]:
+        """The state after word ``usr_token_idx`` and its log10 probability."""
+        if not 0 <= usr_token_idx < len(self.words):
+            raise ValueError(f"word index {usr_token_idx} is out of range for the LM's {len(self.words)} words")
+        return self._advance(state, usr_token_idx, self.words[usr_token_idx])
+
+    def finish(self, state: Any) -> tuple[Any, float]:
+        """The state after the end of sentence and its log10 probability."""
+        return self._advance(state, -1, "</s>")
+
+
 class _KenState(LMState):
     __slots__ = ("ken", "cached")
 
@@ -73,7 +93,7 @@ class _KenState(LMState):
         self.cached: float | None = None
 
 
-class KenLMWords:
+class KenLMWords(_IndexedWords):
     """A KenLM model (ARPA or binary, through the ``kenlm`` module) scoring word (or token) indices: index ``i``
     is the LM word ``words[i]`` (a word the model lacks is its ``<unk>``); scores are KenLM's log10 float32."""
 
@@ -102,16 +122,6 @@ class KenLMWords:
             child.cached = f32(self.model.BaseScore(state.ken, word, child.ken))
         return child, child.cached
 
-    def score(self, state: _KenState, usr_token_idx: int) -> tuple[_KenState, float]:
-        """The state after word ``usr_token_idx`` and its log10 probability."""
-        if not 0 <= usr_token_idx < len(self.words):
-            raise ValueError(f"word index {usr_token_idx} is out of range for the LM's {len(self.words)} words")
-        return self._advance(state, usr_token_idx, self.words[usr_token_idx])
-
-    def finish(self, state: _KenState) -> tuple[_KenState, float]:
-        """The state after the end of sentence and its log10 probability."""
-        return self._advance(state, -1, "</s>")
-
 
 class _NGramState(LMState):
     __slots__ = ("context", "cached")
@@ -122,7 +132,7 @@ class _NGramState(LMState):
         self.cached: float | None = None
 
 
-class NGramWords:
+class NGramWords(_IndexedWords):
     """A compiled ARPA model (:class:`beamkit.ctc.ngram.CompiledNGram`) scoring word (or token) indices: index ``i``
     is the LM word ``words[i]`` (a word the model lacks is its ``<unk>``). The search reads its arrays inside the
     compiled loop; these methods give the same float32 scores in Python (for the lexicon's look-ahead scores)."""
@@ -145,13 +155,3 @@ class NGramWords:
             p, child.context = self.model.score(state.context, word)
             child.cached = f32(p)
         return child, child.cached
-
-    def score(self, state: _NGramState, usr_token_idx: int) -> tuple[_NGramState, float]:
-        """The state after word ``usr_token_idx`` and its log10 probability."""
-        if not 0 <= usr_token_idx < len(self.words):
-            raise ValueError(f"word index {usr_token_idx} is out of range for the LM's {len(self.words)} words")
-        return self._advance(state, usr_token_idx, self.words[usr_token_idx])
-
-    def finish(self, state: _NGramState) -> tuple[_NGramState, float]:
-        """The state after the end of sentence and its log10 probability."""
-        return self._advance(state, -1, "</s>")
