@@ -32,6 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 V = 4 + len(WORDS)
 NEW = 10
+ARRIVALS = [0, 0, 2, 3, 3, 6]  # the step at which each prompt joins the running engine
 TOL = 1e-4  # see the module docstring
 
 
@@ -69,6 +70,29 @@ def _prompts():
         ids[i, width - n :] = torch.as_tensor(rng.integers(4, V, n))
         mask[i, width - n :] = 1
     return ids, mask
+
+
+def _decode_arriving(step, beams):
+    """Each of :func:`_prompts` (its padding removed: widths differ) added to one engine over ``step`` at its step
+    of ``ARRIVALS``; returns ``(prompt index, prompt row, completion)`` per request, having checked that some
+    requests joined running rows."""
+    ids, mask = _prompts()
+    engine = beamkit.Engine(step, beam_size=beams, max_len=NEW, policy="pool")
+    rows: dict[int, tuple] = {}
+    done = {}
+    t = 0
+    with torch.inference_mode():
+        while len(rows) < len(ARRIVALS) or not engine.idle:
+            for k, at in enumerate(ARRIVALS):
+                if at == t:
+                    row = ids[k : k + 1, mask[k].bool()]
+                    rows[engine.add(step.init_state(row, torch.ones_like(row)), 0, [2])] = (k, row)
+            for c in engine.step():
+                done[c.request_id] = c
+            t += 1
+            assert t < 60
+    assert any(n and i for i, n in enumerate(engine.stats.joined_per_call))  # some joined running rows
+    return [(k, row, done[rid]) for rid, (k, row) in rows.items()]
 
 
 def _hf(model, ids, mask, beams):
@@ -162,32 +186,11 @@ def test_sampling_several_sequences_gives_each_prompt_that_many_rows(built):
 
 @pytest.mark.parametrize("kind", ["stateful", "stateless", "no_beam_idx"])
 def test_requests_joining_mid_flight_decode_as_alone(built, kind):
-    ids, mask = _prompts()
     model = bo.Model(built[kind])
     step = bo.OVDecoderStep(model)
     beams = 1 if kind == "no_beam_idx" else 3
-    engine = beamkit.Engine(step, beam_size=beams, max_len=NEW, policy="pool")
-    arrivals = [0, 0, 2, 3, 3, 6]
-    rids: dict[int, int] = {}
-    done = {}
-    t = 0
-    with torch.inference_mode():
-        while len(rids) < len(arrivals) or not engine.idle:
-            for k, at in enumerate(arrivals):
-                if at == t:
-                    keep = mask[k].bool()
-                    row = ids[k : k + 1, keep]  # the prompt without its padding: widths differ
-                    rids[engine.add(step.init_state(row, torch.ones_like(row)), 0, [2])] = k
-            for c in engine.step():
-                done[c.request_id] = c
-            t += 1
-            assert t < 60
-    assert any(n and i for i, n in enumerate(engine.stats.joined_per_call))  # some joined running rows
-    for rid, k in rids.items():
-        keep = mask[k].bool()
-        row = ids[k : k + 1, keep]
+    for k, row, got in _decode_arriving(step, beams):
         want = _hf(built["model"], row, torch.ones_like(row), beams)
-        got = done[rid]
         assert got.error is None, got.error
         best = got.hypotheses[0]
         assert list(want.sequences[0, row.shape[1] :].tolist())[: len(best.tokens)] == list(best.tokens), k

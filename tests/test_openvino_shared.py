@@ -19,10 +19,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("openvino")
 
-import beamkit  # noqa: E402
 import beamkit.openvino as bo  # noqa: E402
 from beamkit.openvino.shared import grid  # noqa: E402
-from tests.test_openvino import NEW, TOL, V, _hf, _prompts  # noqa: E402
+from tests.test_openvino import NEW, TOL, V, _decode_arriving, _hf, _prompts  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -78,30 +77,9 @@ def test_a_llama_style_model_with_grouped_heads_gives_hugging_faces_tokens(tmp_p
 @pytest.mark.parametrize("beams", [3, 8])
 def test_requests_joining_mid_flight_decode_as_alone(shared, beams):
     model, folder = shared
-    ids, mask = _prompts()
     step = bo.OVSharedPromptStep(bo.Model(folder))
-    engine = beamkit.Engine(step, beam_size=beams, max_len=NEW, policy="pool")
-    arrivals = [0, 0, 2, 3, 3, 6]
-    rids: dict[int, int] = {}
-    done = {}
-    t = 0
-    with torch.inference_mode():
-        while len(rids) < len(arrivals) or not engine.idle:
-            for k, at in enumerate(arrivals):
-                if at == t:
-                    keep = mask[k].bool()
-                    row = ids[k : k + 1, keep]  # the prompt without its padding: widths differ
-                    rids[engine.add(step.init_state(row, torch.ones_like(row)), 0, [2])] = k
-            for c in engine.step():
-                done[c.request_id] = c
-            t += 1
-            assert t < 60
-    assert any(n and i for i, n in enumerate(engine.stats.joined_per_call))  # some joined running rows
-    for rid, k in rids.items():
-        keep = mask[k].bool()
-        row = ids[k : k + 1, keep]
+    for k, row, got in _decode_arriving(step, beams):
         want = _hf(model, row, torch.ones_like(row), beams)
-        got = done[rid]
         assert got.error is None, got.error
         best = got.hypotheses[0]
         assert list(want.sequences[0, row.shape[1] :].tolist())[: len(best.tokens)] == list(best.tokens), k
